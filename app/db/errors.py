@@ -1,0 +1,65 @@
+"""The one place that turns the engine's private SQLSTATEs into Python errors."""
+
+from __future__ import annotations
+
+import asyncpg
+
+__all__ = [
+    "BadInput",
+    "Conflict",
+    "EngineError",
+    "IdempotencyMismatch",
+    "InvariantBroken",
+    "NotFound",
+    "translate",
+]
+
+
+class EngineError(Exception):
+    """An expected failure reported by the SQL engine; ``status_code`` is the HTTP answer."""
+
+    status_code = 400
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field or None
+
+
+class BadInput(EngineError):
+    status_code = 400
+
+
+class NotFound(EngineError):
+    status_code = 404
+
+
+class Conflict(EngineError):
+    status_code = 409
+
+
+class IdempotencyMismatch(EngineError):
+    status_code = 422
+
+
+class InvariantBroken(EngineError):
+    """A guard refused a change that would break an invariant: a bug, never user error."""
+
+    status_code = 500
+
+
+_BY_SQLSTATE: dict[str, type[EngineError]] = {
+    "RP400": BadInput,
+    "RP404": NotFound,
+    "RP409": Conflict,
+    "RP422": IdempotencyMismatch,
+    "RP500": InvariantBroken,
+}
+
+
+def translate(exc: asyncpg.PostgresError) -> EngineError | None:
+    """The EngineError for an RPxxx SQLSTATE, or None for any other database error."""
+    kind = _BY_SQLSTATE.get(exc.sqlstate or "")
+    if kind is None:
+        return None
+    return kind(str(exc.args[0]) if exc.args else str(exc), getattr(exc, "column_name", None))

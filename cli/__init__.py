@@ -1,0 +1,1 @@
+"""The respool command-line interface."""

@@ -1,0 +1,49 @@
+"""``respool`` command: one Typer sub-app per noun (``respool db ...``, later pool/request/...)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+import typer
+
+from app import __version__
+from cli import db
+from cli.common import KNOWN_ERRORS, describe_error
+
+app = typer.Typer(
+    name="respool",
+    help="respool: a PostgreSQL-backed resource-pool allocator.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(db.app, name="db")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"respool {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """respool: a PostgreSQL-backed resource-pool allocator."""
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console-script entry point: known errors become ``error: ...`` and exit code 1."""
+    try:
+        app(args=list(argv) if argv is not None else None, prog_name="respool")
+    except KNOWN_ERRORS as exc:
+        print(f"error: {describe_error(exc)}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

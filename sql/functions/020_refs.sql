@@ -1,0 +1,57 @@
+-- Addressing pools and policies by name, full id or a unique id prefix (SPEC §2).
+
+CREATE OR REPLACE FUNCTION respool._resolve_ref(p_kind text, p_ref text, p_ids uuid[], p_labels text[])
+RETURNS uuid LANGUAGE plpgsql AS $$
+BEGIN
+    IF cardinality(p_ids) = 1 THEN
+        RETURN p_ids[1];
+    ELSIF cardinality(p_ids) > 1 THEN
+        PERFORM respool._fail('RP400', p_kind, format('%s ref %L is ambiguous; candidates: %s',
+                                                      p_kind, p_ref, array_to_string(p_labels, ', ')));
+    END IF;
+    PERFORM respool._fail('RP404', p_kind, format('%s %L not found', p_kind, p_ref));
+    RETURN NULL;
+END $$;
+COMMENT ON FUNCTION respool._resolve_ref(text, text, uuid[], text[]) IS
+    'Turns the matches of a ref into one id, or RP404 (none) / RP400 listing the candidates (several).';
+
+CREATE OR REPLACE FUNCTION respool.resolve_pool(p_ref text)
+RETURNS uuid LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    ids uuid[];
+    labels text[];
+BEGIN
+    SELECT array_agg(id) INTO ids FROM respool.pools WHERE name = p_ref;
+    IF ids IS NULL AND p_ref ~* '^[0-9a-f-]{4,36}$' THEN
+        SELECT array_agg(id ORDER BY name), array_agg(name || ' (' || id || ')' ORDER BY name)
+          INTO ids, labels
+          FROM respool.pools WHERE id::text LIKE lower(p_ref) || '%';
+    END IF;
+    RETURN respool._resolve_ref('pool', p_ref, coalesce(ids, '{}'), labels);
+END $$;
+COMMENT ON FUNCTION respool.resolve_pool(text) IS
+    'Pool id for a name, a full id or a unique id prefix of >= 4 hex chars (name wins).';
+
+CREATE OR REPLACE FUNCTION respool.resolve_policy(p_ref text)
+RETURNS uuid LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    ids uuid[];
+    labels text[];
+BEGIN
+    IF p_ref ~* '^[0-9a-f-]{4,36}$' THEN
+        SELECT array_agg(p.id ORDER BY p.id), array_agg(p.id || ' (' || p.subject || ' on ' || pl.name || ')' ORDER BY p.id)
+          INTO ids, labels
+          FROM respool.policies p JOIN respool.pools pl ON pl.id = p.pool_id
+         WHERE p.id::text LIKE lower(p_ref) || '%';
+    END IF;
+    RETURN respool._resolve_ref('policy', p_ref, coalesce(ids, '{}'), labels);
+END $$;
+COMMENT ON FUNCTION respool.resolve_policy(text) IS 'Policy id for a full id or a unique id prefix of >= 4 hex chars.';
+
+CREATE OR REPLACE FUNCTION respool._lock_pools(p_pool_ids uuid[])
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM respool.pools WHERE id = ANY (p_pool_ids) ORDER BY id FOR UPDATE;
+END $$;
+COMMENT ON FUNCTION respool._lock_pools(uuid[]) IS
+    'Locks pool rows in id order: the first step of every change that moves units, so no two transactions deadlock.';

@@ -1,0 +1,429 @@
+-- Resource requests: create (with idempotency), read, release, cancel, heartbeat, delete, expire.
+
+CREATE OR REPLACE FUNCTION respool.request_json(p_id uuid)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    r respool.requests;
+    v_position bigint;
+    v_message text;
+    v_pools integer;
+BEGIN
+    SELECT * INTO r FROM respool.requests WHERE id = p_id;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    v_message := r.message;
+    IF r.status = 'queued' THEN
+        SELECT count(*) INTO v_pools FROM respool.queue_entries WHERE request_id = r.id;
+        SELECT min(o.position),
+               string_agg(CASE WHEN v_pools > 1 THEN pl.name || ': ' ELSE '' END
+                          || coalesce(respool._blocker(r.resources, r.preemptible, e.pool_id, e.policy_id),
+                                      'fits, waiting for its turn')
+                          || CASE WHEN o.position > 1 THEN format('; %s ahead', o.position - 1) ELSE '' END,
+                          ' | ' ORDER BY p.priority DESC, pl.name)
+          INTO v_position, v_message
+          FROM respool.queue_entries e
+          JOIN respool.pools pl ON pl.id = e.pool_id
+          JOIN respool.policies p ON p.id = e.policy_id
+         CROSS JOIN LATERAL (SELECT q.position FROM respool._queue_order(e.pool_id) q
+                              WHERE q.request_id = r.id) o
+         WHERE e.request_id = r.id;
+    END IF;
+    RETURN jsonb_build_object(
+        'id', r.id, 'subject', r.subject, 'pool', r.pool_name, 'pool_id', r.pool_id,
+        'policy_id', r.policy_id, 'resources', r.resources, 'preemptible', r.preemptible,
+        'priority', r.priority, 'status', r.status, 'reason', r.reason, 'message', coalesce(v_message, ''),
+        'queue_position', v_position, 'attempt', r.attempt, 'max_retries', r.max_retries,
+        'lease_seconds', r.lease_seconds, 'lease_expires_at', r.lease_expires_at,
+        'preempt_deadline', r.preempt_deadline, 'idempotency_key', r.idempotency_key,
+        'labels', r.labels, 'version', r.version, 'created_at', r.created_at,
+        'updated_at', r.updated_at, 'allocated_at', r.allocated_at, 'finished_at', r.finished_at);
+END $$;
+COMMENT ON FUNCTION respool.request_json(uuid) IS
+    'A request as the API shows it; for a queued one, its best queue position and what blocks it, computed now.';
+
+CREATE OR REPLACE FUNCTION respool.get_request(p_id uuid)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    doc jsonb := respool.request_json(p_id);
+BEGIN
+    IF doc IS NULL THEN
+        PERFORM respool._fail('RP404', 'id', format('request %s not found', p_id));
+    END IF;
+    RETURN doc;
+END $$;
+COMMENT ON FUNCTION respool.get_request(uuid) IS 'One request (RP404 when unknown).';
+
+CREATE OR REPLACE FUNCTION respool._labels(p_labels jsonb)
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    k text;
+    v jsonb;
+BEGIN
+    IF p_labels IS NULL OR p_labels = 'null'::jsonb THEN
+        RETURN '{}';
+    END IF;
+    IF jsonb_typeof(p_labels) <> 'object' THEN
+        PERFORM respool._fail('RP400', 'labels', 'labels must be an object of string: string');
+    END IF;
+    IF (SELECT count(*) FROM jsonb_object_keys(p_labels)) > 64 THEN
+        PERFORM respool._fail('RP400', 'labels', 'labels has more than 64 entries');
+    END IF;
+    FOR k, v IN SELECT * FROM jsonb_each(p_labels) LOOP
+        IF jsonb_typeof(v) <> 'string' OR length(k) NOT BETWEEN 1 AND 128 OR length(v #>> '{}') > 1024 THEN
+            PERFORM respool._fail('RP400', 'labels.' || left(k, 70),
+                'labels must map names of 1-128 chars to strings of at most 1024 chars');
+        END IF;
+    END LOOP;
+    RETURN p_labels;
+END $$;
+COMMENT ON FUNCTION respool._labels(jsonb) IS 'Validates labels: at most 64 string entries, bounded lengths.';
+
+CREATE OR REPLACE FUNCTION respool._replay(p_existing respool.requests, p_body jsonb)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF p_existing.request_body IS DISTINCT FROM p_body THEN
+        PERFORM respool._fail('RP422', 'idempotency_key', format(
+            'idempotency_key %L was already used by request %s with a different body',
+            p_existing.idempotency_key, p_existing.id));
+    END IF;
+    RETURN respool.request_json(p_existing.id);
+END $$;
+COMMENT ON FUNCTION respool._replay(respool.requests, jsonb) IS
+    'An idempotent retry: the existing request when the body matches, RP422 otherwise.';
+
+CREATE OR REPLACE FUNCTION respool.create_request(
+    p_subject text,
+    p_pool text DEFAULT NULL,
+    p_resources jsonb DEFAULT NULL,
+    p_settings jsonb DEFAULT NULL,
+    p_preemptible boolean DEFAULT true,
+    p_max_retries integer DEFAULT 0,
+    p_lease_seconds integer DEFAULT NULL,
+    p_idempotency_key text DEFAULT NULL,
+    p_labels jsonb DEFAULT NULL,
+    p_now timestamptz DEFAULT now(),
+    OUT created boolean,
+    OUT request jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_resources jsonb;
+    v_labels jsonb;
+    v_body jsonb;
+    v_pool_id uuid;
+    v_all uuid[];
+    v_ok uuid[] := '{}';
+    v_first_reason text;
+    v_messages text[] := '{}';
+    v_names text[] := '{}';
+    r respool.requests;
+    c record;
+    rej record;
+BEGIN
+    IF p_subject IS NULL OR p_subject !~ '^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,127}$' THEN
+        PERFORM respool._fail('RP400', 'subject', 'subject must match ^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,127}$');
+    END IF;
+    IF p_max_retries IS NULL OR p_max_retries NOT BETWEEN 0 AND 1000 THEN
+        PERFORM respool._fail('RP400', 'max_retries', 'max_retries must be an integer between 0 and 1000');
+    END IF;
+    IF p_lease_seconds IS NOT NULL AND p_lease_seconds NOT BETWEEN 1 AND 31536000 THEN
+        PERFORM respool._fail('RP400', 'lease_seconds', 'lease_seconds must be between 1 and 31536000 (or null for no lease)');
+    END IF;
+    IF p_idempotency_key IS NOT NULL AND length(p_idempotency_key) NOT BETWEEN 1 AND 200 THEN
+        PERFORM respool._fail('RP400', 'idempotency_key', 'idempotency_key must have 1 to 200 characters');
+    END IF;
+    v_resources := respool.build_resources(p_resources, p_settings);
+    v_labels := respool._labels(p_labels);
+    v_body := jsonb_build_object('pool', p_pool, 'resources', v_resources, 'preemptible', coalesce(p_preemptible, true),
+                                 'max_retries', p_max_retries, 'lease_seconds', p_lease_seconds, 'labels', v_labels);
+
+    IF p_idempotency_key IS NOT NULL THEN
+        SELECT * INTO r FROM respool.requests WHERE subject = p_subject AND idempotency_key = p_idempotency_key;
+        IF FOUND THEN
+            created := false;
+            request := respool._replay(r, v_body);
+            RETURN;
+        END IF;
+    END IF;
+
+    IF p_pool IS NOT NULL THEN
+        v_pool_id := respool.resolve_pool(p_pool);
+    END IF;
+    SELECT array_agg(pool_id ORDER BY pool_id) INTO v_all
+      FROM respool.policies WHERE subject = p_subject AND (v_pool_id IS NULL OR pool_id = v_pool_id);
+    v_all := coalesce(v_all, '{}');
+    -- Validate under the pool locks, so a concurrent capacity or policy change cannot slip between.
+    PERFORM respool._lock_pools(v_all);
+    FOR c IN SELECT p.id AS policy_id, p.pool_id, pl.name
+               FROM respool.policies p JOIN respool.pools pl ON pl.id = p.pool_id
+              WHERE p.subject = p_subject AND p.pool_id = ANY (v_all)
+              ORDER BY p.priority DESC, pl.name LOOP
+        v_names := v_names || c.name;
+        rej := respool._rejection(v_resources, coalesce(p_preemptible, true), c.pool_id, c.policy_id);
+        IF rej.reason IS NULL THEN
+            v_ok := v_ok || c.pool_id;
+        ELSE
+            v_first_reason := coalesce(v_first_reason, rej.reason);
+            v_messages := v_messages || rej.message;
+        END IF;
+    END LOOP;
+    IF cardinality(v_names) = 0 THEN
+        v_first_reason := 'no_policy';
+        v_messages := ARRAY[CASE WHEN p_pool IS NULL
+                                 THEN format('subject %s has no policy on any pool', p_subject)
+                                 ELSE format('subject %s has no policy on pool %s', p_subject, p_pool) END];
+    END IF;
+
+    INSERT INTO respool.requests (subject, pool_ref, pool_id, pool_name, candidate_pool_ids, resources,
+                                  preemptible, priority, status, reason, message, max_retries, lease_seconds,
+                                  idempotency_key, request_body, labels, queued_at, created_at, updated_at,
+                                  finished_at)
+    VALUES (p_subject, p_pool,
+            CASE WHEN cardinality(v_all) = 1 THEN v_all[1] ELSE v_pool_id END,
+            CASE WHEN cardinality(v_names) = 1 THEN v_names[1]
+                 WHEN v_pool_id IS NOT NULL THEN (SELECT name FROM respool.pools WHERE id = v_pool_id) END,
+            v_ok, v_resources, coalesce(p_preemptible, true),
+            coalesce((SELECT max(priority) FROM respool.policies
+                       WHERE subject = p_subject AND pool_id = ANY (v_all)), 0),
+            CASE WHEN cardinality(v_ok) = 0 THEN 'rejected' ELSE 'queued' END,
+            CASE WHEN cardinality(v_ok) = 0 THEN v_first_reason END,
+            CASE WHEN cardinality(v_ok) = 0 THEN array_to_string(v_messages, '; ') ELSE '' END,
+            p_max_retries, p_lease_seconds, p_idempotency_key, v_body, v_labels, p_now, p_now, p_now,
+            CASE WHEN cardinality(v_ok) = 0 THEN p_now END)
+    ON CONFLICT ON CONSTRAINT idempotency DO NOTHING
+    RETURNING * INTO r;
+    IF NOT FOUND THEN
+        -- A concurrent create with the same key committed first; ON CONFLICT waited for it.
+        SELECT * INTO r FROM respool.requests WHERE subject = p_subject AND idempotency_key = p_idempotency_key;
+        created := false;
+        request := respool._replay(r, v_body);
+        RETURN;
+    END IF;
+    PERFORM respool._record_event(r, NULL, p_now);
+
+    IF r.status = 'queued' THEN
+        PERFORM respool._enqueue(r.id);
+        FOR c IN SELECT e.pool_id, e.policy_id, pl.queueing
+                   FROM respool.queue_entries e
+                   JOIN respool.pools pl ON pl.id = e.pool_id
+                   JOIN respool.policies p ON p.id = e.policy_id
+                  WHERE e.request_id = r.id
+                  ORDER BY p.priority DESC, pl.name LOOP
+            -- best_effort: every earlier request already had its chance, so only the new one can move.
+            IF c.queueing = 'strict' THEN
+                PERFORM respool.allocate_pool(c.pool_id, p_now);
+            ELSE
+                PERFORM respool._try_grant(r.id, c.pool_id, c.policy_id, p_now);
+            END IF;
+            EXIT WHEN NOT EXISTS (SELECT FROM respool.requests WHERE id = r.id AND status = 'queued');
+        END LOOP;
+    END IF;
+    created := true;
+    request := respool.request_json(r.id);
+END $$;
+COMMENT ON FUNCTION respool.create_request(text, text, jsonb, jsonb, boolean, integer, integer, text, jsonb, timestamptz) IS
+    'Creates a request in one transaction: validates and converts input, claims the idempotency key (the same request on a retry, RP422 on another body), resolves candidate pools, stores a rejection or queues it, then tries to grant it at once in candidate order.';
+
+CREATE OR REPLACE FUNCTION respool._lock_request(p_id uuid, p_attempt integer)
+RETURNS respool.requests LANGUAGE plpgsql AS $$
+DECLARE
+    r respool.requests;
+BEGIN
+    SELECT * INTO r FROM respool.requests WHERE id = p_id;
+    IF NOT FOUND THEN
+        PERFORM respool._fail('RP404', 'id', format('request %s not found', p_id));
+    END IF;
+    PERFORM respool._lock_pools(r.candidate_pool_ids || r.pool_id);
+    SELECT * INTO r FROM respool.requests WHERE id = p_id FOR UPDATE;
+    IF p_attempt IS NOT NULL AND p_attempt <> r.attempt THEN
+        PERFORM respool._fail('RP409', 'attempt', format(
+            'stale attempt %s: request %s is on attempt %s', p_attempt, p_id, r.attempt));
+    END IF;
+    RETURN r;
+END $$;
+COMMENT ON FUNCTION respool._lock_request(uuid, integer) IS
+    'Locks a request''s candidate pools (id order) and then the request; RP404 if unknown, RP409 when p_attempt is stale (fencing).';
+
+CREATE OR REPLACE FUNCTION respool._leave_queue(p_id uuid, p_to text, p_reason text, p_message text, p_now timestamptz)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_pools uuid[];
+    v_pool uuid;
+BEGIN
+    WITH gone AS (DELETE FROM respool.queue_entries WHERE request_id = p_id RETURNING pool_id)
+    SELECT array_agg(pool_id) INTO v_pools FROM gone;
+    PERFORM respool._set_status(p_id, p_to, p_reason, p_message, p_now);
+    -- In a strict pool the request may have been the head that blocked everyone else.
+    FOR v_pool IN SELECT id FROM respool.pools WHERE id = ANY (v_pools) AND queueing = 'strict' ORDER BY id LOOP
+        PERFORM respool.allocate_pool(v_pool, p_now);
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION respool._leave_queue(uuid, text, text, text, timestamptz) IS
+    'Takes a locked queued request out of every queue with a terminal status, then lets strict queues behind it move.';
+
+CREATE OR REPLACE FUNCTION respool._end_holding(p_id uuid, p_to text, p_reason text, p_message text, p_now timestamptz)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    r respool.requests;
+BEGIN
+    SELECT * INTO r FROM respool.requests WHERE id = p_id;
+    PERFORM respool._free(p_id);
+    IF r.status = 'preempting' AND p_to <> 'cancelled' THEN
+        PERFORM respool._after_preemption(p_id, r.reason, r.message, p_now);
+    ELSE
+        PERFORM respool._set_status(p_id, p_to, p_reason, p_message, p_now);
+    END IF;
+    PERFORM respool.allocate_pool(r.pool_id, p_now);
+END $$;
+COMMENT ON FUNCTION respool._end_holding(uuid, text, text, text, timestamptz) IS
+    'Frees a locked allocated/preempting request, sets its final status (a preempting one becomes preempted), and grants what now fits in its pool.';
+
+CREATE OR REPLACE FUNCTION respool.release_request(p_id uuid, p_attempt integer DEFAULT NULL,
+                                                   p_now timestamptz DEFAULT now())
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    r respool.requests := respool._lock_request(p_id, p_attempt);
+BEGIN
+    IF r.status IN ('allocated', 'preempting') THEN
+        PERFORM respool._end_holding(p_id, 'released', NULL, '', p_now);
+    ELSIF r.status = 'queued' THEN
+        PERFORM respool._leave_queue(p_id, 'cancelled', 'released_while_queued', 'released before it was allocated', p_now);
+    END IF;
+    RETURN respool.request_json(p_id);
+END $$;
+COMMENT ON FUNCTION respool.release_request(uuid, integer, timestamptz) IS
+    'allocated -> released (preempting -> preempted), queued -> cancelled, terminal unchanged; frees units and grants what fits in the same transaction.';
+
+CREATE OR REPLACE FUNCTION respool.cancel_request(p_id uuid, p_attempt integer DEFAULT NULL,
+                                                  p_now timestamptz DEFAULT now())
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    r respool.requests := respool._lock_request(p_id, p_attempt);
+BEGIN
+    IF r.status IN ('allocated', 'preempting') THEN
+        PERFORM respool._end_holding(p_id, 'cancelled', 'cancelled', 'cancelled by the client', p_now);
+    ELSIF r.status = 'queued' THEN
+        PERFORM respool._leave_queue(p_id, 'cancelled', 'cancelled', 'cancelled by the client', p_now);
+    END IF;
+    RETURN respool.request_json(p_id);
+END $$;
+COMMENT ON FUNCTION respool.cancel_request(uuid, integer, timestamptz) IS
+    'queued/allocated/preempting -> cancelled (units freed, the queue moves); terminal unchanged.';
+
+CREATE OR REPLACE FUNCTION respool.heartbeat_request(p_id uuid, p_attempt integer DEFAULT NULL,
+                                                     p_now timestamptz DEFAULT now())
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    r respool.requests;
+BEGIN
+    SELECT * INTO r FROM respool.requests WHERE id = p_id;
+    IF FOUND AND r.status = 'allocated' AND r.lease_expires_at <= p_now THEN
+        -- The lease already lapsed: expire it now rather than revive it (no double use).
+        r := respool._lock_request(p_id, p_attempt);
+        IF r.status = 'allocated' AND r.lease_expires_at <= p_now THEN
+            PERFORM respool._end_holding(p_id, 'expired', 'lease_expired',
+                                         'lease lapsed without a heartbeat', p_now);
+        END IF;
+        RETURN respool.request_json(p_id);
+    END IF;
+    SELECT * INTO r FROM respool.requests WHERE id = p_id FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM respool._fail('RP404', 'id', format('request %s not found', p_id));
+    END IF;
+    IF p_attempt IS NOT NULL AND p_attempt <> r.attempt THEN
+        PERFORM respool._fail('RP409', 'attempt', format(
+            'stale attempt %s: request %s is on attempt %s', p_attempt, p_id, r.attempt));
+    END IF;
+    IF r.status = 'allocated' AND r.lease_seconds IS NOT NULL THEN
+        UPDATE respool.requests SET lease_expires_at = p_now + make_interval(secs => lease_seconds),
+                                    updated_at = p_now
+         WHERE id = p_id;
+    END IF;
+    RETURN respool.request_json(p_id);
+END $$;
+COMMENT ON FUNCTION respool.heartbeat_request(uuid, integer, timestamptz) IS
+    'Extends an allocated request''s lease (locks only the request row); a lapsed lease is expired instead; returns the request so a preempted step learns it.';
+
+CREATE OR REPLACE FUNCTION respool.delete_request(p_id uuid)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_status text;
+BEGIN
+    SELECT status INTO v_status FROM respool.requests WHERE id = p_id FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM respool._fail('RP404', 'id', format('request %s not found', p_id));
+    ELSIF NOT respool._is_terminal(v_status) THEN
+        PERFORM respool._fail('RP409', 'status', format('request %s is %s; only terminal requests can be deleted', p_id, v_status));
+    END IF;
+    DELETE FROM respool.requests WHERE id = p_id;
+END $$;
+COMMENT ON FUNCTION respool.delete_request(uuid) IS 'Deletes a terminal request and its events; RP409 while it is queued or holds units.';
+
+CREATE OR REPLACE FUNCTION respool.expire_leases(p_pool_id uuid, p_now timestamptz DEFAULT now())
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    v_id uuid;
+    expired integer := 0;
+BEGIN
+    PERFORM 1 FROM respool.pools WHERE id = p_pool_id FOR UPDATE;
+    FOR v_id IN SELECT id FROM respool.requests
+                 WHERE pool_id = p_pool_id AND status = 'allocated' AND lease_expires_at <= p_now
+                 ORDER BY lease_expires_at
+                   FOR UPDATE SKIP LOCKED LOOP
+        PERFORM respool._free(v_id);
+        PERFORM respool._set_status(v_id, 'expired', 'lease_expired', 'lease lapsed without a heartbeat', p_now);
+        expired := expired + 1;
+    END LOOP;
+    IF expired > 0 THEN
+        PERFORM respool.allocate_pool(p_pool_id, p_now);
+    END IF;
+    RETURN expired;
+END $$;
+COMMENT ON FUNCTION respool.expire_leases(uuid, timestamptz) IS
+    'Reconciler step 1 for one pool: allocated requests whose lease lapsed become expired, their units are freed and the queue is granted. A request locked by a concurrent heartbeat is left for the next pass.';
+
+CREATE OR REPLACE FUNCTION respool.list_requests(p_pool text DEFAULT NULL, p_subject text DEFAULT NULL,
+                                                 p_status text DEFAULT NULL, p_limit integer DEFAULT 100,
+                                                 p_before_created timestamptz DEFAULT NULL,
+                                                 p_before_id uuid DEFAULT NULL,
+                                                 p_subject_like text[] DEFAULT NULL)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_pool_id uuid;
+BEGIN
+    IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 1000 THEN
+        PERFORM respool._fail('RP400', 'limit', 'limit must be between 1 and 1000');
+    END IF;
+    IF p_status IS NOT NULL AND p_status NOT IN ('queued', 'allocated', 'preempting', 'released', 'preempted',
+                                                 'expired', 'cancelled', 'rejected') THEN
+        PERFORM respool._fail('RP400', 'status', format('unknown status %L', p_status));
+    END IF;
+    IF p_pool IS NOT NULL THEN
+        v_pool_id := respool.resolve_pool(p_pool);
+    END IF;
+    RETURN coalesce((
+        SELECT jsonb_agg(respool.request_json(q.id) ORDER BY q.created_at DESC, q.id DESC)
+          FROM (SELECT r.id, r.created_at FROM respool.requests r
+                 WHERE (v_pool_id IS NULL OR r.pool_id = v_pool_id OR v_pool_id = ANY (r.candidate_pool_ids))
+                   AND (p_subject IS NULL OR r.subject = p_subject)
+                   AND (p_status IS NULL OR r.status = p_status)
+                   AND (p_subject_like IS NULL OR r.subject LIKE ANY (p_subject_like))
+                   AND (p_before_created IS NULL OR (r.created_at, r.id) < (p_before_created, p_before_id))
+                 ORDER BY r.created_at DESC, r.id DESC
+                 LIMIT p_limit) q), '[]'::jsonb);
+END $$;
+COMMENT ON FUNCTION respool.list_requests(text, text, text, integer, timestamptz, uuid, text[]) IS
+    'Requests newest first, filtered, keyset-paged by (created_at, id); p_subject_like scopes a client token.';
+
+CREATE OR REPLACE FUNCTION respool.list_request_events(p_id uuid)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM respool.requests WHERE id = p_id) THEN
+        PERFORM respool._fail('RP404', 'id', format('request %s not found', p_id));
+    END IF;
+    RETURN coalesce((SELECT jsonb_agg(jsonb_build_object('from', from_status, 'to', to_status, 'reason', reason,
+                                                         'attempt', attempt, 'message', message, 'at', at)
+                                      ORDER BY id)
+                       FROM respool.events WHERE request_id = p_id), '[]'::jsonb);
+END $$;
+COMMENT ON FUNCTION respool.list_request_events(uuid) IS 'A request''s history in order (from, to, reason, attempt, message, at).';

@@ -1,0 +1,378 @@
+-- Pools and subject policies: CRUD with the validations of SPEC §2-§3.
+-- Every change locks the pool row first, then revalidates the pool's queue and grants what fits.
+
+CREATE OR REPLACE FUNCTION respool.pool_json(p_id uuid)
+RETURNS jsonb LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object(
+        'id', p.id, 'name', p.name, 'description', p.description, 'queueing', p.queueing,
+        'preemption_grace_seconds', p.preemption_grace_seconds,
+        'capacity', coalesce((SELECT jsonb_object_agg(key, capacity) FROM respool.pool_resources
+                               WHERE pool_id = p.id AND capacity IS NOT NULL), '{}'),
+        'usage', coalesce((SELECT jsonb_object_agg(key, used) FROM respool.pool_resources
+                            WHERE pool_id = p.id AND (capacity IS NOT NULL OR used > 0)), '{}'),
+        'queued', (SELECT count(*) FROM respool.queue_entries WHERE pool_id = p.id),
+        'created_at', p.created_at, 'updated_at', p.updated_at)
+      FROM respool.pools p WHERE p.id = p_id
+$$;
+COMMENT ON FUNCTION respool.pool_json(uuid) IS 'A pool as the API shows it: capacity, usage (allocated per key) and queued count.';
+
+CREATE OR REPLACE FUNCTION respool.get_pool(p_ref text)
+RETURNS jsonb LANGUAGE sql STABLE AS $$ SELECT respool.pool_json(respool.resolve_pool(p_ref)) $$;
+COMMENT ON FUNCTION respool.get_pool(text) IS 'One pool by ref (RP404 / RP400 ambiguous).';
+
+CREATE OR REPLACE FUNCTION respool.list_pools()
+RETURNS jsonb LANGUAGE sql STABLE AS $$
+    SELECT coalesce(jsonb_agg(respool.pool_json(id) ORDER BY name), '[]') FROM respool.pools
+$$;
+COMMENT ON FUNCTION respool.list_pools() IS 'Every pool, by name.';
+
+CREATE OR REPLACE FUNCTION respool._pool_settings(p_description text, p_queueing text, p_grace integer)
+RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_description IS NOT NULL AND length(p_description) > 2000 THEN
+        PERFORM respool._fail('RP400', 'description', 'description must be at most 2000 characters');
+    END IF;
+    IF p_queueing IS NOT NULL AND p_queueing NOT IN ('best_effort', 'strict') THEN
+        PERFORM respool._fail('RP400', 'queueing', 'queueing must be best_effort or strict');
+    END IF;
+    IF p_grace IS NOT NULL AND p_grace NOT BETWEEN 0 AND 86400 THEN
+        PERFORM respool._fail('RP400', 'preemption_grace_seconds', 'preemption_grace_seconds must be between 0 and 86400');
+    END IF;
+END $$;
+COMMENT ON FUNCTION respool._pool_settings(text, text, integer) IS 'Validates the scalar pool fields (RP400 naming the field).';
+
+CREATE OR REPLACE FUNCTION respool._check_reserved_fits(p_pool_id uuid)
+RETURNS void LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v record;
+BEGIN
+    SELECT pr.key, sum(pr.reserved) AS total, coalesce(c.capacity, 0) AS capacity,
+           string_agg(format('%s reserves %s', p.subject, pr.reserved), ', ' ORDER BY p.subject) AS who
+      INTO v
+      FROM respool.policy_resources pr
+      JOIN respool.policies p ON p.id = pr.policy_id
+      LEFT JOIN respool.pool_resources c ON c.pool_id = p.pool_id AND c.key = pr.key
+     WHERE p.pool_id = p_pool_id AND pr.reserved > 0
+     GROUP BY pr.key, c.capacity
+    HAVING sum(pr.reserved) > coalesce(c.capacity, 0)
+     ORDER BY pr.key
+     LIMIT 1;
+    IF FOUND THEN
+        PERFORM respool._fail('RP409', 'capacity', format(
+            '%s: reserved shares add up to %s but the pool capacity would be %s (%s)',
+            v.key, v.total, v.capacity, v.who));
+    END IF;
+END $$;
+COMMENT ON FUNCTION respool._check_reserved_fits(uuid) IS
+    'RP409 when, for any key, the reserved shares of the pool''s policies exceed its capacity; names the policies.';
+
+CREATE OR REPLACE FUNCTION respool._revalidate_queue(p_pool_id uuid, p_policy_id uuid, p_now timestamptz)
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    e record;
+    r respool.requests;
+    rejected integer := 0;
+BEGIN
+    FOR e IN SELECT request_id, policy_id FROM respool.queue_entries
+              WHERE pool_id = p_pool_id AND (p_policy_id IS NULL OR policy_id = p_policy_id) LOOP
+        SELECT * INTO r FROM respool.requests WHERE id = e.request_id AND status = 'queued' FOR UPDATE;
+        CONTINUE WHEN NOT FOUND
+                   OR (respool._rejection(r.resources, r.preemptible, p_pool_id, e.policy_id)).reason IS NULL;
+        IF (SELECT count(*) FROM respool.queue_entries WHERE request_id = r.id) = 1 THEN
+            PERFORM respool._reject_unfittable(r.id, p_now);
+            rejected := rejected + 1;
+        ELSE
+            DELETE FROM respool.queue_entries WHERE pool_id = p_pool_id AND request_id = r.id;
+        END IF;
+    END LOOP;
+    RETURN rejected;
+END $$;
+COMMENT ON FUNCTION respool._revalidate_queue(uuid, uuid, timestamptz) IS
+    'After a capacity or policy change: drops the pool from queued requests that can never fit it any more and rejects those left with no candidate.';
+
+CREATE OR REPLACE FUNCTION respool._drop_requests(p_pool_id uuid, p_policy_id uuid, p_reason text, p_now timestamptz)
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    v_id uuid;
+    dropped integer := 0;
+    v_message text := CASE p_reason WHEN 'pool_deleted' THEN 'its pool was deleted'
+                                    ELSE 'its subject policy was deleted' END;
+BEGIN
+    FOR v_id IN SELECT id FROM respool.requests
+                 WHERE pool_id = p_pool_id AND status IN ('allocated', 'preempting')
+                   AND (p_policy_id IS NULL OR policy_id = p_policy_id)
+                 ORDER BY id FOR UPDATE LOOP
+        PERFORM respool._free(v_id);
+        PERFORM respool._set_status(v_id, 'cancelled', p_reason, v_message, p_now);
+        dropped := dropped + 1;
+    END LOOP;
+    FOR v_id IN SELECT request_id FROM respool.queue_entries
+                 WHERE pool_id = p_pool_id AND (p_policy_id IS NULL OR policy_id = p_policy_id)
+                 ORDER BY request_id LOOP
+        PERFORM 1 FROM respool.requests WHERE id = v_id FOR UPDATE;
+        IF (SELECT count(*) FROM respool.queue_entries WHERE request_id = v_id) = 1 THEN
+            DELETE FROM respool.queue_entries WHERE request_id = v_id;
+            PERFORM respool._set_status(v_id, 'cancelled', p_reason, v_message, p_now);
+            dropped := dropped + 1;
+        ELSE
+            DELETE FROM respool.queue_entries WHERE pool_id = p_pool_id AND request_id = v_id;
+        END IF;
+    END LOOP;
+    RETURN dropped;
+END $$;
+COMMENT ON FUNCTION respool._drop_requests(uuid, uuid, text, timestamptz) IS
+    'Force delete: cancels the pool''s (or one policy''s) holding requests and queued requests that have no other candidate pool; others just leave this queue.';
+
+CREATE OR REPLACE FUNCTION respool.create_pool(p_name text, p_capacity jsonb DEFAULT '{}',
+                                               p_description text DEFAULT '',
+                                               p_queueing text DEFAULT 'best_effort',
+                                               p_preemption_grace_seconds integer DEFAULT 0,
+                                               p_now timestamptz DEFAULT now())
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_id uuid;
+    v_capacity jsonb := respool._resource_map(p_capacity, 'capacity');
+BEGIN
+    IF p_name IS NULL OR p_name !~ '^[a-z0-9][a-z0-9._-]{0,62}$' THEN
+        PERFORM respool._fail('RP400', 'name', 'name must match ^[a-z0-9][a-z0-9._-]{0,62}$');
+    END IF;
+    PERFORM respool._pool_settings(p_description, p_queueing, p_preemption_grace_seconds);
+    BEGIN
+        INSERT INTO respool.pools (name, description, queueing, preemption_grace_seconds, created_at, updated_at)
+        VALUES (p_name, coalesce(p_description, ''), coalesce(p_queueing, 'best_effort'),
+                coalesce(p_preemption_grace_seconds, 0), p_now, p_now)
+        RETURNING id INTO v_id;
+    EXCEPTION WHEN unique_violation THEN
+        PERFORM respool._fail('RP409', 'name', format('pool %s already exists', p_name));
+    END;
+    INSERT INTO respool.pool_resources (pool_id, key, capacity)
+    SELECT v_id, key, value::bigint FROM jsonb_each_text(v_capacity);
+    RETURN respool.pool_json(v_id);
+END $$;
+COMMENT ON FUNCTION respool.create_pool(text, jsonb, text, text, integer, timestamptz) IS
+    'Creates a pool (RP400 on bad fields, RP409 on a taken name); zero capacities are dropped.';
+
+CREATE OR REPLACE FUNCTION respool.update_pool(p_ref text, p_capacity jsonb DEFAULT NULL,
+                                               p_description text DEFAULT NULL,
+                                               p_queueing text DEFAULT NULL,
+                                               p_preemption_grace_seconds integer DEFAULT NULL,
+                                               p_now timestamptz DEFAULT now())
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_id uuid := respool.resolve_pool(p_ref);
+    v_changes jsonb := respool._resource_map(p_capacity, 'capacity', true);
+    k text;
+    n bigint;
+BEGIN
+    PERFORM respool._pool_settings(p_description, p_queueing, p_preemption_grace_seconds);
+    PERFORM respool._lock_pools(ARRAY[v_id]);
+    FOR k, n IN SELECT key, value::bigint FROM jsonb_each_text(v_changes) LOOP
+        INSERT INTO respool.pool_resources (pool_id, key, capacity)
+        VALUES (v_id, k, nullif(n, 0))
+        ON CONFLICT (pool_id, key) DO UPDATE SET capacity = excluded.capacity;
+    END LOOP;
+    DELETE FROM respool.pool_resources WHERE pool_id = v_id AND capacity IS NULL AND used = 0;
+    PERFORM respool._check_reserved_fits(v_id);
+    UPDATE respool.pools
+       SET description = coalesce(p_description, description),
+           queueing = coalesce(p_queueing, queueing),
+           preemption_grace_seconds = coalesce(p_preemption_grace_seconds, preemption_grace_seconds),
+           updated_at = p_now
+     WHERE id = v_id;
+    PERFORM respool._revalidate_queue(v_id, NULL, p_now);
+    PERFORM respool.allocate_pool(v_id, p_now);
+    RETURN respool.pool_json(v_id);
+END $$;
+COMMENT ON FUNCTION respool.update_pool(text, jsonb, text, text, integer, timestamptz) IS
+    'Updates a pool: capacity merges (0 removes a key), RP409 if reserved shares would exceed it; queued requests that can never fit are rejected and what fits is granted, in one transaction. Usage above a shrunk capacity is left to the reconciler.';
+
+CREATE OR REPLACE FUNCTION respool.delete_pool(p_ref text, p_force boolean DEFAULT false,
+                                               p_now timestamptz DEFAULT now())
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_id uuid := respool.resolve_pool(p_ref);
+    v_held bigint;
+    v_queued bigint;
+BEGIN
+    PERFORM respool._lock_pools(ARRAY[v_id]);
+    SELECT count(*) INTO v_held FROM respool.requests
+     WHERE pool_id = v_id AND status IN ('allocated', 'preempting');
+    SELECT count(*) INTO v_queued FROM respool.queue_entries WHERE pool_id = v_id;
+    IF v_held + v_queued > 0 AND NOT coalesce(p_force, false) THEN
+        PERFORM respool._fail('RP409', 'force', format(
+            'pool %s has %s allocated and %s queued requests; delete with force to cancel them',
+            p_ref, v_held, v_queued));
+    END IF;
+    PERFORM respool._drop_requests(v_id, NULL, 'pool_deleted', p_now);
+    DELETE FROM respool.policies WHERE pool_id = v_id;
+    DELETE FROM respool.pools WHERE id = v_id;
+END $$;
+COMMENT ON FUNCTION respool.delete_pool(text, boolean, timestamptz) IS
+    'Deletes a pool and its policies; RP409 while it has queued or allocated requests unless p_force, which cancels them (reason pool_deleted). Terminal requests keep the pool name.';
+
+CREATE OR REPLACE FUNCTION respool.policy_json(p_id uuid)
+RETURNS jsonb LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object(
+        'id', p.id, 'subject', p.subject, 'pool', pl.name, 'pool_id', pl.id, 'priority', p.priority,
+        'description', p.description,
+        'reserved', coalesce((SELECT jsonb_object_agg(key, reserved) FROM respool.policy_resources
+                               WHERE policy_id = p.id AND reserved > 0), '{}'),
+        'limit', coalesce((SELECT jsonb_object_agg(key, "limit") FROM respool.policy_resources
+                            WHERE policy_id = p.id AND "limit" IS NOT NULL), '{}'),
+        'usage', coalesce((SELECT jsonb_object_agg(key, used) FROM respool.policy_resources
+                            WHERE policy_id = p.id AND used > 0), '{}'),
+        'borrowed', coalesce((SELECT jsonb_object_agg(r.key, r.used - r.reserved)
+                                FROM respool.policy_resources r
+                                LEFT JOIN respool.pool_resources c ON c.pool_id = p.pool_id AND c.key = r.key
+                               WHERE r.policy_id = p.id AND r.used > r.reserved
+                                 AND respool._effective_capacity(r.key, c.capacity) IS NOT NULL), '{}'),
+        'created_at', p.created_at, 'updated_at', p.updated_at)
+      FROM respool.policies p JOIN respool.pools pl ON pl.id = p.pool_id
+     WHERE p.id = p_id
+$$;
+COMMENT ON FUNCTION respool.policy_json(uuid) IS 'A policy as the API shows it, with usage and borrowed units (usage above reserved on tracked keys).';
+
+CREATE OR REPLACE FUNCTION respool.get_policy(p_ref text)
+RETURNS jsonb LANGUAGE sql STABLE AS $$ SELECT respool.policy_json(respool.resolve_policy(p_ref)) $$;
+COMMENT ON FUNCTION respool.get_policy(text) IS 'One policy by id or unique id prefix.';
+
+CREATE OR REPLACE FUNCTION respool.list_policies(p_pool text DEFAULT NULL, p_subject text DEFAULT NULL)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_pool_id uuid;
+BEGIN
+    IF p_pool IS NOT NULL THEN
+        v_pool_id := respool.resolve_pool(p_pool);
+    END IF;
+    RETURN coalesce((SELECT jsonb_agg(respool.policy_json(p.id) ORDER BY pl.name, p.subject)
+                       FROM respool.policies p JOIN respool.pools pl ON pl.id = p.pool_id
+                      WHERE (v_pool_id IS NULL OR p.pool_id = v_pool_id)
+                        AND (p_subject IS NULL OR p.subject = p_subject)), '[]');
+END $$;
+COMMENT ON FUNCTION respool.list_policies(text, text) IS 'Policies, optionally of one pool and/or subject, by pool name then subject.';
+
+CREATE OR REPLACE FUNCTION respool._apply_policy_maps(p_policy_id uuid, p_pool_id uuid, p_reserved jsonb,
+                                                      p_limit jsonb)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    k text;
+    n bigint;
+    v record;
+BEGIN
+    FOR k, n IN SELECT key, value::bigint FROM jsonb_each_text(p_reserved) LOOP
+        INSERT INTO respool.policy_resources AS pr (policy_id, key, reserved) VALUES (p_policy_id, k, 0)
+        ON CONFLICT (policy_id, key) DO NOTHING;
+        SELECT * INTO v FROM respool.policy_resources WHERE policy_id = p_policy_id AND key = k;
+        IF n > 0 AND NOT EXISTS (SELECT FROM respool.pool_resources
+                                  WHERE pool_id = p_pool_id AND key = k AND capacity IS NOT NULL) THEN
+            PERFORM respool._fail('RP400', 'reserved.' || k, format(
+                'reserved.%s: the pool does not track %s (only tracked keys can be reserved)', k, k));
+        END IF;
+        IF n < v.np_used THEN
+            PERFORM respool._fail('RP409', 'reserved.' || k, format(
+                'reserved.%s cannot go below %s: non-preemptible requests of this subject hold that much', k, v.np_used));
+        END IF;
+        UPDATE respool.policy_resources SET reserved = n WHERE policy_id = p_policy_id AND key = k;
+    END LOOP;
+    FOR k, n IN SELECT key, value::bigint FROM jsonb_each_text(p_limit) LOOP
+        INSERT INTO respool.policy_resources (policy_id, key, "limit") VALUES (p_policy_id, k, nullif(n, 0))
+        ON CONFLICT (policy_id, key) DO UPDATE SET "limit" = excluded."limit";
+    END LOOP;
+    SELECT key, reserved, "limit" INTO v FROM respool.policy_resources
+     WHERE policy_id = p_policy_id AND "limit" < reserved ORDER BY key LIMIT 1;
+    IF FOUND THEN
+        PERFORM respool._fail('RP400', 'reserved.' || v.key, format(
+            'reserved.%s (%s) must not exceed limit.%s (%s)', v.key, v.reserved, v.key, v."limit"));
+    END IF;
+    DELETE FROM respool.policy_resources
+     WHERE policy_id = p_policy_id AND reserved = 0 AND "limit" IS NULL AND used = 0;
+    PERFORM respool._check_reserved_fits(p_pool_id);
+END $$;
+COMMENT ON FUNCTION respool._apply_policy_maps(uuid, uuid, jsonb, jsonb) IS
+    'Merges reserved/limit maps into a policy (0 removes a key) and enforces §3: reserved keys tracked, reserved <= limit (RP400), reserved >= non-preemptible usage and reserved sums <= capacity (RP409).';
+
+CREATE OR REPLACE FUNCTION respool.create_policy(p_subject text, p_pool text, p_priority integer DEFAULT 0,
+                                                 p_reserved jsonb DEFAULT '{}', p_limit jsonb DEFAULT '{}',
+                                                 p_description text DEFAULT '',
+                                                 p_now timestamptz DEFAULT now())
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_pool_id uuid;
+    v_id uuid;
+    v_reserved jsonb := respool._resource_map(p_reserved, 'reserved');
+    v_limit jsonb := respool._resource_map(p_limit, 'limit');
+BEGIN
+    IF p_subject IS NULL OR p_subject !~ '^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,127}$' THEN
+        PERFORM respool._fail('RP400', 'subject', 'subject must match ^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,127}$');
+    END IF;
+    IF p_pool IS NULL THEN
+        PERFORM respool._fail('RP400', 'pool', 'pool is required');
+    END IF;
+    PERFORM respool._pool_settings(p_description, NULL, NULL);
+    v_pool_id := respool.resolve_pool(p_pool);
+    PERFORM respool._lock_pools(ARRAY[v_pool_id]);
+    BEGIN
+        INSERT INTO respool.policies (subject, pool_id, priority, description, created_at, updated_at)
+        VALUES (p_subject, v_pool_id, coalesce(p_priority, 0), coalesce(p_description, ''), p_now, p_now)
+        RETURNING id INTO v_id;
+    EXCEPTION WHEN unique_violation THEN
+        PERFORM respool._fail('RP409', 'subject', format('subject %s already has a policy on pool %s', p_subject, p_pool));
+    END;
+    PERFORM respool._apply_policy_maps(v_id, v_pool_id, v_reserved, v_limit);
+    RETURN respool.policy_json(v_id);
+END $$;
+COMMENT ON FUNCTION respool.create_policy(text, text, integer, jsonb, jsonb, text, timestamptz) IS
+    'Binds a subject to a pool; RP409 when the (subject, pool) pair exists or reserved shares would exceed capacity.';
+
+CREATE OR REPLACE FUNCTION respool.update_policy(p_ref text, p_priority integer DEFAULT NULL,
+                                                 p_reserved jsonb DEFAULT NULL, p_limit jsonb DEFAULT NULL,
+                                                 p_description text DEFAULT NULL,
+                                                 p_now timestamptz DEFAULT now())
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_id uuid := respool.resolve_policy(p_ref);
+    v_pool_id uuid;
+    v_reserved jsonb := respool._resource_map(p_reserved, 'reserved', true);
+    v_limit jsonb := respool._resource_map(p_limit, 'limit', true);
+BEGIN
+    PERFORM respool._pool_settings(p_description, NULL, NULL);
+    SELECT pool_id INTO v_pool_id FROM respool.policies WHERE id = v_id;
+    PERFORM respool._lock_pools(ARRAY[v_pool_id]);
+    PERFORM 1 FROM respool.policies WHERE id = v_id FOR UPDATE;
+    PERFORM respool._apply_policy_maps(v_id, v_pool_id, v_reserved, v_limit);
+    UPDATE respool.policies
+       SET priority = coalesce(p_priority, priority), description = coalesce(p_description, description),
+           updated_at = p_now
+     WHERE id = v_id;
+    PERFORM respool._revalidate_queue(v_pool_id, v_id, p_now);
+    PERFORM respool.allocate_pool(v_pool_id, p_now);
+    RETURN respool.policy_json(v_id);
+END $$;
+COMMENT ON FUNCTION respool.update_policy(text, integer, jsonb, jsonb, text, timestamptz) IS
+    'Updates a policy (maps merge, 0 removes a key); queued requests that can no longer fit are rejected and what now fits is granted. Usage above a lowered limit is left to the reconciler.';
+
+CREATE OR REPLACE FUNCTION respool.delete_policy(p_ref text, p_force boolean DEFAULT false,
+                                                 p_now timestamptz DEFAULT now())
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_id uuid := respool.resolve_policy(p_ref);
+    v_pool_id uuid;
+    v_held bigint;
+    v_queued bigint;
+BEGIN
+    SELECT pool_id INTO v_pool_id FROM respool.policies WHERE id = v_id;
+    PERFORM respool._lock_pools(ARRAY[v_pool_id]);
+    SELECT count(*) INTO v_held FROM respool.requests
+     WHERE pool_id = v_pool_id AND policy_id = v_id AND status IN ('allocated', 'preempting');
+    SELECT count(*) INTO v_queued FROM respool.queue_entries WHERE policy_id = v_id;
+    IF v_held + v_queued > 0 AND NOT coalesce(p_force, false) THEN
+        PERFORM respool._fail('RP409', 'force', format(
+            'policy %s has %s allocated and %s queued requests; delete with force to cancel them',
+            v_id, v_held, v_queued));
+    END IF;
+    PERFORM respool._drop_requests(v_pool_id, v_id, 'policy_deleted', p_now);
+    DELETE FROM respool.policies WHERE id = v_id;
+    PERFORM respool.allocate_pool(v_pool_id, p_now);
+END $$;
+COMMENT ON FUNCTION respool.delete_policy(text, boolean, timestamptz) IS
+    'Deletes a policy; RP409 while its subject has queued or allocated requests through it unless p_force, which cancels them (reason policy_deleted).';
