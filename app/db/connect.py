@@ -23,7 +23,8 @@ APP_LISTENER = "respool-listener"
 APP_RECONCILER = "respool-reconciler"
 APP_CLI = "respool-cli"
 
-_encoder = msgspec.json.Encoder()
+# Decimals go out as JSON numbers, so a cpu_count of 8.05 reaches SQL exactly as written.
+_encoder = msgspec.json.Encoder(decimal_format="number")
 
 
 def _encode_json(value: Any) -> str:

@@ -296,7 +296,7 @@ async def list_requests(
 async def _request_action(db: Executor, fn: str, request_id: UUID, attempt: int | None) -> Request:
     # fn is one of a fixed set of function names below, never user input.
     doc = await db.fetchval(
-        f"SELECT respool.{fn}(p_id => $1, p_attempt => $2)",  # noqa: S608
+        f"SELECT respool.{fn}(p_id => $1, p_attempt => $2)",
         request_id, attempt,
     )
     return _as(Request, doc)

@@ -1,0 +1,112 @@
+"""Small helpers shared by the engine rule tests (tests/engine/test_*.py).
+
+They go through the typed wrappers of :mod:`app.db.queries` (what the API uses) and read state
+back through the ops views (what an operator would check), never through private counters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+
+from app.db import queries as q
+
+
+async def mk_pool(conn: asyncpg.Connection, name: str, capacity: Mapping[str, int],
+                  **kw: Any) -> q.Pool:
+    return await q.create_pool(conn, name=name, capacity=capacity, **kw)
+
+
+async def mk_policy(conn: asyncpg.Connection, subject: str, pool: str, **kw: Any) -> q.Policy:
+    return await q.create_policy(conn, subject=subject, pool=pool, **kw)
+
+
+async def mk_req(conn: asyncpg.Connection, subject: str, pool: str | None = None,
+                 **kw: Any) -> q.Request:
+    """Create a request and return it (asserting it is a new one)."""
+    made = await q.create_request(conn, subject=subject, pool=pool, **kw)
+    assert made.created
+    return made.request
+
+
+async def get(conn: asyncpg.Connection, request_id: UUID) -> q.Request:
+    return await q.get_request(conn, request_id)
+
+
+async def status(conn: asyncpg.Connection, request_id: UUID) -> str:
+    return (await q.get_request(conn, request_id)).status
+
+
+async def statuses(conn: asyncpg.Connection, *ids: UUID) -> list[str]:
+    return [await status(conn, i) for i in ids]
+
+
+async def pool_id(conn: asyncpg.Connection, name: str) -> UUID:
+    return (await q.get_pool(conn, name)).id
+
+
+async def pool_usage(conn: asyncpg.Connection, pool: str) -> dict[str, dict[str, Any]]:
+    """respool.pool_usage rows of one pool, by key."""
+    rows = await conn.fetch(
+        "SELECT key, capacity, allocated, free, queued_demand FROM respool.pool_usage"
+        " WHERE pool = $1", pool)
+    return {r["key"]: dict(r) for r in rows}
+
+
+async def allocated(conn: asyncpg.Connection, pool: str) -> dict[str, int]:
+    """Allocated units per key of one pool (keys with 0 left out)."""
+    return {k: v["allocated"] for k, v in (await pool_usage(conn, pool)).items() if v["allocated"]}
+
+
+async def policy_usage(conn: asyncpg.Connection, pool: str, subject: str) -> dict[str, dict[str, Any]]:
+    rows = await conn.fetch(
+        'SELECT key, priority, reserved, "limit", used, borrowed, np_used FROM respool.policy_usage'
+        " WHERE pool = $1 AND subject = $2", pool, subject)
+    return {r["key"]: dict(r) for r in rows}
+
+
+async def queue(conn: asyncpg.Connection, pool: str | None = None) -> list[dict[str, Any]]:
+    """respool.queue rows (all pools, or one), in (pool, position) order."""
+    rows = await conn.fetch(
+        "SELECT pool, position, request_id, subject, resources, preemptible, priority"
+        " FROM respool.queue WHERE $1::text IS NULL OR pool = $1 ORDER BY pool, position", pool)
+    return [dict(r) for r in rows]
+
+
+async def queue_ids(conn: asyncpg.Connection, pool: str) -> list[UUID]:
+    return [r["request_id"] for r in await queue(conn, pool)]
+
+
+async def events(conn: asyncpg.Connection, request_id: UUID) -> list[tuple[str | None, str, str | None]]:
+    """(from, to, reason) of a request's history, in order."""
+    return [(e.from_status, e.to_status, e.reason) for e in await q.request_events(conn, request_id)]
+
+
+async def assert_healthy(conn: asyncpg.Connection) -> None:
+    """No broken invariant, and every request's history matches its version and status."""
+    assert await q.invariant_violations(conn) == []
+    bad = await conn.fetch(
+        """
+        SELECT r.id, r.status, r.version, count(e.*) AS n,
+               (array_agg(e.to_status ORDER BY e.id DESC))[1] AS last
+          FROM respool.requests r LEFT JOIN respool.events e ON e.request_id = r.id
+         GROUP BY r.id
+        HAVING count(e.*) <> r.version OR (array_agg(e.to_status ORDER BY e.id DESC))[1] <> r.status
+        """)
+    assert [dict(b) for b in bad] == []
+    # A queued request is in at least one queue; any other request is in none.
+    stray = await conn.fetch(
+        """
+        SELECT r.id, r.status FROM respool.requests r
+         WHERE (r.status = 'queued') <> EXISTS (SELECT FROM respool.queue_entries e
+                                                 WHERE e.request_id = r.id)
+        """)
+    assert [dict(s) for s in stray] == []
+
+
+async def db_now(conn: asyncpg.Connection) -> datetime:
+    return await conn.fetchval("SELECT now()")  # type: ignore[no-any-return]
