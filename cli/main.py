@@ -10,6 +10,7 @@ import typer
 from app import __version__
 from cli import db
 from cli.common import KNOWN_ERRORS, describe_error
+from cli.serve import serve
 
 app = typer.Typer(
     name="respool",
@@ -19,6 +20,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(db.app, name="db")
+app.command("serve")(serve)
 
 
 def _version(value: bool) -> None:

@@ -137,7 +137,11 @@ async def create_pool(
     doc = await db.fetchval(
         "SELECT respool.create_pool(p_name => $1, p_capacity => $2, p_description => $3,"
         " p_queueing => $4, p_preemption_grace_seconds => $5)",
-        name, dict(capacity or {}), description, queueing, preemption_grace_seconds,
+        name,
+        dict(capacity or {}),
+        description,
+        queueing,
+        preemption_grace_seconds,
     )
     return _as(Pool, doc)
 
@@ -155,7 +159,10 @@ async def update_pool(
     doc = await db.fetchval(
         "SELECT respool.update_pool(p_ref => $1, p_capacity => $2, p_description => $3,"
         " p_queueing => $4, p_preemption_grace_seconds => $5)",
-        ref, None if capacity is None else dict(capacity), description, queueing,
+        ref,
+        None if capacity is None else dict(capacity),
+        description,
+        queueing,
         preemption_grace_seconds,
     )
     return _as(Pool, doc)
@@ -193,7 +200,12 @@ async def create_policy(
     doc = await db.fetchval(
         "SELECT respool.create_policy(p_subject => $1, p_pool => $2, p_priority => $3,"
         " p_reserved => $4, p_limit => $5, p_description => $6)",
-        subject, pool, priority, dict(reserved or {}), dict(limit or {}), description,
+        subject,
+        pool,
+        priority,
+        dict(reserved or {}),
+        dict(limit or {}),
+        description,
     )
     return _as(Policy, doc)
 
@@ -211,8 +223,11 @@ async def update_policy(
     doc = await db.fetchval(
         "SELECT respool.update_policy(p_ref => $1, p_priority => $2, p_reserved => $3,"
         " p_limit => $4, p_description => $5)",
-        ref, priority, None if reserved is None else dict(reserved),
-        None if limit is None else dict(limit), description,
+        ref,
+        priority,
+        None if reserved is None else dict(reserved),
+        None if limit is None else dict(limit),
+        description,
     )
     return _as(Policy, doc)
 
@@ -259,9 +274,15 @@ async def create_request(
         "SELECT created, request FROM respool.create_request(p_subject => $1, p_pool => $2,"
         " p_resources => $3, p_settings => $4, p_preemptible => $5, p_max_retries => $6,"
         " p_lease_seconds => $7, p_idempotency_key => $8, p_labels => $9)",
-        subject, pool, None if resources is None else dict(resources),
-        None if settings is None else dict(settings), preemptible, max_retries, lease_seconds,
-        idempotency_key, None if labels is None else dict(labels),
+        subject,
+        pool,
+        None if resources is None else dict(resources),
+        None if settings is None else dict(settings),
+        preemptible,
+        max_retries,
+        lease_seconds,
+        idempotency_key,
+        None if labels is None else dict(labels),
     )
     assert row is not None
     return Created(created=row["created"], request=_as(Request, row["request"]))
@@ -287,8 +308,13 @@ async def list_requests(
     doc = await db.fetchval(
         "SELECT respool.list_requests(p_pool => $1, p_subject => $2, p_status => $3,"
         " p_limit => $4, p_before_created => $5, p_before_id => $6, p_subject_like => $7)",
-        pool, subject, status, limit, before[0] if before else None,
-        before[1] if before else None, subject_patterns,
+        pool,
+        subject,
+        status,
+        limit,
+        before[0] if before else None,
+        before[1] if before else None,
+        subject_patterns,
     )
     return _as(list[Request], doc)
 
@@ -297,7 +323,8 @@ async def _request_action(db: Executor, fn: str, request_id: UUID, attempt: int 
     # fn is one of a fixed set of function names below, never user input.
     doc = await db.fetchval(
         f"SELECT respool.{fn}(p_id => $1, p_attempt => $2)",
-        request_id, attempt,
+        request_id,
+        attempt,
     )
     return _as(Request, doc)
 

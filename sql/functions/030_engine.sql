@@ -219,15 +219,21 @@ RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     r respool.requests;
 BEGIN
-    SELECT * INTO r FROM respool.requests WHERE id = p_request_id AND status = 'queued'
-       FOR UPDATE SKIP LOCKED;
+    -- Admission is decided before the row lock: it depends only on the request's fixed resources
+    -- and on this pool's counters, which the caller's pool lock holds still. A blocked request is
+    -- thus never locked, and a concurrent pass of another candidate pool does not skip it.
+    SELECT * INTO r FROM respool.requests WHERE id = p_request_id AND status = 'queued';
+    IF NOT FOUND THEN
+        RETURN 'gone';
+    END IF;
+    IF respool._blocker(r.resources, r.preemptible, p_pool_id, p_policy_id) IS NOT NULL THEN
+        RETURN 'blocked';
+    END IF;
+    PERFORM 1 FROM respool.requests WHERE id = p_request_id AND status = 'queued' FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
         -- Gone from the queue (committed after our snapshot) or locked by another transaction.
         RETURN CASE WHEN EXISTS (SELECT FROM respool.requests WHERE id = p_request_id AND status = 'queued')
                     THEN 'locked' ELSE 'gone' END;
-    END IF;
-    IF respool._blocker(r.resources, r.preemptible, p_pool_id, p_policy_id) IS NOT NULL THEN
-        RETURN 'blocked';
     END IF;
     PERFORM respool._grant(p_request_id, p_pool_id, p_policy_id, p_now);
     RETURN 'granted';

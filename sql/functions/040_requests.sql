@@ -326,23 +326,29 @@ BEGIN
         END IF;
         RETURN respool.request_json(p_id);
     END IF;
-    SELECT * INTO r FROM respool.requests WHERE id = p_id FOR UPDATE;
     IF NOT FOUND THEN
         PERFORM respool._fail('RP404', 'id', format('request %s not found', p_id));
+    END IF;
+    -- No FOR UPDATE here: a lock on a queued request would make a concurrent allocation pass
+    -- skip it (SKIP LOCKED; a strict pool stops there). Only the lease UPDATE locks the row,
+    -- and only while it is still allocated on the same attempt.
+    IF r.status = 'allocated' AND r.lease_seconds IS NOT NULL
+       AND (p_attempt IS NULL OR p_attempt = r.attempt) THEN
+        UPDATE respool.requests SET lease_expires_at = p_now + make_interval(secs => lease_seconds),
+                                    updated_at = p_now
+         WHERE id = p_id AND status = 'allocated' AND attempt = r.attempt;
+        IF NOT FOUND THEN
+            SELECT * INTO r FROM respool.requests WHERE id = p_id;  -- it moved on meanwhile
+        END IF;
     END IF;
     IF p_attempt IS NOT NULL AND p_attempt <> r.attempt THEN
         PERFORM respool._fail('RP409', 'attempt', format(
             'stale attempt %s: request %s is on attempt %s', p_attempt, p_id, r.attempt));
     END IF;
-    IF r.status = 'allocated' AND r.lease_seconds IS NOT NULL THEN
-        UPDATE respool.requests SET lease_expires_at = p_now + make_interval(secs => lease_seconds),
-                                    updated_at = p_now
-         WHERE id = p_id;
-    END IF;
     RETURN respool.request_json(p_id);
 END $$;
 COMMENT ON FUNCTION respool.heartbeat_request(uuid, integer, timestamptz) IS
-    'Extends an allocated request''s lease (locks only the request row); a lapsed lease is expired instead; returns the request so a preempted step learns it.';
+    'Extends an allocated request''s lease (locks only the request row, and only to extend it); a lapsed lease is expired instead; returns the request so a preempted step learns it.';
 
 CREATE OR REPLACE FUNCTION respool.delete_request(p_id uuid)
 RETURNS void LANGUAGE plpgsql AS $$

@@ -75,9 +75,14 @@ DECLARE
 BEGIN
     FOR e IN SELECT request_id, policy_id FROM respool.queue_entries
               WHERE pool_id = p_pool_id AND (p_policy_id IS NULL OR policy_id = p_policy_id) LOOP
-        SELECT * INTO r FROM respool.requests WHERE id = e.request_id AND status = 'queued' FOR UPDATE;
+        -- Decide on the unlocked row (resources never change; the pool lock holds capacity and
+        -- policies still) and lock only what leaves this queue: a locked queued request would be
+        -- skipped by a concurrent allocation pass of its other candidate pools.
+        SELECT * INTO r FROM respool.requests WHERE id = e.request_id AND status = 'queued';
         CONTINUE WHEN NOT FOUND
                    OR (respool._rejection(r.resources, r.preemptible, p_pool_id, e.policy_id)).reason IS NULL;
+        SELECT * INTO r FROM respool.requests WHERE id = e.request_id AND status = 'queued' FOR UPDATE;
+        CONTINUE WHEN NOT FOUND;
         IF (SELECT count(*) FROM respool.queue_entries WHERE request_id = r.id) = 1 THEN
             PERFORM respool._reject_unfittable(r.id, p_now);
             rejected := rejected + 1;
@@ -259,6 +264,22 @@ DECLARE
     n bigint;
     v record;
 BEGIN
+    -- reserved <= limit is checked on the merged result before anything is written: the
+    -- reserved_within_limit CHECK would otherwise fire first, as a 500 instead of RP400.
+    SELECT x.key, x.reserved, x."limit" INTO v
+      FROM (SELECT k2.key,
+                   coalesce((p_reserved ->> k2.key)::bigint, pr.reserved, 0) AS reserved,
+                   CASE WHEN p_limit ? k2.key THEN nullif((p_limit ->> k2.key)::bigint, 0)
+                        ELSE pr."limit" END AS "limit"
+              FROM (SELECT jsonb_object_keys(p_reserved) AS key
+                    UNION SELECT jsonb_object_keys(p_limit)) k2
+              LEFT JOIN respool.policy_resources pr ON pr.policy_id = p_policy_id AND pr.key = k2.key) x
+     WHERE x."limit" < x.reserved
+     ORDER BY x.key LIMIT 1;
+    IF FOUND THEN
+        PERFORM respool._fail('RP400', 'reserved.' || v.key, format(
+            'reserved.%s (%s) must not exceed limit.%s (%s)', v.key, v.reserved, v.key, v."limit"));
+    END IF;
     FOR k, n IN SELECT key, value::bigint FROM jsonb_each_text(p_reserved) LOOP
         INSERT INTO respool.policy_resources AS pr (policy_id, key, reserved) VALUES (p_policy_id, k, 0)
         ON CONFLICT (policy_id, key) DO NOTHING;
@@ -278,12 +299,6 @@ BEGIN
         INSERT INTO respool.policy_resources (policy_id, key, "limit") VALUES (p_policy_id, k, nullif(n, 0))
         ON CONFLICT (policy_id, key) DO UPDATE SET "limit" = excluded."limit";
     END LOOP;
-    SELECT key, reserved, "limit" INTO v FROM respool.policy_resources
-     WHERE policy_id = p_policy_id AND "limit" < reserved ORDER BY key LIMIT 1;
-    IF FOUND THEN
-        PERFORM respool._fail('RP400', 'reserved.' || v.key, format(
-            'reserved.%s (%s) must not exceed limit.%s (%s)', v.key, v.reserved, v.key, v."limit"));
-    END IF;
     DELETE FROM respool.policy_resources
      WHERE policy_id = p_policy_id AND reserved = 0 AND "limit" IS NULL AND used = 0;
     PERFORM respool._check_reserved_fits(p_pool_id);

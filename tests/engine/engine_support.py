@@ -62,7 +62,8 @@ async def allocated(conn: asyncpg.Connection, pool: str) -> dict[str, int]:
     return {k: v["allocated"] for k, v in (await pool_usage(conn, pool)).items() if v["allocated"]}
 
 
-async def policy_usage(conn: asyncpg.Connection, pool: str, subject: str) -> dict[str, dict[str, Any]]:
+async def policy_usage(conn: asyncpg.Connection, pool: str,
+                       subject: str) -> dict[str, dict[str, Any]]:
     rows = await conn.fetch(
         'SELECT key, priority, reserved, "limit", used, borrowed, np_used FROM respool.policy_usage'
         " WHERE pool = $1 AND subject = $2", pool, subject)
@@ -81,9 +82,13 @@ async def queue_ids(conn: asyncpg.Connection, pool: str) -> list[UUID]:
     return [r["request_id"] for r in await queue(conn, pool)]
 
 
-async def events(conn: asyncpg.Connection, request_id: UUID) -> list[tuple[str | None, str, str | None]]:
+Ev = tuple[str | None, str, str | None]
+
+
+async def events(conn: asyncpg.Connection, request_id: UUID) -> list[Ev]:
     """(from, to, reason) of a request's history, in order."""
-    return [(e.from_status, e.to_status, e.reason) for e in await q.request_events(conn, request_id)]
+    history = await q.request_events(conn, request_id)
+    return [(e.from_status, e.to_status, e.reason) for e in history]
 
 
 async def assert_healthy(conn: asyncpg.Connection) -> None:

@@ -1,0 +1,76 @@
+"""The HTTP API (SPEC §6): ``create_app(settings)`` builds a Litestar application.
+
+Nothing is read at import time. The lifespan opens the asyncpg pool (``respool-api``) and the
+process's LISTEN connection (``respool-listener``, :mod:`app.notify`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from litestar import Litestar
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import SwaggerRenderPlugin
+
+from app import __version__
+from app.api.errors import exception_handlers
+from app.api.health import HealthController
+from app.api.metrics import MetricsController
+from app.api.policies import PolicyController
+from app.api.pools import PoolController
+from app.api.requests import RequestController
+from app.db.connect import APP_API, create_pool
+from app.db.dsn import resolve_database_url
+from app.notify import Notifier
+from app.settings import Settings
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("respool.api")
+
+
+def create_app(settings: Settings, *, database_url: str | None = None) -> Litestar:
+    """The API for ``settings``; ``database_url`` overrides ``settings.database_url``.
+
+    With neither, the embedded PostgreSQL is started at startup (``resolve_database_url``).
+    ``app.state.notifier`` is available before startup, so a server can call
+    ``begin_shutdown()`` on SIGTERM and answer every open wait at once.
+    """
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        dsn = database_url or resolve_database_url(settings)
+        pool = await create_pool(dsn, size=settings.db_pool_size, application_name=APP_API)
+        notifier: Notifier = app.state.notifier
+        notifier.use_dsn(dsn)
+        try:
+            await notifier.start()
+            app.state.db = pool
+            yield
+        finally:
+            await notifier.close()
+            await pool.close()
+
+    app = Litestar(
+        route_handlers=[
+            PoolController,
+            PolicyController,
+            RequestController,
+            HealthController,
+            MetricsController,
+        ],
+        lifespan=[lifespan],
+        exception_handlers=exception_handlers,
+        openapi_config=OpenAPIConfig(
+            title="respool",
+            version=__version__,
+            path="/schema",
+            render_plugins=[SwaggerRenderPlugin()],
+        ),
+        debug=False,
+    )
+    app.state.settings = settings
+    app.state.notifier = Notifier()
+    return app

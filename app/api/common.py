@@ -1,0 +1,48 @@
+"""Shared plumbing of the controllers: state access and strict body decoding."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import asyncpg
+import msgspec
+from litestar import Request
+from litestar.datastructures import State
+
+from app.api.errors import validation_error
+from app.notify import Notifier
+from app.settings import Settings
+
+__all__ = ["db", "decode_body", "notifier", "settings"]
+
+T = TypeVar("T")
+
+
+def db(state: State) -> asyncpg.Pool:
+    pool: asyncpg.Pool = state.db
+    return pool
+
+
+def notifier(state: State) -> Notifier:
+    n: Notifier = state.notifier
+    return n
+
+
+def settings(state: State) -> Settings:
+    s: Settings = state.settings
+    return s
+
+
+async def decode_body(request: Request[Any, Any, Any], kind: type[T]) -> T:
+    """Decode the raw JSON body strictly into ``kind``.
+
+    Litestar has already validated the body leniently (it converts via Python objects, where
+    ``"8"`` may pass as an int and ``cpu_count`` goes through a binary float). Decoding the raw
+    bytes again with ``strict=True`` refuses strings and floats for integers, and keeps a
+    ``Decimal`` exactly as written in the JSON text.
+    """
+    raw = await request.body()
+    try:
+        return msgspec.json.decode(raw or b"{}", type=kind, strict=True)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise validation_error(exc) from None

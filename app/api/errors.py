@@ -1,0 +1,139 @@
+"""One error shape for every failure: ``{"status_code": int, "detail": str, "field": str|null}``.
+
+Engine errors keep their status and field; validation errors become 400 naming the field;
+anything unexpected becomes a generic 500 (the traceback goes to the server log only).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+import asyncpg
+import msgspec
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+from litestar.types import ExceptionHandlersMap
+
+from app.db.errors import EngineError
+
+__all__ = ["ApiError", "ErrorBody", "exception_handlers", "validation_error"]
+
+log = logging.getLogger("respool.api")
+
+
+class ErrorBody(msgspec.Struct):
+    status_code: int
+    detail: str
+    field: str | None = None
+
+
+class ApiError(Exception):
+    """An error raised by the API layer itself (outside the engine)."""
+
+    def __init__(self, status_code: int, detail: str, field: str | None = None) -> None:
+        super().__init__(detail)
+        self.status_code = status_code
+        self.detail = detail
+        self.field = field
+
+
+_AT = re.compile(r" - at `\$(?P<path>[^`]*)`$")
+_UNKNOWN = re.compile(r"unknown field `(?P<name>[^`]+)`")
+_MISSING = re.compile(r"missing required field `(?P<name>[^`]+)`")
+
+
+def _field_from_message(message: str, path: str | None) -> str | None:
+    for pattern in (_UNKNOWN, _MISSING):
+        m = pattern.search(message)
+        if m:
+            name = m.group("name")
+            return f"{path}.{name}" if path else name
+    return path or None
+
+
+def _clean_path(path: str | None) -> str | None:
+    if not path:
+        return None
+    # "capacity[...]" is a value of a map (msgspec does not say which key); "[0]" an index.
+    path = path.replace("[...]", "")
+    return re.sub(r"\[(\d+)\]", r".\1", path) or None
+
+
+def validation_error(exc: msgspec.ValidationError | msgspec.DecodeError) -> ApiError:
+    """A msgspec error as a 400 naming the offending field (``capacity.gpu``, ``labels``...)."""
+    text = str(exc)
+    path: str | None = None
+    m = _AT.search(text)
+    if m:
+        text = text[: m.start()]
+        path = m.group("path").lstrip(".") or None
+        path = _clean_path(path)
+    if not isinstance(exc, msgspec.ValidationError):  # ValidationError is a DecodeError
+        return ApiError(400, f"invalid JSON body: {text}", None)
+    field = _field_from_message(text, path)
+    detail = f"{field}: {text}" if field and field not in text else text
+    return ApiError(400, detail, field)
+
+
+def _respond(status_code: int, detail: str, field: str | None = None) -> Response[ErrorBody]:
+    return Response(ErrorBody(status_code, detail, field), status_code=status_code)
+
+
+def _engine_error(_: Request[Any, Any, Any], exc: EngineError) -> Response[ErrorBody]:
+    if exc.status_code >= 500:
+        log.error("engine guard refused a change: %s (field=%s)", exc.message, exc.field)
+    return _respond(exc.status_code, exc.message, exc.field)
+
+
+def _api_error(_: Request[Any, Any, Any], exc: ApiError) -> Response[ErrorBody]:
+    return _respond(exc.status_code, exc.detail, exc.field)
+
+
+def _validation(_: Request[Any, Any, Any], exc: ValidationException) -> Response[ErrorBody]:
+    extra = exc.extra if isinstance(exc.extra, list) else []
+    first = extra[0] if extra and isinstance(extra[0], dict) else {}
+    message = str(first.get("message") or exc.detail)
+    key = first.get("key")
+    field = _field_from_message(message, None)
+    if field is None and isinstance(key, str) and key != "data":
+        field = _clean_path(key)
+    detail = f"{field}: {message}" if field and field not in message else message
+    return _respond(400, detail, field)
+
+
+def _http(_: Request[Any, Any, Any], exc: HTTPException) -> Response[ErrorBody]:
+    return _respond(exc.status_code, exc.detail)
+
+
+def _database_down(request: Request[Any, Any, Any], exc: Exception) -> Response[ErrorBody]:
+    log.warning("%s %s: database unavailable: %s", request.method, request.url.path, exc)
+    return _respond(503, "database unavailable, retry later")
+
+
+def _integrity(request: Request[Any, Any, Any], exc: Exception) -> Response[ErrorBody]:
+    """A constraint the engine did not check first: still the client's input, never a 500."""
+    name = getattr(exc, "constraint_name", None) or "a database constraint"
+    log.warning("%s %s: %s", request.method, request.url.path, exc)
+    if isinstance(exc, asyncpg.UniqueViolationError):
+        return _respond(409, f"conflicts with an existing row ({name})")
+    return _respond(400, f"invalid input: violates {name}")
+
+
+def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[ErrorBody]:
+    if isinstance(exc, asyncpg.IntegrityConstraintViolationError):
+        return _integrity(request, exc)
+    if isinstance(exc, OSError | asyncpg.PostgresConnectionError | asyncpg.InterfaceError):
+        return _database_down(request, exc)
+    log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+    return _respond(500, "internal server error")
+
+
+exception_handlers: ExceptionHandlersMap = {
+    EngineError: _engine_error,
+    ApiError: _api_error,
+    ValidationException: _validation,
+    HTTPException: _http,
+    Exception: _unexpected,
+}

@@ -1,0 +1,49 @@
+"""``/healthz`` (the process answers) and ``/readyz`` (DB, schema and listener are fine)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import cast
+
+import asyncpg
+from litestar import Controller, Response, get
+from litestar.datastructures import State
+
+from app.api.common import db, notifier
+from app.api.schemas import Readiness
+from app.db import migrate
+
+
+class HealthController(Controller):
+    tags = ["health"]
+
+    @get("/healthz", summary="Liveness")
+    async def healthz(self) -> dict[str, str]:
+        return {"status": "ok"}
+
+    @get("/readyz", summary="Readiness: database reachable, schema current, listener up")
+    async def readyz(self, state: State) -> Response[Readiness]:
+        database = schema_current = False
+        detail = None
+        try:
+            async with asyncio.timeout(5):
+                async with db(state).acquire() as conn:
+                    database = True
+                    # A pool connection proxy behaves as the connection it wraps.
+                    schema_current = (await migrate.status(cast(asyncpg.Connection, conn))).current
+            if not schema_current:
+                detail = "schema is not current (run `respool db migrate`)"
+        except Exception as exc:  # any failure means "not ready", never a 500
+            detail = f"database unreachable: {type(exc).__name__}"
+        listener = notifier(state).healthy
+        if detail is None and not listener:
+            detail = "notification listener is down"
+        ready = database and schema_current and listener
+        body = Readiness(
+            ready=ready,
+            database=database,
+            schema_current=schema_current,
+            listener=listener,
+            detail=detail,
+        )
+        return Response(body, status_code=200 if ready else 503)

@@ -1,0 +1,79 @@
+"""``/v1/policies``: bind subjects to pools (priority, reserved share, hard limit)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from litestar import Controller, Request, delete, get, patch, post
+from litestar.datastructures import State
+from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter, SkipValidation
+from msgspec import UNSET
+
+from app.api.common import db, decode_body
+from app.api.schemas import PolicyCreate, PolicyUpdate
+from app.db import queries
+from app.db.queries import Policy
+
+
+def _unset_to_none(value: Any) -> Any:
+    return None if value is UNSET else value
+
+
+class PolicyController(Controller):
+    path = "/v1/policies"
+    tags = ["policies"]
+
+    @post("/", status_code=201, summary="Create a policy")
+    async def create_policy(
+        self,
+        state: State,
+        request: Request[Any, Any, Any],
+        data: SkipValidation[JSONBody[PolicyCreate]],
+    ) -> Policy:
+        body = await decode_body(request, PolicyCreate)
+        return await queries.create_policy(
+            db(state),
+            subject=body.subject,
+            pool=body.pool,
+            priority=body.priority,
+            reserved=body.reserved,
+            limit=body.limit,
+            description=body.description,
+        )
+
+    @get("/", summary="List policies with usage and borrowed units")
+    async def list_policies(
+        self,
+        state: State,
+        pool: FromQuery[str | None] = None,
+        subject: FromQuery[str | None] = None,
+    ) -> list[Policy]:
+        return await queries.list_policies(db(state), pool=pool, subject=subject)
+
+    @get("/{ref:str}", summary="One policy")
+    async def get_policy(self, state: State, ref: FromPath[str]) -> Policy:
+        return await queries.get_policy(db(state), ref)
+
+    @patch("/{ref:str}", summary="Update a policy")
+    async def update_policy(
+        self,
+        state: State,
+        request: Request[Any, Any, Any],
+        ref: FromPath[str],
+        data: SkipValidation[JSONBody[PolicyUpdate]],
+    ) -> Policy:
+        body = await decode_body(request, PolicyUpdate)
+        return await queries.update_policy(
+            db(state),
+            ref,
+            priority=_unset_to_none(body.priority),
+            reserved=_unset_to_none(body.reserved),
+            limit=_unset_to_none(body.limit),
+            description=_unset_to_none(body.description),
+        )
+
+    @delete("/{ref:str}", status_code=204, summary="Delete a policy (force cancels its requests)")
+    async def delete_policy(
+        self, state: State, ref: FromPath[str], force: Annotated[bool, QueryParameter()] = False
+    ) -> None:
+        await queries.delete_policy(db(state), ref, force=force)

@@ -1,0 +1,73 @@
+"""``/v1/pools``: create, list, read, update (capacity merge) and delete pools."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from litestar import Controller, Request, delete, get, patch, post
+from litestar.datastructures import State
+from litestar.params import FromPath, JSONBody, QueryParameter, SkipValidation
+from msgspec import UNSET
+
+from app.api.common import db, decode_body
+from app.api.schemas import PoolCreate, PoolUpdate
+from app.db import queries
+from app.db.queries import Pool
+
+
+def _unset_to_none(value: Any) -> Any:
+    return None if value is UNSET else value
+
+
+class PoolController(Controller):
+    path = "/v1/pools"
+    tags = ["pools"]
+
+    @post("/", status_code=201, summary="Create a pool")
+    async def create_pool(
+        self,
+        state: State,
+        request: Request[Any, Any, Any],
+        data: SkipValidation[JSONBody[PoolCreate]],
+    ) -> Pool:
+        body = await decode_body(request, PoolCreate)
+        return await queries.create_pool(
+            db(state),
+            name=body.name,
+            capacity=body.capacity,
+            description=body.description,
+            queueing=body.queueing,
+            preemption_grace_seconds=body.preemption_grace_seconds,
+        )
+
+    @get("/", summary="List pools with usage and queued count")
+    async def list_pools(self, state: State) -> list[Pool]:
+        return await queries.list_pools(db(state))
+
+    @get("/{ref:str}", summary="One pool (name, id or unique id prefix)")
+    async def get_pool(self, state: State, ref: FromPath[str]) -> Pool:
+        return await queries.get_pool(db(state), ref)
+
+    @patch("/{ref:str}", summary="Update a pool (capacity merges; 0 removes a key)")
+    async def update_pool(
+        self,
+        state: State,
+        request: Request[Any, Any, Any],
+        ref: FromPath[str],
+        data: SkipValidation[JSONBody[PoolUpdate]],
+    ) -> Pool:
+        body = await decode_body(request, PoolUpdate)
+        return await queries.update_pool(
+            db(state),
+            ref,
+            capacity=_unset_to_none(body.capacity),
+            description=_unset_to_none(body.description),
+            queueing=_unset_to_none(body.queueing),
+            preemption_grace_seconds=_unset_to_none(body.preemption_grace_seconds),
+        )
+
+    @delete("/{ref:str}", status_code=204, summary="Delete a pool (force cancels its requests)")
+    async def delete_pool(
+        self, state: State, ref: FromPath[str], force: Annotated[bool, QueryParameter()] = False
+    ) -> None:
+        await queries.delete_pool(db(state), ref, force=force)

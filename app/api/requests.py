@@ -1,0 +1,210 @@
+"""``/v1/requests``: create (with long-poll), list (keyset pages), read (long-poll), act."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Annotated, Any
+from uuid import UUID
+
+import msgspec
+from litestar import Controller, Request, Response, delete, get, post
+from litestar.datastructures import State
+from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter, SkipValidation
+from msgspec import UNSET
+
+from app.api.common import db, decode_body, notifier, settings
+from app.api.errors import ApiError
+from app.api.schemas import RequestCreate, RequestPage
+from app.db import queries
+from app.db.queries import Event
+from app.db.queries import Request as ResourceRequest
+
+# A waiter re-reads its request at least this often, whatever the notifications do.
+POLL_BACKSTOP = 2.0
+
+_Wait = Annotated[
+    float | None,
+    QueryParameter(ge=0, description="Seconds to wait (capped by RESPOOL_MAX_WAIT)"),
+]
+_Attempt = Annotated[
+    int | None,
+    QueryParameter(ge=1, description="Fencing: the attempt the client holds (409 if stale)"),
+]
+
+
+# --- cursors ---------------------------------------------------------------------------------
+
+
+class _Cursor(msgspec.Struct, array_like=True):
+    created_at: datetime
+    id: UUID
+
+
+def encode_cursor(created_at: datetime, request_id: FromPath[UUID]) -> str:
+    raw = msgspec.json.encode(_Cursor(created_at, request_id))
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, UUID]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        c = msgspec.json.decode(raw, type=_Cursor)
+    except (binascii.Error, ValueError, msgspec.DecodeError, msgspec.ValidationError):
+        raise ApiError(400, "cursor: not a cursor returned by this API", "cursor") from None
+    if c.created_at.tzinfo is None:
+        raise ApiError(400, "cursor: not a cursor returned by this API", "cursor")
+    return c.created_at, c.id
+
+
+# --- long-poll -------------------------------------------------------------------------------
+
+
+async def wait_for(
+    state: State,
+    request_id: FromPath[UUID],
+    wait: float,
+    done: Callable[[ResourceRequest], bool],
+    current: ResourceRequest | None = None,
+) -> ResourceRequest:
+    """Re-read the request until ``done`` or ``wait`` seconds passed; holds no DB connection
+    while waiting. Register first, then read, then wait: no lost wake-up."""
+    pool, hub = db(state), notifier(state)
+    deadline = time.monotonic() + wait
+    with hub.waiter(request_id) as waiter:
+        req = current if current is not None else await queries.get_request(pool, request_id)
+        while True:
+            if done(req) or hub.closing:
+                return req
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return req
+            await waiter.wait(min(remaining, POLL_BACKSTOP))
+            req = await queries.get_request(pool, request_id)
+
+
+def _capped(state: State, wait: float | None) -> float:
+    if not wait:
+        return 0.0
+    return min(float(wait), settings(state).max_wait)
+
+
+class RequestController(Controller):
+    path = "/v1/requests"
+    tags = ["requests"]
+
+    @post(
+        "/",
+        summary="Create a request (201; 200 when an idempotency key replays an earlier one)",
+    )
+    async def create_request(
+        self,
+        state: State,
+        request: Request[Any, Any, Any],
+        data: SkipValidation[JSONBody[RequestCreate]],
+        wait: _Wait = None,
+    ) -> Response[ResourceRequest]:
+        body = await decode_body(request, RequestCreate)
+        lease = body.lease_seconds
+        if lease is UNSET:
+            lease = settings(state).default_lease_seconds
+        resource_settings = None
+        if body.settings is not None:
+            resource_settings = {
+                f: getattr(body.settings, f)
+                for f in body.settings.__struct_fields__
+                if getattr(body.settings, f) is not UNSET
+            }
+        pool = db(state)
+        hub = notifier(state)
+        created = await queries.create_request(
+            pool,
+            subject=body.subject,
+            pool=body.pool,
+            resources=body.resources,
+            settings=resource_settings,
+            preemptible=body.preemptible,
+            max_retries=body.max_retries,
+            lease_seconds=lease,
+            idempotency_key=body.idempotency_key,
+            labels=body.labels,
+        )
+        req = created.request
+        seconds = _capped(state, wait)
+        if seconds > 0 and req.status == "queued" and not hub.closing:
+            # The grant may have been committed before we registered: wait_for re-reads first.
+            req = await wait_for(
+                state, req.id, seconds, lambda r: r.status != "queued", current=None
+            )
+        return Response(req, status_code=201 if created.created else 200)
+
+    @get("/", summary="List requests, newest first, in pages")
+    async def list_requests(
+        self,
+        state: State,
+        pool: FromQuery[str | None] = None,
+        subject: FromQuery[str | None] = None,
+        status: FromQuery[str | None] = None,
+        limit: Annotated[int, QueryParameter(description="1..1000")] = 100,
+        cursor: Annotated[
+            str | None, QueryParameter(description="next_cursor of the last page")
+        ] = None,
+    ) -> RequestPage:
+        before = decode_cursor(cursor) if cursor else None
+        items = await queries.list_requests(
+            db(state), pool=pool, subject=subject, status=status, limit=limit, before=before
+        )
+        next_cursor = None
+        if len(items) == limit and items:
+            last = items[-1]
+            next_cursor = encode_cursor(last.created_at, last.id)
+        return RequestPage(items=items, next_cursor=next_cursor)
+
+    @get("/{request_id:uuid}", summary="One request (long-poll with wait and version)")
+    async def get_request(
+        self,
+        state: State,
+        request_id: FromPath[UUID],
+        wait: _Wait = None,
+        version: Annotated[
+            int | None,
+            QueryParameter(description="Answer once the version differs (default: current)"),
+        ] = None,
+    ) -> ResourceRequest:
+        req = await queries.get_request(db(state), request_id)
+        seconds = _capped(state, wait)
+        if seconds <= 0:
+            return req
+        seen = req.version if version is None else version
+        if req.version != seen:
+            return req
+        return await wait_for(state, request_id, seconds, lambda r: r.version != seen)
+
+    @post("/{request_id:uuid}/heartbeat", status_code=200, summary="Extend the lease")
+    async def heartbeat(
+        self, state: State, request_id: FromPath[UUID], attempt: _Attempt = None
+    ) -> ResourceRequest:
+        return await queries.heartbeat_request(db(state), request_id, attempt=attempt)
+
+    @post("/{request_id:uuid}/release", status_code=200, summary="Release (queued: cancel)")
+    async def release(
+        self, state: State, request_id: FromPath[UUID], attempt: _Attempt = None
+    ) -> ResourceRequest:
+        return await queries.release_request(db(state), request_id, attempt=attempt)
+
+    @post("/{request_id:uuid}/cancel", status_code=200, summary="Cancel")
+    async def cancel(
+        self, state: State, request_id: FromPath[UUID], attempt: _Attempt = None
+    ) -> ResourceRequest:
+        return await queries.cancel_request(db(state), request_id, attempt=attempt)
+
+    @delete("/{request_id:uuid}", status_code=204, summary="Delete a terminal request")
+    async def delete_request(self, state: State, request_id: FromPath[UUID]) -> None:
+        await queries.delete_request(db(state), request_id)
+
+    @get("/{request_id:uuid}/events", summary="The request's history")
+    async def events(self, state: State, request_id: FromPath[UUID]) -> list[Event]:
+        return await queries.request_events(db(state), request_id)

@@ -1,0 +1,263 @@
+"""Wake long-poll waiters from PostgreSQL notifications (one LISTEN connection per process).
+
+The engine calls ``pg_notify('respool_request', '{"id", "status", "version", "pool"}')`` in the
+transaction of every status change, so a notification arrives only after the change committed.
+The payload is a hint: a woken waiter re-reads its request.
+
+Usage, without lost wake-ups::
+
+    with notifier.waiter(request_id) as w:   # 1. register
+        doc = await read()                   # 2. check the database
+        if not done(doc):
+            await w.wait(timeout)            # 3. wait (holds no database connection)
+
+A notification that arrives between 1 and 3 sets the event, so 3 returns at once.
+
+When the LISTEN connection drops, the notifier reconnects with exponential backoff and jitter,
+and then wakes every waiter so each re-reads its request (notifications sent while it was down
+are lost). Waiters should also wait with a bounded timeout (``backstop`` seconds) and re-read:
+a polling backstop for anything that slips through. ``wake_all()`` on shutdown answers every
+open wait at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+import msgspec
+
+from app.db.connect import APP_LISTENER, connect
+
+__all__ = ["CHANNEL", "Notifier", "Waiter"]
+
+CHANNEL = "respool_request"
+
+log = logging.getLogger("respool.notify")
+
+
+class _Payload(msgspec.Struct):
+    id: UUID
+    status: str | None = None
+    version: int | None = None
+    pool: str | None = None
+
+
+_decode_payload = msgspec.json.Decoder(_Payload).decode
+
+
+class Waiter:
+    """One registered wait for one request; ``wait()`` returns True when woken."""
+
+    __slots__ = ("_event", "request_id")
+
+    def __init__(self, request_id: UUID) -> None:
+        self.request_id = request_id
+        self._event = asyncio.Event()
+
+    def wake(self) -> None:
+        self._event.set()
+
+    @property
+    def woken(self) -> bool:
+        return self._event.is_set()
+
+    async def wait(self, seconds: float) -> bool:
+        """Wait until woken or for ``seconds``; clears the wake flag for the next round."""
+        if seconds > 0 and not self._event.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._event.wait(), seconds)
+        woken = self._event.is_set()
+        self._event.clear()
+        return woken
+
+
+Connector = Callable[[], Awaitable[asyncpg.Connection]]
+
+
+class Notifier:
+    """The process's LISTEN connection and the waiters it wakes, keyed by request id."""
+
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        connector: Connector | None = None,
+        backoff_initial: float = 0.1,
+        backoff_max: float = 5.0,
+        check_interval: float = 5.0,
+    ) -> None:
+        self._connector: Connector | None = connector
+        if connector is None and dsn is not None:
+            self.use_dsn(dsn)
+        self._backoff_initial = backoff_initial
+        self._backoff_max = backoff_max
+        self._check_interval = check_interval
+        self._waiters: dict[UUID, set[Waiter]] = {}
+        self._conn: asyncpg.Connection | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._lost: asyncio.Event | None = None
+        self._connected: asyncio.Event | None = None
+        self._closing = False
+        self.reconnects = 0  # successful connections after the first one
+
+    # --- state ----------------------------------------------------------------------------
+
+    @property
+    def healthy(self) -> bool:
+        """True while the LISTEN connection is up."""
+        conn = self._conn
+        return conn is not None and not conn.is_closed() and not self._closing
+
+    @property
+    def closing(self) -> bool:
+        """True once shutdown began: waiters should answer with the current state."""
+        return self._closing
+
+    @property
+    def waiting(self) -> int:
+        return sum(len(s) for s in self._waiters.values())
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def use_dsn(self, dsn: str) -> None:
+        """Listen on ``dsn`` (a dedicated connection, never one from the API's pool)."""
+
+        async def connector() -> asyncpg.Connection:
+            return await connect(dsn, application_name=APP_LISTENER)
+
+        self._connector = connector
+
+    async def start(self, *, ready_timeout: float = 10.0) -> None:
+        """Start listening in the background; waits up to ``ready_timeout`` for the first
+        connection (a database that is down is not fatal: the loop keeps retrying)."""
+        if self._task is not None:
+            return
+        if self._connector is None:
+            raise RuntimeError("Notifier.start() needs a dsn (use_dsn) or a connector")
+        self._closing = False
+        self._lost = asyncio.Event()
+        self._connected = asyncio.Event()
+        self._task = asyncio.create_task(self._run(), name="respool-listener")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._connected.wait(), ready_timeout)
+
+    def begin_shutdown(self) -> None:
+        """Answer every open wait now, and every later one at once (call from the loop)."""
+        self._closing = True
+        self.wake_all()
+
+    async def close(self) -> None:
+        self.begin_shutdown()
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self._drop_connection()
+
+    # --- waiters --------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def waiter(self, request_id: UUID) -> Iterator[Waiter]:
+        w = Waiter(request_id)
+        if self._closing:
+            w.wake()
+        self._waiters.setdefault(request_id, set()).add(w)
+        try:
+            yield w
+        finally:
+            group = self._waiters.get(request_id)
+            if group is not None:
+                group.discard(w)
+                if not group:
+                    del self._waiters[request_id]
+
+    def wake(self, request_id: UUID) -> None:
+        for w in self._waiters.get(request_id, ()):
+            w.wake()
+
+    def wake_all(self) -> None:
+        for group in self._waiters.values():
+            for w in group:
+                w.wake()
+
+    # --- the LISTEN loop ------------------------------------------------------------------
+
+    def _on_notify(self, _conn: Any, _pid: int, _channel: str, payload: object) -> None:
+        try:
+            request_id = _decode_payload(str(payload)).id
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            log.warning("ignoring malformed %s payload: %.200r", CHANNEL, payload)
+            return
+        self.wake(request_id)
+
+    def _on_terminate(self, _conn: Any) -> None:
+        if self._lost is not None:
+            self._lost.set()
+
+    async def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.is_closed():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.close(), 2.0)
+            if not conn.is_closed():
+                conn.terminate()
+
+    async def _run(self) -> None:
+        assert self._lost is not None and self._connected is not None
+        delay = self._backoff_initial
+        first = True
+        assert self._connector is not None
+        while not self._closing:
+            try:
+                conn = await self._connector()
+                self._lost.clear()
+                conn.add_termination_listener(self._on_terminate)
+                await conn.add_listener(CHANNEL, self._on_notify)
+                self._conn = conn
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                await self._drop_connection()
+                pause = delay * (0.5 + random.random())  # noqa: S311 - jitter, not crypto
+                log.warning("listener: cannot connect (%s); retrying in %.2fs", exc, pause)
+                await asyncio.sleep(pause)
+                delay = min(delay * 2, self._backoff_max)
+                continue
+
+            delay = self._backoff_initial
+            if first:
+                first = False
+            else:
+                self.reconnects += 1
+                log.info("listener: reconnected; waking %d waiters to re-read", self.waiting)
+            # Notifications may have been missed while down (or before the first LISTEN):
+            # every waiter re-reads its request.
+            self.wake_all()
+            self._connected.set()
+            await self._watch(conn)
+            await self._drop_connection()
+            if not self._closing:
+                log.warning("listener: connection lost; reconnecting")
+
+    async def _watch(self, conn: asyncpg.Connection) -> None:
+        """Return when the connection is lost (termination callback or a failed check)."""
+        assert self._lost is not None
+        while not self._closing:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._lost.wait(), self._check_interval)
+            if self._lost.is_set() or conn.is_closed():
+                return
+            try:
+                await conn.execute("SELECT 1", timeout=self._check_interval)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                return

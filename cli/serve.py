@@ -1,0 +1,67 @@
+"""``respool serve``: the HTTP API (and, once it exists, the reconciler loop) in one process."""
+
+from __future__ import annotations
+
+import logging
+
+import typer
+
+from app.db.connect import APP_CLI, connect
+from app.db.dsn import redact_dsn, resolve_database_url
+from app.db.migrate import migrate
+from app.settings import Settings
+from cli.common import handle_errors, run_async
+
+__all__ = ["serve"]
+
+log = logging.getLogger("respool.serve")
+
+
+async def _migrate(dsn: str) -> None:
+    conn = await connect(dsn, application_name=APP_CLI)
+    try:
+        report = await migrate(conn)
+    finally:
+        await conn.close()
+    for name in report.applied:
+        typer.echo(f"applied migration {name}", err=True)
+
+
+def serve(
+    host: str | None = typer.Option(None, "--host", help="Bind address (RESPOOL_HOST)."),
+    port: int | None = typer.Option(None, "--port", help="Port (RESPOOL_PORT, default 8080)."),
+    no_reconciler: bool = typer.Option(
+        False,
+        "--no-reconciler",
+        help="Serve the API only. (The reconciler loop is not built yet; this flag is accepted "
+        "now so scripts keep working when it arrives.)",
+    ),
+) -> None:
+    """Run the HTTP API. Migrates the database first (RESPOOL_DATABASE_URL, else embedded)."""
+    # Imported here so that other commands do not pay for the web stack.
+    import uvicorn
+
+    from app.api import create_app
+    from app.api.server import ApiServer
+
+    with handle_errors():
+        settings = Settings.from_env()
+        dsn = resolve_database_url(settings)
+    run_async(_migrate(dsn))
+    logging.basicConfig(level=settings.log_level, format="%(levelname)s %(name)s: %(message)s")
+    app = create_app(settings, database_url=dsn)
+    config = uvicorn.Config(
+        app,
+        host=host or settings.host,
+        port=port or settings.port,
+        log_level=settings.log_level.lower(),
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+    )
+    typer.echo(
+        f"respool API on http://{config.host}:{config.port} (database {redact_dsn(dsn)})",
+        err=True,
+    )
+    if not no_reconciler:
+        log.info("reconciler: not built yet; serving the API only")
+    ApiServer(config, app).run()

@@ -1,0 +1,212 @@
+"""Every status change leaves an event row, bumps `version` and sends a NOTIFY at commit."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+import pytest
+from engine_support import events, get, mk_policy, mk_pool, mk_req, pool_id
+
+from app.db import queries as q
+
+Ev = tuple[str | None, str, str | None]
+
+
+async def _release(conn: asyncpg.Connection) -> list[Ev]:
+    r = await mk_req(conn, "S", "p", resources={"gpu": 1})
+    await q.release_request(conn, r.id)
+    return await events(conn, r.id)
+
+
+async def _cancel_queued(conn: asyncpg.Connection) -> list[Ev]:
+    await mk_req(conn, "S", "p", resources={"gpu": 2})
+    r = await mk_req(conn, "S", "p", resources={"gpu": 2})
+    await q.cancel_request(conn, r.id)
+    return await events(conn, r.id)
+
+
+async def _release_queued(conn: asyncpg.Connection) -> list[Ev]:
+    await mk_req(conn, "S", "p", resources={"gpu": 2})
+    r = await mk_req(conn, "S", "p", resources={"gpu": 2})
+    await q.release_request(conn, r.id)
+    return await events(conn, r.id)
+
+
+async def _cancel_allocated(conn: asyncpg.Connection) -> list[Ev]:
+    r = await mk_req(conn, "S", "p", resources={"gpu": 1})
+    await q.cancel_request(conn, r.id)
+    return await events(conn, r.id)
+
+
+async def _reject(conn: asyncpg.Connection) -> list[Ev]:
+    return await events(conn, (await mk_req(conn, "S", "p", resources={"gpu": 3})).id)
+
+
+async def _wait_then_grant(conn: asyncpg.Connection) -> list[Ev]:
+    first = await mk_req(conn, "S", "p", resources={"gpu": 2})
+    r = await mk_req(conn, "S", "p", resources={"gpu": 2})
+    await q.release_request(conn, first.id)
+    return await events(conn, r.id)
+
+
+async def _expire(conn: asyncpg.Connection) -> list[Ev]:
+    r = await mk_req(conn, "S", "p", resources={"gpu": 1}, lease_seconds=5)
+    assert r.lease_expires_at is not None
+    await conn.fetchval("SELECT respool.expire_leases(p_pool_id => $1, p_now => $2)",
+                        await pool_id(conn, "p"), r.lease_expires_at + timedelta(seconds=1))
+    return await events(conn, r.id)
+
+
+async def _shrink(conn: asyncpg.Connection) -> list[Ev]:
+    await mk_req(conn, "S", "p", resources={"gpu": 2})
+    r = await mk_req(conn, "S", "p", resources={"gpu": 2})
+    await q.update_pool(conn, "p", capacity={"gpu": 1})
+    return await events(conn, r.id)
+
+
+async def _pool_deleted(conn: asyncpg.Connection) -> list[Ev]:
+    r = await mk_req(conn, "S", "p", resources={"gpu": 1})
+    await q.delete_pool(conn, "p", force=True)
+    return await events(conn, r.id)
+
+
+@pytest.mark.parametrize(
+    ("scenario", "expected"),
+    [
+        (_release, [(None, "queued", None), ("queued", "allocated", None),
+                    ("allocated", "released", None)]),
+        (_cancel_allocated, [(None, "queued", None), ("queued", "allocated", None),
+                             ("allocated", "cancelled", "cancelled")]),
+        (_cancel_queued, [(None, "queued", None), ("queued", "cancelled", "cancelled")]),
+        (_release_queued, [(None, "queued", None),
+                           ("queued", "cancelled", "released_while_queued")]),
+        (_reject, [(None, "rejected", "exceeds_capacity")]),
+        (_wait_then_grant, [(None, "queued", None), ("queued", "allocated", None)]),
+        (_expire, [(None, "queued", None), ("queued", "allocated", None),
+                   ("allocated", "expired", "lease_expired")]),
+        (_shrink, [(None, "queued", None), ("queued", "rejected", "exceeds_capacity")]),
+        (_pool_deleted, [(None, "queued", None), ("queued", "allocated", None),
+                         ("allocated", "cancelled", "pool_deleted")]),
+    ],
+    ids=lambda v: v.__name__.strip("_") if callable(v) else "",
+)
+async def test_history(conn: asyncpg.Connection, scenario: Callable[[asyncpg.Connection],
+                                                                    Awaitable[list[Ev]]],
+                       expected: list[Ev]) -> None:
+    await mk_pool(conn, "p", {"gpu": 2})
+    await mk_policy(conn, "S", "p")
+    history = await scenario(conn)
+    assert history == expected
+    # version counts the status changes; the view shows the same history
+    rid = await conn.fetchval("SELECT request_id FROM respool.events ORDER BY id DESC LIMIT 1")
+    r = await get(conn, rid)
+    assert r.version == len(expected) and r.status == expected[-1][1]
+    assert await conn.fetchval("SELECT count(*) FROM respool.request_events WHERE request_id = $1",
+                               rid) == len(expected)
+    full = await q.request_events(conn, rid)
+    assert all(e.attempt == 1 and e.at is not None for e in full)
+
+
+async def test_events_are_append_only(conn: asyncpg.Connection) -> None:
+    await mk_pool(conn, "p", {"gpu": 2})
+    await mk_policy(conn, "S", "p")
+    await mk_req(conn, "S", "p")
+    with pytest.raises(asyncpg.PostgresError) as err:
+        await conn.execute("UPDATE respool.events SET reason = 'x'")
+    assert err.value.sqlstate == "RP500"
+
+
+# --- NOTIFY ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def notes(db_url: str) -> AsyncIterator[asyncio.Queue[dict[str, Any]]]:
+    """Payloads received on channel respool_request by a separate LISTEN connection."""
+    received: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    listener = await asyncpg.connect(db_url)
+
+    def on_note(_c: object, _pid: int, channel: str, payload: str) -> None:
+        assert channel == "respool_request"
+        received.put_nowait(json.loads(payload))
+
+    await listener.add_listener("respool_request", on_note)
+    try:
+        yield received
+    finally:
+        await listener.close()
+
+
+async def take(notes: asyncio.Queue[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    return [await asyncio.wait_for(notes.get(), timeout=5) for _ in range(n)]
+
+
+async def nothing_more(notes: asyncio.Queue[dict[str, Any]]) -> None:
+    await asyncio.sleep(0.3)
+    assert notes.empty(), notes.get_nowait()
+
+
+async def test_notify_after_commit(conn: asyncpg.Connection,
+                                   notes: asyncio.Queue[dict[str, Any]]) -> None:
+    await mk_pool(conn, "p", {"gpu": 1})
+    await mk_policy(conn, "S", "p")
+    r = await mk_req(conn, "S", "p", resources={"gpu": 1})
+    rid = str(r.id)
+    assert await take(notes, 2) == [
+        {"id": rid, "status": "queued", "version": 1, "pool": "p"},
+        {"id": rid, "status": "allocated", "version": 2, "pool": "p"},
+    ]
+    await nothing_more(notes)
+
+    # inside a transaction: nothing until commit
+    async with conn.transaction():
+        await q.release_request(conn, r.id)
+        await nothing_more(notes)
+    assert await take(notes, 1) == [{"id": rid, "status": "released", "version": 3, "pool": "p"}]
+
+    # a heartbeat or a read is not a status change
+    await q.heartbeat_request(conn, r.id)
+    await q.get_request(conn, r.id)
+    await nothing_more(notes)
+
+
+async def test_no_notify_for_a_rolled_back_transaction(conn: asyncpg.Connection,
+                                                      notes: asyncio.Queue[dict[str, Any]]) -> None:
+    await mk_pool(conn, "p", {"gpu": 1})
+    await mk_policy(conn, "S", "p")
+
+    class Abort(Exception):
+        pass
+
+    with pytest.raises(Abort):
+        async with conn.transaction():
+            r = await mk_req(conn, "S", "p", resources={"gpu": 1})
+            assert r.status == "allocated"
+            raise Abort
+    await nothing_more(notes)
+    assert await conn.fetchval("SELECT count(*) FROM respool.requests") == 0
+
+
+async def test_notify_names_the_pool_once_granted(conn: asyncpg.Connection,
+                                                  notes: asyncio.Queue[dict[str, Any]]) -> None:
+    await mk_pool(conn, "a", {"gpu": 1})
+    await mk_pool(conn, "b", {"gpu": 1})
+    await mk_policy(conn, "S", "a")
+    await mk_policy(conn, "S", "b")
+    holder = await mk_req(conn, "S", "b", resources={"gpu": 1})
+    await mk_req(conn, "S", "a", resources={"gpu": 1})
+    await take(notes, 4)
+    waiting = await mk_req(conn, "S", resources={"gpu": 1})
+    assert await take(notes, 1) == [{"id": str(waiting.id), "status": "queued", "version": 1,
+                                     "pool": None}]
+    await q.release_request(conn, holder.id)
+    got = await take(notes, 2)
+    assert got == [
+        {"id": str(holder.id), "status": "released", "version": 3, "pool": "b"},
+        {"id": str(waiting.id), "status": "allocated", "version": 2, "pool": "b"},
+    ]
+    await nothing_more(notes)

@@ -1,0 +1,377 @@
+"""Concurrency storm: many real connections hammer the SQL engine while an auditor checks I1-I4.
+
+64 workers, each on its own asyncpg connection (all open at once), loop for
+``RESPOOL_STORM_SECONDS`` (default 10) doing random creates (preemptible and not, with and
+without a pool, with idempotency keys including deliberate concurrent duplicates), releases,
+cancels, heartbeats and a few capacity changes that never go below the reserved sums or the
+current usage. An auditor reads one REPEATABLE READ snapshot every 100 ms and checks
+``respool.invariant_violations`` plus ``pool_usage`` (allocated <= capacity).
+
+Deadlocks (40P01) and RP500 (InvariantBroken) are counted and must be 0; expected engine
+answers (Conflict from fencing, IdempotencyMismatch) are fine; anything else fails the test.
+
+The broken twin runs the same storm (preemptible traffic only) against a database where
+``respool._blocker`` admits everything and ``respool._grant`` has no guards
+(tests/engine/broken_twin.sql): the auditor must then report I1/I2 violations, which proves
+the checker can fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+
+from app.db import queries as q
+from app.db.connect import APP_CLI, connect
+from app.db.errors import Conflict, IdempotencyMismatch, InvariantBroken
+
+STORM_SECONDS = float(os.environ.get("RESPOOL_STORM_SECONDS", "10"))
+TWIN_SECONDS = 3.0
+WORKERS = 64
+BROKEN_TWIN_SQL = Path(__file__).with_name("broken_twin.sql")
+
+# name -> (capacity, queueing)
+POOLS: dict[str, tuple[dict[str, int], str]] = {
+    "storm-g1": ({"gpu": 8, "step_run": 12}, "best_effort"),  # tracks step_run
+    "storm-g2": ({"gpu": 6, "tpu": 3}, "best_effort"),  # a custom key
+    "storm-g3": ({"gpu": 4}, "strict"),  # fully reserved, strict
+    "storm-g4": ({"gpu": 5, "mcpu": 16000}, "best_effort"),
+}
+# (subject, pool, priority, reserved, limit)
+POLICIES: list[tuple[str, str, int, dict[str, int], dict[str, int]]] = [
+    ("team-a", "storm-g1", 2, {"gpu": 2, "step_run": 3}, {}),
+    ("team-a", "storm-g2", 1, {"gpu": 2, "tpu": 1}, {}),
+    ("team-b", "storm-g1", 1, {"gpu": 2, "step_run": 3}, {"gpu": 5}),
+    ("team-b", "storm-g3", 0, {"gpu": 1}, {}),
+    ("team-c", "storm-g1", 0, {}, {"mcpu": 3000}),  # limit on an untracked soft key
+    ("team-c", "storm-g2", 0, {}, {"step_run": 3}),  # step_run is untracked in g2
+    ("team-d", "storm-g2", 2, {"gpu": 1, "tpu": 1}, {}),
+    ("team-d", "storm-g3", 1, {"gpu": 2}, {}),
+    ("team-d", "storm-g4", 0, {}, {}),
+    ("team-e", "storm-g3", 1, {"gpu": 1}, {"gpu": 3}),
+    ("team-e", "storm-g4", 1, {"gpu": 2, "mcpu": 4000}, {"gpu": 4}),
+    ("team-f", "storm-g4", 0, {}, {"memory_mb": 4000}),
+    ("team-f", "storm-g1", 0, {}, {"step_run": 4}),
+    ("team-h", "storm-g2", 3, {}, {"gpu": 2}),
+]
+SUBJECT_POOLS: dict[str, list[str]] = {}
+for _subject, _pool, *_ in POLICIES:
+    SUBJECT_POOLS.setdefault(_subject, []).append(_pool)
+SUBJECTS = sorted(SUBJECT_POOLS)
+RESERVED_GPU: Counter[str] = Counter()
+for _subject, _pool, _prio, _reserved, _limit in POLICIES:
+    RESERVED_GPU[_pool] += _reserved.get("gpu", 0)
+
+HOLDING = ("queued", "allocated", "preempting")
+
+
+@dataclass
+class Storm:
+    deadline: float
+    preemptible_only: bool = False
+    started: float = field(default_factory=time.monotonic)
+    ops: Counter[str] = field(default_factory=Counter)
+    expected_errors: Counter[str] = field(default_factory=Counter)
+    deadlocks: int = 0
+    rp500: int = 0
+    unexpected: list[str] = field(default_factory=list)
+    # request id -> attempt, for every request some worker saw queued or allocated
+    live: dict[UUID, int] = field(default_factory=dict)
+    snapshots: int = 0
+    violations: list[str] = field(default_factory=list)
+    violation_kinds: Counter[str] = field(default_factory=Counter)
+    max_connections_seen: int = 0
+    errors_sample: list[str] = field(default_factory=list)
+    ops_duration: float = 0.0
+
+    def summary(self, duration: float) -> str:
+        total = sum(self.ops.values())
+        return (
+            f"storm: {total} operations in {duration:.1f}s = {total / duration:.0f} ops/s over "
+            f"{WORKERS} connections (max {self.max_connections_seen} seen in pg_stat_activity); "
+            f"ops {dict(self.ops)}; expected errors {dict(self.expected_errors)}; "
+            f"deadlocks {self.deadlocks}; RP500 {self.rp500}; auditor snapshots {self.snapshots}, "
+            f"violations {len(self.violations)} {dict(self.violation_kinds)}; "
+            f"unexpected {len(self.unexpected)}"
+        )
+
+
+def _body_for_key(key: str, preemptible_only: bool) -> dict[str, Any]:
+    """A deterministic create body per idempotency key, so every duplicate replays."""
+    rng = random.Random(key)
+    subject = rng.choice(SUBJECTS)
+    return {
+        "subject": subject,
+        "pool": rng.choice([None, *SUBJECT_POOLS[subject]]),
+        "resources": {"gpu": rng.randint(1, 2)},
+        "preemptible": preemptible_only or rng.random() < 0.7,
+    }
+
+
+def _random_body(rng: random.Random, preemptible_only: bool) -> dict[str, Any]:
+    subject = rng.choice(SUBJECTS)
+    pools = SUBJECT_POOLS[subject]
+    pool = rng.choice(pools) if rng.random() < 0.7 or len(pools) == 1 else None
+    preemptible = preemptible_only or rng.random() < 0.75
+    resources: dict[str, int] = {}
+    if rng.random() < 0.85:
+        resources["gpu"] = rng.randint(1, 2) if not preemptible else rng.randint(1, 3)
+    if pool in (None, "storm-g2") and rng.random() < 0.3:
+        resources["tpu"] = 1
+    if rng.random() < 0.3:
+        resources["mcpu"] = rng.choice([250, 500, 1000, 2000])
+    if rng.random() < 0.1:
+        resources["memory_mb"] = rng.choice([500, 1000, 3000])
+    return {"subject": subject, "pool": pool, "resources": resources, "preemptible": preemptible}
+
+
+def _track(st: Storm, req: q.Request) -> None:
+    if req.status in HOLDING:
+        st.live[req.id] = req.attempt
+    else:
+        st.live.pop(req.id, None)
+
+
+async def _create(conn: asyncpg.Connection, st: Storm, rng: random.Random) -> str:
+    roll = rng.random()
+    key = None
+    if roll < 0.2:
+        # Deliberate duplicates: a handful of fresh keys every 250 ms, shared by all workers,
+        # each with one body, so concurrent creates race on the same key and replays match.
+        key = f"dup-{int((time.monotonic() - st.started) * 4)}-{rng.randint(0, 3)}"
+        body = _body_for_key(key, st.preemptible_only)
+    elif roll < 0.23:
+        # Reuse a recent key with another body: IdempotencyMismatch (or a first create).
+        key = f"dup-{max(0, int((time.monotonic() - st.started) * 4) - 1)}-{rng.randint(0, 3)}"
+        body = _body_for_key(key, st.preemptible_only)
+        body["resources"] = {"gpu": body["resources"]["gpu"] + 1}
+    else:
+        body = _random_body(rng, st.preemptible_only)
+    created = await q.create_request(
+        conn,
+        subject=body["subject"],
+        pool=body["pool"],
+        resources=body["resources"],
+        preemptible=body["preemptible"],
+        lease_seconds=600 if rng.random() < 0.5 else None,
+        idempotency_key=key,
+        labels={"storm": "1"},
+    )
+    _track(st, created.request)
+    return "create" if created.created else "create_replay"
+
+
+async def _act(conn: asyncpg.Connection, st: Storm, rng: random.Random, kind: str) -> str:
+    if not st.live:
+        return await _create(conn, st, rng)
+    request_id = rng.choice(list(st.live))
+    attempt = st.live.get(request_id, 1)
+    if rng.random() < 0.1:
+        attempt += 1  # stale/foreign attempt: fencing answers Conflict
+    elif rng.random() < 0.3:
+        attempt = None
+    fn = {"release": q.release_request, "cancel": q.cancel_request,
+          "heartbeat": q.heartbeat_request}[kind]
+    req = await fn(conn, request_id, attempt=attempt)
+    _track(st, req)
+    return kind
+
+
+async def _resize(conn: asyncpg.Connection, st: Storm, rng: random.Random) -> str:
+    """Grow or shrink a pool's gpu capacity, never below its reserved sum or current usage."""
+    pool = rng.choice(sorted(POOLS))
+    base = POOLS[pool][0]["gpu"]
+    async with conn.transaction():
+        # The pool row is the lock every grant in the pool takes first: usage cannot move now.
+        await conn.execute("SELECT 1 FROM respool.pools WHERE name = $1 FOR UPDATE", pool)
+        used = await conn.fetchval(
+            "SELECT pr.used FROM respool.pool_resources pr"
+            " JOIN respool.pools p ON p.id = pr.pool_id WHERE p.name = $1 AND pr.key = 'gpu'",
+            pool,
+        )
+        low = max(int(used or 0), RESERVED_GPU[pool], 1)
+        await q.update_pool(conn, pool, capacity={"gpu": rng.randint(low, max(low, base + 3))})
+    return "resize"
+
+
+async def _worker(dsn: str, st: Storm, seed: int, ready: asyncio.Barrier) -> None:
+    rng = random.Random(seed)
+    conn = await connect(dsn, application_name="respool-storm")
+    try:
+        await ready.wait()  # every connection is open before anyone starts
+        while time.monotonic() < st.deadline:
+            roll = rng.random()
+            if len(st.live) > 400:
+                roll = 0.5  # keep the working set bounded: release
+            try:
+                if roll < 0.42:
+                    kind = await _create(conn, st, rng)
+                elif roll < 0.68:
+                    kind = await _act(conn, st, rng, "release")
+                elif roll < 0.78:
+                    kind = await _act(conn, st, rng, "cancel")
+                elif roll < 0.99 or st.preemptible_only:
+                    kind = await _act(conn, st, rng, "heartbeat")
+                else:
+                    kind = await _resize(conn, st, rng)
+                st.ops[kind] += 1
+            except (Conflict, IdempotencyMismatch) as exc:
+                st.ops["expected_error"] += 1
+                st.expected_errors[type(exc).__name__] += 1
+            except InvariantBroken as exc:
+                st.rp500 += 1
+                st.errors_sample.append(f"RP500: {exc}")
+            except asyncpg.DeadlockDetectedError as exc:
+                st.deadlocks += 1
+                st.errors_sample.append(f"40P01: {exc}")
+            except Exception as exc:
+                st.unexpected.append(f"{type(exc).__name__}: {exc}")
+                if len(st.unexpected) > 50:
+                    return
+    finally:
+        await conn.close()
+
+
+_AUDIT_SQL = """
+SELECT invariant || ' ' || coalesce(pool, '-') || ' ' || coalesce(subject, '-') || ' ' || key
+       || ': ' || detail
+  FROM respool.invariant_violations
+UNION ALL
+SELECT 'I1/pool_usage ' || pool || ' ' || key || ': allocated ' || allocated || ' > capacity '
+       || capacity
+  FROM respool.pool_usage WHERE capacity IS NOT NULL AND allocated > capacity
+"""
+
+
+async def _audit_once(conn: asyncpg.Connection, st: Storm) -> list[str]:
+    async with conn.transaction(isolation="repeatable_read", readonly=True):
+        rows = await conn.fetch(_AUDIT_SQL)
+        open_conns = await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        )
+    st.snapshots += 1
+    st.max_connections_seen = max(st.max_connections_seen, int(open_conns))
+    found = [r[0] for r in rows]
+    for v in found:
+        st.violation_kinds[v.split(" ", 1)[0]] += 1
+    st.violations.extend(found)
+    return found
+
+
+async def _auditor(conn: asyncpg.Connection, st: Storm, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        await _audit_once(conn, st)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.1)
+
+
+async def _setup(conn: asyncpg.Connection) -> None:
+    for name, (capacity, queueing) in POOLS.items():
+        await q.create_pool(conn, name=name, capacity=capacity, queueing=queueing)
+    for subject, pool, priority, reserved, limit in POLICIES:
+        await q.create_policy(
+            conn, subject=subject, pool=pool, priority=priority, reserved=reserved, limit=limit
+        )
+
+
+async def _run_storm(dsn: str, seconds: float, *, preemptible_only: bool = False) -> Storm:
+    audit_conn = await connect(dsn, application_name=APP_CLI)
+    try:
+        # Workers connect first; the clock starts when all 64 connections are open.
+        st = Storm(deadline=float("inf"), preemptible_only=preemptible_only)
+        ready = asyncio.Barrier(WORKERS + 1)
+        workers = [
+            asyncio.create_task(_worker(dsn, st, seed, ready)) for seed in range(WORKERS)
+        ]
+        await asyncio.wait_for(ready.wait(), 60)
+        st.started = time.monotonic()
+        st.deadline = st.started + seconds
+        stop = asyncio.Event()
+        auditor = asyncio.create_task(_auditor(audit_conn, st, stop))
+        await asyncio.gather(*workers)
+        st.ops_duration = time.monotonic() - st.started
+        stop.set()
+        await auditor
+        await _audit_once(audit_conn, st)  # the quiet state after the last commit
+    finally:
+        await audit_conn.close()
+    return st
+
+
+async def test_storm_keeps_invariants(db_url: str) -> None:
+    conn = await connect(db_url, application_name=APP_CLI)
+    try:
+        await _setup(conn)
+        st = await _run_storm(db_url, STORM_SECONDS)
+        duration = st.ops_duration
+        summary = st.summary(duration)
+        print(f"\n{summary}")
+
+        # L1-ish: with nothing running, a full allocation pass of every pool grants nothing.
+        pool_ids = [r["id"] for r in await conn.fetch("SELECT id FROM respool.pools ORDER BY id")]
+        late = [await q.allocate_pool(conn, pid) for pid in pool_ids]
+        statuses = dict(
+            await conn.fetch("SELECT status, count(*) FROM respool.requests GROUP BY status")
+        )
+        print(f"final statuses before cleanup: {statuses}; late grants per pool: {late}")
+
+        # Release or cancel everything that still queues or holds units.
+        for row in await conn.fetch(
+            "SELECT id, status FROM respool.requests WHERE status = ANY($1::text[])", list(HOLDING)
+        ):
+            if row["status"] == "queued":
+                await q.cancel_request(conn, row["id"])
+            else:
+                await q.release_request(conn, row["id"])
+        left = await conn.fetch(
+            "SELECT 'pool' AS kind, key, used, 0::bigint AS np_used FROM respool.pool_resources"
+            " WHERE used <> 0"
+            " UNION ALL SELECT 'policy', key, used, np_used FROM respool.policy_resources"
+            " WHERE used <> 0 OR np_used <> 0"
+        )
+        queued_left = await conn.fetchval("SELECT count(*) FROM respool.queue_entries")
+        final_violations = await q.invariant_violations(conn)
+
+        context = (
+            f"{summary}\nsample violations: {st.violations[:10]}\nsample errors: "
+            f"{st.errors_sample[:10]}\nunexpected: {st.unexpected[:10]}"
+        )
+        assert not st.unexpected, context
+        assert st.deadlocks == 0, context
+        assert st.rp500 == 0, context
+        assert st.violations == [], context
+        assert st.max_connections_seen >= WORKERS, context
+        assert sum(st.ops.values()) > 0, context
+        assert sum(late) == 0, f"admissible requests were left queued: {late}\n{context}"
+        assert [dict(r) for r in left] == [], context
+        assert queued_left == 0, context
+        assert final_violations == [], context
+    finally:
+        await conn.close()
+
+
+async def test_broken_twin_is_caught(db_url: str) -> None:
+    """The same storm against an allocation path without guards: the auditor must object."""
+    conn = await connect(db_url, application_name=APP_CLI)
+    try:
+        await _setup(conn)
+        await conn.execute(BROKEN_TWIN_SQL.read_text())
+        st = await _run_storm(db_url, TWIN_SECONDS, preemptible_only=True)
+        summary = st.summary(st.ops_duration)
+        print(f"\nbroken twin {summary}")
+        context = f"{summary}\nunexpected: {st.unexpected[:10]}"
+        assert not st.unexpected, context
+        assert st.deadlocks == 0, context
+        assert st.violation_kinds["I1"] + st.violation_kinds["I2"] > 0, context
+    finally:
+        await conn.close()
