@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import msgspec
 import typer
 
 from app.db.connect import APP_CLI, connect
@@ -42,17 +43,22 @@ def serve(
     import uvicorn
 
     from app.api import create_app
+    from app.api.auth import check_auth_settings
     from app.api.server import ApiServer
 
     with handle_errors():
         settings = Settings.from_env()
+        if host:
+            settings = msgspec.structs.replace(settings, host=host)
+        check_auth_settings(settings)  # before touching the database
         dsn = resolve_database_url(settings)
     run_async(_migrate(dsn))
     logging.basicConfig(level=settings.log_level, format="%(levelname)s %(name)s: %(message)s")
-    app = create_app(settings, database_url=dsn)
+    with handle_errors():
+        app = create_app(settings, database_url=dsn)
     config = uvicorn.Config(
         app,
-        host=host or settings.host,
+        host=settings.host,
         port=port or settings.port,
         log_level=settings.log_level.lower(),
         lifespan="on",

@@ -15,6 +15,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import SwaggerRenderPlugin
 
 from app import __version__
+from app.api.auth import Authenticator, auth_guard
 from app.api.errors import exception_handlers
 from app.api.health import HealthController
 from app.api.metrics import MetricsController
@@ -35,9 +36,13 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> Litest
     """The API for ``settings``; ``database_url`` overrides ``settings.database_url``.
 
     With neither, the embedded PostgreSQL is started at startup (``resolve_database_url``).
+    ``settings.host`` must be the bind address: auth depends on it (:mod:`app.api.auth`);
+    ``RESPOOL_AUTH=off`` on a non-loopback host raises ``SettingsError`` here.
     ``app.state.notifier`` is available before startup, so a server can call
     ``begin_shutdown()`` on SIGTERM and answer every open wait at once.
     """
+
+    authenticator = Authenticator(settings)  # refuses auth=off on a non-loopback host
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -48,6 +53,7 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> Litest
         try:
             await notifier.start()
             app.state.db = pool
+            await authenticator.startup(pool)
             yield
         finally:
             await notifier.close()
@@ -62,6 +68,7 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> Litest
             MetricsController,
         ],
         lifespan=[lifespan],
+        guards=[auth_guard],
         exception_handlers=exception_handlers,
         openapi_config=OpenAPIConfig(
             title="respool",
@@ -73,4 +80,5 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> Litest
     )
     app.state.settings = settings
     app.state.notifier = Notifier()
+    app.state.auth = authenticator
     return app

@@ -77,8 +77,13 @@ def validation_error(exc: msgspec.ValidationError | msgspec.DecodeError) -> ApiE
     return ApiError(400, detail, field)
 
 
-def _respond(status_code: int, detail: str, field: str | None = None) -> Response[ErrorBody]:
-    return Response(ErrorBody(status_code, detail, field), status_code=status_code)
+def _respond(
+    status_code: int,
+    detail: str,
+    field: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> Response[ErrorBody]:
+    return Response(ErrorBody(status_code, detail, field), status_code=status_code, headers=headers)
 
 
 def _engine_error(_: Request[Any, Any, Any], exc: EngineError) -> Response[ErrorBody]:
@@ -88,7 +93,7 @@ def _engine_error(_: Request[Any, Any, Any], exc: EngineError) -> Response[Error
 
 
 def _api_error(_: Request[Any, Any, Any], exc: ApiError) -> Response[ErrorBody]:
-    return _respond(exc.status_code, exc.detail, exc.field)
+    return _respond(exc.status_code, exc.detail, exc.field, getattr(exc, "headers", None))
 
 
 def _validation(_: Request[Any, Any, Any], exc: ValidationException) -> Response[ErrorBody]:

@@ -16,6 +16,7 @@ from litestar.datastructures import State
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter, SkipValidation
 from msgspec import UNSET
 
+from app.api.auth import listing_patterns, require_subject
 from app.api.common import db, decode_body, notifier, settings
 from app.api.errors import ApiError
 from app.api.schemas import RequestCreate, RequestPage
@@ -108,6 +109,7 @@ class RequestController(Controller):
         wait: _Wait = None,
     ) -> Response[ResourceRequest]:
         body = await decode_body(request, RequestCreate)
+        require_subject(request, body.subject)
         lease = body.lease_seconds
         if lease is UNSET:
             lease = settings(state).default_lease_seconds
@@ -145,6 +147,7 @@ class RequestController(Controller):
     async def list_requests(
         self,
         state: State,
+        request: Request[Any, Any, Any],
         pool: FromQuery[str | None] = None,
         subject: FromQuery[str | None] = None,
         status: FromQuery[str | None] = None,
@@ -155,7 +158,13 @@ class RequestController(Controller):
     ) -> RequestPage:
         before = decode_cursor(cursor) if cursor else None
         items = await queries.list_requests(
-            db(state), pool=pool, subject=subject, status=status, limit=limit, before=before
+            db(state),
+            pool=pool,
+            subject=subject,
+            status=status,
+            limit=limit,
+            before=before,
+            subject_patterns=listing_patterns(request),  # a client token sees its subjects only
         )
         next_cursor = None
         if len(items) == limit and items:

@@ -45,9 +45,19 @@ class _TestServer(ApiServer):
 
 @contextlib.asynccontextmanager
 async def running_server(db_url: str, **overrides: Any) -> AsyncIterator[Server]:
-    """The API on a free loopback port, served by uvicorn in the current event loop."""
+    """The API on a free loopback port, served by uvicorn in the current event loop.
+
+    Auth is off unless ``overrides`` say otherwise (``auth="on"``, ``admin_token=...``):
+    tests/api/test_auth.py covers it; the other API tests are about everything else.
+    """
     settings = Settings(
-        **{"database_url": db_url, "db_pool_size": 4, "max_wait": 10.0, **overrides}
+        **{
+            "database_url": db_url,
+            "db_pool_size": 4,
+            "max_wait": 10.0,
+            "auth": "off",
+            **overrides,
+        }
     )
     app = create_app(settings)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -1,0 +1,194 @@
+"""Bearer-token auth for ``/v1`` (SPEC §6): who is calling, and may they do this?
+
+* ``Authorization: Bearer <token>``. ``RESPOOL_ADMIN_TOKEN`` is an admin token compared in
+  constant time; any other token is looked up by its sha256 (:mod:`app.db.tokens`) on every
+  request, so a revocation takes effect at once.
+* Roles: ``admin`` everything; ``reader`` GET only; ``client`` GET on pools and policies, and
+  every request route for subjects matching its globs. Another subject's request is 404 (its
+  existence is not leaked), creating one for another subject is 403, and listing is filtered.
+* 401 (with ``WWW-Authenticate: Bearer``) without a valid, unrevoked token; 403 for a role
+  without the right. ``/healthz``, ``/readyz``, ``/metrics`` and ``/schema*`` stay open.
+* ``RESPOOL_AUTH=off``: no checks; refused unless the bind host is loopback.
+* Bootstrap: with auth on, no ``RESPOOL_ADMIN_TOKEN``, a loopback bind and no token ever created,
+  ``/v1`` is open (with a warning at startup) so that a fresh ``respool serve`` works out of the
+  box. The first token created ends it for good (checked on each request until then).
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import logging
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+import msgspec
+from litestar import Request
+from litestar.connection import ASGIConnection
+from litestar.handlers.base import BaseRouteHandler
+
+from app.api.errors import ApiError
+from app.db import tokens
+from app.settings import Settings, SettingsError
+
+__all__ = [
+    "AuthError",
+    "Authenticator",
+    "Principal",
+    "auth_guard",
+    "check_auth_settings",
+    "is_loopback",
+    "listing_patterns",
+    "require_subject",
+]
+
+log = logging.getLogger("respool.api")
+
+_READ_METHODS = frozenset({"GET", "HEAD"})
+
+
+class Principal(msgspec.Struct, frozen=True):
+    """The caller: ``subject_patterns`` (globs) only for clients."""
+
+    name: str
+    role: tokens.Role
+    subject_patterns: tuple[str, ...] | None = None
+
+
+OPEN = Principal(name="(auth off)", role="admin")
+BOOTSTRAP = Principal(name="(bootstrap: no tokens yet)", role="admin")
+ENV_ADMIN = Principal(name="RESPOOL_ADMIN_TOKEN", role="admin")
+
+
+class AuthError(ApiError):
+    """401/403; a 401 carries ``WWW-Authenticate: Bearer``."""
+
+    def __init__(self, status_code: int, detail: str) -> None:
+        super().__init__(status_code, detail, None)
+        self.headers = {"WWW-Authenticate": "Bearer"} if status_code == 401 else {}
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 (also IPv4-mapped) and ``localhost``."""
+    h = host.strip().strip("[]").rstrip(".").lower()
+    if h == "localhost":
+        return True
+    try:
+        addr = ipaddress.ip_address(h)
+    except ValueError:
+        return False
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped.is_loopback
+    return addr.is_loopback
+
+
+def check_auth_settings(settings: Settings) -> None:
+    """Refuse ``RESPOOL_AUTH=off`` on a bind host that is not loopback."""
+    if not settings.auth_enabled and not is_loopback(settings.host):
+        raise SettingsError(
+            f"RESPOOL_AUTH=off is only allowed when binding to loopback (127.0.0.1, ::1, "
+            f"localhost), not {settings.host!r}; set RESPOOL_ADMIN_TOKEN and keep auth on"
+        )
+
+
+class Authenticator:
+    """Per-app auth state (``app.state.auth``)."""
+
+    def __init__(self, settings: Settings) -> None:
+        check_auth_settings(settings)
+        self.enabled = settings.auth_enabled
+        self._admin_token = settings.admin_token.encode() if settings.admin_token else None
+        # Bootstrap may apply only without an admin token and on loopback; it ends for good
+        # once a token exists.
+        self._bootstrap = self.enabled and self._admin_token is None and is_loopback(settings.host)
+
+    async def startup(self, db: asyncpg.Pool) -> None:
+        """Log the mode the server runs in."""
+        if not self.enabled:
+            log.warning("RESPOOL_AUTH=off: the API does no authentication (loopback bind)")
+        elif self._bootstrap and not await tokens.tokens_exist(db):
+            log.warning(
+                "auth: no RESPOOL_ADMIN_TOKEN and no tokens yet; the API is open on loopback "
+                "until the first token is created"
+            )
+        elif self._admin_token is None and not await tokens.tokens_exist(db):
+            log.warning("auth: no RESPOOL_ADMIN_TOKEN and no tokens; every /v1 call gets 401")
+
+    async def _bootstrapping(self, db: asyncpg.Pool) -> bool:
+        if self._bootstrap and await tokens.tokens_exist(db):
+            self._bootstrap = False
+            log.info("auth: a token exists; bootstrap mode ended, tokens are now required")
+        return self._bootstrap
+
+    async def authenticate(self, connection: ASGIConnection[Any, Any, Any, Any]) -> Principal:
+        if not self.enabled:
+            return OPEN
+        db: asyncpg.Pool = connection.app.state.db
+        if await self._bootstrapping(db):
+            return BOOTSTRAP
+        header = connection.headers.get("authorization")
+        if not header:
+            raise AuthError(401, "authentication required: send Authorization: Bearer <token>")
+        scheme, _, token = header.strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise AuthError(401, "invalid Authorization header: expected Bearer <token>")
+        if self._admin_token is not None and hmac.compare_digest(token.encode(), self._admin_token):
+            return ENV_ADMIN
+        found = await tokens.verify_token(db, token)
+        if found is None:
+            raise AuthError(401, "invalid or revoked token")
+        patterns = tuple(found.subject_patterns or ()) if found.role == "client" else None
+        return Principal(name=found.name, role=found.role, subject_patterns=patterns)
+
+
+async def auth_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    """App-level guard: authenticate and authorize every ``/v1`` route."""
+    path: str = connection.scope["path"]
+    if path != "/v1" and not path.startswith("/v1/"):
+        return  # /healthz, /readyz, /metrics, /schema*
+    authn: Authenticator = connection.app.state.auth
+    principal = await authn.authenticate(connection)
+    connection.scope.setdefault("state", {})["principal"] = principal
+    method = connection.scope.get("method", "GET")
+    if principal.role == "admin":
+        return
+    if principal.role == "reader":
+        if method not in _READ_METHODS:
+            raise AuthError(403, f"role reader may only read (token {principal.name!r})")
+        return
+    # client
+    if not path.startswith("/v1/requests"):
+        if method not in _READ_METHODS:
+            raise AuthError(
+                403, f"role client may only read pools and policies (token {principal.name!r})"
+            )
+        return
+    request_id = connection.path_params.get("request_id")
+    if request_id is not None:
+        rid = request_id if isinstance(request_id, UUID) else UUID(str(request_id))
+        subject = await tokens.request_subject(connection.app.state.db, rid)
+        if subject is None or not tokens.subject_matches(subject, principal.subject_patterns or ()):
+            # Same answer as a missing request: a client learns nothing about other subjects.
+            raise ApiError(404, f"request {rid} not found", "id")
+
+
+def principal_of(request: Request[Any, Any, Any]) -> Principal:
+    found = request.scope.get("state", {}).get("principal")
+    return found if isinstance(found, Principal) else OPEN
+
+
+def require_subject(request: Request[Any, Any, Any], subject: str) -> None:
+    """403 unless the caller may create requests for ``subject``."""
+    p = principal_of(request)
+    if p.role == "client" and not tokens.subject_matches(subject, p.subject_patterns or ()):
+        raise AuthError(403, f"token {p.name!r} may not create requests for subject {subject!r}")
+
+
+def listing_patterns(request: Request[Any, Any, Any]) -> list[str] | None:
+    """SQL LIKE patterns a request listing is restricted to (None: no restriction)."""
+    p = principal_of(request)
+    if p.role != "client":
+        return None
+    return [tokens.glob_to_like(g) for g in p.subject_patterns or ()]

@@ -1,0 +1,99 @@
+-- API tokens (SPEC §6 Auth): create, verify, list, revoke. Callers pass the sha256 hex of a
+-- token, never the token itself, so the plaintext never reaches the database (or its logs).
+
+CREATE OR REPLACE FUNCTION respool.token_json(p_id uuid)
+RETURNS jsonb LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('id', t.id, 'name', t.name, 'role', t.role,
+                              'subject_patterns', to_jsonb(t.subject_patterns),
+                              'created_at', t.created_at, 'revoked_at', t.revoked_at)
+      FROM respool.tokens t WHERE t.id = p_id
+$$;
+COMMENT ON FUNCTION respool.token_json(uuid) IS 'A token as shown to admins: everything but its hash.';
+
+CREATE OR REPLACE FUNCTION respool.create_token(p_name text, p_role text, p_token_hash text,
+                                                p_subject_patterns text[] DEFAULT NULL)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_id uuid;
+    v_pattern text;
+BEGIN
+    IF p_name IS NULL OR p_name !~ '^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,127}$' THEN
+        PERFORM respool._fail('RP400', 'name', 'name must be 1-128 characters of A-Z a-z 0-9 _ . : / @ -, starting with a letter or digit');
+    END IF;
+    IF p_role IS NULL OR p_role NOT IN ('admin', 'client', 'reader') THEN
+        PERFORM respool._fail('RP400', 'role', 'role must be admin, client or reader');
+    END IF;
+    IF p_token_hash IS NULL OR p_token_hash !~ '^[0-9a-f]{64}$' THEN
+        PERFORM respool._fail('RP400', 'token_hash', 'token_hash must be a lower-case hex sha256');
+    END IF;
+    IF p_role = 'client' THEN
+        IF p_subject_patterns IS NULL OR cardinality(p_subject_patterns) = 0 THEN
+            PERFORM respool._fail('RP400', 'subject_patterns', 'a client token needs at least one subject pattern');
+        END IF;
+        FOREACH v_pattern IN ARRAY p_subject_patterns LOOP
+            IF v_pattern IS NULL OR v_pattern !~ '^[A-Za-z0-9_.:/@*?-]{1,128}$' THEN
+                PERFORM respool._fail('RP400', 'subject_patterns',
+                    format('subject pattern %L: use subject characters plus * and ?', v_pattern));
+            END IF;
+        END LOOP;
+    ELSIF p_subject_patterns IS NOT NULL THEN
+        PERFORM respool._fail('RP400', 'subject_patterns', 'only client tokens take subject patterns');
+    END IF;
+    IF EXISTS (SELECT FROM respool.tokens WHERE name = p_name AND revoked_at IS NULL) THEN
+        PERFORM respool._fail('RP409', 'name', format('a token named %L already exists', p_name));
+    END IF;
+    IF EXISTS (SELECT FROM respool.tokens WHERE token_hash = p_token_hash) THEN
+        PERFORM respool._fail('RP409', 'token_hash', 'this token is already registered');
+    END IF;
+    INSERT INTO respool.tokens (name, role, subject_patterns, token_hash)
+    VALUES (p_name, p_role, CASE WHEN p_role = 'client' THEN p_subject_patterns END, p_token_hash)
+    RETURNING id INTO v_id;
+    RETURN respool.token_json(v_id);
+END $$;
+COMMENT ON FUNCTION respool.create_token(text, text, text, text[]) IS
+    'Registers a token by its sha256 hex (RP400 bad input, RP409 name in use or hash known); returns it without the hash.';
+
+CREATE OR REPLACE FUNCTION respool.verify_token(p_token_hash text)
+RETURNS jsonb LANGUAGE sql STABLE AS $$
+    SELECT respool.token_json(t.id) FROM respool.tokens t
+     WHERE t.token_hash = p_token_hash AND t.revoked_at IS NULL
+$$;
+COMMENT ON FUNCTION respool.verify_token(text) IS
+    'The active token with this sha256 hex, or NULL when unknown or revoked.';
+
+CREATE OR REPLACE FUNCTION respool.tokens_exist()
+RETURNS boolean LANGUAGE sql STABLE AS $$ SELECT EXISTS (SELECT FROM respool.tokens) $$;
+COMMENT ON FUNCTION respool.tokens_exist() IS
+    'Whether any token was ever created (revoked ones count): ends the loopback bootstrap mode of the API.';
+
+CREATE OR REPLACE FUNCTION respool.list_tokens(p_include_revoked boolean DEFAULT false)
+RETURNS jsonb LANGUAGE sql STABLE AS $$
+    SELECT coalesce(jsonb_agg(respool.token_json(id) ORDER BY created_at, id), '[]')
+      FROM respool.tokens WHERE p_include_revoked OR revoked_at IS NULL
+$$;
+COMMENT ON FUNCTION respool.list_tokens(boolean) IS 'Tokens, oldest first, without hashes; revoked ones only on request.';
+
+CREATE OR REPLACE FUNCTION respool.revoke_token(p_ref text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_id uuid;
+BEGIN
+    IF p_ref ~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$' THEN
+        SELECT id INTO v_id FROM respool.tokens WHERE id = p_ref::uuid;
+    END IF;
+    IF v_id IS NULL THEN
+        SELECT id INTO v_id FROM respool.tokens WHERE name = p_ref AND revoked_at IS NULL;
+    END IF;
+    IF v_id IS NULL THEN
+        PERFORM respool._fail('RP404', 'token', format('token %s not found', p_ref));
+    END IF;
+    UPDATE respool.tokens SET revoked_at = now() WHERE id = v_id AND revoked_at IS NULL;
+    RETURN respool.token_json(v_id);
+END $$;
+COMMENT ON FUNCTION respool.revoke_token(text) IS
+    'Revokes a token by id or by the name of an active token (RP404); revoking twice keeps the first revoked_at.';
+
+CREATE OR REPLACE FUNCTION respool.request_subject(p_id uuid)
+RETURNS text LANGUAGE sql STABLE AS $$ SELECT subject FROM respool.requests WHERE id = p_id $$;
+COMMENT ON FUNCTION respool.request_subject(uuid) IS
+    'The subject of a request, or NULL when there is none: lets the API scope a client token cheaply.';
