@@ -51,7 +51,7 @@ COMMENT ON FUNCTION respool.resolve_policy(text) IS 'Policy id for a full id or 
 CREATE OR REPLACE FUNCTION respool._lock_pools(p_pool_ids uuid[])
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM 1 FROM respool.pools WHERE id = ANY (p_pool_ids) ORDER BY id FOR UPDATE;
+    PERFORM 1 FROM respool.pools WHERE id = ANY (p_pool_ids) ORDER BY id FOR NO KEY UPDATE;
 END $$;
 COMMENT ON FUNCTION respool._lock_pools(uuid[]) IS
     'Locks pool rows in id order: the first step of every change that moves units, so no two transactions deadlock.';

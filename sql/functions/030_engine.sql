@@ -21,6 +21,13 @@ END $$;
 COMMENT ON FUNCTION respool._record_event(respool.requests, text, timestamptz) IS
     'Appends the event row and queues the NOTIFY (delivered at commit) for one status change.';
 
+CREATE OR REPLACE FUNCTION respool._pool_changed(p_pool_id uuid)
+RETURNS void LANGUAGE sql AS $$
+    SELECT pg_notify('respool_pool', p_pool_id::text)
+$$;
+COMMENT ON FUNCTION respool._pool_changed(uuid) IS
+    'Wakes the reconcilers (after commit) for a pool whose state may call for preemption: a new queued request, a capacity or policy change.';
+
 CREATE OR REPLACE FUNCTION respool._set_status(p_id uuid, p_to text, p_reason text, p_message text, p_now timestamptz)
 RETURNS respool.requests LANGUAGE plpgsql AS $$
 DECLARE
@@ -31,14 +38,16 @@ BEGIN
     UPDATE respool.requests
        SET status = p_to, reason = p_reason, message = coalesce(p_message, ''),
            version = version + 1, updated_at = p_now,
-           finished_at = CASE WHEN respool._is_terminal(p_to) THEN p_now END
+           finished_at = CASE WHEN respool._is_terminal(p_to) THEN p_now END,
+           earmark_pool_id = CASE WHEN p_to = 'queued' THEN earmark_pool_id END,
+           preempt_deadline = CASE WHEN p_to = 'preempting' THEN preempt_deadline END
      WHERE id = p_id
     RETURNING * INTO r;
     PERFORM respool._record_event(r, v_from, p_now);
     RETURN r;
 END $$;
 COMMENT ON FUNCTION respool._set_status(uuid, text, text, text, timestamptz) IS
-    'The only way a request changes status: bumps version, stamps finished_at, writes the event, notifies.';
+    'The only way a request changes status: bumps version, stamps finished_at, drops an earmark when it leaves the queue and a grace deadline when it leaves preempting, writes the event, notifies.';
 
 CREATE OR REPLACE FUNCTION respool._in_share(p_resources jsonb, p_pool_id uuid, p_policy_id uuid)
 RETURNS boolean LANGUAGE sql STABLE AS $$
@@ -82,6 +91,28 @@ RETURNS text LANGUAGE sql STABLE AS $$
 $$;
 COMMENT ON FUNCTION respool._blocker(jsonb, boolean, uuid, uuid) IS
     'Admission rules 1-3 of SPEC §4 against the current counters: NULL when admissible, else what blocks it.';
+
+CREATE OR REPLACE FUNCTION respool._earmark_blocks(p_request respool.requests, p_pool_id uuid)
+RETURNS boolean LANGUAGE sql STABLE AS $$
+    -- Once every victim in its grace period has left (their units gone) and every earmarked
+    -- request has its units, would p_request still fit? Checked only while earmarks exist.
+    SELECT p_request.earmark_pool_id IS DISTINCT FROM p_pool_id
+       AND EXISTS (SELECT FROM respool.requests b
+                    WHERE b.earmark_pool_id = p_pool_id AND b.status = 'queued' AND b.id <> p_request.id)
+       AND EXISTS (
+           SELECT FROM jsonb_each_text(p_request.resources) x
+             JOIN respool.pool_resources pr ON pr.pool_id = p_pool_id AND pr.key = x.key
+            WHERE pr.capacity IS NOT NULL
+              AND pr.used + x.value::bigint
+                  - coalesce((SELECT sum((v.resources ->> x.key)::bigint) FROM respool.requests v
+                               WHERE v.pool_id = p_pool_id AND v.status = 'preempting'), 0)
+                  + coalesce((SELECT sum((b.resources ->> x.key)::bigint) FROM respool.requests b
+                               WHERE b.earmark_pool_id = p_pool_id AND b.status = 'queued'
+                                 AND b.id <> p_request.id), 0)
+                  > pr.capacity)
+$$;
+COMMENT ON FUNCTION respool._earmark_blocks(respool.requests, uuid) IS
+    'True when granting p_request would take units earmarked for another request (units that victims in their grace period will free). Never true for the earmark holder itself.';
 
 CREATE OR REPLACE FUNCTION respool._rejection(p_resources jsonb, p_preemptible boolean, p_pool_id uuid,
                                               p_policy_id uuid, OUT reason text, OUT message text)
@@ -208,8 +239,7 @@ BEGIN
             RAISE EXCEPTION 'request % holds % but its policy has no counter', p_request_id, k USING ERRCODE = 'RP500';
         END IF;
     END LOOP;
-    UPDATE respool.requests SET lease_expires_at = NULL, preempt_deadline = NULL, np_charge = '{}'
-     WHERE id = p_request_id;
+    UPDATE respool.requests SET lease_expires_at = NULL, np_charge = '{}' WHERE id = p_request_id;
 END $$;
 COMMENT ON FUNCTION respool._free(uuid) IS
     'Returns a holding request''s units to its pool and policy counters (CHECK used >= 0 catches double frees). Caller changes the status.';
@@ -226,7 +256,8 @@ BEGIN
     IF NOT FOUND THEN
         RETURN 'gone';
     END IF;
-    IF respool._blocker(r.resources, r.preemptible, p_pool_id, p_policy_id) IS NOT NULL THEN
+    IF respool._blocker(r.resources, r.preemptible, p_pool_id, p_policy_id) IS NOT NULL
+       OR respool._earmark_blocks(r, p_pool_id) THEN
         RETURN 'blocked';
     END IF;
     PERFORM 1 FROM respool.requests WHERE id = p_request_id AND status = 'queued' FOR UPDATE SKIP LOCKED;
@@ -257,10 +288,21 @@ DECLARE
     outcome text;
     granted integer := 0;
 BEGIN
-    SELECT queueing INTO v_queueing FROM respool.pools WHERE id = p_pool_id FOR UPDATE;
+    SELECT queueing INTO v_queueing FROM respool.pools WHERE id = p_pool_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RETURN 0;
     END IF;
+    -- Requests that victims in their grace period were preempted for come first: the units
+    -- those victims free are theirs (SPEC §5), whatever the queue order or queueing mode.
+    FOR e IN SELECT r.id AS request_id, q.policy_id
+               FROM respool.requests r
+               JOIN respool.queue_entries q ON q.request_id = r.id AND q.pool_id = p_pool_id
+              WHERE r.earmark_pool_id = p_pool_id AND r.status = 'queued'
+              ORDER BY r.queued_at, r.id LOOP
+        IF respool._try_grant(e.request_id, p_pool_id, e.policy_id, p_now) = 'granted' THEN
+            granted := granted + 1;
+        END IF;
+    END LOOP;
     FOR e IN SELECT * FROM respool._queue_order(p_pool_id) LOOP
         EXIT WHEN respool._pool_saturated(p_pool_id);
         outcome := respool._try_grant(e.request_id, p_pool_id, e.policy_id, p_now);
@@ -273,7 +315,7 @@ BEGIN
     RETURN granted;
 END $$;
 COMMENT ON FUNCTION respool.allocate_pool(uuid, timestamptz) IS
-    'Locks the pool and grants its queue in order: best_effort grants every request that fits, strict stops at the first that does not (or is locked elsewhere). Returns the number granted.';
+    'Locks the pool and grants its queue: first the requests holding an earmark in it, then in queue order; best_effort grants every request that fits, strict stops at the first that does not (or is locked elsewhere). Returns the number granted.';
 
 CREATE OR REPLACE FUNCTION respool._enqueue(p_request_id uuid)
 RETURNS integer LANGUAGE plpgsql AS $$

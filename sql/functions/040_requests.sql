@@ -17,8 +17,12 @@ BEGIN
         SELECT count(*) INTO v_pools FROM respool.queue_entries WHERE request_id = r.id;
         SELECT min(o.position),
                string_agg(CASE WHEN v_pools > 1 THEN pl.name || ': ' ELSE '' END
-                          || coalesce(respool._blocker(r.resources, r.preemptible, e.pool_id, e.policy_id),
-                                      'fits, waiting for its turn')
+                          || CASE WHEN r.earmark_pool_id = e.pool_id
+                                  THEN 'preempted units are being released for it'
+                                  ELSE coalesce(respool._blocker(r.resources, r.preemptible, e.pool_id, e.policy_id),
+                                                CASE WHEN respool._earmark_blocks(r, e.pool_id)
+                                                     THEN 'waiting: freed units are earmarked for a request that preempted others'
+                                                     ELSE 'fits, waiting for its turn' END) END
                           || CASE WHEN o.position > 1 THEN format('; %s ahead', o.position - 1) ELSE '' END,
                           ' | ' ORDER BY p.priority DESC, pl.name)
           INTO v_position, v_message
@@ -217,6 +221,9 @@ BEGIN
             END IF;
             EXIT WHEN NOT EXISTS (SELECT FROM respool.requests WHERE id = r.id AND status = 'queued');
         END LOOP;
+        -- Still waiting: the reconcilers decide at once whether it may preempt.
+        PERFORM respool._pool_changed(e.pool_id)
+           FROM respool.queue_entries e WHERE e.request_id = r.id;
     END IF;
     created := true;
     request := respool.request_json(r.id);
@@ -365,13 +372,12 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION respool.delete_request(uuid) IS 'Deletes a terminal request and its events; RP409 while it is queued or holds units.';
 
-CREATE OR REPLACE FUNCTION respool.expire_leases(p_pool_id uuid, p_now timestamptz DEFAULT now())
+CREATE OR REPLACE FUNCTION respool._expire_pool(p_pool_id uuid, p_now timestamptz)
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     v_id uuid;
     expired integer := 0;
 BEGIN
-    PERFORM 1 FROM respool.pools WHERE id = p_pool_id FOR UPDATE;
     FOR v_id IN SELECT id FROM respool.requests
                  WHERE pool_id = p_pool_id AND status = 'allocated' AND lease_expires_at <= p_now
                  ORDER BY lease_expires_at
@@ -380,13 +386,25 @@ BEGIN
         PERFORM respool._set_status(v_id, 'expired', 'lease_expired', 'lease lapsed without a heartbeat', p_now);
         expired := expired + 1;
     END LOOP;
+    RETURN expired;
+END $$;
+COMMENT ON FUNCTION respool._expire_pool(uuid, timestamptz) IS
+    'In a pool the caller has locked: allocated requests whose lease lapsed become expired and their units are freed. A request locked by a concurrent heartbeat is left for the next pass.';
+
+CREATE OR REPLACE FUNCTION respool.expire_leases(p_pool_id uuid, p_now timestamptz DEFAULT now())
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    expired integer;
+BEGIN
+    PERFORM respool._lock_pools(ARRAY[p_pool_id]);
+    expired := respool._expire_pool(p_pool_id, p_now);
     IF expired > 0 THEN
         PERFORM respool.allocate_pool(p_pool_id, p_now);
     END IF;
     RETURN expired;
 END $$;
 COMMENT ON FUNCTION respool.expire_leases(uuid, timestamptz) IS
-    'Reconciler step 1 for one pool: allocated requests whose lease lapsed become expired, their units are freed and the queue is granted. A request locked by a concurrent heartbeat is left for the next pass.';
+    'Lease expiry alone for one pool (reconcile_pool does it as its step 1): lapsed leases become expired, their units are freed and the queue is granted.';
 
 CREATE OR REPLACE FUNCTION respool.list_requests(p_pool text DEFAULT NULL, p_subject text DEFAULT NULL,
                                                  p_status text DEFAULT NULL, p_limit integer DEFAULT 100,

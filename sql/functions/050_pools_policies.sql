@@ -186,6 +186,7 @@ BEGIN
      WHERE id = v_id;
     PERFORM respool._revalidate_queue(v_id, NULL, p_now);
     PERFORM respool.allocate_pool(v_id, p_now);
+    PERFORM respool._pool_changed(v_id);  -- a shrink is enforced by the reconciler
     RETURN respool.pool_json(v_id);
 END $$;
 COMMENT ON FUNCTION respool.update_pool(text, jsonb, text, text, integer, timestamptz) IS
@@ -361,6 +362,7 @@ BEGIN
      WHERE id = v_id;
     PERFORM respool._revalidate_queue(v_pool_id, v_id, p_now);
     PERFORM respool.allocate_pool(v_pool_id, p_now);
+    PERFORM respool._pool_changed(v_pool_id);  -- a lowered limit is enforced by the reconciler
     RETURN respool.policy_json(v_id);
 END $$;
 COMMENT ON FUNCTION respool.update_policy(text, integer, jsonb, jsonb, text, timestamptz) IS

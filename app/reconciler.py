@@ -1,0 +1,193 @@
+"""The reconciler loop (SPEC §5). Python only schedules: each pass over one pool is one call of
+``respool.reconcile_pool`` in its own transaction, and every decision is made in SQL.
+
+A pass over every pool runs each ``interval`` seconds (the polling backstop), and a pass over one
+pool runs at once when a ``respool_pool`` notification says that pool changed (a new queued
+request, a capacity or policy change). Several reconcilers may run against one database: a pool
+locked by another one is skipped (``FOR NO KEY UPDATE SKIP LOCKED``) and retried shortly after.
+The reconciler holds one connection (``application_name = respool-reconciler``) for both LISTEN
+and its passes; when it drops, it reconnects with backoff and jitter and starts with a full pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+import msgspec
+
+from app.db.connect import APP_RECONCILER, connect
+
+__all__ = ["POOL_CHANNEL", "PoolPass", "Reconciler", "reconcile_once"]
+
+POOL_CHANNEL = "respool_pool"
+RETRY_LOCKED = 0.05  # seconds before a pool that another transaction held is tried again
+PRUNE_EVERY = 60.0  # seconds between retention prunes
+
+log = logging.getLogger("respool.reconciler")
+
+
+class PoolPass(msgspec.Struct, frozen=True):
+    """What one pass did in one pool."""
+
+    pool: str
+    expired: int = 0
+    grace_ended: int = 0
+    preempted: int = 0
+    allocated: int = 0
+    rejected: int = 0
+
+    @property
+    def acted(self) -> bool:
+        return any((self.expired, self.grace_ended, self.preempted, self.allocated, self.rejected))
+
+
+async def _pool_ids(conn: asyncpg.Connection) -> list[UUID]:
+    return [r["id"] for r in await conn.fetch("SELECT id FROM respool.pools ORDER BY name")]
+
+
+async def reconcile_pools(
+    conn: asyncpg.Connection,
+    pool_ids: list[UUID],
+    on_error: Callable[[UUID, asyncpg.PostgresError], None] | None = None,
+) -> tuple[list[PoolPass], list[UUID]]:
+    """One pass over each pool (a transaction each); returns the passes and the pools skipped
+    because another transaction held them. With ``on_error``, a pass that fails (its
+    transaction rolled back) is reported and the other pools still run; without, it raises."""
+    passes: list[PoolPass] = []
+    skipped: list[UUID] = []
+    for pool_id in pool_ids:
+        try:
+            doc = await conn.fetchval("SELECT respool.reconcile_pool($1)", pool_id)
+        except asyncpg.PostgresError as exc:
+            if on_error is None or conn.is_closed():
+                raise
+            on_error(pool_id, exc)  # tried again at the next full pass
+            continue
+        if doc is None:
+            if await conn.fetchval(
+                "SELECT EXISTS (SELECT FROM respool.pools WHERE id = $1)", pool_id
+            ):
+                skipped.append(pool_id)
+            continue
+        passes.append(msgspec.convert(doc, PoolPass))
+    return passes, skipped
+
+
+async def reconcile_once(conn: asyncpg.Connection, *, patience: float = 5.0) -> list[PoolPass]:
+    """One pass over every pool; a pool held by another transaction is retried for up to
+    ``patience`` seconds (``respool reconcile --once``)."""
+    passes, pending = await reconcile_pools(conn, await _pool_ids(conn))
+    deadline = time.monotonic() + patience
+    while pending and time.monotonic() < deadline:
+        await asyncio.sleep(RETRY_LOCKED)
+        more, pending = await reconcile_pools(conn, pending)
+        passes.extend(more)
+    return sorted(passes, key=lambda p: p.pool)
+
+
+Connector = Callable[[], Awaitable[asyncpg.Connection]]
+
+
+class Reconciler:
+    """The loop: full passes every ``interval`` seconds, single-pool passes when notified."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        interval: float = 1.0,
+        retention: float | None = None,
+        backoff_max: float = 5.0,
+        connector: Connector | None = None,
+    ) -> None:
+        self._connector = connector or (lambda: connect(dsn, application_name=APP_RECONCILER))
+        self.interval = interval
+        self.retention = retention
+        self._backoff_max = backoff_max
+        self._dirty: set[UUID] = set()
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._last_prune = 0.0
+        self.passes = 0  # pool passes that ran (for tests and metrics)
+        self.failures: list[str] = []  # passes that raised (rolled back), newest last
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+
+    def _on_notify(self, _conn: Any, _pid: int, _channel: str, payload: object) -> None:
+        with contextlib.suppress(ValueError):
+            self._dirty.add(UUID(str(payload)))
+            self._wake.set()
+
+    async def run(self) -> None:
+        """Run until :meth:`stop`; database errors are logged and retried, never fatal."""
+        delay = 0.1
+        while not self._stopping:
+            conn: asyncpg.Connection | None = None
+            try:
+                conn = await self._connector()
+                await conn.add_listener(POOL_CHANNEL, self._on_notify)
+                delay = 0.1
+                await self._serve(conn)
+            except asyncio.CancelledError:
+                raise
+            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+                pause = delay * (0.5 + random.random())  # noqa: S311 - jitter, not crypto
+                log.warning("reconciler: %s; reconnecting in %.2fs", exc, pause)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), pause)
+                delay = min(delay * 2, self._backoff_max)
+            finally:
+                if conn is not None and not conn.is_closed():
+                    conn.terminate()
+
+    async def _serve(self, conn: asyncpg.Connection) -> None:
+        next_full = 0.0  # a full pass first: notifications may have been missed while away
+        retry: list[UUID] = []
+        while not self._stopping:
+            now = time.monotonic()
+            if now >= next_full:
+                self._dirty.clear()
+                targets = await _pool_ids(conn)
+                next_full = now + self.interval
+            else:
+                targets = sorted(self._dirty | set(retry))
+                self._dirty.clear()
+            self._wake.clear()
+            passes, retry = await reconcile_pools(conn, targets, self._failed)
+            self.passes += len(passes)
+            for p in passes:
+                if p.acted:
+                    log.info("reconcile %s: %s", p.pool, msgspec.json.encode(p).decode())
+            await self._maybe_prune(conn)
+            if self._dirty:
+                continue
+            pause = max(0.0, next_full - time.monotonic())
+            if retry:
+                pause = min(pause, RETRY_LOCKED)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), pause)
+
+    def _failed(self, pool_id: UUID, exc: asyncpg.PostgresError) -> None:
+        self.failures = [*self.failures[-99:], f"{pool_id}: {exc.sqlstate} {exc}"]
+        log.error("reconcile pool %s failed (rolled back): %s", pool_id, exc)
+
+    async def _maybe_prune(self, conn: asyncpg.Connection) -> None:
+        """RESPOOL_RETENTION: delete terminal requests (and their events) older than it."""
+        if self.retention is None or time.monotonic() - self._last_prune < PRUNE_EVERY:
+            return
+        self._last_prune = time.monotonic()
+        before = datetime.now(UTC) - timedelta(seconds=self.retention)
+        pruned = await conn.fetchval("SELECT respool.prune_requests($1)", before)
+        if pruned:
+            log.info("retention: pruned %s terminal requests finished before %s", pruned, before)

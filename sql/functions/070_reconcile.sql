@@ -1,0 +1,318 @@
+-- The reconciler (SPEC §5): one pass per pool, in one transaction, under the pool's row lock.
+-- Passes of several reconcilers share the pools with FOR NO KEY UPDATE SKIP LOCKED; a victim changes
+-- status only under its pool's lock, so it is never preempted twice.
+--
+-- Units held by victims in their grace period (`preempting`) count as already gone, and units
+-- earmarked for the requests they were preempted for count as already taken: the "effective"
+-- usage below. Without a grace period both are zero and effective usage is the counter.
+
+CREATE OR REPLACE FUNCTION respool._effective_used(p_pool_id uuid, p_except uuid DEFAULT NULL)
+RETURNS jsonb LANGUAGE sql STABLE AS $$
+    SELECT coalesce(jsonb_object_agg(pr.key,
+               pr.used
+               - coalesce((SELECT sum((v.resources ->> pr.key)::bigint) FROM respool.requests v
+                            WHERE v.pool_id = p_pool_id AND v.status = 'preempting'), 0)
+               + coalesce((SELECT sum((b.resources ->> pr.key)::bigint) FROM respool.requests b
+                            WHERE b.earmark_pool_id = p_pool_id AND b.status = 'queued'
+                              AND b.id IS DISTINCT FROM p_except), 0)), '{}')
+      FROM respool.pool_resources pr
+     WHERE pr.pool_id = p_pool_id AND pr.capacity IS NOT NULL
+$$;
+COMMENT ON FUNCTION respool._effective_used(uuid, uuid) IS
+    'Per tracked key of a pool: used, minus units of victims in their grace period, plus units earmarked for requests other than p_except.';
+
+CREATE OR REPLACE FUNCTION respool._preempt(p_victim_id uuid, p_reason text, p_message text, p_now timestamptz)
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    r respool.requests;
+    v_grace integer;
+BEGIN
+    -- The caller holds the pool lock, so only a heartbeat can hold this row, briefly: wait for it.
+    SELECT * INTO r FROM respool.requests WHERE id = p_victim_id FOR UPDATE;
+    IF r.status <> 'allocated' OR NOT r.preemptible THEN
+        RAISE EXCEPTION 'request % cannot be preempted: it is % (preemptible %)', p_victim_id, r.status, r.preemptible
+            USING ERRCODE = 'RP500';
+    END IF;
+    SELECT preemption_grace_seconds INTO v_grace FROM respool.pools WHERE id = r.pool_id;
+    IF v_grace > 0 THEN
+        UPDATE respool.requests SET preempt_deadline = p_now + make_interval(secs => v_grace)
+         WHERE id = p_victim_id;
+        PERFORM respool._set_status(p_victim_id, 'preempting', p_reason,
+                                    p_message || format('; release within %s s', v_grace), p_now);
+        RETURN 'preempting';
+    END IF;
+    PERFORM respool._free(p_victim_id);
+    RETURN (respool._after_preemption(p_victim_id, p_reason, p_message, p_now)).status;
+END $$;
+COMMENT ON FUNCTION respool._preempt(uuid, text, text, timestamptz) IS
+    'Preempts one allocated, preemptible request of a pool the caller has locked: with a grace period it goes to preempting and keeps its units until release or deadline; without, its units are freed and it becomes preempted (or queued again while retries are left). Returns the new status.';
+
+CREATE OR REPLACE FUNCTION respool._finish_grace(p_pool_id uuid, p_now timestamptz)
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    v_id uuid;
+    n integer := 0;
+BEGIN
+    FOR v_id IN SELECT id FROM respool.requests
+                 WHERE pool_id = p_pool_id AND status = 'preempting' AND preempt_deadline <= p_now
+                 ORDER BY preempt_deadline, id FOR UPDATE LOOP
+        PERFORM respool._free(v_id);
+        PERFORM respool._after_preemption(v_id, 'grace_expired',
+                                          'preempted: the grace period ended before the client released', p_now);
+        n := n + 1;
+    END LOOP;
+    RETURN n;
+END $$;
+COMMENT ON FUNCTION respool._finish_grace(uuid, timestamptz) IS
+    'Victims whose grace deadline passed lose their units and become preempted (or requeued); the units go to the earmark holders first.';
+
+CREATE OR REPLACE FUNCTION respool._shed(p_pool_id uuid, p_policy_id uuid, p_key text, p_excess bigint,
+                                         p_reason text, p_message text, p_now timestamptz)
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    v record;
+    chosen uuid[] := '{}';
+    amounts bigint[] := '{}';
+    excess bigint := p_excess;
+    i integer;
+BEGIN
+    -- Walk the victim order until the excess is gone, then drop every victim not needed.
+    FOR v IN SELECT q.id, (q.resources ->> p_key)::bigint AS amount
+               FROM respool.requests q JOIN respool.policies p ON p.id = q.policy_id
+              WHERE q.pool_id = p_pool_id AND q.status = 'allocated' AND q.preemptible
+                AND (p_policy_id IS NULL OR q.policy_id = p_policy_id)
+                AND (q.resources ->> p_key)::bigint > 0
+              ORDER BY p.priority, q.allocated_at DESC, q.id DESC LOOP
+        chosen := chosen || v.id;
+        amounts := amounts || v.amount;
+        excess := excess - v.amount;
+        EXIT WHEN excess <= 0;
+    END LOOP;
+    FOR i IN REVERSE cardinality(chosen)..1 LOOP
+        IF excess + amounts[i] <= 0 THEN
+            excess := excess + amounts[i];
+            chosen[i] := NULL;
+        END IF;
+    END LOOP;
+    FOR i IN 1..cardinality(chosen) LOOP
+        CONTINUE WHEN chosen[i] IS NULL;
+        PERFORM respool._preempt(chosen[i], p_reason, p_message, p_now);
+    END LOOP;
+    RETURN cardinality(array_remove(chosen, NULL));
+END $$;
+COMMENT ON FUNCTION respool._shed(uuid, uuid, text, bigint, text, text, timestamptz) IS
+    'Preempts the minimal prefix-walk set of preemptible allocations (of one policy, or of the whole pool) holding p_key so that p_excess units go: lowest priority, then most recently allocated first. Returns how many.';
+
+CREATE OR REPLACE FUNCTION respool._enforce_shrinks(p_pool_id uuid, p_now timestamptz)
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    c record;
+    n integer := 0;
+BEGIN
+    -- Capacity (I1): usage above a shrunk capacity, not counting victims already leaving.
+    FOR c IN SELECT pr.key, pr.capacity,
+                    pr.used - pr.capacity
+                    - coalesce((SELECT sum((v.resources ->> pr.key)::bigint) FROM respool.requests v
+                                 WHERE v.pool_id = p_pool_id AND v.status = 'preempting'), 0) AS excess
+               FROM respool.pool_resources pr
+              WHERE pr.pool_id = p_pool_id AND pr.capacity IS NOT NULL AND pr.used > pr.capacity
+              ORDER BY pr.key LOOP
+        CONTINUE WHEN c.excess <= 0;
+        n := n + respool._shed(p_pool_id, NULL::uuid, c.key, c.excess::bigint, 'capacity_shrink',
+                               format('preempted: pool capacity of %s shrank to %s', c.key, c.capacity), p_now);
+    END LOOP;
+    -- Limits (I2): a subject above a lowered limit loses its most recent preemptible allocations.
+    FOR c IN SELECT pol.policy_id, pol.key, pol."limit", p.subject,
+                    pol.used - pol."limit"
+                    - coalesce((SELECT sum((v.resources ->> pol.key)::bigint) FROM respool.requests v
+                                 WHERE v.policy_id = pol.policy_id AND v.status = 'preempting'), 0) AS excess
+               FROM respool.policy_resources pol JOIN respool.policies p ON p.id = pol.policy_id
+              WHERE p.pool_id = p_pool_id AND pol."limit" IS NOT NULL AND pol.used > pol."limit"
+              ORDER BY p.subject, pol.key LOOP
+        CONTINUE WHEN c.excess <= 0;
+        n := n + respool._shed(p_pool_id, c.policy_id, c.key, c.excess::bigint, 'limit_shrink',
+                               format('preempted: the limit of %s on %s was lowered to %s', c.subject, c.key, c."limit"),
+                               p_now);
+    END LOOP;
+    RETURN n;
+END $$;
+COMMENT ON FUNCTION respool._enforce_shrinks(uuid, timestamptz) IS
+    'Step 2: preempts allocations until usage fits every shrunk capacity and lowered limit of the pool (victims in their grace period already count as gone). Returns how many were preempted.';
+
+CREATE OR REPLACE FUNCTION respool._choose_victims(p_pool_id uuid, p_request respool.requests, p_policy_id uuid,
+                                                   p_mode text)
+RETURNS uuid[] LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_priority integer := (SELECT priority FROM respool.policies WHERE id = p_policy_id);
+    deficit jsonb;   -- tracked key -> units still missing for p_request (> 0: missing)
+    over jsonb;      -- "policy/key" -> units that policy holds above its reserved share
+    v record;
+    chosen uuid[] := '{}';
+    held jsonb[] := '{}';
+    i integer;
+    k text;
+    n bigint;
+    useful boolean;
+BEGIN
+    SELECT jsonb_object_agg(x.key, (u.value)::bigint + x.value::bigint - pr.capacity) INTO deficit
+      FROM jsonb_each_text(p_request.resources) x
+      JOIN respool.pool_resources pr ON pr.pool_id = p_pool_id AND pr.key = x.key AND pr.capacity IS NOT NULL
+      JOIN jsonb_each_text(respool._effective_used(p_pool_id, p_request.id)) u ON u.key = x.key;
+    IF deficit IS NULL OR NOT EXISTS (SELECT FROM jsonb_each_text(deficit) d WHERE d.value::bigint > 0) THEN
+        RETURN '{}';  -- fits already: nothing to preempt
+    END IF;
+    SELECT coalesce(jsonb_object_agg(pol.policy_id || '/' || pol.key,
+                    pol.used - pol.reserved
+                    - coalesce((SELECT sum((g.resources ->> pol.key)::bigint) FROM respool.requests g
+                                 WHERE g.policy_id = pol.policy_id AND g.status = 'preempting'), 0)), '{}')
+      INTO over
+      FROM respool.policy_resources pol JOIN respool.policies p ON p.id = pol.policy_id
+     WHERE p.pool_id = p_pool_id AND deficit ? pol.key;
+
+    FOR v IN SELECT q.id, q.policy_id, q.resources
+               FROM respool.requests q JOIN respool.policies p ON p.id = q.policy_id
+              WHERE q.pool_id = p_pool_id AND q.status = 'allocated' AND q.preemptible
+                AND CASE p_mode
+                      WHEN 'reclaim' THEN q.policy_id <> p_policy_id OR NOT p_request.preemptible
+                      ELSE p.priority < v_priority AND q.policy_id <> p_policy_id END
+              ORDER BY (q.policy_id = p_policy_id) DESC, p.priority, q.allocated_at DESC, q.id DESC LOOP
+        -- Useful: it holds a key still missing. Eligible: its subject is above its reserved share
+        -- of such a key (a non-preemptible requester may also take its own subject's work).
+        useful := false;
+        FOR k, n IN SELECT key, value::bigint FROM jsonb_each_text(v.resources) LOOP
+            IF n > 0 AND coalesce((deficit ->> k)::bigint, 0) > 0
+               AND (v.policy_id = p_policy_id OR coalesce((over ->> (v.policy_id || '/' || k))::bigint, 0) > 0) THEN
+                useful := true;
+            END IF;
+        END LOOP;
+        CONTINUE WHEN NOT useful;
+        chosen := chosen || v.id;
+        held := held || v.resources;
+        FOR k, n IN SELECT key, value::bigint FROM jsonb_each_text(v.resources) LOOP
+            IF deficit ? k THEN
+                deficit := jsonb_set(deficit, ARRAY[k], to_jsonb((deficit ->> k)::bigint - n));
+                over := jsonb_set(over, ARRAY[v.policy_id || '/' || k],
+                                  to_jsonb(coalesce((over ->> (v.policy_id || '/' || k))::bigint, 0) - n));
+            END IF;
+        END LOOP;
+        EXIT WHEN NOT EXISTS (SELECT FROM jsonb_each_text(deficit) d WHERE d.value::bigint > 0);
+    END LOOP;
+    IF EXISTS (SELECT FROM jsonb_each_text(deficit) d WHERE d.value::bigint > 0) THEN
+        RETURN NULL;  -- even every eligible victim would not make room: preempt nobody
+    END IF;
+    -- Minimal set: put back, latest pick first, every victim the request can do without.
+    FOR i IN REVERSE cardinality(chosen)..1 LOOP
+        IF NOT EXISTS (SELECT FROM jsonb_each_text(held[i]) h
+                        WHERE deficit ? h.key AND (deficit ->> h.key)::bigint + h.value::bigint > 0) THEN
+            FOR k, n IN SELECT key, value::bigint FROM jsonb_each_text(held[i]) LOOP
+                IF deficit ? k THEN
+                    deficit := jsonb_set(deficit, ARRAY[k], to_jsonb((deficit ->> k)::bigint + n));
+                END IF;
+            END LOOP;
+            chosen[i] := NULL;
+        END IF;
+    END LOOP;
+    RETURN array_remove(chosen, NULL);
+END $$;
+COMMENT ON FUNCTION respool._choose_victims(uuid, respool.requests, uuid, text) IS
+    'The victim set for a queued request blocked by pool capacity (SPEC §5): reclaim takes other subjects'' preemptible allocations above their reserved share (and, for a non-preemptible request, its own subject''s preemptible work first); priority takes strictly lower-priority borrowers. Victim order: lowest priority, then most recently allocated; the walk stops once the request fits and unneeded victims are dropped. {} when it already fits, NULL when no set makes it fit.';
+
+CREATE OR REPLACE FUNCTION respool._preempt_for_queue(p_pool_id uuid, p_now timestamptz,
+                                                      OUT preempted integer, OUT allocated integer,
+                                                      OUT rejected integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_queueing text := (SELECT queueing FROM respool.pools WHERE id = p_pool_id);
+    e record;
+    r respool.requests;
+    v_mode text;
+    v_victims uuid[];
+    v_victim uuid;
+    v_subjects text;
+    v_strict_blocked boolean := false;
+BEGIN
+    preempted := 0; allocated := 0; rejected := 0;
+    -- Cheap exit: nothing preemptible is held in the pool.
+    IF NOT EXISTS (SELECT FROM respool.requests
+                    WHERE pool_id = p_pool_id AND status = 'allocated' AND preemptible) THEN
+        RETURN;
+    END IF;
+    FOR e IN SELECT * FROM respool._queue_order(p_pool_id) LOOP
+        SELECT * INTO r FROM respool.requests WHERE id = e.request_id AND status = 'queued';
+        CONTINUE WHEN NOT FOUND OR r.earmark_pool_id IS NOT NULL;
+        -- Only a request that rules 2 and 3 admit and that rule 1 (pool full) blocks.
+        CONTINUE WHEN EXISTS (SELECT FROM respool.policy_resources l
+                               WHERE l.policy_id = e.policy_id AND l."limit" IS NOT NULL
+                                 AND l.used + coalesce((r.resources ->> l.key)::bigint, 0) > l."limit");
+        IF r.preemptible THEN
+            -- In share now (earlier grants of this pass may have changed it since the queue was read).
+            v_mode := CASE WHEN respool._in_share(r.resources, p_pool_id, e.policy_id) THEN 'reclaim'
+                           ELSE 'priority' END;
+        ELSE
+            CONTINUE WHEN EXISTS (
+                SELECT FROM jsonb_each_text(r.resources) x
+                  JOIN respool.pool_resources pr ON pr.pool_id = p_pool_id AND pr.key = x.key AND pr.capacity IS NOT NULL
+                  LEFT JOIN respool.policy_resources pol ON pol.policy_id = e.policy_id AND pol.key = x.key
+                 WHERE coalesce(pol.np_used, 0) + x.value::bigint > coalesce(pol.reserved, 0));
+            v_mode := 'reclaim';  -- rule 3 holds: a non-preemptible request is always in its share here
+        END IF;
+        -- In a strict pool, once a request could not be helped, only reclaim (the reserved-share
+        -- guarantee) may still act for the requests behind it.
+        CONTINUE WHEN v_strict_blocked AND v_mode = 'priority';
+        v_victims := respool._choose_victims(p_pool_id, r, e.policy_id, v_mode);
+        IF v_victims IS NULL THEN
+            v_strict_blocked := v_queueing = 'strict';
+            CONTINUE;
+        END IF;
+        CONTINUE WHEN cardinality(v_victims) = 0;  -- fits already: step 4 grants it in order
+        -- Lock the requester before touching any victim; another pool's pass may hold it.
+        PERFORM 1 FROM respool.requests WHERE id = r.id AND status = 'queued' FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        SELECT string_agg(DISTINCT p.subject, ', ') INTO v_subjects
+          FROM respool.requests q JOIN respool.policies p ON p.id = q.policy_id WHERE q.id = ANY (v_victims);
+        FOREACH v_victim IN ARRAY v_victims LOOP
+            IF respool._preempt(v_victim, v_mode,
+                                format('preempted (%s) for request %s of %s', v_mode, r.id, r.subject), p_now)
+               = 'rejected' THEN
+                rejected := rejected + 1;
+            END IF;
+            preempted := preempted + 1;
+        END LOOP;
+        IF respool._try_grant(r.id, p_pool_id, e.policy_id, p_now) = 'granted' THEN
+            allocated := allocated + 1;
+        ELSIF EXISTS (SELECT FROM respool.requests WHERE pool_id = p_pool_id AND status = 'preempting') THEN
+            -- Victims in their grace period still hold the units: keep them for r.
+            UPDATE respool.requests SET earmark_pool_id = p_pool_id WHERE id = r.id;
+        ELSE
+            RAISE EXCEPTION 'request % does not fit after preempting %', r.id, v_victims USING ERRCODE = 'RP500';
+        END IF;
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION respool._preempt_for_queue(uuid, timestamptz) IS
+    'Step 3, in queue order: for each queued request that only the pool''s capacity blocks, reclaim (in share) or priority preemption (preemptible borrower); the victims'' units go to it in the same transaction (granted now, or earmarked until a grace period ends). No victim set, no preemption.';
+
+CREATE OR REPLACE FUNCTION respool.reconcile_pool(p_pool_id uuid, p_now timestamptz DEFAULT now())
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_name text;
+    expired integer;
+    grace_ended integer;
+    shed integer;
+    q record;
+    granted integer;
+BEGIN
+    SELECT name INTO v_name FROM respool.pools WHERE id = p_pool_id FOR NO KEY UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN NULL;  -- gone, or another transaction (a reconciler, an API call) holds it
+    END IF;
+    expired := respool._expire_pool(p_pool_id, p_now);
+    grace_ended := respool._finish_grace(p_pool_id, p_now);
+    shed := respool._enforce_shrinks(p_pool_id, p_now);
+    q := respool._preempt_for_queue(p_pool_id, p_now);
+    granted := respool.allocate_pool(p_pool_id, p_now);
+    RETURN jsonb_build_object('pool', v_name, 'expired', expired, 'grace_ended', grace_ended,
+                              'preempted', shed + q.preempted, 'allocated', q.allocated + granted,
+                              'rejected', q.rejected);
+END $$;
+COMMENT ON FUNCTION respool.reconcile_pool(uuid, timestamptz) IS
+    'One reconciler pass over one pool in the caller''s transaction (SPEC §5): expire lapsed leases and grace periods, enforce shrunk capacities and limits, preempt for queued requests with a right to run, grant what fits. Returns {pool, expired, grace_ended, preempted, allocated, rejected}, or NULL when the pool is locked elsewhere (skip it: SKIP LOCKED) or gone.';

@@ -1,0 +1,317 @@
+"""SPEC §5: the reconciler's preemption rules, as a scenario table in the style of Kueue's
+preemption tests, plus shrinks, retries, leases and grace periods.
+
+Every scenario builds a pool, its policies and the allocations already running (created in
+order, so the last one is the most recently allocated), adds the incoming requests, runs one
+reconcile pass and asserts exactly which requests end allocated, preempted and queued.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+import pytest
+from engine_support import assert_healthy, db_now, events, get, mk_policy, mk_pool, mk_req, status
+
+from app.db import queries as q
+from app.db.errors import Conflict
+
+# (subject, priority, reserved gpu, limit gpu or None)
+Policy = tuple[str, int, int, int | None]
+# (name, subject, gpu, preemptible)
+Req = tuple[str, str, int, bool]
+
+
+@dataclass
+class Case:
+    capacity: int
+    policies: list[Policy]
+    running: list[Req]
+    incoming: list[Req]
+    allocated: set[str]
+    preempted: set[str] = field(default_factory=set)
+    queued: set[str] = field(default_factory=set)
+
+
+CASES: dict[str, Case] = {
+    # The seed example: prod reserves 4 of 10, dev borrows everything; prod comes back for 3.
+    # Victim order is most recently allocated first; the minimal set keeps d3 (2 would not do).
+    "reclaim takes the newest borrower that is enough": Case(
+        10, [("prod", 10, 4, None), ("dev", 0, 0, None)],
+        running=[("d1", "dev", 4, True), ("d2", "dev", 4, True), ("d3", "dev", 2, True)],
+        incoming=[("p1", "prod", 3, True)],
+        allocated={"d1", "d3", "p1"}, preempted={"d2"}),
+    "reclaim of the newest borrowers first": Case(
+        9, [("prod", 0, 6, None), ("dev", 0, 0, None)],
+        running=[("d1", "dev", 3, True), ("d2", "dev", 3, True), ("d3", "dev", 3, True)],
+        incoming=[("p1", "prod", 6, True)],
+        allocated={"d1", "p1"}, preempted={"d2", "d3"}),
+    "reclaim ignores the borrower's higher priority": Case(
+        8, [("prod", 0, 4, None), ("dev", 100, 0, None)],
+        running=[("d1", "dev", 4, True), ("d2", "dev", 4, True)],
+        incoming=[("p1", "prod", 4, True)],
+        allocated={"d1", "p1"}, preempted={"d2"}),
+    "reclaim never takes from a subject within its own share": Case(
+        8, [("a", 0, 4, None), ("b", 0, 4, None)],
+        running=[("b1", "b", 4, True), ("a1", "a", 2, True)],
+        incoming=[("a2", "a", 4, True)],  # a would borrow: 2 + 4 > 4, and b is not borrowing
+        allocated={"b1", "a1"}, queued={"a2"}),
+    "priority preemption takes a lower-priority borrower": Case(
+        4, [("lo", 0, 0, None), ("hi", 10, 0, None)],
+        running=[("l1", "lo", 2, True), ("l2", "lo", 2, True)],
+        incoming=[("h1", "hi", 2, True)],
+        allocated={"l1", "h1"}, preempted={"l2"}),
+    "priority preemption prefers the lowest priority": Case(
+        4, [("lo", 0, 0, None), ("mid", 5, 0, None), ("hi", 10, 0, None)],
+        running=[("l1", "lo", 2, True), ("m1", "mid", 2, True)],
+        incoming=[("h1", "hi", 2, True)],
+        allocated={"m1", "h1"}, preempted={"l1"}),
+    "equal priorities never preempt each other": Case(
+        4, [("a", 0, 0, None), ("b", 0, 0, None)],
+        running=[("a1", "a", 4, True)],
+        incoming=[("b1", "b", 2, True)],
+        allocated={"a1"}, queued={"b1"}),
+    "a lower priority never preempts a higher one": Case(
+        4, [("lo", 0, 0, None), ("hi", 10, 0, None)],
+        running=[("h1", "hi", 4, True)],
+        incoming=[("l1", "lo", 2, True)],
+        allocated={"h1"}, queued={"l1"}),
+    "non-preemptible work is never a victim": Case(
+        4, [("lo", 0, 4, None), ("hi", 10, 0, None)],
+        running=[("l1", "lo", 4, False)],
+        incoming=[("h1", "hi", 2, True)],
+        allocated={"l1"}, queued={"h1"}),
+    "non-preemptible work is skipped for a preemptible one": Case(
+        6, [("dev", 0, 2, None), ("prod", 0, 4, None)],
+        running=[("dn", "dev", 2, False), ("dp", "dev", 2, True), ("dq", "dev", 2, True)],
+        incoming=[("p1", "prod", 4, True)],
+        allocated={"dn", "p1"}, preempted={"dp", "dq"}),
+    "no useless preemption when the victims would not make room": Case(
+        4, [("lo", 0, 0, None), ("hi", 10, 0, None), ("np", 20, 2, None)],
+        running=[("l1", "lo", 2, True), ("n1", "np", 2, False)],
+        incoming=[("h1", "hi", 4, True)],
+        allocated={"l1", "n1"}, queued={"h1"}),
+    "a borrowing request does not reclaim": Case(
+        4, [("a", 0, 1, None), ("b", 0, 0, None)],
+        running=[("b1", "b", 4, True)],
+        incoming=[("a1", "a", 2, True)],  # 2 > reserved 1, and equal priority
+        allocated={"b1"}, queued={"a1"}),
+    "reserved guarantee with three subjects under contention": Case(
+        12, [("a", 0, 4, None), ("b", 0, 4, None), ("c", 0, 4, None)],
+        running=[("c1", "c", 4, True), ("c2", "c", 4, True), ("c3", "c", 4, True)],
+        incoming=[("a1", "a", 4, False), ("b1", "b", 4, False)],
+        allocated={"c1", "a1", "b1"}, preempted={"c2", "c3"}),
+    "reserved guarantee for every subject at once": Case(
+        9, [("a", 5, 3, None), ("b", 0, 3, None), ("c", 0, 3, None)],
+        running=[("a1", "a", 3, True), ("a2", "a", 3, True), ("b1", "b", 3, True)],
+        incoming=[("c1", "c", 3, False)],  # a borrows 3 at a higher priority: reclaimed anyway
+        allocated={"a1", "b1", "c1"}, preempted={"a2"}),
+    "non-preemptible request takes its own subject's preemptible work first": Case(
+        8, [("a", 0, 4, None), ("b", 0, 4, None)],
+        running=[("ap", "a", 4, True), ("bp", "b", 4, True)],
+        incoming=[("an", "a", 2, False)],
+        allocated={"bp", "an"}, preempted={"ap"}),
+    "the limit still caps a reclaiming request": Case(
+        8, [("a", 0, 4, 4), ("b", 0, 0, None)],
+        running=[("a1", "a", 2, True), ("b1", "b", 6, True)],
+        incoming=[("a2", "a", 3, True)],  # 2 + 3 > limit 4: waits, nobody is preempted
+        allocated={"a1", "b1"}, queued={"a2"}),
+    "higher-priority in-share request goes first": Case(
+        4, [("x", 10, 2, None), ("y", 0, 2, None), ("z", 0, 0, None)],
+        running=[("z1", "z", 2, True), ("z2", "z", 2, True)],
+        incoming=[("y1", "y", 2, True), ("x1", "x", 2, True)],
+        allocated={"x1", "y1"}, preempted={"z1", "z2"}),
+}  # fmt: skip
+
+
+async def reconcile(conn: asyncpg.Connection, pool: str, now: datetime | None = None) -> Any:
+    pid = (await q.get_pool(conn, pool)).id
+    return await conn.fetchval(
+        "SELECT respool.reconcile_pool($1, coalesce($2, now()))", pid, now
+    )
+
+
+async def build(conn: asyncpg.Connection, case: Case, **pool_kw: Any) -> dict[str, UUID]:
+    await mk_pool(conn, "p", {"gpu": case.capacity}, **pool_kw)
+    for subject, priority, reserved, limit in case.policies:
+        await mk_policy(
+            conn, subject, "p", priority=priority,
+            reserved={"gpu": reserved} if reserved else {},
+            limit={"gpu": limit} if limit else {},
+        )  # fmt: skip
+    ids: dict[str, UUID] = {}
+    for name, subject, gpu, preemptible in case.running:
+        r = await mk_req(conn, subject, "p", resources={"gpu": gpu}, preemptible=preemptible)
+        assert r.status == "allocated", (name, r.message)
+        ids[name] = r.id
+    for name, subject, gpu, preemptible in case.incoming:
+        r = await mk_req(conn, subject, "p", resources={"gpu": gpu}, preemptible=preemptible)
+        assert r.status == "queued", (name, r.message)
+        ids[name] = r.id
+    return ids
+
+
+async def outcome(conn: asyncpg.Connection, ids: dict[str, UUID]) -> dict[str, set[str]]:
+    seen: dict[str, set[str]] = {"allocated": set(), "preempted": set(), "queued": set()}
+    for name, rid in ids.items():
+        seen.setdefault(await status(conn, rid), set()).add(name)
+    return seen
+
+
+@pytest.mark.parametrize("name", list(CASES))
+async def test_scenario(conn: asyncpg.Connection, name: str) -> None:
+    case = CASES[name]
+    ids = await build(conn, case)
+    await reconcile(conn, "p")
+    expected = {"allocated": case.allocated, "preempted": case.preempted, "queued": case.queued}
+    assert await outcome(conn, ids) == expected
+    await assert_healthy(conn)
+    # A second pass changes nothing: no flapping.
+    again = await reconcile(conn, "p")
+    assert (again["preempted"], again["allocated"]) == (0, 0)
+    assert await outcome(conn, ids) == expected
+
+
+async def test_victim_history_and_message(conn: asyncpg.Connection) -> None:
+    ids = await build(conn, CASES["reclaim of the newest borrowers first"])
+    done = await reconcile(conn, "p")
+    assert done == {"pool": "p", "expired": 0, "grace_ended": 0, "preempted": 2,
+                    "allocated": 1, "rejected": 0}  # fmt: skip
+    victim = await get(conn, ids["d3"])
+    assert (victim.reason, victim.finished_at is not None) == ("reclaim", True)
+    assert str(ids["p1"]) in victim.message and "prod" in victim.message
+    assert await events(conn, ids["d3"]) == [
+        (None, "queued", None), ("queued", "allocated", None), ("allocated", "preempted", "reclaim"),
+    ]  # fmt: skip
+
+
+async def test_capacity_shrink_preempts_lowest_priority_newest_first(
+    conn: asyncpg.Connection,
+) -> None:
+    case = Case(8, [("lo", 0, 0, None), ("hi", 10, 0, None)],
+                running=[("l1", "lo", 2, True), ("l2", "lo", 2, True), ("h1", "hi", 2, True),
+                         ("h2", "hi", 2, True)],
+                incoming=[], allocated=set())  # fmt: skip
+    ids = await build(conn, case)
+    await q.update_pool(conn, "p", capacity={"gpu": 5})
+    assert [v.invariant for v in await q.invariant_violations(conn)] == ["I1"]
+    await reconcile(conn, "p")
+    # 3 units too many: l2 (2, newest low) then l1 (2) -> both needed.
+    assert await outcome(conn, ids) == {"allocated": {"h1", "h2"}, "preempted": {"l1", "l2"},
+                                        "queued": set()}  # fmt: skip
+    assert (await get(conn, ids["l2"])).reason == "capacity_shrink"
+    await assert_healthy(conn)
+
+
+async def test_limit_shrink_preempts_the_subjects_newest(conn: asyncpg.Connection) -> None:
+    case = Case(10, [("a", 0, 0, 6), ("b", 0, 0, None)],
+                running=[("a1", "a", 2, True), ("b1", "b", 2, True), ("a2", "a", 2, True),
+                         ("a3", "a", 2, True)],
+                incoming=[], allocated=set())  # fmt: skip
+    ids = await build(conn, case)
+    policy = (await q.list_policies(conn, subject="a"))[0]
+    await q.update_policy(conn, str(policy.id), limit={"gpu": 3})
+    assert [v.invariant for v in await q.invariant_violations(conn)] == ["I2"]
+    await reconcile(conn, "p")
+    assert await outcome(conn, ids) == {"allocated": {"a1", "b1"}, "preempted": {"a2", "a3"},
+                                        "queued": set()}  # fmt: skip
+    assert (await get(conn, ids["a3"])).reason == "limit_shrink"
+    await assert_healthy(conn)
+
+
+async def test_retry_requeues_with_original_queue_time(conn: asyncpg.Connection) -> None:
+    await mk_pool(conn, "p", {"gpu": 4})
+    await mk_policy(conn, "prod", "p", reserved={"gpu": 4})
+    await mk_policy(conn, "dev", "p")
+    d = await mk_req(conn, "dev", "p", resources={"gpu": 4}, max_retries=1)
+    queued_at = await conn.fetchval("SELECT queued_at FROM respool.requests WHERE id = $1", d.id)
+    p = await mk_req(conn, "prod", "p", resources={"gpu": 2})
+    await reconcile(conn, "p")
+    again = await get(conn, d.id)
+    assert (again.status, again.attempt, again.reason) == ("queued", 2, "retry")
+    assert await conn.fetchval(
+        "SELECT queued_at FROM respool.requests WHERE id = $1", d.id) == queued_at
+    assert await events(conn, d.id) == [
+        (None, "queued", None), ("queued", "allocated", None),
+        ("allocated", "preempted", "reclaim"), ("preempted", "queued", "retry"),
+    ]  # fmt: skip
+    # The stale attempt is fenced off; the new one runs once prod is done.
+    with pytest.raises(Conflict):
+        await q.release_request(conn, d.id, attempt=1)
+    await q.release_request(conn, p.id)
+    assert (await get(conn, d.id)).status == "allocated"
+    # Preempted again on its last attempt: terminal.
+    await mk_req(conn, "prod", "p", resources={"gpu": 2})
+    await reconcile(conn, "p")
+    final = await get(conn, d.id)
+    assert (final.status, final.attempt, final.finished_at is not None) == ("preempted", 2, True)
+    await assert_healthy(conn)
+
+
+async def test_lease_expiry_with_and_without_heartbeat(conn: asyncpg.Connection) -> None:
+    await mk_pool(conn, "p", {"gpu": 2})
+    await mk_policy(conn, "S", "p")
+    silent = await mk_req(conn, "S", "p", resources={"gpu": 1}, lease_seconds=10)
+    beating = await mk_req(conn, "S", "p", resources={"gpu": 1}, lease_seconds=10)
+    waiting = await mk_req(conn, "S", "p", resources={"gpu": 1})
+    now = await db_now(conn)
+    await conn.fetchval("SELECT respool.heartbeat_request($1, NULL, $2)", beating.id,
+                        now + timedelta(seconds=8))
+    done = await reconcile(conn, "p", now + timedelta(seconds=12))
+    assert (done["expired"], done["allocated"]) == (1, 1)
+    assert (await get(conn, silent.id)).reason == "lease_expired"
+    assert [await status(conn, i) for i in (silent.id, beating.id, waiting.id)] == [
+        "expired", "allocated", "allocated"]
+    await assert_healthy(conn)
+
+
+@pytest.fixture(params=["best_effort", "strict"])
+async def grace(conn: asyncpg.Connection, request: pytest.FixtureRequest) -> dict[str, UUID]:
+    """A 4-GPU pool with a 30 s grace period: prod reclaims 2 units that dev borrows, and a
+    higher-priority request of ops (ahead of prod in the queue) arrives meanwhile."""
+    case = Case(4, [("prod", 0, 2, None), ("dev", 0, 2, None), ("ops", 10, 0, None)],
+                running=[("d1", "dev", 2, False), ("d2", "dev", 2, True)],
+                incoming=[("p1", "prod", 2, True)], allocated=set())  # fmt: skip
+    ids = await build(conn, case, preemption_grace_seconds=30, queueing=request.param)
+    done = await reconcile(conn, "p")
+    assert (done["preempted"], done["allocated"]) == (1, 0)
+    victim = await get(conn, ids["d2"])
+    assert (victim.status, victim.reason) == ("preempting", "reclaim")
+    ids["o1"] = (await mk_req(conn, "ops", "p", resources={"gpu": 2})).id
+    # ops may not preempt: d1 is not preemptible and d2 is already leaving.
+    assert (await reconcile(conn, "p"))["preempted"] == 0
+    return ids
+
+
+async def test_grace_victim_learns_it_from_its_heartbeat(
+    conn: asyncpg.Connection, grace: dict[str, UUID]
+) -> None:
+    answer = await q.heartbeat_request(conn, grace["d2"])
+    assert answer.status == "preempting" and "release within 30 s" in answer.message
+    assert await status(conn, grace["p1"]) == "queued"
+    assert "being released for it" in (await get(conn, grace["p1"])).message
+
+
+async def test_grace_victim_releases_early_and_the_earmark_is_not_stolen(
+    conn: asyncpg.Connection, grace: dict[str, UUID]
+) -> None:
+    await q.release_request(conn, grace["d2"])
+    assert await outcome(conn, grace) == {"allocated": {"d1", "p1"}, "preempted": {"d2"},
+                                          "queued": {"o1"}}  # fmt: skip
+    await assert_healthy(conn)
+
+
+async def test_grace_deadline_passes(conn: asyncpg.Connection, grace: dict[str, UUID]) -> None:
+    now = await db_now(conn)
+    assert (await reconcile(conn, "p", now + timedelta(seconds=10)))["grace_ended"] == 0
+    assert await status(conn, grace["d2"]) == "preempting"
+    done = await reconcile(conn, "p", now + timedelta(seconds=31))
+    assert (done["grace_ended"], done["allocated"]) == (1, 1)
+    assert (await get(conn, grace["d2"])).reason == "grace_expired"
+    assert await outcome(conn, grace) == {"allocated": {"d1", "p1"}, "preempted": {"d2"},
+                                          "queued": {"o1"}}  # fmt: skip
+    await assert_healthy(conn)
