@@ -106,6 +106,7 @@ class Notifier:
         self._connected: asyncio.Event | None = None
         self._closing = False
         self.reconnects = 0  # successful connections after the first one
+        self._observers: list[Callable[[int, str], None]] = []
 
     # --- state ----------------------------------------------------------------------------
 
@@ -162,6 +163,10 @@ class Notifier:
                 await task
         await self._drop_connection()
 
+    def observe(self, observer: Callable[[int, str], None]) -> None:
+        """Also call ``observer(sender_pid, payload)`` for every notification (app.logs)."""
+        self._observers.append(observer)
+
     # --- waiters --------------------------------------------------------------------------
 
     @contextlib.contextmanager
@@ -190,7 +195,12 @@ class Notifier:
 
     # --- the LISTEN loop ------------------------------------------------------------------
 
-    def _on_notify(self, _conn: Any, _pid: int, _channel: str, payload: object) -> None:
+    def _on_notify(self, _conn: Any, pid: int, _channel: str, payload: object) -> None:
+        for observer in self._observers:
+            try:
+                observer(pid, str(payload))
+            except Exception:  # an observer never stops the wake-ups
+                log.exception("notification observer failed")
         try:
             request_id = _decode_payload(str(payload)).id
         except (msgspec.DecodeError, msgspec.ValidationError):

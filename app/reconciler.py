@@ -17,13 +17,13 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
 import asyncpg
 import msgspec
 
+from app.db import ops_queries
 from app.db.connect import APP_RECONCILER, connect
 
 __all__ = ["POOL_CHANNEL", "PoolPass", "Reconciler", "reconcile_once"]
@@ -187,7 +187,8 @@ class Reconciler:
         if self.retention is None or time.monotonic() - self._last_prune < PRUNE_EVERY:
             return
         self._last_prune = time.monotonic()
-        before = datetime.now(UTC) - timedelta(seconds=self.retention)
-        pruned = await conn.fetchval("SELECT respool.prune_requests($1)", before)
+        pruned = await ops_queries.prune_older_than(conn, self.retention, limit=10_000)
         if pruned:
-            log.info("retention: pruned %s terminal requests finished before %s", pruned, before)
+            log.info(
+                "retention: pruned %s terminal requests older than %ss", pruned, self.retention
+            )

@@ -33,6 +33,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     admin_token: str | None = None
     auth: Literal["on", "off"] = "on"
     log_level: str = "INFO"
+    log_format: Literal["text", "json"] = "text"
     retention: float | None = None
 
     @property
@@ -65,6 +66,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             admin_token=get("RESPOOL_ADMIN_TOKEN", _optional_str, None),
             auth=get("RESPOOL_AUTH", _on_off, "on"),
             log_level=get("RESPOOL_LOG_LEVEL", _log_level, "INFO"),
+            log_format=get("RESPOOL_LOG_FORMAT", _log_format, "text"),
             retention=get("RESPOOL_RETENTION", _retention, None),
         )
 
@@ -125,6 +127,15 @@ def _log_level(raw: str) -> str:
     if value not in LOG_LEVELS:
         raise ValueError(f"expected one of {', '.join(LOG_LEVELS)}, got {raw!r}")
     return value
+
+
+def _log_format(raw: str) -> Literal["text", "json"]:
+    value = raw.lower()
+    if value == "text":
+        return "text"
+    if value == "json":
+        return "json"
+    raise ValueError(f"expected 'text' or 'json', got {raw!r}")
 
 
 def _retention(raw: str) -> float:

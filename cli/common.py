@@ -19,6 +19,7 @@ from app.settings import Settings, SettingsError
 __all__ = [
     "CliError",
     "KNOWN_ERRORS",
+    "confirm",
     "database",
     "describe_error",
     "fail",
@@ -57,6 +58,19 @@ def describe_error(exc: BaseException) -> str:
 def fail(message: str) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(1)
+
+
+def confirm(question: str, *, yes: bool) -> None:
+    """Ask ``question`` on stderr unless ``yes``; anything but yes (also no input) aborts."""
+    if yes:
+        return
+    try:
+        answer = typer.confirm(question, default=False, err=True)
+    except typer.Abort:  # no input (EOF) or Ctrl-C: end the prompt's line
+        typer.echo(err=True)
+        raise
+    if not answer:
+        raise typer.Abort()
 
 
 @contextmanager

@@ -1,13 +1,18 @@
-"""``respool db ...``: schema migrations and their status."""
+"""``respool db ...``: schema migrations and their status, and ``grant-reader`` for ops."""
 
 from __future__ import annotations
 
 import typer
 
+from app.db import ops_queries
+from app.db.errors import EngineError
 from app.db.migrate import MigrateReport, SchemaStatus, migrate, status
-from cli.common import database, run_async
+from app.durations import parse_duration
+from cli.common import CliError, database, fail, run_async
 
-app = typer.Typer(help="Database schema: migrate and status.", no_args_is_help=True)
+app = typer.Typer(
+    help="Database schema: migrate and status; the ops reader role.", no_args_is_help=True
+)
 
 
 async def _migrate() -> tuple[MigrateReport, SchemaStatus]:
@@ -23,7 +28,12 @@ async def _status() -> SchemaStatus:
 
 @app.command("migrate")
 def migrate_cmd() -> None:
-    """Apply pending migrations and (re-)apply changed functions and views."""
+    """Apply pending migrations and (re-)apply changed functions and views.
+
+    Example:
+
+        RESPOOL_DATABASE_URL=postgresql://respool@db/respool respool db migrate
+    """
     report, state = run_async(_migrate())
     for name in report.applied:
         typer.echo(f"applied     {name}")
@@ -41,7 +51,12 @@ def migrate_cmd() -> None:
 
 @app.command("status")
 def status_cmd() -> None:
-    """Show applied and pending migrations; exit code 1 if the schema is not current."""
+    """Show applied and pending migrations; exit code 1 if the schema is not current.
+
+    Example:
+
+        respool db status
+    """
     state = run_async(_status())
     typer.echo(f"migrations: {len(state.applied)} applied, {len(state.pending)} pending")
     for name in state.applied:
@@ -65,3 +80,41 @@ def status_cmd() -> None:
     else:
         typer.echo("schema: NOT current (run `respool db migrate`)")
         raise typer.Exit(1)
+
+
+async def _grant_reader(role: str, timeout_ms: int, create: bool, revoke: bool) -> str:
+    async with database() as conn:
+        try:
+            if revoke:
+                return await ops_queries.revoke_reader(conn, role)
+            return await ops_queries.grant_reader(
+                conn, role, statement_timeout_ms=timeout_ms, create=create
+            )
+        except EngineError as exc:
+            raise CliError(exc.message) from None
+
+
+@app.command("grant-reader")
+def grant_reader_cmd(
+    role: str = typer.Argument(..., help="A PostgreSQL login role (created with --create)."),
+    statement_timeout: str = typer.Option(
+        "30s", "--statement-timeout", help="Per-statement time limit for ROLE, e.g. 30s, 2m."
+    ),
+    create: bool = typer.Option(False, "--create", help="Create ROLE (LOGIN, no password)."),
+    revoke: bool = typer.Option(False, "--revoke", help="Undo: revoke and reset the settings."),
+) -> None:
+    """Let ROLE read the ops views (respool_reader): SELECT on views only, read-only
+    transactions by default and a statement timeout, in this database. Needs a superuser or
+    CREATEROLE connection (RESPOOL_DATABASE_URL).
+
+    Example:
+
+        respool db grant-reader grafana --create --statement-timeout 10s
+    """
+    try:
+        timeout_ms = round(parse_duration(statement_timeout) * 1000)
+    except ValueError as exc:
+        fail(f"--statement-timeout: {exc}")
+    if timeout_ms < 1 or timeout_ms > 2**31 - 1:
+        fail("--statement-timeout: must be between 1ms and about 24 days")
+    typer.echo(run_async(_grant_reader(role, timeout_ms, create, revoke)))

@@ -1,4 +1,5 @@
-"""``respool`` command: one Typer sub-app per noun (``respool db ...``, later pool/request/...)."""
+"""``respool`` command: one Typer sub-app per noun (pool, request, token, db), plus apply,
+export, serve and reconcile."""
 
 from __future__ import annotations
 
@@ -8,19 +9,29 @@ from collections.abc import Sequence
 import typer
 
 from app import __version__
-from cli import db
+from cli import db, pool, request, token
+from cli.apply import apply, export
 from cli.common import KNOWN_ERRORS, describe_error
+from cli.group import RespoolGroup
+from cli.reconcile import reconcile
 from cli.serve import serve
 
 app = typer.Typer(
     name="respool",
     help="respool: a PostgreSQL-backed resource-pool allocator.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
+    cls=RespoolGroup,
     pretty_exceptions_enable=False,
 )
+app.add_typer(pool.app, name="pool")
+app.add_typer(request.app, name="request")
+app.command("apply")(apply)
+app.command("export")(export)
+app.add_typer(token.app, name="token")
 app.add_typer(db.app, name="db")
 app.command("serve")(serve)
+app.command("reconcile")(reconcile)
 
 
 def _version(value: bool) -> None:

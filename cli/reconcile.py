@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import signal
 
 import typer
 
 from app.db.connect import APP_RECONCILER, connect
 from app.db.dsn import resolve_database_url
+from app.logs import configure_logging
 from app.reconciler import PoolPass, Reconciler, reconcile_once
 from app.settings import Settings
 from cli.common import handle_errors, run_async
@@ -58,7 +58,7 @@ def reconcile(
     with handle_errors():
         settings = Settings.from_env()
         dsn = resolve_database_url(settings)
-    logging.basicConfig(level=settings.log_level, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level, settings.log_format)
     if once:
         _print_passes(run_async(_once(dsn)))
         return

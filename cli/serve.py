@@ -1,8 +1,6 @@
-"""``respool serve``: the HTTP API (and, once it exists, the reconciler loop) in one process."""
+"""``respool serve``: the HTTP API and the reconciler loop in one process."""
 
 from __future__ import annotations
-
-import logging
 
 import msgspec
 import typer
@@ -10,12 +8,11 @@ import typer
 from app.db.connect import APP_CLI, connect
 from app.db.dsn import redact_dsn, resolve_database_url
 from app.db.migrate import migrate
+from app.logs import configure_logging
 from app.settings import Settings
 from cli.common import handle_errors, run_async
 
 __all__ = ["serve"]
-
-log = logging.getLogger("respool.serve")
 
 
 async def _migrate(dsn: str) -> None:
@@ -34,11 +31,16 @@ def serve(
     no_reconciler: bool = typer.Option(
         False,
         "--no-reconciler",
-        help="Serve the API only. (The reconciler loop is not built yet; this flag is accepted "
-        "now so scripts keep working when it arrives.)",
+        help="Serve the API only (run the reconciler elsewhere, e.g. `respool reconcile`).",
     ),
 ) -> None:
-    """Run the HTTP API. Migrates the database first (RESPOOL_DATABASE_URL, else embedded)."""
+    """Run the HTTP API and the reconciler. Migrates the database first (RESPOOL_DATABASE_URL,
+    else the embedded PostgreSQL).
+
+    Example:
+
+        respool serve --port 8080
+    """
     # Imported here so that other commands do not pay for the web stack.
     import uvicorn
 
@@ -53,14 +55,15 @@ def serve(
         check_auth_settings(settings)  # before touching the database
         dsn = resolve_database_url(settings)
     run_async(_migrate(dsn))
-    logging.basicConfig(level=settings.log_level, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level, settings.log_format)
     with handle_errors():
-        app = create_app(settings, database_url=dsn)
+        app = create_app(settings, database_url=dsn, with_reconciler=not no_reconciler)
     config = uvicorn.Config(
         app,
         host=settings.host,
         port=port or settings.port,
         log_level=settings.log_level.lower(),
+        log_config=None,  # configure_logging already routes uvicorn's loggers
         lifespan="on",
         timeout_graceful_shutdown=5,
     )
@@ -68,6 +71,4 @@ def serve(
         f"respool API on http://{config.host}:{config.port} (database {redact_dsn(dsn)})",
         err=True,
     )
-    if not no_reconciler:
-        log.info("reconciler: not built yet; serving the API only")
     ApiServer(config, app).run()

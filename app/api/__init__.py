@@ -6,6 +6,7 @@ process's LISTEN connection (``respool-listener``, :mod:`app.notify`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -15,16 +16,22 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import SwaggerRenderPlugin
 
 from app import __version__
+from app.api.apply import ApplyController
 from app.api.auth import Authenticator, auth_guard
+from app.api.dashboard import DashboardController
 from app.api.errors import exception_handlers
 from app.api.health import HealthController
-from app.api.metrics import MetricsController
+from app.api.metrics import EventTally, MetricsController
+from app.api.openapi import ClosedStructSchemaPlugin, answer_options
 from app.api.policies import PolicyController
 from app.api.pools import PoolController
 from app.api.requests import RequestController
+from app.api.retention import RetentionController
 from app.db.connect import APP_API, create_pool
 from app.db.dsn import resolve_database_url
+from app.logs import StateChangeLog
 from app.notify import Notifier
+from app.reconciler import Reconciler
 from app.settings import Settings
 
 __all__ = ["create_app"]
@@ -32,8 +39,13 @@ __all__ = ["create_app"]
 log = logging.getLogger("respool.api")
 
 
-def create_app(settings: Settings, *, database_url: str | None = None) -> Litestar:
+def create_app(
+    settings: Settings, *, database_url: str | None = None, with_reconciler: bool = False
+) -> Litestar:
     """The API for ``settings``; ``database_url`` overrides ``settings.database_url``.
+
+    ``with_reconciler`` runs the reconciler loop (:mod:`app.reconciler`) in the same process
+    (``respool serve`` does, unless ``--no-reconciler``); it is ``app.state.reconciler``.
 
     With neither, the embedded PostgreSQL is started at startup (``resolve_database_url``).
     ``settings.host`` must be the bind address: auth depends on it (:mod:`app.api.auth`);
@@ -50,12 +62,25 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> Litest
         pool = await create_pool(dsn, size=settings.db_pool_size, application_name=APP_API)
         notifier: Notifier = app.state.notifier
         notifier.use_dsn(dsn)
+        notifier.observe(StateChangeLog(pool))  # one log line per state change made here
+        reconciler_task: asyncio.Task[None] | None = None
         try:
             await notifier.start()
             app.state.db = pool
             await authenticator.startup(pool)
+            if with_reconciler:
+                reconciler = Reconciler(
+                    dsn, interval=settings.reconcile_interval, retention=settings.retention
+                )
+                app.state.reconciler = reconciler
+                reconciler_task = asyncio.create_task(reconciler.run(), name="respool-reconciler")
             yield
         finally:
+            if reconciler_task is not None:
+                app.state.reconciler.stop()
+                reconciler_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reconciler_task
             await notifier.close()
             await pool.close()
 
@@ -66,10 +91,15 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> Litest
             RequestController,
             HealthController,
             MetricsController,
+            DashboardController,
+            RetentionController,
+            ApplyController,
         ],
         lifespan=[lifespan],
         guards=[auth_guard],
+        before_request=answer_options,
         exception_handlers=exception_handlers,
+        plugins=[ClosedStructSchemaPlugin()],
         openapi_config=OpenAPIConfig(
             title="respool",
             version=__version__,
@@ -80,5 +110,6 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> Litest
     )
     app.state.settings = settings
     app.state.notifier = Notifier()
+    app.state.event_tally = EventTally()
     app.state.auth = authenticator
     return app

@@ -14,11 +14,12 @@ import asyncpg
 import msgspec
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
+from litestar.openapi.datastructures import ResponseSpec
 from litestar.types import ExceptionHandlersMap
 
 from app.db.errors import EngineError
 
-__all__ = ["ApiError", "ErrorBody", "exception_handlers", "validation_error"]
+__all__ = ["ApiError", "ErrorBody", "error_responses", "exception_handlers", "validation_error"]
 
 log = logging.getLogger("respool.api")
 
@@ -109,7 +110,8 @@ def _validation(_: Request[Any, Any, Any], exc: ValidationException) -> Response
 
 
 def _http(_: Request[Any, Any, Any], exc: HTTPException) -> Response[ErrorBody]:
-    return _respond(exc.status_code, exc.detail)
+    # Keep the exception's headers: a 405 must carry ``Allow`` (RFC 9110).
+    return _respond(exc.status_code, exc.detail, headers=dict(exc.headers or {}) or None)
 
 
 def _database_down(request: Request[Any, Any, Any], exc: Exception) -> Response[ErrorBody]:
@@ -126,9 +128,19 @@ def _integrity(request: Request[Any, Any, Any], exc: Exception) -> Response[Erro
     return _respond(400, f"invalid input: violates {name}")
 
 
+def _bad_data(request: Request[Any, Any, Any], exc: Exception) -> Response[ErrorBody]:
+    """A value PostgreSQL cannot take (a NUL character in a string, a number out of range):
+    the client's input, never a 500. The API validates first; this is the safety net."""
+    log.warning("%s %s: invalid input: %s", request.method, request.url.path, exc)
+    message = str(exc).split("\n", 1)[0][:200]
+    return _respond(400, f"invalid input: {message}")
+
+
 def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[ErrorBody]:
     if isinstance(exc, asyncpg.IntegrityConstraintViolationError):
         return _integrity(request, exc)
+    if isinstance(exc, asyncpg.DataError):  # SQLSTATE class 22, also raised by asyncpg's encoders
+        return _bad_data(request, exc)
     if isinstance(exc, OSError | asyncpg.PostgresConnectionError | asyncpg.InterfaceError):
         return _database_down(request, exc)
     log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
@@ -142,3 +154,27 @@ exception_handlers: ExceptionHandlersMap = {
     HTTPException: _http,
     Exception: _unexpected,
 }
+
+
+# --- OpenAPI ---------------------------------------------------------------------------------
+
+_ERROR_DESCRIPTIONS: dict[int, str] = {
+    400: "Malformed input; `field` names the offending field",
+    401: "No valid bearer token",
+    403: "The token's role may not do this",
+    404: "Not found (for a client token, also another subject's request)",
+    409: "Conflicts with the current state",
+    422: "The idempotency key was used with a different body",
+    503: "The database is unavailable; retry later",
+}
+
+
+def error_responses(*codes: int) -> dict[int, ResponseSpec]:
+    """OpenAPI declarations of a ``/v1`` route's error answers (all with :class:`ErrorBody`):
+    ``codes`` plus 401 and 403 (auth) and 503 (database down), which any route may answer."""
+    return {
+        code: ResponseSpec(
+            data_container=ErrorBody, description=_ERROR_DESCRIPTIONS[code], generate_examples=False
+        )
+        for code in sorted({*codes, 401, 403, 503})
+    }

@@ -8,6 +8,7 @@ from typing import cast
 import asyncpg
 from litestar import Controller, Response, get
 from litestar.datastructures import State
+from litestar.openapi.datastructures import ResponseSpec
 
 from app.api.common import db, notifier
 from app.api.schemas import Readiness
@@ -21,7 +22,13 @@ class HealthController(Controller):
     async def healthz(self) -> dict[str, str]:
         return {"status": "ok"}
 
-    @get("/readyz", summary="Readiness: database reachable, schema current, listener up")
+    @get(
+        "/readyz",
+        summary="Readiness: database reachable, schema current, listener up",
+        responses={
+            503: ResponseSpec(Readiness, description="Not ready; `detail` says why"),
+        },
+    )
     async def readyz(self, state: State) -> Response[Readiness]:
         database = schema_current = False
         detail = None

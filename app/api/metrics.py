@@ -1,19 +1,223 @@
-"""``GET /metrics``: Prometheus text, built per scrape from the database and this process."""
+"""``GET /metrics``: Prometheus text (docs/ops.md lists every metric).
+
+Two kinds of numbers:
+
+* **State gauges**, read from the ops views at each scrape (a fresh registry per scrape, nothing
+  kept): capacity, allocated, free, reserved, borrowed and queued demand per pool and key; usage
+  per policy; queue length and oldest wait per pool; stored requests per status; invariant
+  violations. Every replica reports the same values: aggregate with ``max``, not ``sum``.
+* **Event counters** (:class:`EventTally`): preemptions by pool and reason, requests by final
+  status, and the allocation-wait histogram. Each scrape reads the events that appeared since the
+  previous one from ``respool.events`` and adds them to counters kept in this process, so they
+  count every change in the database (whichever process made it) since this process started,
+  and pruning old history never makes them go down. A scrape re-reads a 10-minute window and
+  skips event ids it already counted, so an event whose transaction committed late is still
+  counted once.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
 from litestar import Controller, Response, get
 from litestar.datastructures import State
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 
+from app import __version__
 from app.api.common import db, notifier
-from app.db import api_queries
-from app.db.queries import Status
+from app.db import api_queries, ops_queries
+from app.db.queries import Executor, Status
+
+__all__ = ["EventTally", "MetricsController", "WAIT_BUCKETS"]
+
+log = logging.getLogger("respool.metrics")
 
 STATUSES: tuple[Status, ...] = (
     "queued", "allocated", "preempting", "released", "preempted", "expired", "cancelled",
     "rejected",
 )  # fmt: skip
+FINAL_STATUSES = ("released", "preempted", "expired", "cancelled", "rejected")
+INVARIANTS = ("I1", "I2", "I3", "I4")
+
+# Seconds from entering the queue to the grant: sub-second grants up to day-long waits.
+WAIT_BUCKETS = (
+    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
+    3600.0, 7200.0, 21600.0, 86400.0,
+)  # fmt: skip
+
+_DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+
+
+class EventTally:
+    """Counters fed from ``respool.events``; see the module docstring."""
+
+    WINDOW = timedelta(minutes=10)
+
+    def __init__(self, started: datetime | None = None) -> None:
+        # No ``*_created`` series: the start time says nothing an operator needs.
+        disable_created_metrics()  # type: ignore[no-untyped-call]
+        self.started = started or datetime.now(UTC)
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.preemptions = Counter(
+            "respool_preemptions",
+            "Preemptions (each victim once, with or without grace), by pool and reason",
+            ["pool", "reason"],
+            registry=self.registry,
+        )
+        self.finished = Counter(
+            "respool_requests_finished",
+            "Requests that reached a terminal status, by that status",
+            ["status"],
+            registry=self.registry,
+        )
+        self.waits = Histogram(
+            "respool_allocation_wait_seconds",
+            "Time from entering the queue to the grant, per grant (0 for a grant at creation)",
+            ["pool"],
+            buckets=WAIT_BUCKETS,
+            registry=self.registry,
+        )
+        for status in FINAL_STATUSES:
+            self.finished.labels(status)
+        self._seen: dict[int, datetime] = {}
+        self._horizon: datetime | None = None
+        self._lock = asyncio.Lock()
+
+    async def update(self, db: Executor) -> int:
+        """Count the events not counted yet; returns how many were new."""
+        async with self._lock:
+            since = self.started
+            if self._horizon is not None:
+                since = max(since, self._horizon - self.WINDOW)
+            now, rows = await ops_queries.tally_events(db, since)
+            new = 0
+            for row in rows:
+                if row.id in self._seen:
+                    continue
+                self._seen[row.id] = row.at
+                new += 1
+                pool = row.pool or ""
+                if row.preemption:
+                    self.preemptions.labels(pool, row.reason or "").inc()
+                if row.final:
+                    self.finished.labels(row.to_status).inc()
+                if row.wait_seconds is not None:
+                    self.waits.labels(pool).observe(max(row.wait_seconds, 0.0))
+            self._horizon = now
+            cutoff = now - self.WINDOW
+            self._seen = {i: at for i, at in self._seen.items() if at >= cutoff}
+            return new
+
+
+def event_tally(state: State) -> EventTally:
+    """The app's tally (``create_app`` makes it); made here on first use otherwise."""
+    tally = state.get("event_tally")
+    if not isinstance(tally, EventTally):
+        tally = EventTally()
+        state.event_tally = tally
+    return tally
+
+
+async def _state_gauges(registry: CollectorRegistry, pool: asyncpg.Pool) -> None:
+    pk = ["pool", "key"]
+    capacity = Gauge(
+        "respool_pool_capacity", "Capacity per pool and tracked key", pk, registry=registry
+    )
+    allocated = Gauge(
+        "respool_pool_allocated", "Allocated units per pool and key", pk, registry=registry
+    )
+    free = Gauge(
+        "respool_pool_free",
+        "Capacity minus allocated, per pool and tracked key",
+        pk,
+        registry=registry,
+    )
+    reserved = Gauge(
+        "respool_pool_reserved", "Sum of the policies' reserved shares", pk, registry=registry
+    )
+    borrowed = Gauge(
+        "respool_pool_borrowed",
+        "Units held above reserved shares (borrowed idle capacity)",
+        pk,
+        registry=registry,
+    )
+    queued = Gauge(
+        "respool_pool_queued_demand",
+        "Units asked for by queued requests, per pool and key",
+        pk,
+        registry=registry,
+    )
+    psk = ["pool", "subject", "key"]
+    p_used = Gauge("respool_policy_used", "Units a subject holds in a pool", psk, registry=registry)
+    p_reserved = Gauge(
+        "respool_policy_reserved", "A subject's reserved share", psk, registry=registry
+    )
+    p_limit = Gauge(
+        "respool_policy_limit", "A subject's limit (keys with a limit only)", psk, registry=registry
+    )
+    p_borrowed = Gauge(
+        "respool_policy_borrowed",
+        "Units a subject holds above its reserved share",
+        psk,
+        registry=registry,
+    )
+    q_len = Gauge(
+        "respool_queue_length", "Requests waiting in a pool's queue", ["pool"], registry=registry
+    )
+    q_oldest = Gauge(
+        "respool_queue_oldest_wait_seconds",
+        "How long the oldest request in a pool's queue has waited",
+        ["pool"],
+        registry=registry,
+    )
+    requests = Gauge(
+        "respool_requests", "Stored requests per status", ["status"], registry=registry
+    )
+    violations = Gauge(
+        "respool_invariant_violations",
+        "Rows of respool.invariant_violations per invariant (0 when healthy)",
+        ["invariant"],
+        registry=registry,
+    )
+
+    keys = await ops_queries.pool_key_rows(pool)
+    for row in keys:
+        if row.capacity is not None:
+            capacity.labels(row.pool, row.key).set(row.capacity)
+        if row.free is not None:
+            free.labels(row.pool, row.key).set(row.free)
+        allocated.labels(row.pool, row.key).set(row.allocated)
+        reserved.labels(row.pool, row.key).set(row.reserved)
+        borrowed.labels(row.pool, row.key).set(row.borrowed)
+        queued.labels(row.pool, row.key).set(row.queued_demand)
+    for p in await ops_queries.policy_rows(pool):
+        p_used.labels(p.pool, p.subject, p.key).set(p.used)
+        p_reserved.labels(p.pool, p.subject, p.key).set(p.reserved)
+        p_borrowed.labels(p.pool, p.subject, p.key).set(p.borrowed)
+        if p.limit is not None:
+            p_limit.labels(p.pool, p.subject, p.key).set(p.limit)
+    stats = await ops_queries.queue_stats(pool)
+    for name in sorted({row.pool for row in keys} | set(stats)):
+        n, oldest = stats.get(name, (0, 0.0))
+        q_len.labels(name).set(n)
+        q_oldest.labels(name).set(oldest)
+    counts = await api_queries.request_counts(pool)
+    for status in STATUSES:
+        requests.labels(status).set(counts.get(status, 0))
+    broken = await ops_queries.invariant_violation_counts(pool)
+    for inv in INVARIANTS:
+        violations.labels(inv).set(broken.get(inv, 0))
 
 
 class MetricsController(Controller):
@@ -21,24 +225,11 @@ class MetricsController(Controller):
 
     @get("/metrics", summary="Prometheus metrics", media_type=CONTENT_TYPE_LATEST)
     async def metrics(self, state: State) -> Response[bytes]:
-        # A fresh registry per scrape: every value is read now, nothing is kept between scrapes.
         registry = CollectorRegistry(auto_describe=True)
-        labels = ["pool", "key"]
-        capacity = Gauge(
-            "respool_pool_capacity", "Capacity per pool and tracked key", labels, registry=registry
+        up = Gauge(
+            "respool_database_up", "1 when this scrape could read the database", registry=registry
         )
-        allocated = Gauge(
-            "respool_pool_allocated", "Allocated units per pool and key", labels, registry=registry
-        )
-        queued = Gauge(
-            "respool_pool_queued_demand",
-            "Units asked for by queued requests, per pool and key",
-            labels,
-            registry=registry,
-        )
-        requests = Gauge(
-            "respool_requests", "Stored requests per status", ["status"], registry=registry
-        )
+        info = Gauge("respool_build_info", "respool version", ["version"], registry=registry)
         waiters = Gauge(
             "respool_waiters", "Open long-poll waits in this process", registry=registry
         )
@@ -48,18 +239,26 @@ class MetricsController(Controller):
         reconnects = Gauge(
             "respool_listener_reconnects", "LISTEN reconnections since start", registry=registry
         )
+        info.labels(__version__).set(1)
 
+        tally = event_tally(state)
         pool = db(state)
-        for row in await api_queries.pool_key_usage(pool):
-            if row.capacity is not None:
-                capacity.labels(row.pool, row.key).set(row.capacity)
-            allocated.labels(row.pool, row.key).set(row.allocated)
-            queued.labels(row.pool, row.key).set(row.queued_demand)
-        counts = await api_queries.request_counts(pool)
-        for status in STATUSES:
-            requests.labels(status).set(counts.get(status, 0))
+        from_db = CollectorRegistry(auto_describe=True)
+        try:
+            async with asyncio.timeout(10):
+                await _state_gauges(from_db, pool)
+                await tally.update(pool)
+            up.set(1)
+        except _DB_ERRORS as exc:
+            # Process metrics still answer; database gauges are left out rather than stale.
+            log.warning("metrics: cannot read the database (%s)", type(exc).__name__)
+            up.set(0)
+            from_db = CollectorRegistry(auto_describe=True)
         hub = notifier(state)
         waiters.set(hub.waiting)
         listener.set(1 if hub.healthy else 0)
         reconnects.set(hub.reconnects)
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        body = (
+            generate_latest(registry) + generate_latest(from_db) + generate_latest(tally.registry)
+        )
+        return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -10,6 +10,7 @@ from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter, SkipV
 from msgspec import UNSET
 
 from app.api.common import db, decode_body
+from app.api.errors import error_responses
 from app.api.schemas import PolicyCreate, PolicyUpdate
 from app.db import queries
 from app.db.queries import Policy
@@ -23,7 +24,7 @@ class PolicyController(Controller):
     path = "/v1/policies"
     tags = ["policies"]
 
-    @post("/", status_code=201, summary="Create a policy")
+    @post("/", status_code=201, summary="Create a policy", responses=error_responses(400, 404, 409))
     async def create_policy(
         self,
         state: State,
@@ -41,7 +42,11 @@ class PolicyController(Controller):
             description=body.description,
         )
 
-    @get("/", summary="List policies with usage and borrowed units")
+    @get(
+        "/",
+        summary="List policies with usage and borrowed units",
+        responses=error_responses(400, 404),
+    )
     async def list_policies(
         self,
         state: State,
@@ -50,11 +55,11 @@ class PolicyController(Controller):
     ) -> list[Policy]:
         return await queries.list_policies(db(state), pool=pool, subject=subject)
 
-    @get("/{ref:str}", summary="One policy")
+    @get("/{ref:str}", summary="One policy", responses=error_responses(400, 404))
     async def get_policy(self, state: State, ref: FromPath[str]) -> Policy:
         return await queries.get_policy(db(state), ref)
 
-    @patch("/{ref:str}", summary="Update a policy")
+    @patch("/{ref:str}", summary="Update a policy", responses=error_responses(400, 404, 409))
     async def update_policy(
         self,
         state: State,
@@ -72,7 +77,12 @@ class PolicyController(Controller):
             description=_unset_to_none(body.description),
         )
 
-    @delete("/{ref:str}", status_code=204, summary="Delete a policy (force cancels its requests)")
+    @delete(
+        "/{ref:str}",
+        status_code=204,
+        summary="Delete a policy (force cancels its requests)",
+        responses=error_responses(400, 404, 409),
+    )
     async def delete_policy(
         self, state: State, ref: FromPath[str], force: Annotated[bool, QueryParameter()] = False
     ) -> None:

@@ -10,6 +10,7 @@ from litestar.params import FromPath, JSONBody, QueryParameter, SkipValidation
 from msgspec import UNSET
 
 from app.api.common import db, decode_body
+from app.api.errors import error_responses
 from app.api.schemas import PoolCreate, PoolUpdate
 from app.db import queries
 from app.db.queries import Pool
@@ -23,7 +24,7 @@ class PoolController(Controller):
     path = "/v1/pools"
     tags = ["pools"]
 
-    @post("/", status_code=201, summary="Create a pool")
+    @post("/", status_code=201, summary="Create a pool", responses=error_responses(400, 409))
     async def create_pool(
         self,
         state: State,
@@ -40,15 +41,23 @@ class PoolController(Controller):
             preemption_grace_seconds=body.preemption_grace_seconds,
         )
 
-    @get("/", summary="List pools with usage and queued count")
+    @get("/", summary="List pools with usage and queued count", responses=error_responses())
     async def list_pools(self, state: State) -> list[Pool]:
         return await queries.list_pools(db(state))
 
-    @get("/{ref:str}", summary="One pool (name, id or unique id prefix)")
+    @get(
+        "/{ref:str}",
+        summary="One pool (name, id or unique id prefix)",
+        responses=error_responses(400, 404),
+    )
     async def get_pool(self, state: State, ref: FromPath[str]) -> Pool:
         return await queries.get_pool(db(state), ref)
 
-    @patch("/{ref:str}", summary="Update a pool (capacity merges; 0 removes a key)")
+    @patch(
+        "/{ref:str}",
+        summary="Update a pool (capacity merges; 0 removes a key)",
+        responses=error_responses(400, 404, 409),
+    )
     async def update_pool(
         self,
         state: State,
@@ -66,7 +75,12 @@ class PoolController(Controller):
             preemption_grace_seconds=_unset_to_none(body.preemption_grace_seconds),
         )
 
-    @delete("/{ref:str}", status_code=204, summary="Delete a pool (force cancels its requests)")
+    @delete(
+        "/{ref:str}",
+        status_code=204,
+        summary="Delete a pool (force cancels its requests)",
+        responses=error_responses(400, 404, 409),
+    )
     async def delete_pool(
         self, state: State, ref: FromPath[str], force: Annotated[bool, QueryParameter()] = False
     ) -> None:

@@ -13,15 +13,16 @@ from uuid import UUID
 import msgspec
 from litestar import Controller, Request, Response, delete, get, post
 from litestar.datastructures import State
+from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter, SkipValidation
 from msgspec import UNSET
 
 from app.api.auth import listing_patterns, require_subject
 from app.api.common import db, decode_body, notifier, settings
-from app.api.errors import ApiError
-from app.api.schemas import RequestCreate, RequestPage
+from app.api.errors import ApiError, error_responses
+from app.api.schemas import INT32_MAX, RequestCreate, RequestPage
 from app.db import queries
-from app.db.queries import Event
+from app.db.queries import Event, Status
 from app.db.queries import Request as ResourceRequest
 
 # A waiter re-reads its request at least this often, whatever the notifications do.
@@ -29,12 +30,19 @@ POLL_BACKSTOP = 2.0
 
 _Wait = Annotated[
     float | None,
-    QueryParameter(ge=0, description="Seconds to wait (capped by RESPOOL_MAX_WAIT)"),
+    QueryParameter(
+        ge=0,
+        description="Seconds to wait (capped by RESPOOL_MAX_WAIT)",
+        schema_extra={"minimum": 0},  # Litestar drops a bound of 0 from the document
+    ),
 ]
 _Attempt = Annotated[
     int | None,
-    QueryParameter(ge=1, description="Fencing: the attempt the client holds (409 if stale)"),
+    QueryParameter(
+        ge=1, le=INT32_MAX, description="Fencing: the attempt the client holds (409 if stale)"
+    ),
 ]
+_ACTION_ERRORS = error_responses(400, 404, 409)
 
 
 # --- cursors ---------------------------------------------------------------------------------
@@ -100,6 +108,14 @@ class RequestController(Controller):
     @post(
         "/",
         summary="Create a request (201; 200 when an idempotency key replays an earlier one)",
+        responses={
+            200: ResponseSpec(
+                ResourceRequest,
+                description="An earlier request with the same idempotency key and body",
+                generate_examples=False,
+            ),
+            **error_responses(400, 404, 422),
+        },
     )
     async def create_request(
         self,
@@ -143,15 +159,19 @@ class RequestController(Controller):
             )
         return Response(req, status_code=201 if created.created else 200)
 
-    @get("/", summary="List requests, newest first, in pages")
+    @get(
+        "/",
+        summary="List requests, newest first, in pages",
+        responses=error_responses(400, 404),
+    )
     async def list_requests(
         self,
         state: State,
         request: Request[Any, Any, Any],
         pool: FromQuery[str | None] = None,
         subject: FromQuery[str | None] = None,
-        status: FromQuery[str | None] = None,
-        limit: Annotated[int, QueryParameter(description="1..1000")] = 100,
+        status: FromQuery[Status | None] = None,
+        limit: Annotated[int, QueryParameter(ge=1, le=1000, description="Page size")] = 100,
         cursor: Annotated[
             str | None, QueryParameter(description="next_cursor of the last page")
         ] = None,
@@ -172,7 +192,11 @@ class RequestController(Controller):
             next_cursor = encode_cursor(last.created_at, last.id)
         return RequestPage(items=items, next_cursor=next_cursor)
 
-    @get("/{request_id:uuid}", summary="One request (long-poll with wait and version)")
+    @get(
+        "/{request_id:uuid}",
+        summary="One request (long-poll with wait and version)",
+        responses=error_responses(400, 404),
+    )
     async def get_request(
         self,
         state: State,
@@ -192,28 +216,47 @@ class RequestController(Controller):
             return req
         return await wait_for(state, request_id, seconds, lambda r: r.version != seen)
 
-    @post("/{request_id:uuid}/heartbeat", status_code=200, summary="Extend the lease")
+    @post(
+        "/{request_id:uuid}/heartbeat",
+        status_code=200,
+        summary="Extend the lease",
+        responses=_ACTION_ERRORS,
+    )
     async def heartbeat(
         self, state: State, request_id: FromPath[UUID], attempt: _Attempt = None
     ) -> ResourceRequest:
         return await queries.heartbeat_request(db(state), request_id, attempt=attempt)
 
-    @post("/{request_id:uuid}/release", status_code=200, summary="Release (queued: cancel)")
+    @post(
+        "/{request_id:uuid}/release",
+        status_code=200,
+        summary="Release (queued: cancel)",
+        responses=_ACTION_ERRORS,
+    )
     async def release(
         self, state: State, request_id: FromPath[UUID], attempt: _Attempt = None
     ) -> ResourceRequest:
         return await queries.release_request(db(state), request_id, attempt=attempt)
 
-    @post("/{request_id:uuid}/cancel", status_code=200, summary="Cancel")
+    @post("/{request_id:uuid}/cancel", status_code=200, summary="Cancel", responses=_ACTION_ERRORS)
     async def cancel(
         self, state: State, request_id: FromPath[UUID], attempt: _Attempt = None
     ) -> ResourceRequest:
         return await queries.cancel_request(db(state), request_id, attempt=attempt)
 
-    @delete("/{request_id:uuid}", status_code=204, summary="Delete a terminal request")
+    @delete(
+        "/{request_id:uuid}",
+        status_code=204,
+        summary="Delete a terminal request",
+        responses=error_responses(404, 409),
+    )
     async def delete_request(self, state: State, request_id: FromPath[UUID]) -> None:
         await queries.delete_request(db(state), request_id)
 
-    @get("/{request_id:uuid}/events", summary="The request's history")
+    @get(
+        "/{request_id:uuid}/events",
+        summary="The request's history",
+        responses=error_responses(404),
+    )
     async def events(self, state: State, request_id: FromPath[UUID]) -> list[Event]:
         return await queries.request_events(db(state), request_id)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
+from collections.abc import Iterator
 from types import FrameType
 
 import uvicorn
@@ -25,6 +28,22 @@ class ApiServer(uvicorn.Server):
     async def serve(self, sockets: list[object] | None = None) -> None:  # type: ignore[override]
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets=sockets)  # type: ignore[arg-type]
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's, except that a SIGTERM is not raised again after the graceful shutdown.
+
+        Raised again with its default action, it would kill the process before the ``atexit``
+        handlers run, and the embedded PostgreSQL (stopped by one of them) would be left running.
+        The process exits normally (status 0) instead. SIGINT is still raised again.
+        """
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                self._captured_signals[:] = [
+                    s for s in self._captured_signals if s != signal.SIGTERM
+                ]
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         super().handle_exit(sig, frame)

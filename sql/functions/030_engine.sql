@@ -49,17 +49,6 @@ END $$;
 COMMENT ON FUNCTION respool._set_status(uuid, text, text, text, timestamptz) IS
     'The only way a request changes status: bumps version, stamps finished_at, drops an earmark when it leaves the queue and a grace deadline when it leaves preempting, writes the event, notifies.';
 
-CREATE OR REPLACE FUNCTION respool._in_share(p_resources jsonb, p_pool_id uuid, p_policy_id uuid)
-RETURNS boolean LANGUAGE sql STABLE AS $$
-    SELECT coalesce(bool_and(coalesce(pol.used, 0) + x.value::bigint <= coalesce(pol.reserved, 0)), true)
-      FROM jsonb_each_text(p_resources) x
-      LEFT JOIN respool.pool_resources pr ON pr.pool_id = p_pool_id AND pr.key = x.key
-      LEFT JOIN respool.policy_resources pol ON pol.policy_id = p_policy_id AND pol.key = x.key
-     WHERE respool._effective_capacity(x.key, pr.capacity) IS NOT NULL
-$$;
-COMMENT ON FUNCTION respool._in_share(jsonb, uuid, uuid) IS
-    'True when the request fits entirely in its subject''s unused reserved share for every tracked key.';
-
 CREATE OR REPLACE FUNCTION respool._blocker(p_resources jsonb, p_preemptible boolean, p_pool_id uuid, p_policy_id uuid)
 RETURNS text LANGUAGE sql STABLE AS $$
     SELECT msg FROM (
@@ -152,12 +141,28 @@ CREATE OR REPLACE FUNCTION respool._queue_order(p_pool_id uuid)
 RETURNS TABLE (request_id uuid, policy_id uuid, subject text, priority integer, in_share boolean,
                queued_at timestamptz, "position" bigint)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-    SELECT e.request_id, e.policy_id, p.subject, p.priority, s.in_share, e.queued_at,
-           row_number() OVER (ORDER BY p.priority DESC, s.in_share DESC, e.queued_at, e.request_id)
+    -- In share: for every tracked key, the subject's used + the request <= its reserved share.
+    -- Each policy's unused share is read once, so an entry costs a few jsonb lookups.
+    WITH tracked AS (
+        SELECT coalesce(array_agg(key) FILTER (WHERE capacity IS NOT NULL), '{}') AS keys
+          FROM respool.pool_resources WHERE pool_id = p_pool_id
+    ), share AS (
+        SELECT p.id, p.subject, p.priority,
+               coalesce((SELECT jsonb_object_agg(pol.key, pol.reserved - pol.used)
+                           FROM respool.policy_resources pol WHERE pol.policy_id = p.id), '{}') AS room
+          FROM respool.policies p WHERE p.pool_id = p_pool_id
+    )
+    SELECT e.request_id, e.policy_id, sh.subject, sh.priority, s.in_share, e.queued_at,
+           row_number() OVER (ORDER BY sh.priority DESC, s.in_share DESC, e.queued_at, e.request_id)
       FROM respool.queue_entries e
-      JOIN respool.policies p ON p.id = e.policy_id
+      JOIN share sh ON sh.id = e.policy_id
       JOIN respool.requests r ON r.id = e.request_id
-     CROSS JOIN LATERAL (SELECT respool._in_share(r.resources, e.pool_id, e.policy_id) AS in_share) s
+     CROSS JOIN tracked t
+     CROSS JOIN LATERAL (
+            SELECT NOT EXISTS (
+                SELECT FROM jsonb_each_text(r.resources) x
+                 WHERE (x.key = ANY (t.keys) OR NOT respool._is_soft_key(x.key))
+                   AND x.value::bigint > coalesce((sh.room ->> x.key)::bigint, 0)) AS in_share) s
      WHERE e.pool_id = p_pool_id
      ORDER BY 7
 $$;
@@ -272,18 +277,26 @@ END $$;
 COMMENT ON FUNCTION respool._try_grant(uuid, uuid, uuid, timestamptz) IS
     'Grants one queued request in a pool whose row the caller has locked, if admissible: granted | blocked | locked | gone.';
 
-CREATE OR REPLACE FUNCTION respool._pool_saturated(p_pool_id uuid)
-RETURNS boolean LANGUAGE sql STABLE AS $$
-    SELECT EXISTS (SELECT FROM respool.pool_resources
-                    WHERE pool_id = p_pool_id AND key = 'step_run' AND used >= capacity)
+CREATE OR REPLACE FUNCTION respool._free_units(p_pool_id uuid)
+RETURNS jsonb LANGUAGE sql STABLE AS $$
+    SELECT coalesce(jsonb_object_agg(key, capacity - used), '{}')
+      FROM respool.pool_resources WHERE pool_id = p_pool_id AND capacity IS NOT NULL
 $$;
-COMMENT ON FUNCTION respool._pool_saturated(uuid) IS
-    'True when the pool tracks step_run and it is full: no request (all carry step_run: 1) can be granted.';
+COMMENT ON FUNCTION respool._free_units(uuid) IS 'Free units (capacity - used, may be negative after a shrink) per tracked key of a pool.';
+
+CREATE OR REPLACE FUNCTION respool._fits_free(p_resources jsonb, p_free jsonb)
+RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT NOT EXISTS (SELECT FROM jsonb_each_text(p_resources) x
+                        WHERE p_free ? x.key AND x.value::bigint > (p_free ->> x.key)::bigint)
+$$;
+COMMENT ON FUNCTION respool._fits_free(jsonb, jsonb) IS
+    'Admission rule 1 alone against a _free_units map (keys the map lacks are not checked): a cheap necessary condition before the full check.';
 
 CREATE OR REPLACE FUNCTION respool.allocate_pool(p_pool_id uuid, p_now timestamptz DEFAULT now())
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     v_queueing text;
+    v_free jsonb;
     e record;
     outcome text;
     granted integer := 0;
@@ -303,11 +316,20 @@ BEGIN
             granted := granted + 1;
         END IF;
     END LOOP;
-    FOR e IN SELECT * FROM respool._queue_order(p_pool_id) LOOP
-        EXIT WHEN respool._pool_saturated(p_pool_id);
+    v_free := respool._free_units(p_pool_id);
+    FOR e IN SELECT q.*, r.resources FROM respool._queue_order(p_pool_id) q
+               JOIN respool.requests r ON r.id = q.request_id ORDER BY q.position LOOP
+        -- Every request carries step_run: 1, so a full tracked step_run ends the pass.
+        EXIT WHEN (v_free ->> 'step_run')::bigint <= 0;
+        -- Free units only shrink during a pass: a request that fails rule 1 now stays blocked.
+        IF NOT respool._fits_free(e.resources, v_free) THEN
+            EXIT WHEN v_queueing = 'strict';
+            CONTINUE;
+        END IF;
         outcome := respool._try_grant(e.request_id, p_pool_id, e.policy_id, p_now);
         IF outcome = 'granted' THEN
             granted := granted + 1;
+            v_free := respool._free_units(p_pool_id);
         ELSIF outcome IN ('blocked', 'locked') AND v_queueing = 'strict' THEN
             EXIT;
         END IF;

@@ -217,75 +217,151 @@ END $$;
 COMMENT ON FUNCTION respool._choose_victims(uuid, respool.requests, uuid, text) IS
     'The victim set for a queued request blocked by pool capacity (SPEC §5): reclaim takes other subjects'' preemptible allocations above their reserved share (and, for a non-preemptible request, its own subject''s preemptible work first); priority takes strictly lower-priority borrowers. Victim order: lowest priority, then most recently allocated; the walk stops once the request fits and unneeded victims are dropped. {} when it already fits, NULL when no set makes it fit.';
 
+CREATE OR REPLACE FUNCTION respool._borrowers(p_pool_id uuid)
+RETURNS jsonb LANGUAGE sql STABLE AS $$
+    -- Only these subjects can lose work to reclaim or priority preemption.
+    SELECT coalesce(jsonb_object_agg(p.id, p.priority), '{}')
+      FROM respool.policies p
+     WHERE p.pool_id = p_pool_id
+       AND EXISTS (SELECT FROM respool.policy_resources pol JOIN respool.pool_resources pr
+                            ON pr.pool_id = p_pool_id AND pr.key = pol.key AND pr.capacity IS NOT NULL
+                    WHERE pol.policy_id = p.id AND pol.used > pol.reserved)
+       AND EXISTS (SELECT FROM respool.requests q
+                    WHERE q.pool_id = p_pool_id AND q.policy_id = p.id AND q.status = 'allocated'
+                      AND q.preemptible)
+$$;
+COMMENT ON FUNCTION respool._borrowers(uuid) IS
+    '{policy id: priority} of the pool''s subjects that hold preemptible work and use more than their reserved share of a tracked key.';
+
+CREATE OR REPLACE FUNCTION respool._headroom(p_pool_id uuid, p_column text)
+RETURNS jsonb LANGUAGE sql STABLE AS $$
+    -- {policy id: {key: room}}: room under the limit (p_column 'limit') or under the reserved
+    -- share for non-preemptible work (p_column 'np').
+    SELECT coalesce(jsonb_object_agg(policy_id, room), '{}') FROM (
+        SELECT pol.policy_id,
+               jsonb_object_agg(pol.key, CASE p_column WHEN 'limit' THEN pol."limit" - pol.used
+                                                       ELSE pol.reserved - pol.np_used END) AS room
+          FROM respool.policy_resources pol JOIN respool.policies p ON p.id = pol.policy_id
+         WHERE p.pool_id = p_pool_id AND (p_column <> 'limit' OR pol."limit" IS NOT NULL)
+         GROUP BY pol.policy_id) x
+$$;
+COMMENT ON FUNCTION respool._headroom(uuid, text) IS
+    'Per policy of a pool and key: units left under its limit, or under its reserved share for non-preemptible work.';
+
+CREATE OR REPLACE FUNCTION respool._within(p_resources jsonb, p_room jsonb, p_keys_of_room boolean)
+RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    -- p_keys_of_room: check every key of p_room (limits bind even keys the request lacks);
+    -- otherwise check the request's keys that p_room lists (a missing key means room 0).
+    SELECT CASE WHEN p_keys_of_room
+                THEN NOT EXISTS (SELECT FROM jsonb_each_text(coalesce(p_room, '{}')) m
+                                  WHERE coalesce((p_resources ->> m.key)::bigint, 0) > m.value::bigint)
+                ELSE NOT EXISTS (SELECT FROM jsonb_each_text(p_resources) x
+                                  WHERE x.value::bigint > coalesce((p_room ->> x.key)::bigint, 0))
+           END
+$$;
+COMMENT ON FUNCTION respool._within(jsonb, jsonb, boolean) IS 'True when every amount fits the room map (see _headroom).';
+
 CREATE OR REPLACE FUNCTION respool._preempt_for_queue(p_pool_id uuid, p_now timestamptz,
                                                       OUT preempted integer, OUT allocated integer,
                                                       OUT rejected integer)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_queueing text := (SELECT queueing FROM respool.pools WHERE id = p_pool_id);
-    e record;
-    r respool.requests;
+    v_free jsonb;        -- effective free units per tracked key
+    v_limits jsonb;      -- policy -> key -> room under the limit
+    v_np jsonb;          -- policy -> tracked key -> room for non-preemptible work
+    v_borrowers jsonb;   -- policy -> priority, for subjects that can lose work
+    v_own jsonb;         -- policy -> true, for subjects holding preemptible work
+    v_failed text[] := '{}';  -- shapes no victim set can help, until something changes
+    v_changed boolean := false;
+    v_strict_blocked boolean := false;
     v_mode text;
+    v_shape text;
     v_victims uuid[];
     v_victim uuid;
-    v_subjects text;
-    v_strict_blocked boolean := false;
+    e record;
 BEGIN
     preempted := 0; allocated := 0; rejected := 0;
-    -- Cheap exit: nothing preemptible is held in the pool.
     IF NOT EXISTS (SELECT FROM respool.requests
                     WHERE pool_id = p_pool_id AND status = 'allocated' AND preemptible) THEN
-        RETURN;
+        RETURN;  -- nothing preemptible is held in the pool
     END IF;
-    FOR e IN SELECT * FROM respool._queue_order(p_pool_id) LOOP
-        SELECT * INTO r FROM respool.requests WHERE id = e.request_id AND status = 'queued';
-        CONTINUE WHEN NOT FOUND OR r.earmark_pool_id IS NOT NULL;
-        -- Only a request that rules 2 and 3 admit and that rule 1 (pool full) blocks.
-        CONTINUE WHEN EXISTS (SELECT FROM respool.policy_resources l
-                               WHERE l.policy_id = e.policy_id AND l."limit" IS NOT NULL
-                                 AND l.used + coalesce((r.resources ->> l.key)::bigint, 0) > l."limit");
-        IF r.preemptible THEN
-            -- In share now (earlier grants of this pass may have changed it since the queue was read).
-            v_mode := CASE WHEN respool._in_share(r.resources, p_pool_id, e.policy_id) THEN 'reclaim'
-                           ELSE 'priority' END;
-        ELSE
-            CONTINUE WHEN EXISTS (
-                SELECT FROM jsonb_each_text(r.resources) x
-                  JOIN respool.pool_resources pr ON pr.pool_id = p_pool_id AND pr.key = x.key AND pr.capacity IS NOT NULL
-                  LEFT JOIN respool.policy_resources pol ON pol.policy_id = e.policy_id AND pol.key = x.key
-                 WHERE coalesce(pol.np_used, 0) + x.value::bigint > coalesce(pol.reserved, 0));
-            v_mode := 'reclaim';  -- rule 3 holds: a non-preemptible request is always in its share here
-        END IF;
-        -- In a strict pool, once a request could not be helped, only reclaim (the reserved-share
-        -- guarantee) may still act for the requests behind it.
-        CONTINUE WHEN v_strict_blocked AND v_mode = 'priority';
-        v_victims := respool._choose_victims(p_pool_id, r, e.policy_id, v_mode);
-        IF v_victims IS NULL THEN
-            v_strict_blocked := v_queueing = 'strict';
-            CONTINUE;
-        END IF;
-        CONTINUE WHEN cardinality(v_victims) = 0;  -- fits already: step 4 grants it in order
-        -- Lock the requester before touching any victim; another pool's pass may hold it.
-        PERFORM 1 FROM respool.requests WHERE id = r.id AND status = 'queued' FOR UPDATE SKIP LOCKED;
-        CONTINUE WHEN NOT FOUND;
-        SELECT string_agg(DISTINCT p.subject, ', ') INTO v_subjects
-          FROM respool.requests q JOIN respool.policies p ON p.id = q.policy_id WHERE q.id = ANY (v_victims);
-        FOREACH v_victim IN ARRAY v_victims LOOP
-            IF respool._preempt(v_victim, v_mode,
-                                format('preempted (%s) for request %s of %s', v_mode, r.id, r.subject), p_now)
-               = 'rejected' THEN
-                rejected := rejected + 1;
+    <<refresh>>
+    LOOP
+        SELECT coalesce(jsonb_object_agg(pr.key, pr.capacity - (u.value)::bigint), '{}') INTO v_free
+          FROM respool.pool_resources pr
+          JOIN jsonb_each_text(respool._effective_used(p_pool_id)) u ON u.key = pr.key
+         WHERE pr.pool_id = p_pool_id AND pr.capacity IS NOT NULL;
+        v_limits := respool._headroom(p_pool_id, 'limit');
+        v_np := respool._headroom(p_pool_id, 'np');
+        v_borrowers := respool._borrowers(p_pool_id);
+        SELECT coalesce(jsonb_object_agg(DISTINCT policy_id, true), '{}') INTO v_own
+          FROM respool.requests WHERE pool_id = p_pool_id AND status = 'allocated' AND preemptible;
+        EXIT refresh WHEN v_borrowers = '{}' AND v_own = '{}';
+        v_changed := false;
+        v_strict_blocked := false;
+        -- Candidates, filtered in one query: rule 1 blocks them (counting units already leaving),
+        -- rules 2 and 3 admit them, and some subject could lose work to them: for reclaim
+        -- (in share, or non-preemptible) another borrower or, for non-preemptible work, its own
+        -- preemptible work; for priority (a preemptible borrower) a lower-priority borrower.
+        FOR e IN SELECT q.*, r.resources, r.preemptible, m.mode
+                   FROM respool._queue_order(p_pool_id) q
+                   JOIN respool.requests r ON r.id = q.request_id
+                  CROSS JOIN LATERAL (SELECT CASE WHEN q.in_share OR NOT r.preemptible THEN 'reclaim'
+                                                  ELSE 'priority' END AS mode) m
+                  WHERE r.earmark_pool_id IS NULL
+                    AND NOT respool._fits_free(r.resources, v_free)
+                    AND respool._within(r.resources, v_limits -> q.policy_id::text, true)
+                    AND (r.preemptible OR respool._within(
+                            (SELECT jsonb_object_agg(x.key, x.value) FROM jsonb_each(r.resources) x
+                              WHERE v_free ? x.key), v_np -> q.policy_id::text, false))
+                    AND CASE m.mode
+                          WHEN 'reclaim' THEN (NOT r.preemptible AND v_own ? q.policy_id::text)
+                                              OR EXISTS (SELECT FROM jsonb_object_keys(v_borrowers) b
+                                                          WHERE b <> q.policy_id::text)
+                          ELSE EXISTS (SELECT FROM jsonb_each_text(v_borrowers) b
+                                        WHERE b.key <> q.policy_id::text AND b.value::integer < q.priority)
+                        END
+                  ORDER BY q.position LOOP
+            v_mode := e.mode;
+            -- In a strict pool, once a request could not be helped, only reclaim (the reserved
+            -- share guarantee) still acts for the requests behind it.
+            CONTINUE WHEN v_strict_blocked AND v_mode = 'priority';
+            v_shape := concat_ws('|', e.policy_id, v_mode, e.preemptible, e.resources);
+            CONTINUE WHEN v_shape = ANY (v_failed);
+            v_victims := respool._choose_victims(p_pool_id, (SELECT r FROM respool.requests r WHERE r.id = e.request_id),
+                                                 e.policy_id, v_mode);
+            IF v_victims IS NULL THEN
+                v_failed := v_failed || v_shape;
+                v_strict_blocked := v_queueing = 'strict';
+                CONTINUE;
             END IF;
-            preempted := preempted + 1;
+            CONTINUE WHEN cardinality(v_victims) = 0;  -- fits already: step 4 grants it in order
+            -- Lock the requester before touching any victim; another pool's pass may hold it.
+            PERFORM 1 FROM respool.requests WHERE id = e.request_id AND status = 'queued' FOR UPDATE SKIP LOCKED;
+            CONTINUE WHEN NOT FOUND;
+            FOREACH v_victim IN ARRAY v_victims LOOP
+                IF respool._preempt(v_victim, v_mode,
+                                    format('preempted (%s) for request %s of %s', v_mode, e.request_id, e.subject),
+                                    p_now) = 'rejected' THEN
+                    rejected := rejected + 1;
+                END IF;
+                preempted := preempted + 1;
+            END LOOP;
+            IF respool._try_grant(e.request_id, p_pool_id, e.policy_id, p_now) = 'granted' THEN
+                allocated := allocated + 1;
+            ELSIF EXISTS (SELECT FROM respool.requests WHERE pool_id = p_pool_id AND status = 'preempting') THEN
+                -- Victims in their grace period still hold the units: keep them for this request.
+                UPDATE respool.requests SET earmark_pool_id = p_pool_id WHERE id = e.request_id;
+            ELSE
+                RAISE EXCEPTION 'request % does not fit after preempting %', e.request_id, v_victims
+                    USING ERRCODE = 'RP500';
+            END IF;
+            v_changed := true;
+            v_failed := '{}';
+            EXIT;  -- the queue order, free units and borrowers changed: read them again
         END LOOP;
-        IF respool._try_grant(r.id, p_pool_id, e.policy_id, p_now) = 'granted' THEN
-            allocated := allocated + 1;
-        ELSIF EXISTS (SELECT FROM respool.requests WHERE pool_id = p_pool_id AND status = 'preempting') THEN
-            -- Victims in their grace period still hold the units: keep them for r.
-            UPDATE respool.requests SET earmark_pool_id = p_pool_id WHERE id = r.id;
-        ELSE
-            RAISE EXCEPTION 'request % does not fit after preempting %', r.id, v_victims USING ERRCODE = 'RP500';
-        END IF;
+        EXIT refresh WHEN NOT v_changed;
     END LOOP;
 END $$;
 COMMENT ON FUNCTION respool._preempt_for_queue(uuid, timestamptz) IS

@@ -44,7 +44,9 @@ class _TestServer(ApiServer):
 
 
 @contextlib.asynccontextmanager
-async def running_server(db_url: str, **overrides: Any) -> AsyncIterator[Server]:
+async def running_server(
+    db_url: str, *, with_reconciler: bool = False, **overrides: Any
+) -> AsyncIterator[Server]:
     """The API on a free loopback port, served by uvicorn in the current event loop.
 
     Auth is off unless ``overrides`` say otherwise (``auth="on"``, ``admin_token=...``):
@@ -59,8 +61,10 @@ async def running_server(db_url: str, **overrides: Any) -> AsyncIterator[Server]
             **overrides,
         }
     )
-    app = create_app(settings)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    app = create_app(settings, with_reconciler=with_reconciler)
+    # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY on accepted connections only when the listening
+    # socket says it is TCP; with proto 0, Nagle + delayed ACK add ~40 ms to every answer.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

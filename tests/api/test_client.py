@@ -192,8 +192,17 @@ async def test_cancel_from_outside_signals_preemption(server: Server) -> None:
     assert await _usage(server) == {}
 
 
-async def test_preempted_in_sql_signals_preemption_async(server: Server) -> None:
-    await pool_with_policy(server.client)
+async def test_reclaim_with_a_grace_period_signals_preemption_async(server: Server) -> None:
+    """The reconciler preempts the step (prod reclaims its reserved GPU): the heartbeat tells
+    the client, the callback fires, and leaving the block releases the units to prod."""
+    await pool_with_policy(server.client, capacity={"gpu": 1})
+    ok(await server.client.patch("/v1/pools/p", json={"preemption_grace_seconds": 30}))
+    ok(
+        await server.client.post(
+            "/v1/policies", json={"subject": "prod", "pool": "p", "reserved": {"gpu": 1}}
+        ),
+        201,
+    )
     fired = asyncio.Event()
 
     async def on_preempted(grant: Grant) -> None:
@@ -205,21 +214,26 @@ async def test_preempted_in_sql_signals_preemption_async(server: Server) -> None
             "team", resources={"gpu": 1}, heartbeat_interval=0.1, on_preempted=on_preempted
         ) as grant,
     ):
+        prod = ok(
+            await server.client.post(
+                "/v1/requests", json={"subject": "prod", "resources": {"gpu": 1}}
+            ),
+            201,
+        )
         conn = await asyncpg.connect(server.db_url)
         try:
             await conn.execute(
-                "SELECT respool._set_status($1, 'preempting', 'preempted_by_priority',"
-                " 'test', now())",
-                grant.request_id,
+                "SELECT respool.reconcile_pool(id) FROM respool.pools WHERE name = 'p'"
             )
         finally:
             await conn.close()
         await asyncio.wait_for(fired.wait(), 5)
         assert grant.preempted and grant.status == "preempting"
-        assert grant.reason == "preempted_by_priority"
-    # Released while preempting: it ends preempted, and its units are back.
+        assert grant.reason == "reclaim"
+        assert await _status(server, prod["id"]) == "queued"  # the units are earmarked for it
+    # Released while preempting: it ends preempted, and its units go to prod at once.
     assert await _status(server, grant.request_id) == "preempted"
-    assert await _usage(server) == {}
+    assert await _status(server, prod["id"]) == "allocated"
 
 
 # --- async twin ----------------------------------------------------------------------------------

@@ -16,6 +16,13 @@ The model (this file only):
   the pool: ``best_effort`` grants whatever fits in order, ``strict`` stops at the first request
   that does not fit (and a pool whose tracked ``step_run`` is full grants nothing).
 
+Reconciler (SPEC §5, grace period 0): requests may carry a lease (renewed by heartbeats) and
+retries; a ``reconcile`` rule runs ``respool.reconcile_pool`` at the machine's clock and the
+model mirrors its pass: lapsed leases expire, then the queue is walked for requests that only the
+pool's capacity blocks (reclaim when in share or non-preemptible, priority preemption for
+preemptible borrowers), victims chosen in victim order with the minimal set, the requester
+granted in the same pass, then a full allocation. A heartbeat on a lapsed lease expires it.
+
 The engine only tries the new request on a create in a best_effort pool and does not re-run a
 best_effort pool when a queued request leaves; that is equivalent because after any pass no
 queued request of a best_effort pool is admissible and neither event frees units. The model
@@ -103,6 +110,11 @@ class MRequest:
     preemptible: bool
     status: str
     reason: str | None = None
+    lease_seconds: int | None = None
+    max_retries: int = 0
+    attempt: int = 1
+    lease_expires: int | None = None  # machine clock, seconds
+    allocated_at: int = 0
 
 
 class Model:
@@ -111,6 +123,8 @@ class Model:
         self.policies: dict[tuple[str, str], MPolicy] = {}
         self.requests: dict[str, MRequest] = {}
         self.grants: Counter[str] = Counter()  # grants by what triggered the pass
+        self.now = 0  # the machine clock (seconds after CLOCK0) of the step being applied
+        self.preempted: Counter[str] = Counter()  # preemptions by mode
 
     # admission ---------------------------------------------------------------------------------
 
@@ -167,14 +181,18 @@ class Model:
             if not r.preemptible and pool.cap(k) is not None:
                 pol.np_used[k] += sign * n
 
+    def _grant(self, r: MRequest) -> None:
+        self._charge(r, +1)
+        r.status, r.reason, r.allocated_at = "allocated", None, self.now
+        r.lease_expires = None if r.lease_seconds is None else self.now + r.lease_seconds
+
     def allocate(self, pool_name: str, trigger: str) -> None:
         pool = self.pools[pool_name]
         for r in self.queue(pool_name):  # order fixed at the start of the pass
             if "step_run" in pool.capacity and pool.used["step_run"] >= pool.capacity["step_run"]:
                 break
             if self.admissible(r):
-                self._charge(r, +1)
-                r.status = "allocated"
+                self._grant(r)
                 self.grants[trigger] += 1
             elif pool.queueing == "strict":
                 break
@@ -192,12 +210,134 @@ class Model:
                reason_if_held: str | None) -> None:
         if r.status == "allocated":
             self._charge(r, -1)
-            r.status, r.reason = to, reason_if_held
+            r.status, r.reason, r.lease_expires = to, reason_if_held, None
         elif r.status == "queued":
             r.status, r.reason = "cancelled", reason_if_queued
         else:
             return
         self.allocate(r.pool, to)
+
+    def heartbeat(self, r: MRequest) -> None:
+        if r.status != "allocated" or r.lease_expires is None:
+            return
+        if r.lease_expires <= self.now:  # lapsed: expired, never revived
+            self.finish(r, "expired", "", "lease_expired")
+        else:
+            r.lease_expires = self.now + (r.lease_seconds or 0)
+
+    # the reconciler ----------------------------------------------------------------------------
+
+    def tracked(self, pool: MPool, r: MRequest) -> dict[str, int]:
+        return {k: n for k, n in r.resources.items() if pool.cap(k) is not None}
+
+    def borrowing(self, pol: MPolicy) -> bool:
+        pool = self.pools[pol.pool]
+        return any(n > pol.reserved.get(k, 0) for k, n in pol.used.items()
+                   if pool.cap(k) is not None)
+
+    def holders(self, pool_name: str) -> list[MRequest]:
+        return [r for r in self.requests.values()
+                if r.pool == pool_name and r.status == "allocated" and r.preemptible]
+
+    def choose_victims(self, r: MRequest, mode: str) -> list[MRequest] | None:
+        pool, pol = self.pools[r.pool], self.policies[(r.subject, r.pool)]
+        deficit = {k: pool.used[k] + n - pool.capacity[k]
+                   for k, n in r.resources.items() if k in pool.capacity}
+        if all(d <= 0 for d in deficit.values()):
+            return []
+        over = {(p.subject, k): p.used[k] - p.reserved.get(k, 0)
+                for p in self.policies.values() if p.pool == r.pool for k in deficit}
+        def allowed(v: MRequest) -> bool:
+            vp = self.policies[(v.subject, v.pool)]
+            if mode == "reclaim":
+                return v.subject != r.subject or not r.preemptible
+            return vp.priority < pol.priority and v.subject != r.subject
+        candidates = sorted((v for v in self.holders(r.pool) if allowed(v)), key=lambda v: (
+            v.subject != r.subject, self.policies[(v.subject, v.pool)].priority,
+            -v.allocated_at, tuple(-b for b in bytes.fromhex(v.id.replace("-", "")))))
+        chosen: list[MRequest] = []
+        for v in candidates:
+            if not any(n > 0 and deficit.get(k, 0) > 0
+                       and (v.subject == r.subject or over.get((v.subject, k), 0) > 0)
+                       for k, n in v.resources.items()):
+                continue
+            chosen.append(v)
+            for k, n in v.resources.items():
+                if k in deficit:
+                    deficit[k] -= n
+                    over[(v.subject, k)] = over.get((v.subject, k), 0) - n
+            if all(d <= 0 for d in deficit.values()):
+                break
+        if any(d > 0 for d in deficit.values()):
+            return None
+        for v in reversed(list(chosen)):
+            if all(deficit[k] + n <= 0 for k, n in v.resources.items() if k in deficit):
+                for k, n in v.resources.items():
+                    if k in deficit:
+                        deficit[k] += n
+                chosen.remove(v)
+        return chosen
+
+    def preempt_candidate(self, r: MRequest) -> str | None:
+        """The mode if rule 1 alone blocks r and some subject could lose work to it."""
+        pool, pol = self.pools[r.pool], self.policies[(r.subject, r.pool)]
+        if all(pool.used[k] + n <= pool.capacity[k]
+               for k, n in r.resources.items() if k in pool.capacity):
+            return None
+        if any(r.resources.get(k, 0) > lim - pol.used[k] for k, lim in pol.limit.items()):
+            return None
+        if not r.preemptible and any(n > pol.reserved.get(k, 0) - pol.np_used[k]
+                                     for k, n in r.resources.items() if k in pool.capacity):
+            return None
+        mode = "reclaim" if self.in_share(r) or not r.preemptible else "priority"
+        holders = self.holders(r.pool)
+        borrowers = [p for p in self.policies.values() if p.pool == r.pool
+                     and self.borrowing(p) and any(h.subject == p.subject for h in holders)]
+        if mode == "reclaim":
+            own = not r.preemptible and any(h.subject == r.subject for h in holders)
+            helped = own or any(p.subject != r.subject for p in borrowers)
+        else:
+            helped = any(p.subject != r.subject and p.priority < pol.priority for p in borrowers)
+        return mode if helped else None
+
+    def preempt(self, v: MRequest, mode: str) -> None:
+        self._charge(v, -1)
+        v.status, v.reason, v.lease_expires = "preempted", mode, None
+        self.preempted[mode] += 1
+        if v.attempt <= v.max_retries:
+            v.attempt += 1
+            v.status, v.reason = "queued", "retry"
+            if (reason := self.rejection(v)) is not None:
+                v.status, v.reason = "rejected", reason
+
+    def reconcile(self, pool_name: str) -> None:
+        pool = self.pools[pool_name]
+        for r in self.requests.values():
+            if (r.pool == pool_name and r.status == "allocated" and r.lease_expires is not None
+                    and r.lease_expires <= self.now):
+                self._charge(r, -1)
+                r.status, r.reason, r.lease_expires = "expired", "lease_expired", None
+        changed = True
+        while changed and self.holders(pool_name):
+            changed, blocked = False, False
+            for r in self.queue(pool_name):
+                mode = self.preempt_candidate(r)
+                if mode is None or (blocked and mode == "priority"):
+                    continue
+                victims = self.choose_victims(r, mode)
+                if victims is None:
+                    blocked = pool.queueing == "strict"
+                    continue
+                if not victims:
+                    continue
+                for v in victims:
+                    self.preempt(v, mode)
+                assert self.admissible(r)
+                self._grant(r)
+                self.grants["reconcile"] += 1
+                changed = True
+                break
+        self.allocate(pool_name, "reconcile")
 
     def resize(self, pool_name: str, key: str, capacity: int) -> None:
         self.pools[pool_name].capacity[key] = capacity
@@ -246,9 +386,13 @@ class LoopThread:
         self.loop.close()
 
 
+Shape = tuple[str, str, dict[str, int], bool, int | None, int]
+
+
 @st.composite
-def request_st(draw: st.DrawFn) -> tuple[str, str, dict[str, int], bool]:
-    """(subject, pool, resources, preemptible): mostly admissible-looking, some rejections."""
+def request_st(draw: st.DrawFn) -> Shape:
+    """(subject, pool, resources, preemptible, lease seconds, max retries): mostly
+    admissible-looking, some rejections."""
     subject, pool = draw(st.sampled_from([
         ("s1", "pa"), ("s2", "pa"), ("s3", "pa"), ("s1", "pb"), ("s2", "pb"),
     ] * 3 + [("s3", "pb")]))  # s3 has no policy on pb: no_policy
@@ -256,7 +400,9 @@ def request_st(draw: st.DrawFn) -> tuple[str, str, dict[str, int], bool]:
     # tpu is a custom key only pa tracks (pool_missing_key on pb, now and then).
     resources["tpu"] = draw(st.sampled_from([0, 0, 0, 1, 2] if pool == "pa" else [0] * 9 + [1]))
     resources["mcpu"] = draw(st.sampled_from([0, 0, 500, 1500]))
-    return subject, pool, resources, draw(st.sampled_from([True, True, True, False]))
+    preemptible = draw(st.sampled_from([True, True, True, False]))
+    lease = draw(st.sampled_from([None, None, 2, 4]))  # the clock moves 1 s per step
+    return subject, pool, resources, preemptible, lease, draw(st.sampled_from([0, 0, 1]))
 
 
 class EngineMachine(RuleBasedStateMachine):
@@ -275,6 +421,7 @@ class EngineMachine(RuleBasedStateMachine):
 
     def now(self) -> datetime:
         self.seq += 1
+        self.model.now = self.seq
         return CLOCK0 + timedelta(seconds=self.seq)
 
     @initialize(
@@ -319,31 +466,44 @@ class EngineMachine(RuleBasedStateMachine):
     # rules -------------------------------------------------------------------------------------
 
     @rule(request=request_st())
-    def create(self, request: tuple[str, str, dict[str, int], bool]) -> None:
+    def create(self, request: Shape) -> None:
         self._create(*request)
 
     @rule(request=request_st())
-    def create_more(self, request: tuple[str, str, dict[str, int], bool]) -> None:
+    def create_more(self, request: Shape) -> None:
         self._create(*request)
 
     @rule(request=request_st())
-    def create_even_more(self, request: tuple[str, str, dict[str, int], bool]) -> None:
+    def create_even_more(self, request: Shape) -> None:
         self._create(*request)
 
-    def _create(self, subject: str, pool: str, resources: dict[str, int],
-                preemptible: bool) -> None:
+    def _create(self, subject: str, pool: str, resources: dict[str, int], preemptible: bool,
+                lease: int | None, retries: int) -> None:
         now = self.now()
         row = self.runner.run(self.conn.fetchrow(
             "SELECT created, request FROM respool.create_request(p_subject => $1, p_pool => $2,"
-            " p_resources => $3, p_preemptible => $4, p_now => $5)",
-            subject, pool, resources, preemptible, now))
+            " p_resources => $3, p_preemptible => $4, p_now => $5, p_lease_seconds => $6,"
+            " p_max_retries => $7)",
+            subject, pool, resources, preemptible, now, lease, retries))
         assert row["created"]
         doc = row["request"]
         amounts = {k: v for k, v in resources.items() if v} | {"step_run": 1}
         assert doc["resources"] == amounts
         self.model.create(MRequest(doc["id"], self.seq, subject, pool, amounts, preemptible,
-                                   "queued"))
+                                   "queued", lease_seconds=lease, max_retries=retries))
         self.stats[f"create:{doc['status']}"] += 1
+
+    @rule(where=st.sampled_from([("pa", "s1"), ("pa", "s2"), ("pa", "s3"), ("pb", "s1"),
+                                 ("pb", "s2")]),
+          lease=st.sampled_from([None, 3]), retries=st.sampled_from([0, 1]))
+    def borrow_the_rest(self, where: tuple[str, str], lease: int | None, retries: int) -> None:
+        """One subject takes every free GPU, so later requests have work to reclaim or, at a
+        higher priority, to preempt."""
+        pool, subject = where
+        mpool = self.model.pools[pool]
+        free = mpool.capacity["gpu"] - mpool.used["gpu"]
+        if free > 0:
+            self._create(subject, pool, {"gpu": free}, True, lease, retries)
 
     def _live(self) -> list[str]:
         return [r.id for r in sorted(self.model.requests.values(), key=lambda r: r.seq)
@@ -364,6 +524,26 @@ class EngineMachine(RuleBasedStateMachine):
         self.sql("SELECT respool.cancel_request(p_id => $1::uuid, p_now => $2)", rid, self.now())
         self.model.finish(self.model.requests[rid], "cancelled", "cancelled", "cancelled")
         self.stats["cancel"] += 1
+
+    @precondition(lambda self: bool(self._live()))
+    @rule(data=st.data())
+    def heartbeat(self, data: st.DataObject) -> None:
+        rid = data.draw(st.sampled_from(self._live()), label="request")
+        self.sql("SELECT respool.heartbeat_request(p_id => $1::uuid, p_now => $2)", rid,
+                 self.now())
+        self.model.heartbeat(self.model.requests[rid])
+        self.stats["heartbeat"] += 1
+
+    @rule(pool=st.sampled_from(POOL_NAMES))
+    def reconcile(self, pool: str) -> None:
+        self.sql("SELECT respool.reconcile_pool("
+                 "(SELECT id FROM respool.pools WHERE name = $1), $2)", pool, self.now())
+        self.model.reconcile(pool)
+        self.stats["reconcile"] += 1
+
+    @rule(pool=st.sampled_from(POOL_NAMES))
+    def reconcile_again(self, pool: str) -> None:
+        self.reconcile(pool)
 
     @rule(data=st.data())
     def change_pool_or_policy(self, data: st.DataObject) -> None:
@@ -402,6 +582,8 @@ class EngineMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         for trigger, n in self.model.grants.items():
             self.stats[f"granted_after_{trigger}"] += n
+        for mode, n in self.model.preempted.items():
+            self.stats[f"preempted_{mode}"] += n
 
     @invariant()
     def engine_matches_model(self) -> None:

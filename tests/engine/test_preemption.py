@@ -185,8 +185,10 @@ async def test_victim_history_and_message(conn: asyncpg.Connection) -> None:
     assert (victim.reason, victim.finished_at is not None) == ("reclaim", True)
     assert str(ids["p1"]) in victim.message and "prod" in victim.message
     assert await events(conn, ids["d3"]) == [
-        (None, "queued", None), ("queued", "allocated", None), ("allocated", "preempted", "reclaim"),
-    ]  # fmt: skip
+        (None, "queued", None),
+        ("queued", "allocated", None),
+        ("allocated", "preempted", "reclaim"),
+    ]
 
 
 async def test_capacity_shrink_preempts_lowest_priority_newest_first(

@@ -1,0 +1,67 @@
+"""``POST /v1/apply``: declarative pools and policies in one transaction (admin only).
+
+With ``dry_run`` the whole apply runs, including the engine's grants, rejections and (when the
+reconciler function exists) preemptions, and is then rolled back: the answer is the plan and
+its consequences, and nothing changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import asyncpg
+from litestar import Controller, Request, post
+from litestar.connection import ASGIConnection
+from litestar.datastructures import State
+from litestar.handlers.base import BaseRouteHandler
+from litestar.params import JSONBody, SkipValidation
+
+from app.api.auth import AuthError, Principal
+from app.api.common import db, decode_body
+from app.api.errors import ApiError
+from app.db.apply import Plan, apply_manifest
+from app.manifest import Manifest, duplicate_names
+
+__all__ = ["ApplyController", "ApplyRequest"]
+
+
+class ApplyRequest(Manifest, forbid_unknown_fields=True, kw_only=True):
+    """A manifest plus how to apply it."""
+
+    prune: bool = False
+    dry_run: bool = False
+    force: bool = False
+
+
+async def admin_only(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    """Apply can delete pools: only an admin may call it, also for a dry run."""
+    principal = connection.scope.get("state", {}).get("principal")
+    if isinstance(principal, Principal) and principal.role != "admin":
+        raise AuthError(403, f"only an admin may apply manifests (token {principal.name!r})")
+
+
+class ApplyController(Controller):
+    path = "/v1/apply"
+    tags = ["apply"]
+
+    @post("/", status_code=200, guards=[admin_only], summary="Apply (or plan) a manifest")
+    async def apply(
+        self,
+        state: State,
+        request: Request[Any, Any, Any],
+        data: SkipValidation[JSONBody[ApplyRequest]],
+    ) -> Plan:
+        body = await decode_body(request, ApplyRequest)
+        dups = duplicate_names(body)
+        if dups:
+            raise ApiError(400, "pools: named more than once: " + ", ".join(dups), "pools")
+        manifest = Manifest(pools=body.pools)
+        async with db(state).acquire() as conn:
+            # A pool connection proxy behaves as the connection it wraps.
+            return await apply_manifest(
+                cast(asyncpg.Connection, conn),
+                manifest,
+                prune=body.prune,
+                dry_run=body.dry_run,
+                force=body.force,
+            )

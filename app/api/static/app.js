@@ -1,0 +1,173 @@
+// respool dashboard: polls GET /v1/dashboard and renders it. Read-only; no build step.
+// Every value goes into the page through textContent, never as HTML.
+"use strict";
+
+const POLL_MS = 2000;
+const TOKEN_KEY = "respool.token";
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") node.className = v;
+    else if (k === "style") node.setAttribute("style", v);
+    else node.setAttribute(k, v);
+  }
+  for (const c of children) {
+    if (c === null || c === undefined) continue;
+    node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return node;
+}
+
+function duration(seconds) {
+  const s = Math.max(0, Math.round(seconds));
+  if (s < 60) return s + "s";
+  if (s < 3600) return Math.floor(s / 60) + "m" + String(s % 60).padStart(2, "0") + "s";
+  if (s < 86400) return Math.floor(s / 3600) + "h" + String(Math.floor((s % 3600) / 60)).padStart(2, "0") + "m";
+  return Math.floor(s / 86400) + "d" + Math.floor((s % 86400) / 3600) + "h";
+}
+
+function resources(map) {
+  return Object.entries(map)
+    .filter(([k]) => k !== "step_run")
+    .map(([k, v]) => k + " " + v)
+    .join(", ") || "step_run 1";
+}
+
+function shortId(id) { return id.slice(0, 8); }
+
+function fill(tbody, rows, columns, emptyText) {
+  tbody.replaceChildren();
+  if (rows.length === 0) {
+    tbody.append(el("tr", {}, el("td", { class: "empty", colspan: String(columns) }, emptyText)));
+    return;
+  }
+  for (const r of rows) tbody.append(r);
+}
+
+function keyBlock(k) {
+  const tracked = k.capacity !== null;
+  const label = el("div", { class: "label" },
+    el("span", {}, el("b", {}, k.key), tracked ? " " + k.allocated + " / " + k.capacity : " " + k.allocated + " held (untracked)"),
+    el("span", {}, tracked ? "reserved " + k.reserved + " · borrowed " + k.borrowed + " · free " + k.free : ""));
+  const block = el("div", { class: "key", "data-key": k.key }, label);
+  if (tracked) {
+    const pct = (n) => (100 * n / k.capacity).toFixed(2) + "%";
+    const inShare = Math.max(0, k.allocated - k.borrowed);
+    const bar = el("div", { class: "bar", title: k.key + ": " + k.allocated + "/" + k.capacity },
+      el("div", { class: "seg inshare", style: "width:" + pct(inShare) }),
+      el("div", { class: "seg borrowed", style: "width:" + pct(Math.min(k.borrowed, k.capacity - inShare)) }));
+    if (k.reserved > 0) bar.append(el("div", { class: "reserved", style: "left:calc(" + pct(Math.min(k.reserved, k.capacity)) + " - 1px)", title: "reserved " + k.reserved }));
+    block.append(bar);
+  }
+  if (k.queued_demand > 0) block.append(el("div", { class: "demand" }, "queued demand " + k.queued_demand));
+  return block;
+}
+
+function policyTable(pool) {
+  const bySubject = new Map();
+  for (const p of pool.policies) {
+    if (!bySubject.has(p.subject)) bySubject.set(p.subject, { priority: p.priority, keys: [] });
+    bySubject.get(p.subject).keys.push(p);
+  }
+  const tbody = el("tbody");
+  for (const [subject, s] of bySubject) {
+    const usage = s.keys
+      .filter((p) => p.key !== "step_run" || p.limit !== null || p.reserved > 0)
+      .map((p) => p.key + " " + p.used + (p.reserved ? "/" + p.reserved + " res" : "") + (p.limit !== null ? ", limit " + p.limit : ""))
+      .join("; ");
+    const borrowed = s.keys.filter((p) => p.borrowed > 0).map((p) => p.key + " " + p.borrowed).join(", ");
+    tbody.append(el("tr", {}, el("td", {}, subject), el("td", {}, s.priority), el("td", {}, usage || "—"), el("td", {}, borrowed || "—")));
+  }
+  if (bySubject.size === 0) return el("p", { class: "empty" }, "No policies.");
+  return el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "subject"), el("th", {}, "prio"), el("th", {}, "used / reserved"), el("th", {}, "borrowed"))), tbody);
+}
+
+function renderPools(pools) {
+  const box = document.getElementById("pools");
+  box.replaceChildren();
+  if (pools.length === 0) { box.append(el("p", { class: "empty" }, "No pools yet.")); return; }
+  for (const pool of pools) {
+    const card = el("div", { class: "pool", "data-pool": pool.name },
+      el("h3", {}, pool.name),
+      el("div", { class: "meta" }, pool.queueing + (pool.preemption_grace_seconds ? " · grace " + pool.preemption_grace_seconds + "s" : "") + " · " + pool.holding + " holding · " + pool.queued + " queued"));
+    const keys = pool.keys.filter((k) => k.capacity !== null || k.allocated > 0 || k.queued_demand > 0);
+    for (const k of keys) card.append(keyBlock(k));
+    card.append(el("div", { class: "legend" }, el("i", { style: "background:var(--inshare)" }), "in share", el("i", { style: "background:var(--borrowed)" }), "borrowed", el("i", { style: "background:var(--reserved);width:2px" }), "reserved"));
+    card.append(policyTable(pool));
+    box.append(card);
+  }
+}
+
+function render(data) {
+  renderPools(data.pools);
+  const q = data.queue.map((r) => el("tr", { "data-request": r.request_id },
+    el("td", {}, r.pool), el("td", {}, r.position), el("td", {}, r.subject),
+    el("td", { class: "mono" }, resources(r.resources)), el("td", {}, r.priority),
+    el("td", {}, el("span", { class: "tag" + (r.preemptible ? "" : " np") }, r.preemptible ? "preemptible" : "non-preemptible"),
+      r.in_share ? el("span", { class: "tag share" }, "in share") : null),
+    el("td", {}, duration(r.waiting_seconds)), el("td", {}, r.waiting_for)));
+  fill(document.querySelector("#queue tbody"), q, 8, "Nothing is waiting.");
+  document.getElementById("queue-count").textContent = "(" + data.queue.length + ")";
+
+  const h = data.holdings.map((r) => el("tr", {},
+    el("td", {}, r.pool), el("td", {}, r.subject), el("td", { class: "mono", title: r.request_id }, shortId(r.request_id)),
+    el("td", { class: "mono" }, resources(r.resources)),
+    el("td", {}, el("span", { class: "st st-" + r.status }, r.status)), el("td", {}, duration(r.held_seconds))));
+  fill(document.querySelector("#holdings tbody"), h, 6, "Nothing is allocated.");
+  document.getElementById("holdings-count").textContent = "(" + data.holdings.length + ")";
+
+  const e = data.events.map((r) => el("tr", {},
+    el("td", { title: r.at }, new Date(r.at).toLocaleTimeString()),
+    el("td", { class: "mono", title: r.request_id }, shortId(r.request_id)), el("td", {}, r.subject), el("td", {}, r.pool || "—"),
+    el("td", {}, (r.from_status || "new") + " → ", el("span", { class: "st st-" + r.to_status }, r.to_status)),
+    el("td", { title: r.message }, r.reason || "")));
+  fill(document.querySelector("#events tbody"), e, 6, "No events yet.");
+
+  const vs = document.getElementById("violations-section");
+  vs.hidden = data.violations.length === 0;
+  fill(document.querySelector("#violations tbody"), data.violations.map((v) => el("tr", {},
+    el("td", {}, v.invariant), el("td", {}, v.pool || ""), el("td", {}, v.subject || ""), el("td", {}, v.key || ""), el("td", {}, v.detail))), 5, "");
+}
+
+function setStatus(state, text) {
+  const s = document.getElementById("status");
+  s.dataset.state = state;
+  s.textContent = text;
+}
+
+async function poll() {
+  const headers = { Accept: "application/json" };
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  if (token) headers.Authorization = "Bearer " + token;
+  try {
+    const resp = await fetch("/v1/dashboard", { headers, cache: "no-store" });
+    if (resp.status === 401 || resp.status === 403) {
+      document.getElementById("auth").hidden = false;
+      const body = await resp.json().catch(() => ({}));
+      setStatus("error", (resp.status === 401 ? "token needed" : "forbidden") + (body.detail ? ": " + body.detail : ""));
+      return;
+    }
+    if (!resp.ok) throw new Error("HTTP " + resp.status);
+    const data = await resp.json();
+    render(data);
+    setStatus("live", "live · " + new Date(data.now).toLocaleTimeString());
+    document.body.dataset.ready = "1";
+  } catch (err) {
+    setStatus("error", "cannot reach respool (" + err.message + ")");
+  }
+}
+
+document.getElementById("auth").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  const value = document.getElementById("token").value.trim();
+  if (value) sessionStorage.setItem(TOKEN_KEY, value); else sessionStorage.removeItem(TOKEN_KEY);
+  document.getElementById("auth").hidden = true;
+  poll();
+});
+
+async function loop() {
+  if (!document.hidden) await poll();
+  setTimeout(loop, POLL_MS);
+}
+loop();

@@ -1,0 +1,310 @@
+"""Apply a manifest (:mod:`app.manifest`) in one transaction, with the engine's consequences.
+
+:func:`apply_manifest` locks the pools involved, computes the changes, runs them through the
+engine's own functions (``respool.create_pool``, ``update_policy``...), lets the reconciler's
+pass act on every touched pool when ``respool.reconcile_pool`` exists, and reads back what the
+engine did to requests: the events written inside the transaction (grants, rejections,
+preemptions, cancellations) and any usage still above a capacity or limit. A dry run then
+rolls everything back, so the plan is what the engine would really do, and nothing changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Literal
+from uuid import UUID
+
+import asyncpg
+import msgspec
+
+from app.db import queries
+from app.db.errors import EngineError
+from app.manifest import Change, FieldChange, Manifest, current_manifest, plan_changes
+
+__all__ = ["Consequence", "Overcommit", "Plan", "apply_manifest"]
+
+
+class Consequence(msgspec.Struct, frozen=True, kw_only=True):
+    """What the apply did to one request: ``path`` is every status it went through."""
+
+    request_id: UUID
+    subject: str
+    pool: str | None
+    from_status: str | None
+    to_status: str
+    path: list[str]
+    reason: str | None
+    message: str
+
+
+class Overcommit(msgspec.Struct, frozen=True, kw_only=True):
+    """Usage above a ceiling after the apply (left for the reconciler to preempt)."""
+
+    pool: str
+    subject: str | None
+    key: str
+    used: int
+    ceiling: int
+    kind: Literal["capacity", "limit"]
+
+
+class Plan(msgspec.Struct, frozen=True, kw_only=True):
+    """``reconciler``: the engine has ``respool.reconcile_pool``, so preemptions are included
+    in ``consequences``; without it they are left to the reconciler (see ``overcommitted``)."""
+
+    dry_run: bool
+    applied: bool
+    changes: list[Change]
+    consequences: list[Consequence]
+    overcommitted: list[Overcommit]
+    reconciler: bool
+
+
+_RECONCILER = "SELECT to_regprocedure('respool.reconcile_pool(uuid,timestamptz)') IS NOT NULL"
+
+_EVENTS = """
+SELECT e.request_id, r.subject, e.from_status, e.to_status, e.reason, e.message,
+       coalesce(r.pool_name, (SELECT string_agg(p.name, ',' ORDER BY p.name) FROM respool.pools p
+                               WHERE p.id = ANY (r.candidate_pool_ids))) AS pool
+  FROM respool.events e JOIN respool.requests r ON r.id = e.request_id
+ WHERE e.id > $1 AND (r.pool_id = ANY ($2::uuid[]) OR r.candidate_pool_ids && $2::uuid[])
+ ORDER BY e.id
+"""
+
+_OVERCOMMITTED = """
+SELECT pool, NULL::text AS subject, key, allocated AS used, capacity AS ceiling, 'capacity' AS kind
+  FROM respool.pool_usage
+ WHERE pool = ANY ($1::text[]) AND capacity IS NOT NULL AND allocated > capacity
+UNION ALL
+SELECT pool, subject, key, used, "limit", 'limit'
+  FROM respool.policy_usage
+ WHERE pool = ANY ($1::text[]) AND "limit" IS NOT NULL AND used > "limit"
+ ORDER BY pool, subject NULLS FIRST, key
+"""
+
+
+def _as_map(
+    fields: Iterable[FieldChange], prefix: str, keep: Callable[[int, int], bool]
+) -> dict[str, int]:
+    """The ``prefix.key`` changes as an engine merge map (0 removes a key), filtered by
+    ``keep(old, new)``."""
+    out: dict[str, int] = {}
+    for f in fields:
+        if f.field.startswith(prefix + "."):
+            old, new = f.old or 0, f.new or 0
+            if keep(old, new):
+                out[f.field[len(prefix) + 1 :]] = new
+    return out
+
+
+def _scalar(fields: Iterable[FieldChange], name: str) -> object | None:
+    return next((f.new for f in fields if f.field == name), None)
+
+
+def _any(_old: int, _new: int) -> bool:
+    return True
+
+
+def _lower(old: int, new: int) -> bool:
+    return new < old
+
+
+def _higher(old: int, new: int) -> bool:
+    return new > old
+
+
+class _Runner:
+    """Runs the changes in an order the engine accepts: deletions and lowered reservations
+    first (they free reserved shares), then pools, then policy updates and creations."""
+
+    def __init__(
+        self, conn: asyncpg.Connection, manifest: Manifest, policy_ids: dict[str, UUID], force: bool
+    ) -> None:
+        self.conn = conn
+        self.specs = {p.name: p for p in manifest.pools}
+        self.policy_ids = policy_ids
+        self.force = force
+
+    async def run(self, changes: list[Change]) -> None:
+        steps: tuple[tuple[str, str, Callable[[Change], Awaitable[None]]], ...] = (
+            ("delete", "policy", self._delete_policy),
+            ("update", "policy", self._lower_reserved),
+            ("delete", "pool", self._delete_pool),
+            ("create", "pool", self._create_pool),
+            ("update", "pool", self._update_pool),
+            ("update", "policy", self._update_policy),
+            ("create", "policy", self._create_policy),
+        )
+        for action, kind, op in steps:
+            for change in changes:
+                if (change.action, change.kind) == (action, kind):
+                    await self._do(change, op)
+
+    async def _do(self, change: Change, op: Callable[[Change], Awaitable[None]]) -> None:
+        try:
+            await op(change)
+        except EngineError as exc:
+            raise type(exc)(f"{change.kind} {change.label}: {exc.message}", exc.field) from exc
+
+    def _policy(self, c: Change) -> str:
+        return str(self.policy_ids[c.label])
+
+    async def _delete_policy(self, c: Change) -> None:
+        await queries.delete_policy(self.conn, self._policy(c), force=self.force)
+
+    async def _lower_reserved(self, c: Change) -> None:
+        lowered = _as_map(c.fields, "reserved", _lower)
+        if lowered:
+            await queries.update_policy(self.conn, self._policy(c), reserved=lowered)
+
+    async def _delete_pool(self, c: Change) -> None:
+        await queries.delete_pool(self.conn, c.pool, force=self.force)
+
+    async def _create_pool(self, c: Change) -> None:
+        spec = self.specs[c.pool]
+        await queries.create_pool(
+            self.conn,
+            name=spec.name,
+            capacity=spec.capacity,
+            description=spec.description,
+            queueing=spec.queueing,
+            preemption_grace_seconds=spec.preemption_grace_seconds,
+        )
+
+    async def _update_pool(self, c: Change) -> None:
+        capacity = _as_map(c.fields, "capacity", _any)
+        grace = _scalar(c.fields, "preemption_grace_seconds")
+        await queries.update_pool(
+            self.conn,
+            c.pool,
+            capacity=capacity or None,
+            description=_str_or_none(_scalar(c.fields, "description")),
+            queueing=_str_or_none(_scalar(c.fields, "queueing")),
+            preemption_grace_seconds=grace if isinstance(grace, int) else None,
+        )
+
+    async def _update_policy(self, c: Change) -> None:
+        reserved = _as_map(c.fields, "reserved", _higher)
+        limit = _as_map(c.fields, "limit", _any)
+        priority = _scalar(c.fields, "priority")
+        description = _str_or_none(_scalar(c.fields, "description"))
+        if not (reserved or limit or priority is not None or description is not None):
+            return  # only lowered reservations, already applied
+        await queries.update_policy(
+            self.conn,
+            self._policy(c),
+            priority=priority if isinstance(priority, int) else None,
+            reserved=reserved or None,
+            limit=limit or None,
+            description=description,
+        )
+
+    async def _create_policy(self, c: Change) -> None:
+        spec = next(p for p in self.specs[c.pool].policies if p.subject == c.subject)
+        await queries.create_policy(
+            self.conn,
+            subject=spec.subject,
+            pool=c.pool,
+            priority=spec.priority,
+            reserved=spec.reserved,
+            limit=spec.limit,
+            description=spec.description,
+        )
+
+
+def _str_or_none(value: object | None) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+async def _consequences(
+    conn: asyncpg.Connection, after_event: int, pool_ids: list[UUID]
+) -> list[Consequence]:
+    by_request: dict[UUID, list[asyncpg.Record]] = {}
+    for row in await conn.fetch(_EVENTS, after_event, pool_ids):
+        by_request.setdefault(row["request_id"], []).append(row)
+    out = []
+    for rid, rows in by_request.items():
+        first, last = rows[0], rows[-1]
+        reason = next((r["reason"] for r in reversed(rows) if r["reason"]), None)
+        out.append(
+            Consequence(
+                request_id=rid,
+                subject=last["subject"],
+                pool=last["pool"],
+                from_status=first["from_status"],
+                to_status=last["to_status"],
+                path=[first["from_status"] or "new", *(r["to_status"] for r in rows)],
+                reason=reason,
+                message=last["message"],
+            )
+        )
+    return out
+
+
+async def _overcommitted(conn: asyncpg.Connection, pools: list[str]) -> list[Overcommit]:
+    rows = await conn.fetch(_OVERCOMMITTED, pools)
+    return [msgspec.convert(dict(r), Overcommit) for r in rows]
+
+
+async def _reconcile(conn: asyncpg.Connection, pool_names: list[str]) -> None:
+    """Run the reconciler's pass (expiry, shrink and limit enforcement, reclaim) on each pool."""
+    ids = await conn.fetch(
+        "SELECT id FROM respool.pools WHERE name = ANY ($1::text[]) ORDER BY id", pool_names
+    )
+    for row in ids:
+        await conn.fetchval("SELECT respool.reconcile_pool($1::uuid, now())", row["id"])
+
+
+async def _lock(conn: asyncpg.Connection, manifest: Manifest, prune: bool) -> list[UUID]:
+    """Lock (in id order) every existing pool the apply may touch; returns their ids."""
+    names = [p.name for p in manifest.pools]
+    rows = await conn.fetch(
+        "SELECT id FROM respool.pools WHERE $2 OR name = ANY ($1::text[]) ORDER BY id", names, prune
+    )
+    ids = [r["id"] for r in rows]
+    await conn.execute("SELECT respool._lock_pools($1::uuid[])", ids)
+    return ids
+
+
+async def apply_manifest(
+    conn: asyncpg.Connection,
+    manifest: Manifest,
+    *,
+    prune: bool = False,
+    dry_run: bool = False,
+    force: bool = False,
+) -> Plan:
+    """Make the pools and policies match ``manifest`` in one transaction (rolled back when
+    ``dry_run``). ``prune`` deletes pools and policies the manifest does not name; ``force``
+    lets those deletions cancel live requests (else the engine refuses with 409)."""
+    tx = conn.transaction()
+    await tx.start()
+    try:
+        locked = await _lock(conn, manifest, prune)
+        after_event = int(await conn.fetchval("SELECT coalesce(max(id), 0) FROM respool.events"))
+        pools, policies = await queries.list_pools(conn), await queries.list_policies(conn)
+        changes = plan_changes(current_manifest(pools, policies), manifest, prune=prune)
+        ids = {f"{p.pool}/{p.subject}": p.id for p in policies}
+        await _Runner(conn, manifest, ids, force).run(changes)
+        touched = sorted(
+            {c.pool for c in changes if not (c.kind == "pool" and c.action == "delete")}
+        )
+        reconciler = bool(await conn.fetchval(_RECONCILER))
+        if reconciler and changes:
+            await _reconcile(conn, touched)
+        plan = Plan(
+            dry_run=dry_run,
+            applied=not dry_run and bool(changes),
+            changes=changes,
+            consequences=await _consequences(conn, after_event, locked),
+            overcommitted=await _overcommitted(conn, touched),
+            reconciler=reconciler,
+        )
+    except BaseException:
+        await tx.rollback()
+        raise
+    if dry_run:
+        await tx.rollback()
+    else:
+        await tx.commit()
+    return plan

@@ -1,0 +1,201 @@
+"""Logging: text or JSON lines (``RESPOOL_LOG_FORMAT``), and one line per request state change.
+
+``configure_logging(level, fmt)`` sets up the root logger on stderr and routes uvicorn's loggers
+through it, so a JSON deployment emits nothing but JSON lines.
+
+**State changes.** Every status change notifies ``respool_request`` (in the transaction that made
+it, delivered at commit), and every process's LISTEN connection receives every notification.
+:class:`StateChangeLog` logs a notification only when the backend that sent it is one of this
+process's own connections (``app.db.connect.own_backend_pids``), so each change is logged exactly
+once in the whole deployment, by the process that made it (an API replica or a reconciler), right
+after it committed. Changes made from other sessions (psql) are in ``respool.request_events``
+but not in the logs. The line carries ``request_id``, ``subject``, ``pool``, ``from_status``,
+``status``, ``reason``, ``attempt`` and ``version``; when the notification does not carry the
+subject, it is read from the request's event history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any, Literal
+from uuid import UUID
+
+import asyncpg
+import msgspec
+
+from app.db.connect import own_backend_pids
+
+__all__ = [
+    "LOG_FORMATS",
+    "JsonFormatter",
+    "StateChange",
+    "StateChangeLog",
+    "configure_logging",
+]
+
+LOG_FORMATS = ("text", "json")
+LogFormat = Literal["text", "json"]
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+# Attributes every LogRecord has; anything else was passed with ``extra=`` and is logged as a
+# field of its own in JSON.
+_RECORD_ATTRS = frozenset(
+    vars(logging.LogRecord("x", logging.INFO, "x", 0, "x", None, None)).keys()
+    | {"message", "asctime", "taskName"}
+)
+
+_encoder = msgspec.json.Encoder(enc_hook=str)
+
+state_log = logging.getLogger("respool.state")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ``ts``, ``level``, ``logger``, ``msg``, extras, ``exc``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in _RECORD_ATTRS and not key.startswith("_"):
+                doc[key] = value
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            doc["exc"] = record.exc_text
+        if record.stack_info:
+            doc["stack"] = self.formatStack(record.stack_info)
+        return _encoder.encode(doc).decode()
+
+
+def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
+    """Root logger on stderr in ``fmt`` (text | json) at ``level``; uvicorn's loggers join it.
+
+    Call it before creating the uvicorn server, and give uvicorn ``log_config=None`` so that it
+    keeps this setup.
+    """
+    if fmt not in LOG_FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, got {fmt!r}")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        lg = logging.getLogger(name)
+        lg.handlers.clear()
+        lg.propagate = True
+        lg.setLevel(level)
+
+
+class StateChange(msgspec.Struct, frozen=True):
+    """The ``respool_request`` payload; fields after ``pool`` only if the engine sends them."""
+
+    id: UUID
+    status: str
+    version: int
+    pool: str | None = None
+    subject: str | None = None
+    from_status: str | None = msgspec.field(default=None, name="from")
+    reason: str | None = None
+    attempt: int | None = None
+
+
+_decode = msgspec.json.Decoder(StateChange).decode
+
+_LOOKUP = """
+SELECT r.subject, e.from_status, e.reason, e.attempt
+  FROM respool.requests r
+  LEFT JOIN LATERAL (SELECT from_status, reason, attempt FROM respool.events
+                      WHERE request_id = r.id ORDER BY id OFFSET $2 - 1 LIMIT 1) e ON true
+ WHERE r.id = $1
+"""
+
+
+class StateChangeLog:
+    """Notification observer (:meth:`app.notify.Notifier.observe`); see the module docstring.
+
+    ``db`` reads the subject and reason when the payload lacks them (the n-th event of a
+    request is its version n). ``own_pids`` is for tests.
+    """
+
+    def __init__(
+        self,
+        db: asyncpg.Pool | None = None,
+        *,
+        own_pids: Callable[[], frozenset[int]] = own_backend_pids,
+        logger: logging.Logger = state_log,
+    ) -> None:
+        self._db = db
+        self._own_pids = own_pids
+        self._log = logger
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def __call__(self, pid: int, payload: str) -> None:
+        if pid not in self._own_pids():
+            return
+        try:
+            change = _decode(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return  # the notifier already warns about malformed payloads
+        if change.subject is not None or self._db is None:
+            self.emit(change)
+            return
+        task = asyncio.get_running_loop().create_task(self._complete(change))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _complete(self, change: StateChange) -> None:
+        assert self._db is not None
+        try:
+            row = await self._db.fetchrow(_LOOKUP, change.id, change.version)
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+            self._log.debug("state change lookup failed: %s", exc)
+            row = None
+        if row is not None:
+            change = msgspec.structs.replace(
+                change,
+                subject=row["subject"],
+                from_status=row["from_status"],
+                reason=row["reason"],
+                attempt=row["attempt"],
+            )
+        self.emit(change)
+
+    def emit(self, change: StateChange) -> None:
+        """Log ``change`` as one line (its fields are also JSON fields)."""
+        self._log.info(
+            "request %s %s -> %s (subject %s, pool %s%s)",
+            change.id,
+            change.from_status or "new",
+            change.status,
+            change.subject or "?",
+            change.pool or "-",
+            f", reason {change.reason}" if change.reason else "",
+            extra={
+                "event": "state_change",
+                "request_id": str(change.id),
+                "subject": change.subject,
+                "pool": change.pool,
+                "from_status": change.from_status,
+                "status": change.status,
+                "reason": change.reason,
+                "attempt": change.attempt,
+                "version": change.version,
+            },
+        )
+
+    async def drain(self) -> None:
+        """Wait for pending lookups (shutdown, tests)."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)

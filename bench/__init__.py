@@ -1,0 +1,1 @@
+"""Benchmarks for respool, run by hand: ``python -m bench wake [--wakes N] [--dsn DSN]``."""

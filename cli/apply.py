@@ -1,0 +1,153 @@
+"""``respool apply -f FILE`` and ``respool export``: pools and policies as a YAML file.
+
+The file format is :class:`app.manifest.Manifest` (docs/cli.md). ``apply`` sends it to
+``POST /v1/apply``, which plans and applies it in one transaction; ``--dry-run`` gets the same
+plan, with the engine's consequences, from a transaction that is rolled back.
+"""
+
+from __future__ import annotations
+
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import msgspec
+import typer
+import yaml
+
+from app.db.apply import Plan
+from app.db.queries import Policy, Pool
+from app.manifest import Manifest, current_manifest, duplicate_names
+from cli.api import Api, connect_api
+from cli.common import CliError, confirm
+from cli.options import DEFAULT_URL, Output, OutputFormat, Token, Url, Yes
+from cli.output import console, emit, print_parts, to_json, to_yaml
+from cli.plan_view import plan_lines
+
+__all__ = ["apply", "export", "load_manifest"]
+
+
+class ExportFormat(StrEnum):
+    yaml = "yaml"
+    json = "json"
+
+
+def _read(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise CliError(f"cannot read {path}: not UTF-8 text") from None
+
+
+def load_manifest(path: str) -> Manifest:
+    """Read and check a manifest (``-`` is stdin); errors name the file and the field."""
+    name = "stdin" if path == "-" else path
+    try:
+        doc: Any = yaml.safe_load(_read(path))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "invalid syntax"
+        raise CliError(f"{name}: not valid YAML{where}: {problem}") from None
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise CliError(f"{name}: expected a mapping with a `pools:` list")
+    try:
+        manifest = msgspec.convert(doc, Manifest, strict=True)
+    except msgspec.ValidationError as exc:
+        raise CliError(f"{name}: {exc}") from None
+    dups = duplicate_names(manifest)
+    if dups:
+        raise CliError(f"{name}: named more than once: {', '.join(dups)}")
+    return manifest
+
+
+def _post(api: Api, manifest: Manifest, *, prune: bool, dry_run: bool, force: bool) -> Plan:
+    body = {"pools": manifest.pools, "prune": prune, "dry_run": dry_run, "force": force}
+    return api.call("POST", "/v1/apply", Plan, body=body, timeout=120)
+
+
+def _confirm_deletions(plan: Plan, path: str) -> None:
+    """Show a plan that deletes something on stderr and ask before going on."""
+    deletions = [c for c in plan.changes if c.action == "delete"]
+    if not deletions:
+        return
+    if path == "-":
+        raise CliError("--prune would delete; with -f - (stdin is the file) confirm with --yes")
+    print_parts(console(stderr=True), plan_lines(plan))
+    pools = sum(1 for c in deletions if c.kind == "pool")
+    confirm(f"Delete {pools} pools and {len(deletions) - pools} policies not in {path}?", yes=False)
+
+
+def apply(
+    file: Annotated[
+        str, typer.Option("-f", "--file", help="The manifest (YAML or JSON); - reads stdin.")
+    ],
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Show the plan and its consequences; change nothing."),
+    ] = False,
+    prune: Annotated[
+        bool,
+        typer.Option(
+            "--prune", help="Delete pools and policies not in the file (asks unless --yes)."
+        ),
+    ] = False,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Let deletions cancel the requests of what they delete."),
+    ] = False,
+    yes: Yes = False,
+    output: Output = OutputFormat.table,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """Make pools and policies match a file, in one transaction; idempotent.
+
+    Pools are matched by name and policies by (pool, subject); a field left out takes its
+    default. With --dry-run the real engine runs the change in a transaction that is rolled
+    back, and reports which requests would be granted, rejected or preempted.
+
+    Example:
+
+        respool apply -f pools.yaml --dry-run
+        respool apply -f pools.yaml --prune --yes
+        respool export | respool apply -f - --dry-run
+    """
+    manifest = load_manifest(file)
+    with connect_api(url, token) as api:
+        if prune and not dry_run and not yes:
+            _confirm_deletions(_post(api, manifest, prune=True, dry_run=True, force=force), file)
+        plan = _post(api, manifest, prune=prune, dry_run=dry_run, force=force)
+    emit(plan, output, lambda: plan_lines(plan))
+
+
+def export(
+    output: Annotated[
+        ExportFormat, typer.Option("-o", "--output", help="yaml (default) or json.")
+    ] = ExportFormat.yaml,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """Write every pool and policy in the format `respool apply` reads.
+
+    Example:
+
+        respool export > pools.yaml
+        respool export | respool apply -f - --dry-run
+    """
+    with connect_api(url, token) as api:
+        pools = api.call("GET", "/v1/pools", list[Pool])
+        policies = api.call("GET", "/v1/policies", list[Policy])
+    manifest = current_manifest(pools, policies)
+    if output is ExportFormat.json:
+        typer.echo(to_json(manifest))
+    else:
+        typer.echo("# respool pools and policies: `respool apply -f FILE` restores them")
+        typer.echo(to_yaml(manifest), nl=False)

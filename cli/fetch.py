@@ -1,0 +1,83 @@
+"""Reads over the API that several commands share (paged request lists, policy lookup)."""
+
+from __future__ import annotations
+
+import re
+from uuid import UUID
+
+import msgspec
+import typer
+
+from app.db.queries import Policy, Request
+from cli.api import Api
+from cli.common import CliError
+
+__all__ = ["RequestPage", "find_policy", "list_requests", "resolve_request"]
+
+PAGE = 500
+# How many of the most recent requests an id prefix is looked up in.
+PREFIX_SCAN = 5000
+_PREFIX = re.compile(r"[0-9a-f][0-9a-f-]{3,35}")
+
+
+class RequestPage(msgspec.Struct):
+    items: list[Request]
+    next_cursor: str | None = None
+
+
+def list_requests(
+    api: Api,
+    *,
+    limit: int,
+    pool: str | None = None,
+    subject: str | None = None,
+    status: str | None = None,
+) -> list[Request]:
+    """Up to ``limit`` requests, newest first, following the API's cursors."""
+    out: list[Request] = []
+    cursor: str | None = None
+    while len(out) < limit:
+        page = api.call(
+            "GET",
+            "/v1/requests",
+            RequestPage,
+            params={
+                "pool": pool,
+                "subject": subject,
+                "status": status,
+                "limit": min(PAGE, limit - len(out)),
+                "cursor": cursor,
+            },
+        )
+        out.extend(page.items)
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    return out
+
+
+def find_policy(api: Api, pool: str, subject: str) -> Policy | None:
+    """The policy binding ``subject`` to ``pool`` (a pool ref), or None."""
+    found = api.call("GET", "/v1/policies", list[Policy], params={"pool": pool, "subject": subject})
+    return found[0] if found else None
+
+
+def resolve_request(api: Api, ref: str) -> UUID:
+    """A full request id, or a unique prefix (>= 4 hex, as tables show) of a recent one."""
+    try:
+        return UUID(ref)
+    except ValueError:
+        pass
+    prefix = ref.strip().lower()
+    if not _PREFIX.fullmatch(prefix):
+        raise typer.BadParameter(f"{ref!r} is not a request id or an id prefix (>= 4 hex)")
+    found = [r.id for r in list_requests(api, limit=PREFIX_SCAN) if str(r.id).startswith(prefix)]
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise CliError(
+            f"no request id starts with {prefix} among the {PREFIX_SCAN} most recent; "
+            "give the full id"
+        )
+    shown = ", ".join(str(i) for i in found[:5]) + (", ..." if len(found) > 5 else "")
+    raise CliError(f"request id prefix {prefix} is ambiguous: {shown}")

@@ -1,0 +1,78 @@
+"""Parsing resource maps given on the command line: JSON or YAML maps, and ``key=N`` pairs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+import typer
+import yaml
+
+__all__ = ["parse_decimal", "parse_labels", "parse_map", "parse_pairs"]
+
+_MAP_HINT = """expected a map of resource key to integer, e.g. '{"gpu": 8}' or 'gpu: 8'"""
+
+
+def _load(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise typer.BadParameter(f"not JSON or YAML; {_MAP_HINT}") from None
+
+
+def parse_map(text: str) -> dict[str, int]:
+    """``'{"gpu": 8}'`` (JSON) or ``'gpu: 8'`` / ``'{gpu: 8, step_run: 32}'`` (YAML)."""
+    data = _load(text)
+    if not isinstance(data, dict):
+        raise typer.BadParameter(_MAP_HINT)
+    out: dict[str, int] = {}
+    for key, value in data.items():
+        if not isinstance(key, str) or isinstance(value, bool) or not isinstance(value, int):
+            raise typer.BadParameter(f"{key}: {value!r} is not an integer; {_MAP_HINT}")
+        out[key] = value
+    return out
+
+
+def _split(pairs: Iterable[str], option: str) -> list[tuple[str, str]]:
+    out = []
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise typer.BadParameter(f"{pair!r}: expected KEY=VALUE", param_hint=option)
+        out.append((key.strip(), value.strip()))
+    return out
+
+
+def parse_pairs(pairs: Iterable[str], option: str) -> dict[str, int]:
+    """``["tpu=2", "licence_x=1"]`` → ``{"tpu": 2, "licence_x": 1}``."""
+    out: dict[str, int] = {}
+    for key, value in _split(pairs, option):
+        try:
+            out[key] = int(value)
+        except ValueError:
+            raise typer.BadParameter(
+                f"{key}={value}: the amount must be an integer", param_hint=option
+            ) from None
+    return out
+
+
+def parse_labels(pairs: Iterable[str]) -> dict[str, str]:
+    """``["run=nightly", "step=train"]`` → ``{"run": "nightly", "step": "train"}``."""
+    return dict(_split(pairs, "--label"))
+
+
+def parse_decimal(text: str) -> Decimal:
+    """A CPU count as written (``0.5``, ``8.05``): sent as that exact JSON number."""
+    try:
+        value = Decimal(text.strip())
+    except InvalidOperation:
+        raise typer.BadParameter(f"{text!r} is not a number") from None
+    if not value.is_finite():
+        raise typer.BadParameter(f"{text!r} is not a finite number")
+    return value

@@ -1,0 +1,59 @@
+"""Options shared by many commands, defined once (``Annotated`` types for Typer signatures)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+import typer
+
+__all__ = [
+    "DEFAULT_URL",
+    "Force",
+    "Output",
+    "OutputFormat",
+    "Token",
+    "Url",
+    "Yes",
+]
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+_CONNECTION = "Connection"
+
+
+class OutputFormat(StrEnum):
+    table = "table"
+    json = "json"
+    yaml = "yaml"
+
+
+Url = Annotated[
+    str,
+    typer.Option(
+        "--url",
+        envvar="RESPOOL_URL",
+        help="Base URL of the respool API.",
+        rich_help_panel=_CONNECTION,
+    ),
+]
+Token = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar="RESPOOL_TOKEN",
+        help="API token (Authorization: Bearer).",
+        show_default=False,
+        rich_help_panel=_CONNECTION,
+    ),
+]
+Output = Annotated[
+    OutputFormat,
+    typer.Option(
+        "-o", "--output", help="Output format: table for people, json or yaml for scripts."
+    ),
+]
+Yes = Annotated[bool, typer.Option("-y", "--yes", help="Do not ask for confirmation.")]
+Force = Annotated[
+    bool,
+    typer.Option("--force", help="Also cancel its queued and allocated requests."),
+]

@@ -1,0 +1,67 @@
+"""The one renderer: data goes to stdout as a table (rich), JSON or YAML; messages to stderr."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import msgspec
+import typer
+import yaml
+from rich.console import Console, RenderableType
+from rich.measure import Measurement
+
+from cli.options import OutputFormat
+
+__all__ = ["console", "emit", "note", "print_parts", "to_json", "to_yaml"]
+
+_WIDE = 10_000
+
+_json = msgspec.json.Encoder(decimal_format="number")
+
+
+def console(*, stderr: bool = False) -> Console:
+    """A rich console on the current stdout (or stderr)."""
+    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+
+
+def print_parts(out: Console, parts: Iterable[RenderableType]) -> None:
+    """Print each part at its natural width, never squeezed below it: rows stay whole, on
+    one line each (like kubectl), however narrow the terminal or pipe."""
+    base = out.width
+    for part in parts:
+        natural = Measurement.get(out, out.options.update(max_width=_WIDE), part).maximum
+        out.width = max(base, natural)
+        out.print(part)
+    out.width = base
+
+
+def to_json(value: Any) -> str:
+    return msgspec.json.format(_json.encode(value), indent=2).decode()
+
+
+def to_yaml(value: Any) -> str:
+    return yaml.safe_dump(
+        msgspec.to_builtins(value), sort_keys=False, allow_unicode=True, default_flow_style=False
+    )
+
+
+def emit(
+    value: Any,
+    fmt: OutputFormat,
+    table: Callable[[], Iterable[RenderableType]],
+) -> None:
+    """Write ``value`` in ``fmt``; ``table`` builds the human view of the same data."""
+    if fmt is OutputFormat.json:
+        typer.echo(to_json(value))
+    elif fmt is OutputFormat.yaml:
+        typer.echo(to_yaml(value), nl=False)
+    else:
+        print_parts(console(), table())
+    sys.stdout.flush()
+
+
+def note(message: str) -> None:
+    """A message for people (stderr), never mixed with data."""
+    typer.echo(message, err=True)

@@ -1,0 +1,383 @@
+"""``respool pool ...``: pools and their subject policies (the shape of ``zenml resource-pool``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from enum import StrEnum
+from typing import Annotated, Any
+
+import msgspec
+import typer
+from rich.console import RenderableType
+from rich.text import Text
+
+from app.db.queries import Policy, Pool, Request
+from cli.api import Api, connect_api, segment
+from cli.common import CliError, confirm
+from cli.fetch import find_policy, list_requests
+from cli.maps import parse_map
+from cli.options import DEFAULT_URL, Force, Output, OutputFormat, Token, Url, Yes
+from cli.output import emit, note
+from cli.tables import (
+    policies_table,
+    pool_header,
+    pool_keys_table,
+    pools_table,
+    requests_table,
+)
+
+app = typer.Typer(
+    help="Pools of capacity and the subject policies that draw from them.",
+    no_args_is_help=True,
+)
+
+
+class Queueing(StrEnum):
+    best_effort = "best_effort"
+    strict = "strict"
+
+
+class View(StrEnum):
+    queued = "queued"
+    active = "active"
+    all = "all"
+
+
+_MAP = "MAP"
+PoolRef = Annotated[str, typer.Argument(help="Pool name, id or unique id prefix (>= 4 hex).")]
+Capacity = Annotated[
+    dict[str, int] | None,
+    typer.Option(
+        "-c",
+        "--capacity",
+        parser=parse_map,
+        metavar=_MAP,
+        help="""Capacity per key, JSON or YAML: '{"gpu": 8, "step_run": 32}'.""",
+    ),
+]
+Description = Annotated[str | None, typer.Option("-d", "--description", help="Free text.")]
+QueueingOpt = Annotated[
+    Queueing | None,
+    typer.Option("--queueing", help="best_effort grants whatever fits; strict keeps order."),
+]
+Grace = Annotated[
+    int | None,
+    typer.Option("--grace", min=0, help="Preemption grace period in seconds."),
+]
+Limit = Annotated[int, typer.Option("--limit", min=1, help="At most this many requests.")]
+
+
+class PoolDescription(msgspec.Struct, kw_only=True):
+    """``pool describe`` as data: the pool, its policies, its queue and its holders."""
+
+    pool: Pool
+    policies: list[Policy]
+    queue: list[Request]
+    active: list[Request]
+
+
+def _pool_view(pool: Pool) -> list[RenderableType]:
+    return [pool_header(pool), Text(), pool_keys_table(pool)]
+
+
+def _queue(api: Api, pool: str, limit: int) -> list[Request]:
+    queued = list_requests(api, pool=pool, status="queued", limit=limit)
+    return sorted(queued, key=lambda r: (r.queue_position or 0, r.created_at))
+
+
+def _active(api: Api, pool: str, limit: int) -> list[Request]:
+    held = list_requests(api, pool=pool, status="allocated", limit=limit)
+    held += list_requests(api, pool=pool, status="preempting", limit=limit)
+    return sorted(held, key=lambda r: r.allocated_at or r.created_at, reverse=True)
+
+
+@app.command("create")
+def create(
+    name: Annotated[
+        str, typer.Argument(help="Pool name: lower-case letters, digits, '.', '_' and '-'.")
+    ],
+    capacity: Capacity = None,
+    description: Description = None,
+    queueing: QueueingOpt = None,
+    grace: Grace = None,
+    output: Output = OutputFormat.table,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """Create a pool of capacity.
+
+    Example:
+
+        respool pool create training-gpus -c '{"gpu": 8, "step_run": 32}' -d "Shared GPUs"
+    """
+    body: dict[str, Any] = {"name": name, "capacity": capacity or {}}
+    if description is not None:
+        body["description"] = description
+    if queueing is not None:
+        body["queueing"] = queueing.value
+    if grace is not None:
+        body["preemption_grace_seconds"] = grace
+    with connect_api(url, token) as api:
+        pool = api.call("POST", "/v1/pools", Pool, body=body)
+    note(f"created pool {pool.name} ({pool.id})")
+    emit(pool, output, lambda: _pool_view(pool))
+
+
+@app.command("list")
+def list_(
+    output: Output = OutputFormat.table,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """List pools: used vs total per key and the number of queued requests.
+
+    Example:
+
+        respool pool list
+        respool pool list -o json | jq '.[].name'
+    """
+    with connect_api(url, token) as api:
+        pools = api.call("GET", "/v1/pools", list[Pool])
+    emit(pools, output, lambda: [pools_table(pools)])
+
+
+@app.command("describe")
+def describe(
+    ref: PoolRef,
+    limit: Limit = 100,
+    output: Output = OutputFormat.table,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """Show a pool: capacity and usage, its policies, its queue and what holds its units.
+
+    Example:
+
+        respool pool describe training-gpus
+        respool pool describe 3f2a -o yaml
+    """
+    with connect_api(url, token) as api:
+        pool = api.call("GET", f"/v1/pools/{segment(ref)}", Pool)
+        data = PoolDescription(
+            pool=pool,
+            policies=api.call("GET", "/v1/policies", list[Policy], params={"pool": str(pool.id)}),
+            queue=_queue(api, str(pool.id), limit),
+            active=_active(api, str(pool.id), limit),
+        )
+
+    def table() -> Iterable[RenderableType]:
+        yield from _pool_view(pool)
+        yield Text()
+        yield policies_table(data.policies, title="Policies", show_pool=False)
+        for title, found, view in (
+            ("Queue", data.queue, "queued"),
+            ("Holding", data.active, "active"),
+        ):
+            yield Text()
+            if found:
+                yield requests_table(found, view=view, title=f"{title} ({len(found)})")
+            else:
+                yield Text(f"{title}: none", style="bold")
+
+    emit(data, output, table)
+
+
+@app.command("update")
+def update(
+    ref: PoolRef,
+    capacity: Capacity = None,
+    description: Description = None,
+    queueing: QueueingOpt = None,
+    grace: Grace = None,
+    output: Output = OutputFormat.table,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """Update a pool. Capacity merges: keys given are replaced or added, 0 removes a key.
+
+    Shrinking below what is allocated makes the reconciler preempt preemptible work.
+
+    Example:
+
+        respool pool update training-gpus -c '{"gpu": 4}'
+        respool pool update training-gpus -c '{step_run: 0}' --queueing strict
+    """
+    body: dict[str, Any] = {}
+    if capacity is not None:
+        body["capacity"] = capacity
+    if description is not None:
+        body["description"] = description
+    if queueing is not None:
+        body["queueing"] = queueing.value
+    if grace is not None:
+        body["preemption_grace_seconds"] = grace
+    if not body:
+        raise typer.BadParameter(
+            "nothing to update: give --capacity, --description, --queueing or --grace"
+        )
+    with connect_api(url, token) as api:
+        pool = api.call("PATCH", f"/v1/pools/{segment(ref)}", Pool, body=body)
+    note(f"updated pool {pool.name}")
+    emit(pool, output, lambda: _pool_view(pool))
+
+
+@app.command("delete")
+def delete(
+    ref: PoolRef,
+    yes: Yes = False,
+    force: Force = False,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """Delete a pool and its policies (asks first unless --yes).
+
+    Refused while requests are queued or allocated in it, unless --force cancels them.
+
+    Example:
+
+        respool pool delete training-gpus --yes
+    """
+    with connect_api(url, token) as api:
+        pool = api.call("GET", f"/v1/pools/{segment(ref)}", Pool)
+        confirm(f"Delete pool {pool.name} ({pool.id}) and its policies?", yes=yes)
+        api.call("DELETE", f"/v1/pools/{pool.id}", params={"force": str(force).lower()})
+    note(f"deleted pool {pool.name}")
+
+
+@app.command("attach-policy")
+def attach_policy(
+    pool: PoolRef,
+    subject: Annotated[str, typer.Argument(help="Workload component, e.g. orchestrator:prod.")],
+    priority: Annotated[
+        int | None, typer.Option("-p", "--priority", help="Higher is preferred (default 0).")
+    ] = None,
+    reserved: Annotated[
+        dict[str, int] | None,
+        typer.Option(
+            "-r",
+            "--reserved",
+            parser=parse_map,
+            metavar=_MAP,
+            help="Reserved share per key, JSON or YAML (merges on update; 0 removes a key).",
+        ),
+    ] = None,
+    limit: Annotated[
+        dict[str, int] | None,
+        typer.Option(
+            "-l",
+            "--limit",
+            parser=parse_map,
+            metavar=_MAP,
+            help="Hard ceiling per key, JSON or YAML (merges on update; 0 removes a key).",
+        ),
+    ] = None,
+    description: Description = None,
+    output: Output = OutputFormat.table,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """Bind a subject to a pool, or update its existing policy there.
+
+    Example:
+
+        respool pool attach-policy training-gpus orchestrator:prod -p 10 -r '{"gpu": 4}'
+        respool pool attach-policy training-gpus orchestrator:dev -l '{gpu: 8, step_run: 4}'
+    """
+    fields: dict[str, Any] = {
+        k: v
+        for k, v in {
+            "priority": priority,
+            "reserved": reserved,
+            "limit": limit,
+            "description": description,
+        }.items()
+        if v is not None
+    }
+    with connect_api(url, token) as api:
+        existing = find_policy(api, pool, subject)
+        if existing is None:
+            body = {"subject": subject, "pool": pool, **fields}
+            policy = api.call("POST", "/v1/policies", Policy, body=body)
+            note(f"attached {subject} to pool {policy.pool}")
+        else:
+            policy = api.call("PATCH", f"/v1/policies/{existing.id}", Policy, body=fields)
+            note(f"updated the policy of {subject} on pool {policy.pool}")
+    emit(policy, output, lambda: [policies_table([policy])])
+
+
+@app.command("detach-policy")
+def detach_policy(
+    pool: PoolRef,
+    subject: Annotated[str, typer.Argument(help="The subject to detach.")],
+    yes: Yes = False,
+    force: Force = False,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """Remove a subject's policy from a pool (asks first unless --yes).
+
+    Example:
+
+        respool pool detach-policy training-gpus orchestrator:dev -y
+    """
+    with connect_api(url, token) as api:
+        policy = find_policy(api, pool, subject)
+        if policy is None:
+            raise CliError(f"subject {subject} has no policy on pool {pool}")
+        confirm(f"Detach {subject} from pool {policy.pool}?", yes=yes)
+        api.call("DELETE", f"/v1/policies/{policy.id}", params={"force": str(force).lower()})
+    note(f"detached {subject} from pool {policy.pool}")
+
+
+@app.command("list-policies")
+def list_policies(
+    pool: Annotated[str | None, typer.Argument(help="Only this pool (name, id or prefix).")] = None,
+    subject: Annotated[str | None, typer.Option("--subject", help="Only this subject.")] = None,
+    output: Output = OutputFormat.table,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """List policies with reserved, limit, used and borrowed units per key.
+
+    Example:
+
+        respool pool list-policies training-gpus
+        respool pool list-policies --subject orchestrator:prod -o json
+    """
+    with connect_api(url, token) as api:
+        policies = api.call(
+            "GET", "/v1/policies", list[Policy], params={"pool": pool, "subject": subject}
+        )
+    emit(policies, output, lambda: [policies_table(policies)])
+
+
+@app.command("requests")
+def requests(
+    pool: PoolRef,
+    view: Annotated[
+        View,
+        typer.Option(
+            "--view", help="queued (in grant order), active (holding units) or all (newest first)."
+        ),
+    ] = View.queued,
+    limit: Limit = 100,
+    output: Output = OutputFormat.table,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """List a pool's requests: its queue, what holds units, or everything.
+
+    Example:
+
+        respool pool requests training-gpus
+        respool pool requests training-gpus --view active -o json
+    """
+    with connect_api(url, token) as api:
+        ref = str(api.call("GET", f"/v1/pools/{segment(pool)}", Pool).id)
+        if view is View.queued:
+            found = _queue(api, ref, limit)
+        elif view is View.active:
+            found = _active(api, ref, limit)
+        else:
+            found = list_requests(api, pool=ref, limit=limit)
+    emit(found, output, lambda: [requests_table(found, view=view.value)])

@@ -1,0 +1,290 @@
+"""Human views (rich) of pools, policies, requests, events and tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+
+from rich import box
+from rich.console import Group, RenderableType
+from rich.table import Column, Table
+from rich.text import Text
+
+from app.db.queries import Event, Policy, Pool, Request
+from app.db.tokens import Token
+from app.durations import format_duration
+
+__all__ = [
+    "events_table",
+    "fmt_map",
+    "fmt_time",
+    "policies_table",
+    "pool_header",
+    "pool_keys_table",
+    "pools_table",
+    "request_header",
+    "requests_table",
+    "short",
+    "table",
+    "tokens_table",
+    "usage_bar",
+]
+
+BAR_WIDTH = 10
+SOFT_KEYS = frozenset({"mcpu", "memory_mb", "step_run"})
+
+
+def short(value: object) -> str:
+    """The first 8 characters of an id: what tables show; commands take such a prefix."""
+    return str(value)[:8]
+
+
+def fmt_map(values: Mapping[str, int]) -> str:
+    """``{"gpu": 4, "step_run": 2}`` → ``gpu=4 step_run=2``; zeros left out; empty → ``-``."""
+    return " ".join(f"{k}={v}" for k, v in sorted(values.items()) if v) or "-"
+
+
+def fmt_time(value: datetime | None) -> str:
+    if value is None:
+        return "-"
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _span(start: datetime | None, end: datetime | None) -> str:
+    """``end - start`` as ``4m12s`` (never negative); ``-`` when either is unknown."""
+    if start is None or end is None:
+        return "-"
+    seconds = max(0, int((end - start).total_seconds()))
+    return format_duration(seconds) if seconds else "0s"
+
+
+def _age(since: datetime | None) -> str:
+    return _span(since, datetime.now(UTC))
+
+
+def _left(until: datetime | None) -> str:
+    return _span(datetime.now(UTC), until)
+
+
+def usage_bar(used: int, total: int | None, width: int = BAR_WIDTH) -> Text:
+    """``██████░░░░ 6/8``, green under 70 %, yellow under 90 %, red above; ``3 (untracked)``
+    for a soft key the pool does not track."""
+    if total is None:
+        return Text(f"{used} (untracked)", style="dim")
+    ratio = used / total if total else 1.0
+    filled = min(width, round(ratio * width))
+    style = "green" if ratio < 0.7 else "yellow" if ratio < 0.9 else "red"
+    bar = Text("█" * filled, style=style)
+    bar.append("░" * (width - filled), style="dim")
+    bar.append(f" {used}/{total}")
+    if used > total:
+        bar.append(" over", style="bold red")
+    return bar
+
+
+def _pool_keys(pool: Pool) -> list[tuple[str, int, int | None]]:
+    """(key, used, capacity or None when untracked) for every key with capacity or usage."""
+    keys = sorted(set(pool.capacity) | set(pool.usage))
+    return [(k, pool.usage.get(k, 0), pool.capacity.get(k)) for k in keys]
+
+
+def _usage_cell(pool: Pool) -> RenderableType:
+    rows = _pool_keys(pool)
+    if not rows:
+        return Text("-", style="dim")
+    grid = Table.grid(Column(no_wrap=True), Column(no_wrap=True), padding=(0, 1))
+    for key, used, total in rows:
+        grid.add_row(Text(key), usage_bar(used, total))
+    return grid
+
+
+# Free-text columns wrap within this width; every other column keeps its cells on one line.
+TEXT_WIDTH = 48
+_TEXT = frozenset({"DESCRIPTION", "MESSAGE", "WAITING FOR"})
+
+
+def table(*headers: str, title: str | None = None) -> Table:
+    """A borderless table in the house style, with a left-aligned bold title."""
+    columns = [
+        Column(h, max_width=TEXT_WIDTH) if h in _TEXT else Column(h, no_wrap=True) for h in headers
+    ]
+    return Table(
+        *columns,
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        title=title,
+        title_justify="left",
+        title_style="bold",
+    )
+
+
+def pools_table(pools: Sequence[Pool]) -> Table:
+    out = table("NAME", "ID", "USED / TOTAL", "QUEUED", "QUEUEING", "DESCRIPTION")
+    for p in pools:
+        out.add_row(
+            p.name, short(p.id), _usage_cell(p), str(p.queued), p.queueing, p.description or ""
+        )
+    return out
+
+
+def _fields(rows: Iterable[tuple[str, object]]) -> Table:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    for name, value in rows:
+        grid.add_row(name, value if isinstance(value, Text) else str(value))
+    return grid
+
+
+def pool_header(pool: Pool) -> Table:
+    return _fields(
+        [
+            ("Pool", pool.name),
+            ("ID", pool.id),
+            ("Description", pool.description or "-"),
+            ("Queueing", pool.queueing),
+            ("Preemption grace", f"{pool.preemption_grace_seconds}s"),
+            ("Queued", pool.queued),
+            ("Created", fmt_time(pool.created_at)),
+            ("Updated", fmt_time(pool.updated_at)),
+        ]
+    )
+
+
+def pool_keys_table(pool: Pool) -> Table:
+    out = table("KEY", "CAPACITY", "USED", "FREE", "USAGE", title="Capacity")
+    for key, used, total in _pool_keys(pool):
+        free = "-" if total is None else str(total - used)
+        cap = "untracked" if total is None else str(total)
+        out.add_row(key, cap, str(used), free, usage_bar(used, total))
+    return out
+
+
+def policies_table(
+    policies: Sequence[Policy], *, title: str | None = None, show_pool: bool = True
+) -> Table:
+    headers = ["SUBJECT", "PRIORITY", "RESERVED", "LIMIT", "USED", "BORROWED", "ID"]
+    out = table(*(["POOL", *headers] if show_pool else headers), title=title)
+    for p in policies:
+        cells = [
+            p.subject,
+            str(p.priority),
+            fmt_map(p.reserved),
+            fmt_map(p.limit),
+            fmt_map(p.usage),
+            fmt_map(p.borrowed),
+            short(p.id),
+        ]
+        out.add_row(*([p.pool, *cells] if show_pool else cells))
+    return out
+
+
+def requests_table(
+    requests: Sequence[Request], *, view: str = "all", title: str | None = None
+) -> Table:
+    """``view``: ``queued`` (position and what it waits for), ``active`` (holders) or ``all``."""
+    if view == "queued":
+        out = table("POS", "ID", "SUBJECT", "RESOURCES", "PREEMPTIBLE", "WAITING", "WAITING FOR")
+        for r in requests:
+            out.add_row(
+                str(r.queue_position or "-"),
+                short(r.id),
+                r.subject,
+                fmt_map(r.resources),
+                "yes" if r.preemptible else "no",
+                _age(r.created_at),
+                r.message,
+            )
+    elif view == "active":
+        out = table("ID", "SUBJECT", "STATUS", "RESOURCES", "PREEMPTIBLE", "HELD", "LEASE LEFT")
+        for r in requests:
+            out.add_row(
+                short(r.id),
+                r.subject,
+                r.status,
+                fmt_map(r.resources),
+                "yes" if r.preemptible else "no",
+                _age(r.allocated_at),
+                _left(r.lease_expires_at),
+            )
+    else:
+        out = table("ID", "SUBJECT", "POOL", "STATUS", "REASON", "RESOURCES", "AGE")
+        for r in requests:
+            out.add_row(
+                short(r.id),
+                r.subject,
+                r.pool or "-",
+                r.status,
+                r.reason or "-",
+                fmt_map(r.resources),
+                _age(r.created_at),
+            )
+    out.title = title
+    return out
+
+
+def request_header(r: Request) -> Group:
+    rows: list[tuple[str, object]] = [
+        ("Request", r.id),
+        ("Subject", r.subject),
+        ("Pool", r.pool or "-"),
+        ("Status", Text(r.status, style=_status_style(r.status))),
+        ("Reason", r.reason or "-"),
+        ("Message", r.message or "-"),
+        ("Resources", fmt_map(r.resources)),
+        ("Preemptible", "yes" if r.preemptible else "no"),
+        ("Priority", r.priority),
+        ("Attempt", f"{r.attempt} (max retries {r.max_retries})"),
+        ("Lease", f"{r.lease_seconds}s" if r.lease_seconds else "none"),
+        ("Lease until", fmt_time(r.lease_expires_at)),
+        ("Labels", fmt_labels(r.labels)),
+        ("Created", fmt_time(r.created_at)),
+        ("Allocated", fmt_time(r.allocated_at)),
+        ("Finished", fmt_time(r.finished_at)),
+    ]
+    if r.queue_position is not None:
+        rows.insert(4, ("Queue position", r.queue_position))
+    return Group(_fields(rows))
+
+
+def fmt_labels(labels: Mapping[str, str]) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "-"
+
+
+def _status_style(status: str) -> str:
+    return {
+        "allocated": "green",
+        "queued": "yellow",
+        "preempting": "yellow",
+        "rejected": "red",
+        "preempted": "red",
+        "expired": "red",
+    }.get(status, "")
+
+
+def events_table(events: Sequence[Event]) -> Table:
+    out = table("AT", "FROM", "TO", "REASON", "ATTEMPT", "MESSAGE")
+    for e in events:
+        out.add_row(
+            fmt_time(e.at),
+            e.from_status or "-",
+            e.to_status,
+            e.reason or "-",
+            str(e.attempt),
+            e.message or "",
+        )
+    return out
+
+
+def tokens_table(tokens: Sequence[Token]) -> Table:
+    out = table("ID", "NAME", "ROLE", "SUBJECTS", "CREATED", "REVOKED")
+    for t in tokens:
+        out.add_row(
+            str(t.id),
+            t.name,
+            t.role,
+            " ".join(t.subject_patterns or []) or "-",
+            fmt_time(t.created_at),
+            fmt_time(t.revoked_at),
+        )
+    return out

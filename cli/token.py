@@ -1,0 +1,121 @@
+"""``respool token ...``: API tokens, managed directly in the database (RESPOOL_DATABASE_URL)."""
+
+from __future__ import annotations
+
+import secrets
+from enum import StrEnum
+from typing import Annotated
+
+import msgspec
+import typer
+
+from app.db import tokens
+from app.db.tokens import Token
+from cli.common import database, run_async
+from cli.options import Output, OutputFormat
+from cli.output import emit, note
+from cli.tables import tokens_table
+
+app = typer.Typer(
+    help="API tokens (admin, client, reader). Talks to the database, not to the API.",
+    no_args_is_help=True,
+)
+
+
+class Role(StrEnum):
+    admin = "admin"
+    client = "client"
+    reader = "reader"
+
+
+class NewToken(msgspec.Struct, kw_only=True):
+    """A created token: ``token`` is its text, shown this once and never stored."""
+
+    token: str
+    id: str
+    name: str
+    role: str
+    subject_patterns: list[str] | None
+
+
+async def _create(name: str, role: Role, subjects: list[str] | None) -> tuple[str, Token]:
+    async with database() as conn:
+        return await tokens.create_token(
+            conn, name=name, role=role.value, subject_patterns=subjects
+        )
+
+
+async def _list(include_revoked: bool) -> list[Token]:
+    async with database() as conn:
+        return await tokens.list_tokens(conn, include_revoked=include_revoked)
+
+
+async def _revoke(ref: str) -> Token:
+    async with database() as conn:
+        return await tokens.revoke_token(conn, ref)
+
+
+@app.command("create")
+def create(
+    role: Annotated[Role, typer.Option("--role", help="admin, client or reader.")],
+    subject: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--subject",
+            help="Client tokens: subjects they may act for, globs allowed (team-a:*); repeat.",
+        ),
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option("--name", help="A unique name (default: ROLE-<random>).")
+    ] = None,
+    output: Output = OutputFormat.table,
+) -> None:
+    """Create a token and print it once (only its hash is stored).
+
+    Example:
+
+        respool token create --role admin --name ops
+        respool token create --role client --subject 'orchestrator:prod*' --name prod-stack
+    """
+    name = name or f"{role.value}-{secrets.token_hex(3)}"
+    text, tok = run_async(_create(name, role, subject or None))
+    shown = NewToken(
+        token=text,
+        id=str(tok.id),
+        name=tok.name,
+        role=tok.role,
+        subject_patterns=tok.subject_patterns,
+    )
+    note(f"created {tok.role} token {tok.name!r}; store it now, it is not shown again")
+    emit(shown, output, lambda: [tokens_table([tok]), text])
+
+
+@app.command("list")
+def list_(
+    all_: Annotated[bool, typer.Option("--all", help="Include revoked tokens.")] = False,
+    output: Output = OutputFormat.table,
+) -> None:
+    """List tokens (never their text).
+
+    Example:
+
+        respool token list --all
+    """
+    found = run_async(_list(all_))
+    emit(found, output, lambda: [tokens_table(found)])
+
+
+@app.command("revoke")
+def revoke(
+    ref: Annotated[str, typer.Argument(help="The token's id or name.")],
+    output: Output = OutputFormat.table,
+) -> None:
+    """Revoke a token; the API refuses it from the next call on.
+
+    Example:
+
+        respool token revoke prod-stack
+    """
+    tok = run_async(_revoke(ref))
+    note(f"revoked token {tok.name!r}")
+    emit(tok, output, lambda: [tokens_table([tok])])

@@ -1,0 +1,30 @@
+"""CLI tests: Typer's runner against a live API server (tests/api/conftest.py) and PostgreSQL.
+
+The server runs in the test's event loop, so every CLI invocation runs in a worker thread
+(the CLI is synchronous: httpx, and ``asyncio.run`` for database commands).
+
+This folder has no ``__init__.py`` on purpose: as a package it would be imported as ``cli`` and
+shadow the real ``cli`` package. Its modules therefore have names unique in tests/.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from api.conftest import running_server
+from cli_support import Cli
+
+
+@pytest.fixture
+async def cli(db_url: str) -> AsyncIterator[Cli]:
+    """A CLI against a server and database of this test's own."""
+    async with running_server(db_url) as srv:
+        yield Cli(url=srv.url, db_url=db_url)
+
+
+@pytest.fixture(scope="module")
+async def module_cli(module_db_url: str) -> AsyncIterator[Cli]:
+    """A CLI against a server shared by the module (tests use names of their own)."""
+    async with running_server(module_db_url) as srv:
+        yield Cli(url=srv.url, db_url=module_db_url)

@@ -1,0 +1,237 @@
+"""``respool apply`` / ``export``: declarative pools, idempotence, dry-run consequences, prune."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cli_support import Cli, failed
+
+MANIFEST = """
+pools:
+  - name: gpus
+    description: Shared training GPUs
+    capacity: {gpu: 8, step_run: 32}
+    queueing: strict
+    preemption_grace_seconds: 0
+    policies:
+      - subject: orchestrator:prod
+        priority: 10
+        reserved: {gpu: 4}
+        limit: {gpu: 8}
+      - subject: orchestrator:dev
+        limit: {gpu: 6, step_run: 4}
+  - name: licences
+    capacity: {licence_x: 3, tpu: 0}  # a zero is the same as leaving the key out
+    policies:
+      - subject: orchestrator:prod
+"""
+
+
+def _write(tmp_path: Path, text: str, name: str = "pools.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def _summary(plan: dict[str, object]) -> list[tuple[str, str, str]]:
+    changes = plan["changes"]
+    assert isinstance(changes, list)
+    return [
+        (c["action"], c["kind"], c["pool"] + (f"/{c['subject']}" if c.get("subject") else ""))
+        for c in changes
+    ]
+
+
+async def test_apply_is_idempotent(cli: Cli, tmp_path: Path) -> None:
+    path = _write(tmp_path, MANIFEST)
+    plan = await cli.json("apply", "-f", path)
+    assert plan["applied"] is True and plan["dry_run"] is False
+    assert _summary(plan) == [
+        ("create", "pool", "gpus"),
+        ("create", "policy", "gpus/orchestrator:prod"),
+        ("create", "policy", "gpus/orchestrator:dev"),
+        ("create", "pool", "licences"),
+        ("create", "policy", "licences/orchestrator:prod"),
+    ]
+    pool = (await cli.json("pool", "describe", "gpus"))["pool"]
+    assert pool["capacity"] == {"gpu": 8, "step_run": 32}
+    assert (pool["queueing"], pool["description"]) == ("strict", "Shared training GPUs")
+    policies = {p["subject"]: p for p in await cli.json("pool", "list-policies", "gpus")}
+    assert policies["orchestrator:prod"]["reserved"] == {"gpu": 4}
+    assert policies["orchestrator:dev"]["limit"] == {"gpu": 6, "step_run": 4}
+
+    again = await cli.json("apply", "-f", path)
+    assert again["changes"] == [] and again["applied"] is False
+    table = await cli.ok("apply", "-f", path)
+    assert "No changes" in table.stdout
+
+    # a field diff: one key changed, one removed, one scalar
+    changed = MANIFEST.replace("limit: {gpu: 6, step_run: 4}", "limit: {gpu: 5}").replace(
+        "queueing: strict", "queueing: best_effort"
+    )
+    plan = await cli.json("apply", "-f", _write(tmp_path, changed, "v2.yaml"), "--dry-run")
+    fields = {
+        (c["kind"], c["pool"], f["field"]): (f["old"], f["new"])
+        for c in plan["changes"]
+        for f in c["fields"]
+    }
+    assert fields == {
+        ("pool", "gpus", "queueing"): ("strict", "best_effort"),
+        ("policy", "gpus", "limit.gpu"): (6, 5),
+        ("policy", "gpus", "limit.step_run"): (4, None),
+    }
+    text = (await cli.ok("apply", "-f", _write(tmp_path, changed, "v2.yaml"), "--dry-run")).stdout
+    assert "~ policy gpus/orchestrator:dev" in text and "limit.gpu: 6 → 5" in text
+    assert "Plan: 0 to create, 2 to update, 0 to delete." in text
+
+
+async def test_apply_orders_changes_for_the_engine(cli: Cli, tmp_path: Path) -> None:
+    """Shrink a pool while moving reserved units between subjects: the lowered reservation
+    must go first and the raised one last, or the engine refuses (reserved sum > capacity)."""
+    await cli.ok("apply", "-f", _write(tmp_path, MANIFEST))
+    moved = (
+        MANIFEST.replace("capacity: {gpu: 8, step_run: 32}", "capacity: {gpu: 3, step_run: 32}")
+        .replace("reserved: {gpu: 4}", "reserved: {gpu: 1}")
+        .replace("limit: {gpu: 6, step_run: 4}", "reserved: {gpu: 2}\n        limit: {gpu: 3}")
+        .replace("limit: {gpu: 8}", "limit: {gpu: 3}")
+    )
+    plan = await cli.json("apply", "-f", _write(tmp_path, moved, "moved.yaml"))
+    assert plan["applied"] is True
+    policies = {p["subject"]: p for p in await cli.json("pool", "list-policies", "gpus")}
+    assert policies["orchestrator:prod"]["reserved"] == {"gpu": 1}
+    assert policies["orchestrator:dev"]["reserved"] == {"gpu": 2}
+    assert policies["orchestrator:dev"]["limit"] == {"gpu": 3}
+    assert (await cli.json("pool", "describe", "gpus"))["pool"]["capacity"]["gpu"] == 3
+    assert (await cli.json("apply", "-f", _write(tmp_path, moved, "moved.yaml")))["changes"] == []
+
+
+async def test_dry_run_shows_preemptions_and_changes_nothing(cli: Cli, tmp_path: Path) -> None:
+    await cli.ok("apply", "-f", _write(tmp_path, MANIFEST))
+    held = await cli.json("request", "create", "-s", "orchestrator:dev", "--gpu", "6")
+    mine = await cli.json("request", "create", "-s", "orchestrator:prod", "--gpu", "2")
+    big = await cli.json("request", "create", "-s", "orchestrator:prod", "--gpu", "8")
+    assert (held["status"], mine["status"], big["status"]) == ("allocated", "allocated", "queued")
+    before = await cli.json("pool", "describe", "gpus")
+    events_before = await cli.json("request", "events", held["id"])
+
+    shrunk = MANIFEST.replace(
+        "capacity: {gpu: 8, step_run: 32}", "capacity: {gpu: 5, step_run: 32}"
+    )
+    shrunk = shrunk.replace("limit: {gpu: 8}", "limit: {gpu: 5}")
+    path = _write(tmp_path, shrunk, "shrunk.yaml")
+    plan = await cli.json("apply", "-f", path, "--dry-run")
+    assert plan["dry_run"] is True and plan["applied"] is False
+    assert _summary(plan) == [
+        ("update", "pool", "gpus"),
+        ("update", "policy", "gpus/orchestrator:prod"),
+    ]
+    assert plan["reconciler"] is True
+    effects = {c["request_id"]: c for c in plan["consequences"]}
+    # the borrower above the new capacity is preempted; the 8-GPU request can never fit any more
+    assert effects[held["id"]]["from_status"] == "allocated"
+    assert effects[held["id"]]["to_status"] == "preempted"
+    assert effects[big["id"]]["to_status"] == "rejected"
+    assert mine["id"] not in effects  # in its reserved share: untouched
+
+    table = (await cli.ok("apply", "-f", path, "--dry-run")).stdout
+    assert "capacity.gpu: 8 → 5" in table
+    assert "would be affected" in table and "rolled back" in table
+    assert "allocated → preempted" in table and "queued → rejected" in table
+
+    # nothing changed
+    after = await cli.json("pool", "describe", "gpus")
+    assert after["pool"]["capacity"] == before["pool"]["capacity"] == {"gpu": 8, "step_run": 32}
+    assert after["pool"]["updated_at"] == before["pool"]["updated_at"]
+    assert [r["id"] for r in after["active"]] == [r["id"] for r in before["active"]]
+    assert [r["id"] for r in after["queue"]] == [big["id"]]
+    assert await cli.json("request", "events", held["id"]) == events_before
+    assert (await cli.json("pool", "list-policies", "gpus")) == before["policies"]
+
+    # applying it for real does what the plan said
+    applied = await cli.json("apply", "-f", path)
+    assert {c["request_id"]: c["to_status"] for c in applied["consequences"]} == {
+        held["id"]: "preempted",
+        big["id"]: "rejected",
+    }
+    assert (await cli.json("request", "describe", held["id"]))["status"] == "preempted"
+
+
+async def test_export_then_dry_run_is_empty(cli: Cli, tmp_path: Path) -> None:
+    await cli.ok("apply", "-f", _write(tmp_path, MANIFEST))
+    await cli.ok("pool", "create", "extra", "-c", "{mcpu: 4000}", "--grace", "30", "-d", "it's")
+    await cli.ok("pool", "attach-policy", "extra", "team:a", "-l", "{step_run: 2}", "-p", "-3")
+    exported = (await cli.ok("export")).stdout
+    assert "name: extra" in exported and "preemption_grace_seconds: 30" in exported
+    assert "queueing: best_effort" not in exported  # defaults are left out
+
+    plan = await cli.json("apply", "-f", "-", "--dry-run", "--prune", input=exported)
+    assert plan["changes"] == [] and plan["consequences"] == []
+    text = await cli.ok("apply", "-f", "-", "--dry-run", input=exported)
+    assert "No changes" in text.stdout
+
+    as_json = (await cli.ok("export", "-o", "json")).stdout
+    assert {p["name"] for p in json.loads(as_json)["pools"]} == {"extra", "gpus", "licences"}
+    plan = await cli.json("apply", "-f", "-", "--dry-run", "--prune", input=as_json)
+    assert plan["changes"] == []
+
+
+async def test_prune_asks_unless_yes(cli: Cli, tmp_path: Path) -> None:
+    await cli.ok("apply", "-f", _write(tmp_path, MANIFEST))
+    only_gpus = MANIFEST.split("  - name: licences")[0]
+    only_gpus = only_gpus.replace(
+        "      - subject: orchestrator:dev\n        limit: {gpu: 6, step_run: 4}\n", ""
+    )
+    path = _write(tmp_path, only_gpus, "gpus.yaml")
+
+    without = await cli.json("apply", "-f", path)  # no --prune: nothing is deleted
+    assert without["changes"] == []
+
+    refused = await cli.api("apply", "-f", path, "--prune", input="n\n")
+    assert refused.exit_code == 1 and refused.stdout.strip() == "n"  # the runner echoes input
+    assert "- pool licences" in refused.stderr and "Delete 1 pools and 2 policies" in refused.stderr
+    assert len(await cli.json("pool", "list")) == 2
+
+    plan = await cli.json("apply", "-f", path, "--prune", "--yes")
+    assert sorted(_summary(plan)) == [
+        ("delete", "policy", "gpus/orchestrator:dev"),
+        ("delete", "policy", "licences/orchestrator:prod"),
+        ("delete", "pool", "licences"),
+    ]
+    assert [p["name"] for p in await cli.json("pool", "list")] == ["gpus"]
+
+
+async def test_prune_of_a_busy_pool_needs_force(cli: Cli, tmp_path: Path) -> None:
+    await cli.ok("apply", "-f", _write(tmp_path, MANIFEST))
+    req = await cli.json("request", "create", "-s", "orchestrator:prod", "--pool", "licences",
+                         "-r", "licence_x=1")  # fmt: skip
+    assert req["status"] == "allocated"
+    path = _write(tmp_path, MANIFEST.split("  - name: licences")[0], "gpus.yaml")
+    err = failed(await cli.api("apply", "-f", path, "--prune", "--yes"))
+    assert "licences" in err and "force" in err
+    plan = await cli.json("apply", "-f", path, "--prune", "--yes", "--force")
+    assert [c["to_status"] for c in plan["consequences"]] == ["cancelled"]
+
+
+async def test_apply_errors(cli: Cli, tmp_path: Path) -> None:
+    missing = failed(await cli.api("apply", "-f", str(tmp_path / "nope.yaml")))
+    assert missing.startswith("cannot read") and "nope.yaml" in missing
+    bad_yaml = failed(await cli.api("apply", "-f", _write(tmp_path, "pools: [\n  - {", "b.yaml")))
+    assert "not valid YAML" in bad_yaml and "line" in bad_yaml
+    unknown = failed(
+        await cli.api("apply", "-f", _write(tmp_path, "pools:\n  - name: a\n    gpus: 1\n"))
+    )
+    assert "gpus" in unknown
+    wrong_type = failed(
+        await cli.api("apply", "-f", "-", input="pools:\n  - name: a\n    capacity: {gpu: x}\n")
+    )
+    assert "capacity" in wrong_type and "int" in wrong_type
+    dup = failed(await cli.api("apply", "-f", "-", input="pools: [{name: a}, {name: a}]"))
+    assert "named more than once: a" in dup
+    assert "--file" in failed(await cli.api("apply"), code=2)
+
+    # an engine error names the change, and the whole apply is rolled back
+    broken = MANIFEST.replace("reserved: {gpu: 4}", "reserved: {gpu: 9}")
+    err = failed(await cli.api("apply", "-f", _write(tmp_path, broken, "broken.yaml")))
+    assert err.startswith("policy gpus/orchestrator:prod:")
+    assert await cli.json("pool", "list") == []

@@ -1,0 +1,198 @@
+"""The dashboard: ``/`` and its assets, ``GET /v1/dashboard``, and the page rendered by headless
+Chromium against a live server (pools, queue and events on screen, a screenshot saved).
+
+Set ``RESPOOL_UPDATE_SCREENSHOT=1`` to also write the screenshot to docs/img/dashboard.png.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from app.db import tokens
+from app.db.connect import APP_CLI, connect
+from tests.api.conftest import Server, running_server
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+DOCS_SHOT = Path(__file__).resolve().parents[2] / "docs" / "img" / "dashboard.png"
+needs_chromium = pytest.mark.skipif(
+    not os.access(CHROMIUM, os.X_OK),
+    reason=f"{CHROMIUM} not found: install Debian's chromium package (.ci/run does)",
+)
+
+
+async def showcase(srv: Server, conn: asyncpg.Connection) -> dict[str, Any]:
+    """A small production-like picture: borrowing, a reclaim preemption, a queue."""
+    c = srv.client
+
+    async def ok(method: str, url: str, **body: Any) -> Any:
+        r = await c.request(method, url, json=body or None)
+        assert r.is_success, r.text
+        return r.json() if r.content else None
+
+    await ok("POST", "/v1/pools", name="a100", capacity={"gpu": 8, "mcpu": 64000},
+             description="8x A100 node pool")  # fmt: skip
+    await ok("POST", "/v1/pools", name="cpu-batch", capacity={"mcpu": 32000, "memory_mb": 128000})
+    await ok("POST", "/v1/pools", name="licences", capacity={"licence_x": 3}, queueing="strict")
+    await ok("POST", "/v1/policies", subject="orchestrator:prod", pool="a100", priority=10,
+             reserved={"gpu": 4, "mcpu": 16000})  # fmt: skip
+    await ok("POST", "/v1/policies", subject="research:alice", pool="a100", limit={"gpu": 8})
+    await ok("POST", "/v1/policies", subject="research:bob", pool="a100", limit={"gpu": 4})
+    await ok("POST", "/v1/policies", subject="ci:nightly", pool="cpu-batch",
+             reserved={"mcpu": 16000})  # fmt: skip
+    await ok("POST", "/v1/policies", subject="research:alice", pool="licences")
+    await ok("POST", "/v1/policies", subject="ci:nightly", pool="licences")
+
+    def req(subject: str, pool: str, **res: int) -> Any:
+        return ok("POST", "/v1/requests", subject=subject, pool=pool, resources=res,
+                  labels={"run": "demo", "step": f"{subject.split(':')[1]}-{pool}"})  # fmt: skip
+
+    for _ in range(3):
+        await req("ci:nightly", "cpu-batch", mcpu=8000, memory_mb=16000)
+    await req("ci:nightly", "cpu-batch", mcpu=12000, memory_mb=32000)  # waits for mcpu
+    await req("research:alice", "licences", licence_x=2)
+    await req("ci:nightly", "licences", licence_x=2)  # strict queue head
+    done = await req("ci:nightly", "cpu-batch", mcpu=1000)
+    await ok("POST", f"/v1/requests/{done['id']}/release")
+    alice = await req("research:alice", "a100", gpu=6, mcpu=8000)  # borrows 6 GPUs
+    await req("research:bob", "a100", gpu=2, mcpu=4000)  # borrows the last 2
+    prod = await req("orchestrator:prod", "a100", gpu=4, mcpu=8000)  # in share, queued
+    assert (alice["status"], prod["status"]) == ("allocated", "queued")
+    pool_id = await conn.fetchval("SELECT id FROM respool.pools WHERE name = 'a100'")
+    await conn.execute("SELECT respool.reconcile_pool(p_pool_id => $1)", pool_id)  # reclaim
+    await req("research:alice", "a100", gpu=4)  # waits: pool full
+    await req("research:bob", "a100", gpu=3)  # waits: pool full, behind alice
+    return {"alice": alice, "prod": prod}
+
+
+@pytest.fixture
+async def live(db_url: str) -> AsyncIterator[Server]:
+    conn = await connect(db_url, application_name=APP_CLI)
+    try:
+        async with running_server(db_url) as srv:
+            await showcase(srv, conn)
+            yield srv
+    finally:
+        await conn.close()
+
+
+async def test_page_and_assets(live: Server) -> None:
+    c = live.client
+    r = await c.get("/")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert '<script src="/dashboard/app.js">' in r.text
+    r = await c.get("/dashboard/app.js")
+    assert r.status_code == 200 and "javascript" in r.headers["content-type"]
+    assert (await c.get("/dashboard/style.css")).headers["content-type"].startswith("text/css")
+    assert (await c.get("/dashboard/../../settings.py")).status_code == 404
+    assert (await c.get("/dashboard/secrets.txt")).status_code == 404
+
+
+async def test_dashboard_data(live: Server) -> None:
+    data = (await live.client.get("/v1/dashboard")).json()
+    pools = {p["name"]: p for p in data["pools"]}
+    assert set(pools) == {"a100", "cpu-batch", "licences"}
+    gpu = next(k for k in pools["a100"]["keys"] if k["key"] == "gpu")
+    # prod 4 (in share) + bob 2 (borrowed); alice's 6 were reclaimed
+    assert (gpu["capacity"], gpu["allocated"], gpu["reserved"], gpu["borrowed"]) == (8, 6, 4, 2)
+    assert gpu["queued_demand"] == 7
+    queue = [(q["pool"], q["position"], q["subject"], q["waiting_for"]) for q in data["queue"]]
+    assert queue == [
+        ("a100", 1, "research:alice", "waiting for gpu: pool 6/8 used, needs 4"),
+        ("a100", 2, "research:bob", "waiting for gpu: pool 6/8 used, needs 3"),
+        ("cpu-batch", 1, "ci:nightly", "waiting for mcpu: pool 24000/32000 used, needs 12000"),
+        ("licences", 1, "ci:nightly", "waiting for licence_x: pool 2/3 used, needs 2"),
+    ]
+    changes = [(e["subject"], e["to_status"], e["reason"]) for e in data["events"]]
+    assert ("research:alice", "preempted", "reclaim") in changes
+    assert data["violations"] == []
+    assert {h["subject"] for h in data["holdings"]} == {
+        "orchestrator:prod", "research:bob", "ci:nightly", "research:alice",
+    }  # fmt: skip
+
+
+async def test_dashboard_under_auth(db_url: str) -> None:
+    conn = await connect(db_url, application_name=APP_CLI)
+    try:
+        reader, _ = await tokens.create_token(conn, name="wall", role="reader")
+        client, _ = await tokens.create_token(
+            conn, name="ci", role="client", subject_patterns=["ci:*"]
+        )
+    finally:
+        await conn.close()
+    async with running_server(db_url, auth="on", admin_token="adm") as srv:
+        c = srv.client
+        assert (await c.get("/")).status_code == 200  # the page holds no data
+        assert (await c.get("/dashboard/app.js")).status_code == 200
+        assert (await c.get("/v1/dashboard")).status_code == 401
+        auth = {"Authorization": f"Bearer {reader}"}
+        assert (await c.get("/v1/dashboard", headers=auth)).status_code == 200
+        r = await c.get("/v1/dashboard", headers={"Authorization": f"Bearer {client}"})
+        assert r.status_code == 403 and "reader token" in r.json()["detail"]
+
+
+async def _chromium(profile: Path, *args: str) -> bytes:
+    proc = await asyncio.create_subprocess_exec(
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--hide-scrollbars",
+        f"--user-data-dir={profile}",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 90)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    assert proc.returncode == 0, err.decode(errors="replace")[-2000:]
+    return out
+
+
+@needs_chromium
+async def test_chromium_renders_pools_queue_and_events(live: Server, tmp_path: Path) -> None:
+    url = live.url + "/"
+    dom = (
+        await _chromium(tmp_path / "dom", "--virtual-time-budget=5000", "--dump-dom", url)
+    ).decode()
+    assert 'data-ready="1"' in dom, dom[:2000]
+    for pool in ("a100", "cpu-batch", "licences"):
+        assert f'data-pool="{pool}"' in dom, pool
+    assert re.search(r"<b>gpu</b>\s*6 / 8", dom)
+    assert "waiting for gpu: pool 6/8 used, needs 4" in dom
+    assert "waiting for licence_x: pool 2/3 used, needs 2" in dom
+    assert dom.count("data-request=") == 4  # four queue rows
+    assert "reclaim" in dom and "preempted" in dom
+    assert 'id="status" class="status" data-state="live"' in dom
+
+    shot = tmp_path / "dashboard.png"
+    await _chromium(
+        tmp_path / "shot",
+        "--virtual-time-budget=5000",
+        "--window-size=1440,1250",
+        f"--screenshot={shot}",
+        url,
+    )
+    data = shot.read_bytes()
+    assert data.startswith(b"\x89PNG") and len(data) > 20_000
+    if os.environ.get("RESPOOL_UPDATE_SCREENSHOT"):
+        DOCS_SHOT.parent.mkdir(parents=True, exist_ok=True)
+        DOCS_SHOT.write_bytes(data)
