@@ -80,24 +80,28 @@ class ApiError(RespoolError):
         self.field = field
 
 
-class Rejected(RespoolError):
+class _Ended(RespoolError):
+    """The request ended without an allocation to use; ``reason`` is the engine's code."""
+
+    verb = "ended"
+
+    def __init__(self, reason: str | None, message: str = "", request_id: UUID | None = None):
+        super().__init__(f"{self.verb}: {reason}" + (f": {message}" if message else ""))
+        self.reason = reason
+        self.message = message
+        self.request_id = request_id
+
+
+class Rejected(_Ended):
     """The request was rejected (or cancelled) instead of allocated."""
 
-    def __init__(self, reason: str | None, message: str = "", request_id: UUID | None = None):
-        super().__init__(f"rejected: {reason}" + (f": {message}" if message else ""))
-        self.reason = reason
-        self.message = message
-        self.request_id = request_id
+    verb = "rejected"
 
 
-class Preempted(RespoolError):
+class Preempted(_Ended):
     """The allocation was taken away (preempted, expired) before it could be used."""
 
-    def __init__(self, reason: str | None, message: str = "", request_id: UUID | None = None):
-        super().__init__(f"preempted: {reason}" + (f": {message}" if message else ""))
-        self.reason = reason
-        self.message = message
-        self.request_id = request_id
+    verb = "preempted"
 
 
 class AllocationTimeout(RespoolError, TimeoutError):

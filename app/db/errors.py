@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Awaitable, Callable
+from typing import ParamSpec, TypeVar
+
 import asyncpg
 
 __all__ = [
@@ -11,8 +15,12 @@ __all__ = [
     "IdempotencyMismatch",
     "InvariantBroken",
     "NotFound",
+    "engine_errors",
     "translate",
 ]
+
+T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class EngineError(Exception):
@@ -63,3 +71,19 @@ def translate(exc: asyncpg.PostgresError) -> EngineError | None:
     if kind is None:
         return None
     return kind(str(exc.args[0]) if exc.args else str(exc), getattr(exc, "column_name", None))
+
+
+def engine_errors(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+    """Decorate a data-layer call: engine errors (RP4xx, RP500) become :class:`EngineError`s."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await fn(*args, **kwargs)
+        except asyncpg.PostgresError as exc:
+            mapped = translate(exc)
+            if mapped is None:
+                raise
+            raise mapped from exc
+
+    return wrapper

@@ -9,16 +9,15 @@ for" sentence, event subjects).
 from __future__ import annotations
 
 import contextlib
-import functools
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from datetime import datetime
-from typing import ParamSpec, TypeVar, cast
+from typing import cast
 from uuid import UUID
 
 import asyncpg
 import msgspec
 
-from app.db.errors import translate
+from app.db.errors import engine_errors
 from app.db.queries import Executor
 
 __all__ = [
@@ -43,28 +42,11 @@ __all__ = [
     "tally_events",
 ]
 
-T = TypeVar("T")
-P = ParamSpec("P")
-
-
-def _engine_errors(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
-    @functools.wraps(fn)
-    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-        try:
-            return await fn(*args, **kwargs)
-        except asyncpg.PostgresError as exc:
-            mapped = translate(exc)
-            if mapped is None:
-                raise
-            raise mapped from exc
-
-    return wrapper
-
 
 # --- retention -------------------------------------------------------------------------------
 
 
-@_engine_errors
+@engine_errors
 async def prune_requests(db: Executor, before: datetime, *, limit: int | None = None) -> int:
     """Delete terminal requests finished before ``before`` (and their events); how many went.
 
@@ -85,7 +67,7 @@ async def retention_cutoff(db: Executor, seconds: float) -> datetime:
     return cutoff
 
 
-@_engine_errors
+@engine_errors
 async def prune_older_than(db: Executor, seconds: float, *, limit: int | None = None) -> int:
     """``prune_requests`` with ``before = now() - seconds`` on the database clock.
 
@@ -106,7 +88,7 @@ async def prune_older_than(db: Executor, seconds: float, *, limit: int | None = 
 # --- the reader role -------------------------------------------------------------------------
 
 
-@_engine_errors
+@engine_errors
 async def grant_reader(
     db: Executor, role: str, *, statement_timeout_ms: int = 30_000, create: bool = False
 ) -> str:
@@ -120,7 +102,7 @@ async def grant_reader(
     return str(text)
 
 
-@_engine_errors
+@engine_errors
 async def revoke_reader(db: Executor, role: str) -> str:
     """Undo :func:`grant_reader` (``respool.revoke_reader``); returns a summary line."""
     return str(await db.fetchval("SELECT respool.revoke_reader(p_role => $1)", role))

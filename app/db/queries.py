@@ -6,16 +6,15 @@ error comes back as an :mod:`app.db.errors` exception.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, Literal, ParamSpec, TypeVar
+from typing import Any, Literal, TypeVar
 from uuid import UUID
 
 import asyncpg
 import msgspec
 
-from app.db.errors import translate
+from app.db.errors import engine_errors
 
 Executor = asyncpg.Connection | asyncpg.Pool
 Status = Literal[
@@ -100,21 +99,6 @@ class Created(msgspec.Struct, frozen=True):
 
 
 T = TypeVar("T")
-P = ParamSpec("P")
-
-
-def _engine_errors(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
-    @functools.wraps(fn)
-    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-        try:
-            return await fn(*args, **kwargs)
-        except asyncpg.PostgresError as exc:
-            mapped = translate(exc)
-            if mapped is None:
-                raise
-            raise mapped from exc
-
-    return wrapper
 
 
 def _as(kind: type[T], doc: Any) -> T:
@@ -124,7 +108,7 @@ def _as(kind: type[T], doc: Any) -> T:
 # --- pools -----------------------------------------------------------------------------------
 
 
-@_engine_errors
+@engine_errors
 async def create_pool(
     db: Executor,
     *,
@@ -146,7 +130,7 @@ async def create_pool(
     return _as(Pool, doc)
 
 
-@_engine_errors
+@engine_errors
 async def update_pool(
     db: Executor,
     ref: str,
@@ -168,17 +152,17 @@ async def update_pool(
     return _as(Pool, doc)
 
 
-@_engine_errors
+@engine_errors
 async def delete_pool(db: Executor, ref: str, *, force: bool = False) -> None:
     await db.execute("SELECT respool.delete_pool(p_ref => $1, p_force => $2)", ref, force)
 
 
-@_engine_errors
+@engine_errors
 async def get_pool(db: Executor, ref: str) -> Pool:
     return _as(Pool, await db.fetchval("SELECT respool.get_pool(p_ref => $1)", ref))
 
 
-@_engine_errors
+@engine_errors
 async def list_pools(db: Executor) -> list[Pool]:
     return _as(list[Pool], await db.fetchval("SELECT respool.list_pools()"))
 
@@ -186,7 +170,7 @@ async def list_pools(db: Executor) -> list[Pool]:
 # --- policies --------------------------------------------------------------------------------
 
 
-@_engine_errors
+@engine_errors
 async def create_policy(
     db: Executor,
     *,
@@ -210,7 +194,7 @@ async def create_policy(
     return _as(Policy, doc)
 
 
-@_engine_errors
+@engine_errors
 async def update_policy(
     db: Executor,
     ref: str,
@@ -232,17 +216,17 @@ async def update_policy(
     return _as(Policy, doc)
 
 
-@_engine_errors
+@engine_errors
 async def delete_policy(db: Executor, ref: str, *, force: bool = False) -> None:
     await db.execute("SELECT respool.delete_policy(p_ref => $1, p_force => $2)", ref, force)
 
 
-@_engine_errors
+@engine_errors
 async def get_policy(db: Executor, ref: str) -> Policy:
     return _as(Policy, await db.fetchval("SELECT respool.get_policy(p_ref => $1)", ref))
 
 
-@_engine_errors
+@engine_errors
 async def list_policies(
     db: Executor, *, pool: str | None = None, subject: str | None = None
 ) -> list[Policy]:
@@ -255,7 +239,7 @@ async def list_policies(
 # --- requests --------------------------------------------------------------------------------
 
 
-@_engine_errors
+@engine_errors
 async def create_request(
     db: Executor,
     *,
@@ -288,12 +272,12 @@ async def create_request(
     return Created(created=row["created"], request=_as(Request, row["request"]))
 
 
-@_engine_errors
+@engine_errors
 async def get_request(db: Executor, request_id: UUID) -> Request:
     return _as(Request, await db.fetchval("SELECT respool.get_request(p_id => $1)", request_id))
 
 
-@_engine_errors
+@engine_errors
 async def list_requests(
     db: Executor,
     *,
@@ -329,29 +313,29 @@ async def _request_action(db: Executor, fn: str, request_id: UUID, attempt: int 
     return _as(Request, doc)
 
 
-@_engine_errors
+@engine_errors
 async def release_request(db: Executor, request_id: UUID, *, attempt: int | None = None) -> Request:
     return await _request_action(db, "release_request", request_id, attempt)
 
 
-@_engine_errors
+@engine_errors
 async def cancel_request(db: Executor, request_id: UUID, *, attempt: int | None = None) -> Request:
     return await _request_action(db, "cancel_request", request_id, attempt)
 
 
-@_engine_errors
+@engine_errors
 async def heartbeat_request(
     db: Executor, request_id: UUID, *, attempt: int | None = None
 ) -> Request:
     return await _request_action(db, "heartbeat_request", request_id, attempt)
 
 
-@_engine_errors
+@engine_errors
 async def delete_request(db: Executor, request_id: UUID) -> None:
     await db.execute("SELECT respool.delete_request(p_id => $1)", request_id)
 
 
-@_engine_errors
+@engine_errors
 async def request_events(db: Executor, request_id: UUID) -> list[Event]:
     doc = await db.fetchval("SELECT respool.list_request_events(p_id => $1)", request_id)
     return _as(list[Event], doc)
@@ -360,13 +344,13 @@ async def request_events(db: Executor, request_id: UUID) -> list[Event]:
 # --- engine steps the reconciler schedules ----------------------------------------------------
 
 
-@_engine_errors
+@engine_errors
 async def allocate_pool(db: Executor, pool_id: UUID) -> int:
     """Grant what fits in one pool's queue; returns how many were granted."""
     return int(await db.fetchval("SELECT respool.allocate_pool(p_pool_id => $1)", pool_id))
 
 
-@_engine_errors
+@engine_errors
 async def expire_leases(db: Executor, pool_id: UUID) -> int:
     """Expire lapsed leases in one pool; returns how many expired."""
     return int(await db.fetchval("SELECT respool.expire_leases(p_pool_id => $1)", pool_id))

@@ -20,7 +20,8 @@ from uuid import UUID
 
 import msgspec
 
-from app.db.queries import Executor, _as, _engine_errors
+from app.db.errors import engine_errors
+from app.db.queries import Executor, _as
 
 __all__ = [
     "Role",
@@ -84,7 +85,7 @@ def subject_matches(subject: str, patterns: Sequence[str]) -> bool:
     return any(_glob_regex(p).fullmatch(subject) for p in patterns)
 
 
-@_engine_errors
+@engine_errors
 async def create_token(
     db: Executor,
     *,
@@ -106,31 +107,31 @@ async def create_token(
     return text, _as(Token, doc)
 
 
-@_engine_errors
+@engine_errors
 async def verify_token(db: Executor, token: str) -> Token | None:
     """The active token with this text, or None (unknown or revoked)."""
     doc = await db.fetchval("SELECT respool.verify_token(p_token_hash => $1)", hash_token(token))
     return None if doc is None else _as(Token, doc)
 
 
-@_engine_errors
+@engine_errors
 async def tokens_exist(db: Executor) -> bool:
     return bool(await db.fetchval("SELECT respool.tokens_exist()"))
 
 
-@_engine_errors
+@engine_errors
 async def list_tokens(db: Executor, *, include_revoked: bool = False) -> list[Token]:
     doc = await db.fetchval("SELECT respool.list_tokens(p_include_revoked => $1)", include_revoked)
     return _as(list[Token], doc)
 
 
-@_engine_errors
+@engine_errors
 async def revoke_token(db: Executor, ref: str) -> Token:
     """Revoke by id or by the name of an active token (NotFound otherwise)."""
     return _as(Token, await db.fetchval("SELECT respool.revoke_token(p_ref => $1)", ref))
 
 
-@_engine_errors
+@engine_errors
 async def request_subject(db: Executor, request_id: UUID) -> str | None:
     """The request's subject, or None when the request does not exist."""
     value = await db.fetchval("SELECT respool.request_subject(p_id => $1)", request_id)

@@ -16,8 +16,9 @@ import asyncpg
 from app.db import queries as q
 
 
-async def mk_pool(conn: asyncpg.Connection, name: str, capacity: Mapping[str, int],
-                  **kw: Any) -> q.Pool:
+async def mk_pool(
+    conn: asyncpg.Connection, name: str, capacity: Mapping[str, int], **kw: Any
+) -> q.Pool:
     return await q.create_pool(conn, name=name, capacity=capacity, **kw)
 
 
@@ -25,8 +26,9 @@ async def mk_policy(conn: asyncpg.Connection, subject: str, pool: str, **kw: Any
     return await q.create_policy(conn, subject=subject, pool=pool, **kw)
 
 
-async def mk_req(conn: asyncpg.Connection, subject: str, pool: str | None = None,
-                 **kw: Any) -> q.Request:
+async def mk_req(
+    conn: asyncpg.Connection, subject: str, pool: str | None = None, **kw: Any
+) -> q.Request:
     """Create a request and return it (asserting it is a new one)."""
     made = await q.create_request(conn, subject=subject, pool=pool, **kw)
     assert made.created
@@ -53,7 +55,9 @@ async def pool_usage(conn: asyncpg.Connection, pool: str) -> dict[str, dict[str,
     """respool.pool_usage rows of one pool, by key."""
     rows = await conn.fetch(
         "SELECT key, capacity, allocated, free, queued_demand FROM respool.pool_usage"
-        " WHERE pool = $1", pool)
+        " WHERE pool = $1",
+        pool,
+    )
     return {r["key"]: dict(r) for r in rows}
 
 
@@ -62,11 +66,15 @@ async def allocated(conn: asyncpg.Connection, pool: str) -> dict[str, int]:
     return {k: v["allocated"] for k, v in (await pool_usage(conn, pool)).items() if v["allocated"]}
 
 
-async def policy_usage(conn: asyncpg.Connection, pool: str,
-                       subject: str) -> dict[str, dict[str, Any]]:
+async def policy_usage(
+    conn: asyncpg.Connection, pool: str, subject: str
+) -> dict[str, dict[str, Any]]:
     rows = await conn.fetch(
         'SELECT key, priority, reserved, "limit", used, borrowed, np_used FROM respool.policy_usage'
-        " WHERE pool = $1 AND subject = $2", pool, subject)
+        " WHERE pool = $1 AND subject = $2",
+        pool,
+        subject,
+    )
     return {r["key"]: dict(r) for r in rows}
 
 
@@ -74,7 +82,9 @@ async def queue(conn: asyncpg.Connection, pool: str | None = None) -> list[dict[
     """respool.queue rows (all pools, or one), in (pool, position) order."""
     rows = await conn.fetch(
         "SELECT pool, position, request_id, subject, resources, preemptible, priority"
-        " FROM respool.queue WHERE $1::text IS NULL OR pool = $1 ORDER BY pool, position", pool)
+        " FROM respool.queue WHERE $1::text IS NULL OR pool = $1 ORDER BY pool, position",
+        pool,
+    )
     return [dict(r) for r in rows]
 
 
@@ -101,7 +111,8 @@ async def assert_healthy(conn: asyncpg.Connection) -> None:
           FROM respool.requests r LEFT JOIN respool.events e ON e.request_id = r.id
          GROUP BY r.id
         HAVING count(e.*) <> r.version OR (array_agg(e.to_status ORDER BY e.id DESC))[1] <> r.status
-        """)
+        """
+    )
     assert [dict(b) for b in bad] == []
     # A queued request is in at least one queue; any other request is in none.
     stray = await conn.fetch(
@@ -109,7 +120,8 @@ async def assert_healthy(conn: asyncpg.Connection) -> None:
         SELECT r.id, r.status FROM respool.requests r
          WHERE (r.status = 'queued') <> EXISTS (SELECT FROM respool.queue_entries e
                                                  WHERE e.request_id = r.id)
-        """)
+        """
+    )
     assert [dict(s) for s in stray] == []
 
 

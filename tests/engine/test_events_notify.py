@@ -57,8 +57,11 @@ async def _wait_then_grant(conn: asyncpg.Connection) -> list[Ev]:
 async def _expire(conn: asyncpg.Connection) -> list[Ev]:
     r = await mk_req(conn, "S", "p", resources={"gpu": 1}, lease_seconds=5)
     assert r.lease_expires_at is not None
-    await conn.fetchval("SELECT respool.expire_leases(p_pool_id => $1, p_now => $2)",
-                        await pool_id(conn, "p"), r.lease_expires_at + timedelta(seconds=1))
+    await conn.fetchval(
+        "SELECT respool.expire_leases(p_pool_id => $1, p_now => $2)",
+        await pool_id(conn, "p"),
+        r.lease_expires_at + timedelta(seconds=1),
+    )
     return await events(conn, r.id)
 
 
@@ -78,26 +81,54 @@ async def _pool_deleted(conn: asyncpg.Connection) -> list[Ev]:
 @pytest.mark.parametrize(
     ("scenario", "expected"),
     [
-        (_release, [(None, "queued", None), ("queued", "allocated", None),
-                    ("allocated", "released", None)]),
-        (_cancel_allocated, [(None, "queued", None), ("queued", "allocated", None),
-                             ("allocated", "cancelled", "cancelled")]),
+        (
+            _release,
+            [
+                (None, "queued", None),
+                ("queued", "allocated", None),
+                ("allocated", "released", None),
+            ],
+        ),
+        (
+            _cancel_allocated,
+            [
+                (None, "queued", None),
+                ("queued", "allocated", None),
+                ("allocated", "cancelled", "cancelled"),
+            ],
+        ),
         (_cancel_queued, [(None, "queued", None), ("queued", "cancelled", "cancelled")]),
-        (_release_queued, [(None, "queued", None),
-                           ("queued", "cancelled", "released_while_queued")]),
+        (
+            _release_queued,
+            [(None, "queued", None), ("queued", "cancelled", "released_while_queued")],
+        ),
         (_reject, [(None, "rejected", "exceeds_capacity")]),
         (_wait_then_grant, [(None, "queued", None), ("queued", "allocated", None)]),
-        (_expire, [(None, "queued", None), ("queued", "allocated", None),
-                   ("allocated", "expired", "lease_expired")]),
+        (
+            _expire,
+            [
+                (None, "queued", None),
+                ("queued", "allocated", None),
+                ("allocated", "expired", "lease_expired"),
+            ],
+        ),
         (_shrink, [(None, "queued", None), ("queued", "rejected", "exceeds_capacity")]),
-        (_pool_deleted, [(None, "queued", None), ("queued", "allocated", None),
-                         ("allocated", "cancelled", "pool_deleted")]),
+        (
+            _pool_deleted,
+            [
+                (None, "queued", None),
+                ("queued", "allocated", None),
+                ("allocated", "cancelled", "pool_deleted"),
+            ],
+        ),
     ],
     ids=lambda v: v.__name__.strip("_") if callable(v) else "",
 )
-async def test_history(conn: asyncpg.Connection, scenario: Callable[[asyncpg.Connection],
-                                                                    Awaitable[list[Ev]]],
-                       expected: list[Ev]) -> None:
+async def test_history(
+    conn: asyncpg.Connection,
+    scenario: Callable[[asyncpg.Connection], Awaitable[list[Ev]]],
+    expected: list[Ev],
+) -> None:
     await mk_pool(conn, "p", {"gpu": 2})
     await mk_policy(conn, "S", "p")
     history = await scenario(conn)
@@ -106,8 +137,9 @@ async def test_history(conn: asyncpg.Connection, scenario: Callable[[asyncpg.Con
     rid = await conn.fetchval("SELECT request_id FROM respool.events ORDER BY id DESC LIMIT 1")
     r = await get(conn, rid)
     assert r.version == len(expected) and r.status == expected[-1][1]
-    assert await conn.fetchval("SELECT count(*) FROM respool.request_events WHERE request_id = $1",
-                               rid) == len(expected)
+    assert await conn.fetchval(
+        "SELECT count(*) FROM respool.request_events WHERE request_id = $1", rid
+    ) == len(expected)
     full = await q.request_events(conn, rid)
     assert all(e.attempt == 1 and e.at is not None for e in full)
 
@@ -150,8 +182,9 @@ async def nothing_more(notes: asyncio.Queue[dict[str, Any]]) -> None:
     assert notes.empty(), notes.get_nowait()
 
 
-async def test_notify_after_commit(conn: asyncpg.Connection,
-                                   notes: asyncio.Queue[dict[str, Any]]) -> None:
+async def test_notify_after_commit(
+    conn: asyncpg.Connection, notes: asyncio.Queue[dict[str, Any]]
+) -> None:
     await mk_pool(conn, "p", {"gpu": 1})
     await mk_policy(conn, "S", "p")
     r = await mk_req(conn, "S", "p", resources={"gpu": 1})
@@ -174,8 +207,9 @@ async def test_notify_after_commit(conn: asyncpg.Connection,
     await nothing_more(notes)
 
 
-async def test_no_notify_for_a_rolled_back_transaction(conn: asyncpg.Connection,
-                                                      notes: asyncio.Queue[dict[str, Any]]) -> None:
+async def test_no_notify_for_a_rolled_back_transaction(
+    conn: asyncpg.Connection, notes: asyncio.Queue[dict[str, Any]]
+) -> None:
     await mk_pool(conn, "p", {"gpu": 1})
     await mk_policy(conn, "S", "p")
 
@@ -191,8 +225,9 @@ async def test_no_notify_for_a_rolled_back_transaction(conn: asyncpg.Connection,
     assert await conn.fetchval("SELECT count(*) FROM respool.requests") == 0
 
 
-async def test_notify_names_the_pool_once_granted(conn: asyncpg.Connection,
-                                                  notes: asyncio.Queue[dict[str, Any]]) -> None:
+async def test_notify_names_the_pool_once_granted(
+    conn: asyncpg.Connection, notes: asyncio.Queue[dict[str, Any]]
+) -> None:
     await mk_pool(conn, "a", {"gpu": 1})
     await mk_pool(conn, "b", {"gpu": 1})
     await mk_policy(conn, "S", "a")
@@ -201,8 +236,9 @@ async def test_notify_names_the_pool_once_granted(conn: asyncpg.Connection,
     await mk_req(conn, "S", "a", resources={"gpu": 1})
     await take(notes, 4)
     waiting = await mk_req(conn, "S", resources={"gpu": 1})
-    assert await take(notes, 1) == [{"id": str(waiting.id), "status": "queued", "version": 1,
-                                     "pool": None}]
+    assert await take(notes, 1) == [
+        {"id": str(waiting.id), "status": "queued", "version": 1, "pool": None}
+    ]
     await q.release_request(conn, holder.id)
     got = await take(notes, 2)
     assert got == [

@@ -23,8 +23,12 @@ async def db(conn: asyncpg.Connection) -> asyncpg.Connection:
     return conn
 
 
-BODY: dict[str, Any] = {"pool": "p", "resources": {"gpu": 1}, "labels": {"run": "r1"},
-                        "lease_seconds": 60}
+BODY: dict[str, Any] = {
+    "pool": "p",
+    "resources": {"gpu": 1},
+    "labels": {"run": "r1"},
+    "lease_seconds": 60,
+}
 
 
 async def test_same_key_same_body_is_the_same_request(db: asyncpg.Connection) -> None:
@@ -34,8 +38,15 @@ async def test_same_key_same_body_is_the_same_request(db: asyncpg.Connection) ->
     assert again.request.id == first.request.id
     assert again.request.status == "allocated" and again.request.idempotency_key == "k1"
     # settings that convert to the same final map are the same body
-    same = await q.create_request(db, subject="S", idempotency_key="k1", pool="p",
-                                  settings={"gpu_count": 1}, labels={"run": "r1"}, lease_seconds=60)
+    same = await q.create_request(
+        db,
+        subject="S",
+        idempotency_key="k1",
+        pool="p",
+        settings={"gpu_count": 1},
+        labels={"run": "r1"},
+        lease_seconds=60,
+    )
     assert (same.created, same.request.id) == (False, first.request.id)
     assert await db.fetchval("SELECT count(*) FROM respool.requests") == 1
     await assert_healthy(db)
@@ -45,8 +56,11 @@ async def test_replay_returns_the_current_state(db: asyncpg.Connection) -> None:
     first = await q.create_request(db, subject="S", idempotency_key="k1", **BODY)
     await q.release_request(db, first.request.id)
     again = await q.create_request(db, subject="S", idempotency_key="k1", **BODY)
-    assert (again.created, again.request.id, again.request.status) == (False, first.request.id,
-                                                                       "released")
+    assert (again.created, again.request.id, again.request.status) == (
+        False,
+        first.request.id,
+        "released",
+    )
 
 
 async def test_a_rejected_request_replays_too(db: asyncpg.Connection) -> None:
@@ -71,8 +85,9 @@ async def test_a_rejected_request_replays_too(db: asyncpg.Connection) -> None:
     ],
     ids=lambda c: next(iter(c)),
 )
-async def test_same_key_other_body_is_a_mismatch(db: asyncpg.Connection,
-                                                 change: dict[str, Any]) -> None:
+async def test_same_key_other_body_is_a_mismatch(
+    db: asyncpg.Connection, change: dict[str, Any]
+) -> None:
     first = await q.create_request(db, subject="S", idempotency_key="k1", **BODY)
     with pytest.raises(IdempotencyMismatch) as err:
         await q.create_request(db, subject="S", idempotency_key="k1", **{**BODY, **change})
@@ -98,8 +113,9 @@ async def test_no_key_means_a_new_request_each_time(db: asyncpg.Connection) -> N
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("gpu", [1, 9], ids=["granted", "rejected"])
-async def test_concurrent_duplicates_create_one_request(db: asyncpg.Connection, db_url: str,
-                                                        gpu: int) -> None:
+async def test_concurrent_duplicates_create_one_request(
+    db: asyncpg.Connection, db_url: str, gpu: int
+) -> None:
     body = {**BODY, "resources": {"gpu": gpu}}
     pool = await create_pool(db_url, size=20, application_name=APP_API)
     try:

@@ -33,13 +33,17 @@ async def db(conn: asyncpg.Connection) -> asyncpg.Connection:
     return conn
 
 
-async def heartbeat_at(conn: asyncpg.Connection, request_id: UUID, now: datetime,
-                       attempt: int | None = None) -> q.Request:
+async def heartbeat_at(
+    conn: asyncpg.Connection, request_id: UUID, now: datetime, attempt: int | None = None
+) -> q.Request:
     """heartbeat_request with a chosen clock (the wrapper always uses the database's)."""
     try:
         doc = await conn.fetchval(
             "SELECT respool.heartbeat_request(p_id => $1, p_attempt => $2, p_now => $3)",
-            request_id, attempt, now)
+            request_id,
+            attempt,
+            now,
+        )
     except asyncpg.PostgresError as exc:
         raise (translate(exc) or exc) from exc
     return msgspec.convert(doc, q.Request, strict=False)
@@ -47,8 +51,8 @@ async def heartbeat_at(conn: asyncpg.Connection, request_id: UUID, now: datetime
 
 async def expire_at(conn: asyncpg.Connection, pool: str, now: datetime) -> int:
     return await conn.fetchval(  # type: ignore[no-any-return]
-        "SELECT respool.expire_leases(p_pool_id => $1, p_now => $2)",
-        await pool_id(conn, pool), now)
+        "SELECT respool.expire_leases(p_pool_id => $1, p_now => $2)", await pool_id(conn, pool), now
+    )
 
 
 async def make(conn: asyncpg.Connection, state: str) -> q.Request:
@@ -86,8 +90,9 @@ Action = Callable[..., Awaitable[q.Request]]
     ],
     ids=["release-allocated", "release-queued", "cancel-allocated", "cancel-queued"],
 )
-async def test_release_and_cancel(db: asyncpg.Connection, action: Action, before: str, after: str,
-                                  reason: str | None) -> None:
+async def test_release_and_cancel(
+    db: asyncpg.Connection, action: Action, before: str, after: str, reason: str | None
+) -> None:
     r = await make(db, before)
     done = await action(db, r.id)
     assert (done.status, done.reason) == (after, reason)
@@ -108,21 +113,29 @@ async def test_release_returns_the_units(db: asyncpg.Connection) -> None:
 
 
 @pytest.mark.parametrize("terminal", ["released", "cancelled", "rejected", "expired"])
-@pytest.mark.parametrize("action", [q.release_request, q.cancel_request, q.heartbeat_request],
-                         ids=["release", "cancel", "heartbeat"])
-async def test_terminal_requests_are_unchanged(db: asyncpg.Connection, terminal: str,
-                                               action: Action) -> None:
+@pytest.mark.parametrize(
+    "action",
+    [q.release_request, q.cancel_request, q.heartbeat_request],
+    ids=["release", "cancel", "heartbeat"],
+)
+async def test_terminal_requests_are_unchanged(
+    db: asyncpg.Connection, terminal: str, action: Action
+) -> None:
     r = await make(db, terminal)
     again = await action(db, r.id)
     assert again == r
     assert await get(db, r.id) == r
 
 
-@pytest.mark.parametrize("action", [q.release_request, q.cancel_request, q.heartbeat_request],
-                         ids=["release", "cancel", "heartbeat"])
+@pytest.mark.parametrize(
+    "action",
+    [q.release_request, q.cancel_request, q.heartbeat_request],
+    ids=["release", "cancel", "heartbeat"],
+)
 @pytest.mark.parametrize("state", ["allocated", "queued"])
-async def test_fencing_with_a_stale_attempt(db: asyncpg.Connection, action: Action,
-                                            state: str) -> None:
+async def test_fencing_with_a_stale_attempt(
+    db: asyncpg.Connection, action: Action, state: str
+) -> None:
     r = await make(db, state)
     before = await db.fetchrow("SELECT * FROM respool.requests WHERE id = $1", r.id)
     n_events = len(await events(db, r.id))
@@ -138,10 +151,20 @@ async def test_fencing_with_a_stale_attempt(db: asyncpg.Connection, action: Acti
     await assert_healthy(db)
 
 
-@pytest.mark.parametrize("action", [q.release_request, q.cancel_request, q.heartbeat_request,
-                                    q.get_request, q.delete_request, q.request_events])
-async def test_unknown_request_is_not_found(db: asyncpg.Connection,
-                                            action: Callable[..., Awaitable[object]]) -> None:
+@pytest.mark.parametrize(
+    "action",
+    [
+        q.release_request,
+        q.cancel_request,
+        q.heartbeat_request,
+        q.get_request,
+        q.delete_request,
+        q.request_events,
+    ],
+)
+async def test_unknown_request_is_not_found(
+    db: asyncpg.Connection, action: Callable[..., Awaitable[object]]
+) -> None:
     with pytest.raises(NotFound):
         await action(db, uuid4())
 
@@ -206,16 +229,21 @@ async def test_stale_heartbeat_after_lapse_changes_nothing(db: asyncpg.Connectio
 
 
 @pytest.mark.parametrize("terminal", ["released", "cancelled", "rejected", "expired"])
-async def test_delete_a_terminal_request_and_its_events(db: asyncpg.Connection,
-                                                        terminal: str) -> None:
+async def test_delete_a_terminal_request_and_its_events(
+    db: asyncpg.Connection, terminal: str
+) -> None:
     r = await make(db, terminal)
-    assert await db.fetchval("SELECT count(*) FROM respool.request_events WHERE request_id = $1",
-                             r.id) > 0
+    assert (
+        await db.fetchval("SELECT count(*) FROM respool.request_events WHERE request_id = $1", r.id)
+        > 0
+    )
     await q.delete_request(db, r.id)
     with pytest.raises(NotFound):
         await q.get_request(db, r.id)
-    assert await db.fetchval("SELECT count(*) FROM respool.request_events WHERE request_id = $1",
-                             r.id) == 0
+    assert (
+        await db.fetchval("SELECT count(*) FROM respool.request_events WHERE request_id = $1", r.id)
+        == 0
+    )
     await assert_healthy(db)
 
 

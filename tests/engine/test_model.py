@@ -155,21 +155,30 @@ class Model:
                 return False
             if key in pol.limit and pol.used[key] + need > pol.limit[key]:  # rule 2
                 return False
-            if (not r.preemptible and cap is not None and need > 0  # rule 3
-                    and pol.np_used[key] + need > pol.reserved.get(key, 0)):
+            if (
+                not r.preemptible
+                and cap is not None
+                and need > 0  # rule 3
+                and pol.np_used[key] + need > pol.reserved.get(key, 0)
+            ):
                 return False
         return True
 
     def in_share(self, r: MRequest) -> bool:
         pool, pol = self.pools[r.pool], self.policies[(r.subject, r.pool)]
-        return all(pol.used[k] + n <= pol.reserved.get(k, 0)
-                   for k, n in r.resources.items() if pool.cap(k) is not None)
+        return all(
+            pol.used[k] + n <= pol.reserved.get(k, 0)
+            for k, n in r.resources.items()
+            if pool.cap(k) is not None
+        )
 
     def queue(self, pool: str) -> list[MRequest]:
         """The pool's queue in grant order, in-share computed from the usage now."""
         waiting = [r for r in self.requests.values() if r.pool == pool and r.status == "queued"]
-        return sorted(waiting, key=lambda r: (-self.policies[(r.subject, pool)].priority,
-                                              not self.in_share(r), r.seq))
+        return sorted(
+            waiting,
+            key=lambda r: (-self.policies[(r.subject, pool)].priority, not self.in_share(r), r.seq),
+        )
 
     # state changes -----------------------------------------------------------------------------
 
@@ -206,8 +215,9 @@ class Model:
         r.status = "queued"
         self.allocate(r.pool, "create")
 
-    def finish(self, r: MRequest, to: str, reason_if_queued: str,
-               reason_if_held: str | None) -> None:
+    def finish(
+        self, r: MRequest, to: str, reason_if_queued: str, reason_if_held: str | None
+    ) -> None:
         if r.status == "allocated":
             self._charge(r, -1)
             r.status, r.reason, r.lease_expires = to, reason_if_held, None
@@ -232,34 +242,56 @@ class Model:
 
     def borrowing(self, pol: MPolicy) -> bool:
         pool = self.pools[pol.pool]
-        return any(n > pol.reserved.get(k, 0) for k, n in pol.used.items()
-                   if pool.cap(k) is not None)
+        return any(
+            n > pol.reserved.get(k, 0) for k, n in pol.used.items() if pool.cap(k) is not None
+        )
 
     def holders(self, pool_name: str) -> list[MRequest]:
-        return [r for r in self.requests.values()
-                if r.pool == pool_name and r.status == "allocated" and r.preemptible]
+        return [
+            r
+            for r in self.requests.values()
+            if r.pool == pool_name and r.status == "allocated" and r.preemptible
+        ]
 
     def choose_victims(self, r: MRequest, mode: str) -> list[MRequest] | None:
         pool, pol = self.pools[r.pool], self.policies[(r.subject, r.pool)]
-        deficit = {k: pool.used[k] + n - pool.capacity[k]
-                   for k, n in r.resources.items() if k in pool.capacity}
+        deficit = {
+            k: pool.used[k] + n - pool.capacity[k]
+            for k, n in r.resources.items()
+            if k in pool.capacity
+        }
         if all(d <= 0 for d in deficit.values()):
             return []
-        over = {(p.subject, k): p.used[k] - p.reserved.get(k, 0)
-                for p in self.policies.values() if p.pool == r.pool for k in deficit}
+        over = {
+            (p.subject, k): p.used[k] - p.reserved.get(k, 0)
+            for p in self.policies.values()
+            if p.pool == r.pool
+            for k in deficit
+        }
+
         def allowed(v: MRequest) -> bool:
             vp = self.policies[(v.subject, v.pool)]
             if mode == "reclaim":
                 return v.subject != r.subject or not r.preemptible
             return vp.priority < pol.priority and v.subject != r.subject
-        candidates = sorted((v for v in self.holders(r.pool) if allowed(v)), key=lambda v: (
-            v.subject != r.subject, self.policies[(v.subject, v.pool)].priority,
-            -v.allocated_at, tuple(-b for b in bytes.fromhex(v.id.replace("-", "")))))
+
+        candidates = sorted(
+            (v for v in self.holders(r.pool) if allowed(v)),
+            key=lambda v: (
+                v.subject != r.subject,
+                self.policies[(v.subject, v.pool)].priority,
+                -v.allocated_at,
+                tuple(-b for b in bytes.fromhex(v.id.replace("-", ""))),
+            ),
+        )
         chosen: list[MRequest] = []
         for v in candidates:
-            if not any(n > 0 and deficit.get(k, 0) > 0
-                       and (v.subject == r.subject or over.get((v.subject, k), 0) > 0)
-                       for k, n in v.resources.items()):
+            if not any(
+                n > 0
+                and deficit.get(k, 0) > 0
+                and (v.subject == r.subject or over.get((v.subject, k), 0) > 0)
+                for k, n in v.resources.items()
+            ):
                 continue
             chosen.append(v)
             for k, n in v.resources.items():
@@ -281,18 +313,29 @@ class Model:
     def preempt_candidate(self, r: MRequest) -> str | None:
         """The mode if rule 1 alone blocks r and some subject could lose work to it."""
         pool, pol = self.pools[r.pool], self.policies[(r.subject, r.pool)]
-        if all(pool.used[k] + n <= pool.capacity[k]
-               for k, n in r.resources.items() if k in pool.capacity):
+        if all(
+            pool.used[k] + n <= pool.capacity[k]
+            for k, n in r.resources.items()
+            if k in pool.capacity
+        ):
             return None
         if any(r.resources.get(k, 0) > lim - pol.used[k] for k, lim in pol.limit.items()):
             return None
-        if not r.preemptible and any(n > pol.reserved.get(k, 0) - pol.np_used[k]
-                                     for k, n in r.resources.items() if k in pool.capacity):
+        if not r.preemptible and any(
+            n > pol.reserved.get(k, 0) - pol.np_used[k]
+            for k, n in r.resources.items()
+            if k in pool.capacity
+        ):
             return None
         mode = "reclaim" if self.in_share(r) or not r.preemptible else "priority"
         holders = self.holders(r.pool)
-        borrowers = [p for p in self.policies.values() if p.pool == r.pool
-                     and self.borrowing(p) and any(h.subject == p.subject for h in holders)]
+        borrowers = [
+            p
+            for p in self.policies.values()
+            if p.pool == r.pool
+            and self.borrowing(p)
+            and any(h.subject == p.subject for h in holders)
+        ]
         if mode == "reclaim":
             own = not r.preemptible and any(h.subject == r.subject for h in holders)
             helped = own or any(p.subject != r.subject for p in borrowers)
@@ -313,8 +356,12 @@ class Model:
     def reconcile(self, pool_name: str) -> None:
         pool = self.pools[pool_name]
         for r in self.requests.values():
-            if (r.pool == pool_name and r.status == "allocated" and r.lease_expires is not None
-                    and r.lease_expires <= self.now):
+            if (
+                r.pool == pool_name
+                and r.status == "allocated"
+                and r.lease_expires is not None
+                and r.lease_expires <= self.now
+            ):
                 self._charge(r, -1)
                 r.status, r.reason, r.lease_expires = "expired", "lease_expired", None
         changed = True
@@ -393,9 +440,19 @@ Shape = tuple[str, str, dict[str, int], bool, int | None, int]
 def request_st(draw: st.DrawFn) -> Shape:
     """(subject, pool, resources, preemptible, lease seconds, max retries): mostly
     admissible-looking, some rejections."""
-    subject, pool = draw(st.sampled_from([
-        ("s1", "pa"), ("s2", "pa"), ("s3", "pa"), ("s1", "pb"), ("s2", "pb"),
-    ] * 3 + [("s3", "pb")]))  # s3 has no policy on pb: no_policy
+    subject, pool = draw(
+        st.sampled_from(
+            [
+                ("s1", "pa"),
+                ("s2", "pa"),
+                ("s3", "pa"),
+                ("s1", "pb"),
+                ("s2", "pb"),
+            ]
+            * 3
+            + [("s3", "pb")]
+        )
+    )  # s3 has no policy on pb: no_policy
     resources = {"gpu": draw(st.sampled_from([1, 1, 1, 2, 2, 3, 0, 4]))}
     # tpu is a custom key only pa tracks (pool_missing_key on pb, now and then).
     resources["tpu"] = draw(st.sampled_from([0, 0, 0, 1, 2] if pool == "pa" else [0] * 9 + [1]))
@@ -432,16 +489,25 @@ class EngineMachine(RuleBasedStateMachine):
         step_run_a=st.sampled_from([None, 2, 3]),
         priorities=st.lists(st.integers(0, 2), min_size=5, max_size=5),
     )
-    def setup(self, queueing_a: str, queueing_b: str, gpu_a: int, gpu_b: int,
-              step_run_a: int | None, priorities: list[int]) -> None:
+    def setup(
+        self,
+        queueing_a: str,
+        queueing_b: str,
+        gpu_a: int,
+        gpu_b: int,
+        step_run_a: int | None,
+        priorities: list[int],
+    ) -> None:
         # A fresh universe per example. DELETE rather than TRUNCATE: with a few dozen rows it is
         # ~100x faster (TRUNCATE swaps files), and Hypothesis runs hundreds of examples.
-        self.runner.run(self.conn.execute(
-            "DELETE FROM respool.events; DELETE FROM respool.queue_entries;"
-            " DELETE FROM respool.requests; DELETE FROM respool.policy_resources;"
-            " DELETE FROM respool.policies; DELETE FROM respool.pool_resources;"
-            " DELETE FROM respool.pools;"
-        ))
+        self.runner.run(
+            self.conn.execute(
+                "DELETE FROM respool.events; DELETE FROM respool.queue_entries;"
+                " DELETE FROM respool.requests; DELETE FROM respool.policy_resources;"
+                " DELETE FROM respool.policies; DELETE FROM respool.pool_resources;"
+                " DELETE FROM respool.pools;"
+            )
+        )
         cap_a = {"gpu": gpu_a, "tpu": 2} | ({"step_run": step_run_a} if step_run_a else {})
         pools = {"pa": (cap_a, queueing_a), "pb": ({"gpu": gpu_b}, queueing_b)}
         sr = {"step_run": 1} if step_run_a else {}
@@ -453,15 +519,26 @@ class EngineMachine(RuleBasedStateMachine):
             ("s2", "pb", {"gpu": 1}, {}),
         ]
         for name, (capacity, queueing) in pools.items():
-            self.sql("SELECT respool.create_pool(p_name => $1, p_capacity => $2, p_queueing => $3)",
-                     name, capacity, queueing)
+            self.sql(
+                "SELECT respool.create_pool(p_name => $1, p_capacity => $2, p_queueing => $3)",
+                name,
+                capacity,
+                queueing,
+            )
             self.model.pools[name] = MPool(name, queueing, dict(capacity))
         for (subject, pool, reserved, limit), priority in zip(policies, priorities, strict=True):
             doc = self.sql(
                 "SELECT respool.create_policy(p_subject => $1, p_pool => $2, p_priority => $3,"
-                " p_reserved => $4, p_limit => $5)", subject, pool, priority, reserved, limit)
+                " p_reserved => $4, p_limit => $5)",
+                subject,
+                pool,
+                priority,
+                reserved,
+                limit,
+            )
             self.model.policies[(subject, pool)] = MPolicy(
-                doc["id"], subject, pool, priority, dict(reserved), dict(limit))
+                doc["id"], subject, pool, priority, dict(reserved), dict(limit)
+            )
 
     # rules -------------------------------------------------------------------------------------
 
@@ -477,25 +554,56 @@ class EngineMachine(RuleBasedStateMachine):
     def create_even_more(self, request: Shape) -> None:
         self._create(*request)
 
-    def _create(self, subject: str, pool: str, resources: dict[str, int], preemptible: bool,
-                lease: int | None, retries: int) -> None:
+    def _create(
+        self,
+        subject: str,
+        pool: str,
+        resources: dict[str, int],
+        preemptible: bool,
+        lease: int | None,
+        retries: int,
+    ) -> None:
         now = self.now()
-        row = self.runner.run(self.conn.fetchrow(
-            "SELECT created, request FROM respool.create_request(p_subject => $1, p_pool => $2,"
-            " p_resources => $3, p_preemptible => $4, p_now => $5, p_lease_seconds => $6,"
-            " p_max_retries => $7)",
-            subject, pool, resources, preemptible, now, lease, retries))
+        row = self.runner.run(
+            self.conn.fetchrow(
+                "SELECT created, request FROM respool.create_request(p_subject => $1, p_pool => $2,"
+                " p_resources => $3, p_preemptible => $4, p_now => $5, p_lease_seconds => $6,"
+                " p_max_retries => $7)",
+                subject,
+                pool,
+                resources,
+                preemptible,
+                now,
+                lease,
+                retries,
+            )
+        )
         assert row["created"]
         doc = row["request"]
         amounts = {k: v for k, v in resources.items() if v} | {"step_run": 1}
         assert doc["resources"] == amounts
-        self.model.create(MRequest(doc["id"], self.seq, subject, pool, amounts, preemptible,
-                                   "queued", lease_seconds=lease, max_retries=retries))
+        self.model.create(
+            MRequest(
+                doc["id"],
+                self.seq,
+                subject,
+                pool,
+                amounts,
+                preemptible,
+                "queued",
+                lease_seconds=lease,
+                max_retries=retries,
+            )
+        )
         self.stats[f"create:{doc['status']}"] += 1
 
-    @rule(where=st.sampled_from([("pa", "s1"), ("pa", "s2"), ("pa", "s3"), ("pb", "s1"),
-                                 ("pb", "s2")]),
-          lease=st.sampled_from([None, 3]), retries=st.sampled_from([0, 1]))
+    @rule(
+        where=st.sampled_from(
+            [("pa", "s1"), ("pa", "s2"), ("pa", "s3"), ("pb", "s1"), ("pb", "s2")]
+        ),
+        lease=st.sampled_from([None, 3]),
+        retries=st.sampled_from([0, 1]),
+    )
     def borrow_the_rest(self, where: tuple[str, str], lease: int | None, retries: int) -> None:
         """One subject takes every free GPU, so later requests have work to reclaim or, at a
         higher priority, to preempt."""
@@ -506,8 +614,11 @@ class EngineMachine(RuleBasedStateMachine):
             self._create(subject, pool, {"gpu": free}, True, lease, retries)
 
     def _live(self) -> list[str]:
-        return [r.id for r in sorted(self.model.requests.values(), key=lambda r: r.seq)
-                if r.status in ("queued", "allocated")]
+        return [
+            r.id
+            for r in sorted(self.model.requests.values(), key=lambda r: r.seq)
+            if r.status in ("queued", "allocated")
+        ]
 
     @precondition(lambda self: bool(self._live()))
     @rule(data=st.data())
@@ -529,15 +640,17 @@ class EngineMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def heartbeat(self, data: st.DataObject) -> None:
         rid = data.draw(st.sampled_from(self._live()), label="request")
-        self.sql("SELECT respool.heartbeat_request(p_id => $1::uuid, p_now => $2)", rid,
-                 self.now())
+        self.sql("SELECT respool.heartbeat_request(p_id => $1::uuid, p_now => $2)", rid, self.now())
         self.model.heartbeat(self.model.requests[rid])
         self.stats["heartbeat"] += 1
 
     @rule(pool=st.sampled_from(POOL_NAMES))
     def reconcile(self, pool: str) -> None:
-        self.sql("SELECT respool.reconcile_pool("
-                 "(SELECT id FROM respool.pools WHERE name = $1), $2)", pool, self.now())
+        self.sql(
+            "SELECT respool.reconcile_pool((SELECT id FROM respool.pools WHERE name = $1), $2)",
+            pool,
+            self.now(),
+        )
         self.model.reconcile(pool)
         self.stats["reconcile"] += 1
 
@@ -557,22 +670,34 @@ class EngineMachine(RuleBasedStateMachine):
         pool = data.draw(st.sampled_from(POOL_NAMES), label="pool")
         mpool = self.model.pools[pool]
         key = data.draw(st.sampled_from(sorted(mpool.capacity)), label="key")
-        reserved = sum(p.reserved.get(key, 0) for p in self.model.policies.values()
-                       if p.pool == pool)
+        reserved = sum(
+            p.reserved.get(key, 0) for p in self.model.policies.values() if p.pool == pool
+        )
         low = max(reserved, mpool.used[key], 1)
         capacity = data.draw(st.integers(low, max(low, 7)), label="capacity")
-        self.sql("SELECT respool.update_pool(p_ref => $1, p_capacity => $2, p_now => $3)",
-                 pool, {key: capacity}, self.now())
+        self.sql(
+            "SELECT respool.update_pool(p_ref => $1, p_capacity => $2, p_now => $3)",
+            pool,
+            {key: capacity},
+            self.now(),
+        )
         self.model.resize(pool, key, capacity)
         self.stats["resize"] += 1
 
     def _set_priority(self, data: st.DataObject) -> None:
-        pol = data.draw(st.sampled_from(sorted(self.model.policies.values(),
-                                               key=lambda p: (p.pool, p.subject))),
-                        label="policy")
+        pol = data.draw(
+            st.sampled_from(
+                sorted(self.model.policies.values(), key=lambda p: (p.pool, p.subject))
+            ),
+            label="policy",
+        )
         priority = data.draw(st.integers(0, 2), label="priority")
-        self.sql("SELECT respool.update_policy(p_ref => $1, p_priority => $2, p_now => $3)",
-                 pol.id, priority, self.now())
+        self.sql(
+            "SELECT respool.update_policy(p_ref => $1, p_priority => $2, p_now => $3)",
+            pol.id,
+            priority,
+            self.now(),
+        )
         pol.priority = priority
         self.model.allocate(pol.pool, "set_priority")
         self.stats["set_priority"] += 1
@@ -593,25 +718,33 @@ class EngineMachine(RuleBasedStateMachine):
         state = self.sql(_STATE_SQL)  # one round trip: shrinking replays many steps
         model = {r.id: [r.status, r.reason] for r in self.model.requests.values()}
         assert state["requests"] == model, self._diff(state["requests"], model)
-        assert state["pool_used"] == {f"{p.name}/{k}": n for p in self.model.pools.values()
-                                      for k, n in p.used.items() if n}
+        assert state["pool_used"] == {
+            f"{p.name}/{k}": n for p in self.model.pools.values() for k, n in p.used.items() if n
+        }
         assert state["policy_used"] == {
             f"{p.subject}@{p.pool}/{k}": [p.used[k], p.np_used[k]]
             for p in self.model.policies.values()
-            for k in set(p.used) | set(p.np_used) if p.used[k] or p.np_used[k]}
-        assert state["queues"] == {name: ids for name in POOL_NAMES
-                                   if (ids := [r.id for r in self.model.queue(name)])}
+            for k in set(p.used) | set(p.np_used)
+            if p.used[k] or p.np_used[k]
+        }
+        assert state["queues"] == {
+            name: ids for name in POOL_NAMES if (ids := [r.id for r in self.model.queue(name)])
+        }
         assert state["violations"] == []
 
     def _diff(self, engine: dict[str, Any], model: dict[str, Any]) -> str:
         lines = []
-        for rid in sorted(set(engine) | set(model), key=lambda i: self.model.requests[i].seq
-                          if i in self.model.requests else 0):
+        for rid in sorted(
+            set(engine) | set(model),
+            key=lambda i: self.model.requests[i].seq if i in self.model.requests else 0,
+        ):
             if engine.get(rid) != model.get(rid):
                 r = self.model.requests.get(rid)
                 what = f"{r.subject}@{r.pool} {r.resources} pre={r.preemptible}" if r else "?"
-                lines.append(f"request #{r.seq if r else '?'} {what}: engine {engine.get(rid)}"
-                             f" model {model.get(rid)}")
+                lines.append(
+                    f"request #{r.seq if r else '?'} {what}: engine {engine.get(rid)}"
+                    f" model {model.get(rid)}"
+                )
         return "\n".join(lines)
 
 
@@ -626,13 +759,16 @@ def test_engine_matches_reference_model(db_url: str) -> None:
     EngineMachine.stats = Counter()
     started = datetime.now(UTC)
     try:
-        run_state_machine_as_test(EngineMachine, settings=settings(
-            max_examples=100,
-            stateful_step_count=40,
-            deadline=None,
-            database=None,
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-        ))
+        run_state_machine_as_test(
+            EngineMachine,
+            settings=settings(
+                max_examples=100,
+                stateful_step_count=40,
+                deadline=None,
+                database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+            ),
+        )
     finally:
         runner.run(conn.close())
         runner.close()

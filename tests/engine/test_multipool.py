@@ -24,8 +24,11 @@ async def three(conn: asyncpg.Connection) -> asyncpg.Connection:
 
 async def test_candidates_are_tried_by_priority_then_name(three: asyncpg.Connection) -> None:
     grants = [await mk_req(three, "S", resources={"gpu": 2}) for _ in range(3)]
-    assert [(r.status, r.pool) for r in grants] == [("allocated", "b"), ("allocated", "c"),
-                                                   ("allocated", "a")]
+    assert [(r.status, r.pool) for r in grants] == [
+        ("allocated", "b"),
+        ("allocated", "c"),
+        ("allocated", "a"),
+    ]
     for r in grants:
         assert r.pool_id == (await q.get_pool(three, r.pool)).id
     assert [await allocated(three, p) for p in ("a", "b", "c")] == [{"gpu": 2, "step_run": 1}] * 3
@@ -55,11 +58,15 @@ async def test_queued_in_every_candidate_granted_once(three: asyncpg.Connection)
     assert waiting.queue_position == 1
     rows = await queue(three)
     assert [(r["pool"], r["request_id"], r["position"]) for r in rows] == [
-        ("a", waiting.id, 1), ("b", waiting.id, 1), ("c", waiting.id, 1)]
+        ("a", waiting.id, 1),
+        ("b", waiting.id, 1),
+        ("c", waiting.id, 1),
+    ]
     for pool in ("a", "b", "c"):  # the message says what it waits for, in each candidate
         assert f"{pool}: waiting for gpu: pool 2/2 used, needs 2" in waiting.message
-    demand = await three.fetch("SELECT pool, queued_demand FROM respool.pool_usage"
-                               " WHERE key = 'gpu' ORDER BY pool")
+    demand = await three.fetch(
+        "SELECT pool, queued_demand FROM respool.pool_usage WHERE key = 'gpu' ORDER BY pool"
+    )
     assert [(d["pool"], d["queued_demand"]) for d in demand] == [("a", 2), ("b", 2), ("c", 2)]
 
     # capacity frees in c (not the first candidate): granted there, and it leaves every queue
@@ -73,9 +80,13 @@ async def test_queued_in_every_candidate_granted_once(three: asyncpg.Connection)
     assert await status(three, waiting.id) == "allocated"
     assert await allocated(three, "a") == {} and await allocated(three, "b") == {}
     assert await allocated(three, "c") == {"gpu": 2, "step_run": 1}
-    assert await three.fetchval(
-        "SELECT count(*) FROM respool.events WHERE request_id = $1 AND to_status = 'allocated'",
-        waiting.id) == 1
+    assert (
+        await three.fetchval(
+            "SELECT count(*) FROM respool.events WHERE request_id = $1 AND to_status = 'allocated'",
+            waiting.id,
+        )
+        == 1
+    )
     await assert_healthy(three)
 
 

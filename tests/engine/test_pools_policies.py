@@ -30,7 +30,11 @@ from app.db.errors import BadInput, Conflict, NotFound
 async def test_good_pool_names(conn: asyncpg.Connection, name: str) -> None:
     pool = await mk_pool(conn, name, {"gpu": 1})
     assert (pool.name, pool.capacity, pool.queueing, pool.preemption_grace_seconds) == (
-        name, {"gpu": 1}, "best_effort", 0)
+        name,
+        {"gpu": 1},
+        "best_effort",
+        0,
+    )
     assert (await q.get_pool(conn, name)).id == pool.id
 
 
@@ -52,8 +56,9 @@ async def test_good_pool_names(conn: asyncpg.Connection, name: str) -> None:
         ({"name": "ok", "description": "x" * 2001}, "description"),
     ],
 )
-async def test_bad_pool_fields(conn: asyncpg.Connection, kwargs: dict[str, Any],
-                               field: str) -> None:
+async def test_bad_pool_fields(
+    conn: asyncpg.Connection, kwargs: dict[str, Any], field: str
+) -> None:
     with pytest.raises(BadInput) as err:
         await q.create_pool(conn, **kwargs)
     assert err.value.field == field
@@ -80,8 +85,9 @@ AB2 = UUID("abcd2222-0000-4000-8000-000000000002")
 @pytest.fixture
 async def refs(conn: asyncpg.Connection) -> asyncpg.Connection:
     """Two pools whose ids share the prefix abcd (ids fixed for the test), and one named abcd."""
-    await conn.execute("INSERT INTO respool.pools (id, name) VALUES ($1, 'first'), ($2, 'second')",
-                       AB1, AB2)
+    await conn.execute(
+        "INSERT INTO respool.pools (id, name) VALUES ($1, 'first'), ($2, 'second')", AB1, AB2
+    )
     await mk_pool(conn, "abcd", {"gpu": 1})
     return conn
 
@@ -135,10 +141,15 @@ async def test_capacity_merge(conn: asyncpg.Connection) -> None:
     assert pool.capacity == {"gpu": 4, "tpu": 2, "mcpu": 4000, "memory_mb": 1000}
     pool = await q.update_pool(conn, "p", capacity={"tpu": 0, "mcpu": 0})
     assert pool.capacity == {"gpu": 4, "memory_mb": 1000}
-    pool = await q.update_pool(conn, "p", description="d", queueing="strict",
-                               preemption_grace_seconds=30)
+    pool = await q.update_pool(
+        conn, "p", description="d", queueing="strict", preemption_grace_seconds=30
+    )
     assert (pool.capacity, pool.description, pool.queueing, pool.preemption_grace_seconds) == (
-        {"gpu": 4, "memory_mb": 1000}, "d", "strict", 30)
+        {"gpu": 4, "memory_mb": 1000},
+        "d",
+        "strict",
+        30,
+    )
     # removing a soft key makes it untracked; removing another key makes it capacity 0
     usage = await pool_usage(conn, "p")
     assert set(usage) == {"gpu", "memory_mb"}
@@ -160,8 +171,9 @@ async def test_shrinking_an_untracked_soft_key_in_use(conn: asyncpg.Connection) 
 
 
 @pytest.mark.parametrize("change", [{"gpu": 4}, {"gpu": 0}, {"tpu": 0}])
-async def test_capacity_below_reserved_is_refused(conn: asyncpg.Connection,
-                                                  change: dict[str, int]) -> None:
+async def test_capacity_below_reserved_is_refused(
+    conn: asyncpg.Connection, change: dict[str, int]
+) -> None:
     await mk_pool(conn, "p", {"gpu": 8, "tpu": 4})
     await mk_policy(conn, "team-a", "p", reserved={"gpu": 3, "tpu": 2})
     await mk_policy(conn, "team-b", "p", reserved={"gpu": 2, "tpu": 1})
@@ -170,8 +182,13 @@ async def test_capacity_below_reserved_is_refused(conn: asyncpg.Connection,
         await q.update_pool(conn, "p", capacity={**change, "mcpu": 5}, description="changed")
     key = next(iter(change))
     a, b = (3, 2) if key == "gpu" else (2, 1)
-    for part in (key, f"team-a reserves {a}", f"team-b reserves {b}", str(a + b),
-                 f"would be {change[key]}"):
+    for part in (
+        key,
+        f"team-a reserves {a}",
+        f"team-b reserves {b}",
+        str(a + b),
+        f"would be {change[key]}",
+    ):
         assert part in err.value.message
     after = await q.get_pool(conn, "p")
     assert after == before  # nothing changed, not even the other fields
@@ -238,7 +255,10 @@ async def test_delete_pool(conn: asyncpg.Connection) -> None:
     old = await get(conn, done.id)
     assert (old.status, old.pool) == ("released", "p")  # still readable with its pool name
     assert [(e.from_status, e.to_status) for e in await q.request_events(conn, done.id)] == [
-        (None, "queued"), ("queued", "allocated"), ("allocated", "released")]
+        (None, "queued"),
+        ("queued", "allocated"),
+        ("allocated", "released"),
+    ]
     with pytest.raises(NotFound):
         await q.get_pool(conn, "p")
     with pytest.raises(NotFound):
@@ -287,15 +307,29 @@ async def pool(conn: asyncpg.Connection) -> asyncpg.Connection:
 
 
 async def test_policy_fields(pool: asyncpg.Connection) -> None:
-    pol = await mk_policy(pool, "orchestrator:prod-stack", "p", priority=3,
-                          reserved={"gpu": 2, "tpu": 0}, limit={"gpu": 4, "step_run": 5},
-                          description="prod")
+    pol = await mk_policy(
+        pool,
+        "orchestrator:prod-stack",
+        "p",
+        priority=3,
+        reserved={"gpu": 2, "tpu": 0},
+        limit={"gpu": 4, "step_run": 5},
+        description="prod",
+    )
     assert (pol.subject, pol.pool, pol.priority, pol.reserved, pol.limit, pol.description) == (
-        "orchestrator:prod-stack", "p", 3, {"gpu": 2}, {"gpu": 4, "step_run": 5}, "prod")
+        "orchestrator:prod-stack",
+        "p",
+        3,
+        {"gpu": 2},
+        {"gpu": 4, "step_run": 5},
+        "prod",
+    )
     assert (await q.get_policy(pool, str(pol.id)[:8])).id == pol.id
     rows = await policy_usage(pool, "p", "orchestrator:prod-stack")
     assert {k: (v["reserved"], v["limit"], v["used"]) for k, v in rows.items()} == {
-        "gpu": (2, 4, 0), "step_run": (0, 5, 0)}
+        "gpu": (2, 4, 0),
+        "step_run": (0, 5, 0),
+    }
 
 
 @pytest.mark.parametrize(
@@ -313,8 +347,13 @@ async def test_policy_fields(pool: asyncpg.Connection) -> None:
         ({"pool": "nope"}, NotFound, "pool", "nope"),
     ],
 )
-async def test_bad_policies(pool: asyncpg.Connection, kwargs: dict[str, Any], exc: type[Exception],
-                            field: str, in_message: str) -> None:
+async def test_bad_policies(
+    pool: asyncpg.Connection,
+    kwargs: dict[str, Any],
+    exc: type[Exception],
+    field: str,
+    in_message: str,
+) -> None:
     args = {"subject": "S", "pool": "p", **kwargs}
     with pytest.raises(exc) as err:
         await q.create_policy(pool, **args)

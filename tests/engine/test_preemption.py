@@ -130,9 +130,7 @@ CASES: dict[str, Case] = {
 
 async def reconcile(conn: asyncpg.Connection, pool: str, now: datetime | None = None) -> Any:
     pid = (await q.get_pool(conn, pool)).id
-    return await conn.fetchval(
-        "SELECT respool.reconcile_pool($1, coalesce($2, now()))", pid, now
-    )
+    return await conn.fetchval("SELECT respool.reconcile_pool($1, coalesce($2, now()))", pid, now)
 
 
 async def build(conn: asyncpg.Connection, case: Case, **pool_kw: Any) -> dict[str, UUID]:
@@ -235,8 +233,10 @@ async def test_retry_requeues_with_original_queue_time(conn: asyncpg.Connection)
     await reconcile(conn, "p")
     again = await get(conn, d.id)
     assert (again.status, again.attempt, again.reason) == ("queued", 2, "retry")
-    assert await conn.fetchval(
-        "SELECT queued_at FROM respool.requests WHERE id = $1", d.id) == queued_at
+    assert (
+        await conn.fetchval("SELECT queued_at FROM respool.requests WHERE id = $1", d.id)
+        == queued_at
+    )
     assert await events(conn, d.id) == [
         (None, "queued", None), ("queued", "allocated", None),
         ("allocated", "preempted", "reclaim"), ("preempted", "queued", "retry"),
@@ -261,13 +261,17 @@ async def test_lease_expiry_with_and_without_heartbeat(conn: asyncpg.Connection)
     beating = await mk_req(conn, "S", "p", resources={"gpu": 1}, lease_seconds=10)
     waiting = await mk_req(conn, "S", "p", resources={"gpu": 1})
     now = await db_now(conn)
-    await conn.fetchval("SELECT respool.heartbeat_request($1, NULL, $2)", beating.id,
-                        now + timedelta(seconds=8))
+    await conn.fetchval(
+        "SELECT respool.heartbeat_request($1, NULL, $2)", beating.id, now + timedelta(seconds=8)
+    )
     done = await reconcile(conn, "p", now + timedelta(seconds=12))
     assert (done["expired"], done["allocated"]) == (1, 1)
     assert (await get(conn, silent.id)).reason == "lease_expired"
     assert [await status(conn, i) for i in (silent.id, beating.id, waiting.id)] == [
-        "expired", "allocated", "allocated"]
+        "expired",
+        "allocated",
+        "allocated",
+    ]
     await assert_healthy(conn)
 
 

@@ -34,7 +34,10 @@ async def test_priority_descending(conn: asyncpg.Connection) -> None:
     hi = await mk_req(conn, "hi", "p", resources={"gpu": 1})
     rows = await queue(conn, "p")
     assert [(r["request_id"], r["position"], r["priority"]) for r in rows] == [
-        (hi.id, 1, 10), (mid.id, 2, 5), (lo.id, 3, 0)]
+        (hi.id, 1, 10),
+        (mid.id, 2, 5),
+        (lo.id, 3, 0),
+    ]
     assert [(await get(conn, i)).queue_position for i in (hi.id, mid.id, lo.id)] == [1, 2, 3]
     assert "2 ahead" in (await get(conn, lo.id)).message
     await q.release_request(conn, holder.id)
@@ -79,10 +82,12 @@ async def test_queue_time_then_id(conn: asyncpg.Connection) -> None:
     assert await statuses(conn, tied[0], tied[1]) == ["allocated", "queued"]
 
 
-@pytest.mark.parametrize(("queueing", "small_status"), [("best_effort", "allocated"),
-                                                        ("strict", "queued")])
-async def test_small_request_created_behind_a_big_one(conn: asyncpg.Connection, queueing: str,
-                                                      small_status: str) -> None:
+@pytest.mark.parametrize(
+    ("queueing", "small_status"), [("best_effort", "allocated"), ("strict", "queued")]
+)
+async def test_small_request_created_behind_a_big_one(
+    conn: asyncpg.Connection, queueing: str, small_status: str
+) -> None:
     await mk_pool(conn, "p", {"gpu": 4}, queueing=queueing)
     await mk_policy(conn, "S", "p")
     await mk_req(conn, "S", "p", resources={"gpu": 3})  # 1 gpu free
@@ -96,10 +101,12 @@ async def test_small_request_created_behind_a_big_one(conn: asyncpg.Connection, 
     await assert_healthy(conn)
 
 
-@pytest.mark.parametrize(("queueing", "small_status"), [("best_effort", "allocated"),
-                                                        ("strict", "queued")])
-async def test_release_behind_a_big_one(conn: asyncpg.Connection, queueing: str,
-                                        small_status: str) -> None:
+@pytest.mark.parametrize(
+    ("queueing", "small_status"), [("best_effort", "allocated"), ("strict", "queued")]
+)
+async def test_release_behind_a_big_one(
+    conn: asyncpg.Connection, queueing: str, small_status: str
+) -> None:
     await mk_pool(conn, "p", {"gpu": 4}, queueing=queueing)
     await mk_policy(conn, "S", "p")
     h1 = await mk_req(conn, "S", "p", resources={"gpu": 2})
@@ -199,15 +206,21 @@ async def _cancel(conn: asyncpg.Connection, holder: q.Request) -> None:
 async def _expire(conn: asyncpg.Connection, holder: q.Request) -> None:
     assert holder.lease_expires_at is not None
     lapsed = holder.lease_expires_at + timedelta(seconds=1)
-    n = await conn.fetchval("SELECT respool.expire_leases(p_pool_id => $1, p_now => $2)",
-                            await pool_id(conn, "p"), lapsed)
+    n = await conn.fetchval(
+        "SELECT respool.expire_leases(p_pool_id => $1, p_now => $2)",
+        await pool_id(conn, "p"),
+        lapsed,
+    )
     assert n == 1
 
 
 async def _late_heartbeat(conn: asyncpg.Connection, holder: q.Request) -> None:
     assert holder.lease_expires_at is not None
-    await conn.fetchval("SELECT respool.heartbeat_request(p_id => $1, p_now => $2)",
-                        holder.id, holder.lease_expires_at + timedelta(seconds=1))
+    await conn.fetchval(
+        "SELECT respool.heartbeat_request(p_id => $1, p_now => $2)",
+        holder.id,
+        holder.lease_expires_at + timedelta(seconds=1),
+    )
 
 
 async def _grow(conn: asyncpg.Connection, holder: q.Request) -> None:
@@ -216,14 +229,20 @@ async def _grow(conn: asyncpg.Connection, holder: q.Request) -> None:
 
 @pytest.mark.parametrize(
     ("trigger", "holder_status"),
-    [(_release, "released"), (_cancel, "cancelled"), (_expire, "expired"),
-     (_late_heartbeat, "expired"), (_grow, "allocated")],
+    [
+        (_release, "released"),
+        (_cancel, "cancelled"),
+        (_expire, "expired"),
+        (_late_heartbeat, "expired"),
+        (_grow, "allocated"),
+    ],
     ids=["release", "cancel", "expiry", "heartbeat-after-lapse", "capacity-growth"],
 )
 async def test_trigger_grants_in_the_same_transaction(
-        conn: asyncpg.Connection,
-        trigger: Callable[[asyncpg.Connection, q.Request], Awaitable[None]],
-        holder_status: str) -> None:
+    conn: asyncpg.Connection,
+    trigger: Callable[[asyncpg.Connection, q.Request], Awaitable[None]],
+    holder_status: str,
+) -> None:
     holder, waiting = await _full_pool(conn)
     async with conn.transaction():
         await trigger(conn, holder)

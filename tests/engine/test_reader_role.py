@@ -25,16 +25,34 @@ async def reader(conn: asyncpg.Connection) -> AsyncIterator[asyncpg.Connection]:
         await conn.execute("RESET ROLE")
 
 
-@pytest.mark.parametrize(("view", "rows"), [("pool_usage", 2), ("policy_usage", 2), ("queue", 1),
-                                            ("request_events", 3), ("invariant_violations", 0)])
+@pytest.mark.parametrize(
+    ("view", "rows"),
+    [
+        ("pool_usage", 2),
+        ("policy_usage", 2),
+        ("queue", 1),
+        ("request_events", 3),
+        ("invariant_violations", 0),
+    ],
+)
 async def test_reader_sees_the_views(reader: asyncpg.Connection, view: str, rows: int) -> None:
     assert await reader.fetchval("SELECT current_user") == "respool_reader"
     # view names come from the fixed list above
     assert await reader.fetchval(f"SELECT count(*) FROM respool.{view}") == rows  # noqa: S608
 
 
-@pytest.mark.parametrize("table", ["requests", "pools", "policies", "pool_resources",
-                                   "policy_resources", "queue_entries", "events"])
+@pytest.mark.parametrize(
+    "table",
+    [
+        "requests",
+        "pools",
+        "policies",
+        "pool_resources",
+        "policy_resources",
+        "queue_entries",
+        "events",
+    ],
+)
 async def test_reader_cannot_read_base_tables(reader: asyncpg.Connection, table: str) -> None:
     with pytest.raises(asyncpg.InsufficientPrivilegeError) as err:
         await reader.fetch(f"SELECT * FROM respool.{table}")  # noqa: S608
@@ -52,15 +70,17 @@ async def test_reader_cannot_read_base_tables(reader: asyncpg.Connection, table:
         "SELECT respool.list_pools()",
     ],
 )
-async def test_reader_cannot_call_functions_that_touch_tables(reader: asyncpg.Connection,
-                                                              call: str) -> None:
+async def test_reader_cannot_call_functions_that_touch_tables(
+    reader: asyncpg.Connection, call: str
+) -> None:
     with pytest.raises(asyncpg.InsufficientPrivilegeError) as err:
         await reader.execute(call)
     assert err.value.sqlstate == "42501"
 
 
 async def test_reader_role_settings(conn: asyncpg.Connection) -> None:
-    role = await conn.fetchrow("SELECT rolconfig, rolcanlogin FROM pg_roles"
-                               " WHERE rolname = 'respool_reader'")
+    role = await conn.fetchrow(
+        "SELECT rolconfig, rolcanlogin FROM pg_roles WHERE rolname = 'respool_reader'"
+    )
     assert any(c.startswith("statement_timeout=") for c in role["rolconfig"])
     assert not role["rolcanlogin"]

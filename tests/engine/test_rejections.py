@@ -27,8 +27,9 @@ async def db(conn: asyncpg.Connection) -> asyncpg.Connection:
     team: reserved gpu 2 / mcpu 1000, limit gpu 4 / memory_mb 5000 (untracked soft key)."""
     await mk_pool(conn, "p", {"gpu": 8, "mcpu": 16000})
     await mk_pool(conn, "other", {"gpu": 8})
-    await mk_policy(conn, "team", "p", reserved={"gpu": 2, "mcpu": 1000},
-                    limit={"gpu": 4, "memory_mb": 5000})
+    await mk_policy(
+        conn, "team", "p", reserved={"gpu": 2, "mcpu": 1000}, limit={"gpu": 4, "memory_mb": 5000}
+    )
     return conn
 
 
@@ -38,25 +39,55 @@ async def db(conn: asyncpg.Connection) -> asyncpg.Connection:
         ("nobody", None, {}, "no_policy", ["nobody", "no policy"]),
         ("team", "other", {}, "no_policy", ["team", "other"]),
         ("team", "p", {"resources": {"tpu": 1}}, "pool_missing_key", ["tpu", "p"]),
-        ("team", "p", {"resources": {"licence_x": 1, "gpu": 99}}, "pool_missing_key",
-         ["licence_x"]),
+        (
+            "team",
+            "p",
+            {"resources": {"licence_x": 1, "gpu": 99}},
+            "pool_missing_key",
+            ["licence_x"],
+        ),
         ("team", "p", {"resources": {"gpu": 9}}, "exceeds_capacity", ["gpu", "9", "8"]),
-        ("team", "p", {"settings": {"cpu_count": 16.001}}, "exceeds_capacity",
-         ["mcpu", "16001", "16000"]),
+        (
+            "team",
+            "p",
+            {"settings": {"cpu_count": 16.001}},
+            "exceeds_capacity",
+            ["mcpu", "16001", "16000"],
+        ),
         ("team", "p", {"resources": {"gpu": 5}}, "exceeds_limit", ["gpu", "5", "4"]),
         # a limit on an untracked soft key still caps the subject
-        ("team", "p", {"settings": {"memory": "6GB"}}, "exceeds_limit",
-         ["memory_mb", "6000", "5000"]),
-        ("team", "p", {"resources": {"gpu": 3}, "preemptible": False}, "exceeds_reserved",
-         ["gpu", "3", "2", "non-preemptible"]),
+        (
+            "team",
+            "p",
+            {"settings": {"memory": "6GB"}},
+            "exceeds_limit",
+            ["memory_mb", "6000", "5000"],
+        ),
+        (
+            "team",
+            "p",
+            {"resources": {"gpu": 3}, "preemptible": False},
+            "exceeds_reserved",
+            ["gpu", "3", "2", "non-preemptible"],
+        ),
         # mcpu is tracked and only 1000 are reserved
-        ("team", "p", {"settings": {"cpu_count": 1.5}, "preemptible": False}, "exceeds_reserved",
-         ["mcpu", "1500", "1000"]),
+        (
+            "team",
+            "p",
+            {"settings": {"cpu_count": 1.5}, "preemptible": False},
+            "exceeds_reserved",
+            ["mcpu", "1500", "1000"],
+        ),
     ],
 )
-async def test_rejected_at_creation(db: asyncpg.Connection, subject: str, pool: str | None,
-                                    kwargs: dict[str, Any], reason: str,
-                                    in_message: list[str]) -> None:
+async def test_rejected_at_creation(
+    db: asyncpg.Connection,
+    subject: str,
+    pool: str | None,
+    kwargs: dict[str, Any],
+    reason: str,
+    in_message: list[str],
+) -> None:
     r = await mk_req(db, subject, pool, **kwargs)
     assert (r.status, r.reason) == ("rejected", reason)
     for part in in_message:
@@ -83,8 +114,9 @@ async def test_rejected_at_creation(db: asyncpg.Connection, subject: str, pool: 
         ({"settings": {"cpu_count": 16}}, {"mcpu": 16000, "step_run": 1}),  # = capacity, borrowed
     ],
 )
-async def test_admissible_requests_are_granted(db: asyncpg.Connection, kwargs: dict[str, Any],
-                                               resources: dict[str, int] | None) -> None:
+async def test_admissible_requests_are_granted(
+    db: asyncpg.Connection, kwargs: dict[str, Any], resources: dict[str, int] | None
+) -> None:
     if resources is None:  # no limit on memory_mb for this subject
         await mk_policy(db, "free", "p")
         r = await mk_req(db, "free", "p", **kwargs)
@@ -109,12 +141,15 @@ async def test_limit_on_untracked_step_run_caps_requests(conn: asyncpg.Connectio
     assert [r1.status, r2.status, r3.status] == ["allocated", "allocated", "queued"]
     assert "step_run" in r3.message and "limit" in r3.message
     usage = await conn.fetchrow(
-        "SELECT used, \"limit\", borrowed FROM respool.policy_usage"
-        " WHERE pool = 'p' AND subject = 'team' AND key = 'step_run'")
+        'SELECT used, "limit", borrowed FROM respool.policy_usage'
+        " WHERE pool = 'p' AND subject = 'team' AND key = 'step_run'"
+    )
     assert dict(usage) == {"used": 2, "limit": 2, "borrowed": 0}
     # the pool itself does not track step_run: capacity and free are null
-    row = await conn.fetchrow("SELECT capacity, allocated, free FROM respool.pool_usage"
-                              " WHERE pool = 'p' AND key = 'step_run'")
+    row = await conn.fetchrow(
+        "SELECT capacity, allocated, free FROM respool.pool_usage"
+        " WHERE pool = 'p' AND key = 'step_run'"
+    )
     assert dict(row) == {"capacity": None, "allocated": 2, "free": None}
     await q.release_request(conn, r1.id)
     assert await status(conn, r3.id) == "allocated"
@@ -132,10 +167,13 @@ async def test_limit_on_untracked_step_run_caps_requests(conn: asyncpg.Connectio
         ({"gpu": 8}, {"gpu": 2}, "allocated", None),
     ],
 )
-async def test_non_preemptible_and_tracked_step_run(conn: asyncpg.Connection,
-                                                    capacity: dict[str, int],
-                                                    reserved: dict[str, int], expected_status: str,
-                                                    expected_reason: str | None) -> None:
+async def test_non_preemptible_and_tracked_step_run(
+    conn: asyncpg.Connection,
+    capacity: dict[str, int],
+    reserved: dict[str, int],
+    expected_status: str,
+    expected_reason: str | None,
+) -> None:
     await mk_pool(conn, "p", capacity)
     await mk_policy(conn, "team", "p", reserved=reserved)
     r = await mk_req(conn, "team", "p", resources={"gpu": 1}, preemptible=False)

@@ -29,13 +29,16 @@ async def mconn(module_db_url: str) -> AsyncIterator[asyncpg.Connection]:
 async def convert(conn: asyncpg.Connection, settings_json: str) -> dict[str, int]:
     """settings_to_resources on JSON text, so decimals reach SQL exactly as written."""
     return await conn.fetchval(  # type: ignore[no-any-return]
-        "SELECT respool.settings_to_resources($1::text::jsonb)", settings_json)
+        "SELECT respool.settings_to_resources($1::text::jsonb)", settings_json
+    )
 
 
-async def build(conn: asyncpg.Connection, resources: str | None,
-                settings: str | None) -> dict[str, int]:
+async def build(
+    conn: asyncpg.Connection, resources: str | None, settings: str | None
+) -> dict[str, int]:
     return await conn.fetchval(  # type: ignore[no-any-return]
-        "SELECT respool.build_resources($1::text::jsonb, $2::text::jsonb)", resources, settings)
+        "SELECT respool.build_resources($1::text::jsonb, $2::text::jsonb)", resources, settings
+    )
 
 
 @pytest.mark.parametrize(
@@ -63,17 +66,22 @@ async def build(conn: asyncpg.Connection, resources: str | None,
         ('{"memory": "1PiB"}', {"memory_mb": 1_125_899_907}),
         ('{"pool_resources": {"tpu": 4, "licence_x": 1}}', {"tpu": 4, "licence_x": 1}),
         # typed fields override the same keys given in pool_resources
-        ('{"pool_resources": {"gpu": 5, "mcpu": 7, "memory_mb": 9, "tpu": 1},'
-         ' "gpu_count": 1, "cpu_count": 2, "memory": "3GB"}',
-         {"gpu": 1, "mcpu": 2000, "memory_mb": 3000, "tpu": 1}),
-        ('{"gpu_count": 1, "cpu_count": 0.25, "memory": "2GB"}',
-         {"gpu": 1, "mcpu": 250, "memory_mb": 2000}),
+        (
+            '{"pool_resources": {"gpu": 5, "mcpu": 7, "memory_mb": 9, "tpu": 1},'
+            ' "gpu_count": 1, "cpu_count": 2, "memory": "3GB"}',
+            {"gpu": 1, "mcpu": 2000, "memory_mb": 3000, "tpu": 1},
+        ),
+        (
+            '{"gpu_count": 1, "cpu_count": 0.25, "memory": "2GB"}',
+            {"gpu": 1, "mcpu": 250, "memory_mb": 2000},
+        ),
         ('{"gpu_count": null, "cpu_count": null, "memory": null}', {}),
         ("{}", {}),
     ],
 )
-async def test_settings_to_resources(mconn: asyncpg.Connection, settings: str,
-                                     expected: dict[str, int]) -> None:
+async def test_settings_to_resources(
+    mconn: asyncpg.Connection, settings: str, expected: dict[str, int]
+) -> None:
     assert await convert(mconn, settings) == expected
 
 
@@ -122,16 +130,20 @@ async def test_bad_settings(mconn: asyncpg.Connection, settings: str, field: str
         ('{"gpu": 0, "tpu": 3}', None, {"tpu": 3, "step_run": 1}),
         (None, '{"gpu_count": 0, "cpu_count": 0, "pool_resources": {"tpu": 0}}', {"step_run": 1}),
         # settings win over resources; keys only in resources are kept
-        ('{"gpu": 4, "mcpu": 100, "tpu": 1}', '{"gpu_count": 2, "cpu_count": 1.5}',
-         {"gpu": 2, "mcpu": 1500, "tpu": 1, "step_run": 1}),
+        (
+            '{"gpu": 4, "mcpu": 100, "tpu": 1}',
+            '{"gpu_count": 2, "cpu_count": 1.5}',
+            {"gpu": 2, "mcpu": 1500, "tpu": 1, "step_run": 1},
+        ),
         ('{"tpu": 4}', '{"pool_resources": {"tpu": 1}}', {"tpu": 1, "step_run": 1}),
         # a typed settings field of 0 wins too, and the zero is then dropped
         ('{"gpu": 3}', '{"gpu_count": 0}', {"step_run": 1}),
         ('{"gpu": 9223372036854775807}', None, {"gpu": 9223372036854775807, "step_run": 1}),
     ],
 )
-async def test_build_resources(mconn: asyncpg.Connection, resources: str | None,
-                               settings: str | None, expected: dict[str, int]) -> None:
+async def test_build_resources(
+    mconn: asyncpg.Connection, resources: str | None, settings: str | None, expected: dict[str, int]
+) -> None:
     assert await build(mconn, resources, settings) == expected
 
 
@@ -159,8 +171,9 @@ async def test_build_resources(mconn: asyncpg.Connection, resources: str | None,
         (None, '{"cpus": 2}', "settings.cpus"),
     ],
 )
-async def test_bad_resources(mconn: asyncpg.Connection, resources: str | None,
-                             settings: str | None, field: str) -> None:
+async def test_bad_resources(
+    mconn: asyncpg.Connection, resources: str | None, settings: str | None, field: str
+) -> None:
     with pytest.raises(asyncpg.PostgresError) as err:
         await build(mconn, resources, settings)
     assert err.value.sqlstate == "RP400"
@@ -183,23 +196,31 @@ async def open_pool(conn: asyncpg.Connection) -> asyncpg.Connection:
 @pytest.mark.parametrize(
     ("resources", "settings", "expected"),
     [
-        (None, {"gpu_count": 2, "cpu_count": 8.05, "memory": "16GiB"},
-         {"gpu": 2, "mcpu": 8050, "memory_mb": 17180, "step_run": 1}),
+        (
+            None,
+            {"gpu_count": 2, "cpu_count": 8.05, "memory": "16GiB"},
+            {"gpu": 2, "mcpu": 8050, "memory_mb": 17180, "step_run": 1},
+        ),
         (None, {"cpu_count": 1.0001}, {"mcpu": 1001, "step_run": 1}),
         (None, {"cpu_count": Decimal("8.05")}, {"mcpu": 8050, "step_run": 1}),
         (None, {"cpu_count": Decimal("1.0001")}, {"mcpu": 1001, "step_run": 1}),
         (None, {"cpu_count": Decimal("0.5")}, {"mcpu": 500, "step_run": 1}),
-        (None, {"cpu_count": 0.5, "pool_resources": {"tpu": 2, "mcpu": 9}},
-         {"mcpu": 500, "tpu": 2, "step_run": 1}),
+        (
+            None,
+            {"cpu_count": 0.5, "pool_resources": {"tpu": 2, "mcpu": 9}},
+            {"mcpu": 500, "tpu": 2, "step_run": 1},
+        ),
         ({"gpu": 4, "tpu": 1}, {"gpu_count": 1}, {"gpu": 1, "tpu": 1, "step_run": 1}),
         ({"gpu": 0, "tpu": 1}, None, {"tpu": 1, "step_run": 1}),
         (None, None, {"step_run": 1}),
     ],
 )
-async def test_create_request_stores_the_final_map(open_pool: asyncpg.Connection,
-                                                   resources: dict[str, Any] | None,
-                                                   settings: dict[str, Any] | None,
-                                                   expected: dict[str, int]) -> None:
+async def test_create_request_stores_the_final_map(
+    open_pool: asyncpg.Connection,
+    resources: dict[str, Any] | None,
+    settings: dict[str, Any] | None,
+    expected: dict[str, int],
+) -> None:
     r = await mk_req(open_pool, "team", "p", resources=resources, settings=settings)
     assert r.status == "allocated"
     assert r.resources == expected
@@ -212,16 +233,18 @@ async def test_python_floats_reach_sql_as_written(mconn: asyncpg.Connection) -> 
     # decimal ceil gives 8050, not 8051.
     sent = await mconn.fetchval("SELECT ($1::jsonb -> 'cpu_count')::text", {"cpu_count": 8.05})
     assert sent == "8.05"
-    assert await mconn.fetchval("SELECT respool.settings_to_resources($1)",
-                               {"cpu_count": 8.05}) == {"mcpu": 8050}
+    assert await mconn.fetchval(
+        "SELECT respool.settings_to_resources($1)", {"cpu_count": 8.05}
+    ) == {"mcpu": 8050}
 
 
 @pytest.mark.parametrize("value", ["8.05", "1.0001", "0.1", "12345678901234567890.123"])
 async def test_decimals_reach_sql_as_json_numbers(mconn: asyncpg.Connection, value: str) -> None:
     # A Decimal must arrive as a JSON number with its digits (decimal_format="number" in the
     # codec); as a string, settings.cpu_count would be refused.
-    raw = await mconn.fetchval("SELECT ($1::jsonb -> 'cpu_count')::text",
-                               {"cpu_count": Decimal(value)})
+    raw = await mconn.fetchval(
+        "SELECT ($1::jsonb -> 'cpu_count')::text", {"cpu_count": Decimal(value)}
+    )
     assert raw == value
 
 
@@ -243,8 +266,9 @@ async def test_decimals_reach_sql_as_json_numbers(mconn: asyncpg.Connection, val
         ({"idempotency_key": ""}, "idempotency_key"),
     ],
 )
-async def test_malformed_create_is_not_stored(open_pool: asyncpg.Connection,
-                                              kwargs: dict[str, Any], field: str) -> None:
+async def test_malformed_create_is_not_stored(
+    open_pool: asyncpg.Connection, kwargs: dict[str, Any], field: str
+) -> None:
     with pytest.raises(BadInput) as err:
         await q.create_request(open_pool, subject="team", pool="p", **kwargs)
     assert err.value.field == field

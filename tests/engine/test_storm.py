@@ -188,8 +188,11 @@ async def _act(conn: asyncpg.Connection, st: Storm, rng: random.Random, kind: st
         attempt += 1  # stale/foreign attempt: fencing answers Conflict
     elif rng.random() < 0.3:
         attempt = None
-    fn = {"release": q.release_request, "cancel": q.cancel_request,
-          "heartbeat": q.heartbeat_request}[kind]
+    fn = {
+        "release": q.release_request,
+        "cancel": q.cancel_request,
+        "heartbeat": q.heartbeat_request,
+    }[kind]
     req = await fn(conn, request_id, attempt=attempt)
     _track(st, req)
     return kind
@@ -304,9 +307,7 @@ async def _run_storm(
             retries_and_short_leases=retries,
         )
         ready = asyncio.Barrier(WORKERS + 1)
-        workers = [
-            asyncio.create_task(_worker(dsn, st, seed, ready)) for seed in range(WORKERS)
-        ]
+        workers = [asyncio.create_task(_worker(dsn, st, seed, ready)) for seed in range(WORKERS)]
         await asyncio.wait_for(ready.wait(), 60)
         st.started = time.monotonic()
         st.deadline = st.started + seconds
