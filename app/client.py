@@ -185,9 +185,15 @@ _encoder = msgspec.json.Encoder(decimal_format="number")
 
 
 class Grant:
-    """An allocation held inside ``allocate``."""
+    """An allocation held inside ``allocate``.
 
-    def __init__(self, state: RequestState) -> None:
+    ``sent_at`` (``time.monotonic()``) is when the call that saw the allocation was sent: the
+    server's lease cannot end before ``sent_at + lease_seconds``, so the grant can tell by
+    itself when its lease may have lapsed (no heartbeat got through in time, e.g. the process
+    was paused or cut off), without waiting for the server to say so.
+    """
+
+    def __init__(self, state: RequestState, sent_at: float | None = None) -> None:
         self.request_id: UUID = state.id
         self.subject = state.subject
         self.resources: dict[str, int] = dict(state.resources)
@@ -198,11 +204,27 @@ class Grant:
         self.reason: str | None = state.reason
         self.message: str = state.message
         self._preempted = threading.Event()
+        self._valid_until: float | None = None
+        if sent_at is not None:
+            self._renewed(sent_at)
+
+    def _renewed(self, sent_at: float) -> None:
+        """A heartbeat sent at ``sent_at`` (monotonic) extended the lease; once lapsed, a
+        grant stays lapsed (the step was told to stop)."""
+        if self.lease_seconds and not self.lease_lapsed:
+            self._valid_until = sent_at + self.lease_seconds
+
+    @property
+    def lease_lapsed(self) -> bool:
+        """True when no heartbeat extended the lease within ``lease_seconds``: the server may
+        have expired it and granted the units to someone else."""
+        return self._valid_until is not None and time.monotonic() >= self._valid_until
 
     @property
     def preempted(self) -> bool:
-        """True once a heartbeat showed the request preempting, preempted, expired or gone."""
-        return self._preempted.is_set()
+        """True once a heartbeat showed the request preempting, preempted, expired or gone, or
+        once the lease lapsed (:attr:`lease_lapsed`): stop using the units."""
+        return self._preempted.is_set() or self.lease_lapsed
 
     def raise_if_preempted(self) -> None:
         if self.preempted:
@@ -430,6 +452,7 @@ class AsyncRespool:
                 return POLL_WAIT
             return max(0.0, min(POLL_WAIT, deadline - time.monotonic()))
 
+        sent = time.monotonic()
         state = await self.create_request(
             subject, idempotency_key=str(uuid.uuid4()), wait=next_wait(), **create
         )
@@ -439,13 +462,14 @@ class AsyncRespool:
                 if deadline is not None and wait <= 0:
                     await self._cancel_quietly(state)
                     raise AllocationTimeout(state.id, time.monotonic() - started, state.message)
+                sent = time.monotonic()
                 state = await self.get_request(state.id, wait=wait, version=state.version)
         except BaseException as exc:
             if not isinstance(exc, RespoolError):  # e.g. cancelled, KeyboardInterrupt
                 await asyncio.shield(self._cancel_quietly(state))
             raise
         if state.status in ("allocated", "preempting"):
-            grant = Grant(state)
+            grant = Grant(state, sent_at=sent)
             if state.status == "preempting":
                 grant._preempted.set()
             return grant
@@ -490,6 +514,7 @@ class AsyncRespool:
             await lost(None)
         while True:
             await asyncio.sleep(interval)
+            sent = time.monotonic()
             try:
                 state = await self.heartbeat(grant.request_id, grant.attempt)
             except ApiError as exc:
@@ -507,6 +532,8 @@ class AsyncRespool:
                 await lost(state)
                 if state.status != "preempting":
                     return
+            elif state.status == "allocated" and state.attempt == grant.attempt:
+                grant._renewed(sent)
 
     async def _finish(self, grant: Grant, beat: asyncio.Task[None], *, quiet: bool) -> None:
         beat.cancel()

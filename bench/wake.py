@@ -8,7 +8,10 @@ Each round: request A holds the GPU; request B is queued and its client long-pol
 ``GET /v1/requests/{B}?wait=20&version=V``. Once the server reports the waiter registered
 (``respool_waiters`` in ``/metrics``), A is released by ``respool.release_request`` in a
 transaction on a direct asyncpg connection. Latency = the moment B's HTTP answer arrived minus
-the moment the COMMIT returned. B then holds the GPU for the next round.
+the moment the COMMIT returned. B then holds the GPU for the next round. Rounds alternate
+between two clients for the long-poll: a raw HTTP/1.1 connection (arrival = the first byte of
+the answer: the server's latency) and httpx (arrival = httpx returned the answer: what a Python
+client such as ``app.client`` sees).
 
 For reference, the same run measures the raw NOTIFY round trip: ``NOTIFY`` committed on one
 connection, minus the moment the LISTEN callback of another connection (in its own thread and
@@ -256,48 +259,95 @@ async def _until_waiting(http: httpx.AsyncClient, n: int) -> None:
     raise SystemExit("the long-poll never registered with the server")
 
 
-def _check(response: httpx.Response, status: int) -> dict[str, Any]:
-    if response.status_code != status:
-        raise SystemExit(f"unexpected answer {response.status_code}: {response.text}")
-    body: dict[str, Any] = response.json()
-    return body
+def _check(status: int, body: bytes, expected: int) -> dict[str, Any]:
+    if status != expected:
+        raise SystemExit(f"unexpected answer {status}: {body.decode(errors='replace')}")
+    doc: dict[str, Any] = json.loads(body)
+    return doc
 
 
 @dataclass(frozen=True)
-class Timed:
-    response: httpx.Response
-    arrived: float  # perf_counter when the answer had been read, in the task that read it
+class Answer:
+    status: int
+    body: bytes
+    arrived: float  # perf_counter when the answer arrived (see the clients)
 
 
-async def _timed_get(http: httpx.AsyncClient, path: str, params: dict[str, Any]) -> Timed:
-    response = await http.get(path, params=params)
-    return Timed(response, time.perf_counter())
+class RawHttp:
+    """One persistent HTTP/1.1 connection, no client library: ``arrived`` is taken when the
+    first byte of the answer is read, so the figure is the server's, not a client's."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+
+    @classmethod
+    async def open(cls, host: str, port: int) -> RawHttp:
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return cls(reader, writer)
+
+    async def get(self, target: str) -> Answer:
+        self._writer.write(f"GET {target} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())
+        await self._writer.drain()
+        first = await self._reader.readexactly(1)
+        arrived = time.perf_counter()
+        head = first + await self._reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        length = 0
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            if name.strip().lower() == "content-length":
+                length = int(value)
+        return Answer(status, await self._reader.readexactly(length), arrived)
+
+    async def close(self) -> None:
+        self._writer.close()
+        with contextlib.suppress(OSError):
+            await self._writer.wait_closed()
 
 
-async def measure_wakes(url: str, dsn: str, rounds: int, warmup: int) -> list[float]:
-    """Latencies in seconds; negative when the answer was read before the COMMIT returned."""
-    samples: list[float] = []
+async def _httpx_get(http: httpx.AsyncClient, target: str) -> Answer:
+    """``arrived``: when httpx handed over the whole answer (what a Python client sees)."""
+    response = await http.get(target)
+    return Answer(response.status_code, response.content, time.perf_counter())
+
+
+@dataclass
+class WakeSamples:
+    raw: list[float]  # first byte of the answer, on a raw HTTP/1.1 connection
+    httpx: list[float]  # the answer as returned by httpx
+
+
+async def measure_wakes(url: str, dsn: str, rounds: int, warmup: int) -> WakeSamples:
+    """Latencies in seconds (negative when the answer was read before the COMMIT returned);
+    rounds alternate between the two clients, ``rounds`` measured for each."""
+    samples = WakeSamples(raw=[], httpx=[])
     limits = httpx.Limits(max_connections=8, max_keepalive_connections=8)
+    host, port = url.removeprefix("http://").split(":")
+    raw = await RawHttp.open(host, int(port))
     async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as http:
-        _check(await http.post("/v1/pools", json={"name": "bench", "capacity": {"gpu": 1}}), 201)
-        _check(await http.post("/v1/policies", json={"subject": "bench", "pool": "bench"}), 201)
+
+        async def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
+            r = await http.post(path, json=body)
+            return _check(r.status_code, r.content, 201)
+
+        await post("/v1/pools", {"name": "bench", "capacity": {"gpu": 1}})
+        await post("/v1/policies", {"subject": "bench", "pool": "bench"})
         body = {"subject": "bench", "resources": {"gpu": 1}, "lease_seconds": None}
-        holder = _check(await http.post("/v1/requests", json=body), 201)
+        holder = await post("/v1/requests", body)
         if holder["status"] != "allocated":
             raise SystemExit(f"the first request was not allocated: {holder}")
         conn = await asyncpg.connect(dsn, timeout=30)
         try:
-            for i in range(warmup + rounds):
-                waiter = _check(await http.post("/v1/requests", json=body), 201)
+            for i in range(2 * (warmup + rounds)):
+                waiter = await post("/v1/requests", body)
                 if waiter["status"] != "queued":
                     raise SystemExit(f"the waiting request was not queued: {waiter}")
-                poll = asyncio.create_task(
-                    _timed_get(
-                        http,
-                        f"/v1/requests/{waiter['id']}",
-                        {"wait": 20, "version": waiter["version"]},
-                    )
-                )
+                target = f"/v1/requests/{waiter['id']}?wait=20&version={waiter['version']}"
+                use_raw = i % 2 == 0
+                poll = asyncio.create_task(raw.get(target) if use_raw else _httpx_get(http, target))
                 await _until_waiting(http, 1)
                 async with conn.transaction():
                     await conn.execute(
@@ -305,14 +355,15 @@ async def measure_wakes(url: str, dsn: str, rounds: int, warmup: int) -> list[fl
                     )
                 committed = time.perf_counter()
                 answer = await poll
-                woken = _check(answer.response, 200)
+                woken = _check(answer.status, answer.body, 200)
                 if woken["status"] != "allocated" or woken["id"] != waiter["id"]:
                     raise SystemExit(f"the waiter was not granted: {woken}")
-                if i >= warmup:
-                    samples.append(answer.arrived - committed)
+                if i >= 2 * warmup:
+                    (samples.raw if use_raw else samples.httpx).append(answer.arrived - committed)
                 holder = woken
         finally:
             await conn.close()
+            await raw.close()
     return samples
 
 
@@ -324,7 +375,11 @@ async def _run(args: argparse.Namespace) -> dict[str, Summary]:
         raw = await measure_raw_notify(dsn, args.wakes, args.warmup)
         with serve(dsn) as url:
             wakes = await measure_wakes(url, dsn, args.wakes, args.warmup)
-    return {"wake": Summary.of(wakes), "raw_notify": Summary.of(raw)}
+    return {
+        "wake": Summary.of(wakes.raw),
+        "wake_httpx": Summary.of(wakes.httpx),
+        "raw_notify": Summary.of(raw),
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -334,10 +389,15 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({k: v.__dict__ for k, v in result.items()}))
         return 0
-    print(f"respool wake latency, {args.wakes} rounds after {args.warmup} warm-up rounds")
+    print(
+        f"respool wake latency: {args.wakes} measured wakes per client "
+        f"(after {args.warmup} warm-up wakes each)"
+    )
     print(f"  server: respool serve (subprocess) on {redact_dsn(args.dsn)}, fresh database")
-    print("  wake        (release COMMIT returned -> waiter's HTTP answer read)")
+    print("  wake        (release COMMIT returned -> first byte of the waiter's HTTP answer)")
     print(f"              {result['wake'].line()}")
+    print("  wake, httpx (the same, until httpx returned the answer: what a Python client sees)")
+    print(f"              {result['wake_httpx'].line()}")
     print("  raw NOTIFY  (NOTIFY committed -> LISTEN callback on another connection)")
     print(f"              {result['raw_notify'].line()}")
     print("  (a negative time: the answer was read before this process saw its COMMIT return)")

@@ -52,7 +52,7 @@ def test_bench_wake_runs_end_to_end(admin_url: str) -> None:
     )
     assert run.returncode == 0, run.stdout + run.stderr
     result = json.loads(run.stdout)
-    assert set(result) == {"wake", "raw_notify"}
+    assert set(result) == {"wake", "wake_httpx", "raw_notify"}
     for summary in result.values():
         assert summary["n"] == 5
         ordered = [summary[k] for k in ("min_ms", "p50_ms", "p90_ms", "p99_ms", "max_ms")]

@@ -1,7 +1,8 @@
 """One error shape for every failure: ``{"status_code": int, "detail": str, "field": str|null}``.
 
 Engine errors keep their status and field; validation errors become 400 naming the field;
-anything unexpected becomes a generic 500 (the traceback goes to the server log only).
+a database that is down, restarting or unreachable becomes 503 with ``Retry-After``; anything
+unexpected becomes a generic 500 (the traceback goes to the server log only).
 """
 
 from __future__ import annotations
@@ -114,9 +115,38 @@ def _http(_: Request[Any, Any, Any], exc: HTTPException) -> Response[ErrorBody]:
     return _respond(exc.status_code, exc.detail, headers=dict(exc.headers or {}) or None)
 
 
+# Seconds a client should wait before retrying a 503 (the database is down or restarting).
+RETRY_AFTER = 1
+
+# The database cannot serve us right now, whatever the request: refused or lost connections
+# (OSError, also TimeoutError from a bounded acquire or statement, app.db.connect), a closed
+# connection (08xxx, InterfaceError), a server shutting down, crashed, in recovery or a backend
+# terminated by an operator (57P01-57P05), no free connection slots (53300).
+_DATABASE_DOWN: tuple[type[BaseException], ...] = (
+    OSError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.exceptions.DatabaseDroppedError,
+    asyncpg.exceptions.IdleSessionTimeoutError,
+    asyncpg.TooManyConnectionsError,
+)
+
+
 def _database_down(request: Request[Any, Any, Any], exc: Exception) -> Response[ErrorBody]:
-    log.warning("%s %s: database unavailable: %s", request.method, request.url.path, exc)
-    return _respond(503, "database unavailable, retry later")
+    """503 with ``Retry-After``: a transient outage, never a 500 (SPEC §6)."""
+    log.warning(
+        "%s %s: database unavailable: %s: %s",
+        request.method,
+        request.url.path,
+        type(exc).__name__,
+        exc,
+    )
+    return _respond(
+        503, "database unavailable, retry later", headers={"Retry-After": str(RETRY_AFTER)}
+    )
 
 
 def _integrity(request: Request[Any, Any, Any], exc: Exception) -> Response[ErrorBody]:
@@ -141,7 +171,7 @@ def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[Err
         return _integrity(request, exc)
     if isinstance(exc, asyncpg.DataError):  # SQLSTATE class 22, also raised by asyncpg's encoders
         return _bad_data(request, exc)
-    if isinstance(exc, OSError | asyncpg.PostgresConnectionError | asyncpg.InterfaceError):
+    if isinstance(exc, _DATABASE_DOWN):
         return _database_down(request, exc)
     log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
     return _respond(500, "internal server error")

@@ -8,10 +8,13 @@ import asyncpg
 import msgspec
 
 __all__ = [
+    "ACQUIRE_TIMEOUT",
     "APP_API",
     "APP_CLI",
     "APP_LISTENER",
     "APP_RECONCILER",
+    "COMMAND_TIMEOUT",
+    "BoundedPool",
     "connect",
     "create_pool",
     "init_connection",
@@ -99,18 +102,47 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     """
 
 
+# Bounds of a pool call, so that a database that is down, unreachable or blackholed gives the API
+# an error it answers with 503 (app.api.errors) instead of a request that hangs: waiting for a
+# free connection (or connecting), and one statement on a connection.
+ACQUIRE_TIMEOUT = 10.0
+COMMAND_TIMEOUT = 30.0
+
+
+class BoundedPool(asyncpg.Pool):
+    """An asyncpg pool whose ``acquire`` gives up after ``ACQUIRE_TIMEOUT`` seconds by default.
+
+    asyncpg waits for a free connection forever; ``pool.fetch()`` and friends acquire without a
+    timeout. The same bound also limits the release (waiting for a cancelled statement).
+    """
+
+    __slots__ = ()
+
+    def acquire(self, *, timeout: float | None = None) -> asyncpg.pool.PoolAcquireContext:
+        return super().acquire(timeout=ACQUIRE_TIMEOUT if timeout is None else timeout)
+
+
 async def create_pool(
     dsn: str, *, size: int, application_name: str, connect_timeout: float = 10.0
 ) -> asyncpg.Pool:
-    """Create a pool of up to ``size`` connections tagged with ``application_name``."""
-    pool = await asyncpg.create_pool(
+    """Create a pool of up to ``size`` connections tagged with ``application_name``.
+
+    Acquiring waits at most ``ACQUIRE_TIMEOUT`` seconds and a statement runs at most
+    ``COMMAND_TIMEOUT`` seconds (``TimeoutError``, a 503 in the API).
+    """
+    pool = await BoundedPool(
         dsn,
         min_size=min(size, 2),
         max_size=size,
+        max_queries=50000,
+        max_inactive_connection_lifetime=300.0,
         timeout=connect_timeout,
+        command_timeout=COMMAND_TIMEOUT,
         init=init_connection,
         reset=_keep_session,
+        loop=None,
+        connection_class=asyncpg.Connection,
+        record_class=asyncpg.Record,
         server_settings={**SERVER_SETTINGS, "application_name": application_name},
     )
-    assert pool is not None
     return pool
