@@ -25,6 +25,8 @@ import msgspec
 
 from app.db import ops_queries
 from app.db.connect import APP_RECONCILER, connect
+from app.logs import StateChangeLog
+from app.notify import CHANNEL
 
 __all__ = ["POOL_CHANNEL", "PoolPass", "Reconciler", "reconcile_once"]
 
@@ -108,7 +110,10 @@ class Reconciler:
         retention: float | None = None,
         backoff_max: float = 5.0,
         connector: Connector | None = None,
+        log_changes: bool = False,
     ) -> None:
+        """``log_changes``: log the state changes this reconciler makes (a standalone
+        ``respool reconcile``; inside ``serve`` the API's listener logs them)."""
         self._connector = connector or (lambda: connect(dsn, application_name=APP_RECONCILER))
         self.interval = interval
         self.retention = retention
@@ -117,6 +122,7 @@ class Reconciler:
         self._wake = asyncio.Event()
         self._stopping = False
         self._last_prune = 0.0
+        self._state_log = StateChangeLog() if log_changes else None
         self.passes = 0  # pool passes that ran (for tests and metrics)
         self.failures: list[str] = []  # passes that raised (rolled back), newest last
 
@@ -129,6 +135,10 @@ class Reconciler:
             self._dirty.add(UUID(str(payload)))
             self._wake.set()
 
+    def _on_state_change(self, _conn: Any, pid: int, _channel: str, payload: object) -> None:
+        if self._state_log is not None:
+            self._state_log(pid, str(payload))
+
     async def run(self) -> None:
         """Run until :meth:`stop`; database errors are logged and retried, never fatal."""
         delay = 0.1
@@ -137,6 +147,8 @@ class Reconciler:
             try:
                 conn = await self._connector()
                 await conn.add_listener(POOL_CHANNEL, self._on_notify)
+                if self._state_log is not None:
+                    await conn.add_listener(CHANNEL, self._on_state_change)
                 delay = 0.1
                 await self._serve(conn)
             except asyncio.CancelledError:

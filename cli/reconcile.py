@@ -39,7 +39,9 @@ async def _once(dsn: str) -> list[PoolPass]:
 
 
 async def _loop(dsn: str, settings: Settings) -> None:
-    reconciler = Reconciler(dsn, interval=settings.reconcile_interval, retention=settings.retention)
+    reconciler = Reconciler(
+        dsn, interval=settings.reconcile_interval, retention=settings.retention, log_changes=True
+    )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, reconciler.stop)

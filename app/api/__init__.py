@@ -44,10 +44,9 @@ def create_app(
 ) -> Litestar:
     """The API for ``settings``; ``database_url`` overrides ``settings.database_url``.
 
+    With neither, the embedded PostgreSQL is started at startup (``resolve_database_url``).
     ``with_reconciler`` runs the reconciler loop (:mod:`app.reconciler`) in the same process
     (``respool serve`` does, unless ``--no-reconciler``); it is ``app.state.reconciler``.
-
-    With neither, the embedded PostgreSQL is started at startup (``resolve_database_url``).
     ``settings.host`` must be the bind address: auth depends on it (:mod:`app.api.auth`);
     ``RESPOOL_AUTH=off`` on a non-loopback host raises ``SettingsError`` here.
     ``app.state.notifier`` is available before startup, so a server can call

@@ -16,7 +16,8 @@ BEGIN
     VALUES (p_request.id, p_now, p_from, p_request.status, p_request.reason, p_request.attempt, p_request.message);
     PERFORM pg_notify('respool_request', json_build_object(
         'id', p_request.id, 'status', p_request.status, 'version', p_request.version,
-        'pool', p_request.pool_name)::text);
+        'pool', p_request.pool_name, 'subject', p_request.subject, 'from', p_from,
+        'reason', p_request.reason, 'attempt', p_request.attempt)::text);
 END $$;
 COMMENT ON FUNCTION respool._record_event(respool.requests, text, timestamptz) IS
     'Appends the event row and queues the NOTIFY (delivered at commit) for one status change.';
@@ -137,37 +138,117 @@ $$;
 COMMENT ON FUNCTION respool._rejection(jsonb, boolean, uuid, uuid) IS
     'The §4 rejection table for one candidate pool: always one row, (NULL, NULL) when the request can ever fit there.';
 
+CREATE OR REPLACE FUNCTION respool._queue_groups(p_pool_id uuid, p_skip_earmarked boolean DEFAULT false)
+RETURNS TABLE (policy_id uuid, subject text, preemptible boolean, resources jsonb, priority integer,
+               in_share boolean, queued_at timestamptz, request_id uuid)
+LANGUAGE sql STABLE AS $$
+    -- Entries of one shape (policy, preemptible, resources) are alike for every admission rule
+    -- and for in-share, so they keep their queue-time order among themselves: one row per shape,
+    -- with its first entry. A skip scan of queue_entries_shape_idx finds the shapes, so this
+    -- costs O(shapes * log(queue)), not O(queue).
+    WITH RECURSIVE shapes AS (
+        (SELECT e.policy_id, e.preemptible, e.resources FROM respool.queue_entries e
+          WHERE e.pool_id = p_pool_id
+          ORDER BY e.policy_id, e.preemptible, e.resources LIMIT 1)
+        UNION ALL
+        SELECT n.* FROM shapes s CROSS JOIN LATERAL (
+            SELECT e.policy_id, e.preemptible, e.resources FROM respool.queue_entries e
+             WHERE e.pool_id = p_pool_id
+               AND (e.policy_id, e.preemptible, e.resources) > (s.policy_id, s.preemptible, s.resources)
+             ORDER BY e.policy_id, e.preemptible, e.resources LIMIT 1) n
+    ), tracked AS (
+        SELECT coalesce(array_agg(pr.key) FILTER (WHERE pr.capacity IS NOT NULL), '{}') AS keys
+          FROM respool.pool_resources pr WHERE pr.pool_id = p_pool_id
+    )
+    SELECT s.policy_id, p.subject, s.preemptible, s.resources, p.priority, i.in_share, h.queued_at, h.request_id
+      FROM shapes s
+      JOIN respool.policies p ON p.id = s.policy_id
+     CROSS JOIN tracked t
+     CROSS JOIN LATERAL (
+            -- In share: for every tracked (or non-soft) key, the subject's used + the request
+            -- <= its reserved share.
+            SELECT NOT EXISTS (
+                SELECT FROM jsonb_each_text(s.resources) x
+                  LEFT JOIN respool.policy_resources pol ON pol.policy_id = s.policy_id AND pol.key = x.key
+                 WHERE (x.key = ANY (t.keys) OR NOT respool._is_soft_key(x.key))
+                   AND x.value::bigint > coalesce(pol.reserved - pol.used, 0)) AS in_share) i
+     CROSS JOIN LATERAL (
+            SELECT e.queued_at, e.request_id FROM respool.queue_entries e
+             WHERE e.pool_id = p_pool_id AND e.policy_id = s.policy_id
+               AND e.preemptible = s.preemptible AND e.resources = s.resources
+               AND (NOT p_skip_earmarked
+                    OR NOT EXISTS (SELECT FROM respool.requests r
+                                    WHERE r.id = e.request_id AND r.earmark_pool_id IS NOT NULL))
+             ORDER BY e.queued_at, e.request_id LIMIT 1) h
+$$;
+COMMENT ON FUNCTION respool._queue_groups(uuid, boolean) IS
+    'A pool''s queue by shape (policy, preemptible, resources): each shape''s policy priority, in-share flag and first entry (with p_skip_earmarked, its first entry holding no earmark; a shape with none is left out). Entries of one shape are granted in queue-time order, so the queue order is the merge of the shapes by (priority desc, in-share first, queue time, id). Costs O(shapes), not O(queue). Read-only.';
+
+CREATE OR REPLACE FUNCTION respool._next_of_shape(p_pool_id uuid, p_policy_id uuid, p_preemptible boolean,
+                                                  p_resources jsonb, p_after_at timestamptz, p_after_id uuid,
+                                                  OUT queued_at timestamptz, OUT request_id uuid)
+LANGUAGE sql STABLE AS $$
+    SELECT e.queued_at, e.request_id FROM respool.queue_entries e
+     WHERE e.pool_id = p_pool_id AND e.policy_id = p_policy_id
+       AND e.preemptible = p_preemptible AND e.resources = p_resources
+       AND (e.queued_at, e.request_id) > (p_after_at, p_after_id)
+     ORDER BY e.queued_at, e.request_id LIMIT 1
+$$;
+COMMENT ON FUNCTION respool._next_of_shape(uuid, uuid, boolean, jsonb, timestamptz, uuid) IS
+    'The entry of one queue shape that follows (p_after_at, p_after_id) in queue-time order (NULLs when none): one index probe.';
+
 CREATE OR REPLACE FUNCTION respool._queue_order(p_pool_id uuid)
 RETURNS TABLE (request_id uuid, policy_id uuid, subject text, priority integer, in_share boolean,
                queued_at timestamptz, "position" bigint)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-    -- In share: for every tracked key, the subject's used + the request <= its reserved share.
-    -- Each policy's unused share is read once, so an entry costs a few jsonb lookups.
-    WITH tracked AS (
-        SELECT coalesce(array_agg(key) FILTER (WHERE capacity IS NOT NULL), '{}') AS keys
-          FROM respool.pool_resources WHERE pool_id = p_pool_id
-    ), share AS (
-        SELECT p.id, p.subject, p.priority,
-               coalesce((SELECT jsonb_object_agg(pol.key, pol.reserved - pol.used)
-                           FROM respool.policy_resources pol WHERE pol.policy_id = p.id), '{}') AS room
-          FROM respool.policies p WHERE p.pool_id = p_pool_id
-    )
-    SELECT e.request_id, e.policy_id, sh.subject, sh.priority, s.in_share, e.queued_at,
-           row_number() OVER (ORDER BY sh.priority DESC, s.in_share DESC, e.queued_at, e.request_id)
+    -- In-share is decided once per shape (respool._queue_groups), not once per entry.
+    SELECT e.request_id, e.policy_id, g.subject, g.priority, g.in_share, e.queued_at,
+           row_number() OVER (ORDER BY g.priority DESC, g.in_share DESC, e.queued_at, e.request_id)
       FROM respool.queue_entries e
-      JOIN share sh ON sh.id = e.policy_id
-      JOIN respool.requests r ON r.id = e.request_id
-     CROSS JOIN tracked t
-     CROSS JOIN LATERAL (
-            SELECT NOT EXISTS (
-                SELECT FROM jsonb_each_text(r.resources) x
-                 WHERE (x.key = ANY (t.keys) OR NOT respool._is_soft_key(x.key))
-                   AND x.value::bigint > coalesce((sh.room ->> x.key)::bigint, 0)) AS in_share) s
+      JOIN respool._queue_groups(p_pool_id) g
+        ON g.policy_id = e.policy_id AND g.preemptible = e.preemptible AND g.resources = e.resources
      WHERE e.pool_id = p_pool_id
      ORDER BY 7
 $$;
 COMMENT ON FUNCTION respool._queue_order(uuid) IS
-    'A pool''s queue in grant order (SPEC §4): policy priority desc, in-share first, queue time, id. Read-only.';
+    'A pool''s whole queue in grant order (SPEC §4): policy priority desc, in-share first, queue time, id. Read-only; O(queue), for the respool.queue view (the engine itself works shape by shape).';
+
+CREATE OR REPLACE FUNCTION respool._queue_position(p_pool_id uuid, p_request_id uuid)
+RETURNS bigint LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    me respool.queue_entries;
+    g record;
+    v_priority integer;
+    v_in_share boolean;
+    ahead bigint := 0;
+    n bigint;
+BEGIN
+    SELECT * INTO me FROM respool.queue_entries WHERE pool_id = p_pool_id AND request_id = p_request_id;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    SELECT q.priority, q.in_share INTO v_priority, v_in_share FROM respool._queue_groups(p_pool_id) q
+     WHERE q.policy_id = me.policy_id AND q.preemptible = me.preemptible AND q.resources = me.resources;
+    -- Count only what is ahead: whole shapes of a higher (priority, in-share) class, and the
+    -- earlier entries of shapes in the request's own class.
+    FOR g IN SELECT * FROM respool._queue_groups(p_pool_id) q
+              WHERE (q.priority, q.in_share) >= (v_priority, v_in_share) LOOP
+        IF (g.priority, g.in_share) > (v_priority, v_in_share) THEN
+            SELECT count(*) INTO n FROM respool.queue_entries e
+             WHERE e.pool_id = p_pool_id AND e.policy_id = g.policy_id
+               AND e.preemptible = g.preemptible AND e.resources = g.resources;
+        ELSE
+            SELECT count(*) INTO n FROM respool.queue_entries e
+             WHERE e.pool_id = p_pool_id AND e.policy_id = g.policy_id
+               AND e.preemptible = g.preemptible AND e.resources = g.resources
+               AND (e.queued_at, e.request_id) < (me.queued_at, me.request_id);
+        END IF;
+        ahead := ahead + n;
+    END LOOP;
+    RETURN ahead + 1;
+END $$;
+COMMENT ON FUNCTION respool._queue_position(uuid, uuid) IS
+    'A queued request''s 1-based position in one pool''s queue, exactly as in _queue_order, by counting only the entries ahead of it (whole shapes of a higher class, earlier entries of its own class); NULL when it is not in that queue.';
 
 CREATE OR REPLACE FUNCTION respool._grant(p_request_id uuid, p_pool_id uuid, p_policy_id uuid, p_now timestamptz)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -300,6 +381,17 @@ DECLARE
     e record;
     outcome text;
     granted integer := 0;
+    g_policy uuid[];
+    g_preemptible boolean[];
+    g_resources jsonb[];
+    g_priority integer[];
+    g_in_share boolean[];
+    g_at timestamptz[];
+    g_id uuid[];
+    best integer;
+    i integer;
+    next_at timestamptz;
+    next_id uuid;
 BEGIN
     SELECT queueing INTO v_queueing FROM respool.pools WHERE id = p_pool_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
@@ -317,22 +409,52 @@ BEGIN
         END IF;
     END LOOP;
     v_free := respool._free_units(p_pool_id);
-    FOR e IN SELECT q.*, r.resources FROM respool._queue_order(p_pool_id) q
-               JOIN respool.requests r ON r.id = q.request_id ORDER BY q.position LOOP
-        -- Every request carries step_run: 1, so a full tracked step_run ends the pass.
-        EXIT WHEN (v_free ->> 'step_run')::bigint <= 0;
-        -- Free units only shrink during a pass: a request that fails rule 1 now stays blocked.
-        IF NOT respool._fits_free(e.resources, v_free) THEN
+    -- Every request carries step_run: 1, so a full tracked step_run ends the pass.
+    IF (v_free ->> 'step_run')::bigint <= 0 THEN
+        RETURN granted;
+    END IF;
+    -- The queue order is the merge of the shapes' queues (respool._queue_groups): take the best
+    -- head each time. In-share is decided at the start of the pass, as for the whole queue.
+    SELECT coalesce(array_agg(g.policy_id), '{}'), array_agg(g.preemptible), array_agg(g.resources),
+           array_agg(g.priority), array_agg(g.in_share), array_agg(g.queued_at), array_agg(g.request_id)
+      INTO g_policy, g_preemptible, g_resources, g_priority, g_in_share, g_at, g_id
+      FROM respool._queue_groups(p_pool_id) g;
+    LOOP
+        best := NULL;
+        FOR i IN 1..cardinality(g_policy) LOOP
+            CONTINUE WHEN g_id[i] IS NULL;  -- shape done for this pass
+            IF best IS NULL
+               OR (-g_priority[i]::bigint, NOT g_in_share[i], g_at[i], g_id[i])
+                  < (-g_priority[best]::bigint, NOT g_in_share[best], g_at[best], g_id[best]) THEN
+                best := i;
+            END IF;
+        END LOOP;
+        EXIT WHEN best IS NULL;
+        -- Free units only shrink during a pass, and the limit and reserved-share rules only
+        -- tighten: a shape that is blocked now stays blocked, whichever of its entries we try.
+        IF NOT respool._fits_free(g_resources[best], v_free) THEN
             EXIT WHEN v_queueing = 'strict';
+            g_id[best] := NULL;
             CONTINUE;
         END IF;
-        outcome := respool._try_grant(e.request_id, p_pool_id, e.policy_id, p_now);
+        outcome := respool._try_grant(g_id[best], p_pool_id, g_policy[best], p_now);
         IF outcome = 'granted' THEN
             granted := granted + 1;
             v_free := respool._free_units(p_pool_id);
-        ELSIF outcome IN ('blocked', 'locked') AND v_queueing = 'strict' THEN
+            EXIT WHEN (v_free ->> 'step_run')::bigint <= 0;
+        ELSIF outcome = 'blocked' THEN
+            EXIT WHEN v_queueing = 'strict';
+            g_id[best] := NULL;
+            CONTINUE;
+        ELSIF outcome = 'locked' AND v_queueing = 'strict' THEN
             EXIT;
         END IF;
+        -- granted, gone, or locked in best_effort: the shape's next entry
+        SELECT n.queued_at, n.request_id INTO next_at, next_id
+          FROM respool._next_of_shape(p_pool_id, g_policy[best], g_preemptible[best], g_resources[best],
+                                      g_at[best], g_id[best]) n;
+        g_at[best] := next_at;
+        g_id[best] := next_id;
     END LOOP;
     RETURN granted;
 END $$;
@@ -351,8 +473,8 @@ BEGIN
                FROM respool.policies p
               WHERE p.subject = r.subject AND p.pool_id = ANY (r.candidate_pool_ids) LOOP
         IF (respool._rejection(r.resources, r.preemptible, c.pool_id, c.policy_id)).reason IS NULL THEN
-            INSERT INTO respool.queue_entries (pool_id, request_id, policy_id, queued_at)
-            VALUES (c.pool_id, r.id, c.policy_id, r.queued_at);
+            INSERT INTO respool.queue_entries (pool_id, request_id, policy_id, queued_at, resources, preemptible)
+            VALUES (c.pool_id, r.id, c.policy_id, r.queued_at, r.resources, r.preemptible);
             added := added + 1;
         END IF;
     END LOOP;

@@ -29,8 +29,7 @@ BEGIN
           FROM respool.queue_entries e
           JOIN respool.pools pl ON pl.id = e.pool_id
           JOIN respool.policies p ON p.id = e.policy_id
-         CROSS JOIN LATERAL (SELECT q.position FROM respool._queue_order(e.pool_id) q
-                              WHERE q.request_id = r.id) o
+         CROSS JOIN LATERAL (SELECT respool._queue_position(e.pool_id, r.id) AS position OFFSET 0) o
          WHERE e.request_id = r.id;
     END IF;
     RETURN jsonb_build_object(

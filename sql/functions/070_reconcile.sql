@@ -304,25 +304,26 @@ BEGIN
         -- rules 2 and 3 admit them, and some subject could lose work to them: for reclaim
         -- (in share, or non-preemptible) another borrower or, for non-preemptible work, its own
         -- preemptible work; for priority (a preemptible borrower) a lower-priority borrower.
-        FOR e IN SELECT q.*, r.resources, r.preemptible, m.mode
-                   FROM respool._queue_order(p_pool_id) q
-                   JOIN respool.requests r ON r.id = q.request_id
-                  CROSS JOIN LATERAL (SELECT CASE WHEN q.in_share OR NOT r.preemptible THEN 'reclaim'
+        -- One candidate per shape (respool._queue_groups): entries of a shape pass the same
+        -- filters and get the same victim set, so its first entry without an earmark stands for
+        -- it, and the shapes' first entries in queue order are the queue order of the candidates.
+        FOR e IN SELECT q.*, m.mode
+                   FROM respool._queue_groups(p_pool_id, true) q
+                  CROSS JOIN LATERAL (SELECT CASE WHEN q.in_share OR NOT q.preemptible THEN 'reclaim'
                                                   ELSE 'priority' END AS mode) m
-                  WHERE r.earmark_pool_id IS NULL
-                    AND NOT respool._fits_free(r.resources, v_free)
-                    AND respool._within(r.resources, v_limits -> q.policy_id::text, true)
-                    AND (r.preemptible OR respool._within(
-                            (SELECT jsonb_object_agg(x.key, x.value) FROM jsonb_each(r.resources) x
+                  WHERE NOT respool._fits_free(q.resources, v_free)
+                    AND respool._within(q.resources, v_limits -> q.policy_id::text, true)
+                    AND (q.preemptible OR respool._within(
+                            (SELECT jsonb_object_agg(x.key, x.value) FROM jsonb_each(q.resources) x
                               WHERE v_free ? x.key), v_np -> q.policy_id::text, false))
                     AND CASE m.mode
-                          WHEN 'reclaim' THEN (NOT r.preemptible AND v_own ? q.policy_id::text)
+                          WHEN 'reclaim' THEN (NOT q.preemptible AND v_own ? q.policy_id::text)
                                               OR EXISTS (SELECT FROM jsonb_object_keys(v_borrowers) b
                                                           WHERE b <> q.policy_id::text)
                           ELSE EXISTS (SELECT FROM jsonb_each_text(v_borrowers) b
                                         WHERE b.key <> q.policy_id::text AND b.value::integer < q.priority)
                         END
-                  ORDER BY q.position LOOP
+                  ORDER BY q.priority DESC, q.in_share DESC, q.queued_at, q.request_id LOOP
             v_mode := e.mode;
             -- In a strict pool, once a request could not be helped, only reclaim (the reserved
             -- share guarantee) still acts for the requests behind it.

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import asyncpg
+import pytest
 from typer.testing import CliRunner
 
-from app.db.connect import APP_RECONCILER
+from app.db.connect import APP_RECONCILER, connect
+from app.reconciler import Reconciler
 from cli.main import app as cli_app
 from tests.api.conftest import running_server
 from tests.api.helpers import ok, pool_with_policy
@@ -84,3 +87,34 @@ async def test_reconcile_once_prints_what_it_did(db_url: str) -> None:
         ]
         assert lines[1].split() == ["p", "0", "0", "1", "1", "0"]
         assert ok(await srv.client.get(f"/v1/requests/{prod['id']}"))["status"] == "allocated"
+
+
+async def test_standalone_reconciler_logs_its_state_changes(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``respool reconcile`` has no API listener: it logs the changes it makes itself."""
+    conn = await connect(db_url, application_name="respool-test")
+    reconciler = Reconciler(db_url, interval=0.05, log_changes=True)
+    loop = asyncio.create_task(reconciler.run())
+    try:
+        await conn.execute("SELECT respool.create_pool('p', '{\"gpu\": 2}')")
+        await conn.execute("SELECT respool.create_policy('dev', 'p')")
+        await conn.execute(
+            "SELECT respool.create_policy('prod', 'p', p_reserved => '{\"gpu\": 2}')"
+        )
+        await conn.execute("SELECT respool.create_request('dev', 'p', '{\"gpu\": 2}')")
+        with caplog.at_level(logging.INFO, logger="respool.state"):
+            await conn.execute("SELECT respool.create_request('prod', 'p', '{\"gpu\": 2}')")
+            for _ in range(200):  # bounded: up to 10 s
+                if any("-> preempted" in r.getMessage() for r in caplog.records):
+                    break
+                await asyncio.sleep(0.05)
+        lines = [r.getMessage() for r in caplog.records if r.name == "respool.state"]
+        assert any(
+            "allocated -> preempted (subject dev, pool p, reason reclaim)" in m for m in lines
+        ), lines
+        assert any("queued -> allocated (subject prod, pool p)" in m for m in lines), lines
+    finally:
+        reconciler.stop()
+        await asyncio.wait_for(loop, 10)
+        await conn.close()
