@@ -18,7 +18,7 @@ import asyncpg
 import msgspec
 
 from app.db.errors import engine_errors
-from app.db.queries import Executor
+from app.db.queries import Executor, Violation, invariant_violations
 
 __all__ = [
     "DashboardData",
@@ -308,14 +308,6 @@ class EventRow(msgspec.Struct, frozen=True):
     message: str
 
 
-class Violation(msgspec.Struct, frozen=True):
-    invariant: str
-    pool: str | None
-    subject: str | None
-    key: str | None
-    detail: str
-
-
 class DashboardData(msgspec.Struct, frozen=True):
     now: datetime
     pools: list[PoolRow]
@@ -365,9 +357,7 @@ async def dashboard_data(
             " ORDER BY e.id DESC LIMIT $1",
             events_limit,
         )
-        violations = await conn.fetch(
-            "SELECT invariant, pool, subject, key, detail FROM respool.invariant_violations"
-        )
+        violations = await invariant_violations(conn)
     by_pool_keys: dict[str, list[PoolKeyRow]] = {}
     for k in keys:
         by_pool_keys.setdefault(k.pool, []).append(k)
@@ -391,5 +381,5 @@ async def dashboard_data(
         queue=[msgspec.convert(dict(r), QueueRow) for r in queue],
         holdings=[msgspec.convert(dict(r), HoldingRow) for r in holdings],
         events=[msgspec.convert(dict(r), EventRow) for r in events],
-        violations=[msgspec.convert(dict(r), Violation) for r in violations],
+        violations=violations,
     )
