@@ -173,6 +173,30 @@ async def notes(db_url: str) -> AsyncIterator[asyncio.Queue[dict[str, Any]]]:
         await listener.close()
 
 
+def note(
+    request_id: object,
+    status: str,
+    version: int,
+    pool: str | None,
+    frm: str | None,
+    *,
+    subject: str = "S",
+    reason: str | None = None,
+    attempt: int = 1,
+) -> dict[str, Any]:
+    """The respool_request payload of one status change."""
+    return {
+        "id": str(request_id),
+        "status": status,
+        "version": version,
+        "pool": pool,
+        "subject": subject,
+        "from": frm,
+        "reason": reason,
+        "attempt": attempt,
+    }
+
+
 async def take(notes: asyncio.Queue[dict[str, Any]], n: int) -> list[dict[str, Any]]:
     return [await asyncio.wait_for(notes.get(), timeout=5) for _ in range(n)]
 
@@ -190,8 +214,8 @@ async def test_notify_after_commit(
     r = await mk_req(conn, "S", "p", resources={"gpu": 1})
     rid = str(r.id)
     assert await take(notes, 2) == [
-        {"id": rid, "status": "queued", "version": 1, "pool": "p"},
-        {"id": rid, "status": "allocated", "version": 2, "pool": "p"},
+        note(rid, "queued", 1, "p", None),
+        note(rid, "allocated", 2, "p", "queued"),
     ]
     await nothing_more(notes)
 
@@ -199,7 +223,7 @@ async def test_notify_after_commit(
     async with conn.transaction():
         await q.release_request(conn, r.id)
         await nothing_more(notes)
-    assert await take(notes, 1) == [{"id": rid, "status": "released", "version": 3, "pool": "p"}]
+    assert await take(notes, 1) == [note(rid, "released", 3, "p", "allocated")]
 
     # a heartbeat or a read is not a status change
     await q.heartbeat_request(conn, r.id)
@@ -236,13 +260,11 @@ async def test_notify_names_the_pool_once_granted(
     await mk_req(conn, "S", "a", resources={"gpu": 1})
     await take(notes, 4)
     waiting = await mk_req(conn, "S", resources={"gpu": 1})
-    assert await take(notes, 1) == [
-        {"id": str(waiting.id), "status": "queued", "version": 1, "pool": None}
-    ]
+    assert await take(notes, 1) == [note(waiting.id, "queued", 1, None, None)]
     await q.release_request(conn, holder.id)
     got = await take(notes, 2)
     assert got == [
-        {"id": str(holder.id), "status": "released", "version": 3, "pool": "b"},
-        {"id": str(waiting.id), "status": "allocated", "version": 2, "pool": "b"},
+        note(holder.id, "released", 3, "b", "allocated"),
+        note(waiting.id, "allocated", 2, "b", "queued"),
     ]
     await nothing_more(notes)
