@@ -1,4 +1,9 @@
-"""``python -m bench <name> [options]``; ``python -m bench wake --help`` for one benchmark."""
+"""``python -m bench <name> [options]``: respool's benchmarks (docs/benchmarks.md).
+
+``python -m bench all`` runs every scenario against one durable PostgreSQL server in one run and
+writes the report; ``python -m bench <scenario>`` runs one and prints its figures as JSON;
+``python -m bench wake`` is the stand-alone wake-latency benchmark (docs/api.md).
+"""
 
 from __future__ import annotations
 
@@ -6,17 +11,35 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from bench import wake
+from bench import cycles, suite, wake
+
+ONE = {
+    "cycles": cycles.SUMMARY,
+    "http": "HTTP cycles through one respool serve process",
+    "waiters": "10,000 long-polls on one API process, woken by one large release",
+    "reconcile": "cost of one reconciler pass against the queue size, idle and with churn",
+    "peer": "pgqueuer's throughput on the same server (pip install 'respool[bench]')",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     wake.add_arguments(commands.add_parser("wake", help=wake.SUMMARY, description=wake.SUMMARY))
+    everything = "every scenario in one run; writes docs/benchmarks.md"
+    suite.add_arguments(
+        commands.add_parser("all", help=everything, description=everything), full=True
+    )
+    for name, summary in ONE.items():
+        suite.add_arguments(
+            commands.add_parser(name, help=summary, description=summary), full=False
+        )
     args = parser.parse_args(argv)
     if args.command == "wake":
         return wake.run(args)
-    parser.error(f"unknown benchmark {args.command!r}")  # exits
+    if args.command == "all":
+        return suite.run_all(args)
+    return suite.run_one(args.command, args)
 
 
 if __name__ == "__main__":

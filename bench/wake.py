@@ -128,29 +128,40 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve(dsn: str) -> Iterator[str]:
+def serve(
+    dsn: str, *, reconciler: bool = False, env: dict[str, str] | None = None
+) -> Iterator[str]:
     """``respool serve`` on a free loopback port against ``dsn``; yields its base URL."""
+    with serve_process(dsn, reconciler=reconciler, env=env) as (url, _proc):
+        yield url
+
+
+@contextlib.contextmanager
+def serve_process(
+    dsn: str, *, reconciler: bool = False, env: dict[str, str] | None = None
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """Like :func:`serve`, and also yields the server's process (for its RSS)."""
     port = _free_port()
-    env = {
+    full_env = {
         **os.environ,
         "RESPOOL_DATABASE_URL": dsn,
         "RESPOOL_HOST": "127.0.0.1",
         "RESPOOL_AUTH": "off",
         "RESPOOL_LOG_LEVEL": "WARNING",
         "RESPOOL_MAX_WAIT": "25",
+        **(env or {}),
     }
+    command = [sys.executable, "-m", "cli.main", "serve", "--port", str(port)]
+    if not reconciler:
+        command.append("--no-reconciler")
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "cli.main", "serve", "--port", str(port), "--no-reconciler"],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
+            command, cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT
         )
         url = f"http://127.0.0.1:{port}"
         try:
             _wait_ready(proc, url, log)
-            yield url
+            yield url, proc
         finally:
             proc.terminate()
             try:

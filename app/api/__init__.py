@@ -34,9 +34,13 @@ from app.notify import Notifier
 from app.reconciler import Reconciler
 from app.settings import Settings
 
-__all__ = ["create_app"]
+__all__ = ["MAX_BODY_BYTES", "create_app"]
 
 log = logging.getLogger("respool.api")
+
+# Largest request body accepted (413 above it). The biggest body is an `apply` manifest: 1 MiB
+# holds thousands of pools; every other body is well under 64 KiB.
+MAX_BODY_BYTES = 1024 * 1024
 
 
 def create_app(
@@ -98,6 +102,7 @@ def create_app(
         guards=[auth_guard],
         before_request=answer_options,
         exception_handlers=exception_handlers,
+        request_max_body_size=MAX_BODY_BYTES,
         plugins=[ClosedStructSchemaPlugin()],
         openapi_config=OpenAPIConfig(
             title="respool",

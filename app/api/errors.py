@@ -18,6 +18,7 @@ from litestar.exceptions import HTTPException, ValidationException
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.types import ExceptionHandlersMap
 
+from app.db.connect import is_dead_connection
 from app.db.errors import EngineError
 
 __all__ = ["ApiError", "ErrorBody", "error_responses", "exception_handlers", "validation_error"]
@@ -121,7 +122,8 @@ RETRY_AFTER = 1
 # The database cannot serve us right now, whatever the request: refused or lost connections
 # (OSError, also TimeoutError from a bounded acquire or statement, app.db.connect), a closed
 # connection (08xxx, InterfaceError), a server shutting down, crashed, in recovery or a backend
-# terminated by an operator (57P01-57P05), no free connection slots (53300).
+# terminated by an operator (57P01-57P05), no free connection slots (53300); and asyncpg's
+# error for a pooled connection the server had closed (app.db.connect.is_dead_connection).
 _DATABASE_DOWN: tuple[type[BaseException], ...] = (
     OSError,
     asyncpg.PostgresConnectionError,
@@ -171,7 +173,7 @@ def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[Err
         return _integrity(request, exc)
     if isinstance(exc, asyncpg.DataError):  # SQLSTATE class 22, also raised by asyncpg's encoders
         return _bad_data(request, exc)
-    if isinstance(exc, _DATABASE_DOWN):
+    if isinstance(exc, _DATABASE_DOWN) or is_dead_connection(exc):
         return _database_down(request, exc)
     log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
     return _respond(500, "internal server error")

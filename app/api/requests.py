@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Annotated, Any
 from uuid import UUID
 
+import asyncpg
 import msgspec
 from litestar import Controller, Request, Response, delete, get, post
 from litestar.datastructures import State
@@ -20,6 +21,7 @@ from msgspec import UNSET
 from app.api.auth import listing_patterns, require_subject
 from app.api.common import db, decode_body, notifier, settings
 from app.api.errors import ApiError, error_responses
+from app.api.reader import RequestReader
 from app.api.schemas import INT32_MAX, RequestCreate, RequestPage
 from app.db import queries
 from app.db.queries import Event, Status
@@ -92,7 +94,15 @@ async def wait_for(
             if remaining <= 0:
                 return req
             await waiter.wait(min(remaining, POLL_BACKSTOP))
-            req = await queries.get_request(pool, request_id)
+            req = await _reader(state, pool).get(request_id)
+
+
+def _reader(state: State, pool: asyncpg.Pool) -> RequestReader:
+    """The app's coalescing reader for woken waiters (made on first use, per pool)."""
+    reader: RequestReader | None = getattr(state, "request_reader", None)
+    if reader is None or reader.pool is not pool:
+        reader = state.request_reader = RequestReader(pool)
+    return reader
 
 
 def _capped(state: State, wait: float | None) -> float:

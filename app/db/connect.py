@@ -18,6 +18,7 @@ __all__ = [
     "connect",
     "create_pool",
     "init_connection",
+    "is_dead_connection",
     "own_backend_pids",
 ]
 
@@ -109,17 +110,86 @@ ACQUIRE_TIMEOUT = 10.0
 COMMAND_TIMEOUT = 30.0
 
 
+def is_dead_connection(exc: BaseException) -> bool:
+    """asyncpg's error for a statement on a connection the server closed while it sat idle in
+    the pool (a FATAL such as ``pg_terminate_backend`` arrived before the socket's end): the
+    protocol is stuck and the statement was refused before anything was sent."""
+    return isinstance(exc, asyncpg.InternalClientError) and str(exc).startswith(
+        "cannot switch to state"
+    )
+
+
 class BoundedPool(asyncpg.Pool):
-    """An asyncpg pool whose ``acquire`` gives up after ``ACQUIRE_TIMEOUT`` seconds by default.
+    """An asyncpg pool whose ``acquire`` gives up after ``ACQUIRE_TIMEOUT`` seconds by default,
+    and whose one-statement calls (``execute``, ``fetch``, ``fetchrow``, ``fetchval``) skip
+    connections the server closed while they were idle.
 
     asyncpg waits for a free connection forever; ``pool.fetch()`` and friends acquire without a
     timeout. The same bound also limits the release (waiting for a cancelled statement).
+    A pooled connection whose backend was terminated can fail its next statement with
+    :func:`is_dead_connection` (asyncpg keeps it until it reads the socket's end); that statement
+    was never sent, so it is run again on another connection and the dead one is terminated.
     """
 
     __slots__ = ()
 
     def acquire(self, *, timeout: float | None = None) -> asyncpg.pool.PoolAcquireContext:
         return super().acquire(timeout=ACQUIRE_TIMEOUT if timeout is None else timeout)
+
+    async def _on_live_connection(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        tries = self.get_max_size() + 1  # at worst, every pooled connection is dead
+        for attempt in range(tries):
+            async with self.acquire() as conn:
+                try:
+                    return await getattr(conn, method)(*args, **kwargs)
+                except asyncpg.InternalClientError as exc:
+                    if not is_dead_connection(exc) or attempt == tries - 1:
+                        raise
+                    conn.terminate()
+        raise AssertionError("unreachable")
+
+    # The overrides keep asyncpg's signatures (its ``timeout`` arguments included).
+    async def execute(
+        self,
+        query: str,
+        *args: object,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> str:
+        result: str = await self._on_live_connection("execute", query, *args, timeout=timeout)
+        return result
+
+    async def fetch(  # type: ignore[override]
+        self,
+        query: str,
+        *args: object,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> list[asyncpg.Record]:
+        rows: list[asyncpg.Record] = await self._on_live_connection(
+            "fetch", query, *args, timeout=timeout
+        )
+        return rows
+
+    async def fetchrow(  # type: ignore[override]
+        self,
+        query: str,
+        *args: object,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> asyncpg.Record | None:
+        row: asyncpg.Record | None = await self._on_live_connection(
+            "fetchrow", query, *args, timeout=timeout
+        )
+        return row
+
+    async def fetchval(
+        self,
+        query: str,
+        *args: object,
+        column: int = 0,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> Any:
+        return await self._on_live_connection(
+            "fetchval", query, *args, column=column, timeout=timeout
+        )
 
 
 async def create_pool(

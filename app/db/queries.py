@@ -272,9 +272,26 @@ async def create_request(
     return Created(created=row["created"], request=_as(Request, row["request"]))
 
 
+# A request's JSON text straight into the Struct: no intermediate dict (the hot path of every
+# long-poll read; measured: half of a woken waiter's Python time went into dict + convert).
+_decode_request = msgspec.json.Decoder(Request, strict=False).decode
+
+
 @engine_errors
 async def get_request(db: Executor, request_id: UUID) -> Request:
-    return _as(Request, await db.fetchval("SELECT respool.get_request(p_id => $1)", request_id))
+    text = await db.fetchval("SELECT respool.get_request(p_id => $1)::text", request_id)
+    return _decode_request(text)
+
+
+@engine_errors
+async def get_requests(db: Executor, request_ids: list[UUID]) -> dict[UUID, Request]:
+    """Several requests in one query and one snapshot; unknown ids are left out."""
+    rows = await db.fetch(
+        "SELECT respool.request_json(p_id => u.id)::text FROM unnest($1::uuid[]) AS u(id)",
+        request_ids,
+    )
+    found = (_decode_request(row[0]) for row in rows if row[0] is not None)
+    return {r.id: r for r in found}
 
 
 @engine_errors

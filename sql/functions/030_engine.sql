@@ -51,8 +51,11 @@ COMMENT ON FUNCTION respool._set_status(uuid, text, text, text, timestamptz) IS
     'The only way a request changes status: bumps version, stamps finished_at, drops an earmark when it leaves the queue and a grace deadline when it leaves preempting, writes the event, notifies.';
 
 CREATE OR REPLACE FUNCTION respool._blocker(p_resources jsonb, p_preemptible boolean, p_pool_id uuid, p_policy_id uuid)
-RETURNS text LANGUAGE sql STABLE AS $$
-    SELECT msg FROM (
+RETURNS text LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- PL/pgSQL, not SQL: PostgreSQL before 18 plans a SQL function's body on every call, and
+    -- this runs for every grant attempt and every read of a queued request.
+    RETURN (SELECT msg FROM (
         SELECT k.key,
                CASE
                  WHEN c.cap IS NOT NULL AND k.need > 0 AND c.pool_used + k.need > c.cap THEN
@@ -77,19 +80,24 @@ RETURNS text LANGUAGE sql STABLE AS $$
     ) checks
     WHERE msg IS NOT NULL
     ORDER BY key
-    LIMIT 1
-$$;
+    LIMIT 1);
+END $$;
 COMMENT ON FUNCTION respool._blocker(jsonb, boolean, uuid, uuid) IS
     'Admission rules 1-3 of SPEC §4 against the current counters: NULL when admissible, else what blocks it.';
 
 CREATE OR REPLACE FUNCTION respool._earmark_blocks(p_request respool.requests, p_pool_id uuid)
-RETURNS boolean LANGUAGE sql STABLE AS $$
+RETURNS boolean LANGUAGE plpgsql STABLE AS $$
+BEGIN
     -- Once every victim in its grace period has left (their units gone) and every earmarked
     -- request has its units, would p_request still fit? Checked only while earmarks exist.
-    SELECT p_request.earmark_pool_id IS DISTINCT FROM p_pool_id
-       AND EXISTS (SELECT FROM respool.requests b
-                    WHERE b.earmark_pool_id = p_pool_id AND b.status = 'queued' AND b.id <> p_request.id)
-       AND EXISTS (
+    -- The two cheap tests first, as statements of their own: nearly always one of them ends it.
+    IF p_request.earmark_pool_id IS NOT DISTINCT FROM p_pool_id
+       OR NOT EXISTS (SELECT FROM respool.requests b
+                       WHERE b.earmark_pool_id = p_pool_id AND b.status = 'queued'
+                         AND b.id <> p_request.id) THEN
+        RETURN false;
+    END IF;
+    RETURN EXISTS (
            SELECT FROM jsonb_each_text(p_request.resources) x
              JOIN respool.pool_resources pr ON pr.pool_id = p_pool_id AND pr.key = x.key
             WHERE pr.capacity IS NOT NULL
@@ -99,14 +107,15 @@ RETURNS boolean LANGUAGE sql STABLE AS $$
                   + coalesce((SELECT sum((b.resources ->> x.key)::bigint) FROM respool.requests b
                                WHERE b.earmark_pool_id = p_pool_id AND b.status = 'queued'
                                  AND b.id <> p_request.id), 0)
-                  > pr.capacity)
-$$;
+                  > pr.capacity);
+END $$;
 COMMENT ON FUNCTION respool._earmark_blocks(respool.requests, uuid) IS
     'True when granting p_request would take units earmarked for another request (units that victims in their grace period will free). Never true for the earmark holder itself.';
 
 CREATE OR REPLACE FUNCTION respool._rejection(p_resources jsonb, p_preemptible boolean, p_pool_id uuid,
                                               p_policy_id uuid, OUT reason text, OUT message text)
-LANGUAGE sql STABLE AS $$
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
     WITH k AS (
         SELECT x.key, x.value::bigint AS need, respool._effective_capacity(x.key, pr.capacity) AS cap,
                coalesce(pol.reserved, 0) AS reserved, pol."limit" AS lim
@@ -114,7 +123,7 @@ LANGUAGE sql STABLE AS $$
           LEFT JOIN respool.pool_resources pr ON pr.pool_id = p_pool_id AND pr.key = x.key
           LEFT JOIN respool.policy_resources pol ON pol.policy_id = p_policy_id AND pol.key = x.key
     ), pool AS (SELECT name FROM respool.pools WHERE id = p_pool_id)
-    SELECT c.reason, c.message FROM (VALUES (1)) AS one(x) LEFT JOIN LATERAL (
+    SELECT c.reason, c.message INTO reason, message FROM (VALUES (1)) AS one(x) LEFT JOIN LATERAL (
         SELECT 1 AS rank, key, 'pool_missing_key' AS reason,
                format('pool %s does not provide %s', (SELECT name FROM pool), key) AS message
           FROM k WHERE cap = 0
@@ -133,8 +142,8 @@ LANGUAGE sql STABLE AS $$
           FROM k WHERE NOT p_preemptible AND cap IS NOT NULL AND need > reserved
         ORDER BY 1, 2
         LIMIT 1
-    ) c ON true
-$$;
+    ) c ON true;
+END $$;
 COMMENT ON FUNCTION respool._rejection(jsonb, boolean, uuid, uuid) IS
     'The §4 rejection table for one candidate pool: always one row, (NULL, NULL) when the request can ever fit there.';
 
@@ -187,13 +196,14 @@ COMMENT ON FUNCTION respool._queue_groups(uuid, boolean) IS
 CREATE OR REPLACE FUNCTION respool._next_of_shape(p_pool_id uuid, p_policy_id uuid, p_preemptible boolean,
                                                   p_resources jsonb, p_after_at timestamptz, p_after_id uuid,
                                                   OUT queued_at timestamptz, OUT request_id uuid)
-LANGUAGE sql STABLE AS $$
-    SELECT e.queued_at, e.request_id FROM respool.queue_entries e
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    SELECT e.queued_at, e.request_id INTO queued_at, request_id FROM respool.queue_entries e
      WHERE e.pool_id = p_pool_id AND e.policy_id = p_policy_id
        AND e.preemptible = p_preemptible AND e.resources = p_resources
        AND (e.queued_at, e.request_id) > (p_after_at, p_after_id)
-     ORDER BY e.queued_at, e.request_id LIMIT 1
-$$;
+     ORDER BY e.queued_at, e.request_id LIMIT 1;
+END $$;
 COMMENT ON FUNCTION respool._next_of_shape(uuid, uuid, boolean, jsonb, timestamptz, uuid) IS
     'The entry of one queue shape that follows (p_after_at, p_after_id) in queue-time order (NULLs when none): one index probe.';
 
@@ -230,10 +240,17 @@ BEGIN
     SELECT q.priority, q.in_share INTO v_priority, v_in_share FROM respool._queue_groups(p_pool_id) q
      WHERE q.policy_id = me.policy_id AND q.preemptible = me.preemptible AND q.resources = me.resources;
     -- Count only what is ahead: whole shapes of a higher (priority, in-share) class, and the
-    -- earlier entries of shapes in the request's own class.
-    FOR g IN SELECT * FROM respool._queue_groups(p_pool_id) q
+    -- earlier entries of shapes in the request's own class. A policy that queues one shape only
+    -- is counted on queue_entries_policy_idx (no comparison of resources per entry).
+    FOR g IN SELECT * FROM (SELECT q.*, count(*) OVER (PARTITION BY q.policy_id) AS policy_shapes
+                              FROM respool._queue_groups(p_pool_id) q) q
               WHERE (q.priority, q.in_share) >= (v_priority, v_in_share) LOOP
-        IF (g.priority, g.in_share) > (v_priority, v_in_share) THEN
+        IF g.policy_shapes = 1 AND (g.priority, g.in_share) > (v_priority, v_in_share) THEN
+            SELECT count(*) INTO n FROM respool.queue_entries e WHERE e.policy_id = g.policy_id;
+        ELSIF g.policy_shapes = 1 THEN
+            SELECT count(*) INTO n FROM respool.queue_entries e
+             WHERE e.policy_id = g.policy_id AND (e.queued_at, e.request_id) < (me.queued_at, me.request_id);
+        ELSIF (g.priority, g.in_share) > (v_priority, v_in_share) THEN
             SELECT count(*) INTO n FROM respool.queue_entries e
              WHERE e.pool_id = p_pool_id AND e.policy_id = g.policy_id
                AND e.preemptible = g.preemptible AND e.resources = g.resources;
@@ -359,17 +376,19 @@ COMMENT ON FUNCTION respool._try_grant(uuid, uuid, uuid, timestamptz) IS
     'Grants one queued request in a pool whose row the caller has locked, if admissible: granted | blocked | locked | gone.';
 
 CREATE OR REPLACE FUNCTION respool._free_units(p_pool_id uuid)
-RETURNS jsonb LANGUAGE sql STABLE AS $$
-    SELECT coalesce(jsonb_object_agg(key, capacity - used), '{}')
-      FROM respool.pool_resources WHERE pool_id = p_pool_id AND capacity IS NOT NULL
-$$;
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT coalesce(jsonb_object_agg(key, capacity - used), '{}')
+              FROM respool.pool_resources WHERE pool_id = p_pool_id AND capacity IS NOT NULL);
+END $$;
 COMMENT ON FUNCTION respool._free_units(uuid) IS 'Free units (capacity - used, may be negative after a shrink) per tracked key of a pool.';
 
 CREATE OR REPLACE FUNCTION respool._fits_free(p_resources jsonb, p_free jsonb)
-RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT NOT EXISTS (SELECT FROM jsonb_each_text(p_resources) x
-                        WHERE p_free ? x.key AND x.value::bigint > (p_free ->> x.key)::bigint)
-$$;
+RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN NOT EXISTS (SELECT FROM jsonb_each_text(p_resources) x
+                        WHERE p_free ? x.key AND x.value::bigint > (p_free ->> x.key)::bigint);
+END $$;
 COMMENT ON FUNCTION respool._fits_free(jsonb, jsonb) IS
     'Admission rule 1 alone against a _free_units map (keys the map lacks are not checked): a cheap necessary condition before the full check.';
 
@@ -394,8 +413,8 @@ DECLARE
     next_id uuid;
 BEGIN
     SELECT queueing INTO v_queueing FROM respool.pools WHERE id = p_pool_id FOR NO KEY UPDATE;
-    IF NOT FOUND THEN
-        RETURN 0;
+    IF NOT FOUND OR NOT EXISTS (SELECT FROM respool.queue_entries WHERE pool_id = p_pool_id) THEN
+        RETURN 0;  -- gone, or nobody waits: the common case after a release
     END IF;
     -- Requests that victims in their grace period were preempted for come first: the units
     -- those victims free are theirs (SPEC §5), whatever the queue order or queueing mode.

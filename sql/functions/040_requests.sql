@@ -205,7 +205,11 @@ BEGIN
     PERFORM respool._record_event(r, NULL, p_now);
 
     IF r.status = 'queued' THEN
-        PERFORM respool._enqueue(r.id);
+        -- Its queue entries: one per candidate that the checks above admitted (v_ok), under
+        -- the same pool locks (what respool._enqueue would find, without checking again).
+        INSERT INTO respool.queue_entries (pool_id, request_id, policy_id, queued_at, resources, preemptible)
+        SELECT p.pool_id, r.id, p.id, r.queued_at, r.resources, r.preemptible
+          FROM respool.policies p WHERE p.subject = r.subject AND p.pool_id = ANY (v_ok);
         FOR c IN SELECT e.pool_id, e.policy_id, pl.queueing
                    FROM respool.queue_entries e
                    JOIN respool.pools pl ON pl.id = e.pool_id

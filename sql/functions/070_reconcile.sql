@@ -7,8 +7,9 @@
 -- usage below. Without a grace period both are zero and effective usage is the counter.
 
 CREATE OR REPLACE FUNCTION respool._effective_used(p_pool_id uuid, p_except uuid DEFAULT NULL)
-RETURNS jsonb LANGUAGE sql STABLE AS $$
-    SELECT coalesce(jsonb_object_agg(pr.key,
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT coalesce(jsonb_object_agg(pr.key,
                pr.used
                - coalesce((SELECT sum((v.resources ->> pr.key)::bigint) FROM respool.requests v
                             WHERE v.pool_id = p_pool_id AND v.status = 'preempting'), 0)
@@ -16,8 +17,8 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
                             WHERE b.earmark_pool_id = p_pool_id AND b.status = 'queued'
                               AND b.id IS DISTINCT FROM p_except), 0)), '{}')
       FROM respool.pool_resources pr
-     WHERE pr.pool_id = p_pool_id AND pr.capacity IS NOT NULL
-$$;
+     WHERE pr.pool_id = p_pool_id AND pr.capacity IS NOT NULL);
+END $$;
 COMMENT ON FUNCTION respool._effective_used(uuid, uuid) IS
     'Per tracked key of a pool: used, minus units of victims in their grace period, plus units earmarked for requests other than p_except.';
 
@@ -218,9 +219,10 @@ COMMENT ON FUNCTION respool._choose_victims(uuid, respool.requests, uuid, text) 
     'The victim set for a queued request blocked by pool capacity (SPEC §5): reclaim takes other subjects'' preemptible allocations above their reserved share (and, for a non-preemptible request, its own subject''s preemptible work first); priority takes strictly lower-priority borrowers. Victim order: lowest priority, then most recently allocated; the walk stops once the request fits and unneeded victims are dropped. {} when it already fits, NULL when no set makes it fit.';
 
 CREATE OR REPLACE FUNCTION respool._borrowers(p_pool_id uuid)
-RETURNS jsonb LANGUAGE sql STABLE AS $$
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
     -- Only these subjects can lose work to reclaim or priority preemption.
-    SELECT coalesce(jsonb_object_agg(p.id, p.priority), '{}')
+BEGIN
+    RETURN (SELECT coalesce(jsonb_object_agg(p.id, p.priority), '{}')
       FROM respool.policies p
      WHERE p.pool_id = p_pool_id
        AND EXISTS (SELECT FROM respool.policy_resources pol JOIN respool.pool_resources pr
@@ -228,37 +230,39 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
                     WHERE pol.policy_id = p.id AND pol.used > pol.reserved)
        AND EXISTS (SELECT FROM respool.requests q
                     WHERE q.pool_id = p_pool_id AND q.policy_id = p.id AND q.status = 'allocated'
-                      AND q.preemptible)
-$$;
+                      AND q.preemptible));
+END $$;
 COMMENT ON FUNCTION respool._borrowers(uuid) IS
     '{policy id: priority} of the pool''s subjects that hold preemptible work and use more than their reserved share of a tracked key.';
 
 CREATE OR REPLACE FUNCTION respool._headroom(p_pool_id uuid, p_column text)
-RETURNS jsonb LANGUAGE sql STABLE AS $$
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
     -- {policy id: {key: room}}: room under the limit (p_column 'limit') or under the reserved
     -- share for non-preemptible work (p_column 'np').
-    SELECT coalesce(jsonb_object_agg(policy_id, room), '{}') FROM (
+BEGIN
+    RETURN (SELECT coalesce(jsonb_object_agg(policy_id, room), '{}') FROM (
         SELECT pol.policy_id,
                jsonb_object_agg(pol.key, CASE p_column WHEN 'limit' THEN pol."limit" - pol.used
                                                        ELSE pol.reserved - pol.np_used END) AS room
           FROM respool.policy_resources pol JOIN respool.policies p ON p.id = pol.policy_id
          WHERE p.pool_id = p_pool_id AND (p_column <> 'limit' OR pol."limit" IS NOT NULL)
-         GROUP BY pol.policy_id) x
-$$;
+         GROUP BY pol.policy_id) x);
+END $$;
 COMMENT ON FUNCTION respool._headroom(uuid, text) IS
     'Per policy of a pool and key: units left under its limit, or under its reserved share for non-preemptible work.';
 
 CREATE OR REPLACE FUNCTION respool._within(p_resources jsonb, p_room jsonb, p_keys_of_room boolean)
-RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
     -- p_keys_of_room: check every key of p_room (limits bind even keys the request lacks);
     -- otherwise check the request's keys that p_room lists (a missing key means room 0).
-    SELECT CASE WHEN p_keys_of_room
+BEGIN
+    RETURN (SELECT CASE WHEN p_keys_of_room
                 THEN NOT EXISTS (SELECT FROM jsonb_each_text(coalesce(p_room, '{}')) m
                                   WHERE coalesce((p_resources ->> m.key)::bigint, 0) > m.value::bigint)
                 ELSE NOT EXISTS (SELECT FROM jsonb_each_text(p_resources) x
                                   WHERE x.value::bigint > coalesce((p_room ->> x.key)::bigint, 0))
-           END
-$$;
+           END);
+END $$;
 COMMENT ON FUNCTION respool._within(jsonb, jsonb, boolean) IS 'True when every amount fits the room map (see _headroom).';
 
 CREATE OR REPLACE FUNCTION respool._preempt_for_queue(p_pool_id uuid, p_now timestamptz,
