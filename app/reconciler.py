@@ -140,7 +140,7 @@ class Reconciler:
             self._state_log(pid, str(payload))
 
     async def run(self) -> None:
-        """Run until :meth:`stop`; database errors are logged and retried, never fatal."""
+        """Run until :meth:`stop`; errors are logged and retried after a reconnect, never fatal."""
         delay = 0.1
         while not self._stopping:
             conn: asyncpg.Connection | None = None
@@ -153,9 +153,13 @@ class Reconciler:
                 await self._serve(conn)
             except asyncio.CancelledError:
                 raise
-            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+            except Exception as exc:  # never let the loop die: log, reconnect, start over
                 pause = delay * (0.5 + random.random())  # noqa: S311 - jitter, not crypto
-                log.warning("reconciler: %s; reconnecting in %.2fs", exc, pause)
+                if isinstance(exc, asyncpg.PostgresError | asyncpg.InterfaceError | OSError):
+                    log.warning("reconciler: %s; reconnecting in %.2fs", exc, pause)
+                else:
+                    self.failures = [*self.failures[-99:], f"loop: {type(exc).__name__}: {exc}"]
+                    log.exception("reconciler: unexpected error; reconnecting in %.2fs", pause)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), pause)
                 delay = min(delay * 2, self._backoff_max)

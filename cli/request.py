@@ -34,6 +34,9 @@ Attempt = Annotated[
 ]
 
 
+PRUNE_BATCH = 10_000
+
+
 class Pruned(msgspec.Struct):
     """The answer of ``POST /v1/retention/prune``."""
 
@@ -318,6 +321,13 @@ def prune(
         respool request prune --older-than 7d
     """
     with connect_api(url, token) as api:
-        result = api.call("POST", "/v1/retention/prune", Pruned, body={"older_than": older_than})
+        # In batches: each call is one short transaction, well under the statement timeout.
+        body = {"older_than": older_than, "limit": PRUNE_BATCH}
+        result = api.call("POST", "/v1/retention/prune", Pruned, body=body)
+        total = result.pruned
+        while result.pruned == PRUNE_BATCH:
+            result = api.call("POST", "/v1/retention/prune", Pruned, body=body)
+            total += result.pruned
+        result = Pruned(pruned=total, before=result.before)
     note(f"deleted {result.pruned} requests finished before {fmt_time(result.before)}")
     emit(result, output, lambda: [])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import asyncpg
@@ -15,6 +17,8 @@ __all__ = [
     "APP_RECONCILER",
     "COMMAND_TIMEOUT",
     "BoundedPool",
+    "Connection",
+    "DeadConnectionError",
     "connect",
     "create_pool",
     "init_connection",
@@ -56,6 +60,81 @@ def own_backend_pids() -> frozenset[int]:
     return frozenset(_own_pids)
 
 
+class DeadConnectionError(asyncpg.ConnectionDoesNotExistError):
+    """A statement on a connection the server had already closed: a FATAL such as
+    ``pg_terminate_backend`` arrived while the connection sat idle, before the socket's end.
+
+    asyncpg reports this as an ``InternalClientError`` ("cannot switch to state ...; another
+    operation (2) is in progress"), which no caller treats as a lost connection; it is a
+    ``ConnectionDoesNotExistError`` here. The statement was refused before anything was sent.
+    """
+
+
+def is_dead_connection(exc: BaseException) -> bool:
+    """True for :class:`DeadConnectionError` and for asyncpg's own form of it."""
+    if isinstance(exc, DeadConnectionError):
+        return True
+    return isinstance(exc, asyncpg.InternalClientError) and str(exc).startswith(
+        "cannot switch to state"
+    )
+
+
+class Connection(asyncpg.Connection):
+    """asyncpg's connection, except that a statement on a connection the server already closed
+    raises :class:`DeadConnectionError` and closes it (``connect`` and ``create_pool`` use it),
+    so the reconciler, the listener and the API handle it as the lost connection it is."""
+
+    __slots__ = ()
+
+    @contextlib.contextmanager
+    def _closed_by_server(self) -> Iterator[None]:
+        try:
+            yield
+        except asyncpg.InternalClientError as exc:
+            if not is_dead_connection(exc):
+                raise
+            self.terminate()
+            raise DeadConnectionError(f"connection closed by the server: {exc}") from exc
+
+    # The overrides keep asyncpg's signatures (its ``timeout`` arguments included).
+    async def execute(
+        self,
+        query: str,
+        *args: object,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> str:
+        with self._closed_by_server():
+            return await super().execute(query, *args, timeout=timeout)
+
+    async def fetch(  # type: ignore[override]
+        self,
+        query: str,
+        *args: object,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> list[asyncpg.Record]:
+        with self._closed_by_server():
+            return await super().fetch(query, *args, timeout=timeout)
+
+    async def fetchrow(  # type: ignore[override]
+        self,
+        query: str,
+        *args: object,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> asyncpg.Record | None:
+        with self._closed_by_server():
+            return await super().fetchrow(query, *args, timeout=timeout)
+
+    async def fetchval(
+        self,
+        query: str,
+        *args: object,
+        column: int = 0,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> Any:
+        with self._closed_by_server():
+            return await super().fetchval(query, *args, column=column, timeout=timeout)
+
+
 async def init_connection(conn: asyncpg.Connection) -> None:
     """Register json/jsonb codecs: Python values in, Python values out (via msgspec).
 
@@ -82,6 +161,7 @@ async def connect(
         dsn,
         timeout=connect_timeout,
         server_settings={**SERVER_SETTINGS, "application_name": application_name},
+        connection_class=Connection,
     )
     try:
         await init_connection(conn)
@@ -110,15 +190,6 @@ ACQUIRE_TIMEOUT = 10.0
 COMMAND_TIMEOUT = 30.0
 
 
-def is_dead_connection(exc: BaseException) -> bool:
-    """asyncpg's error for a statement on a connection the server closed while it sat idle in
-    the pool (a FATAL such as ``pg_terminate_backend`` arrived before the socket's end): the
-    protocol is stuck and the statement was refused before anything was sent."""
-    return isinstance(exc, asyncpg.InternalClientError) and str(exc).startswith(
-        "cannot switch to state"
-    )
-
-
 class BoundedPool(asyncpg.Pool):
     """An asyncpg pool whose ``acquire`` gives up after ``ACQUIRE_TIMEOUT`` seconds by default,
     and whose one-statement calls (``execute``, ``fetch``, ``fetchrow``, ``fetchval``) skip
@@ -126,9 +197,8 @@ class BoundedPool(asyncpg.Pool):
 
     asyncpg waits for a free connection forever; ``pool.fetch()`` and friends acquire without a
     timeout. The same bound also limits the release (waiting for a cancelled statement).
-    A pooled connection whose backend was terminated can fail its next statement with
-    :func:`is_dead_connection` (asyncpg keeps it until it reads the socket's end); that statement
-    was never sent, so it is run again on another connection and the dead one is terminated.
+    A statement that fails with :class:`DeadConnectionError` was never sent, so it runs again on
+    another connection (the dead one is already closed).
     """
 
     __slots__ = ()
@@ -142,10 +212,9 @@ class BoundedPool(asyncpg.Pool):
             async with self.acquire() as conn:
                 try:
                     return await getattr(conn, method)(*args, **kwargs)
-                except asyncpg.InternalClientError as exc:
-                    if not is_dead_connection(exc) or attempt == tries - 1:
+                except DeadConnectionError:
+                    if attempt == tries - 1:
                         raise
-                    conn.terminate()
         raise AssertionError("unreachable")
 
     # The overrides keep asyncpg's signatures (its ``timeout`` arguments included).
@@ -211,7 +280,7 @@ async def create_pool(
         init=init_connection,
         reset=_keep_session,
         loop=None,
-        connection_class=asyncpg.Connection,
+        connection_class=Connection,
         record_class=asyncpg.Record,
         server_settings={**SERVER_SETTINGS, "application_name": application_name},
     )

