@@ -10,13 +10,11 @@ process's own connections (``app.db.connect.own_backend_pids``), so each change 
 once in the whole deployment, by the process that made it (an API replica or a reconciler), right
 after it committed. Changes made from other sessions (psql) are in ``respool.request_events``
 but not in the logs. The line carries ``request_id``, ``subject``, ``pool``, ``from_status``,
-``status``, ``reason``, ``attempt`` and ``version``; when the notification does not carry the
-subject, it is read from the request's event history.
+``status``, ``reason``, ``attempt`` and ``version``, all from the notification's payload.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 from collections.abc import Callable
@@ -24,7 +22,6 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 from uuid import UUID
 
-import asyncpg
 import msgspec
 
 from app.db.connect import own_backend_pids
@@ -99,7 +96,7 @@ def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
 
 
 class StateChange(msgspec.Struct, frozen=True):
-    """The ``respool_request`` payload; fields after ``pool`` only if the engine sends them."""
+    """The ``respool_request`` payload (``_record_event`` in sql/functions/030_engine.sql)."""
 
     id: UUID
     status: str
@@ -113,33 +110,22 @@ class StateChange(msgspec.Struct, frozen=True):
 
 _decode = msgspec.json.Decoder(StateChange).decode
 
-_LOOKUP = """
-SELECT r.subject, e.from_status, e.reason, e.attempt
-  FROM respool.requests r
-  LEFT JOIN LATERAL (SELECT from_status, reason, attempt FROM respool.events
-                      WHERE request_id = r.id ORDER BY id OFFSET $2 - 1 LIMIT 1) e ON true
- WHERE r.id = $1
-"""
-
 
 class StateChangeLog:
     """Notification observer (:meth:`app.notify.Notifier.observe`); see the module docstring.
 
-    ``db`` reads the subject and reason when the payload lacks them (the n-th event of a
-    request is its version n). ``own_pids`` is for tests.
+    The engine's payload carries everything the line needs, so logging costs no query.
+    ``own_pids`` is for tests.
     """
 
     def __init__(
         self,
-        db: asyncpg.Pool | None = None,
         *,
         own_pids: Callable[[], frozenset[int]] = own_backend_pids,
         logger: logging.Logger = state_log,
     ) -> None:
-        self._db = db
         self._own_pids = own_pids
         self._log = logger
-        self._tasks: set[asyncio.Task[None]] = set()
 
     def __call__(self, pid: int, payload: str) -> None:
         if pid not in self._own_pids():
@@ -148,28 +134,6 @@ class StateChangeLog:
             change = _decode(payload)
         except (msgspec.DecodeError, msgspec.ValidationError):
             return  # the notifier already warns about malformed payloads
-        if change.subject is not None or self._db is None:
-            self.emit(change)
-            return
-        task = asyncio.get_running_loop().create_task(self._complete(change))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _complete(self, change: StateChange) -> None:
-        assert self._db is not None
-        try:
-            row = await self._db.fetchrow(_LOOKUP, change.id, change.version)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
-            self._log.debug("state change lookup failed: %s", exc)
-            row = None
-        if row is not None:
-            change = msgspec.structs.replace(
-                change,
-                subject=row["subject"],
-                from_status=row["from_status"],
-                reason=row["reason"],
-                attempt=row["attempt"],
-            )
         self.emit(change)
 
     def emit(self, change: StateChange) -> None:
@@ -194,8 +158,3 @@ class StateChangeLog:
                 "version": change.version,
             },
         )
-
-    async def drain(self) -> None:
-        """Wait for pending lookups (shutdown, tests)."""
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -23,7 +23,7 @@ from uuid import UUID
 import asyncpg
 import msgspec
 
-from app.db import ops_queries
+from app.db import ops_queries, queries
 from app.db.connect import APP_RECONCILER, connect
 from app.logs import StateChangeLog
 from app.notify import CHANNEL
@@ -52,10 +52,6 @@ class PoolPass(msgspec.Struct, frozen=True):
         return any((self.expired, self.grace_ended, self.preempted, self.allocated, self.rejected))
 
 
-async def _pool_ids(conn: asyncpg.Connection) -> list[UUID]:
-    return [r["id"] for r in await conn.fetch("SELECT id FROM respool.pools ORDER BY name")]
-
-
 async def reconcile_pools(
     conn: asyncpg.Connection,
     pool_ids: list[UUID],
@@ -68,16 +64,14 @@ async def reconcile_pools(
     skipped: list[UUID] = []
     for pool_id in pool_ids:
         try:
-            doc = await conn.fetchval("SELECT respool.reconcile_pool($1)", pool_id)
+            doc = await queries.reconcile_pool(conn, pool_id)
         except asyncpg.PostgresError as exc:
             if on_error is None or conn.is_closed():
                 raise
             on_error(pool_id, exc)  # tried again at the next full pass
             continue
         if doc is None:
-            if await conn.fetchval(
-                "SELECT EXISTS (SELECT FROM respool.pools WHERE id = $1)", pool_id
-            ):
+            if await queries.pool_exists(conn, pool_id):
                 skipped.append(pool_id)
             continue
         passes.append(msgspec.convert(doc, PoolPass))
@@ -87,7 +81,7 @@ async def reconcile_pools(
 async def reconcile_once(conn: asyncpg.Connection, *, patience: float = 5.0) -> list[PoolPass]:
     """One pass over every pool; a pool held by another transaction is retried for up to
     ``patience`` seconds (``respool reconcile --once``)."""
-    passes, pending = await reconcile_pools(conn, await _pool_ids(conn))
+    passes, pending = await reconcile_pools(conn, await queries.pool_ids(conn))
     deadline = time.monotonic() + patience
     while pending and time.monotonic() < deadline:
         await asyncio.sleep(RETRY_LOCKED)
@@ -124,6 +118,7 @@ class Reconciler:
         self._last_prune = 0.0
         self._state_log = StateChangeLog() if log_changes else None
         self.passes = 0  # pool passes that ran (for tests and metrics)
+        self.sweeps = 0  # full passes over every pool that ran
         self.failures: list[str] = []  # passes that raised (rolled back), newest last
 
     def stop(self) -> None:
@@ -174,8 +169,9 @@ class Reconciler:
             now = time.monotonic()
             if now >= next_full:
                 self._dirty.clear()
-                targets = await _pool_ids(conn)
+                targets = await queries.pool_ids(conn)
                 next_full = now + self.interval
+                self.sweeps += 1
             else:
                 targets = sorted(self._dirty | set(retry))
                 self._dirty.clear()

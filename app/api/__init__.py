@@ -65,7 +65,7 @@ def create_app(
         pool = await create_pool(dsn, size=settings.db_pool_size, application_name=APP_API)
         notifier: Notifier = app.state.notifier
         notifier.use_dsn(dsn)
-        notifier.observe(StateChangeLog(pool))  # one log line per state change made here
+        notifier.observe(StateChangeLog())  # one log line per state change made here
         reconciler_task: asyncio.Task[None] | None = None
         try:
             await notifier.start()

@@ -386,3 +386,28 @@ async def invariant_violations(db: Executor) -> list[Violation]:
         "SELECT invariant, pool, subject, key, detail FROM respool.invariant_violations"
     )
     return [Violation(**dict(r)) for r in rows]
+
+
+# --- reconciler --------------------------------------------------------------------------------
+
+
+async def pool_ids(db: Executor) -> list[UUID]:
+    """Every pool's id, by pool name."""
+    return [r["id"] for r in await db.fetch("SELECT id FROM respool.pools ORDER BY name")]
+
+
+async def reconcile_pool(db: Executor, pool_id: UUID) -> dict[str, Any] | None:
+    """One reconciler pass over one pool (its own transaction when ``db`` is not in one).
+
+    None when the pool is gone or another transaction holds it (``SKIP LOCKED``).
+    """
+    doc: dict[str, Any] | None = await db.fetchval(
+        "SELECT respool.reconcile_pool(p_pool_id => $1)", pool_id
+    )
+    return doc
+
+
+async def pool_exists(db: Executor, pool_id: UUID) -> bool:
+    return bool(
+        await db.fetchval("SELECT EXISTS (SELECT FROM respool.pools WHERE id = $1)", pool_id)
+    )

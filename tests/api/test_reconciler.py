@@ -20,6 +20,13 @@ async def test_reclaim_is_woken_by_the_new_request_not_the_interval(db_url: str)
     # A 60 s interval: only the notification sent with the queued request can explain a
     # reclaim that answers a 20 s long-poll.
     async with running_server(db_url, with_reconciler=True, reconcile_interval=60.0) as srv:
+        # Its first full pass runs at start; the next one is 60 s away.
+        reconciler = srv.app.state.reconciler
+        for _ in range(200):  # bounded: up to 10 s
+            if reconciler.sweeps > 0:
+                break
+            await asyncio.sleep(0.05)
+        assert reconciler.sweeps == 1
         await pool_with_policy(srv.client, capacity={"gpu": 4}, subject="dev")
         ok(
             await srv.client.post(
@@ -32,7 +39,7 @@ async def test_reclaim_is_woken_by_the_new_request_not_the_interval(db_url: str)
             201,
         )
         assert borrower["status"] == "allocated"
-        await asyncio.sleep(0.2)  # the reconciler's first full pass is behind us
+
         prod = ok(
             await srv.client.post(
                 "/v1/requests?wait=20", json={"subject": "prod", "resources": {"gpu": 2}}
@@ -40,6 +47,7 @@ async def test_reclaim_is_woken_by_the_new_request_not_the_interval(db_url: str)
             201,
         )
         assert prod["status"] == "allocated"
+        assert reconciler.sweeps == 1  # no full pass since: the notification did it
         victim = ok(await srv.client.get(f"/v1/requests/{borrower['id']}"))
         assert (victim["status"], victim["reason"]) == ("preempted", "reclaim")
         conn = await asyncpg.connect(db_url)

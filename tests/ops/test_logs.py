@@ -148,7 +148,7 @@ async def test_one_line_per_state_change_made_by_this_process(
 async def test_state_change_log_uses_the_payload_when_it_has_the_subject(
     state_records: list[logging.LogRecord],
 ) -> None:
-    log = StateChangeLog(None, own_pids=lambda: frozenset({42}))
+    log = StateChangeLog(own_pids=lambda: frozenset({42}))
     payload = json.dumps(
         {"id": "00000000-0000-0000-0000-000000000001", "status": "preempted", "version": 4,
          "pool": "gpus", "subject": "team-b", "from": "allocated", "reason": "reclaim",
