@@ -45,6 +45,7 @@ import asyncpg
 import httpx
 
 from app.db.dsn import redact_dsn, with_database
+from bench.rawhttp import Connection, Reply
 
 SUMMARY = "wake latency of a long-poll after a release (and the raw NOTIFY round trip)"
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -277,52 +278,10 @@ def _check(status: int, body: bytes, expected: int) -> dict[str, Any]:
     return doc
 
 
-@dataclass(frozen=True)
-class Answer:
-    status: int
-    body: bytes
-    arrived: float  # perf_counter when the answer arrived (see the clients)
-
-
-class RawHttp:
-    """One persistent HTTP/1.1 connection, no client library: ``arrived`` is taken when the
-    first byte of the answer is read, so the figure is the server's, not a client's."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._reader = reader
-        self._writer = writer
-
-    @classmethod
-    async def open(cls, host: str, port: int) -> RawHttp:
-        reader, writer = await asyncio.open_connection(host, port)
-        writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return cls(reader, writer)
-
-    async def get(self, target: str) -> Answer:
-        self._writer.write(f"GET {target} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())
-        await self._writer.drain()
-        first = await self._reader.readexactly(1)
-        arrived = time.perf_counter()
-        head = first + await self._reader.readuntil(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        status = int(lines[0].split()[1])
-        length = 0
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            if name.strip().lower() == "content-length":
-                length = int(value)
-        return Answer(status, await self._reader.readexactly(length), arrived)
-
-    async def close(self) -> None:
-        self._writer.close()
-        with contextlib.suppress(OSError):
-            await self._writer.wait_closed()
-
-
-async def _httpx_get(http: httpx.AsyncClient, target: str) -> Answer:
-    """``arrived``: when httpx handed over the whole answer (what a Python client sees)."""
+async def _httpx_get(http: httpx.AsyncClient, target: str) -> Reply:
+    """``first_byte`` here: when httpx handed over the whole answer (what a Python client sees)."""
     response = await http.get(target)
-    return Answer(response.status_code, response.content, time.perf_counter())
+    return Reply(response.status_code, response.content, time.perf_counter())
 
 
 @dataclass
@@ -337,7 +296,8 @@ async def measure_wakes(url: str, dsn: str, rounds: int, warmup: int) -> WakeSam
     samples = WakeSamples(raw=[], httpx=[])
     limits = httpx.Limits(max_connections=8, max_keepalive_connections=8)
     host, port = url.removeprefix("http://").split(":")
-    raw = await RawHttp.open(host, int(port))
+    # The raw connection's time is the first byte of the answer: the server's figure.
+    raw = await Connection(host, int(port)).open()
     async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as http:
 
         async def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -358,7 +318,9 @@ async def measure_wakes(url: str, dsn: str, rounds: int, warmup: int) -> WakeSam
                     raise SystemExit(f"the waiting request was not queued: {waiter}")
                 target = f"/v1/requests/{waiter['id']}?wait=20&version={waiter['version']}"
                 use_raw = i % 2 == 0
-                poll = asyncio.create_task(raw.get(target) if use_raw else _httpx_get(http, target))
+                poll = asyncio.create_task(
+                    raw.request("GET", target) if use_raw else _httpx_get(http, target)
+                )
                 await _until_waiting(http, 1)
                 async with conn.transaction():
                     await conn.execute(
@@ -370,7 +332,9 @@ async def measure_wakes(url: str, dsn: str, rounds: int, warmup: int) -> WakeSam
                 if woken["status"] != "allocated" or woken["id"] != waiter["id"]:
                     raise SystemExit(f"the waiter was not granted: {woken}")
                 if i >= 2 * warmup:
-                    (samples.raw if use_raw else samples.httpx).append(answer.arrived - committed)
+                    (samples.raw if use_raw else samples.httpx).append(
+                        answer.first_byte - committed
+                    )
                 holder = woken
         finally:
             await conn.close()
