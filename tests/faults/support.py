@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
@@ -292,3 +293,28 @@ async def direct(dsn: str) -> AsyncIterator[asyncpg.Connection]:
         yield conn
     finally:
         await conn.close()
+
+
+async def serves_again(client: httpx.AsyncClient) -> bool:
+    """True when the API reads and writes again: a pool list, then a create and its cancel."""
+    try:
+        if (await client.get("/v1/pools", timeout=5)).status_code != 200:
+            return False
+        body = {"subject": "a", "resources": {"gpu": 1}, "idempotency_key": str(uuid.uuid4())}
+        r = await client.post("/v1/requests", json=body, timeout=5)
+        if r.status_code != 201:
+            return False
+        await client.post(f"/v1/requests/{r.json()['id']}/cancel", timeout=5)
+        return True
+    except httpx.TransportError:
+        return False
+
+
+async def contended_pool(client: httpx.AsyncClient) -> None:
+    """Pool ``p`` of 6 GPUs: subject ``a`` reserves 3, ``b`` only borrows (preemption happens)."""
+    r = await client.post("/v1/pools", json={"name": "p", "capacity": {"gpu": 6}})
+    assert r.status_code == 201, r.text
+    for subject, reserved in (("a", {"gpu": 3}), ("b", {})):
+        body = {"subject": subject, "pool": "p", "reserved": reserved}
+        r = await client.post("/v1/policies", json=body)
+        assert r.status_code == 201, r.text

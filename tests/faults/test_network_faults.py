@@ -16,37 +16,28 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from typing import Any
 
-import httpx
 import pytest
 
 from app.db.connect import ACQUIRE_TIMEOUT
 from tests.api.conftest import running_server
-from tests.api.helpers import ok
 from tests.faults.pg import PgCluster
 from tests.faults.proxy import FaultProxy
-from tests.faults.support import Auditor, direct, pick, record, wait_until
+from tests.faults.support import (
+    Auditor,
+    contended_pool,
+    direct,
+    pick,
+    record,
+    serves_again,
+    wait_until,
+)
 from tests.faults.traffic import Profile, Traffic, lost_acknowledgements
 
 pytestmark = pytest.mark.faults
 
 RECOVERY_BOUND = 20.0  # seconds after the network is restored (measured values: far below)
-
-
-async def _serves(client: httpx.AsyncClient) -> bool:
-    try:
-        if (await client.get("/v1/pools", timeout=5)).status_code != 200:
-            return False
-        body = {"subject": "a", "resources": {"gpu": 1}, "idempotency_key": str(uuid.uuid4())}
-        r = await client.post("/v1/requests", json=body, timeout=5)
-        if r.status_code != 201:
-            return False
-        await client.post(f"/v1/requests/{r.json()['id']}/cancel", timeout=5)
-        return True
-    except httpx.TransportError:
-        return False
 
 
 async def test_network_faults_between_api_and_postgres(cluster: PgCluster, cluster_db: str) -> None:
@@ -62,10 +53,7 @@ async def test_network_faults_between_api_and_postgres(cluster: PgCluster, clust
             through_proxy, with_reconciler=True, reconcile_interval=0.5, db_pool_size=6
         ) as server:
             c = server.client
-            ok(await c.post("/v1/pools", json={"name": "p", "capacity": {"gpu": 6}}), 201)
-            for subject, reserved in (("a", {"gpu": 3}), ("b", {})):
-                body = {"subject": subject, "pool": "p", "reserved": reserved}
-                ok(await c.post("/v1/policies", json=body), 201)
+            await contended_pool(c)
             traffic = Traffic(
                 server.url,
                 Profile(
@@ -82,7 +70,7 @@ async def test_network_faults_between_api_and_postgres(cluster: PgCluster, clust
             async def restore(fault: str, started: float) -> None:
                 proxy.set_mode("pass")
                 restored = time.monotonic()
-                serving = await wait_until(lambda: _serves(c), "the API", within=60)
+                serving = await wait_until(lambda: serves_again(c), "the API", within=60)
 
                 async def listening() -> bool:
                     return server.notifier.healthy

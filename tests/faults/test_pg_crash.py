@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections import Counter
 from typing import Any
 
@@ -25,9 +24,16 @@ import httpx
 import pytest
 
 from tests.api.conftest import running_server
-from tests.api.helpers import ok
 from tests.faults.pg import PgCluster
-from tests.faults.support import Auditor, direct, pick, record, wait_until
+from tests.faults.support import (
+    Auditor,
+    contended_pool,
+    direct,
+    pick,
+    record,
+    serves_again,
+    wait_until,
+)
 from tests.faults.traffic import Profile, Traffic, lost_acknowledgements
 
 pytestmark = pytest.mark.faults
@@ -58,21 +64,6 @@ async def _probe_outage(client: httpx.AsyncClient, until: asyncio.Event) -> Coun
     return seen
 
 
-async def _serves_again(client: httpx.AsyncClient) -> bool:
-    try:
-        r = await client.get("/v1/pools", timeout=5)
-        if r.status_code != 200:
-            return False
-        body = {"subject": "a", "resources": {"gpu": 1}, "idempotency_key": str(uuid.uuid4())}
-        r = await client.post("/v1/requests", json=body, timeout=5)
-        if r.status_code != 201:
-            return False
-        await client.post(f"/v1/requests/{r.json()['id']}/cancel", timeout=5)
-        return True
-    except httpx.TransportError:
-        return False
-
-
 async def test_postgres_crash_mid_load(cluster: PgCluster, cluster_db: str) -> None:
     crashes = pick(1, 5)
     down = pick(3.0, 8.0)
@@ -83,10 +74,7 @@ async def test_postgres_crash_mid_load(cluster: PgCluster, cluster_db: str) -> N
         cluster_db, with_reconciler=True, reconcile_interval=0.5, db_pool_size=6, max_wait=5
     ) as server:
         c = server.client
-        ok(await c.post("/v1/pools", json={"name": "p", "capacity": {"gpu": 6}}), 201)
-        for subject, reserved in (("a", {"gpu": 3}), ("b", {})):
-            policy = {"subject": subject, "pool": "p", "reserved": reserved}
-            ok(await c.post("/v1/policies", json=policy), 201)
+        await contended_pool(c)
         traffic = Traffic(
             server.url,
             Profile(
@@ -111,7 +99,7 @@ async def test_postgres_crash_mid_load(cluster: PgCluster, cluster_db: str) -> N
                 outage.update(await probe)
                 recovery_s = await asyncio.to_thread(cluster.start)
                 serving = await wait_until(
-                    lambda: _serves_again(c), "the API to serve again", within=60, step=0.05
+                    lambda: serves_again(c), "the API to serve again", within=60, step=0.05
                 )
 
                 async def listening() -> bool:
