@@ -84,8 +84,3 @@ def plan_lines(plan: Plan) -> Iterator[RenderableType]:
         yield Text("No queued or allocated request is affected.")
     if plan.overcommitted:
         yield _overcommitted(plan)
-    if plan.changes and not plan.reconciler:
-        yield Text(
-            "note: this engine has no respool.reconcile_pool; preemptions are not simulated",
-            style="dim",
-        )

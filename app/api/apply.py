@@ -1,7 +1,7 @@
 """``POST /v1/apply``: declarative pools and policies in one transaction (admin only).
 
-With ``dry_run`` the whole apply runs, including the engine's grants, rejections and (when the
-reconciler function exists) preemptions, and is then rolled back: the answer is the plan and
+With ``dry_run`` the whole apply runs, including the engine's grants, rejections and the
+reconciler's preemptions, and is then rolled back: the answer is the plan and
 its consequences, and nothing changes.
 """
 

@@ -49,18 +49,15 @@ class Overcommit(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Plan(msgspec.Struct, frozen=True, kw_only=True):
-    """``reconciler``: the engine has ``respool.reconcile_pool``, so preemptions are included
-    in ``consequences``; without it they are left to the reconciler (see ``overcommitted``)."""
+    """What an apply did (or, with ``dry_run``, would do): the changes, and the engine's
+    consequences, preemptions by ``respool.reconcile_pool`` included."""
 
     dry_run: bool
     applied: bool
     changes: list[Change]
     consequences: list[Consequence]
     overcommitted: list[Overcommit]
-    reconciler: bool
 
-
-_RECONCILER = "SELECT to_regprocedure('respool.reconcile_pool(uuid,timestamptz)') IS NOT NULL"
 
 _EVENTS = """
 SELECT e.request_id, r.subject, e.from_status, e.to_status, e.reason, e.message,
@@ -252,7 +249,7 @@ async def _reconcile(conn: asyncpg.Connection, pool_names: list[str]) -> None:
         "SELECT id FROM respool.pools WHERE name = ANY ($1::text[]) ORDER BY id", pool_names
     )
     for row in ids:
-        await conn.fetchval("SELECT respool.reconcile_pool($1::uuid, now())", row["id"])
+        await queries.reconcile_pool(conn, row["id"])  # this transaction holds the pool
 
 
 async def _lock(conn: asyncpg.Connection, manifest: Manifest, prune: bool) -> list[UUID]:
@@ -289,8 +286,7 @@ async def apply_manifest(
         touched = sorted(
             {c.pool for c in changes if not (c.kind == "pool" and c.action == "delete")}
         )
-        reconciler = bool(await conn.fetchval(_RECONCILER))
-        if reconciler and changes:
+        if changes:
             await _reconcile(conn, touched)
         plan = Plan(
             dry_run=dry_run,
@@ -298,7 +294,6 @@ async def apply_manifest(
             changes=changes,
             consequences=await _consequences(conn, after_event, locked),
             overcommitted=await _overcommitted(conn, touched),
-            reconciler=reconciler,
         )
     except BaseException:
         await tx.rollback()
