@@ -23,6 +23,9 @@ __all__ = [
     "PoolSpec",
     "current_manifest",
     "duplicate_names",
+    "merge_map",
+    "new_text",
+    "new_value",
     "plan_changes",
 ]
 
@@ -210,3 +213,31 @@ def plan_changes(current: Manifest, desired: Manifest, *, prune: bool = False) -
             changes.extend(_policy_changes(old.name, old.policies, [], prune=True))
             changes.append(Change(action="delete", kind="pool", pool=old.name))
     return changes
+
+
+def merge_map(
+    fields: Iterable[FieldChange],
+    prefix: str,
+    *,
+    only: Literal["all", "lowered", "raised"] = "all",
+) -> dict[str, int]:
+    """The ``prefix.key`` changes as an engine merge map (0 removes a key): all of them, or only
+    those whose value went down (``lowered``) or up (``raised``)."""
+    out: dict[str, int] = {}
+    for f in fields:
+        if f.field.startswith(prefix + "."):
+            old, new = int(f.old or 0), int(f.new or 0)
+            if only == "all" or (new < old if only == "lowered" else new > old):
+                out[f.field[len(prefix) + 1 :]] = new
+    return out
+
+
+def new_value(fields: Iterable[FieldChange], name: str) -> object | None:
+    """The new value of field ``name``, None when it did not change."""
+    return next((f.new for f in fields if f.field == name), None)
+
+
+def new_text(fields: Iterable[FieldChange], name: str) -> str | None:
+    """:func:`new_value` for a text field (None unless it changed to a string)."""
+    value = new_value(fields, name)
+    return value if isinstance(value, str) else None

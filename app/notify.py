@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 from uuid import UUID
@@ -33,9 +34,9 @@ from uuid import UUID
 import asyncpg
 import msgspec
 
-from app.db.connect import APP_LISTENER, connect
+from app.db.connect import APP_LISTENER, connect, probe
 
-__all__ = ["CHANNEL", "Notifier", "Waiter"]
+__all__ = ["CHANNEL", "Notifier", "RateLimitedWarning", "Waiter"]
 
 CHANNEL = "respool_request"
 
@@ -50,6 +51,30 @@ class _Payload(msgspec.Struct):
 
 
 _decode_payload = msgspec.json.Decoder(_Payload).decode
+
+
+class RateLimitedWarning:
+    """A warning logged at most once per ``every`` seconds; the next one says how many were
+    held back. Anyone who can connect can NOTIFY on respool's channels (PostgreSQL has no
+    privilege for it), so a flood of foreign payloads must not become a flood of log lines."""
+
+    def __init__(self, logger: logging.Logger, every: float = 60.0) -> None:
+        self._log = logger
+        self._every = every
+        self._next = 0.0
+        self.suppressed = 0  # held back since the last line
+
+    def __call__(self, msg: str, *args: object) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            self.suppressed += 1
+            return
+        self._next = now + self._every
+        if self.suppressed:
+            msg += " (and %d more like it in the last %.0fs)"
+            args = (*args, self.suppressed, self._every)
+            self.suppressed = 0
+        self._log.warning(msg, *args)
 
 
 class Waiter:
@@ -107,6 +132,7 @@ class Notifier:
         self._closing = False
         self.reconnects = 0  # successful connections after the first one
         self._observers: list[Callable[[int, str], None]] = []
+        self._malformed = RateLimitedWarning(log)
 
     # --- state ----------------------------------------------------------------------------
 
@@ -131,7 +157,8 @@ class Notifier:
         """Listen on ``dsn`` (a dedicated connection, never one from the API's pool)."""
 
         async def connector() -> asyncpg.Connection:
-            return await connect(dsn, application_name=APP_LISTENER)
+            # The primary only: notifications are sent where the writes happen.
+            return await connect(dsn, application_name=APP_LISTENER, primary=True)
 
         self._connector = connector
 
@@ -204,7 +231,7 @@ class Notifier:
         try:
             request_id = _decode_payload(str(payload)).id
         except (msgspec.DecodeError, msgspec.ValidationError):
-            log.warning("ignoring malformed %s payload: %.200r", CHANNEL, payload)
+            self._malformed("ignoring malformed %s payload: %.200r", CHANNEL, payload)
             return
         self.wake(request_id)
 
@@ -266,7 +293,7 @@ class Notifier:
             if self._lost.is_set() or conn.is_closed():
                 return
             try:
-                await conn.execute("SELECT 1", timeout=self._check_interval)
+                await probe(conn, timeout=self._check_interval)
             except asyncio.CancelledError:
                 raise
             except Exception:

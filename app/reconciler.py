@@ -23,16 +23,21 @@ from uuid import UUID
 import asyncpg
 import msgspec
 
-from app.db import ops_queries, queries
+from app.db import ops as db_ops
+from app.db import reconcile as db_reconcile
 from app.db.connect import APP_RECONCILER, connect
 from app.logs import StateChangeLog
-from app.notify import CHANNEL
+from app.notify import CHANNEL, RateLimitedWarning
 
 __all__ = ["POOL_CHANNEL", "PoolPass", "Reconciler", "reconcile_once"]
 
 POOL_CHANNEL = "respool_pool"
 RETRY_LOCKED = 0.05  # seconds before a pool that another transaction held is tried again
 PRUNE_EVERY = 60.0  # seconds between retention prunes
+# Pool ids one burst of notifications may queue for single-pool passes. Anyone who can connect
+# can NOTIFY respool_pool (PostgreSQL cannot revoke it); past this many, the ids are dropped and
+# the next pass is a full one, whose cost is bounded by the number of pools that exist.
+MAX_NOTIFIED_POOLS = 1000
 
 log = logging.getLogger("respool.reconciler")
 
@@ -64,14 +69,14 @@ async def reconcile_pools(
     skipped: list[UUID] = []
     for pool_id in pool_ids:
         try:
-            doc = await queries.reconcile_pool(conn, pool_id)
+            doc = await db_reconcile.reconcile_pool(conn, pool_id)
         except asyncpg.PostgresError as exc:
             if on_error is None or conn.is_closed():
                 raise
             on_error(pool_id, exc)  # tried again at the next full pass
             continue
         if doc is None:
-            if await queries.pool_exists(conn, pool_id):
+            if await db_reconcile.pool_exists(conn, pool_id):
                 skipped.append(pool_id)
             continue
         passes.append(msgspec.convert(doc, PoolPass))
@@ -81,7 +86,7 @@ async def reconcile_pools(
 async def reconcile_once(conn: asyncpg.Connection, *, patience: float = 5.0) -> list[PoolPass]:
     """One pass over every pool; a pool held by another transaction is retried for up to
     ``patience`` seconds (``respool reconcile --once``)."""
-    passes, pending = await reconcile_pools(conn, await queries.pool_ids(conn))
+    passes, pending = await reconcile_pools(conn, await db_reconcile.pool_ids(conn))
     deadline = time.monotonic() + patience
     while pending and time.monotonic() < deadline:
         await asyncio.sleep(RETRY_LOCKED)
@@ -108,11 +113,17 @@ class Reconciler:
     ) -> None:
         """``log_changes``: log the state changes this reconciler makes (a standalone
         ``respool reconcile``; inside ``serve`` the API's listener logs them)."""
-        self._connector = connector or (lambda: connect(dsn, application_name=APP_RECONCILER))
+        # The primary only (a standby after a failover is refused: NotPrimaryError, reconnect).
+        self._connector = connector or (
+            lambda: connect(dsn, application_name=APP_RECONCILER, primary=True)
+        )
         self.interval = interval
         self.retention = retention
         self._backoff_max = backoff_max
         self._dirty: set[UUID] = set()
+        self._overflow = False  # more notified ids than MAX_NOTIFIED_POOLS: do a full pass
+        self._known: set[UUID] = set()  # pool ids seen by the last full pass
+        self._foreign = RateLimitedWarning(log)
         self._wake = asyncio.Event()
         self._stopping = False
         self._last_prune = 0.0
@@ -125,10 +136,35 @@ class Reconciler:
         self._stopping = True
         self._wake.set()
 
-    def _on_notify(self, _conn: Any, _pid: int, _channel: str, payload: object) -> None:
-        with contextlib.suppress(ValueError):
-            self._dirty.add(UUID(str(payload)))
-            self._wake.set()
+    def _on_notify(self, _conn: Any, pid: int, _channel: str, payload: object) -> None:
+        try:
+            pool_id = UUID(str(payload))
+        except ValueError:
+            self._foreign(
+                "ignoring malformed %s payload from pid %s: %.200r", POOL_CHANNEL, pid, payload
+            )
+            return
+        if len(self._dirty) >= MAX_NOTIFIED_POOLS and pool_id not in self._dirty:
+            if not self._overflow:
+                self._foreign(
+                    "more than %d pools notified at once on %s; doing a full pass instead",
+                    MAX_NOTIFIED_POOLS,
+                    POOL_CHANNEL,
+                )
+            self._overflow = True
+        else:
+            self._dirty.add(pool_id)
+        self._wake.set()
+
+    async def _existing(self, conn: asyncpg.Connection, pool_ids: list[UUID]) -> list[UUID]:
+        """``pool_ids`` minus ids of pools that do not exist: one query for the ids the last full
+        pass did not see (a new pool, or a foreign notification), none for the rest."""
+        unknown = [p for p in pool_ids if p not in self._known]
+        if not unknown:
+            return pool_ids
+        found = await db_reconcile.existing_pool_ids(conn, unknown)
+        self._known |= found
+        return [p for p in pool_ids if p in self._known]
 
     def _on_state_change(self, _conn: Any, pid: int, _channel: str, payload: object) -> None:
         if self._state_log is not None:
@@ -167,14 +203,17 @@ class Reconciler:
         retry: list[UUID] = []
         while not self._stopping:
             now = time.monotonic()
-            if now >= next_full:
+            if now >= next_full or self._overflow:
                 self._dirty.clear()
-                targets = await queries.pool_ids(conn)
+                self._overflow = False
+                targets = await db_reconcile.pool_ids(conn)
+                self._known = set(targets)
                 next_full = now + self.interval
                 self.sweeps += 1
             else:
                 targets = sorted(self._dirty | set(retry))
                 self._dirty.clear()
+                targets = await self._existing(conn, targets)
             self._wake.clear()
             passes, retry = await reconcile_pools(conn, targets, self._failed)
             self.passes += len(passes)
@@ -199,7 +238,7 @@ class Reconciler:
         if self.retention is None or time.monotonic() - self._last_prune < PRUNE_EVERY:
             return
         self._last_prune = time.monotonic()
-        pruned = await ops_queries.prune_older_than(conn, self.retention, limit=10_000)
+        pruned = await db_ops.prune_older_than(conn, self.retention, limit=10_000)
         if pruned:
             log.info(
                 "retention: pruned %s terminal requests older than %ss", pruned, self.retention

@@ -35,6 +35,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     log_level: str = "INFO"
     log_format: Literal["text", "json"] = "text"
     retention: float | None = None
+    # Hardening (docs/ops.md, "Limits"): /metrics protection and cache, connection limits.
+    metrics_token: str | None = None
+    metrics_cache_seconds: float = 5.0
+    max_connections: int = 20_000
+    max_waits: int = 20_000
+    max_waits_per_token: int = 10_000
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
 
     @property
     def auth_enabled(self) -> bool:
@@ -63,16 +71,50 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             default_lease_seconds=get("RESPOOL_DEFAULT_LEASE_SECONDS", _int_range(1, None), 300),
             max_wait=get("RESPOOL_MAX_WAIT", _non_negative_seconds, 25.0),
             db_pool_size=get("RESPOOL_DB_POOL_SIZE", _int_range(1, 1000), 10),
-            admin_token=get("RESPOOL_ADMIN_TOKEN", _optional_str, None),
+            admin_token=get("RESPOOL_ADMIN_TOKEN", _admin_token, None),
             auth=get("RESPOOL_AUTH", _on_off, "on"),
             log_level=get("RESPOOL_LOG_LEVEL", _log_level, "INFO"),
             log_format=get("RESPOOL_LOG_FORMAT", _log_format, "text"),
             retention=get("RESPOOL_RETENTION", _retention, None),
+            metrics_token=get("RESPOOL_METRICS_TOKEN", _secret, None),
+            metrics_cache_seconds=get("RESPOOL_METRICS_CACHE_SECONDS", _non_negative_seconds, 5.0),
+            max_connections=get("RESPOOL_MAX_CONNECTIONS", _int_range(1, 1_000_000), 20_000),
+            max_waits=get("RESPOOL_MAX_WAITS", _int_range(1, 1_000_000), 20_000),
+            max_waits_per_token=get(
+                "RESPOOL_MAX_WAITS_PER_TOKEN", _int_range(1, 1_000_000), 10_000
+            ),
+            header_timeout=get("RESPOOL_HEADER_TIMEOUT", _positive_seconds, 10.0),
+            body_timeout=get("RESPOOL_BODY_TIMEOUT", _positive_seconds, 30.0),
         )
 
 
 def _optional_str(raw: str) -> str | None:
     return raw
+
+
+# A secret shorter than this is refused: 32 characters of a random token are >= 128 bits.
+MIN_SECRET_LENGTH = 32
+
+# Placeholders shipped in deploy/ (.env.example, k8s/secret.yaml): never accepted as secrets.
+EXAMPLE_SECRETS = frozenset({"change-me-to-a-long-random-string", "change-me"})
+
+
+def _secret(raw: str) -> str:
+    if raw in EXAMPLE_SECRETS or raw.lower().startswith("change-me"):
+        raise ValueError(
+            "still the example value from deploy/; generate a token, e.g. "
+            "python3 -c 'import secrets; print(secrets.token_urlsafe(32))'"
+        )
+    if len(raw) < MIN_SECRET_LENGTH:
+        raise ValueError(
+            f"too short ({len(raw)} characters); use at least {MIN_SECRET_LENGTH}, e.g. "
+            "python3 -c 'import secrets; print(secrets.token_urlsafe(32))'"
+        )
+    return raw
+
+
+def _admin_token(raw: str) -> str | None:
+    return _secret(raw)
 
 
 def _int_range(low: int, high: int | None) -> Callable[[str], int]:

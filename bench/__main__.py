@@ -2,16 +2,17 @@
 
 ``python -m bench all`` runs every scenario against one durable PostgreSQL server in one run and
 writes the report; ``python -m bench <scenario>`` runs one and prints its figures as JSON;
-``python -m bench wake`` is the stand-alone wake-latency benchmark (docs/api.md).
+``python -m bench wake`` is the stand-alone wake-latency benchmark (docs/api.md);
+``python -m bench eta`` measures the ETA accuracy on a replayed trace (SPEC §11.4).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from bench import cycles, suite, wake
+from bench import baseline, batch, cycles, dashboard, eta, suite, sweep, wake
 
 ONE = {
     "cycles": cycles.SUMMARY,
@@ -26,6 +27,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     wake.add_arguments(commands.add_parser("wake", help=wake.SUMMARY, description=wake.SUMMARY))
+    for mod, name in ((baseline, "baseline"), (batch, "batch"), (sweep, "sweep")):
+        mod.add_arguments(commands.add_parser(name, help=mod.SUMMARY, description=mod.SUMMARY))
+    dashboard.add_arguments(
+        commands.add_parser("dashboard", help=dashboard.SUMMARY, description=dashboard.SUMMARY)
+    )
+    eta.add_arguments(commands.add_parser("eta", help=eta.SUMMARY, description=eta.__doc__))
     everything = "every scenario in one run; writes docs/benchmarks.md"
     suite.add_arguments(
         commands.add_parser("all", help=everything, description=everything), full=True
@@ -37,6 +44,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "wake":
         return wake.run(args)
+    if args.command == "dashboard":
+        return dashboard.run(args)
+    if args.command == "eta":
+        return eta.run(args)
+    if args.command in ("baseline", "batch", "sweep"):
+        runner: Callable[[argparse.Namespace], int] = {
+            "baseline": baseline.run,
+            "batch": batch.run,
+            "sweep": sweep.run,
+        }[args.command]
+        return runner(args)
     if args.command == "all":
         return suite.run_all(args)
     return suite.run_one(args.command, args)

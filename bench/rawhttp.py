@@ -44,7 +44,8 @@ class Connection:
 
     def send(self, method: str, target: str, body: bytes | None = None) -> None:
         assert self._writer is not None
-        head = f"{method} {target} HTTP/1.1\r\nHost: bench\r\n"
+        # The real host: an open (token-less) API refuses any Host that is not loopback.
+        head = f"{method} {target} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
         if body is not None:
             head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
         self._writer.write(head.encode() + b"\r\n" + (body or b""))

@@ -11,7 +11,7 @@ transaction on a direct asyncpg connection. Latency = the moment B's HTTP answer
 the moment the COMMIT returned. B then holds the GPU for the next round. Rounds alternate
 between two clients for the long-poll: a raw HTTP/1.1 connection (arrival = the first byte of
 the answer: the server's latency) and httpx (arrival = httpx returned the answer: what a Python
-client such as ``app.client`` sees).
+client such as ``respool_client`` sees).
 
 For reference, the same run measures the raw NOTIFY round trip: ``NOTIFY`` committed on one
 connection, minus the moment the LISTEN callback of another connection (in its own thread and

@@ -1,7 +1,9 @@
-"""The CLI's HTTP client: typed calls to the respool API, failures as one-line CliErrors."""
+"""The CLI's HTTP layer: the client library (:class:`respool_client.Respool`) with typed
+answers, every failure a one-line :class:`CliError`."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar, overload
@@ -9,20 +11,16 @@ from urllib.parse import quote
 
 import httpx
 import msgspec
+from respool_client import ApiError, Respool, RespoolError
+from respool_client.wire import Policy, Pool
 
-from cli.common import CliError
+from cli.common import CliError, user_message
 
 __all__ = ["Api", "connect_api", "segment"]
 
 T = TypeVar("T")
 
-_encoder = msgspec.json.Encoder(decimal_format="number")
-
-
-class _ErrorBody(msgspec.Struct):
-    status_code: int = 0
-    detail: str = ""
-    field: str | None = None
+_ID_REF = re.compile(r"\b(pool|policy) ([0-9a-f]{8}(?:-[0-9a-f]{4}){3}-[0-9a-f]{12})\b")
 
 
 def segment(value: str) -> str:
@@ -31,11 +29,14 @@ def segment(value: str) -> str:
 
 
 class Api:
-    """A few typed verbs over one ``httpx.Client``; every failure becomes a :class:`CliError`."""
+    """A few typed verbs over one :class:`Respool`; every failure becomes a :class:`CliError`."""
 
-    def __init__(self, client: httpx.Client, url: str) -> None:
+    def __init__(self, client: Respool, url: str) -> None:
         self._client = client
         self.url = url
+        # What the user calls the pools and policies this command has seen, by id: errors name
+        # them so, never by id.
+        self._names: dict[str, str] = {}
 
     @overload
     def call(
@@ -71,50 +72,57 @@ class Api:
         params: Mapping[str, Any] | None = None,
         timeout: float | None = None,
     ) -> T | None:
-        """``method path`` with a JSON ``body``; the answer decoded as ``kind`` (None: ignored)."""
-        query = {k: v for k, v in (params or {}).items() if v is not None}
-        content = None if body is None else _encoder.encode(body)
-        headers = {"content-type": "application/json"} if content is not None else {}
+        """``method path`` with a JSON ``body``; the answer decoded as ``kind`` (None: ignored).
+
+        One try: a person at a terminal would rather hear at once that the API is away."""
         try:
-            response = self._client.request(
-                method,
-                path,
-                content=content,
-                params=query,
-                headers=headers,
-                timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+            data = self._client.call(
+                method, path, params=params, body=body, http_timeout=timeout, retry_for=0
             )
-        except httpx.ConnectError as exc:
-            raise CliError(
-                f"cannot reach the respool API at {self.url} ({_reason(exc)}); is `respool serve` "
-                "running? (set --url or RESPOOL_URL)"
-            ) from None
-        except httpx.TimeoutException:
-            raise CliError(f"the respool API at {self.url} did not answer in time") from None
-        except httpx.HTTPError as exc:
-            raise CliError(f"request to {self.url} failed: {_reason(exc)}") from None
-        if response.status_code >= 400:
-            raise CliError(_error_text(response))
+        except ApiError as exc:
+            raise CliError(self._named(_error_text(exc))) from None
+        except RespoolError as exc:
+            raise CliError(self._unreachable(exc)) from None
         if kind is None:
             return None
         try:
-            return msgspec.json.decode(response.content, type=kind)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            result = msgspec.convert(data, kind, strict=False)
+        except msgspec.ValidationError as exc:
             raise CliError(f"unexpected answer from {self.url}{path}: {exc}") from None
+        self._learn(result)
+        return result
+
+    def _unreachable(self, exc: RespoolError) -> str:
+        cause = exc.__cause__
+        if isinstance(cause, httpx.TimeoutException):
+            return f"the respool API at {self.url} did not answer in time"
+        if isinstance(cause, httpx.ConnectError):
+            return (
+                f"cannot reach the respool API at {self.url} ({_reason(cause)}); is `respool "
+                "serve` running? (set --url or RESPOOL_URL)"
+            )
+        return f"request to {self.url} failed: {_reason(cause or exc)}"
+
+    def _learn(self, result: object) -> None:
+        for item in result if isinstance(result, list) else [result]:
+            if isinstance(item, Pool):
+                self._names[str(item.id)] = f"pool {item.name}"
+            elif isinstance(item, Policy):
+                self._names[str(item.id)] = f"the policy of {item.subject} on pool {item.pool}"
+
+    def _named(self, text: str) -> str:
+        """``text`` with ``pool <id>`` / ``policy <id>`` of known ones replaced by their names."""
+        return _ID_REF.sub(lambda m: self._names.get(m.group(2), m.group(0)), text)
 
 
-def _reason(exc: httpx.HTTPError) -> str:
+def _reason(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return text or type(exc).__name__
 
 
-def _error_text(response: httpx.Response) -> str:
-    try:
-        body = msgspec.json.decode(response.content, type=_ErrorBody)
-        detail = body.detail or response.reason_phrase
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        detail = f"HTTP {response.status_code} {response.reason_phrase}"
-    if response.status_code == 401:
+def _error_text(exc: ApiError) -> str:
+    detail = user_message(exc.detail or f"HTTP {exc.status_code}", exc.field)
+    if exc.status_code == 401:
         detail += " (pass --token or set RESPOOL_TOKEN)"
     return detail
 
@@ -125,6 +133,5 @@ def connect_api(url: str, token: str | None, *, timeout: float = 30.0) -> Iterat
     base = url.rstrip("/")
     if not base.startswith(("http://", "https://")):
         raise CliError(f"--url must start with http:// or https://, got {url!r}")
-    headers = {"authorization": f"Bearer {token}"} if token else {}
-    with httpx.Client(base_url=base, headers=headers, timeout=timeout) as client:
+    with Respool(base, token, request_timeout=timeout, retry_for=0) as client:
         yield Api(client, base)

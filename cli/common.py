@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, NoReturn, TypeVar
 
 import asyncpg
 import typer
+from typer._click.globals import get_current_context  # Typer vendors click
 
 from app.db.connect import APP_CLI, connect
 from app.db.dsn import resolve_database_url
 from app.db.embedded import EmbeddedDatabaseError
+from app.db.errors import EngineError
 from app.db.migrate import MigrationError
 from app.settings import Settings, SettingsError
 
@@ -25,6 +28,7 @@ __all__ = [
     "fail",
     "handle_errors",
     "run_async",
+    "user_message",
 ]
 
 T = TypeVar("T")
@@ -36,6 +40,7 @@ class CliError(Exception):
 
 KNOWN_ERRORS: tuple[type[BaseException], ...] = (
     CliError,
+    EngineError,  # the database commands (token, db): bad input, not found, conflicts
     SettingsError,
     MigrationError,
     EmbeddedDatabaseError,
@@ -46,7 +51,59 @@ KNOWN_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+# The one mapping of error fields (API answers, engine errors) to the command's parameter where
+# their names differ; the parameter then names itself as the user typed it (``--grace``, ``NAME``).
+_PARAM_OF_FIELD = {
+    "preemption_grace_seconds": "grace",
+    "resources": "resource",
+    "labels": "label",
+    "lease_seconds": "lease",
+    "settings.memory": "memory",
+    "settings.cpu_count": "cpu",
+    "settings.gpu_count": "gpu",
+    "subject_patterns": "subject",
+}
+
+
+def _param_label(field: str) -> tuple[str, str] | None:
+    """(label, rest of the field) of the current command's parameter that ``field`` names:
+    ``capacity.gpu`` → (``--capacity``, ``gpu``), ``settings.memory`` → (``--memory``, ``""``)."""
+    ctx = get_current_context(silent=True)
+    if ctx is None:
+        return None
+    head, _, rest = field.partition(".")
+    name, rest = (_PARAM_OF_FIELD[field], "") if field in _PARAM_OF_FIELD else (head, rest)
+    name = _PARAM_OF_FIELD.get(name, name)
+    for param in ctx.command.params:
+        if param.name == name:
+            if param.param_type_name == "option":
+                return max(param.opts, key=len), rest
+            return (param.metavar or (param.name or field).upper()), rest
+    return None
+
+
+def user_message(detail: str, field: str | None) -> str:
+    """``detail`` with the field it is about named as the user typed it: ``capacity.gpu must
+    be ...`` → ``--capacity: gpu must be ...``; ``delete with force`` → ``delete with --force``."""
+    found = _param_label(field) if field else None
+    if field is None or found is None:
+        return detail
+    label, rest = found
+    head = field.partition(".")[0]
+    for prefix, named in ((field, rest), (head, "")):
+        # (not ``pool 'x' not found``: there the word is the thing's kind, kept as it is)
+        if detail.startswith((f"{prefix} ", f"{prefix}:")) and not detail.startswith(f"{prefix} '"):
+            tail = detail[len(prefix) :].lstrip(": ")
+            return f"{label}: {named} {tail}" if named else f"{label}: {tail}"
+    word = re.compile(rf"\b{re.escape(field)}\b")
+    if not detail.startswith(field) and word.search(detail):
+        return word.sub(label, detail, count=1)
+    return f"{label}: {detail}"
+
+
 def describe_error(exc: BaseException) -> str:
+    if isinstance(exc, EngineError):
+        return user_message(" ".join(exc.message.split()), exc.field)
     text = " ".join(str(exc).split()) or type(exc).__name__
     if isinstance(exc, OSError | TimeoutError) and not isinstance(exc, FileNotFoundError):
         return f"cannot connect to the database: {text}"

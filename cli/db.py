@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from app.db import ops_queries
+from app.db import ops as db_ops
 from app.db.errors import EngineError
 from app.db.migrate import MigrateReport, SchemaStatus, migrate, status
 from app.durations import parse_duration
@@ -86,8 +86,8 @@ async def _grant_reader(role: str, timeout_ms: int, create: bool, revoke: bool) 
     async with database() as conn:
         try:
             if revoke:
-                return await ops_queries.revoke_reader(conn, role)
-            return await ops_queries.grant_reader(
+                return await db_ops.revoke_reader(conn, role)
+            return await db_ops.grant_reader(
                 conn, role, statement_timeout_ms=timeout_ms, create=create
             )
         except EngineError as exc:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import re
 from uuid import UUID
 
-import msgspec
 import typer
+from respool_client.wire import Policy, Request, RequestPage
 
-from app.db.queries import Policy, Request
 from cli.api import Api
 from cli.common import CliError
 
@@ -18,11 +17,6 @@ PAGE = 500
 # How many of the most recent requests an id prefix is looked up in.
 PREFIX_SCAN = 5000
 _PREFIX = re.compile(r"[0-9a-f][0-9a-f-]{3,35}")
-
-
-class RequestPage(msgspec.Struct):
-    items: list[Request]
-    next_cursor: str | None = None
 
 
 def list_requests(

@@ -14,6 +14,7 @@ from cli.apply import apply, export
 from cli.common import KNOWN_ERRORS, describe_error
 from cli.group import RespoolGroup
 from cli.reconcile import reconcile
+from cli.run import run
 from cli.serve import serve
 
 app = typer.Typer(
@@ -32,6 +33,11 @@ app.add_typer(token.app, name="token")
 app.add_typer(db.app, name="db")
 app.command("serve")(serve)
 app.command("reconcile")(reconcile)
+app.command(
+    "run",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)(run)
 
 
 def _version(value: bool) -> None:

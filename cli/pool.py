@@ -67,6 +67,48 @@ Grace = Annotated[
 Limit = Annotated[int, typer.Option("--limit", min=1, help="At most this many requests.")]
 
 
+class Ordering(StrEnum):
+    fifo = "fifo"
+    fair = "fair"
+
+
+OFF = "off"
+
+
+def parse_starvation(text: str) -> str:
+    """``--starvation-seconds``: a whole number of seconds >= 0, or ``off``."""
+    value = text.strip().lower()
+    if value == OFF or (value.isdigit() and int(value) <= 31_536_000):
+        return value
+    raise typer.BadParameter("give seconds (0 to 31536000) or 'off'")
+
+
+Starvation = Annotated[
+    str | None,
+    typer.Option(
+        "--starvation-seconds",
+        parser=parse_starvation,
+        metavar="SECONDS|off",
+        help="best_effort: after the queue head waited this long, hold free units for it"
+        " (backfill only with max_seconds); 'off' disables. Default 300.",
+    ),
+]
+OrderingOpt = Annotated[
+    Ordering | None,
+    typer.Option(
+        "--ordering", help="fifo: queue time; fair: lower dominant share first at equal priority."
+    ),
+]
+
+
+def _scheduling(body: dict[str, Any], starvation: str | None, ordering: Ordering | None) -> None:
+    """Put the SPEC §11 pool fields the user gave into ``body``."""
+    if starvation is not None:
+        body["starvation_seconds"] = None if starvation == OFF else int(starvation)
+    if ordering is not None:
+        body["ordering"] = ordering.value
+
+
 class PoolDescription(msgspec.Struct, kw_only=True):
     """``pool describe`` as data: the pool, its policies, its queue and its holders."""
 
@@ -100,6 +142,8 @@ def create(
     description: Description = None,
     queueing: QueueingOpt = None,
     grace: Grace = None,
+    starvation: Starvation = None,
+    ordering: OrderingOpt = None,
     output: Output = OutputFormat.table,
     url: Url = DEFAULT_URL,
     token: Token = None,
@@ -117,6 +161,7 @@ def create(
         body["queueing"] = queueing.value
     if grace is not None:
         body["preemption_grace_seconds"] = grace
+    _scheduling(body, starvation, ordering)
     with connect_api(url, token) as api:
         pool = api.call("POST", "/v1/pools", Pool, body=body)
     note(f"created pool {pool.name} ({pool.id})")
@@ -189,6 +234,8 @@ def update(
     description: Description = None,
     queueing: QueueingOpt = None,
     grace: Grace = None,
+    starvation: Starvation = None,
+    ordering: OrderingOpt = None,
     output: Output = OutputFormat.table,
     url: Url = DEFAULT_URL,
     token: Token = None,
@@ -201,6 +248,7 @@ def update(
 
         respool pool update training-gpus -c '{"gpu": 4}'
         respool pool update training-gpus -c '{step_run: 0}' --queueing strict
+        respool pool update training-gpus --starvation-seconds 600 --ordering fair
     """
     body: dict[str, Any] = {}
     if capacity is not None:
@@ -211,9 +259,11 @@ def update(
         body["queueing"] = queueing.value
     if grace is not None:
         body["preemption_grace_seconds"] = grace
+    _scheduling(body, starvation, ordering)
     if not body:
         raise typer.BadParameter(
-            "nothing to update: give --capacity, --description, --queueing or --grace"
+            "nothing to update: give --capacity, --description, --queueing, --grace,"
+            " --starvation-seconds or --ordering"
         )
     with connect_api(url, token) as api:
         pool = api.call("PATCH", f"/v1/pools/{segment(ref)}", Pool, body=body)

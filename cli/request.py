@@ -2,27 +2,30 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import datetime
 from decimal import Decimal
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 import typer
+from respool_client.wire import MAX_BATCH, Event, Request, RequestBatch, WhatIf
 
-from app.db.queries import Event, Request
 from app.durations import parse_duration
 from cli.api import Api, connect_api
 from cli.fetch import list_requests, resolve_request
 from cli.maps import parse_decimal, parse_labels, parse_pairs
 from cli.options import DEFAULT_URL, Output, OutputFormat, Token, Url
 from cli.output import emit, note
-from cli.tables import events_table, fmt_time, request_header, requests_table
+from cli.tables import events_table, fmt_map, fmt_time, request_header, requests_table
 from cli.wait import wait_until_not_queued
 
 app = typer.Typer(
     help="Resource requests: ask for capacity, follow, release and clean up.",
     no_args_is_help=True,
 )
+
+T = TypeVar("T")
 
 RequestId = Annotated[
     str,
@@ -106,6 +109,33 @@ def create(
     idempotency_key: Annotated[
         str | None, typer.Option("--idempotency-key", help="Retries with it get the same request.")
     ] = None,
+    max_seconds: Annotated[
+        int | None,
+        typer.Option(
+            "--max-seconds",
+            min=1,
+            help="Hard runtime cap: expired this many seconds after the grant, heartbeats or not"
+            " (lets it backfill while a pool holds for a starving request).",
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="What would happen now: status, queue position, message, ETA and what the"
+            " reconciler would preempt for it. Nothing is created. Exit 1 if it would be rejected.",
+        ),
+    ] = False,
+    count: Annotated[
+        int,
+        typer.Option(
+            "--count",
+            min=1,
+            max=MAX_BATCH,
+            help="Create this many alike requests in one transaction (a batch, in queue order); "
+            "with --idempotency-key K, member i gets the key K-i.",
+        ),
+    ] = 1,
     wait: Annotated[
         float | None,
         typer.Option(
@@ -127,10 +157,16 @@ def create(
 ) -> None:
     """Ask for capacity. Without --wait, prints the request as created (exit 1 if rejected).
 
+    The request has a lease (--lease seconds; default: the server's, RESPOOL_DEFAULT_LEASE_SECONDS,
+    300 s): once allocated, it expires and its units go back unless it is renewed within the
+    lease with `respool request heartbeat ID` or released. The command itself does not heartbeat;
+    to hold units for a command's whole run, use `respool run -- CMD`.
+
     Example:
 
         respool request create -s orchestrator:prod --gpu 2 --cpu 0.5 --memory 8GB --wait 60
         respool request create -s orchestrator:dev --pool training-gpus -r tpu=1 --non-preemptible
+        respool request create -s orchestrator:prod --gpu 8 --dry-run
     """
     settings: dict[str, Any] = {}
     if gpu is not None:
@@ -148,8 +184,19 @@ def create(
         "max_retries": max_retries,
         "lease_seconds": lease,
         "idempotency_key": idempotency_key,
+        "max_seconds": max_seconds,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
+    if dry_run:
+        _what_if(body, output, url, token)
+        return
+    if count > 1:
+        if wait is not None:
+            raise typer.BadParameter(
+                "--wait follows one request; leave it out", param_hint="--count"
+            )
+        _create_many(body, count, output, url, token)
+        return
     with connect_api(url, token) as api:
         req = api.call("POST", "/v1/requests", Request, body=body)
         if wait is not None and req.status == "queued":
@@ -165,6 +212,43 @@ def create(
     _show(req, output)
     failed = req.status != "allocated" if wait is not None else req.status == "rejected"
     if failed:
+        raise typer.Exit(1)
+
+
+def _what_if(body: dict[str, Any], output: OutputFormat, url: str, token: str | None) -> None:
+    """``create --dry-run``: POST /v1/requests?dry_run=true and show the answer."""
+    with connect_api(url, token) as api:
+        what = api.call("POST", "/v1/requests", WhatIf, body=body, params={"dry_run": "true"})
+    note(f"dry run, nothing created: would be {_outcome(what).split(': ', 1)[1]}")
+    emit(what, output, lambda: [request_header(what), *would_preempt_lines(what)])
+    if what.status == "rejected":
+        raise typer.Exit(1)
+
+
+def would_preempt_lines(what: WhatIf) -> list[str]:
+    """The allocations the reconciler would preempt for it, one line each."""
+    if not what.would_preempt:
+        return ["Would preempt: nothing"]
+    return ["Would preempt:"] + [
+        f"  {v.id} of {v.subject} in {v.pool}: {fmt_map(v.resources)}" for v in what.would_preempt
+    ]
+
+
+def _create_many(
+    body: dict[str, Any], count: int, output: OutputFormat, url: str, token: str | None
+) -> None:
+    """``--count N``: N copies of ``body`` through ``POST /v1/requests/batch`` (exit 1 if any
+    is rejected)."""
+    key = body.get("idempotency_key")
+    members = [
+        body if key is None else {**body, "idempotency_key": f"{key}-{i}"} for i in range(count)
+    ]
+    with connect_api(url, token) as api:
+        made = api.call("POST", "/v1/requests/batch", RequestBatch, body={"members": members}).items
+    tally = Counter(r.status for r in made)
+    note(f"{len(made)} requests: " + ", ".join(f"{n} {s}" for s, n in sorted(tally.items())))
+    emit(made, output, lambda: [requests_table(made)])
+    if tally["rejected"]:
         raise typer.Exit(1)
 
 
@@ -190,6 +274,13 @@ def list_(
     emit(found, output, lambda: [requests_table(found)])
 
 
+def _read(url: str, token: str | None, request_id: str, tail: str, kind: type[T]) -> T:
+    """GET ``/v1/requests/<id><tail>`` for a request named by id or id prefix."""
+    with connect_api(url, token) as api:
+        rid = resolve_request(api, request_id)
+        return api.call("GET", f"/v1/requests/{rid}{tail}", kind)
+
+
 @app.command("describe")
 def describe(
     request_id: RequestId,
@@ -203,10 +294,7 @@ def describe(
 
         respool request describe 0b7c1e9e
     """
-    with connect_api(url, token) as api:
-        rid = resolve_request(api, request_id)
-        req = api.call("GET", f"/v1/requests/{rid}", Request)
-    _show(req, output)
+    _show(_read(url, token, request_id, "", Request), output)
 
 
 @app.command("events")
@@ -222,9 +310,7 @@ def events(
 
         respool request events 0b7c1e9e
     """
-    with connect_api(url, token) as api:
-        rid = resolve_request(api, request_id)
-        found = api.call("GET", f"/v1/requests/{rid}/events", list[Event])
+    found = _read(url, token, request_id, "/events", list[Event])
     emit(found, output, lambda: [events_table(found)])
 
 
@@ -257,6 +343,17 @@ _action(
     Example:
 
         respool request release 0b7c1e9e
+    """,
+)
+_action(
+    "heartbeat",
+    """Renew the lease of an allocated request (now + its lease_seconds); prints its status.
+
+    A script that holds units between commands calls this more often than the lease.
+
+    Example:
+
+        respool request heartbeat 0b7c1e9e --attempt 1
     """,
 )
 _action(

@@ -42,11 +42,9 @@ def serve(
         respool serve --port 8080
     """
     # Imported here so that other commands do not pay for the web stack.
-    import uvicorn
-
     from app.api import create_app
     from app.api.auth import check_auth_settings
-    from app.api.server import ApiServer
+    from app.api.server import ApiServer, uvicorn_config
 
     with handle_errors():
         settings = Settings.from_env()
@@ -58,14 +56,12 @@ def serve(
     configure_logging(settings.log_level, settings.log_format)
     with handle_errors():
         app = create_app(settings, database_url=dsn, with_reconciler=not no_reconciler)
-    config = uvicorn.Config(
+    config = uvicorn_config(
         app,
-        host=settings.host,
+        settings,
         port=port or settings.port,
         log_level=settings.log_level.lower(),
         log_config=None,  # configure_logging already routes uvicorn's loggers
-        lifespan="on",
-        timeout_graceful_shutdown=5,
     )
     typer.echo(
         f"respool API on http://{config.host}:{config.port} (database {redact_dsn(dsn)})",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
+from respool_client.wire import Eta
 from rich import box
 from rich.console import Group, RenderableType
 from rich.table import Column, Table
@@ -144,6 +145,11 @@ def pool_header(pool: Pool) -> Table:
             ("Description", pool.description or "-"),
             ("Queueing", pool.queueing),
             ("Preemption grace", f"{pool.preemption_grace_seconds}s"),
+            (
+                "Starvation guard",
+                "off" if pool.starvation_seconds is None else f"{pool.starvation_seconds}s",
+            ),
+            ("Ordering", pool.ordering),
             ("Queued", pool.queued),
             ("Created", fmt_time(pool.created_at)),
             ("Updated", fmt_time(pool.updated_at)),
@@ -242,9 +248,27 @@ def request_header(r: Request) -> Group:
         ("Allocated", fmt_time(r.allocated_at)),
         ("Finished", fmt_time(r.finished_at)),
     ]
+    if r.max_seconds is not None:
+        rows.insert(-3, ("Max runtime", f"{r.max_seconds}s (until {fmt_time(r.run_deadline)})"))
     if r.queue_position is not None:
         rows.insert(4, ("Queue position", r.queue_position))
+        rows.insert(5, ("ETA", fmt_eta(r.eta)))
     return Group(_fields(rows))
+
+
+def fmt_eta(eta: Eta | None) -> str:
+    """A queued request's ETA (SPEC §11.4): ``~2m (90%: within 5m)``, or why there is none."""
+    if eta is None:
+        return "unknown (no hold history in its pools yet)"
+    return f"~{_secs(eta.p50_seconds)} (90%: within {_secs(eta.p90_seconds)})"
+
+
+def _secs(seconds: int) -> str:
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{round(seconds / 60)}m"
+    return f"{seconds / 3600:.1f}h"
 
 
 def fmt_labels(labels: Mapping[str, str]) -> str:

@@ -7,6 +7,7 @@ import time
 from app.db.queries import Request
 from cli.api import Api
 from cli.output import console
+from cli.tables import fmt_eta
 
 __all__ = ["POLL", "wait_until_not_queued"]
 
@@ -18,7 +19,8 @@ POLL = 1.0
 def _status_line(req: Request, waited: float, limit: float) -> str:
     where = req.pool or "its candidate pools"
     position = f"#{req.queue_position} in the queue of {where}" if req.queue_position else where
-    return f"queued {position}: {req.message or 'waiting'} [{waited:.0f}s/{limit:g}s]"
+    eta = f", ETA {fmt_eta(req.eta)}" if req.eta is not None else ""
+    return f"queued {position}: {req.message or 'waiting'}{eta} [{waited:.0f}s/{limit:g}s]"
 
 
 def wait_until_not_queued(api: Api, req: Request, seconds: float) -> Request:

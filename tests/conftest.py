@@ -8,43 +8,38 @@ Server, in this order:
 Fixtures: ``admin_url`` (maintenance DSN, session), ``template_db`` (name of the migrated
 template database, session), ``module_db_url`` / ``db_url`` (DSN of a fresh copy of the
 template, per module / per test), ``empty_db_url`` (DSN of an empty database, per test),
-``conn`` (asyncpg connection to ``db_url``).
+``conn`` (asyncpg connection to ``db_url``), ``server`` / ``module_server`` (the API in the
+test's event loop on ``db_url`` / ``module_db_url``).
+
+Shared helpers live in the package ``support`` (tests/support).
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import gc
 import os
 import shutil
 import sys
 import tempfile
-import uuid
 import warnings
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, TypeVar
 
 import asyncpg
 import pytest
 
-from app.db.connect import APP_CLI, connect
-from app.db.dsn import with_database
-from app.db.migrate import migrate
-
-T = TypeVar("T")
-
-
-def run_sync(factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run async setup work on a private loop in a worker thread.
-
-    This keeps sync fixtures independent of pytest-asyncio's loops (``asyncio.run`` in the main
-    thread would reset the current event loop).
-    """
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(lambda: asyncio.run(factory())).result()
+from support.db import (
+    create_database,
+    direct,
+    drop_database,
+    drop_database_later,
+    finish_drops,
+    migrated,
+    new_name,
+    run_sync,
+)
+from support.server import Server, running_server
 
 
 def _docker_available() -> bool:
@@ -89,29 +84,6 @@ def _start_embedded(stack: ExitStack) -> str:
     return str(server.get_uri("postgres"))
 
 
-async def _admin_exec(admin: str, *statements: str) -> None:
-    conn = await asyncpg.connect(admin, timeout=30)
-    try:
-        for sql in statements:
-            await conn.execute(sql)
-    finally:
-        await conn.close()
-
-
-def _create_db(admin: str, name: str, template: str | None = None) -> str:
-    tmpl = f' TEMPLATE "{template}"' if template else " TEMPLATE template0"
-    run_sync(lambda: _admin_exec(admin, f'CREATE DATABASE "{name}"{tmpl}'))
-    return with_database(admin, name)
-
-
-def _drop_db(admin: str, name: str) -> None:
-    run_sync(lambda: _admin_exec(admin, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-
-
-def _new_name(kind: str) -> str:
-    return f"respool_{kind}_{uuid.uuid4().hex[:12]}"
-
-
 @pytest.fixture(scope="session")
 def admin_url() -> Iterator[str]:
     """Maintenance DSN of the session's PostgreSQL server (may CREATE/DROP DATABASE)."""
@@ -129,62 +101,61 @@ def admin_url() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def template_db(admin_url: str) -> Iterator[str]:
-    """Name of a database migrated with the repository's SQL, used as the copy source."""
-    name = _new_name("tmpl")
-    url = _create_db(admin_url, name)
-
-    async def setup() -> None:
-        conn = await connect(url, application_name=APP_CLI)
-        try:
-            await migrate(conn)
-        finally:
-            await conn.close()
-
+    """Name of a database migrated with the installed SQL, used as the copy source."""
+    name = new_name("tmpl")
+    url = create_database(admin_url, name)
     try:
-        run_sync(setup)
+        run_sync(lambda: migrated(url))
         yield name
     finally:
-        _drop_db(admin_url, name)
+        finish_drops()  # the copies first
+        drop_database(admin_url, name)
+
+
+def _database(admin_url: str, kind: str, template: str | None) -> Iterator[str]:
+    """DSN of a new database (a copy of ``template``, else empty), dropped afterwards (in the
+    background: nothing uses it any more)."""
+    name = new_name(kind)
+    try:
+        yield create_database(admin_url, name, template)
+    finally:
+        drop_database_later(admin_url, name)
 
 
 @pytest.fixture(scope="module")
 def module_db_url(admin_url: str, template_db: str) -> Iterator[str]:
     """DSN of a migrated database shared by one test module."""
-    name = _new_name("mod")
-    url = _create_db(admin_url, name, template_db)
-    try:
-        yield url
-    finally:
-        _drop_db(admin_url, name)
+    yield from _database(admin_url, "mod", template_db)
 
 
 @pytest.fixture
 def db_url(admin_url: str, template_db: str) -> Iterator[str]:
     """DSN of a migrated database of this test's own."""
-    name = _new_name("test")
-    url = _create_db(admin_url, name, template_db)
-    try:
-        yield url
-    finally:
-        _drop_db(admin_url, name)
+    yield from _database(admin_url, "test", template_db)
 
 
 @pytest.fixture
 def empty_db_url(admin_url: str) -> Iterator[str]:
     """DSN of an empty (never migrated) database of this test's own."""
-    name = _new_name("empty")
-    url = _create_db(admin_url, name)
-    try:
-        yield url
-    finally:
-        _drop_db(admin_url, name)
+    yield from _database(admin_url, "empty", None)
 
 
 @pytest.fixture
 async def conn(db_url: str) -> AsyncIterator[asyncpg.Connection]:
     """An asyncpg connection (respool codecs) to ``db_url``."""
-    c = await connect(db_url, application_name=APP_CLI)
-    try:
+    async with direct(db_url) as c:
         yield c
-    finally:
-        await c.close()
+
+
+@pytest.fixture
+async def server(db_url: str) -> AsyncIterator[Server]:
+    """The API (:func:`support.server.running_server`) on a database of this test's own."""
+    async with running_server(db_url) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+async def module_server(module_db_url: str) -> AsyncIterator[Server]:
+    """The API on a database shared by one module (tests that only read, or use own names)."""
+    async with running_server(module_db_url) as srv:
+        yield srv

@@ -5,11 +5,11 @@ figures themselves are not asserted (a loaded CI machine says nothing about them
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.test_bench_wake import REPO, _bench_databases
+import pytest
+
+from support.bench import bench_databases, run_bench
 
 TINY = [
     "--seconds",
@@ -39,19 +39,15 @@ TINY = [
 ]
 
 
+@pytest.mark.slow
 def test_bench_all_runs_end_to_end(admin_url: str, tmp_path: Path) -> None:
-    before = _bench_databases(admin_url)
+    before = bench_databases(admin_url)
     out, raw = tmp_path / "benchmarks.md", tmp_path / "bench.json"
     out.write_text(
         "# Benchmarks\n\nkept above\n\n<!-- bench:begin -->\nold\n<!-- bench:end -->\nkept below\n"
     )
-    run = subprocess.run(
-        [sys.executable, "-m", "bench", "all", "--dsn", admin_url, *TINY]
-        + ["--out", str(out), "--json", str(raw)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
+    run = run_bench(
+        "all", "--dsn", admin_url, *TINY, "--out", str(out), "--json", str(raw), timeout=240
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     doc = json.loads(raw.read_text())
@@ -74,16 +70,10 @@ def test_bench_all_runs_end_to_end(admin_url: str, tmp_path: Path) -> None:
     assert "old" not in text
     for heading in ("### Targets", "### 1–2.", "### 3.", "### 4.", "### 5.", "### 6.", "### 7."):
         assert heading in text
-    assert _bench_databases(admin_url) == before  # every database it made is gone
+    assert bench_databases(admin_url) == before  # every database it made is gone
 
 
 def test_bench_refuses_bad_arguments() -> None:
-    run = subprocess.run(
-        [sys.executable, "-m", "bench", "all", "--waiters", "5", "--waiter-capacity", "5"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    run = run_bench("all", "--waiters", "5", "--waiter-capacity", "5")
     assert run.returncode != 0
     assert "--waiter-capacity" in run.stderr

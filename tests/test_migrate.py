@@ -227,3 +227,79 @@ def test_bad_migration_files(tmp_path: Path, files: dict[str, str], message: str
         _write(tmp_path, rel, text)
     with pytest.raises(MigrationError, match=message):
         load_migrations(tmp_path)
+
+
+# ---- stale overloads -------------------------------------------------------------------------
+
+
+def _copy_sql_tree(dest: Path) -> Path:
+    """A writable copy of the shipped SQL tree (migrations, functions, views)."""
+    root = sql_dir()
+    for sub in ("migrations", "functions", "views"):
+        folder = root / sub
+        for entry in folder.iterdir():
+            if entry.name.endswith(".sql"):
+                _write(dest, f"{sub}/{entry.name}", entry.read_text(encoding="utf-8"))
+    return dest
+
+
+async def test_changed_signature_leaves_no_stale_overload(
+    conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    root = _copy_sql_tree(tmp_path)
+    path = root / "functions/020_refs.sql"
+    text = path.read_text()
+    old = "CREATE OR REPLACE FUNCTION respool.resolve_pool(p_ref text)"
+    assert old in text
+    # Add a defaulted parameter: CREATE OR REPLACE alone would leave resolve_pool(text) behind
+    # and a named call would then fail with "function respool.resolve_pool(...) is not unique".
+    path.write_text(
+        text.replace(
+            old,
+            "CREATE OR REPLACE FUNCTION respool.resolve_pool(p_ref text, p_extra int DEFAULT 0)",
+        ).replace(
+            "COMMENT ON FUNCTION respool.resolve_pool(text)",
+            "COMMENT ON FUNCTION respool.resolve_pool(text, int)",
+        )
+    )
+    await conn.execute("SELECT respool.create_pool(p_name => 'gpus')")
+    report = await migrate(conn, root=root)
+    assert report.repeatables_applied
+    overloads = await conn.fetch(
+        "SELECT p.oid::regprocedure::text AS sig FROM pg_proc p"
+        " JOIN pg_namespace n ON n.oid = p.pronamespace"
+        " WHERE n.nspname = 'respool' AND p.proname = 'resolve_pool'"
+    )
+    assert [r["sig"] for r in overloads] == ["respool.resolve_pool(text,integer)"]
+    pool_id = await conn.fetchval("SELECT respool.resolve_pool(p_ref => 'gpus')")
+    assert pool_id == await conn.fetchval("SELECT id FROM respool.pools WHERE name = 'gpus'")
+    # Functions a migration object needs stay: the append-only trigger on events still fires.
+    assert (
+        await conn.fetchval("SELECT to_regprocedure('respool.forbid_event_update()')") is not None
+    )
+    trigger = await conn.fetchval(
+        "SELECT count(*) FROM pg_trigger WHERE tgname = 'events_append_only' AND NOT tgisinternal"
+    )
+    assert trigger == 1
+    # And the rest of the engine is back: a request goes through the re-created functions.
+    doc = await conn.fetchval(
+        "SELECT respool.create_policy(p_subject => 's', p_pool => 'gpus', p_limit => '{\"x\": 1}')"
+    )
+    assert doc["subject"] == "s"
+    # Back to the shipped files: the extra overload goes again.
+    await migrate(conn)
+    assert (
+        await conn.fetchval("SELECT to_regprocedure('respool.resolve_pool(text,integer)')") is None
+    )
+    assert await conn.fetchval("SELECT respool.resolve_pool(p_ref => 'gpus')") == pool_id
+
+
+async def test_functions_of_migrations_survive_a_reapply(conn: asyncpg.Connection) -> None:
+    """reader_role() is created by migration 0010 only (no function file repeats it): the drop
+    before the function files are re-applied must keep it, and its callers keep working."""
+    assert not any("FUNCTION respool.reader_role(" in r.sql for r in load_repeatables())
+    await conn.execute("DELETE FROM respool.schema_repeatables")  # every repeatable is stale now
+    report = await migrate(conn)
+    assert report.repeatables_applied
+    assert (await conn.fetchval("SELECT respool.reader_role()")).startswith("respool_reader_")
+    assert await conn.fetchval("SELECT to_regprocedure('respool.scope_reader_grants(boolean)')")

@@ -31,7 +31,7 @@ def test_all_values() -> None:
             "RESPOOL_DEFAULT_LEASE_SECONDS": "60",
             "RESPOOL_MAX_WAIT": "0",
             "RESPOOL_DB_POOL_SIZE": "3",
-            "RESPOOL_ADMIN_TOKEN": "sekrit",
+            "RESPOOL_ADMIN_TOKEN": "sekrit-0123456789abcdef0123456789",
             "RESPOOL_AUTH": "OFF",
             "RESPOOL_LOG_LEVEL": "debug",
             "RESPOOL_RETENTION": "7d",
@@ -45,7 +45,7 @@ def test_all_values() -> None:
     assert s.default_lease_seconds == 60
     assert s.max_wait == 0.0
     assert s.db_pool_size == 3
-    assert s.admin_token == "sekrit"
+    assert s.admin_token == "sekrit-0123456789abcdef0123456789"
     assert s.auth == "off" and not s.auth_enabled
     assert s.log_level == "DEBUG"
     assert s.retention == 7 * 86400

@@ -10,18 +10,22 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
-from litestar import Litestar
+from litestar import Litestar, Request, Response
+from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import SwaggerRenderPlugin
 
 from app import __version__
 from app.api.apply import ApplyController
 from app.api.auth import Authenticator, auth_guard
+from app.api.batch import BatchController
 from app.api.dashboard import DashboardController
-from app.api.errors import exception_handlers
+from app.api.edge import EdgeGuard
+from app.api.errors import ErrorBody, exception_handlers
 from app.api.health import HealthController
-from app.api.metrics import EventTally, MetricsController
+from app.api.metrics import EventTally, MetricsCache, MetricsController
 from app.api.openapi import ClosedStructSchemaPlugin, answer_options
 from app.api.policies import PolicyController
 from app.api.pools import PoolController
@@ -29,6 +33,7 @@ from app.api.requests import RequestController
 from app.api.retention import RetentionController
 from app.db.connect import APP_API, create_pool
 from app.db.dsn import resolve_database_url
+from app.liveness import ServiceLiveness
 from app.logs import StateChangeLog
 from app.notify import Notifier
 from app.reconciler import Reconciler
@@ -41,6 +46,13 @@ log = logging.getLogger("respool.api")
 # Largest request body accepted (413 above it). The biggest body is an `apply` manifest: 1 MiB
 # holds thousands of pools; every other body is well under 64 KiB.
 MAX_BODY_BYTES = 1024 * 1024
+
+
+def _too_deep(request: Request[Any, Any, Any], _: RecursionError) -> Response[ErrorBody]:
+    """A JSON body nested deeper than the decoder's recursion limit: the client's input (400),
+    not a 500 with a traceback in the log."""
+    log.warning("%s %s: JSON body nested too deeply", request.method, request.url.path)
+    return Response(ErrorBody(400, "invalid JSON body: nested too deeply", None), status_code=400)
 
 
 def create_app(
@@ -67,9 +79,11 @@ def create_app(
         notifier.use_dsn(dsn)
         notifier.observe(StateChangeLog())  # one log line per state change made here
         reconciler_task: asyncio.Task[None] | None = None
+        liveness = ServiceLiveness(pool)
         try:
             await notifier.start()
             app.state.db = pool
+            await liveness.start()  # an outage's time goes back to the leases first
             await authenticator.startup(pool)
             if with_reconciler:
                 reconciler = Reconciler(
@@ -84,6 +98,7 @@ def create_app(
                 reconciler_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await reconciler_task
+            await liveness.close()
             await notifier.close()
             await pool.close()
 
@@ -92,6 +107,7 @@ def create_app(
             PoolController,
             PolicyController,
             RequestController,
+            BatchController,
             HealthController,
             MetricsController,
             DashboardController,
@@ -100,8 +116,16 @@ def create_app(
         ],
         lifespan=[lifespan],
         guards=[auth_guard],
+        middleware=[
+            DefineMiddleware(
+                EdgeGuard,
+                auth=authenticator,
+                max_waits=settings.max_waits,
+                max_waits_per_token=settings.max_waits_per_token,
+            )
+        ],
         before_request=answer_options,
-        exception_handlers=exception_handlers,
+        exception_handlers={**exception_handlers, RecursionError: _too_deep},
         request_max_body_size=MAX_BODY_BYTES,
         plugins=[ClosedStructSchemaPlugin()],
         openapi_config=OpenAPIConfig(
@@ -115,5 +139,6 @@ def create_app(
     app.state.settings = settings
     app.state.notifier = Notifier()
     app.state.event_tally = EventTally()
+    app.state.metrics_cache = MetricsCache(settings.metrics_cache_seconds)
     app.state.auth = authenticator
     return app

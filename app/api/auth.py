@@ -9,6 +9,9 @@
 * 401 (with ``WWW-Authenticate: Bearer``) without a valid, unrevoked token; 403 for a role
   without the right. ``/healthz``, ``/readyz``, ``/metrics`` and ``/schema*`` stay open.
 * ``RESPOOL_AUTH=off``: no checks; refused unless the bind host is loopback.
+* While ``/v1`` is open (auth off, or bootstrap), :mod:`app.api.edge` refuses foreign ``Host``
+  and ``Origin`` headers (403) and non-JSON bodies (415), so a web page cannot drive the API.
+  Bodies are JSON only in every mode (415, checked here after authentication).
 * Bootstrap: with auth on, no ``RESPOOL_ADMIN_TOKEN``, a loopback bind and no token ever created,
   ``/v1`` is open (with a warning at startup) so that a fresh ``respool serve`` works out of the
   box. The first token created ends it for good (checked on each request until then).
@@ -27,7 +30,10 @@ import msgspec
 from litestar import Request
 from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
+from litestar.types import Scope
 
+from app import globs
+from app.api.edge import body_type_problem
 from app.api.errors import ApiError
 from app.db import tokens
 from app.settings import Settings, SettingsError
@@ -107,7 +113,9 @@ class Authenticator:
         """Log the mode the server runs in."""
         if not self.enabled:
             log.warning("RESPOOL_AUTH=off: the API does no authentication (loopback bind)")
-        elif self._bootstrap and not await tokens.tokens_exist(db):
+        elif self._bootstrap and await tokens.tokens_exist(db):
+            self._bootstrap = False  # not open: edge checks (app.api.edge) need not apply
+        elif self._bootstrap:
             log.warning(
                 "auth: no RESPOOL_ADMIN_TOKEN and no tokens yet; the API is open on loopback "
                 "until the first token is created"
@@ -120,6 +128,19 @@ class Authenticator:
             self._bootstrap = False
             log.info("auth: a token exists; bootstrap mode ended, tokens are now required")
         return self._bootstrap
+
+    async def is_open(self, scope: Scope) -> bool:
+        """Whether ``/v1`` is open (auth off, or bootstrap): :mod:`app.api.edge` then refuses
+        foreign ``Host``/``Origin`` and non-JSON bodies. Outside ``/v1`` the last known answer
+        is used, so ``/healthz`` never needs the database."""
+        if not self.enabled:
+            return True
+        if not self._bootstrap:
+            return False
+        path: str = scope.get("path", "")
+        if path == "/v1" or path.startswith("/v1/"):
+            return await self._bootstrapping(scope["app"].state.db)
+        return True
 
     async def authenticate(self, connection: ASGIConnection[Any, Any, Any, Any]) -> Principal:
         if not self.enabled:
@@ -151,7 +172,19 @@ async def auth_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRout
     authn: Authenticator = connection.app.state.auth
     principal = await authn.authenticate(connection)
     connection.scope.setdefault("state", {})["principal"] = principal
-    method = connection.scope.get("method", "GET")
+    method = str(connection.scope.get("method", "GET"))
+    await _authorize(connection, principal, path, method)
+    # Every mode: bodies are JSON only (open mode already refused them in app.api.edge); after
+    # authorization, so a caller without the right still learns only 401/403.
+    problem = body_type_problem(method, dict(connection.headers))
+    if problem is not None:
+        raise ApiError(415, problem)
+
+
+async def _authorize(
+    connection: ASGIConnection[Any, Any, Any, Any], principal: Principal, path: str, method: str
+) -> None:
+    """403 (or 404 for another subject's request) unless ``principal`` may do this."""
     if principal.role == "admin":
         return
     if principal.role == "reader":
@@ -169,7 +202,7 @@ async def auth_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRout
     if request_id is not None:
         rid = request_id if isinstance(request_id, UUID) else UUID(str(request_id))
         subject = await tokens.request_subject(connection.app.state.db, rid)
-        if subject is None or not tokens.subject_matches(subject, principal.subject_patterns or ()):
+        if subject is None or not globs.subject_matches(subject, principal.subject_patterns or ()):
             # Same answer as a missing request: a client learns nothing about other subjects.
             raise ApiError(404, f"request {rid} not found", "id")
 
@@ -182,7 +215,7 @@ def principal_of(request: Request[Any, Any, Any]) -> Principal:
 def require_subject(request: Request[Any, Any, Any], subject: str) -> None:
     """403 unless the caller may create requests for ``subject``."""
     p = principal_of(request)
-    if p.role == "client" and not tokens.subject_matches(subject, p.subject_patterns or ()):
+    if p.role == "client" and not globs.subject_matches(subject, p.subject_patterns or ()):
         raise AuthError(403, f"token {p.name!r} may not create requests for subject {subject!r}")
 
 
@@ -191,4 +224,4 @@ def listing_patterns(request: Request[Any, Any, Any]) -> list[str] | None:
     p = principal_of(request)
     if p.role != "client":
         return None
-    return [tokens.glob_to_like(g) for g in p.subject_patterns or ()]
+    return [globs.glob_to_like(g) for g in p.subject_patterns or ()]

@@ -8,12 +8,14 @@ import asyncpg
 import msgspec
 from litestar import Request
 from litestar.datastructures import State
+from msgspec import UNSET
 
 from app.api.errors import validation_error
+from app.api.numbers import refuse_string_decimals
 from app.notify import Notifier
 from app.settings import Settings
 
-__all__ = ["db", "decode_body", "notifier", "settings"]
+__all__ = ["db", "decode_body", "notifier", "sent", "settings"]
 
 T = TypeVar("T")
 
@@ -43,6 +45,13 @@ async def decode_body(request: Request[Any, Any, Any], kind: type[T]) -> T:
     """
     raw = await request.body()
     try:
-        return msgspec.json.decode(raw or b"{}", type=kind, strict=True)
+        body = msgspec.json.decode(raw or b"{}", type=kind, strict=True)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise validation_error(exc) from None
+    refuse_string_decimals(raw, kind)  # msgspec takes "1" for a Decimal even when strict
+    return body
+
+
+def sent(body: msgspec.Struct) -> dict[str, Any]:
+    """The fields of a PATCH body that were sent (absent ones are UNSET and stay as they are)."""
+    return {k: v for k, v in msgspec.structs.asdict(body).items() if v is not UNSET}

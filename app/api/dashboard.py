@@ -21,8 +21,8 @@ from litestar.params import FromPath
 from app.api.auth import AuthError, principal_of
 from app.api.common import db
 from app.api.errors import error_responses
-from app.db import ops_queries
-from app.db.ops_queries import DashboardData
+from app.db import dashboard as db_dashboard
+from app.db.dashboard import DashboardData
 
 __all__ = ["DashboardController"]
 
@@ -65,4 +65,4 @@ class DashboardController(Controller):
                 403,
                 f"the dashboard shows every subject; use a reader token (token {principal.name!r})",
             )
-        return await ops_queries.dashboard_data(db(state))
+        return await db_dashboard.dashboard_data(db(state))

@@ -17,6 +17,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.types import ExceptionHandlersMap
+from respool_client.wire import ErrorBody
 
 from app.db.connect import is_dead_connection
 from app.db.errors import EngineError
@@ -24,12 +25,6 @@ from app.db.errors import EngineError
 __all__ = ["ApiError", "ErrorBody", "error_responses", "exception_handlers", "validation_error"]
 
 log = logging.getLogger("respool.api")
-
-
-class ErrorBody(msgspec.Struct):
-    status_code: int
-    detail: str
-    field: str | None = None
 
 
 class ApiError(Exception):
@@ -134,6 +129,9 @@ _DATABASE_DOWN: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.DatabaseDroppedError,
     asyncpg.exceptions.IdleSessionTimeoutError,
     asyncpg.TooManyConnectionsError,
+    # HA: no host of a multi-host DSN is the primary yet, or a write reached a standby.
+    asyncpg.exceptions.TargetServerAttributeNotMatched,
+    asyncpg.ReadOnlySQLTransactionError,
 )
 
 

@@ -1,4 +1,8 @@
-"""``/healthz`` (the process answers) and ``/readyz`` (DB, schema and listener are fine)."""
+"""``/healthz`` (the process answers) and ``/readyz`` (DB, schema and listener are fine).
+
+``/readyz`` also names the database node that serves (``node``, host:port as the server sees
+it): after a failover it shows the new primary; a standby is not ready.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from litestar.openapi.datastructures import ResponseSpec
 from app.api.common import db, notifier
 from app.api.schemas import Readiness
 from app.db import migrate
+from app.db.connect import server_role
 
 
 class HealthController(Controller):
@@ -24,21 +29,24 @@ class HealthController(Controller):
 
     @get(
         "/readyz",
-        summary="Readiness: database reachable, schema current, listener up",
+        summary="Readiness: database reachable and primary, schema current, listener up",
         responses={
             503: ResponseSpec(Readiness, description="Not ready; `detail` says why"),
         },
     )
     async def readyz(self, state: State) -> Response[Readiness]:
         database = schema_current = False
-        detail = None
+        detail = node = None
         try:
             async with asyncio.timeout(5):
                 async with db(state).acquire() as conn:
-                    database = True
                     # A pool connection proxy behaves as the connection it wraps.
+                    role = await server_role(cast(asyncpg.Connection, conn))
+                    node, database = role.node, role.primary
                     schema_current = (await migrate.status(cast(asyncpg.Connection, conn))).current
-            if not schema_current:
+            if not database:
+                detail = f"database {node} is a standby (in recovery), not the primary"
+            elif not schema_current:
                 detail = "schema is not current (run `respool db migrate`)"
         except Exception as exc:  # any failure means "not ready", never a 500
             detail = f"database unreachable: {type(exc).__name__}"
@@ -52,5 +60,6 @@ class HealthController(Controller):
             schema_current=schema_current,
             listener=listener,
             detail=detail,
+            node=node,
         )
         return Response(body, status_code=200 if ready else 503)

@@ -1,11 +1,14 @@
 """``GET /metrics``: Prometheus text (docs/ops.md lists every metric).
 
+Open unless ``RESPOOL_METRICS_TOKEN`` is set; then it needs ``Authorization: Bearer <token>``.
+
 Two kinds of numbers:
 
-* **State gauges**, read from the ops views at each scrape (a fresh registry per scrape, nothing
-  kept): capacity, allocated, free, reserved, borrowed and queued demand per pool and key; usage
-  per policy; queue length and oldest wait per pool; stored requests per status; invariant
-  violations. Every replica reports the same values: aggregate with ``max``, not ``sum``.
+* **State gauges**, read from the ops views (:class:`MetricsCache`: at most once per
+  ``RESPOOL_METRICS_CACHE_SECONDS``, default 5 s, however many scrapers): capacity,
+  allocated, free, reserved, borrowed and queued demand per pool and key; usage per policy;
+  queue length and oldest wait per pool; stored requests per status; invariant violations.
+  Every replica reports the same values: aggregate with ``max``, not ``sum``.
 * **Event counters** (:class:`EventTally`): preemptions by pool and reason, requests by final
   status, and the allocation-wait histogram. Each scrape reads the events that appeared since the
   previous one from ``respool.events`` and adds them to counters kept in this process, so they
@@ -18,11 +21,13 @@ Two kinds of numbers:
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import asyncpg
-from litestar import Controller, Response, get
+from litestar import Controller, Request, Response, get
 from litestar.datastructures import State
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -35,11 +40,12 @@ from prometheus_client import (
 )
 
 from app import __version__
-from app.api.common import db, notifier
-from app.db import api_queries, ops_queries
+from app.api.auth import AuthError
+from app.api.common import db, notifier, settings
+from app.db import metrics as db_metrics
 from app.db.queries import Executor, Status
 
-__all__ = ["EventTally", "MetricsController", "WAIT_BUCKETS"]
+__all__ = ["EventTally", "MetricsCache", "MetricsController", "WAIT_BUCKETS"]
 
 log = logging.getLogger("respool.metrics")
 
@@ -100,7 +106,7 @@ class EventTally:
             since = self.started
             if self._horizon is not None:
                 since = max(since, self._horizon - self.WINDOW)
-            now, rows = await ops_queries.tally_events(db, since)
+            now, rows = await db_metrics.tally_events(db, since)
             new = 0
             for row in rows:
                 if row.id in self._seen:
@@ -191,7 +197,7 @@ async def _state_gauges(registry: CollectorRegistry, pool: asyncpg.Pool) -> None
         registry=registry,
     )
 
-    keys = await ops_queries.pool_key_rows(pool)
+    keys = await db_metrics.pool_key_rows(pool)
     for row in keys:
         if row.capacity is not None:
             capacity.labels(row.pool, row.key).set(row.capacity)
@@ -201,30 +207,90 @@ async def _state_gauges(registry: CollectorRegistry, pool: asyncpg.Pool) -> None
         reserved.labels(row.pool, row.key).set(row.reserved)
         borrowed.labels(row.pool, row.key).set(row.borrowed)
         queued.labels(row.pool, row.key).set(row.queued_demand)
-    for p in await ops_queries.policy_rows(pool):
+    for p in await db_metrics.policy_rows(pool):
         p_used.labels(p.pool, p.subject, p.key).set(p.used)
         p_reserved.labels(p.pool, p.subject, p.key).set(p.reserved)
         p_borrowed.labels(p.pool, p.subject, p.key).set(p.borrowed)
         if p.limit is not None:
             p_limit.labels(p.pool, p.subject, p.key).set(p.limit)
-    stats = await ops_queries.queue_stats(pool)
+    stats = await db_metrics.queue_stats(pool)
     for name in sorted({row.pool for row in keys} | set(stats)):
         n, oldest = stats.get(name, (0, 0.0))
         q_len.labels(name).set(n)
         q_oldest.labels(name).set(oldest)
-    counts = await api_queries.request_counts(pool)
+    counts = await db_metrics.request_counts(pool)
     for status in STATUSES:
         requests.labels(status).set(counts.get(status, 0))
-    broken = await ops_queries.invariant_violation_counts(pool)
+    broken = await db_metrics.invariant_violation_counts(pool)
     for inv in INVARIANTS:
         violations.labels(inv).set(broken.get(inv, 0))
+
+
+class MetricsCache:
+    """The database-derived part of a scrape, kept ``seconds`` (``RESPOOL_METRICS_CACHE_SECONDS``).
+
+    One refresh at a time: concurrent scrapes of a stale cache wait for the same refresh
+    instead of each reading the database, so scrapers cannot add database load (issue 15).
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.refreshes = 0
+        self._lock = asyncio.Lock()
+        self._until = 0.0
+        self._body = b""
+        self._up = 0
+
+    async def get(self, tally: EventTally, pool: asyncpg.Pool) -> tuple[int, bytes]:
+        """``(database_up, gauges text)``, refreshed when older than ``seconds``."""
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._until:
+            return self._up, self._body
+        async with self._lock:
+            if loop.time() < self._until:
+                return self._up, self._body
+            from_db = CollectorRegistry(auto_describe=True)
+            try:
+                async with asyncio.timeout(10):
+                    await _state_gauges(from_db, pool)
+                    await tally.update(pool)
+                self._up, self._body = 1, generate_latest(from_db)
+            except _DB_ERRORS as exc:
+                # Process metrics still answer; database gauges are left out rather than stale.
+                log.warning("metrics: cannot read the database (%s)", type(exc).__name__)
+                self._up, self._body = 0, b""
+            self.refreshes += 1
+            self._until = loop.time() + self.seconds
+            return self._up, self._body
+
+
+def metrics_cache(state: State) -> MetricsCache:
+    """The app's cache (``create_app`` makes it); made here on first use otherwise."""
+    cache = state.get("metrics_cache")
+    if not isinstance(cache, MetricsCache):
+        cache = MetricsCache(settings(state).metrics_cache_seconds)
+        state.metrics_cache = cache
+    return cache
+
+
+def _check_metrics_token(state: State, authorization: str | None) -> None:
+    """With ``RESPOOL_METRICS_TOKEN`` set, ``/metrics`` needs ``Authorization: Bearer <it>``."""
+    expected = settings(state).metrics_token
+    if expected is None:
+        return
+    scheme, _, token = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        token.strip().encode(), expected.encode()
+    ):
+        raise AuthError(401, "/metrics needs Authorization: Bearer <RESPOOL_METRICS_TOKEN>")
 
 
 class MetricsController(Controller):
     tags = ["health"]
 
     @get("/metrics", summary="Prometheus metrics", media_type=CONTENT_TYPE_LATEST)
-    async def metrics(self, state: State) -> Response[bytes]:
+    async def metrics(self, state: State, request: Request[Any, Any, Any]) -> Response[bytes]:
+        _check_metrics_token(state, request.headers.get("authorization"))
         registry = CollectorRegistry(auto_describe=True)
         up = Gauge(
             "respool_database_up", "1 when this scrape could read the database", registry=registry
@@ -237,28 +303,18 @@ class MetricsController(Controller):
             "respool_listener_up", "1 while the LISTEN connection is up", registry=registry
         )
         reconnects = Gauge(
-            "respool_listener_reconnects", "LISTEN reconnections since start", registry=registry
+            "respool_listener_reconnects",
+            "Reconnections of the LISTEN connection since start",
+            registry=registry,
         )
         info.labels(__version__).set(1)
 
         tally = event_tally(state)
-        pool = db(state)
-        from_db = CollectorRegistry(auto_describe=True)
-        try:
-            async with asyncio.timeout(10):
-                await _state_gauges(from_db, pool)
-                await tally.update(pool)
-            up.set(1)
-        except _DB_ERRORS as exc:
-            # Process metrics still answer; database gauges are left out rather than stale.
-            log.warning("metrics: cannot read the database (%s)", type(exc).__name__)
-            up.set(0)
-            from_db = CollectorRegistry(auto_describe=True)
+        is_up, from_db = await metrics_cache(state).get(tally, db(state))
+        up.set(is_up)
         hub = notifier(state)
         waiters.set(hub.waiting)
         listener.set(1 if hub.healthy else 0)
         reconnects.set(hub.reconnects)
-        body = (
-            generate_latest(registry) + generate_latest(from_db) + generate_latest(tally.registry)
-        )
+        body = generate_latest(registry) + from_db + generate_latest(tally.registry)
         return Response(body, media_type=CONTENT_TYPE_LATEST)

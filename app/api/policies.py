@@ -7,17 +7,12 @@ from typing import Annotated, Any
 from litestar import Controller, Request, delete, get, patch, post
 from litestar.datastructures import State
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter, SkipValidation
-from msgspec import UNSET
 
-from app.api.common import db, decode_body
+from app.api.common import db, decode_body, sent
 from app.api.errors import error_responses
 from app.api.schemas import PolicyCreate, PolicyUpdate
-from app.db import queries
+from app.db import policies as db_policies
 from app.db.queries import Policy
-
-
-def _unset_to_none(value: Any) -> Any:
-    return None if value is UNSET else value
 
 
 class PolicyController(Controller):
@@ -32,7 +27,7 @@ class PolicyController(Controller):
         data: SkipValidation[JSONBody[PolicyCreate]],
     ) -> Policy:
         body = await decode_body(request, PolicyCreate)
-        return await queries.create_policy(
+        return await db_policies.create_policy(
             db(state),
             subject=body.subject,
             pool=body.pool,
@@ -53,11 +48,11 @@ class PolicyController(Controller):
         pool: FromQuery[str | None] = None,
         subject: FromQuery[str | None] = None,
     ) -> list[Policy]:
-        return await queries.list_policies(db(state), pool=pool, subject=subject)
+        return await db_policies.list_policies(db(state), pool=pool, subject=subject)
 
     @get("/{ref:str}", summary="One policy", responses=error_responses(400, 404))
     async def get_policy(self, state: State, ref: FromPath[str]) -> Policy:
-        return await queries.get_policy(db(state), ref)
+        return await db_policies.get_policy(db(state), ref)
 
     @patch("/{ref:str}", summary="Update a policy", responses=error_responses(400, 404, 409))
     async def update_policy(
@@ -68,14 +63,7 @@ class PolicyController(Controller):
         data: SkipValidation[JSONBody[PolicyUpdate]],
     ) -> Policy:
         body = await decode_body(request, PolicyUpdate)
-        return await queries.update_policy(
-            db(state),
-            ref,
-            priority=_unset_to_none(body.priority),
-            reserved=_unset_to_none(body.reserved),
-            limit=_unset_to_none(body.limit),
-            description=_unset_to_none(body.description),
-        )
+        return await db_policies.update_policy(db(state), ref, **sent(body))
 
     @delete(
         "/{ref:str}",
@@ -86,4 +74,4 @@ class PolicyController(Controller):
     async def delete_policy(
         self, state: State, ref: FromPath[str], force: Annotated[bool, QueryParameter()] = False
     ) -> None:
-        await queries.delete_policy(db(state), ref, force=force)
+        await db_policies.delete_policy(db(state), ref, force=force)

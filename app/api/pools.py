@@ -7,17 +7,12 @@ from typing import Annotated, Any
 from litestar import Controller, Request, delete, get, patch, post
 from litestar.datastructures import State
 from litestar.params import FromPath, JSONBody, QueryParameter, SkipValidation
-from msgspec import UNSET
 
-from app.api.common import db, decode_body
+from app.api.common import db, decode_body, sent
 from app.api.errors import error_responses
 from app.api.schemas import PoolCreate, PoolUpdate
-from app.db import queries
+from app.db import pools as db_pools
 from app.db.queries import Pool
-
-
-def _unset_to_none(value: Any) -> Any:
-    return None if value is UNSET else value
 
 
 class PoolController(Controller):
@@ -32,18 +27,20 @@ class PoolController(Controller):
         data: SkipValidation[JSONBody[PoolCreate]],
     ) -> Pool:
         body = await decode_body(request, PoolCreate)
-        return await queries.create_pool(
+        return await db_pools.create_pool(
             db(state),
             name=body.name,
             capacity=body.capacity,
             description=body.description,
             queueing=body.queueing,
             preemption_grace_seconds=body.preemption_grace_seconds,
+            starvation_seconds=body.starvation_seconds,
+            ordering=body.ordering,
         )
 
     @get("/", summary="List pools with usage and queued count", responses=error_responses())
     async def list_pools(self, state: State) -> list[Pool]:
-        return await queries.list_pools(db(state))
+        return await db_pools.list_pools(db(state))
 
     @get(
         "/{ref:str}",
@@ -51,7 +48,7 @@ class PoolController(Controller):
         responses=error_responses(400, 404),
     )
     async def get_pool(self, state: State, ref: FromPath[str]) -> Pool:
-        return await queries.get_pool(db(state), ref)
+        return await db_pools.get_pool(db(state), ref)
 
     @patch(
         "/{ref:str}",
@@ -66,14 +63,9 @@ class PoolController(Controller):
         data: SkipValidation[JSONBody[PoolUpdate]],
     ) -> Pool:
         body = await decode_body(request, PoolUpdate)
-        return await queries.update_pool(
-            db(state),
-            ref,
-            capacity=_unset_to_none(body.capacity),
-            description=_unset_to_none(body.description),
-            queueing=_unset_to_none(body.queueing),
-            preemption_grace_seconds=_unset_to_none(body.preemption_grace_seconds),
-        )
+        fields = sent(body)
+        starvation_off = "starvation_seconds" in fields and fields["starvation_seconds"] is None
+        return await db_pools.update_pool(db(state), ref, starvation_off=starvation_off, **fields)
 
     @delete(
         "/{ref:str}",
@@ -84,4 +76,4 @@ class PoolController(Controller):
     async def delete_pool(
         self, state: State, ref: FromPath[str], force: Annotated[bool, QueryParameter()] = False
     ) -> None:
-        await queries.delete_pool(db(state), ref, force=force)
+        await db_pools.delete_pool(db(state), ref, force=force)

@@ -18,14 +18,14 @@ from uuid import UUID
 
 import asyncpg
 
-from app.db import queries
+from app.db import requests as db_requests
 from app.db.queries import Request
 
 __all__ = ["RequestReader"]
 
 
 class RequestReader:
-    """``await reader.get(request_id)``: the request as ``queries.get_request`` returns it."""
+    """``await reader.get(request_id)``: the request as ``requests.get_request`` returns it."""
 
     def __init__(self, pool: asyncpg.Pool, *, max_batch: int = 500, parallel: int = 2) -> None:
         self.pool = pool
@@ -56,7 +56,7 @@ class RequestReader:
                 batch = {rid: self._pending.pop(rid) for rid in ids}
                 self.batches += 1
                 try:
-                    found = await queries.get_requests(self.pool, ids)
+                    found = await db_requests.get_requests(self.pool, ids)
                 except BaseException as exc:
                     for futures in batch.values():
                         for f in futures:
@@ -78,7 +78,7 @@ class RequestReader:
 
     async def _single(self, request_id: UUID, futures: list[asyncio.Future[Request]]) -> None:
         try:
-            doc = await queries.get_request(self.pool, request_id)
+            doc = await db_requests.get_request(self.pool, request_id)
         except Exception as exc:
             for f in futures:
                 if not f.done():

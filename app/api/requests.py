@@ -17,13 +17,14 @@ from litestar.datastructures import State
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter, SkipValidation
 from msgspec import UNSET
+from respool_client.wire import WhatIf
 
 from app.api.auth import listing_patterns, require_subject
 from app.api.common import db, decode_body, notifier, settings
 from app.api.errors import ApiError, error_responses
 from app.api.reader import RequestReader
 from app.api.schemas import INT32_MAX, RequestCreate, RequestPage
-from app.db import queries
+from app.db import requests as db_requests
 from app.db.queries import Event, Status
 from app.db.queries import Request as ResourceRequest
 
@@ -42,6 +43,22 @@ _Attempt = Annotated[
     int | None,
     QueryParameter(
         ge=1, le=INT32_MAX, description="Fencing: the attempt the client holds (409 if stale)"
+    ),
+]
+_DryRun = Annotated[
+    bool,
+    QueryParameter(
+        description="What-if (SPEC §11.3): answer 200 with what a create would do now"
+        " (plus would_preempt), from the real engine in a rolled-back transaction; nothing is kept"
+    ),
+]
+_LeaseSeconds = Annotated[
+    int | None,
+    QueryParameter(
+        ge=1,
+        le=31_536_000,  # the bound of LeaseSeconds (app.api.schemas)
+        description="Seconds from now the lease (queued: the queue lease) runs; default: the"
+        " request's lease_seconds",
     ),
 ]
 _ACTION_ERRORS = error_responses(400, 404, 409)
@@ -86,7 +103,7 @@ async def wait_for(
     pool, hub = db(state), notifier(state)
     deadline = time.monotonic() + wait
     with hub.waiter(request_id) as waiter:
-        req = current if current is not None else await queries.get_request(pool, request_id)
+        req = current if current is not None else await db_requests.get_request(pool, request_id)
         while True:
             if done(req) or hub.closing:
                 return req
@@ -117,11 +134,13 @@ class RequestController(Controller):
 
     @post(
         "/",
-        summary="Create a request (201; 200 when an idempotency key replays an earlier one)",
+        summary="Create a request (201; 200 when an idempotency key replays an earlier one,"
+        " or for a dry run)",
         responses={
             200: ResponseSpec(
-                ResourceRequest,
-                description="An earlier request with the same idempotency key and body",
+                WhatIf,  # a Request with an optional would_preempt: a replay matches it too
+                description="An earlier request with the same idempotency key and body; with"
+                " dry_run=true, what a create would answer now plus would_preempt (a WhatIf)",
                 generate_examples=False,
             ),
             **error_responses(400, 404, 422),
@@ -133,7 +152,8 @@ class RequestController(Controller):
         request: Request[Any, Any, Any],
         data: SkipValidation[JSONBody[RequestCreate]],
         wait: _Wait = None,
-    ) -> Response[ResourceRequest]:
+        dry_run: _DryRun = False,
+    ) -> Response[ResourceRequest]:  # a dry run answers a WhatIf, a Request subclass
         body = await decode_body(request, RequestCreate)
         require_subject(request, body.subject)
         lease = body.lease_seconds
@@ -148,18 +168,21 @@ class RequestController(Controller):
             }
         pool = db(state)
         hub = notifier(state)
-        created = await queries.create_request(
-            pool,
-            subject=body.subject,
-            pool=body.pool,
-            resources=body.resources,
-            settings=resource_settings,
-            preemptible=body.preemptible,
-            max_retries=body.max_retries,
-            lease_seconds=lease,
-            idempotency_key=body.idempotency_key,
-            labels=body.labels,
-        )
+        fields: dict[str, Any] = {
+            "subject": body.subject,
+            "pool": body.pool,
+            "resources": body.resources,
+            "settings": resource_settings,
+            "preemptible": body.preemptible,
+            "max_retries": body.max_retries,
+            "lease_seconds": lease,
+            "idempotency_key": body.idempotency_key,
+            "labels": body.labels,
+            "max_seconds": body.max_seconds,
+        }
+        if dry_run:
+            return Response(await db_requests.what_if_request(pool, **fields), status_code=200)
+        created = await db_requests.create_request(pool, **fields)
         req = created.request
         seconds = _capped(state, wait)
         if seconds > 0 and req.status == "queued" and not hub.closing:
@@ -187,7 +210,7 @@ class RequestController(Controller):
         ] = None,
     ) -> RequestPage:
         before = decode_cursor(cursor) if cursor else None
-        items = await queries.list_requests(
+        items = await db_requests.list_requests(
             db(state),
             pool=pool,
             subject=subject,
@@ -217,7 +240,7 @@ class RequestController(Controller):
             QueryParameter(description="Answer once the version differs (default: current)"),
         ] = None,
     ) -> ResourceRequest:
-        req = await queries.get_request(db(state), request_id)
+        req = await db_requests.get_request(db(state), request_id)
         seconds = _capped(state, wait)
         if seconds <= 0:
             return req
@@ -229,13 +252,24 @@ class RequestController(Controller):
     @post(
         "/{request_id:uuid}/heartbeat",
         status_code=200,
-        summary="Extend the lease",
+        summary="Extend the lease (queued: set the queue lease)",
+        description=(
+            "Allocated: the lease becomes now + lease_seconds (default: the request's own"
+            " lease_seconds). Queued: sets a queue lease of the same length; a queued request"
+            " whose queue lease lapses is cancelled with reason `abandoned`."
+        ),
         responses=_ACTION_ERRORS,
     )
     async def heartbeat(
-        self, state: State, request_id: FromPath[UUID], attempt: _Attempt = None
+        self,
+        state: State,
+        request_id: FromPath[UUID],
+        attempt: _Attempt = None,
+        lease_seconds: _LeaseSeconds = None,
     ) -> ResourceRequest:
-        return await queries.heartbeat_request(db(state), request_id, attempt=attempt)
+        return await db_requests.heartbeat_request(
+            db(state), request_id, attempt=attempt, lease_seconds=lease_seconds
+        )
 
     @post(
         "/{request_id:uuid}/release",
@@ -246,13 +280,13 @@ class RequestController(Controller):
     async def release(
         self, state: State, request_id: FromPath[UUID], attempt: _Attempt = None
     ) -> ResourceRequest:
-        return await queries.release_request(db(state), request_id, attempt=attempt)
+        return await db_requests.release_request(db(state), request_id, attempt=attempt)
 
     @post("/{request_id:uuid}/cancel", status_code=200, summary="Cancel", responses=_ACTION_ERRORS)
     async def cancel(
         self, state: State, request_id: FromPath[UUID], attempt: _Attempt = None
     ) -> ResourceRequest:
-        return await queries.cancel_request(db(state), request_id, attempt=attempt)
+        return await db_requests.cancel_request(db(state), request_id, attempt=attempt)
 
     @delete(
         "/{request_id:uuid}",
@@ -261,7 +295,7 @@ class RequestController(Controller):
         responses=error_responses(404, 409),
     )
     async def delete_request(self, state: State, request_id: FromPath[UUID]) -> None:
-        await queries.delete_request(db(state), request_id)
+        await db_requests.delete_request(db(state), request_id)
 
     @get(
         "/{request_id:uuid}/events",
@@ -269,4 +303,4 @@ class RequestController(Controller):
         responses=error_responses(404),
     )
     async def events(self, state: State, request_id: FromPath[UUID]) -> list[Event]:
-        return await queries.request_events(db(state), request_id)
+        return await db_requests.request_events(db(state), request_id)

@@ -17,7 +17,7 @@ from litestar.params import JSONBody, SkipValidation
 
 from app.api.common import db, decode_body
 from app.api.errors import ApiError, error_responses
-from app.db import ops_queries
+from app.db import ops as db_ops
 from app.durations import parse_duration
 
 __all__ = ["PruneBody", "PruneResult", "RetentionController"]
@@ -62,6 +62,6 @@ class RetentionController(Controller):
         if seconds > MAX_AGE_SECONDS:
             raise ApiError(400, "older_than: at most 100 years", "older_than")
         pool = db(state)
-        before = await ops_queries.retention_cutoff(pool, seconds)
-        pruned = await ops_queries.prune_requests(pool, before, limit=body.limit)
+        before = await db_ops.retention_cutoff(pool, seconds)
+        pruned = await db_ops.prune_requests(pool, before, limit=body.limit)
         return PruneResult(pruned=pruned, before=before)

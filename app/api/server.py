@@ -1,19 +1,207 @@
-"""uvicorn for the API: SIGTERM/SIGINT also answer every open long-poll at once."""
+"""uvicorn for the API: SIGTERM/SIGINT also answer every open long-poll at once; slow clients
+are timed out and connections are capped (issue 15, defect 9; docs/ops.md "Limits").
+
+* :func:`guarded_protocol`: uvicorn's h11 protocol plus a header timeout (from a connection's
+  first byte, or a request's, to the end of its headers) and a body timeout (from the end of the
+  headers to the end of the body), and a cap on open connections (a connection above it is
+  closed at once, so file descriptors stay bounded). Idle keep-alive connections are closed by
+  uvicorn's ``timeout_keep_alive``.
+* :func:`raise_nofile_limit`: the soft ``RLIMIT_NOFILE`` raised to the hard one at start.
+* :class:`RateLimitedLog`: one "out of system resource" line per interval, not one per accept.
+* :func:`uvicorn_config`: the ``uvicorn.Config`` ``respool serve`` runs with.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import resource
 import signal
+import time
 from collections.abc import Iterator
 from types import FrameType
+from typing import Any
 
+import h11
 import uvicorn
 from litestar import Litestar
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from app.notify import Notifier
+from app.settings import Settings
 
-__all__ = ["ApiServer"]
+__all__ = [
+    "ApiServer",
+    "RateLimitedLog",
+    "guarded_protocol",
+    "raise_nofile_limit",
+    "uvicorn_config",
+]
+
+log = logging.getLogger("respool.api")
+
+# File descriptors kept for everything but client connections (database pool, LISTEN, logs).
+FD_RESERVE = 64
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with header/body timeouts and a connection cap (class attributes
+    set by :func:`guarded_protocol`)."""
+
+    header_timeout = 10.0
+    body_timeout = 30.0
+    max_connections = 20_000
+    _phase: str | None = None
+    _timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.max_connections:
+            _refused_log.emit(
+                "connection refused: %d open connections (RESPOOL_MAX_CONNECTIONS=%d)",
+                len(self.connections),
+                self.max_connections,
+            )
+            transport.abort()
+            return
+        self._arm("headers")  # a connection that never sends a request is closed too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._arm(None)
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._follow()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._follow()
+
+    def _follow(self) -> None:
+        """Arm the timer for the phase the peer is in: headers, body, or none (answering)."""
+        if self.transport is None or self.transport.is_closing():
+            return
+        state = self.conn.their_state
+        if state is h11.IDLE:
+            # Waiting for a request: uvicorn's keep-alive timer covers an idle connection; ours
+            # starts with the request's first byte.
+            partial = bool(self.conn.trailing_data[0])
+            self._arm("headers" if partial or self._phase == "headers" else None)
+        elif state is h11.SEND_BODY:
+            self._arm("body")
+        else:
+            self._arm(None)
+
+    def _arm(self, phase: str | None) -> None:
+        if phase == self._phase:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._phase = phase
+        if phase is not None:
+            delay = self.header_timeout if phase == "headers" else self.body_timeout
+            self._timer = self.loop.call_later(delay, self._timed_out, phase)
+
+    def _timed_out(self, phase: str) -> None:
+        self._timer = None
+        if self.transport is not None and not self.transport.is_closing():
+            log.debug("closing a connection: request %s not received in time", phase)
+            self.transport.abort()
+
+
+def guarded_protocol(
+    *, header_timeout: float, body_timeout: float, max_connections: int
+) -> type[GuardedH11Protocol]:
+    """A :class:`GuardedH11Protocol` subclass with these limits (uvicorn's ``http=``)."""
+    return type(
+        "RespoolH11Protocol",
+        (GuardedH11Protocol,),
+        {
+            "header_timeout": header_timeout,
+            "body_timeout": body_timeout,
+            "max_connections": max_connections,
+        },
+    )
+
+
+def raise_nofile_limit(target: int = 65536) -> int:
+    """Raise the soft ``RLIMIT_NOFILE`` towards ``min(hard, target)``; returns the soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = target if hard == resource.RLIM_INFINITY else min(hard, target)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+class RateLimitedLog(logging.Filter):
+    """A filter letting through one matching record per ``interval`` seconds (with a count of
+    those dropped); other records pass. On ``asyncio``'s logger it stops the accept loop's
+    "Too many open files" flood."""
+
+    MARKERS = ("out of system resource", "Too many open files", "connection refused:")
+
+    def __init__(self, interval: float = 10.0) -> None:
+        super().__init__()
+        self.interval = interval
+        self._last = float("-inf")
+        self.dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            text += str(record.exc_info[1])
+        if not any(m in text for m in self.MARKERS):
+            return True
+        now = time.monotonic()
+        if now - self._last < self.interval:
+            self.dropped += 1
+            return False
+        self._last = now
+        if self.dropped:
+            record.msg = f"{record.msg} ({self.dropped} similar messages suppressed)"
+            self.dropped = 0
+        return True
+
+    def emit(self, msg: str, *args: Any) -> None:
+        """Log ``msg`` as a warning on ``respool.api``, through this filter."""
+        record = log.makeRecord(log.name, logging.WARNING, __file__, 0, msg, args, None)
+        if self.filter(record):
+            log.handle(record)
+
+
+_refused_log = RateLimitedLog()
+
+
+def uvicorn_config(app: Litestar, settings: Settings, **overrides: Any) -> uvicorn.Config:
+    """The uvicorn configuration of ``respool serve``: guarded h11, limits from ``settings``.
+
+    The connection cap is kept below the file-descriptor limit (raised first).
+    """
+    fds = raise_nofile_limit()
+    max_connections = max(1, min(settings.max_connections, fds - FD_RESERVE))
+    asyncio_log = logging.getLogger("asyncio")
+    if not any(isinstance(f, RateLimitedLog) for f in asyncio_log.filters):
+        asyncio_log.addFilter(RateLimitedLog())
+    options: dict[str, Any] = {
+        "host": settings.host,
+        "port": settings.port,
+        "http": guarded_protocol(
+            header_timeout=settings.header_timeout,
+            body_timeout=settings.body_timeout,
+            max_connections=max_connections,
+        ),
+        "ws": "none",
+        "lifespan": "on",
+        "timeout_keep_alive": 5,
+        "timeout_graceful_shutdown": 5,
+        "backlog": 1024,
+        **overrides,
+    }
+    return uvicorn.Config(app, **options)
 
 
 class ApiServer(uvicorn.Server):

@@ -10,16 +10,25 @@ rolls everything back, so the plan is what the engine would really do, and nothi
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from typing import Literal
 from uuid import UUID
 
 import asyncpg
 import msgspec
 
-from app.db import queries
+from app.db import policies, pools, reconcile
 from app.db.errors import EngineError
-from app.manifest import Change, FieldChange, Manifest, current_manifest, plan_changes
+from app.db.named import query
+from app.manifest import (
+    Change,
+    Manifest,
+    current_manifest,
+    merge_map,
+    new_text,
+    new_value,
+    plan_changes,
+)
 
 __all__ = ["Consequence", "Overcommit", "Plan", "apply_manifest"]
 
@@ -59,57 +68,6 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     overcommitted: list[Overcommit]
 
 
-_EVENTS = """
-SELECT e.request_id, r.subject, e.from_status, e.to_status, e.reason, e.message,
-       coalesce(r.pool_name, (SELECT string_agg(p.name, ',' ORDER BY p.name) FROM respool.pools p
-                               WHERE p.id = ANY (r.candidate_pool_ids))) AS pool
-  FROM respool.events e JOIN respool.requests r ON r.id = e.request_id
- WHERE e.id > $1 AND (r.pool_id = ANY ($2::uuid[]) OR r.candidate_pool_ids && $2::uuid[])
- ORDER BY e.id
-"""
-
-_OVERCOMMITTED = """
-SELECT pool, NULL::text AS subject, key, allocated AS used, capacity AS ceiling, 'capacity' AS kind
-  FROM respool.pool_usage
- WHERE pool = ANY ($1::text[]) AND capacity IS NOT NULL AND allocated > capacity
-UNION ALL
-SELECT pool, subject, key, used, "limit", 'limit'
-  FROM respool.policy_usage
- WHERE pool = ANY ($1::text[]) AND "limit" IS NOT NULL AND used > "limit"
- ORDER BY pool, subject NULLS FIRST, key
-"""
-
-
-def _as_map(
-    fields: Iterable[FieldChange], prefix: str, keep: Callable[[int, int], bool]
-) -> dict[str, int]:
-    """The ``prefix.key`` changes as an engine merge map (0 removes a key), filtered by
-    ``keep(old, new)``."""
-    out: dict[str, int] = {}
-    for f in fields:
-        if f.field.startswith(prefix + "."):
-            old, new = f.old or 0, f.new or 0
-            if keep(old, new):
-                out[f.field[len(prefix) + 1 :]] = new
-    return out
-
-
-def _scalar(fields: Iterable[FieldChange], name: str) -> object | None:
-    return next((f.new for f in fields if f.field == name), None)
-
-
-def _any(_old: int, _new: int) -> bool:
-    return True
-
-
-def _lower(old: int, new: int) -> bool:
-    return new < old
-
-
-def _higher(old: int, new: int) -> bool:
-    return new > old
-
-
 class _Runner:
     """Runs the changes in an order the engine accepts: deletions and lowered reservations
     first (they free reserved shares), then pools, then policy updates and creations."""
@@ -147,19 +105,19 @@ class _Runner:
         return str(self.policy_ids[c.label])
 
     async def _delete_policy(self, c: Change) -> None:
-        await queries.delete_policy(self.conn, self._policy(c), force=self.force)
+        await policies.delete_policy(self.conn, self._policy(c), force=self.force)
 
     async def _lower_reserved(self, c: Change) -> None:
-        lowered = _as_map(c.fields, "reserved", _lower)
+        lowered = merge_map(c.fields, "reserved", only="lowered")
         if lowered:
-            await queries.update_policy(self.conn, self._policy(c), reserved=lowered)
+            await policies.update_policy(self.conn, self._policy(c), reserved=lowered)
 
     async def _delete_pool(self, c: Change) -> None:
-        await queries.delete_pool(self.conn, c.pool, force=self.force)
+        await pools.delete_pool(self.conn, c.pool, force=self.force)
 
     async def _create_pool(self, c: Change) -> None:
         spec = self.specs[c.pool]
-        await queries.create_pool(
+        await pools.create_pool(
             self.conn,
             name=spec.name,
             capacity=spec.capacity,
@@ -169,25 +127,25 @@ class _Runner:
         )
 
     async def _update_pool(self, c: Change) -> None:
-        capacity = _as_map(c.fields, "capacity", _any)
-        grace = _scalar(c.fields, "preemption_grace_seconds")
-        await queries.update_pool(
+        capacity = merge_map(c.fields, "capacity")
+        grace = new_value(c.fields, "preemption_grace_seconds")
+        await pools.update_pool(
             self.conn,
             c.pool,
             capacity=capacity or None,
-            description=_str_or_none(_scalar(c.fields, "description")),
-            queueing=_str_or_none(_scalar(c.fields, "queueing")),
+            description=new_text(c.fields, "description"),
+            queueing=new_text(c.fields, "queueing"),
             preemption_grace_seconds=grace if isinstance(grace, int) else None,
         )
 
     async def _update_policy(self, c: Change) -> None:
-        reserved = _as_map(c.fields, "reserved", _higher)
-        limit = _as_map(c.fields, "limit", _any)
-        priority = _scalar(c.fields, "priority")
-        description = _str_or_none(_scalar(c.fields, "description"))
+        reserved = merge_map(c.fields, "reserved", only="raised")
+        limit = merge_map(c.fields, "limit")
+        priority = new_value(c.fields, "priority")
+        description = new_text(c.fields, "description")
         if not (reserved or limit or priority is not None or description is not None):
             return  # only lowered reservations, already applied
-        await queries.update_policy(
+        await policies.update_policy(
             self.conn,
             self._policy(c),
             priority=priority if isinstance(priority, int) else None,
@@ -198,7 +156,7 @@ class _Runner:
 
     async def _create_policy(self, c: Change) -> None:
         spec = next(p for p in self.specs[c.pool].policies if p.subject == c.subject)
-        await queries.create_policy(
+        await policies.create_policy(
             self.conn,
             subject=spec.subject,
             pool=c.pool,
@@ -209,15 +167,11 @@ class _Runner:
         )
 
 
-def _str_or_none(value: object | None) -> str | None:
-    return value if isinstance(value, str) else None
-
-
 async def _consequences(
     conn: asyncpg.Connection, after_event: int, pool_ids: list[UUID]
 ) -> list[Consequence]:
     by_request: dict[UUID, list[asyncpg.Record]] = {}
-    for row in await conn.fetch(_EVENTS, after_event, pool_ids):
+    for row in await conn.fetch(query("apply_events"), after_event, pool_ids):
         by_request.setdefault(row["request_id"], []).append(row)
     out = []
     for rid, rows in by_request.items():
@@ -238,28 +192,22 @@ async def _consequences(
     return out
 
 
-async def _overcommitted(conn: asyncpg.Connection, pools: list[str]) -> list[Overcommit]:
-    rows = await conn.fetch(_OVERCOMMITTED, pools)
+async def _overcommitted(conn: asyncpg.Connection, pool_names: list[str]) -> list[Overcommit]:
+    rows = await conn.fetch(query("apply_overcommitted"), pool_names)
     return [msgspec.convert(dict(r), Overcommit) for r in rows]
 
 
 async def _reconcile(conn: asyncpg.Connection, pool_names: list[str]) -> None:
     """Run the reconciler's pass (expiry, shrink and limit enforcement, reclaim) on each pool."""
-    ids = await conn.fetch(
-        "SELECT id FROM respool.pools WHERE name = ANY ($1::text[]) ORDER BY id", pool_names
-    )
-    for row in ids:
-        await queries.reconcile_pool(conn, row["id"])  # this transaction holds the pool
+    for row in await conn.fetch(query("pool_ids_by_name"), pool_names):
+        await reconcile.reconcile_pool(conn, row["id"])  # this transaction holds the pool
 
 
 async def _lock(conn: asyncpg.Connection, manifest: Manifest, prune: bool) -> list[UUID]:
     """Lock (in id order) every existing pool the apply may touch; returns their ids."""
     names = [p.name for p in manifest.pools]
-    rows = await conn.fetch(
-        "SELECT id FROM respool.pools WHERE $2 OR name = ANY ($1::text[]) ORDER BY id", names, prune
-    )
-    ids = [r["id"] for r in rows]
-    await conn.execute("SELECT respool._lock_pools($1::uuid[])", ids)
+    ids = [r["id"] for r in await conn.fetch(query("apply_pools_to_lock"), names, prune)]
+    await conn.execute(query("lock_pools"), ids)
     return ids
 
 
@@ -278,10 +226,11 @@ async def apply_manifest(
     await tx.start()
     try:
         locked = await _lock(conn, manifest, prune)
-        after_event = int(await conn.fetchval("SELECT coalesce(max(id), 0) FROM respool.events"))
-        pools, policies = await queries.list_pools(conn), await queries.list_policies(conn)
-        changes = plan_changes(current_manifest(pools, policies), manifest, prune=prune)
-        ids = {f"{p.pool}/{p.subject}": p.id for p in policies}
+        after_event = int(await conn.fetchval(query("last_event_id")))
+        have_pools = await pools.list_pools(conn)
+        have_policies = await policies.list_policies(conn)
+        changes = plan_changes(current_manifest(have_pools, have_policies), manifest, prune=prune)
+        ids = {f"{p.pool}/{p.subject}": p.id for p in have_policies}
         await _Runner(conn, manifest, ids, force).run(changes)
         touched = sorted(
             {c.pool for c in changes if not (c.kind == "pool" and c.action == "delete")}

@@ -9,6 +9,9 @@ from typing import Any
 import asyncpg
 import msgspec
 
+from app.db.dsn import primary_only
+from app.db.named import query
+
 __all__ = [
     "ACQUIRE_TIMEOUT",
     "APP_API",
@@ -19,11 +22,15 @@ __all__ = [
     "BoundedPool",
     "Connection",
     "DeadConnectionError",
+    "NotPrimaryError",
+    "ServerRole",
     "connect",
     "create_pool",
     "init_connection",
     "is_dead_connection",
+    "probe",
     "own_backend_pids",
+    "server_role",
 ]
 
 # application_name values, visible in pg_stat_activity (SPEC §8).
@@ -153,18 +160,52 @@ async def init_connection(conn: asyncpg.Connection) -> None:
         )
 
 
+class NotPrimaryError(ConnectionError):
+    """The server is a standby (``pg_is_in_recovery()``): reconnect until on the primary."""
+
+
+class ServerRole(msgspec.Struct, frozen=True):
+    """Which server a connection is on and whether it is the primary."""
+
+    node: str  # host:port as the server sees it
+    primary: bool
+
+
+async def server_role(conn: asyncpg.Connection) -> ServerRole:
+    """The server ``conn`` talks to: its address and whether it accepts writes."""
+    row = await conn.fetchrow(query("server_role"))
+    assert row is not None
+    node = f"{row['addr']}:{row['port']}" if row["addr"] else "local socket"
+    return ServerRole(node=node, primary=not row["standby"])
+
+
 async def connect(
-    dsn: str, *, application_name: str, connect_timeout: float = 10.0
+    dsn: str, *, application_name: str, connect_timeout: float = 10.0, primary: bool = False
 ) -> asyncpg.Connection:
-    """Open one connection to ``dsn`` tagged with ``application_name``."""
-    conn: asyncpg.Connection = await asyncpg.connect(
-        dsn,
-        timeout=connect_timeout,
-        server_settings={**SERVER_SETTINGS, "application_name": application_name},
-        connection_class=Connection,
-    )
+    """Open one connection to ``dsn`` tagged with ``application_name``.
+
+    ``primary``: check that the server is the primary (not in recovery) and raise
+    :class:`NotPrimaryError` if not, so a long-lived connection (the listener, the reconciler)
+    never settles on a standby after a failover. A multi-host DSN prefers the primary anyway
+    (:func:`app.db.dsn.primary_only`).
+    """
+    try:
+        conn: asyncpg.Connection = await asyncpg.connect(
+            dsn,
+            timeout=connect_timeout,
+            server_settings={**SERVER_SETTINGS, "application_name": application_name},
+            connection_class=Connection,
+            **primary_only(dsn),
+        )
+    except asyncpg.exceptions.TargetServerAttributeNotMatched as exc:
+        # Mid-failover no host accepts writes yet: a connection error like any other.
+        raise NotPrimaryError(str(exc)) from exc
     try:
         await init_connection(conn)
+        if primary:
+            role = await server_role(conn)
+            if not role.primary:
+                raise NotPrimaryError(f"{role.node} is a standby (in recovery)")
     except BaseException:
         await conn.close()
         raise
@@ -283,5 +324,11 @@ async def create_pool(
         connection_class=Connection,
         record_class=asyncpg.Record,
         server_settings={**SERVER_SETTINGS, "application_name": application_name},
+        **primary_only(dsn),
     )
     return pool
+
+
+async def probe(conn: asyncpg.Connection, *, timeout: float | None = None) -> None:  # noqa: ASYNC109
+    """One round trip (``sql/queries/connect.sql``); raises when the connection is dead."""
+    await conn.execute(query("connection_probe"), timeout=timeout)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit, urlunsplit
+import os
+from typing import Any
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from app.settings import Settings
 
-__all__ = ["resolve_database_url", "redact_dsn", "with_database"]
+__all__ = ["hosts", "primary_only", "redact_dsn", "resolve_database_url", "with_database"]
 
 
 def resolve_database_url(settings: Settings) -> str:
@@ -37,3 +39,30 @@ def with_database(dsn: str, database: str) -> str:
     if parts.scheme not in ("postgres", "postgresql"):
         raise ValueError("expected a postgresql:// URI")
     return urlunsplit(parts._replace(path="/" + database))
+
+
+def hosts(dsn: str) -> list[str]:
+    """The ``host[:port]`` entries of a URI DSN (several for a multi-host DSN, in order)."""
+    try:
+        netloc = urlsplit(dsn).netloc
+    except ValueError:
+        return []
+    return [h for h in netloc.rpartition("@")[2].split(",") if h]
+
+
+def primary_only(dsn: str) -> dict[str, Any]:
+    """Connect options that keep a multi-host DSN on the primary.
+
+    A DSN that lists several hosts (``postgresql://h1:p1,h2:p2/db``) and says nothing about
+    ``target_session_attrs`` (nor does ``PGTARGETSESSIONATTRS``) gets ``read-write``: respool
+    writes, so a standby is never the right server. An explicit setting is kept as written.
+    """
+    if len(hosts(dsn)) < 2 or os.environ.get("PGTARGETSESSIONATTRS"):
+        return {}
+    try:
+        query = parse_qs(urlsplit(dsn).query)
+    except ValueError:
+        return {}
+    if "target_session_attrs" in query:
+        return {}
+    return {"target_session_attrs": "read-write"}

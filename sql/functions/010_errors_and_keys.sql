@@ -11,6 +11,20 @@ END $$;
 COMMENT ON FUNCTION respool._fail(text, text, text) IS
     'Raises an expected error: SQLSTATE p_code, the field in COLUMN, a one-line message.';
 
+CREATE OR REPLACE FUNCTION respool._absent_object(p_value jsonb, p_field text, p_message text)
+RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_value IS NULL OR p_value = 'null'::jsonb THEN
+        RETURN true;
+    END IF;
+    IF jsonb_typeof(p_value) <> 'object' THEN
+        PERFORM respool._fail('RP400', p_field, p_message);
+    END IF;
+    RETURN false;
+END $$;
+COMMENT ON FUNCTION respool._absent_object(jsonb, text, text) IS
+    'The shared first check of an optional JSON object argument: true when absent (SQL or JSON null), false when an object; RP400 naming p_field with p_message otherwise.';
+
 CREATE OR REPLACE FUNCTION respool._is_soft_key(p_key text)
 RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT p_key IN ('mcpu', 'memory_mb', 'step_run')
@@ -56,11 +70,8 @@ DECLARE
     result jsonb := '{}';
     n bigint;
 BEGIN
-    IF p_map IS NULL OR p_map = 'null'::jsonb THEN
+    IF respool._absent_object(p_map, p_field, format('%s must be an object of key: integer', p_field)) THEN
         RETURN '{}';
-    END IF;
-    IF jsonb_typeof(p_map) <> 'object' THEN
-        PERFORM respool._fail('RP400', p_field, format('%s must be an object of key: integer', p_field));
     END IF;
     IF (SELECT count(*) FROM jsonb_object_keys(p_map)) > 64 THEN
         PERFORM respool._fail('RP400', p_field, format('%s has more than 64 keys', p_field));
@@ -114,11 +125,8 @@ DECLARE
     cpu numeric;
     result jsonb;
 BEGIN
-    IF p_settings IS NULL OR p_settings = 'null'::jsonb THEN
+    IF respool._absent_object(p_settings, 'settings', 'settings must be an object') THEN
         RETURN '{}';
-    END IF;
-    IF jsonb_typeof(p_settings) <> 'object' THEN
-        PERFORM respool._fail('RP400', 'settings', 'settings must be an object');
     END IF;
     FOR k IN SELECT jsonb_object_keys(p_settings) LOOP
         IF k NOT IN ('gpu_count', 'cpu_count', 'memory', 'pool_resources') THEN

@@ -21,16 +21,17 @@ DECLARE
     ids uuid[];
     labels text[];
 BEGIN
-    SELECT array_agg(id) INTO ids FROM respool.pools WHERE name = p_ref;
-    IF ids IS NULL AND p_ref ~* '^[0-9a-f-]{4,36}$' THEN
-        SELECT array_agg(id ORDER BY name), array_agg(name || ' (' || id || ')' ORDER BY name)
-          INTO ids, labels
-          FROM respool.pools WHERE id::text LIKE lower(p_ref) || '%';
-    END IF;
+    -- A name match and an id-prefix match of another pool are ambiguous (SPEC §2), never
+    -- resolved silently: candidates are every pool matching either way.
+    SELECT array_agg(id ORDER BY name), array_agg(name || ' (' || id || ')' ORDER BY name)
+      INTO ids, labels
+      FROM respool.pools
+     WHERE name = p_ref
+        OR (p_ref ~* '^[0-9a-f-]{4,36}$' AND id::text LIKE lower(p_ref) || '%');
     RETURN respool._resolve_ref('pool', p_ref, coalesce(ids, '{}'), labels);
 END $$;
 COMMENT ON FUNCTION respool.resolve_pool(text) IS
-    'Pool id for a name, a full id or a unique id prefix of >= 4 hex chars (name wins).';
+    'Pool id for a name, a full id or a unique id prefix of >= 4 hex chars; RP400 listing the candidates when the ref is one pool''s name and another''s id prefix.';
 
 CREATE OR REPLACE FUNCTION respool.resolve_policy(p_ref text)
 RETURNS uuid LANGUAGE plpgsql STABLE AS $$
@@ -55,3 +56,11 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION respool._lock_pools(uuid[]) IS
     'Locks pool rows in id order: the first step of every change that moves units, so no two transactions deadlock.';
+
+CREATE OR REPLACE FUNCTION respool.lock_pools(p_pool_ids uuid[])
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM respool._lock_pools(p_pool_ids);
+END $$;
+COMMENT ON FUNCTION respool.lock_pools(uuid[]) IS
+    'Public entry for callers outside SQL (a manifest apply): locks the given pool rows FOR NO KEY UPDATE in id order, the order every engine function uses, so the caller''s transaction cannot deadlock with them; unknown ids are ignored. Held until the transaction ends.';

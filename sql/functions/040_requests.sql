@@ -1,12 +1,32 @@
 -- Resource requests: create (with idempotency), read, release, cancel, heartbeat, delete, expire.
 
-CREATE OR REPLACE FUNCTION respool.request_json(p_id uuid)
+DROP FUNCTION IF EXISTS respool._request_json(uuid, jsonb);
+
+CREATE OR REPLACE FUNCTION respool._request_doc(r respool.requests, p_position bigint, p_message text,
+                                                p_eta jsonb)
+RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_build_object(
+        'id', r.id, 'subject', r.subject, 'pool', r.pool_name, 'pool_id', r.pool_id,
+        'policy_id', r.policy_id, 'resources', r.resources, 'preemptible', r.preemptible,
+        'priority', r.priority, 'status', r.status, 'reason', r.reason, 'message', coalesce(p_message, ''),
+        'queue_position', p_position, 'attempt', r.attempt, 'max_retries', r.max_retries,
+        'lease_seconds', r.lease_seconds, 'lease_expires_at', r.lease_expires_at,
+        'preempt_deadline', r.preempt_deadline, 'idempotency_key', r.idempotency_key,
+        'labels', r.labels, 'version', r.version, 'created_at', r.created_at,
+        'updated_at', r.updated_at, 'allocated_at', r.allocated_at, 'finished_at', r.finished_at,
+        'max_seconds', r.max_seconds, 'run_deadline', r.run_deadline, 'eta', p_eta)
+$$;
+COMMENT ON FUNCTION respool._request_doc(respool.requests, bigint, text, jsonb) IS
+    'The one JSON shape of a request as the API shows it, from its row and the computed queue position, message (NULL: empty) and ETA: shared by the one-request read and the page read, so both give the same document.';
+
+CREATE OR REPLACE FUNCTION respool._request_json(p_id uuid)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 DECLARE
     r respool.requests;
     v_position bigint;
     v_message text;
     v_pools integer;
+    v_eta jsonb;
 BEGIN
     SELECT * INTO r FROM respool.requests WHERE id = p_id;
     IF NOT FOUND THEN
@@ -14,6 +34,8 @@ BEGIN
     END IF;
     v_message := r.message;
     IF r.status = 'queued' THEN
+        -- One request on its own: positions by counting what is ahead (_queue_position), the ETA
+        -- simulation stopped at it. respool._queued_details gives the same for a page at once.
         SELECT count(*) INTO v_pools FROM respool.queue_entries WHERE request_id = r.id;
         SELECT min(o.position),
                string_agg(CASE WHEN v_pools > 1 THEN pl.name || ': ' ELSE '' END
@@ -22,7 +44,9 @@ BEGIN
                                   ELSE coalesce(respool._blocker(r.resources, r.preemptible, e.pool_id, e.policy_id),
                                                 CASE WHEN respool._earmark_blocks(r, e.pool_id)
                                                      THEN 'waiting: freed units are earmarked for a request that preempted others'
-                                                     ELSE 'fits, waiting for its turn' END) END
+                                                     -- [SPEC §11.1] the starvation guard holds it back
+                                                     ELSE coalesce(respool._held_back(e.pool_id, r, now()),
+                                                                   'fits, waiting for its turn') END) END
                           || CASE WHEN o.position > 1 THEN format('; %s ahead', o.position - 1) ELSE '' END,
                           ' | ' ORDER BY p.priority DESC, pl.name)
           INTO v_position, v_message
@@ -31,19 +55,19 @@ BEGIN
           JOIN respool.policies p ON p.id = e.policy_id
          CROSS JOIN LATERAL (SELECT respool._queue_position(e.pool_id, r.id) AS position OFFSET 0) o
          WHERE e.request_id = r.id;
+        v_eta := respool._request_eta(r.id, now());  -- [SPEC §11.4]
     END IF;
-    RETURN jsonb_build_object(
-        'id', r.id, 'subject', r.subject, 'pool', r.pool_name, 'pool_id', r.pool_id,
-        'policy_id', r.policy_id, 'resources', r.resources, 'preemptible', r.preemptible,
-        'priority', r.priority, 'status', r.status, 'reason', r.reason, 'message', coalesce(v_message, ''),
-        'queue_position', v_position, 'attempt', r.attempt, 'max_retries', r.max_retries,
-        'lease_seconds', r.lease_seconds, 'lease_expires_at', r.lease_expires_at,
-        'preempt_deadline', r.preempt_deadline, 'idempotency_key', r.idempotency_key,
-        'labels', r.labels, 'version', r.version, 'created_at', r.created_at,
-        'updated_at', r.updated_at, 'allocated_at', r.allocated_at, 'finished_at', r.finished_at);
+    RETURN respool._request_doc(r, v_position, v_message, v_eta);
 END $$;
+COMMENT ON FUNCTION respool._request_json(uuid) IS
+    'A request as the API shows it; for a queued one, its best queue position, what blocks it (or the starvation hold) and its ETA, computed now for this request alone.';
+
+CREATE OR REPLACE FUNCTION respool.request_json(p_id uuid)
+RETURNS jsonb LANGUAGE sql STABLE AS $$
+    SELECT respool._request_json(p_id)
+$$;
 COMMENT ON FUNCTION respool.request_json(uuid) IS
-    'A request as the API shows it; for a queued one, its best queue position and what blocks it, computed now.';
+    'A request as the API shows it; for a queued one, its best queue position, what blocks it (or the starvation hold) and its ETA, computed now.';
 
 CREATE OR REPLACE FUNCTION respool.get_request(p_id uuid)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
@@ -63,11 +87,8 @@ DECLARE
     k text;
     v jsonb;
 BEGIN
-    IF p_labels IS NULL OR p_labels = 'null'::jsonb THEN
+    IF respool._absent_object(p_labels, 'labels', 'labels must be an object of string: string') THEN
         RETURN '{}';
-    END IF;
-    IF jsonb_typeof(p_labels) <> 'object' THEN
-        PERFORM respool._fail('RP400', 'labels', 'labels must be an object of string: string');
     END IF;
     IF (SELECT count(*) FROM jsonb_object_keys(p_labels)) > 64 THEN
         PERFORM respool._fail('RP400', 'labels', 'labels has more than 64 entries');
@@ -106,6 +127,7 @@ CREATE OR REPLACE FUNCTION respool.create_request(
     p_idempotency_key text DEFAULT NULL,
     p_labels jsonb DEFAULT NULL,
     p_now timestamptz DEFAULT now(),
+    p_max_seconds integer DEFAULT NULL,
     OUT created boolean,
     OUT request jsonb)
 LANGUAGE plpgsql AS $$
@@ -121,7 +143,6 @@ DECLARE
     v_names text[] := '{}';
     r respool.requests;
     c record;
-    rej record;
 BEGIN
     IF p_subject IS NULL OR p_subject !~ '^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,127}$' THEN
         PERFORM respool._fail('RP400', 'subject', 'subject must match ^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,127}$');
@@ -132,13 +153,19 @@ BEGIN
     IF p_lease_seconds IS NOT NULL AND p_lease_seconds NOT BETWEEN 1 AND 31536000 THEN
         PERFORM respool._fail('RP400', 'lease_seconds', 'lease_seconds must be between 1 and 31536000 (or null for no lease)');
     END IF;
+    IF p_max_seconds IS NOT NULL AND p_max_seconds NOT BETWEEN 1 AND 31536000 THEN
+        PERFORM respool._fail('RP400', 'max_seconds', 'max_seconds must be between 1 and 31536000 (or null for no cap)');
+    END IF;
     IF p_idempotency_key IS NOT NULL AND length(p_idempotency_key) NOT BETWEEN 1 AND 200 THEN
         PERFORM respool._fail('RP400', 'idempotency_key', 'idempotency_key must have 1 to 200 characters');
     END IF;
     v_resources := respool.build_resources(p_resources, p_settings);
     v_labels := respool._labels(p_labels);
     v_body := jsonb_build_object('pool', p_pool, 'resources', v_resources, 'preemptible', coalesce(p_preemptible, true),
-                                 'max_retries', p_max_retries, 'lease_seconds', p_lease_seconds, 'labels', v_labels);
+                                 'max_retries', p_max_retries, 'lease_seconds', p_lease_seconds, 'labels', v_labels)
+              -- max_seconds only when set, so bodies stored before it existed still compare equal
+              || CASE WHEN p_max_seconds IS NOT NULL THEN jsonb_build_object('max_seconds', p_max_seconds)
+                      ELSE '{}' END;
 
     IF p_idempotency_key IS NOT NULL THEN
         SELECT * INTO r FROM respool.requests WHERE subject = p_subject AND idempotency_key = p_idempotency_key;
@@ -157,17 +184,13 @@ BEGIN
     v_all := coalesce(v_all, '{}');
     -- Validate under the pool locks, so a concurrent capacity or policy change cannot slip between.
     PERFORM respool._lock_pools(v_all);
-    FOR c IN SELECT p.id AS policy_id, p.pool_id, pl.name
-               FROM respool.policies p JOIN respool.pools pl ON pl.id = p.pool_id
-              WHERE p.subject = p_subject AND p.pool_id = ANY (v_all)
-              ORDER BY p.priority DESC, pl.name LOOP
-        v_names := v_names || c.name;
-        rej := respool._rejection(v_resources, coalesce(p_preemptible, true), c.pool_id, c.policy_id);
-        IF rej.reason IS NULL THEN
+    FOR c IN SELECT * FROM respool._candidate_rejections(p_subject, v_all, v_resources, coalesce(p_preemptible, true)) LOOP
+        v_names := v_names || c.pool_name;
+        IF c.reason IS NULL THEN
             v_ok := v_ok || c.pool_id;
         ELSE
-            v_first_reason := coalesce(v_first_reason, rej.reason);
-            v_messages := v_messages || rej.message;
+            v_first_reason := coalesce(v_first_reason, c.reason);
+            v_messages := v_messages || c.message;
         END IF;
     END LOOP;
     IF cardinality(v_names) = 0 THEN
@@ -179,7 +202,7 @@ BEGIN
 
     INSERT INTO respool.requests (subject, pool_ref, pool_id, pool_name, candidate_pool_ids, resources,
                                   preemptible, priority, status, reason, message, max_retries, lease_seconds,
-                                  idempotency_key, request_body, labels, queued_at, created_at, updated_at,
+                                  max_seconds, idempotency_key, request_body, labels, queued_at, created_at, updated_at,
                                   finished_at)
     VALUES (p_subject, p_pool,
             CASE WHEN cardinality(v_all) = 1 THEN v_all[1] ELSE v_pool_id END,
@@ -191,7 +214,7 @@ BEGIN
             CASE WHEN cardinality(v_ok) = 0 THEN 'rejected' ELSE 'queued' END,
             CASE WHEN cardinality(v_ok) = 0 THEN v_first_reason END,
             CASE WHEN cardinality(v_ok) = 0 THEN array_to_string(v_messages, '; ') ELSE '' END,
-            p_max_retries, p_lease_seconds, p_idempotency_key, v_body, v_labels, p_now, p_now, p_now,
+            p_max_retries, p_lease_seconds, p_max_seconds, p_idempotency_key, v_body, v_labels, p_now, p_now, p_now,
             CASE WHEN cardinality(v_ok) = 0 THEN p_now END)
     ON CONFLICT ON CONSTRAINT idempotency DO NOTHING
     RETURNING * INTO r;
@@ -216,8 +239,10 @@ BEGIN
                    JOIN respool.policies p ON p.id = e.policy_id
                   WHERE e.request_id = r.id
                   ORDER BY p.priority DESC, pl.name LOOP
-            -- best_effort: every earlier request already had its chance, so only the new one can move.
-            IF c.queueing = 'strict' THEN
+            -- best_effort, no hold: every earlier request already had its chance, so only the new one can move.
+            -- [SPEC §11.1] while a best_effort pool holds for a starving head, the new request
+            -- may become the head (ending that hold) or be held back: a full pass decides.
+            IF c.queueing = 'strict' OR (respool._pool_hold(c.pool_id, p_now)).head_id IS NOT NULL THEN
                 PERFORM respool.allocate_pool(c.pool_id, p_now);
             ELSE
                 PERFORM respool._try_grant(r.id, c.pool_id, c.policy_id, p_now);
@@ -231,8 +256,8 @@ BEGIN
     created := true;
     request := respool.request_json(r.id);
 END $$;
-COMMENT ON FUNCTION respool.create_request(text, text, jsonb, jsonb, boolean, integer, integer, text, jsonb, timestamptz) IS
-    'Creates a request in one transaction: validates and converts input, claims the idempotency key (the same request on a retry, RP422 on another body), resolves candidate pools, stores a rejection or queues it, then tries to grant it at once in candidate order.';
+COMMENT ON FUNCTION respool.create_request(text, text, jsonb, jsonb, boolean, integer, integer, text, jsonb, timestamptz, integer) IS
+    'Creates a request in one transaction: validates and converts input, claims the idempotency key (the same request on a retry, RP422 on another body), resolves candidate pools, stores a rejection or queues it, then tries to grant it at once in candidate order (unless a best_effort pool holds for a starving head, SPEC §11.1).';
 
 CREATE OR REPLACE FUNCTION respool._lock_request(p_id uuid, p_attempt integer)
 RETURNS respool.requests LANGUAGE plpgsql AS $$
@@ -263,13 +288,16 @@ BEGIN
     WITH gone AS (DELETE FROM respool.queue_entries WHERE request_id = p_id RETURNING pool_id)
     SELECT array_agg(pool_id) INTO v_pools FROM gone;
     PERFORM respool._set_status(p_id, p_to, p_reason, p_message, p_now);
-    -- In a strict pool the request may have been the head that blocked everyone else.
-    FOR v_pool IN SELECT id FROM respool.pools WHERE id = ANY (v_pools) AND queueing = 'strict' ORDER BY id LOOP
+    -- In a strict pool the request may have been the head that blocked everyone else; in a
+    -- best_effort pool with the starvation guard, the head the pool held units for (SPEC §11.1).
+    FOR v_pool IN SELECT id FROM respool.pools
+                   WHERE id = ANY (v_pools) AND (queueing = 'strict' OR starvation_seconds IS NOT NULL)
+                   ORDER BY id LOOP
         PERFORM respool.allocate_pool(v_pool, p_now);
     END LOOP;
 END $$;
 COMMENT ON FUNCTION respool._leave_queue(uuid, text, text, text, timestamptz) IS
-    'Takes a locked queued request out of every queue with a terminal status, then lets strict queues behind it move.';
+    'Takes a locked queued request out of every queue with a terminal status, then lets strict queues behind it move (and best_effort queues whose starvation hold it may have been).';
 
 CREATE OR REPLACE FUNCTION respool._end_holding(p_id uuid, p_to text, p_reason text, p_message text, p_now timestamptz)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -288,47 +316,61 @@ END $$;
 COMMENT ON FUNCTION respool._end_holding(uuid, text, text, text, timestamptz) IS
     'Frees a locked allocated/preempting request, sets its final status (a preempting one becomes preempted), and grants what now fits in its pool.';
 
-CREATE OR REPLACE FUNCTION respool.release_request(p_id uuid, p_attempt integer DEFAULT NULL,
-                                                   p_now timestamptz DEFAULT now())
+CREATE OR REPLACE FUNCTION respool._end_request(p_id uuid, p_attempt integer, p_status text,
+                                                p_reason text, p_message text,
+                                                p_queued_reason text, p_queued_message text,
+                                                p_now timestamptz)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     r respool.requests := respool._lock_request(p_id, p_attempt);
 BEGIN
     IF r.status IN ('allocated', 'preempting') THEN
-        PERFORM respool._end_holding(p_id, 'released', NULL, '', p_now);
+        PERFORM respool._end_holding(p_id, p_status, p_reason, p_message, p_now);
     ELSIF r.status = 'queued' THEN
-        PERFORM respool._leave_queue(p_id, 'cancelled', 'released_while_queued', 'released before it was allocated', p_now);
+        PERFORM respool._leave_queue(p_id, 'cancelled', p_queued_reason, p_queued_message, p_now);
     END IF;
     RETURN respool.request_json(p_id);
 END $$;
+COMMENT ON FUNCTION respool._end_request(uuid, integer, text, text, text, text, text, timestamptz) IS
+    'Release and cancel in one place: a holding request (attempt fenced) ends as p_status (preempting -> preempted) with its units freed and what fits granted; a queued one becomes cancelled with p_queued_reason; a terminal one is unchanged. Returns the request''s JSON.';
+
+CREATE OR REPLACE FUNCTION respool.release_request(p_id uuid, p_attempt integer DEFAULT NULL,
+                                                   p_now timestamptz DEFAULT now())
+RETURNS jsonb LANGUAGE sql AS $$
+    SELECT respool._end_request(p_id, p_attempt, 'released', NULL, '',
+                                'released_while_queued', 'released before it was allocated', p_now)
+$$;
 COMMENT ON FUNCTION respool.release_request(uuid, integer, timestamptz) IS
     'allocated -> released (preempting -> preempted), queued -> cancelled, terminal unchanged; frees units and grants what fits in the same transaction.';
 
 CREATE OR REPLACE FUNCTION respool.cancel_request(p_id uuid, p_attempt integer DEFAULT NULL,
                                                   p_now timestamptz DEFAULT now())
-RETURNS jsonb LANGUAGE plpgsql AS $$
-DECLARE
-    r respool.requests := respool._lock_request(p_id, p_attempt);
-BEGIN
-    IF r.status IN ('allocated', 'preempting') THEN
-        PERFORM respool._end_holding(p_id, 'cancelled', 'cancelled', 'cancelled by the client', p_now);
-    ELSIF r.status = 'queued' THEN
-        PERFORM respool._leave_queue(p_id, 'cancelled', 'cancelled', 'cancelled by the client', p_now);
-    END IF;
-    RETURN respool.request_json(p_id);
-END $$;
+RETURNS jsonb LANGUAGE sql AS $$
+    SELECT respool._end_request(p_id, p_attempt, 'cancelled', 'cancelled', 'cancelled by the client',
+                                'cancelled', 'cancelled by the client', p_now)
+$$;
 COMMENT ON FUNCTION respool.cancel_request(uuid, integer, timestamptz) IS
     'queued/allocated/preempting -> cancelled (units freed, the queue moves); terminal unchanged.';
 
+-- The signature grew p_lease_seconds (0008), last so that positional calls keep working: drop
+-- the old one, or calls by name would be ambiguous.
+DROP FUNCTION IF EXISTS respool.heartbeat_request(uuid, integer, timestamptz);
 CREATE OR REPLACE FUNCTION respool.heartbeat_request(p_id uuid, p_attempt integer DEFAULT NULL,
-                                                     p_now timestamptz DEFAULT now())
+                                                     p_now timestamptz DEFAULT now(),
+                                                     p_lease_seconds integer DEFAULT NULL)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     r respool.requests;
+    v_seconds integer;
 BEGIN
+    IF p_lease_seconds IS NOT NULL AND p_lease_seconds NOT BETWEEN 1 AND 31536000 THEN
+        PERFORM respool._fail('RP400', 'lease_seconds', 'lease_seconds must be between 1 and 31536000');
+    END IF;
     SELECT * INTO r FROM respool.requests WHERE id = p_id;
-    IF FOUND AND r.status = 'allocated' AND r.lease_expires_at <= p_now THEN
+    IF FOUND AND r.status = 'allocated' AND r.lease_expires_at <= p_now
+       AND respool.leases_may_lapse() THEN
         -- The lease already lapsed: expire it now rather than revive it (no double use).
+        -- Not while respool looks down (an outage): the lapse was ours, the lease is extended.
         r := respool._lock_request(p_id, p_attempt);
         IF r.status = 'allocated' AND r.lease_expires_at <= p_now THEN
             PERFORM respool._end_holding(p_id, 'expired', 'lease_expired',
@@ -339,26 +381,35 @@ BEGIN
     IF NOT FOUND THEN
         PERFORM respool._fail('RP404', 'id', format('request %s not found', p_id));
     END IF;
-    -- No FOR UPDATE here: a lock on a queued request would make a concurrent allocation pass
-    -- skip it (SKIP LOCKED; a strict pool stops there). Only the lease UPDATE locks the row,
-    -- and only while it is still allocated on the same attempt.
-    IF r.status = 'allocated' AND r.lease_seconds IS NOT NULL
-       AND (p_attempt IS NULL OR p_attempt = r.attempt) THEN
-        UPDATE respool.requests SET lease_expires_at = p_now + make_interval(secs => lease_seconds),
-                                    updated_at = p_now
-         WHERE id = p_id AND status = 'allocated' AND attempt = r.attempt;
-        IF NOT FOUND THEN
-            SELECT * INTO r FROM respool.requests WHERE id = p_id;  -- it moved on meanwhile
-        END IF;
-    END IF;
     IF p_attempt IS NOT NULL AND p_attempt <> r.attempt THEN
         PERFORM respool._fail('RP409', 'attempt', format(
             'stale attempt %s: request %s is on attempt %s', p_attempt, p_id, r.attempt));
     END IF;
+    v_seconds := coalesce(p_lease_seconds, r.lease_seconds);
+    -- No FOR UPDATE here: a lock on a queued request would make a concurrent allocation pass
+    -- skip it (SKIP LOCKED; a strict pool stops there). Only the lease UPDATE locks the row,
+    -- and only while it is still allocated on the same attempt.
+    IF r.status = 'allocated' AND v_seconds IS NOT NULL THEN
+        UPDATE respool.requests SET lease_expires_at = p_now + make_interval(secs => v_seconds),
+                                    updated_at = p_now
+         WHERE id = p_id AND status = 'allocated' AND attempt = r.attempt;
+        IF NOT FOUND THEN
+            SELECT * INTO r FROM respool.requests WHERE id = p_id;  -- it moved on meanwhile
+            IF p_attempt IS NOT NULL AND p_attempt <> r.attempt THEN
+                PERFORM respool._fail('RP409', 'attempt', format(
+                    'stale attempt %s: request %s is on attempt %s', p_attempt, p_id, r.attempt));
+            END IF;
+        END IF;
+    ELSIF r.status = 'queued' AND v_seconds IS NOT NULL THEN
+        -- The queue lease lives in its own row (0008): the request row stays unlocked.
+        INSERT INTO respool.queue_leases AS l (request_id, attempt, expires_at)
+        VALUES (p_id, r.attempt, p_now + make_interval(secs => v_seconds))
+        ON CONFLICT (request_id) DO UPDATE SET attempt = excluded.attempt, expires_at = excluded.expires_at;
+    END IF;
     RETURN respool.request_json(p_id);
 END $$;
-COMMENT ON FUNCTION respool.heartbeat_request(uuid, integer, timestamptz) IS
-    'Extends an allocated request''s lease (locks only the request row, and only to extend it); a lapsed lease is expired instead; returns the request so a preempted step learns it.';
+COMMENT ON FUNCTION respool.heartbeat_request(uuid, integer, timestamptz, integer) IS
+    'Heartbeat (SPEC §6). Allocated: the lease becomes now + p_lease_seconds (default: the request''s lease_seconds), locking only the request row; a lapsed lease is expired instead, never revived. Queued: sets the queue lease (respool.queue_leases) to now + that many seconds without locking the request; when it lapses the reconciler cancels the request (abandoned). RP400 for a bad p_lease_seconds, RP409 for a stale p_attempt; returns the request so a preempted step learns it.';
 
 CREATE OR REPLACE FUNCTION respool.delete_request(p_id uuid)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -373,7 +424,7 @@ BEGIN
     END IF;
     DELETE FROM respool.requests WHERE id = p_id;
 END $$;
-COMMENT ON FUNCTION respool.delete_request(uuid) IS 'Deletes a terminal request and its events; RP409 while it is queued or holds units.';
+COMMENT ON FUNCTION respool.delete_request(uuid) IS 'Deletes a terminal request; its events stay (SPEC §8, append-only; only retention removes them); RP409 while it is queued or holds units.';
 
 CREATE OR REPLACE FUNCTION respool._expire_pool(p_pool_id uuid, p_now timestamptz)
 RETURNS integer LANGUAGE plpgsql AS $$
@@ -428,16 +479,27 @@ BEGIN
     IF p_pool IS NOT NULL THEN
         v_pool_id := respool.resolve_pool(p_pool);
     END IF;
+    -- Positions, messages and ETAs for the whole page at once (respool._queued_details: each
+    -- involved pool computed once, each shape's blocker once; issue 15), the same answers as
+    -- respool.request_json gives one request at a time.
     RETURN coalesce((
-        SELECT jsonb_agg(respool.request_json(q.id) ORDER BY q.created_at DESC, q.id DESC)
-          FROM (SELECT r.id, r.created_at FROM respool.requests r
+        WITH page AS MATERIALIZED (
+               SELECT r AS req, r.id, r.created_at, r.status FROM respool.requests r
                  WHERE (v_pool_id IS NULL OR r.pool_id = v_pool_id OR v_pool_id = ANY (r.candidate_pool_ids))
                    AND (p_subject IS NULL OR r.subject = p_subject)
                    AND (p_status IS NULL OR r.status = p_status)
                    AND (p_subject_like IS NULL OR r.subject LIKE ANY (p_subject_like))
                    AND (p_before_created IS NULL OR (r.created_at, r.id) < (p_before_created, p_before_id))
                  ORDER BY r.created_at DESC, r.id DESC
-                 LIMIT p_limit) q), '[]'::jsonb);
+                 LIMIT p_limit),
+             details AS MATERIALIZED (
+               SELECT d.request_id, d.queue_position, d.message, d.eta
+                 FROM respool._queued_details(ARRAY(SELECT id FROM page WHERE status = 'queued'), now()) d)
+        SELECT jsonb_agg(respool._request_doc(q.req, d.queue_position,
+                                              CASE WHEN q.status = 'queued' THEN d.message ELSE (q.req).message END,
+                                              d.eta)
+                         ORDER BY q.created_at DESC, q.id DESC)
+          FROM page q LEFT JOIN details d ON d.request_id = q.id), '[]'::jsonb);
 END $$;
 COMMENT ON FUNCTION respool.list_requests(text, text, text, integer, timestamptz, uuid, text[]) IS
     'Requests newest first, filtered, keyset-paged by (created_at, id); p_subject_like scopes a client token.';

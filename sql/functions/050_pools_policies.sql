@@ -6,6 +6,7 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object(
         'id', p.id, 'name', p.name, 'description', p.description, 'queueing', p.queueing,
         'preemption_grace_seconds', p.preemption_grace_seconds,
+        'starvation_seconds', p.starvation_seconds, 'ordering', p.ordering,
         'capacity', coalesce((SELECT jsonb_object_agg(key, capacity) FROM respool.pool_resources
                                WHERE pool_id = p.id AND capacity IS NOT NULL), '{}'),
         'usage', coalesce((SELECT jsonb_object_agg(key, used) FROM respool.pool_resources
@@ -14,7 +15,7 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
         'created_at', p.created_at, 'updated_at', p.updated_at)
       FROM respool.pools p WHERE p.id = p_id
 $$;
-COMMENT ON FUNCTION respool.pool_json(uuid) IS 'A pool as the API shows it: capacity, usage (allocated per key) and queued count.';
+COMMENT ON FUNCTION respool.pool_json(uuid) IS 'A pool as the API shows it: settings (queueing, grace, starvation guard, ordering), capacity, usage (allocated per key) and queued count.';
 
 CREATE OR REPLACE FUNCTION respool.get_pool(p_ref text)
 RETURNS jsonb LANGUAGE sql STABLE AS $$ SELECT respool.pool_json(respool.resolve_pool(p_ref)) $$;
@@ -26,9 +27,17 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
 $$;
 COMMENT ON FUNCTION respool.list_pools() IS 'Every pool, by name.';
 
-CREATE OR REPLACE FUNCTION respool._pool_settings(p_description text, p_queueing text, p_grace integer)
+CREATE OR REPLACE FUNCTION respool._pool_settings(p_description text, p_queueing text, p_grace integer,
+                                                  p_starvation integer DEFAULT NULL, p_ordering text DEFAULT NULL)
 RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
+    IF p_starvation IS NOT NULL AND p_starvation NOT BETWEEN 0 AND 31536000 THEN
+        PERFORM respool._fail('RP400', 'starvation_seconds',
+                              'starvation_seconds must be between 0 and 31536000 (or null for off)');
+    END IF;
+    IF p_ordering IS NOT NULL AND p_ordering NOT IN ('fifo', 'fair') THEN
+        PERFORM respool._fail('RP400', 'ordering', 'ordering must be fifo or fair');
+    END IF;
     IF p_description IS NOT NULL AND length(p_description) > 2000 THEN
         PERFORM respool._fail('RP400', 'description', 'description must be at most 2000 characters');
     END IF;
@@ -39,7 +48,7 @@ BEGIN
         PERFORM respool._fail('RP400', 'preemption_grace_seconds', 'preemption_grace_seconds must be between 0 and 86400');
     END IF;
 END $$;
-COMMENT ON FUNCTION respool._pool_settings(text, text, integer) IS 'Validates the scalar pool fields (RP400 naming the field).';
+COMMENT ON FUNCTION respool._pool_settings(text, text, integer, integer, text) IS 'Validates the scalar pool fields (RP400 naming the field).';
 
 CREATE OR REPLACE FUNCTION respool._check_reserved_fits(p_pool_id uuid)
 RETURNS void LANGUAGE plpgsql STABLE AS $$
@@ -132,7 +141,9 @@ CREATE OR REPLACE FUNCTION respool.create_pool(p_name text, p_capacity jsonb DEF
                                                p_description text DEFAULT '',
                                                p_queueing text DEFAULT 'best_effort',
                                                p_preemption_grace_seconds integer DEFAULT 0,
-                                               p_now timestamptz DEFAULT now())
+                                               p_now timestamptz DEFAULT now(),
+                                               p_starvation_seconds integer DEFAULT 300,
+                                               p_ordering text DEFAULT 'fifo')
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     v_id uuid;
@@ -141,11 +152,22 @@ BEGIN
     IF p_name IS NULL OR p_name !~ '^[a-z0-9][a-z0-9._-]{0,62}$' THEN
         PERFORM respool._fail('RP400', 'name', 'name must match ^[a-z0-9][a-z0-9._-]{0,62}$');
     END IF;
-    PERFORM respool._pool_settings(p_description, p_queueing, p_preemption_grace_seconds);
+    -- SPEC §2: a name must not shadow an id (a UUID, or an existing pool's id prefix).
+    IF p_name ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$' THEN
+        PERFORM respool._fail('RP400', 'name', format('name %s is a UUID; a pool name must not look like an id', p_name));
+    END IF;
+    IF p_name ~ '^[0-9a-f-]{4,36}$'
+       AND EXISTS (SELECT FROM respool.pools WHERE id::text LIKE p_name || '%') THEN
+        PERFORM respool._fail('RP409', 'name', format('name %s is a prefix of an existing pool''s id; it would shadow that id', p_name));
+    END IF;
+    PERFORM respool._pool_settings(p_description, p_queueing, p_preemption_grace_seconds,
+                                   p_starvation_seconds, p_ordering);
     BEGIN
-        INSERT INTO respool.pools (name, description, queueing, preemption_grace_seconds, created_at, updated_at)
+        INSERT INTO respool.pools (name, description, queueing, preemption_grace_seconds, starvation_seconds,
+                                   ordering, created_at, updated_at)
         VALUES (p_name, coalesce(p_description, ''), coalesce(p_queueing, 'best_effort'),
-                coalesce(p_preemption_grace_seconds, 0), p_now, p_now)
+                coalesce(p_preemption_grace_seconds, 0), p_starvation_seconds, coalesce(p_ordering, 'fifo'),
+                p_now, p_now)
         RETURNING id INTO v_id;
     EXCEPTION WHEN unique_violation THEN
         PERFORM respool._fail('RP409', 'name', format('pool %s already exists', p_name));
@@ -154,14 +176,17 @@ BEGIN
     SELECT v_id, key, value::bigint FROM jsonb_each_text(v_capacity);
     RETURN respool.pool_json(v_id);
 END $$;
-COMMENT ON FUNCTION respool.create_pool(text, jsonb, text, text, integer, timestamptz) IS
-    'Creates a pool (RP400 on bad fields, RP409 on a taken name); zero capacities are dropped.';
+COMMENT ON FUNCTION respool.create_pool(text, jsonb, text, text, integer, timestamptz, integer, text) IS
+    'Creates a pool (RP400 on bad fields or a UUID name, RP409 on a taken name or a name that is an existing pool''s id prefix); zero capacities are dropped; p_starvation_seconds NULL turns the starvation guard off.';
 
 CREATE OR REPLACE FUNCTION respool.update_pool(p_ref text, p_capacity jsonb DEFAULT NULL,
                                                p_description text DEFAULT NULL,
                                                p_queueing text DEFAULT NULL,
                                                p_preemption_grace_seconds integer DEFAULT NULL,
-                                               p_now timestamptz DEFAULT now())
+                                               p_now timestamptz DEFAULT now(),
+                                               p_starvation_seconds integer DEFAULT NULL,
+                                               p_starvation_off boolean DEFAULT false,
+                                               p_ordering text DEFAULT NULL)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     v_id uuid := respool.resolve_pool(p_ref);
@@ -169,7 +194,8 @@ DECLARE
     k text;
     n bigint;
 BEGIN
-    PERFORM respool._pool_settings(p_description, p_queueing, p_preemption_grace_seconds);
+    PERFORM respool._pool_settings(p_description, p_queueing, p_preemption_grace_seconds,
+                                   p_starvation_seconds, p_ordering);
     PERFORM respool._lock_pools(ARRAY[v_id]);
     FOR k, n IN SELECT key, value::bigint FROM jsonb_each_text(v_changes) LOOP
         INSERT INTO respool.pool_resources (pool_id, key, capacity)
@@ -182,6 +208,9 @@ BEGIN
        SET description = coalesce(p_description, description),
            queueing = coalesce(p_queueing, queueing),
            preemption_grace_seconds = coalesce(p_preemption_grace_seconds, preemption_grace_seconds),
+           starvation_seconds = CASE WHEN coalesce(p_starvation_off, false) THEN NULL
+                                     ELSE coalesce(p_starvation_seconds, starvation_seconds) END,
+           ordering = coalesce(p_ordering, ordering),
            updated_at = p_now
      WHERE id = v_id;
     PERFORM respool._revalidate_queue(v_id, NULL, p_now);
@@ -189,8 +218,8 @@ BEGIN
     PERFORM respool._pool_changed(v_id);  -- a shrink is enforced by the reconciler
     RETURN respool.pool_json(v_id);
 END $$;
-COMMENT ON FUNCTION respool.update_pool(text, jsonb, text, text, integer, timestamptz) IS
-    'Updates a pool: capacity merges (0 removes a key), RP409 if reserved shares would exceed it; queued requests that can never fit are rejected and what fits is granted, in one transaction. Usage above a shrunk capacity is left to the reconciler.';
+COMMENT ON FUNCTION respool.update_pool(text, jsonb, text, text, integer, timestamptz, integer, boolean, text) IS
+    'Updates a pool: capacity merges (0 removes a key), RP409 if reserved shares would exceed it; queued requests that can never fit are rejected and what fits is granted, in one transaction. Usage above a shrunk capacity is left to the reconciler. NULL arguments keep a field; p_starvation_off turns the starvation guard off.';
 
 CREATE OR REPLACE FUNCTION respool.delete_pool(p_ref text, p_force boolean DEFAULT false,
                                                p_now timestamptz DEFAULT now())

@@ -3,24 +3,8 @@
 -- status only under its pool's lock, so it is never preempted twice.
 --
 -- Units held by victims in their grace period (`preempting`) count as already gone, and units
--- earmarked for the requests they were preempted for count as already taken: the "effective"
--- usage below. Without a grace period both are zero and effective usage is the counter.
-
-CREATE OR REPLACE FUNCTION respool._effective_used(p_pool_id uuid, p_except uuid DEFAULT NULL)
-RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
-BEGIN
-    RETURN (SELECT coalesce(jsonb_object_agg(pr.key,
-               pr.used
-               - coalesce((SELECT sum((v.resources ->> pr.key)::bigint) FROM respool.requests v
-                            WHERE v.pool_id = p_pool_id AND v.status = 'preempting'), 0)
-               + coalesce((SELECT sum((b.resources ->> pr.key)::bigint) FROM respool.requests b
-                            WHERE b.earmark_pool_id = p_pool_id AND b.status = 'queued'
-                              AND b.id IS DISTINCT FROM p_except), 0)), '{}')
-      FROM respool.pool_resources pr
-     WHERE pr.pool_id = p_pool_id AND pr.capacity IS NOT NULL);
-END $$;
-COMMENT ON FUNCTION respool._effective_used(uuid, uuid) IS
-    'Per tracked key of a pool: used, minus units of victims in their grace period, plus units earmarked for requests other than p_except.';
+-- earmarked for the requests they were preempted for count as already taken: respool._usage
+-- (031_usage.sql) does that arithmetic. Without a grace period both are zero.
 
 CREATE OR REPLACE FUNCTION respool._preempt(p_victim_id uuid, p_reason text, p_message text, p_now timestamptz)
 RETURNS text LANGUAGE plpgsql AS $$
@@ -67,31 +51,34 @@ END $$;
 COMMENT ON FUNCTION respool._finish_grace(uuid, timestamptz) IS
     'Victims whose grace deadline passed lose their units and become preempted (or requeued); the units go to the earmark holders first.';
 
-CREATE OR REPLACE FUNCTION respool._shed(p_pool_id uuid, p_policy_id uuid, p_key text, p_excess bigint,
+CREATE OR REPLACE FUNCTION respool._shed(p_pool_id uuid, p_policy_id uuid, p_excess jsonb,
                                          p_reason text, p_message text, p_now timestamptz)
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     v record;
+    excess jsonb := p_excess;  -- key -> units still to go (> 0: still over)
     chosen uuid[] := '{}';
-    amounts bigint[] := '{}';
-    excess bigint := p_excess;
+    held jsonb[] := '{}';
     i integer;
 BEGIN
-    -- Walk the victim order until the excess is gone, then drop every victim not needed.
-    FOR v IN SELECT q.id, (q.resources ->> p_key)::bigint AS amount
+    -- SPEC §2/§3: walk the victim order until usage fits on every key at once, then drop every
+    -- chosen victim whose removal is not needed (latest pick first). A victim counts against
+    -- every over key it holds, so a victim taken for one key also pays for the others.
+    FOR v IN SELECT q.id, q.resources
                FROM respool.requests q JOIN respool.policies p ON p.id = q.policy_id
               WHERE q.pool_id = p_pool_id AND q.status = 'allocated' AND q.preemptible
                 AND (p_policy_id IS NULL OR q.policy_id = p_policy_id)
-                AND (q.resources ->> p_key)::bigint > 0
               ORDER BY p.priority, q.allocated_at DESC, q.id DESC LOOP
+        CONTINUE WHEN NOT respool._holds_any(v.resources, excess);  -- frees nothing still over
         chosen := chosen || v.id;
-        amounts := amounts || v.amount;
-        excess := excess - v.amount;
-        EXIT WHEN excess <= 0;
+        held := held || v.resources;
+        excess := respool._take_units(excess, v.resources, 1);
+        EXIT WHEN NOT respool._any_over(excess);
     END LOOP;
     FOR i IN REVERSE cardinality(chosen)..1 LOOP
-        IF excess + amounts[i] <= 0 THEN
-            excess := excess + amounts[i];
+        -- Not needed: with its units back, none of the keys it holds is over.
+        IF NOT respool._holds_any(held[i], respool._take_units(excess, held[i], -1)) THEN
+            excess := respool._take_units(excess, held[i], -1);
             chosen[i] := NULL;
         END IF;
     END LOOP;
@@ -101,44 +88,44 @@ BEGIN
     END LOOP;
     RETURN cardinality(array_remove(chosen, NULL));
 END $$;
-COMMENT ON FUNCTION respool._shed(uuid, uuid, text, bigint, text, text, timestamptz) IS
-    'Preempts the minimal prefix-walk set of preemptible allocations (of one policy, or of the whole pool) holding p_key so that p_excess units go: lowest priority, then most recently allocated first. Returns how many.';
+COMMENT ON FUNCTION respool._shed(uuid, uuid, jsonb, text, text, timestamptz) IS
+    'Preempts preemptible allocations (of one policy, or of the whole pool) until no key of p_excess {key: units over} is over any more: victim order lowest priority, then most recently allocated; a minimal set (every victim kept is needed on some key). Returns how many; when even all of them do not suffice, all of them go.';
 
 CREATE OR REPLACE FUNCTION respool._enforce_shrinks(p_pool_id uuid, p_now timestamptz)
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
-    c record;
+    v_excess jsonb;
+    v_message text;
+    pol record;
     n integer := 0;
 BEGIN
-    -- Capacity (I1): usage above a shrunk capacity, not counting victims already leaving.
-    FOR c IN SELECT pr.key, pr.capacity,
-                    pr.used - pr.capacity
-                    - coalesce((SELECT sum((v.resources ->> pr.key)::bigint) FROM respool.requests v
-                                 WHERE v.pool_id = p_pool_id AND v.status = 'preempting'), 0) AS excess
-               FROM respool.pool_resources pr
-              WHERE pr.pool_id = p_pool_id AND pr.capacity IS NOT NULL AND pr.used > pr.capacity
-              ORDER BY pr.key LOOP
-        CONTINUE WHEN c.excess <= 0;
-        n := n + respool._shed(p_pool_id, NULL::uuid, c.key, c.excess::bigint, 'capacity_shrink',
-                               format('preempted: pool capacity of %s shrank to %s', c.key, c.capacity), p_now);
-    END LOOP;
-    -- Limits (I2): a subject above a lowered limit loses its most recent preemptible allocations.
-    FOR c IN SELECT pol.policy_id, pol.key, pol."limit", p.subject,
-                    pol.used - pol."limit"
-                    - coalesce((SELECT sum((v.resources ->> pol.key)::bigint) FROM respool.requests v
-                                 WHERE v.policy_id = pol.policy_id AND v.status = 'preempting'), 0) AS excess
-               FROM respool.policy_resources pol JOIN respool.policies p ON p.id = pol.policy_id
-              WHERE p.pool_id = p_pool_id AND pol."limit" IS NOT NULL AND pol.used > pol."limit"
-              ORDER BY p.subject, pol.key LOOP
-        CONTINUE WHEN c.excess <= 0;
-        n := n + respool._shed(p_pool_id, c.policy_id, c.key, c.excess::bigint, 'limit_shrink',
-                               format('preempted: the limit of %s on %s was lowered to %s', c.subject, c.key, c."limit"),
-                               p_now);
+    -- Capacity (I1), every key at once: usage above a shrunk capacity, not counting victims
+    -- already leaving. A custom key removed from the pool has capacity 0 (SPEC §1), so its
+    -- holders go; a removed soft key is untracked (bound NULL) and sheds nothing.
+    SELECT jsonb_object_agg(u.key, u.used - u.leaving - u.bound),
+           'preempted: pool capacity of ' || string_agg(format('%s shrank to %s', u.key, u.bound), ', ' ORDER BY u.key)
+      INTO v_excess, v_message
+      FROM respool._usage(p_pool_id) u
+     WHERE u.policy_id IS NULL AND u.bound IS NOT NULL AND u.used - u.leaving > u.bound;
+    IF v_excess IS NOT NULL THEN
+        n := n + respool._shed(p_pool_id, NULL::uuid, v_excess, 'capacity_shrink', v_message, p_now);
+    END IF;
+    -- Limits (I2), per subject and every limited key at once, read after the capacity victims left.
+    FOR pol IN SELECT p.id, p.subject FROM respool.policies p WHERE p.pool_id = p_pool_id
+                ORDER BY p.subject LOOP
+        SELECT jsonb_object_agg(u.key, u.used - u.leaving - u.bound),
+               format('preempted: the limit of %s on ', pol.subject)
+               || string_agg(format('%s was lowered to %s', u.key, u.bound), ', ' ORDER BY u.key)
+          INTO v_excess, v_message
+          FROM respool._usage(p_pool_id) u
+         WHERE u.policy_id = pol.id AND u.bound IS NOT NULL AND u.used - u.leaving > u.bound;
+        CONTINUE WHEN v_excess IS NULL;
+        n := n + respool._shed(p_pool_id, pol.id, v_excess, 'limit_shrink', v_message, p_now);
     END LOOP;
     RETURN n;
 END $$;
 COMMENT ON FUNCTION respool._enforce_shrinks(uuid, timestamptz) IS
-    'Step 2: preempts allocations until usage fits every shrunk capacity and lowered limit of the pool (victims in their grace period already count as gone). Returns how many were preempted.';
+    'Step 2: preempts allocations until usage fits every shrunk capacity (a removed custom key is capacity 0) and every lowered limit of the pool, all keys at once, with a minimal victim set (victims in their grace period already count as gone). Returns how many were preempted.';
 
 CREATE OR REPLACE FUNCTION respool._choose_victims(p_pool_id uuid, p_request respool.requests, p_policy_id uuid,
                                                    p_mode text)
@@ -155,20 +142,17 @@ DECLARE
     n bigint;
     useful boolean;
 BEGIN
-    SELECT jsonb_object_agg(x.key, (u.value)::bigint + x.value::bigint - pr.capacity) INTO deficit
+    SELECT jsonb_object_agg(x.key, u.used - u.leaving + u.earmarked + x.value::bigint - u.bound) INTO deficit
       FROM jsonb_each_text(p_request.resources) x
-      JOIN respool.pool_resources pr ON pr.pool_id = p_pool_id AND pr.key = x.key AND pr.capacity IS NOT NULL
-      JOIN jsonb_each_text(respool._effective_used(p_pool_id, p_request.id)) u ON u.key = x.key;
+      JOIN respool._usage(p_pool_id, p_request.id) u
+        ON u.policy_id IS NULL AND u.key = x.key AND u.bound IS NOT NULL;
     IF deficit IS NULL OR NOT EXISTS (SELECT FROM jsonb_each_text(deficit) d WHERE d.value::bigint > 0) THEN
         RETURN '{}';  -- fits already: nothing to preempt
     END IF;
-    SELECT coalesce(jsonb_object_agg(pol.policy_id || '/' || pol.key,
-                    pol.used - pol.reserved
-                    - coalesce((SELECT sum((g.resources ->> pol.key)::bigint) FROM respool.requests g
-                                 WHERE g.policy_id = pol.policy_id AND g.status = 'preempting'), 0)), '{}')
+    SELECT coalesce(jsonb_object_agg(u.policy_id || '/' || u.key, u.used - u.leaving - u.reserved), '{}')
       INTO over
-      FROM respool.policy_resources pol JOIN respool.policies p ON p.id = pol.policy_id
-     WHERE p.pool_id = p_pool_id AND deficit ? pol.key;
+      FROM respool._usage(p_pool_id) u
+     WHERE u.policy_id IS NOT NULL AND deficit ? u.key;
 
     FOR v IN SELECT q.id, q.policy_id, q.resources
                FROM respool.requests q JOIN respool.policies p ON p.id = q.policy_id
@@ -292,10 +276,9 @@ BEGIN
     END IF;
     <<refresh>>
     LOOP
-        SELECT coalesce(jsonb_object_agg(pr.key, pr.capacity - (u.value)::bigint), '{}') INTO v_free
-          FROM respool.pool_resources pr
-          JOIN jsonb_each_text(respool._effective_used(p_pool_id)) u ON u.key = pr.key
-         WHERE pr.pool_id = p_pool_id AND pr.capacity IS NOT NULL;
+        SELECT coalesce(jsonb_object_agg(u.key, u.bound - (u.used - u.leaving + u.earmarked)), '{}') INTO v_free
+          FROM respool._usage(p_pool_id) u
+         WHERE u.policy_id IS NULL AND u.bound IS NOT NULL;
         v_limits := respool._headroom(p_pool_id, 'limit');
         v_np := respool._headroom(p_pool_id, 'np');
         v_borrowers := respool._borrowers(p_pool_id);
@@ -327,7 +310,7 @@ BEGIN
                           ELSE EXISTS (SELECT FROM jsonb_each_text(v_borrowers) b
                                         WHERE b.key <> q.policy_id::text AND b.value::integer < q.priority)
                         END
-                  ORDER BY q.priority DESC, q.in_share DESC, q.queued_at, q.request_id LOOP
+                  ORDER BY q.priority DESC, q.in_share DESC, q.share, q.queued_at, q.request_id LOOP
             v_mode := e.mode;
             -- In a strict pool, once a request could not be helped, only reclaim (the reserved
             -- share guarantee) still acts for the requests behind it.
@@ -386,8 +369,15 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;  -- gone, or another transaction (a reconciler, an API call) holds it
     END IF;
-    expired := respool._expire_pool(p_pool_id, p_now);
-    grace_ended := respool._finish_grace(p_pool_id, p_now);
+    expired := 0;
+    grace_ended := 0;
+    IF respool.leases_may_lapse() THEN  -- not while respool looks down (072_outage_leases.sql)
+        expired := respool._expire_pool(p_pool_id, p_now)
+                   + respool._abandon_queue_leases(p_pool_id, p_now);  -- queue leases (075)
+        grace_ended := respool._finish_grace(p_pool_id, p_now);
+    END IF;
+    -- [SPEC §11.1] a runtime cap ends whatever the heartbeats, also right after an outage
+    expired := expired + respool._expire_max_seconds(p_pool_id, p_now);
     shed := respool._enforce_shrinks(p_pool_id, p_now);
     q := respool._preempt_for_queue(p_pool_id, p_now);
     granted := respool.allocate_pool(p_pool_id, p_now);
@@ -396,4 +386,4 @@ BEGIN
                               'rejected', q.rejected);
 END $$;
 COMMENT ON FUNCTION respool.reconcile_pool(uuid, timestamptz) IS
-    'One reconciler pass over one pool in the caller''s transaction (SPEC §5): expire lapsed leases and grace periods, enforce shrunk capacities and limits, preempt for queued requests with a right to run, grant what fits. Returns {pool, expired, grace_ended, preempted, allocated, rejected}, or NULL when the pool is locked elsewhere (skip it: SKIP LOCKED) or gone.';
+    'One reconciler pass over one pool in the caller''s transaction (SPEC §5): expire lapsed leases, runtime caps (max_seconds, §11.1) and grace periods, enforce shrunk capacities and limits, preempt for queued requests with a right to run, grant what fits. Returns {pool, expired, grace_ended, preempted, allocated, rejected}, or NULL when the pool is locked elsewhere (skip it: SKIP LOCKED) or gone.';

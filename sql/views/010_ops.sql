@@ -35,11 +35,19 @@ COMMENT ON VIEW respool.policy_usage IS
 
 CREATE VIEW respool.queue AS
 SELECT pl.name AS pool, q.position, q.request_id, q.subject, r.resources, r.preemptible, q.priority,
-       q.in_share, extract(epoch FROM now() - r.queued_at)::double precision AS waiting_seconds
+       q.in_share, extract(epoch FROM now() - r.queued_at)::double precision AS waiting_seconds,
+       r.max_seconds, h.head_id AS held_for,
+       CASE WHEN h.head_id IS NOT NULL THEN respool._held_back(pl.id, r, now(), h) END AS held_message,
+       eta.p50_seconds AS eta_p50_seconds, eta.p90_seconds AS eta_p90_seconds
   FROM respool.pools pl
+ CROSS JOIN LATERAL respool._pool_hold(pl.id, now()) h
  CROSS JOIN LATERAL respool._queue_order(pl.id) q
-  JOIN respool.requests r ON r.id = q.request_id;
-COMMENT ON VIEW respool.queue IS 'One row per (pool, waiting request), in grant order.';
+  JOIN respool.requests r ON r.id = q.request_id
+  LEFT JOIN (SELECT p2.id AS pool_id, e.* FROM respool.pools p2
+               CROSS JOIN LATERAL respool._eta_pool(p2.id, now()) e) eta  -- one simulation per pool
+         ON eta.pool_id = pl.id AND eta.request_id = q.request_id;
+COMMENT ON VIEW respool.queue IS
+    'One row per (pool, waiting request), in grant order; held_for: the head the pool holds free units for (SPEC §11.1), held_message when that hold keeps this row back; eta_*: its ETA in this pool (SPEC §11.4).';
 
 CREATE VIEW respool.request_events AS
 SELECT request_id, at, from_status, to_status, reason, attempt, message

@@ -17,7 +17,7 @@ CREATE VIEW respool.allocation_intervals AS
 SELECT a.request_id, r.pool_name AS pool, r.subject, a.attempt, r.preemptible, r.resources,
        a.at AS started_at, x.at AS ended_at, x.to_status AS end_status, x.reason AS end_reason
   FROM respool.events a
-  JOIN respool.requests r ON r.id = a.request_id
+  JOIN respool.request_history r ON r.id = a.request_id
   LEFT JOIN LATERAL (
         SELECT e.at, e.to_status, e.reason FROM respool.events e
          WHERE e.request_id = a.request_id AND e.id > a.id
@@ -51,7 +51,7 @@ SELECT a.request_id, r.pool_name AS pool, r.subject, a.attempt, r.preemptible,
        q.at AS queued_at, a.at AS allocated_at,
        extract(epoch FROM a.at - q.at)::double precision AS wait_seconds
   FROM respool.events a
-  JOIN respool.requests r ON r.id = a.request_id
+  JOIN respool.request_history r ON r.id = a.request_id
  CROSS JOIN LATERAL (
         SELECT e.at FROM respool.events e
          WHERE e.request_id = a.request_id AND e.id < a.id AND e.to_status = 'queued'
@@ -65,7 +65,7 @@ CREATE VIEW respool.preemptions AS
 SELECT e.request_id, e.at, r.pool_name AS pool, r.subject, e.reason, e.attempt,
        e.to_status = 'preempting' AS with_grace, e.message
   FROM respool.events e
-  JOIN respool.requests r ON r.id = e.request_id
+  JOIN respool.request_history r ON r.id = e.request_id
  WHERE e.to_status = 'preempting'
     OR (e.to_status = 'preempted' AND e.from_status IS DISTINCT FROM 'preempting');
 COMMENT ON VIEW respool.preemptions IS

@@ -12,6 +12,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from app import globs
 from app.api import create_app
 from app.api.auth import is_loopback
 from app.db import tokens
@@ -19,8 +20,9 @@ from app.db.connect import APP_CLI, connect
 from app.db.errors import BadInput, Conflict, NotFound
 from app.settings import Settings, SettingsError
 from cli.main import app as cli_app
-from tests.api.conftest import Server, running_server
-from tests.api.helpers import error, ok
+from support.db import issue_tokens
+from support.http import error, ok
+from support.server import Server, running_server
 
 ADMIN_TOKEN = "test-admin-token-0123456789"
 ROLES = ("admin", "db_admin", "client", "reader", "revoked", "none", "bad")
@@ -53,17 +55,9 @@ def _bearer(token: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 async def env(module_db_url: str) -> AsyncIterator[AuthEnv]:
-    conn = await connect(module_db_url, application_name=APP_CLI)
-    try:
-        db_admin, _ = await tokens.create_token(conn, name="ops", role="admin")
-        client, _ = await tokens.create_token(
-            conn, name="team-a-ci", role="client", subject_patterns=["team-a:*"]
-        )
-        reader, _ = await tokens.create_token(conn, name="dashboard", role="reader")
-        revoked, _ = await tokens.create_token(conn, name="old", role="admin")
-        await tokens.revoke_token(conn, "old")
-    finally:
-        await conn.close()
+    issued = await issue_tokens(module_db_url)
+    db_admin, client, reader = issued["admin"], issued["client"], issued["reader"]
+    revoked = issued["revoked"]
     headers = {
         "admin": _bearer(ADMIN_TOKEN),
         "db_admin": _bearer(db_admin),
@@ -335,8 +329,8 @@ async def test_token_functions(conn: Any) -> None:
 async def test_globs_match_the_same_in_python_and_sql(
     conn: Any, subject: str, pattern: str, matches: bool
 ) -> None:
-    assert tokens.subject_matches(subject, [pattern]) is matches
-    assert await conn.fetchval("SELECT $1 LIKE $2", subject, tokens.glob_to_like(pattern)) is (
+    assert globs.subject_matches(subject, [pattern]) is matches
+    assert await conn.fetchval("SELECT $1 LIKE $2", subject, globs.glob_to_like(pattern)) is (
         matches
     )
 

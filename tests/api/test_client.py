@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
-import socket
 import threading
 from collections.abc import AsyncIterator
 from decimal import Decimal
@@ -18,10 +16,7 @@ import asyncpg
 import httpx
 import msgspec
 import pytest
-import uvicorn
-
-from app.api import create_app
-from app.client import (
+from respool_client import (
     AllocationTimeout,
     ApiError,
     AsyncRespool,
@@ -32,9 +27,10 @@ from app.client import (
     Respool,
     RespoolError,
 )
-from app.settings import Settings
-from tests.api.conftest import Server, _TestServer
-from tests.api.helpers import make_request, ok, pool_with_policy
+
+from support.http import make_request, ok, pool_with_policy
+from support.ports import free_port
+from support.server import Server, running_server
 
 
 async def _usage(server: Server, pool: str = "p") -> dict[str, int]:
@@ -332,42 +328,16 @@ async def test_retries_transient_answers_with_the_same_idempotency_key(server: S
 
 @contextlib.asynccontextmanager
 async def _serve_on(db_url: str, port: int) -> AsyncIterator[str]:
-    """The API on a given loopback port (to restart a server in place)."""
-    app = create_app(Settings(database_url=db_url, db_pool_size=4, max_wait=10.0, auth="off"))
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", port))
-    config = uvicorn.Config(
-        app, lifespan="on", log_level="warning", ws="none", http="h11", access_log=False
-    )
-    srv = _TestServer(config, app)
-    task = asyncio.create_task(srv.serve(sockets=[sock]))
-    try:
-        for _ in range(500):
-            if srv.started or task.done():
-                break
-            await asyncio.sleep(0.01)
-        if task.done():
-            task.result()
-        assert srv.started
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        srv.handle_exit(signal.SIGTERM, None)
-        await asyncio.wait_for(task, 15)
-        sock.close()
+    """The API on a given loopback port (to restart a server in place): its URL."""
+    async with running_server(db_url, port=port) as server:
+        yield server.url
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
+@pytest.mark.slow
 async def test_server_restart_mid_wait(db_url: str) -> None:
     """The server goes away while the client long-polls; a new one on the same port and DB
     comes up after a while; the client gets its allocation."""
-    port = _free_port()
+    port = free_port()
     got: list[Grant] = []
 
     def step(url: str) -> None:
@@ -399,7 +369,7 @@ async def test_server_restart_mid_wait(db_url: str) -> None:
 
 async def test_server_that_starts_late(db_url: str) -> None:
     """Connection refused at first: the create is retried until the server answers."""
-    port = _free_port()
+    port = free_port()
     async with _serve_on(db_url, port) as url, httpx.AsyncClient(base_url=url) as c:
         await pool_with_policy(c)
     async with AsyncRespool(url, backoff_base=0.05, backoff_max=0.3) as rp:

@@ -23,11 +23,11 @@ import pytest
 
 import app.db.connect as connect_module
 from app.api.errors import RETRY_AFTER
-from app.db import queries
+from app.db import pools as db_pools
 from app.db.connect import APP_API, APP_CLI, DeadConnectionError, connect, create_pool
 from app.reconciler import Reconciler
-from tests.api.conftest import Server, running_server
-from tests.api.helpers import error, ok
+from support.http import error, ok
+from support.server import Server, running_server
 
 
 def _outage_answer(response: Any) -> None:
@@ -57,7 +57,7 @@ async def test_database_errors_answer_503_with_retry_after(
     async def failing(*_: Any, **__: Any) -> Any:
         raise exc
 
-    monkeypatch.setattr(queries, "list_pools", failing)
+    monkeypatch.setattr(db_pools, "list_pools", failing)
     _outage_answer(await module_server.client.get("/v1/pools"))
 
 
@@ -67,7 +67,7 @@ async def test_other_internal_errors_stay_500(
     async def failing(*_: Any, **__: Any) -> Any:
         raise asyncpg.InternalClientError("unknown error in protocol implementation")
 
-    monkeypatch.setattr(queries, "list_pools", failing)
+    monkeypatch.setattr(db_pools, "list_pools", failing)
     r = await module_server.client.get("/v1/pools")
     assert r.status_code == 500 and "retry-after" not in r.headers
 
@@ -176,7 +176,7 @@ async def test_the_reconciler_survives_a_dead_connection(
     keeps running passes (it used to end on asyncpg's InternalClientError)."""
     conn = await connect(db_url, application_name=APP_CLI)
     try:
-        await queries.create_pool(conn, name="p", capacity={"gpu": 1})
+        await db_pools.create_pool(conn, name="p", capacity={"gpu": 1})
     finally:
         await conn.close()
     broken = _dead_once("fetch", monkeypatch)

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncpg
 
-from tests.api.conftest import Server, running_server
-from tests.api.helpers import error, make_request, ok, pool_with_policy
+from support.http import error, make_request, ok, pool_with_policy
+from support.server import Server, running_server
 
 
 async def test_healthz_readyz_and_schema(module_server: Server) -> None:
     c = module_server.client
     assert ok(await c.get("/healthz")) == {"status": "ok"}
     ready = ok(await c.get("/readyz"))
+    node = ready.pop("node")  # host:port of the primary that serves (HA)
+    # host:port over TCP; the embedded test server may be reached over its unix socket
+    assert node == "local socket" or node.rsplit(":", 1)[1].isdigit()
     assert ready == {
         "ready": True,
         "database": True,

@@ -11,8 +11,8 @@ import time
 import asyncpg
 
 from app.api.requests import POLL_BACKSTOP
-from tests.api.conftest import Server
-from tests.api.helpers import make_request, ok, pool_with_policy
+from support.http import make_request, ok, pool_with_policy
+from support.server import Server
 
 
 async def _full_pool(server: Server) -> tuple[dict[str, object], dict[str, object]]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tests.api.conftest import Server
-from tests.api.helpers import error, ok
+from support.http import error, ok
+from support.server import Server
 
 
 async def test_policy_crud_and_filters(server: Server) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from tests.api.conftest import Server
-from tests.api.helpers import error, make_request, ok, pool_with_policy
+from support.http import error, make_request, ok, pool_with_policy
+from support.server import Server
 
 
 async def test_create_get_list_update_delete(server: Server) -> None:

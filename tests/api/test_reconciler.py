@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 from app.db.connect import APP_RECONCILER, connect
 from app.reconciler import Reconciler
 from cli.main import app as cli_app
-from tests.api.conftest import running_server
-from tests.api.helpers import ok, pool_with_policy
+from support.http import ok, pool_with_policy
+from support.server import running_server
 
 
 async def test_reclaim_is_woken_by_the_new_request_not_the_interval(db_url: str) -> None:
@@ -53,7 +53,9 @@ async def test_reclaim_is_woken_by_the_new_request_not_the_interval(db_url: str)
         conn = await asyncpg.connect(db_url)
         try:
             names = await conn.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", APP_RECONCILER
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE application_name = $1 AND datname = current_database()",
+                APP_RECONCILER,
             )
         finally:
             await conn.close()

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from app.db import queries
-from tests.api.conftest import Server
-from tests.api.helpers import error, make_request, ok, pool_with_policy
+from app.db import pools as db_pools
+from support.http import error, make_request, ok, pool_with_policy
+from support.server import Server
 
 
 async def test_create_allocated_with_defaults(server: Server) -> None:
@@ -194,7 +194,7 @@ async def test_unexpected_error_is_a_generic_500(
     async def boom(*_: Any, **__: Any) -> Any:
         raise RuntimeError("secret internals")
 
-    monkeypatch.setattr(queries, "list_pools", boom)
+    monkeypatch.setattr(db_pools, "list_pools", boom)
     body = error(await server.client.get("/v1/pools"), 500)
     assert body["detail"] == "internal server error" and body["field"] is None
     assert "secret" not in (await server.client.get("/v1/pools")).text

@@ -11,43 +11,24 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections import Counter
-from typing import Any
 
 import asyncpg
 import httpx
+import pytest
 
 from app.db.connect import APP_API, APP_LISTENER, APP_RECONCILER
-from tests.api.conftest import Server, running_server
-from tests.api.helpers import ok, pool_with_policy
+from support.db import connections_by_app
+from support.http import get_request, ok, pool_with_policy
+from support.server import running_server
+from support.wait import wait_until
+
+pytestmark = pytest.mark.slow  # measured: tens of seconds (pytest --durations)
 
 POOL_SIZE = 5
 GET_WAITERS = 200  # created first, in order: the head of the queue
 POST_WAITERS = 100  # POST /v1/requests?wait=, created concurrently behind them
 WAIT = 25  # seconds; never reached: the test ends every wait itself
 MONITOR = "respool-test-monitor"
-
-
-async def _connections(monitor: asyncpg.Connection) -> Counter[str]:
-    """Connections to this test's database by application_name, the monitor excluded."""
-    rows = await monitor.fetch(
-        "SELECT application_name, count(*) AS n FROM pg_stat_activity"
-        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        " GROUP BY application_name"
-    )
-    return Counter({r["application_name"]: r["n"] for r in rows})
-
-
-async def _until(check: Any, what: str, tries: int = 1500) -> None:
-    for _ in range(tries):
-        if check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"gave up waiting for {what}")
-
-
-async def _status(srv: Server, request_id: str) -> str:
-    status: str = ok(await srv.client.get(f"/v1/requests/{request_id}"))["status"]
-    return status
 
 
 async def test_300_long_polls_share_five_connections_and_wake_in_queue_order(db_url: str) -> None:
@@ -88,7 +69,9 @@ async def test_300_long_polls_share_five_connections_and_wake_in_queue_order(db_
                 for _ in range(POST_WAITERS)
             ]
             total = GET_WAITERS + POST_WAITERS
-            await _until(lambda: srv.notifier.waiting == total, f"{total} waiters")
+            await wait_until(
+                lambda: srv.notifier.waiting == total, f"{total} waiters", within=15, step=0.01
+            )
 
             monitor = await asyncpg.connect(
                 srv.db_url, server_settings={"application_name": MONITOR}
@@ -97,7 +80,7 @@ async def test_300_long_polls_share_five_connections_and_wake_in_queue_order(db_
                 # All 300 wait: sample the database's connections a few times.
                 seen: Counter[str] = Counter()
                 for _ in range(5):
-                    now = await _connections(monitor)
+                    now = await connections_by_app(monitor)
                     for name, n in now.items():
                         seen[name] = max(seen[name], n)
                     # The server answers other calls meanwhile (waiters hold no connection).
@@ -136,7 +119,7 @@ async def test_300_long_polls_share_five_connections_and_wake_in_queue_order(db_
             assert not any(t.done() for t in posts)
             assert srv.notifier.waiting == total - 4
             for rid in (pending[0], pending[-1]):
-                assert await _status(srv, rid) == "queued"
+                assert (await get_request(srv.client, rid))["status"] == "queued"
             allocated = ok(await c.get("/v1/requests", params={"status": "allocated"}))["items"]
             assert {r["id"] for r in allocated} == {queued[i]["id"] for i in range(4)}
         # Leaving the block shut the server down: every open wait was answered, still queued.

@@ -14,15 +14,16 @@ cores; docs/api.md has the command for a longer run by hand.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.api.conftest import running_server
+from support.fuzz import schemathesis
+from support.server import running_server
+
+pytestmark = pytest.mark.slow  # measured: tens of seconds (pytest --durations)
 
 EXAMPLES = 12
 SEED = 20261122
@@ -34,34 +35,10 @@ async def test_schemathesis_finds_nothing(
     caplog.set_level(logging.ERROR, logger="respool")
     # A short max_wait: fuzzed `wait=` values must not hold the run for long.
     async with running_server(db_url, max_wait=0.3, db_pool_size=4) as srv:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "schemathesis.cli",
-            "run",
-            f"{srv.url}/schema/openapi.json",
-            "--checks",
-            "all",
-            "--exclude-checks",
-            "positive_data_acceptance",
-            "--max-examples",
-            str(EXAMPLES),
-            "--seed",
-            str(SEED),
-            "--workers",
-            "1",
-            "--request-timeout",
-            "10",
-            "--generation-database",
-            "none",
-            "--no-color",
-            cwd=tmp_path,  # schemathesis keeps a cache directory in its working directory
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
+        code, report = await schemathesis(
+            srv.url, tmp_path, examples=EXAMPLES, seed=SEED, within=240
         )
-        out, _ = await asyncio.wait_for(proc.communicate(), 240)
-    report = out.decode(errors="replace")
-    assert proc.returncode == 0, report[-8000:]
+    assert code == 0, report[-8000:]
 
     selected = re.search(r"Selected: (\d+)/(\d+)", report)
     tested = re.search(r"Tested: (\d+)", report)

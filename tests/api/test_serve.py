@@ -4,64 +4,41 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
-import sys
-import time
+from pathlib import Path
 
 import httpx
+import pytest
 
-from tests.api.helpers import ok
+from support.http import ok
+from support.server import ServeProcess, respool_command
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+pytestmark = pytest.mark.slow  # measured: tens of seconds (pytest --durations)
 
 
-def test_serve_migrates_serves_and_stops_on_sigterm(empty_db_url: str) -> None:
-    port = _free_port()
-    env = {**os.environ, "RESPOOL_DATABASE_URL": empty_db_url, "RESPOOL_LOG_LEVEL": "WARNING"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "serve", "--port", str(port), "--no-reconciler"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+async def test_serve_migrates_serves_and_stops_on_sigterm(
+    empty_db_url: str, tmp_path: Path
+) -> None:
+    serve = ServeProcess(empty_db_url, tmp_path, reconciler=False)
+    serve.start()
     try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, proc.communicate()[0].decode()
-            try:
-                r = httpx.get(f"{url}/readyz", timeout=2)
-                if r.status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not become ready"
-            time.sleep(0.1)
-        assert ok(r)["schema_current"] is True  # serve migrated the empty database
-        ok(httpx.post(f"{url}/v1/pools", json={"name": "p", "capacity": {"gpu": 1}}), 201)
-
-        proc.send_signal(signal.SIGTERM)
-        start = time.monotonic()
-        out, _ = proc.communicate(timeout=10)
-        assert time.monotonic() - start < 5
+        await serve.ready()
+        async with httpx.AsyncClient(base_url=serve.url) as client:
+            # serve migrated the empty database
+            assert ok(await client.get("/readyz"))["schema_current"] is True
+            ok(await client.post("/v1/pools", json={"name": "p", "capacity": {"gpu": 1}}), 201)
+        serve.send(signal.SIGTERM)
         # uvicorn shuts down gracefully, then re-raises the signal it caught.
-        assert proc.returncode in (0, -signal.SIGTERM), out.decode()
-        assert b"Traceback" not in out
+        assert await serve.wait_exit(10) in (0, -signal.SIGTERM), serve.log()
+        assert "Traceback" not in serve.log()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        serve.close()
 
 
 def test_serve_bad_setting_is_one_line() -> None:
     env = {**os.environ, "RESPOOL_PORT": "nope"}
     r = subprocess.run(
-        [sys.executable, "-m", "cli.main", "serve"], env=env, capture_output=True, timeout=60
+        [*respool_command(), "serve"], env=env, capture_output=True, timeout=60, check=False
     )
     assert r.returncode == 1
     assert r.stderr.decode().strip() == "error: RESPOOL_PORT: expected an integer, got 'nope'"

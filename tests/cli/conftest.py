@@ -1,4 +1,4 @@
-"""CLI tests: Typer's runner against a live API server (tests/api/conftest.py) and PostgreSQL.
+"""CLI tests: Typer's runner against a live API server and PostgreSQL.
 
 The server runs in the test's event loop, so every CLI invocation runs in a worker thread
 (the CLI is synchronous: httpx, and ``asyncio.run`` for database commands).
@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from api.conftest import running_server
-from cli_support import Cli
+
+from support.cli import Cli
+from support.server import running_server
 
 
 @pytest.fixture

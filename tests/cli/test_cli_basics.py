@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 import typer
-from cli_support import Cli, failed
 from typer.testing import CliRunner
 
 import cli.pool
 from cli.main import app
+from support.cli import Cli, failed
 
 NOWHERE = "http://127.0.0.1:1"  # nothing listens on port 1
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cli_support import Cli, failed
+from support.cli import Cli, failed
 
 
 async def test_create_list_describe(module_cli: Cli) -> None:
@@ -42,7 +42,7 @@ async def test_create_errors(module_cli: Cli) -> None:
     await cli.ok("pool", "create", "dup", "-c", '{"gpu": 1}')
     assert "already exists" in failed(await cli.api("pool", "create", "dup", "-c", '{"gpu": 1}'))
     assert "capacity" in failed(await cli.api("pool", "create", "neg", "-c", '{"gpu": -1}'))
-    assert "name" in failed(await cli.api("pool", "create", "Bad Name", "-c", '{"gpu": 1}'))
+    assert "NAME: must match" in failed(await cli.api("pool", "create", "Bad Name"))
     # malformed option values are usage errors: exit code 2, still one line
     err = failed(await cli.api("pool", "create", "x", "-c", '{"gpu": 1.5}'), code=2)
     assert "--capacity" in err and "not an integer" in err

@@ -6,7 +6,8 @@ import asyncio
 import json
 
 import httpx
-from cli_support import Cli, failed
+
+from support.cli import Cli, failed
 
 
 async def _pool(cli: Cli, name: str, capacity: str = '{"gpu": 8}', *policy: str) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from api.conftest import running_server
-from cli_support import Cli, failed
+from support.cli import Cli, failed
+from support.server import running_server
 
 ADMIN = "adm-" + "x" * 20
 

@@ -13,34 +13,38 @@ from uuid import UUID
 
 import asyncpg
 
+from app.db import policies as db_policies
+from app.db import pools as db_pools
 from app.db import queries as q
+from app.db import reconcile as db_reconcile
+from app.db import requests as db_requests
 
 
 async def mk_pool(
     conn: asyncpg.Connection, name: str, capacity: Mapping[str, int], **kw: Any
 ) -> q.Pool:
-    return await q.create_pool(conn, name=name, capacity=capacity, **kw)
+    return await db_pools.create_pool(conn, name=name, capacity=capacity, **kw)
 
 
 async def mk_policy(conn: asyncpg.Connection, subject: str, pool: str, **kw: Any) -> q.Policy:
-    return await q.create_policy(conn, subject=subject, pool=pool, **kw)
+    return await db_policies.create_policy(conn, subject=subject, pool=pool, **kw)
 
 
 async def mk_req(
     conn: asyncpg.Connection, subject: str, pool: str | None = None, **kw: Any
 ) -> q.Request:
     """Create a request and return it (asserting it is a new one)."""
-    made = await q.create_request(conn, subject=subject, pool=pool, **kw)
+    made = await db_requests.create_request(conn, subject=subject, pool=pool, **kw)
     assert made.created
     return made.request
 
 
 async def get(conn: asyncpg.Connection, request_id: UUID) -> q.Request:
-    return await q.get_request(conn, request_id)
+    return await db_requests.get_request(conn, request_id)
 
 
 async def status(conn: asyncpg.Connection, request_id: UUID) -> str:
-    return (await q.get_request(conn, request_id)).status
+    return (await db_requests.get_request(conn, request_id)).status
 
 
 async def statuses(conn: asyncpg.Connection, *ids: UUID) -> list[str]:
@@ -48,7 +52,7 @@ async def statuses(conn: asyncpg.Connection, *ids: UUID) -> list[str]:
 
 
 async def pool_id(conn: asyncpg.Connection, name: str) -> UUID:
-    return (await q.get_pool(conn, name)).id
+    return (await db_pools.get_pool(conn, name)).id
 
 
 async def pool_usage(conn: asyncpg.Connection, pool: str) -> dict[str, dict[str, Any]]:
@@ -97,13 +101,13 @@ Ev = tuple[str | None, str, str | None]
 
 async def events(conn: asyncpg.Connection, request_id: UUID) -> list[Ev]:
     """(from, to, reason) of a request's history, in order."""
-    history = await q.request_events(conn, request_id)
+    history = await db_requests.request_events(conn, request_id)
     return [(e.from_status, e.to_status, e.reason) for e in history]
 
 
 async def assert_healthy(conn: asyncpg.Connection) -> None:
     """No broken invariant, and every request's history matches its version and status."""
-    assert await q.invariant_violations(conn) == []
+    assert await db_reconcile.invariant_violations(conn) == []
     bad = await conn.fetch(
         """
         SELECT r.id, r.status, r.version, count(e.*) AS n,

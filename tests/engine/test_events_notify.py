@@ -12,34 +12,35 @@ import asyncpg
 import pytest
 from engine_support import events, get, mk_policy, mk_pool, mk_req, pool_id
 
-from app.db import queries as q
+from app.db import pools as db_pools
+from app.db import requests as db_requests
 
 Ev = tuple[str | None, str, str | None]
 
 
 async def _release(conn: asyncpg.Connection) -> list[Ev]:
     r = await mk_req(conn, "S", "p", resources={"gpu": 1})
-    await q.release_request(conn, r.id)
+    await db_requests.release_request(conn, r.id)
     return await events(conn, r.id)
 
 
 async def _cancel_queued(conn: asyncpg.Connection) -> list[Ev]:
     await mk_req(conn, "S", "p", resources={"gpu": 2})
     r = await mk_req(conn, "S", "p", resources={"gpu": 2})
-    await q.cancel_request(conn, r.id)
+    await db_requests.cancel_request(conn, r.id)
     return await events(conn, r.id)
 
 
 async def _release_queued(conn: asyncpg.Connection) -> list[Ev]:
     await mk_req(conn, "S", "p", resources={"gpu": 2})
     r = await mk_req(conn, "S", "p", resources={"gpu": 2})
-    await q.release_request(conn, r.id)
+    await db_requests.release_request(conn, r.id)
     return await events(conn, r.id)
 
 
 async def _cancel_allocated(conn: asyncpg.Connection) -> list[Ev]:
     r = await mk_req(conn, "S", "p", resources={"gpu": 1})
-    await q.cancel_request(conn, r.id)
+    await db_requests.cancel_request(conn, r.id)
     return await events(conn, r.id)
 
 
@@ -50,7 +51,7 @@ async def _reject(conn: asyncpg.Connection) -> list[Ev]:
 async def _wait_then_grant(conn: asyncpg.Connection) -> list[Ev]:
     first = await mk_req(conn, "S", "p", resources={"gpu": 2})
     r = await mk_req(conn, "S", "p", resources={"gpu": 2})
-    await q.release_request(conn, first.id)
+    await db_requests.release_request(conn, first.id)
     return await events(conn, r.id)
 
 
@@ -68,13 +69,13 @@ async def _expire(conn: asyncpg.Connection) -> list[Ev]:
 async def _shrink(conn: asyncpg.Connection) -> list[Ev]:
     await mk_req(conn, "S", "p", resources={"gpu": 2})
     r = await mk_req(conn, "S", "p", resources={"gpu": 2})
-    await q.update_pool(conn, "p", capacity={"gpu": 1})
+    await db_pools.update_pool(conn, "p", capacity={"gpu": 1})
     return await events(conn, r.id)
 
 
 async def _pool_deleted(conn: asyncpg.Connection) -> list[Ev]:
     r = await mk_req(conn, "S", "p", resources={"gpu": 1})
-    await q.delete_pool(conn, "p", force=True)
+    await db_pools.delete_pool(conn, "p", force=True)
     return await events(conn, r.id)
 
 
@@ -140,7 +141,7 @@ async def test_history(
     assert await conn.fetchval(
         "SELECT count(*) FROM respool.request_events WHERE request_id = $1", rid
     ) == len(expected)
-    full = await q.request_events(conn, rid)
+    full = await db_requests.request_events(conn, rid)
     assert all(e.attempt == 1 and e.at is not None for e in full)
 
 
@@ -221,13 +222,13 @@ async def test_notify_after_commit(
 
     # inside a transaction: nothing until commit
     async with conn.transaction():
-        await q.release_request(conn, r.id)
+        await db_requests.release_request(conn, r.id)
         await nothing_more(notes)
     assert await take(notes, 1) == [note(rid, "released", 3, "p", "allocated")]
 
     # a heartbeat or a read is not a status change
-    await q.heartbeat_request(conn, r.id)
-    await q.get_request(conn, r.id)
+    await db_requests.heartbeat_request(conn, r.id)
+    await db_requests.get_request(conn, r.id)
     await nothing_more(notes)
 
 
@@ -261,7 +262,7 @@ async def test_notify_names_the_pool_once_granted(
     await take(notes, 4)
     waiting = await mk_req(conn, "S", resources={"gpu": 1})
     assert await take(notes, 1) == [note(waiting.id, "queued", 1, None, None)]
-    await q.release_request(conn, holder.id)
+    await db_requests.release_request(conn, holder.id)
     got = await take(notes, 2)
     assert got == [
         note(holder.id, "released", 3, "b", "allocated"),

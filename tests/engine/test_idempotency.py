@@ -10,6 +10,7 @@ import pytest
 from engine_support import assert_healthy, mk_policy, mk_pool
 
 from app.db import queries as q
+from app.db import requests as db_requests
 from app.db.connect import APP_API, create_pool
 from app.db.errors import IdempotencyMismatch
 
@@ -32,13 +33,13 @@ BODY: dict[str, Any] = {
 
 
 async def test_same_key_same_body_is_the_same_request(db: asyncpg.Connection) -> None:
-    first = await q.create_request(db, subject="S", idempotency_key="k1", **BODY)
-    again = await q.create_request(db, subject="S", idempotency_key="k1", **BODY)
+    first = await db_requests.create_request(db, subject="S", idempotency_key="k1", **BODY)
+    again = await db_requests.create_request(db, subject="S", idempotency_key="k1", **BODY)
     assert (first.created, again.created) == (True, False)
     assert again.request.id == first.request.id
     assert again.request.status == "allocated" and again.request.idempotency_key == "k1"
     # settings that convert to the same final map are the same body
-    same = await q.create_request(
+    same = await db_requests.create_request(
         db,
         subject="S",
         idempotency_key="k1",
@@ -53,9 +54,9 @@ async def test_same_key_same_body_is_the_same_request(db: asyncpg.Connection) ->
 
 
 async def test_replay_returns_the_current_state(db: asyncpg.Connection) -> None:
-    first = await q.create_request(db, subject="S", idempotency_key="k1", **BODY)
-    await q.release_request(db, first.request.id)
-    again = await q.create_request(db, subject="S", idempotency_key="k1", **BODY)
+    first = await db_requests.create_request(db, subject="S", idempotency_key="k1", **BODY)
+    await db_requests.release_request(db, first.request.id)
+    again = await db_requests.create_request(db, subject="S", idempotency_key="k1", **BODY)
     assert (again.created, again.request.id, again.request.status) == (
         False,
         first.request.id,
@@ -65,8 +66,8 @@ async def test_replay_returns_the_current_state(db: asyncpg.Connection) -> None:
 
 async def test_a_rejected_request_replays_too(db: asyncpg.Connection) -> None:
     body = {**BODY, "resources": {"gpu": 9}}
-    first = await q.create_request(db, subject="S", idempotency_key="big", **body)
-    again = await q.create_request(db, subject="S", idempotency_key="big", **body)
+    first = await db_requests.create_request(db, subject="S", idempotency_key="big", **body)
+    again = await db_requests.create_request(db, subject="S", idempotency_key="big", **body)
     assert first.request.status == "rejected"
     assert (again.created, again.request.id) == (False, first.request.id)
 
@@ -88,9 +89,11 @@ async def test_a_rejected_request_replays_too(db: asyncpg.Connection) -> None:
 async def test_same_key_other_body_is_a_mismatch(
     db: asyncpg.Connection, change: dict[str, Any]
 ) -> None:
-    first = await q.create_request(db, subject="S", idempotency_key="k1", **BODY)
+    first = await db_requests.create_request(db, subject="S", idempotency_key="k1", **BODY)
     with pytest.raises(IdempotencyMismatch) as err:
-        await q.create_request(db, subject="S", idempotency_key="k1", **{**BODY, **change})
+        await db_requests.create_request(
+            db, subject="S", idempotency_key="k1", **{**BODY, **change}
+        )
     assert err.value.status_code == 422
     assert err.value.field == "idempotency_key"
     assert "k1" in err.value.message and str(first.request.id) in err.value.message
@@ -98,16 +101,16 @@ async def test_same_key_other_body_is_a_mismatch(
 
 
 async def test_same_key_other_subject_is_another_request(db: asyncpg.Connection) -> None:
-    s = await q.create_request(db, subject="S", idempotency_key="shared", **BODY)
-    t = await q.create_request(db, subject="T", idempotency_key="shared", **BODY)
+    s = await db_requests.create_request(db, subject="S", idempotency_key="shared", **BODY)
+    t = await db_requests.create_request(db, subject="T", idempotency_key="shared", **BODY)
     assert s.created and t.created
     assert s.request.id != t.request.id
     assert (s.request.subject, t.request.subject) == ("S", "T")
 
 
 async def test_no_key_means_a_new_request_each_time(db: asyncpg.Connection) -> None:
-    a = await q.create_request(db, subject="S", **BODY)
-    b = await q.create_request(db, subject="S", **BODY)
+    a = await db_requests.create_request(db, subject="S", **BODY)
+    b = await db_requests.create_request(db, subject="S", **BODY)
     assert a.created and b.created and a.request.id != b.request.id
 
 
@@ -125,7 +128,9 @@ async def test_concurrent_duplicates_create_one_request(
 
             async def create(c: asyncpg.Connection) -> q.Created:
                 await start.wait()
-                return await q.create_request(c, subject="S", idempotency_key="race", **body)
+                return await db_requests.create_request(
+                    c, subject="S", idempotency_key="race", **body
+                )
 
             tasks = [asyncio.create_task(create(c)) for c in conns]
             await asyncio.sleep(0.05)

@@ -23,6 +23,7 @@ from engine_support import (
 )
 
 from app.db import queries as q
+from app.db import requests as db_requests
 from app.db.errors import Conflict, NotFound, translate
 
 
@@ -64,9 +65,9 @@ async def make(conn: asyncpg.Connection, state: str) -> q.Request:
         return await mk_req(conn, "S", "p", resources={"gpu": 3})
     r = await mk_req(conn, "S", "p", resources={"gpu": 1}, lease_seconds=30)
     if state == "released":
-        await q.release_request(conn, r.id)
+        await db_requests.release_request(conn, r.id)
     elif state == "cancelled":
-        await q.cancel_request(conn, r.id)
+        await db_requests.cancel_request(conn, r.id)
     elif state == "expired":
         assert r.lease_expires_at is not None
         assert await expire_at(conn, "p", r.lease_expires_at) == 1
@@ -83,10 +84,10 @@ Action = Callable[..., Awaitable[q.Request]]
 @pytest.mark.parametrize(
     ("action", "before", "after", "reason"),
     [
-        (q.release_request, "allocated", "released", None),
-        (q.release_request, "queued", "cancelled", "released_while_queued"),
-        (q.cancel_request, "allocated", "cancelled", "cancelled"),
-        (q.cancel_request, "queued", "cancelled", "cancelled"),
+        (db_requests.release_request, "allocated", "released", None),
+        (db_requests.release_request, "queued", "cancelled", "released_while_queued"),
+        (db_requests.cancel_request, "allocated", "cancelled", "cancelled"),
+        (db_requests.cancel_request, "queued", "cancelled", "cancelled"),
     ],
     ids=["release-allocated", "release-queued", "cancel-allocated", "cancel-queued"],
 )
@@ -106,7 +107,7 @@ async def test_release_and_cancel(
 async def test_release_returns_the_units(db: asyncpg.Connection) -> None:
     r = await make(db, "allocated")
     assert await allocated(db, "p") == {"gpu": 1, "step_run": 1}
-    await q.release_request(db, r.id)
+    await db_requests.release_request(db, r.id)
     assert await allocated(db, "p") == {}
     usage = await db.fetch("SELECT key, used FROM respool.policy_usage WHERE subject = 'S'")
     assert all(u["used"] == 0 for u in usage)
@@ -115,7 +116,7 @@ async def test_release_returns_the_units(db: asyncpg.Connection) -> None:
 @pytest.mark.parametrize("terminal", ["released", "cancelled", "rejected", "expired"])
 @pytest.mark.parametrize(
     "action",
-    [q.release_request, q.cancel_request, q.heartbeat_request],
+    [db_requests.release_request, db_requests.cancel_request, db_requests.heartbeat_request],
     ids=["release", "cancel", "heartbeat"],
 )
 async def test_terminal_requests_are_unchanged(
@@ -129,7 +130,7 @@ async def test_terminal_requests_are_unchanged(
 
 @pytest.mark.parametrize(
     "action",
-    [q.release_request, q.cancel_request, q.heartbeat_request],
+    [db_requests.release_request, db_requests.cancel_request, db_requests.heartbeat_request],
     ids=["release", "cancel", "heartbeat"],
 )
 @pytest.mark.parametrize("state", ["allocated", "queued"])
@@ -154,12 +155,12 @@ async def test_fencing_with_a_stale_attempt(
 @pytest.mark.parametrize(
     "action",
     [
-        q.release_request,
-        q.cancel_request,
-        q.heartbeat_request,
-        q.get_request,
-        q.delete_request,
-        q.request_events,
+        db_requests.release_request,
+        db_requests.cancel_request,
+        db_requests.heartbeat_request,
+        db_requests.get_request,
+        db_requests.delete_request,
+        db_requests.request_events,
     ],
 )
 async def test_unknown_request_is_not_found(
@@ -181,16 +182,16 @@ async def test_heartbeat_extends_the_lease(db: asyncpg.Connection) -> None:
     assert await expire_at(db, "p", r.lease_expires_at + timedelta(seconds=1)) == 0
     assert await status(db, r.id) == "allocated"
     # and the plain wrapper (the database clock) extends it too
-    hb2 = await q.heartbeat_request(db, r.id)
+    hb2 = await db_requests.heartbeat_request(db, r.id)
     assert hb2.lease_expires_at is not None and hb2.lease_expires_at > r.lease_expires_at
 
 
 async def test_heartbeat_without_lease_or_while_queued(db: asyncpg.Connection) -> None:
     no_lease = await mk_req(db, "S", "p", resources={"gpu": 2})
     assert no_lease.lease_expires_at is None
-    assert (await q.heartbeat_request(db, no_lease.id)).lease_expires_at is None
+    assert (await db_requests.heartbeat_request(db, no_lease.id)).lease_expires_at is None
     waiting = await mk_req(db, "S", "p", resources={"gpu": 1}, lease_seconds=30)
-    hb = await q.heartbeat_request(db, waiting.id)
+    hb = await db_requests.heartbeat_request(db, waiting.id)
     assert (hb.status, hb.lease_expires_at, hb.version) == ("queued", None, waiting.version)
 
 
@@ -229,20 +230,24 @@ async def test_stale_heartbeat_after_lapse_changes_nothing(db: asyncpg.Connectio
 
 
 @pytest.mark.parametrize("terminal", ["released", "cancelled", "rejected", "expired"])
-async def test_delete_a_terminal_request_and_its_events(
+async def test_delete_a_terminal_request_keeps_its_history(
     db: asyncpg.Connection, terminal: str
 ) -> None:
+    """SPEC §8: request_events is append-only; only retention removes history."""
     r = await make(db, terminal)
     assert (
         await db.fetchval("SELECT count(*) FROM respool.request_events WHERE request_id = $1", r.id)
         > 0
     )
-    await q.delete_request(db, r.id)
+    before = await db.fetchval(
+        "SELECT count(*) FROM respool.request_events WHERE request_id = $1", r.id
+    )
+    await db_requests.delete_request(db, r.id)
     with pytest.raises(NotFound):
-        await q.get_request(db, r.id)
+        await db_requests.get_request(db, r.id)
     assert (
         await db.fetchval("SELECT count(*) FROM respool.request_events WHERE request_id = $1", r.id)
-        == 0
+        == before
     )
     await assert_healthy(db)
 
@@ -251,7 +256,7 @@ async def test_delete_a_terminal_request_and_its_events(
 async def test_delete_refuses_live_requests(db: asyncpg.Connection, state: str) -> None:
     r = await make(db, state)
     with pytest.raises(Conflict) as err:
-        await q.delete_request(db, r.id)
+        await db_requests.delete_request(db, r.id)
     assert state in err.value.message
     assert await get(db, r.id) == r
     await assert_healthy(db)

@@ -1,7 +1,9 @@
 """Model-based test: the SQL engine against a small pure-Python reference of SPEC §4.
 
 A Hypothesis ``RuleBasedStateMachine`` creates single-pool requests, releases and cancels them,
-resizes capacities (never below the reserved sums or current usage) and changes priorities, and
+resizes capacities (never below the reserved sums or current usage), changes priorities, and
+shrinks below usage (a ``shrink`` rule: removes or re-adds the custom key ``tpu``, lowers several
+capacities at once, or several limits of one policy at once, then reconciles), and
 after every step compares the engine's statuses (with reasons), counters and queue order with
 the model's, and checks that ``respool.invariant_violations`` is empty.
 
@@ -14,14 +16,25 @@ The model (this file only):
 * admission rules 1-3; queue order priority desc, in-share first, queue time (then id);
 * every trigger (create, release, cancel, resize, priority change) runs a full allocation pass of
   the pool: ``best_effort`` grants whatever fits in order, ``strict`` stops at the first request
-  that does not fit (and a pool whose tracked ``step_run`` is full grants nothing).
+  that does not fit (and a pool whose tracked ``step_run`` is full grants nothing);
+* SPEC §11.1 starvation guard (pools draw ``starvation_seconds`` None, 0, 2 or 300): in a
+  best_effort pass, the first request that does not fit is the head; once it has waited
+  ``starvation_seconds`` a request behind it is granted only if, for every tracked key both need,
+  the free units left still cover the head's need, or if its ``max_seconds`` ends by the head's
+  shadow time (the earliest deadline of capped allocations at which the head would fit);
+  requests may carry ``max_seconds`` and the reconciler expires them at allocated_at + max_seconds
+  (reason ``max_seconds``) right after lapsed leases;
+* SPEC §11.2 ``ordering: fair`` (drawn per pool): between the in-share flag and queue time, the
+  subject's dominant share (max over the pool's keys of used / capacity), ascending.
 
 Reconciler (SPEC §5, grace period 0): requests may carry a lease (renewed by heartbeats) and
 retries; a ``reconcile`` rule runs ``respool.reconcile_pool`` at the machine's clock and the
-model mirrors its pass: lapsed leases expire, then the queue is walked for requests that only the
-pool's capacity blocks (reclaim when in share or non-preemptible, priority preemption for
-preemptible borrowers), victims chosen in victim order with the minimal set, the requester
-granted in the same pass, then a full allocation. A heartbeat on a lapsed lease expires it.
+model mirrors its pass: lapsed leases expire, shrinks are enforced (SPEC §2/§3: all keys over at
+once, victim order, minimal set; a removed custom key is capacity 0), then the queue is walked
+for requests that only the pool's capacity blocks (reclaim when in share or non-preemptible,
+priority preemption for preemptible borrowers), victims chosen in victim order with the minimal
+set, the requester granted in the same pass, then a full allocation. A heartbeat on a lapsed
+lease expires it.
 
 The engine only tries the new request on a create in a best_effort pool and does not re-run a
 best_effort pool when a queued request leaves; that is equivalent because after any pass no
@@ -35,12 +48,14 @@ checking admission against the live counters.
 
 All examples share one database (Hypothesis runs many); each example starts by emptying it.
 Requests are created with an explicit, strictly increasing ``p_now`` so queue times are
-deterministic.
+deterministic. ``RESPOOL_MODEL_TWIN=<twin in support.twins>`` installs a known-bad engine first
+(e.g. ``broken_shrink_twin``, the shrink enforcement bugs fixed by issue 12): the test must fail.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections import Counter
 from collections.abc import Coroutine
@@ -62,6 +77,7 @@ from hypothesis.stateful import (
 )
 
 from app.db.connect import APP_CLI, connect
+from support.twins import install_twin
 
 T = TypeVar("T")
 SOFT_KEYS = frozenset({"mcpu", "memory_mb", "step_run"})
@@ -80,6 +96,8 @@ class MPool:
     queueing: str
     capacity: dict[str, int]
     used: Counter[str] = field(default_factory=Counter)
+    starvation: int | None = None
+    ordering: str = "fifo"
 
     def cap(self, key: str) -> int | None:
         """Effective capacity: None = untracked soft key, 0 = a missing hard key."""
@@ -115,6 +133,17 @@ class MRequest:
     attempt: int = 1
     lease_expires: int | None = None  # machine clock, seconds
     allocated_at: int = 0
+    max_seconds: int | None = None
+    queue_lease: tuple[int, int] | None = None  # (expires, attempt): SPEC §6, set while queued
+
+
+@dataclass
+class Hold:
+    """A best_effort pool holding free units for its head (SPEC §11.1)."""
+
+    head: MRequest
+    need: dict[str, int]
+    shadow: int | None
 
 
 class Model:
@@ -125,6 +154,7 @@ class Model:
         self.grants: Counter[str] = Counter()  # grants by what triggered the pass
         self.now = 0  # the machine clock (seconds after CLOCK0) of the step being applied
         self.preempted: Counter[str] = Counter()  # preemptions by mode
+        self.holds = 0  # passes in which a pool held for its head (SPEC §11.1)
 
     # admission ---------------------------------------------------------------------------------
 
@@ -172,13 +202,73 @@ class Model:
             if pool.cap(k) is not None
         )
 
+    def share(self, r: MRequest) -> float:
+        """The subject's dominant share in a fair pool (0 in a fifo pool), SPEC §11.2."""
+        pool, pol = self.pools[r.pool], self.policies[(r.subject, r.pool)]
+        if pool.ordering != "fair":
+            return 0.0
+        return max((pol.used[k] / c for k, c in pool.capacity.items()), default=0.0)
+
     def queue(self, pool: str) -> list[MRequest]:
-        """The pool's queue in grant order, in-share computed from the usage now."""
+        """The pool's queue in grant order, in-share and shares computed from the usage now."""
         waiting = [r for r in self.requests.values() if r.pool == pool and r.status == "queued"]
         return sorted(
             waiting,
-            key=lambda r: (-self.policies[(r.subject, pool)].priority, not self.in_share(r), r.seq),
+            key=lambda r: (
+                -self.policies[(r.subject, pool)].priority,
+                not self.in_share(r),
+                self.share(r),
+                r.seq,
+            ),
         )
+
+    # the starvation guard (SPEC §11.1) ---------------------------------------------------------
+
+    def free(self, pool: MPool) -> dict[str, int]:
+        return {k: c - pool.used[k] for k, c in pool.capacity.items()}
+
+    def hold_for(self, pool: MPool, head: MRequest) -> Hold | None:
+        if (
+            pool.queueing != "best_effort"
+            or pool.starvation is None
+            or self.now - head.seq < pool.starvation
+        ):
+            return None
+        need = {k: n for k, n in head.resources.items() if k in pool.capacity and n > 0}
+        return Hold(head, need, self.shadow(pool, need))
+
+    def shadow(self, pool: MPool, need: dict[str, int]) -> int | None:
+        free = self.free(pool)
+        if all(free[k] >= n for k, n in need.items()):
+            return self.now
+        capped = sorted(
+            (
+                (r.allocated_at + r.max_seconds, r)
+                for r in self.requests.values()
+                if r.pool == pool.name and r.status == "allocated" and r.max_seconds is not None
+            ),
+            key=lambda pair: pair[0],
+        )
+        for deadline, r in capped:
+            for k, n in r.resources.items():
+                if k in free:
+                    free[k] += n
+            if all(free[k] >= n for k, n in need.items()):
+                return max(deadline, self.now)
+        return None
+
+    def allowed_by(self, pool: MPool, hold: Hold, r: MRequest) -> bool:
+        free = self.free(pool)
+        leaves_room = all(
+            r.resources.get(k, 0) == 0 or free[k] - r.resources[k] >= n
+            for k, n in hold.need.items()
+        )
+        backfills = (
+            r.max_seconds is not None
+            and hold.shadow is not None
+            and self.now + r.max_seconds <= hold.shadow
+        )
+        return leaves_room or backfills
 
     # state changes -----------------------------------------------------------------------------
 
@@ -197,14 +287,21 @@ class Model:
 
     def allocate(self, pool_name: str, trigger: str) -> None:
         pool = self.pools[pool_name]
+        head_seen, hold = False, None
         for r in self.queue(pool_name):  # order fixed at the start of the pass
             if "step_run" in pool.capacity and pool.used["step_run"] >= pool.capacity["step_run"]:
                 break
+            if hold is not None and not self.allowed_by(pool, hold, r):
+                continue  # held back for the starving head
             if self.admissible(r):
                 self._grant(r)
                 self.grants[trigger] += 1
             elif pool.queueing == "strict":
                 break
+            elif not head_seen:  # the first request that does not fit is the head
+                head_seen, hold = True, self.hold_for(pool, r)
+                if hold is not None:
+                    self.holds += 1
 
     def create(self, r: MRequest) -> None:
         self.requests[r.id] = r
@@ -228,6 +325,9 @@ class Model:
         self.allocate(r.pool, to)
 
     def heartbeat(self, r: MRequest) -> None:
+        if r.status == "queued" and r.lease_seconds:  # the queue lease, for this attempt
+            r.queue_lease = (self.now + r.lease_seconds, r.attempt)
+            return
         if r.status != "allocated" or r.lease_expires is None:
             return
         if r.lease_expires <= self.now:  # lapsed: expired, never revived
@@ -353,6 +453,53 @@ class Model:
             if (reason := self.rejection(v)) is not None:
                 v.status, v.reason = "rejected", reason
 
+    def victim_order(self, victims: list[MRequest]) -> list[MRequest]:
+        """Lowest policy priority, then most recently allocated, then id descending."""
+        return sorted(
+            victims,
+            key=lambda v: (
+                self.policies[(v.subject, v.pool)].priority,
+                -v.allocated_at,
+                tuple(-b for b in bytes.fromhex(v.id.replace("-", ""))),
+            ),
+        )
+
+    def shed(self, holders: list[MRequest], excess: dict[str, int], reason: str) -> None:
+        """SPEC §2/§3: walk the victim order until every key fits, then keep the set minimal."""
+        chosen: list[MRequest] = []
+        for v in self.victim_order(holders):
+            if not any(n > 0 and excess.get(k, 0) > 0 for k, n in v.resources.items()):
+                continue
+            chosen.append(v)
+            for k in excess:
+                excess[k] -= v.resources.get(k, 0)
+            if all(e <= 0 for e in excess.values()):
+                break
+        for v in reversed(list(chosen)):
+            if not any(excess.get(k, 0) + n > 0 for k, n in v.resources.items() if k in excess):
+                for k in excess:
+                    excess[k] += v.resources.get(k, 0)
+                chosen.remove(v)
+        for v in chosen:
+            self.preempt(v, reason)
+
+    def enforce_shrinks(self, pool_name: str) -> None:
+        pool = self.pools[pool_name]
+        over = {
+            k: n - cap
+            for k, n in pool.used.items()
+            if (cap := pool.cap(k)) is not None and n > cap  # a removed custom key is 0
+        }
+        if over:
+            self.shed(self.holders(pool_name), over, "capacity_shrink")
+        for pol in sorted(self.policies.values(), key=lambda p: p.subject):
+            if pol.pool != pool_name:
+                continue
+            over = {k: pol.used[k] - lim for k, lim in pol.limit.items() if pol.used[k] > lim}
+            if over:
+                mine = [h for h in self.holders(pool_name) if h.subject == pol.subject]
+                self.shed(mine, over, "limit_shrink")
+
     def reconcile(self, pool_name: str) -> None:
         pool = self.pools[pool_name]
         for r in self.requests.values():
@@ -364,6 +511,25 @@ class Model:
             ):
                 self._charge(r, -1)
                 r.status, r.reason, r.lease_expires = "expired", "lease_expired", None
+        for r in self.requests.values():  # step 1 too: lapsed queue leases (SPEC §6)
+            if (
+                r.pool == pool_name
+                and r.status == "queued"
+                and r.queue_lease is not None
+                and r.queue_lease[1] == r.attempt  # a requeued attempt is not bound by it
+                and r.queue_lease[0] <= self.now
+            ):
+                r.status, r.reason = "cancelled", "abandoned"
+        for r in self.requests.values():
+            if (
+                r.pool == pool_name
+                and r.status == "allocated"
+                and r.max_seconds is not None
+                and r.allocated_at + r.max_seconds <= self.now
+            ):
+                self._charge(r, -1)
+                r.status, r.reason, r.lease_expires = "expired", "max_seconds", None
+        self.enforce_shrinks(pool_name)
         changed = True
         while changed and self.holders(pool_name):
             changed, blocked = False, False
@@ -386,14 +552,43 @@ class Model:
                 break
         self.allocate(pool_name, "reconcile")
 
-    def resize(self, pool_name: str, key: str, capacity: int) -> None:
-        self.pools[pool_name].capacity[key] = capacity
+    def resize(self, pool_name: str, capacity: dict[str, int]) -> None:
+        """Merge a capacity change (0 removes the key), reject what can never fit, allocate."""
+        for key, n in capacity.items():
+            if n:
+                self.pools[pool_name].capacity[key] = n
+            else:
+                self.pools[pool_name].capacity.pop(key, None)
+        self.revalidate(pool_name, None)
+        self.allocate(pool_name, "resize")
+
+    def set_limit(self, pol: MPolicy, limit: dict[str, int]) -> None:
+        """Merge a limit change (0 removes the limit), reject what can never fit, allocate."""
+        for key, n in limit.items():
+            if n:
+                pol.limit[key] = n
+            else:
+                pol.limit.pop(key, None)
+        self.revalidate(pol.pool, pol.subject)
+        self.allocate(pol.pool, "set_limit")
+
+    def revalidate(self, pool_name: str, subject: str | None) -> None:
         for r in self.requests.values():
-            if r.pool == pool_name and r.status == "queued":
+            if r.pool == pool_name and r.status == "queued" and subject in (None, r.subject):
                 reason = self.rejection(r)
                 if reason is not None:
                     r.status, r.reason = "rejected", reason
-        self.allocate(pool_name, "resize")
+
+    def np_held(self, pool_name: str, key: str, subject: str | None = None) -> int:
+        """Units of key held by non-preemptible allocations (of one subject, or all)."""
+        return sum(
+            r.resources.get(key, 0)
+            for r in self.requests.values()
+            if r.pool == pool_name
+            and r.status == "allocated"
+            and not r.preemptible
+            and subject in (None, r.subject)
+        )
 
 
 # --- the machine ------------------------------------------------------------------------------
@@ -433,12 +628,12 @@ class LoopThread:
         self.loop.close()
 
 
-Shape = tuple[str, str, dict[str, int], bool, int | None, int]
+Shape = tuple[str, str, dict[str, int], bool, int | None, int, int | None]
 
 
 @st.composite
 def request_st(draw: st.DrawFn) -> Shape:
-    """(subject, pool, resources, preemptible, lease seconds, max retries): mostly
+    """(subject, pool, resources, preemptible, lease seconds, max retries, max seconds): mostly
     admissible-looking, some rejections."""
     subject, pool = draw(
         st.sampled_from(
@@ -455,11 +650,15 @@ def request_st(draw: st.DrawFn) -> Shape:
     )  # s3 has no policy on pb: no_policy
     resources = {"gpu": draw(st.sampled_from([1, 1, 1, 2, 2, 3, 0, 4]))}
     # tpu is a custom key only pa tracks (pool_missing_key on pb, now and then).
-    resources["tpu"] = draw(st.sampled_from([0, 0, 0, 1, 2] if pool == "pa" else [0] * 9 + [1]))
+    resources["tpu"] = draw(st.sampled_from([0, 0, 0, 1, 2] if pool == "pa" else [0] * 6 + [1]))
     resources["mcpu"] = draw(st.sampled_from([0, 0, 500, 1500]))
     preemptible = draw(st.sampled_from([True, True, True, False]))
     lease = draw(st.sampled_from([None, None, 2, 4]))  # the clock moves 1 s per step
-    return subject, pool, resources, preemptible, lease, draw(st.sampled_from([0, 0, 1]))
+    retries = draw(st.sampled_from([0, 0, 1]))
+    return subject, pool, resources, preemptible, lease, retries, draw(st.sampled_from(MAX_SECONDS))
+
+
+MAX_SECONDS = [None, None, 2, 6]  # the clock moves 1 s per step
 
 
 class EngineMachine(RuleBasedStateMachine):
@@ -487,7 +686,10 @@ class EngineMachine(RuleBasedStateMachine):
         gpu_a=st.integers(2, 4),
         gpu_b=st.integers(2, 3),
         step_run_a=st.sampled_from([None, 2, 3]),
+        tpu_b=st.sampled_from([None, 2]),
         priorities=st.lists(st.integers(0, 2), min_size=5, max_size=5),
+        starvation=st.lists(st.sampled_from([None, 0, 2, 300]), min_size=2, max_size=2),
+        ordering=st.lists(st.sampled_from(["fifo", "fair"]), min_size=2, max_size=2),
     )
     def setup(
         self,
@@ -496,7 +698,10 @@ class EngineMachine(RuleBasedStateMachine):
         gpu_a: int,
         gpu_b: int,
         step_run_a: int | None,
+        tpu_b: int | None,
         priorities: list[int],
+        starvation: list[int | None],
+        ordering: list[str],
     ) -> None:
         # A fresh universe per example. DELETE rather than TRUNCATE: with a few dozen rows it is
         # ~100x faster (TRUNCATE swaps files), and Hypothesis runs hundreds of examples.
@@ -509,7 +714,8 @@ class EngineMachine(RuleBasedStateMachine):
             )
         )
         cap_a = {"gpu": gpu_a, "tpu": 2} | ({"step_run": step_run_a} if step_run_a else {})
-        pools = {"pa": (cap_a, queueing_a), "pb": ({"gpu": gpu_b}, queueing_b)}
+        cap_b = {"gpu": gpu_b} | ({"tpu": tpu_b} if tpu_b else {})
+        pools = {"pa": (cap_a, queueing_a), "pb": (cap_b, queueing_b)}
         sr = {"step_run": 1} if step_run_a else {}
         policies = [  # (subject, pool, reserved, limit); s3 has no policy on pb
             ("s1", "pa", {"gpu": 1} | sr, {"gpu": 3}),
@@ -518,14 +724,19 @@ class EngineMachine(RuleBasedStateMachine):
             ("s1", "pb", {"gpu": 1}, {"step_run": 2}),  # limit on untracked step_run
             ("s2", "pb", {"gpu": 1}, {}),
         ]
-        for name, (capacity, queueing) in pools.items():
+        for i, (name, (capacity, queueing)) in enumerate(pools.items()):
             self.sql(
-                "SELECT respool.create_pool(p_name => $1, p_capacity => $2, p_queueing => $3)",
+                "SELECT respool.create_pool(p_name => $1, p_capacity => $2, p_queueing => $3,"
+                " p_starvation_seconds => $4, p_ordering => $5)",
                 name,
                 capacity,
                 queueing,
+                starvation[i],
+                ordering[i],
             )
-            self.model.pools[name] = MPool(name, queueing, dict(capacity))
+            self.model.pools[name] = MPool(
+                name, queueing, dict(capacity), starvation=starvation[i], ordering=ordering[i]
+            )
         for (subject, pool, reserved, limit), priority in zip(policies, priorities, strict=True):
             doc = self.sql(
                 "SELECT respool.create_policy(p_subject => $1, p_pool => $2, p_priority => $3,"
@@ -562,13 +773,14 @@ class EngineMachine(RuleBasedStateMachine):
         preemptible: bool,
         lease: int | None,
         retries: int,
+        max_seconds: int | None = None,
     ) -> None:
         now = self.now()
         row = self.runner.run(
             self.conn.fetchrow(
                 "SELECT created, request FROM respool.create_request(p_subject => $1, p_pool => $2,"
                 " p_resources => $3, p_preemptible => $4, p_now => $5, p_lease_seconds => $6,"
-                " p_max_retries => $7)",
+                " p_max_retries => $7, p_max_seconds => $8)",
                 subject,
                 pool,
                 resources,
@@ -576,6 +788,7 @@ class EngineMachine(RuleBasedStateMachine):
                 now,
                 lease,
                 retries,
+                max_seconds,
             )
         )
         assert row["created"]
@@ -593,6 +806,7 @@ class EngineMachine(RuleBasedStateMachine):
                 "queued",
                 lease_seconds=lease,
                 max_retries=retries,
+                max_seconds=max_seconds,
             )
         )
         self.stats[f"create:{doc['status']}"] += 1
@@ -675,14 +889,69 @@ class EngineMachine(RuleBasedStateMachine):
         )
         low = max(reserved, mpool.used[key], 1)
         capacity = data.draw(st.integers(low, max(low, 7)), label="capacity")
+        self._update_pool(pool, {key: capacity})
+        self.stats["resize"] += 1
+
+    def _update_pool(self, pool: str, capacity: dict[str, int]) -> None:
         self.sql(
             "SELECT respool.update_pool(p_ref => $1, p_capacity => $2, p_now => $3)",
             pool,
-            {key: capacity},
+            capacity,
             self.now(),
         )
-        self.model.resize(pool, key, capacity)
-        self.stats["resize"] += 1
+        self.model.resize(pool, capacity)
+
+    def _reserved_sum(self, pool: str, key: str) -> int:
+        return sum(p.reserved.get(key, 0) for p in self.model.policies.values() if p.pool == pool)
+
+    @rule(data=st.data())
+    def shrink(self, data: st.DataObject) -> None:
+        """SPEC §2/§3: usage above a capacity or limit, then one reconcile pass. Removes (or
+        re-adds) a custom key, or lowers several capacities, or several limits of one policy,
+        at once; never below reserved sums or what non-preemptible work holds (that must fit)."""
+        kind = data.draw(st.sampled_from(["key", "capacities", "limits"]), label="shrink")
+        pool = data.draw(st.sampled_from(POOL_NAMES), label="pool")
+        mpool = self.model.pools[pool]
+        pols = sorted(
+            (p for p in self.model.policies.values() if p.pool == pool), key=lambda p: p.subject
+        )
+        pol = data.draw(st.sampled_from(pols), label="policy")
+        # Fill first (mirrored as ordinary creates), so the shrink usually puts keys over.
+        for resources in ({"gpu": 1, "tpu": 1}, {"gpu": 1}, {"gpu": 1}):
+            if "tpu" in mpool.capacity or "tpu" not in resources:
+                self._create(pol.subject, pool, resources, True, None, 0)
+        if kind == "key":
+            if "tpu" not in mpool.capacity:
+                change = {"tpu": data.draw(st.integers(1, 3), label="tpu back")}
+            elif self._reserved_sum(pool, "tpu") == 0:
+                change = {"tpu": 0}  # removed: capacity 0 for a custom key (§1)
+            else:
+                kind = "capacities"
+        if kind == "capacities":
+            change = {}
+            for key in sorted(mpool.capacity):
+                low = max(self._reserved_sum(pool, key), self.model.np_held(pool, key), 1)
+                below = max(low, min(mpool.capacity[key], mpool.used[key] - 1))
+                change[key] = data.draw(st.sampled_from([low, below]), label=f"capacity {key}")
+        if kind in ("key", "capacities"):
+            self._update_pool(pool, change)
+        else:
+            limit = {}
+            for key in ("gpu", "step_run"):
+                low = max(pol.reserved.get(key, 0), self.model.np_held(pool, key, pol.subject), 1)
+                limit[key] = data.draw(
+                    st.sampled_from([0, low, low, low + 1]), label=f"limit {key}"
+                )
+            self.sql(
+                "SELECT respool.update_policy(p_ref => $1, p_limit => $2, p_now => $3)",
+                pol.id,
+                limit,
+                self.now(),
+            )
+            self.model.set_limit(pol, limit)
+        self.stats[f"shrink_{kind}"] += 1
+        # Usage above a bound is I1/I2 until the reconciler acts: act now, before the checks.
+        self.reconcile(pool)
 
     def _set_priority(self, data: st.DataObject) -> None:
         pol = data.draw(
@@ -709,6 +978,10 @@ class EngineMachine(RuleBasedStateMachine):
             self.stats[f"granted_after_{trigger}"] += n
         for mode, n in self.model.preempted.items():
             self.stats[f"preempted_{mode}"] += n
+        self.stats["passes_holding_for_a_head"] += self.model.holds
+        self.stats["expired_max_seconds"] += sum(
+            r.reason == "max_seconds" for r in self.model.requests.values()
+        )
 
     @invariant()
     def engine_matches_model(self) -> None:
@@ -751,9 +1024,13 @@ class EngineMachine(RuleBasedStateMachine):
 # Passing takes ~20 s; on a failure Hypothesis shrinks for up to 5 minutes (every shrink attempt
 # replays its steps against the database), so allow that before pytest-timeout steps in.
 @pytest.mark.timeout(900)
+@pytest.mark.slow
 def test_engine_matches_reference_model(db_url: str) -> None:
     runner = LoopThread()
     conn = runner.run(connect(db_url, application_name=APP_CLI))
+    if twin := os.environ.get("RESPOOL_MODEL_TWIN"):
+        # Prove the model catches a known-bad engine: e.g. broken_shrink_twin (issue 12).
+        runner.run(install_twin(conn, twin.removesuffix(".sql")))
     EngineMachine.runner = runner
     EngineMachine.conn = conn
     EngineMachine.stats = Counter()

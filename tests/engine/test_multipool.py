@@ -6,7 +6,8 @@ import asyncpg
 import pytest
 from engine_support import allocated, assert_healthy, mk_policy, mk_pool, mk_req, queue, status
 
-from app.db import queries as q
+from app.db import pools as db_pools
+from app.db import requests as db_requests
 
 
 @pytest.fixture
@@ -30,7 +31,7 @@ async def test_candidates_are_tried_by_priority_then_name(three: asyncpg.Connect
         ("allocated", "a"),
     ]
     for r in grants:
-        assert r.pool_id == (await q.get_pool(three, r.pool)).id
+        assert r.pool_id == (await db_pools.get_pool(three, r.pool)).id
     assert [await allocated(three, p) for p in ("a", "b", "c")] == [{"gpu": 2, "step_run": 1}] * 3
     await assert_healthy(three)
 
@@ -70,13 +71,13 @@ async def test_queued_in_every_candidate_granted_once(three: asyncpg.Connection)
     assert [(d["pool"], d["queued_demand"]) for d in demand] == [("a", 2), ("b", 2), ("c", 2)]
 
     # capacity frees in c (not the first candidate): granted there, and it leaves every queue
-    await q.release_request(three, holders["c"].id)
-    got = await q.get_request(three, waiting.id)
+    await db_requests.release_request(three, holders["c"].id)
+    got = await db_requests.get_request(three, waiting.id)
     assert (got.status, got.pool) == ("allocated", "c")
     assert await queue(three) == []
     # freeing more elsewhere grants nothing twice
-    await q.release_request(three, holders["a"].id)
-    await q.release_request(three, holders["b"].id)
+    await db_requests.release_request(three, holders["a"].id)
+    await db_requests.release_request(three, holders["b"].id)
     assert await status(three, waiting.id) == "allocated"
     assert await allocated(three, "a") == {} and await allocated(three, "b") == {}
     assert await allocated(three, "c") == {"gpu": 2, "step_run": 1}
@@ -94,8 +95,8 @@ async def test_capacity_growth_in_any_candidate_grants(three: asyncpg.Connection
     for _ in range(3):
         await mk_req(three, "S", resources={"gpu": 2})
     waiting = await mk_req(three, "S", resources={"gpu": 1})
-    await q.update_pool(three, "a", capacity={"gpu": 3})
-    got = await q.get_request(three, waiting.id)
+    await db_pools.update_pool(three, "a", capacity={"gpu": 3})
+    got = await db_requests.get_request(three, waiting.id)
     assert (got.status, got.pool) == ("allocated", "a")
     assert await queue(three) == []
     await assert_healthy(three)
@@ -155,8 +156,8 @@ async def test_queued_only_where_it_can_ever_fit(conn: asyncpg.Connection) -> No
     # the small pool, free, never grants it
     await mk_req(conn, "S", "small", resources={"gpu": 1})
     assert await status(conn, waiting.id) == "queued"
-    await q.release_request(conn, holder.id)
-    got = await q.get_request(conn, waiting.id)
+    await db_requests.release_request(conn, holder.id)
+    got = await db_requests.get_request(conn, waiting.id)
     assert (got.status, got.pool) == ("allocated", "large")
     await assert_healthy(conn)
 
@@ -166,7 +167,7 @@ async def test_cancel_leaves_every_queue(three: asyncpg.Connection) -> None:
         await mk_req(three, "S", resources={"gpu": 2})
     waiting = await mk_req(three, "S", resources={"gpu": 2})
     assert len(await queue(three)) == 3
-    cancelled = await q.cancel_request(three, waiting.id)
+    cancelled = await db_requests.cancel_request(three, waiting.id)
     assert cancelled.status == "cancelled"
     assert await queue(three) == []
     await assert_healthy(three)

@@ -17,7 +17,10 @@ import asyncpg
 import pytest
 from engine_support import assert_healthy, db_now, events, get, mk_policy, mk_pool, mk_req, status
 
-from app.db import queries as q
+from app.db import policies as db_policies
+from app.db import pools as db_pools
+from app.db import reconcile as db_reconcile
+from app.db import requests as db_requests
 from app.db.errors import Conflict
 
 # (subject, priority, reserved gpu, limit gpu or None)
@@ -35,6 +38,7 @@ class Case:
     allocated: set[str]
     preempted: set[str] = field(default_factory=set)
     queued: set[str] = field(default_factory=set)
+    pool: dict[str, Any] = field(default_factory=dict)  # pool settings (SPEC §11)
 
 
 CASES: dict[str, Case] = {
@@ -125,11 +129,25 @@ CASES: dict[str, Case] = {
         running=[("z1", "z", 2, True), ("z2", "z", 2, True)],
         incoming=[("y1", "y", 2, True), ("x1", "x", 2, True)],
         allocated={"x1", "y1"}, preempted={"z1", "z2"}),
+    # SPEC §11.1: the pool holds for its head (big, waiting since starvation_seconds 0), yet the
+    # reconciler's rules are unchanged: prod reclaims its share, taking a GPU the head needs.
+    "a starvation hold does not stop reclaim": Case(
+        8, [("dev", 10, 0, None), ("big", 10, 0, None), ("prod", 0, 4, None)],
+        running=[("d1", "dev", 4, True), ("d2", "dev", 4, True)],
+        incoming=[("b1", "big", 8, True), ("p1", "prod", 4, True)],
+        allocated={"d1", "p1"}, preempted={"d2"}, queued={"b1"},
+        pool={"starvation_seconds": 0}),
+    "a held-for head still preempts lower-priority borrowers": Case(
+        8, [("dev", 0, 0, None), ("big", 10, 0, None)],
+        running=[("d1", "dev", 4, True), ("d2", "dev", 4, True)],
+        incoming=[("b1", "big", 8, True)],
+        allocated={"b1"}, preempted={"d1", "d2"},
+        pool={"starvation_seconds": 0}),
 }  # fmt: skip
 
 
 async def reconcile(conn: asyncpg.Connection, pool: str, now: datetime | None = None) -> Any:
-    pid = (await q.get_pool(conn, pool)).id
+    pid = (await db_pools.get_pool(conn, pool)).id
     return await conn.fetchval("SELECT respool.reconcile_pool($1, coalesce($2, now()))", pid, now)
 
 
@@ -163,7 +181,7 @@ async def outcome(conn: asyncpg.Connection, ids: dict[str, UUID]) -> dict[str, s
 @pytest.mark.parametrize("name", list(CASES))
 async def test_scenario(conn: asyncpg.Connection, name: str) -> None:
     case = CASES[name]
-    ids = await build(conn, case)
+    ids = await build(conn, case, **case.pool)
     await reconcile(conn, "p")
     expected = {"allocated": case.allocated, "preempted": case.preempted, "queued": case.queued}
     assert await outcome(conn, ids) == expected
@@ -197,8 +215,8 @@ async def test_capacity_shrink_preempts_lowest_priority_newest_first(
                          ("h2", "hi", 2, True)],
                 incoming=[], allocated=set())  # fmt: skip
     ids = await build(conn, case)
-    await q.update_pool(conn, "p", capacity={"gpu": 5})
-    assert [v.invariant for v in await q.invariant_violations(conn)] == ["I1"]
+    await db_pools.update_pool(conn, "p", capacity={"gpu": 5})
+    assert [v.invariant for v in await db_reconcile.invariant_violations(conn)] == ["I1"]
     await reconcile(conn, "p")
     # 3 units too many: l2 (2, newest low) then l1 (2) -> both needed.
     assert await outcome(conn, ids) == {"allocated": {"h1", "h2"}, "preempted": {"l1", "l2"},
@@ -213,9 +231,9 @@ async def test_limit_shrink_preempts_the_subjects_newest(conn: asyncpg.Connectio
                          ("a3", "a", 2, True)],
                 incoming=[], allocated=set())  # fmt: skip
     ids = await build(conn, case)
-    policy = (await q.list_policies(conn, subject="a"))[0]
-    await q.update_policy(conn, str(policy.id), limit={"gpu": 3})
-    assert [v.invariant for v in await q.invariant_violations(conn)] == ["I2"]
+    policy = (await db_policies.list_policies(conn, subject="a"))[0]
+    await db_policies.update_policy(conn, str(policy.id), limit={"gpu": 3})
+    assert [v.invariant for v in await db_reconcile.invariant_violations(conn)] == ["I2"]
     await reconcile(conn, "p")
     assert await outcome(conn, ids) == {"allocated": {"a1", "b1"}, "preempted": {"a2", "a3"},
                                         "queued": set()}  # fmt: skip
@@ -243,8 +261,8 @@ async def test_retry_requeues_with_original_queue_time(conn: asyncpg.Connection)
     ]  # fmt: skip
     # The stale attempt is fenced off; the new one runs once prod is done.
     with pytest.raises(Conflict):
-        await q.release_request(conn, d.id, attempt=1)
-    await q.release_request(conn, p.id)
+        await db_requests.release_request(conn, d.id, attempt=1)
+    await db_requests.release_request(conn, p.id)
     assert (await get(conn, d.id)).status == "allocated"
     # Preempted again on its last attempt: terminal.
     await mk_req(conn, "prod", "p", resources={"gpu": 2})
@@ -296,7 +314,7 @@ async def grace(conn: asyncpg.Connection, request: pytest.FixtureRequest) -> dic
 async def test_grace_victim_learns_it_from_its_heartbeat(
     conn: asyncpg.Connection, grace: dict[str, UUID]
 ) -> None:
-    answer = await q.heartbeat_request(conn, grace["d2"])
+    answer = await db_requests.heartbeat_request(conn, grace["d2"])
     assert answer.status == "preempting" and "release within 30 s" in answer.message
     assert await status(conn, grace["p1"]) == "queued"
     assert "being released for it" in (await get(conn, grace["p1"])).message
@@ -305,7 +323,7 @@ async def test_grace_victim_learns_it_from_its_heartbeat(
 async def test_grace_victim_releases_early_and_the_earmark_is_not_stolen(
     conn: asyncpg.Connection, grace: dict[str, UUID]
 ) -> None:
-    await q.release_request(conn, grace["d2"])
+    await db_requests.release_request(conn, grace["d2"])
     assert await outcome(conn, grace) == {"allocated": {"d1", "p1"}, "preempted": {"d2"},
                                           "queued": {"o1"}}  # fmt: skip
     await assert_healthy(conn)

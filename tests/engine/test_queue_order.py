@@ -21,7 +21,10 @@ from engine_support import (
     statuses,
 )
 
+from app.db import policies as db_policies
+from app.db import pools as db_pools
 from app.db import queries as q
+from app.db import requests as db_requests
 
 
 async def test_priority_descending(conn: asyncpg.Connection) -> None:
@@ -40,7 +43,7 @@ async def test_priority_descending(conn: asyncpg.Connection) -> None:
     ]
     assert [(await get(conn, i)).queue_position for i in (hi.id, mid.id, lo.id)] == [1, 2, 3]
     assert "2 ahead" in (await get(conn, lo.id)).message
-    await q.release_request(conn, holder.id)
+    await db_requests.release_request(conn, holder.id)
     assert await statuses(conn, hi.id, mid.id, lo.id) == ["allocated", "queued", "queued"]
     # the request carries its policy's priority
     assert (await get(conn, hi.id)).priority == 10
@@ -59,7 +62,7 @@ async def test_in_share_before_an_earlier_borrower(conn: asyncpg.Connection) -> 
     assert [r["priority"] for r in await queue(conn, "p")] == [0, 0]
     usage = await policy_usage(conn, "p", "A")
     assert (usage["gpu"]["used"], usage["gpu"]["borrowed"]) == (4, 2)
-    await q.release_request(conn, a1.id)
+    await db_requests.release_request(conn, a1.id)
     assert await statuses(conn, in_share.id, borrower.id) == ["allocated", "queued"]
     await assert_healthy(conn)
 
@@ -76,9 +79,9 @@ async def test_queue_time_then_id(conn: asyncpg.Connection) -> None:
     late = await mk_req(conn, "S", "p", resources={"gpu": 1})
     tied = sorted([same_a.id, same_b.id])
     assert await queue_ids(conn, "p") == [early.id, *tied, late.id]
-    await q.release_request(conn, holder.id)
+    await db_requests.release_request(conn, holder.id)
     assert await status(conn, early.id) == "allocated"
-    await q.release_request(conn, early.id)
+    await db_requests.release_request(conn, early.id)
     assert await statuses(conn, tied[0], tied[1]) == ["allocated", "queued"]
 
 
@@ -114,7 +117,7 @@ async def test_release_behind_a_big_one(
     big = await mk_req(conn, "S", "p", resources={"gpu": 3})
     small = await mk_req(conn, "S", "p", resources={"gpu": 1})
     assert (big.status, small.status) == ("queued", "queued")
-    await q.release_request(conn, h1.id)  # 2 free: the big one still does not fit
+    await db_requests.release_request(conn, h1.id)  # 2 free: the big one still does not fit
     assert await statuses(conn, big.id, small.id) == ["queued", small_status]
     await assert_healthy(conn)
 
@@ -126,7 +129,7 @@ async def test_strict_grants_in_order_once_the_head_fits(conn: asyncpg.Connectio
     big = await mk_req(conn, "S", "p", resources={"gpu": 3})
     small = await mk_req(conn, "S", "p", resources={"gpu": 1})
     more = await mk_req(conn, "S", "p", resources={"gpu": 1})
-    await q.release_request(conn, h1.id)
+    await db_requests.release_request(conn, h1.id)
     assert await statuses(conn, big.id, small.id, more.id) == ["allocated", "allocated", "queued"]
     await assert_healthy(conn)
 
@@ -139,7 +142,7 @@ async def test_strict_head_cancelled_lets_the_queue_move(conn: asyncpg.Connectio
     behind = await mk_req(conn, "S", "p", resources={"gpu": 2})
     assert behind.status == "queued"
     async with conn.transaction():
-        await q.cancel_request(conn, head.id)
+        await db_requests.cancel_request(conn, head.id)
         assert await status(conn, behind.id) == "allocated"  # same transaction
     await assert_healthy(conn)
 
@@ -155,7 +158,7 @@ async def test_limit_rule(conn: asyncpg.Connection) -> None:
     # the pool has room: another subject behind it is granted (best_effort)
     other = await mk_req(conn, "other", "p", resources={"gpu": 4})
     assert other.status == "allocated"
-    await q.release_request(conn, first.id)
+    await db_requests.release_request(conn, first.id)
     assert await status(conn, blocked.id) == "allocated"
     assert (await policy_usage(conn, "p", "capped"))["gpu"]["used"] == 2
     await assert_healthy(conn)
@@ -173,9 +176,9 @@ async def test_non_preemptible_rule(conn: asyncpg.Connection) -> None:
     assert p1.status == "allocated"
     usage = (await policy_usage(conn, "p", "S"))["gpu"]
     assert (usage["used"], usage["np_used"], usage["reserved"]) == (6, 2, 3)
-    await q.release_request(conn, p1.id)
+    await db_requests.release_request(conn, p1.id)
     assert await status(conn, np2.id) == "queued"  # freeing preemptible units does not help
-    await q.release_request(conn, np1.id)
+    await db_requests.release_request(conn, np1.id)
     assert await status(conn, np2.id) == "allocated"
     assert (await policy_usage(conn, "p", "S"))["gpu"]["np_used"] == 2
     await assert_healthy(conn)
@@ -196,11 +199,11 @@ async def _full_pool(conn: asyncpg.Connection, **policy: object) -> tuple[q.Requ
 
 
 async def _release(conn: asyncpg.Connection, holder: q.Request) -> None:
-    await q.release_request(conn, holder.id)
+    await db_requests.release_request(conn, holder.id)
 
 
 async def _cancel(conn: asyncpg.Connection, holder: q.Request) -> None:
-    await q.cancel_request(conn, holder.id)
+    await db_requests.cancel_request(conn, holder.id)
 
 
 async def _expire(conn: asyncpg.Connection, holder: q.Request) -> None:
@@ -224,7 +227,7 @@ async def _late_heartbeat(conn: asyncpg.Connection, holder: q.Request) -> None:
 
 
 async def _grow(conn: asyncpg.Connection, holder: q.Request) -> None:
-    await q.update_pool(conn, "p", capacity={"gpu": 3})
+    await db_pools.update_pool(conn, "p", capacity={"gpu": 3})
 
 
 @pytest.mark.parametrize(
@@ -257,7 +260,7 @@ async def test_limit_raise_grants_in_the_same_transaction(conn: asyncpg.Connecti
     waiting = await mk_req(conn, "S", "p", resources={"gpu": 2})
     assert waiting.status == "queued"
     async with conn.transaction():
-        await q.update_policy(conn, str(pol.id), limit={"gpu": 4})
+        await db_policies.update_policy(conn, str(pol.id), limit={"gpu": 4})
         assert await status(conn, waiting.id) == "allocated"
     await assert_healthy(conn)
 
@@ -267,7 +270,9 @@ async def test_removing_a_limit_grants(conn: asyncpg.Connection) -> None:
     pol = await mk_policy(conn, "S", "p", limit={"gpu": 2})
     await mk_req(conn, "S", "p", resources={"gpu": 2})
     waiting = await mk_req(conn, "S", "p", resources={"gpu": 1})
-    updated = await q.update_policy(conn, str(pol.id), limit={"gpu": 0})  # 0 removes the limit
+    updated = await db_policies.update_policy(
+        conn, str(pol.id), limit={"gpu": 0}
+    )  # 0 removes the limit
     assert updated.limit == {}
     assert await status(conn, waiting.id) == "allocated"
     await assert_healthy(conn)
@@ -279,7 +284,7 @@ async def test_policy_delete_grants_to_others(conn: asyncpg.Connection) -> None:
     await mk_policy(conn, "S", "p")
     holder = await mk_req(conn, "gone", "p", resources={"gpu": 2})
     waiting = await mk_req(conn, "S", "p", resources={"gpu": 2})
-    await q.delete_policy(conn, str(gone.id), force=True)
+    await db_policies.delete_policy(conn, str(gone.id), force=True)
     got = await get(conn, holder.id)
     assert (got.status, got.reason) == ("cancelled", "policy_deleted")
     assert await status(conn, waiting.id) == "allocated"

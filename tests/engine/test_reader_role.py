@@ -13,12 +13,13 @@ VIEWS = ["pool_usage", "policy_usage", "queue", "request_events", "invariant_vio
 
 @pytest.fixture
 async def reader(conn: asyncpg.Connection) -> AsyncIterator[asyncpg.Connection]:
-    """`conn` with some data in every view, then SET ROLE respool_reader."""
+    """`conn` with some data in every view, then SET ROLE to this database's reader role."""
     await mk_pool(conn, "p", {"gpu": 1})
     await mk_policy(conn, "S", "p", reserved={"gpu": 1})
     await mk_req(conn, "S", "p", resources={"gpu": 1})
     await mk_req(conn, "S", "p", resources={"gpu": 1})  # queued
-    await conn.execute("SET ROLE respool_reader")
+    role = await conn.fetchval("SELECT respool.ensure_reader_role()")
+    await conn.execute(f'SET ROLE "{role}"')
     try:
         yield conn
     finally:
@@ -36,7 +37,7 @@ async def reader(conn: asyncpg.Connection) -> AsyncIterator[asyncpg.Connection]:
     ],
 )
 async def test_reader_sees_the_views(reader: asyncpg.Connection, view: str, rows: int) -> None:
-    assert await reader.fetchval("SELECT current_user") == "respool_reader"
+    assert await reader.fetchval("SELECT current_user = respool.reader_role()")
     # view names come from the fixed list above
     assert await reader.fetchval(f"SELECT count(*) FROM respool.{view}") == rows  # noqa: S608
 

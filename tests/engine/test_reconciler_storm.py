@@ -12,10 +12,13 @@ from __future__ import annotations
 import asyncio
 
 import asyncpg
+import pytest
 from test_storm import STORM_SECONDS, _run_storm, _setup, drain
 
 from app.db.connect import APP_CLI, connect
 from app.reconciler import Reconciler
+
+pytestmark = pytest.mark.slow  # measured: tens of seconds (pytest --durations)
 
 RECONCILERS = 3
 
@@ -76,7 +79,7 @@ async def test_reconcile_pool_skips_a_pool_another_transaction_holds(
     other = await connect(db_url, application_name=APP_CLI)
     try:
         async with other.transaction():
-            await other.execute("SELECT respool._lock_pools(ARRAY[$1::uuid])", pool_id)
+            await other.execute("SELECT respool.lock_pools(ARRAY[$1::uuid])", pool_id)
             assert await conn.fetchval("SELECT respool.reconcile_pool($1)", pool_id) is None
         assert await conn.fetchval("SELECT respool.reconcile_pool($1)", pool_id) is not None
     finally:

@@ -17,7 +17,7 @@ from engine_support import (
     status,
 )
 
-from app.db import queries as q
+from app.db import requests as db_requests
 from app.db.errors import NotFound
 
 
@@ -94,7 +94,7 @@ async def test_rejected_at_creation(
         assert part in r.message
     assert r.finished_at is not None and r.queue_position is None
     # stored, readable, with its history, and it took nothing
-    again = await q.get_request(db, r.id)
+    again = await db_requests.get_request(db, r.id)
     assert (again.status, again.reason, again.message) == ("rejected", reason, r.message)
     assert await events(db, r.id) == [(None, "rejected", reason)]
     assert await queue(db) == []
@@ -129,7 +129,7 @@ async def test_admissible_requests_are_granted(
 
 async def test_unknown_pool_is_not_found_and_not_stored(db: asyncpg.Connection) -> None:
     with pytest.raises(NotFound) as err:
-        await q.create_request(db, subject="team", pool="nope")
+        await db_requests.create_request(db, subject="team", pool="nope")
     assert "nope" in err.value.message
     assert await db.fetchval("SELECT count(*) FROM respool.requests") == 0
 
@@ -151,7 +151,7 @@ async def test_limit_on_untracked_step_run_caps_requests(conn: asyncpg.Connectio
         " WHERE pool = 'p' AND key = 'step_run'"
     )
     assert dict(row) == {"capacity": None, "allocated": 2, "free": None}
-    await q.release_request(conn, r1.id)
+    await db_requests.release_request(conn, r1.id)
     assert await status(conn, r3.id) == "allocated"
     await assert_healthy(conn)
 
@@ -192,7 +192,7 @@ async def test_reserved_step_run_bounds_non_preemptible_runs(conn: asyncpg.Conne
     assert "step_run" in second.message and "non-preemptible" in second.message
     np_used = await conn.fetchval("SELECT np_used FROM respool.policy_usage WHERE key = 'step_run'")
     assert np_used == 1
-    await q.release_request(conn, first.id)
+    await db_requests.release_request(conn, first.id)
     assert await status(conn, second.id) == "allocated"
     await assert_healthy(conn)
 

@@ -11,19 +11,16 @@ import asyncpg
 import pytest
 from engine_support import mk_policy, mk_pool, mk_req
 
-from app.db import queries as q
-from app.db.connect import APP_CLI, connect
+from app.db import requests as db_requests
 from app.db.errors import BadInput
+from support.db import direct
 
 
 @pytest.fixture(scope="module")
 async def mconn(module_db_url: str) -> AsyncIterator[asyncpg.Connection]:
     """One connection for the pure-function tests of this module (they store nothing)."""
-    c = await connect(module_db_url, application_name=APP_CLI)
-    try:
+    async with direct(module_db_url) as c:
         yield c
-    finally:
-        await c.close()
 
 
 async def convert(conn: asyncpg.Connection, settings_json: str) -> dict[str, int]:
@@ -270,7 +267,7 @@ async def test_malformed_create_is_not_stored(
     open_pool: asyncpg.Connection, kwargs: dict[str, Any], field: str
 ) -> None:
     with pytest.raises(BadInput) as err:
-        await q.create_request(open_pool, subject="team", pool="p", **kwargs)
+        await db_requests.create_request(open_pool, subject="team", pool="p", **kwargs)
     assert err.value.field == field
     assert err.value.status_code == 400
     assert await open_pool.fetchval("SELECT count(*) FROM respool.requests") == 0
@@ -278,5 +275,5 @@ async def test_malformed_create_is_not_stored(
 
 async def test_bad_subject_is_bad_input(open_pool: asyncpg.Connection) -> None:
     with pytest.raises(BadInput) as err:
-        await q.create_request(open_pool, subject="-bad subject", pool="p")
+        await db_requests.create_request(open_pool, subject="-bad subject", pool="p")
     assert err.value.field == "subject"

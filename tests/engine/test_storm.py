@@ -7,13 +7,18 @@ cancels, heartbeats and a few capacity changes that never go below the reserved 
 current usage. An auditor reads one REPEATABLE READ snapshot every 100 ms and checks
 ``respool.invariant_violations`` plus ``pool_usage`` (allocated <= capacity).
 
+A few workers also shrink ``storm-g5`` below its usage (``_shrink``: remove the custom key
+``lic``, lower two capacities or two limits at once) and reconcile it in the same transaction,
+then check there that no I1/I2 is left and every victim was needed (a minimal set); the broken
+shrink twin (``support.twins``: the enforcement bugs fixed by issue 12) must fail both checks.
+
 Deadlocks (40P01) and RP500 (InvariantBroken) are counted and must be 0; expected engine
 answers (Conflict from fencing, IdempotencyMismatch) are fine; anything else fails the test.
 
 The broken twin runs the same storm (preemptible traffic only) against a database where
-``respool._blocker`` admits everything and ``respool._grant`` has no guards
-(tests/engine/broken_twin.sql): the auditor must then report I1/I2 violations, which proves
-the checker can fail.
+``respool._blocker`` admits everything and ``respool._grant`` has no guards (``support.twins``,
+built from the real functions): the auditor must then report I1/I2 violations, which proves the
+checker can fail.
 """
 
 from __future__ import annotations
@@ -25,20 +30,25 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 import asyncpg
+import pytest
 
+from app.db import policies as db_policies
+from app.db import pools as db_pools
 from app.db import queries as q
+from app.db import reconcile as db_reconcile
+from app.db import requests as db_requests
 from app.db.connect import APP_CLI, connect
 from app.db.errors import Conflict, IdempotencyMismatch, InvariantBroken
+from support.twins import install_twin
 
 STORM_SECONDS = float(os.environ.get("RESPOOL_STORM_SECONDS", "10"))
 TWIN_SECONDS = 3.0
 WORKERS = 64
-BROKEN_TWIN_SQL = Path(__file__).with_name("broken_twin.sql")
+SHRINK_TWIN_SECONDS = 5.0
 
 # name -> (capacity, queueing)
 POOLS: dict[str, tuple[dict[str, int], str]] = {
@@ -46,7 +56,10 @@ POOLS: dict[str, tuple[dict[str, int], str]] = {
     "storm-g2": ({"gpu": 6, "tpu": 3}, "best_effort"),  # a custom key
     "storm-g3": ({"gpu": 4}, "strict"),  # fully reserved, strict
     "storm-g4": ({"gpu": 5, "mcpu": 16000}, "best_effort"),
+    "storm-g5": ({"gpu": 4, "lic": 2}, "best_effort"),  # shrunk below usage, lic removed (_shrink)
 }
+SHRINK_POOL = "storm-g5"
+SHRINK_SUBJECT = "team-g"  # its limits are lowered on two keys at once
 # (subject, pool, priority, reserved, limit)
 POLICIES: list[tuple[str, str, int, dict[str, int], dict[str, int]]] = [
     ("team-a", "storm-g1", 2, {"gpu": 2, "step_run": 3}, {}),
@@ -63,6 +76,8 @@ POLICIES: list[tuple[str, str, int, dict[str, int], dict[str, int]]] = [
     ("team-f", "storm-g4", 0, {}, {"memory_mb": 4000}),
     ("team-f", "storm-g1", 0, {}, {"step_run": 4}),
     ("team-h", "storm-g2", 3, {}, {"gpu": 2}),
+    ("team-g", "storm-g5", 1, {"gpu": 1}, {"gpu": 3, "step_run": 4}),
+    ("team-b", "storm-g5", 0, {}, {}),
 ]
 SUBJECT_POOLS: dict[str, list[str]] = {}
 for _subject, _pool, *_ in POLICIES:
@@ -80,6 +95,7 @@ class Storm:
     deadline: float
     preemptible_only: bool = False
     retries_and_short_leases: bool = False  # for the reconciler storm (test_reconciler_storm.py)
+    shrink_rate: float = 0.02  # share of _shrink ops: below usage, key removals, several keys
     started: float = field(default_factory=time.monotonic)
     ops: Counter[str] = field(default_factory=Counter)
     expected_errors: Counter[str] = field(default_factory=Counter)
@@ -129,6 +145,8 @@ def _random_body(rng: random.Random, preemptible_only: bool) -> dict[str, Any]:
         resources["gpu"] = rng.randint(1, 2) if not preemptible else rng.randint(1, 3)
     if pool in (None, "storm-g2") and rng.random() < 0.3:
         resources["tpu"] = 1
+    if pool in (None, SHRINK_POOL) and rng.random() < 0.4:
+        resources["lic"] = 1
     if rng.random() < 0.3:
         resources["mcpu"] = rng.choice([250, 500, 1000, 2000])
     if rng.random() < 0.1:
@@ -158,7 +176,7 @@ async def _create(conn: asyncpg.Connection, st: Storm, rng: random.Random) -> st
         body["resources"] = {"gpu": body["resources"]["gpu"] + 1}
     else:
         body = _random_body(rng, st.preemptible_only)
-    created = await q.create_request(
+    created = await db_requests.create_request(
         conn,
         subject=body["subject"],
         pool=body["pool"],
@@ -189,9 +207,9 @@ async def _act(conn: asyncpg.Connection, st: Storm, rng: random.Random, kind: st
     elif rng.random() < 0.3:
         attempt = None
     fn = {
-        "release": q.release_request,
-        "cancel": q.cancel_request,
-        "heartbeat": q.heartbeat_request,
+        "release": db_requests.release_request,
+        "cancel": db_requests.cancel_request,
+        "heartbeat": db_requests.heartbeat_request,
     }[kind]
     req = await fn(conn, request_id, attempt=attempt)
     _track(st, req)
@@ -211,8 +229,100 @@ async def _resize(conn: asyncpg.Connection, st: Storm, rng: random.Random) -> st
             pool,
         )
         low = max(int(used or 0), RESERVED_GPU[pool], 1)
-        await q.update_pool(conn, pool, capacity={"gpu": rng.randint(low, max(low, base + 3))})
+        await db_pools.update_pool(
+            conn, pool, capacity={"gpu": rng.randint(low, max(low, base + 3))}
+        )
     return "resize"
+
+
+# Victims of this transaction's shrink pass that were not needed: with its units back, none of
+# the keys it holds would be over its capacity (capacity_shrink) or its subject's limit
+# (limit_shrink). SPEC §2/§3 want a minimal set. One shrink per transaction, and everything fit
+# before it (the previous shrink was enforced in its own transaction), so the check is exact.
+_UNNEEDED_VICTIMS = """
+SELECT e.reason || ' ' || r.subject || ' ' || r.resources::text
+  FROM respool.events e JOIN respool.requests r ON r.id = e.request_id
+ WHERE e.at = now() AND e.from_status = 'allocated'
+   AND e.reason IN ('capacity_shrink', 'limit_shrink')
+   AND NOT EXISTS (
+        SELECT FROM jsonb_each_text(r.resources) x
+         WHERE (e.reason = 'capacity_shrink'
+                AND EXISTS (SELECT FROM respool.pool_usage u
+                             WHERE u.pool = $1 AND u.key = x.key AND u.capacity IS NOT NULL
+                               AND u.allocated + x.value::bigint > u.capacity))
+            OR (e.reason = 'limit_shrink'
+                AND EXISTS (SELECT FROM respool.policy_usage u
+                             WHERE u.pool = $1 AND u.subject = r.subject AND u.key = x.key
+                               AND u."limit" IS NOT NULL AND u.used + x.value::bigint > u."limit")))
+"""
+
+_NP_HELD = """
+SELECT coalesce(sum((r.resources ->> $2)::bigint), 0) FROM respool.requests r
+  JOIN respool.pools p ON p.id = r.pool_id
+ WHERE p.name = $1 AND r.status IN ('allocated', 'preempting') AND NOT r.preemptible
+   AND ($3::text IS NULL OR r.subject = $3)
+"""
+
+
+async def _shrink(conn: asyncpg.Connection, st: Storm, rng: random.Random) -> str:
+    """SPEC §2/§3: take the shrink pool below its usage and enforce it in the same transaction.
+    First grow it back (gpu 10, lic 3; SHRINK_SUBJECT's limits gpu 4, step_run 5) and add two
+    fill requests of SHRINK_SUBJECT, then remove the custom key lic, or lower gpu and lic at
+    once, or lower SHRINK_SUBJECT's limits on gpu and step_run at once; never below reserved
+    sums or non-preemptible holdings. Afterwards, still in the transaction: no I1/I2 in the
+    pool, and every victim was needed."""
+    made: list[q.Request] = []
+    async with conn.transaction():
+        pool_id = await conn.fetchval(
+            "SELECT id FROM respool.pools WHERE name = $1 FOR UPDATE", SHRINK_POOL
+        )
+        policy = (await db_policies.list_policies(conn, pool=SHRINK_POOL, subject=SHRINK_SUBJECT))[
+            0
+        ]
+        await db_pools.update_pool(conn, SHRINK_POOL, capacity={"gpu": 10, "lic": 3})
+        await db_policies.update_policy(conn, str(policy.id), limit={"gpu": 4, "step_run": 5})
+        for resources in ({"gpu": 1, "lic": 1}, {"gpu": 1}):
+            created = await db_requests.create_request(
+                conn,
+                subject=SHRINK_SUBJECT,
+                pool=SHRINK_POOL,
+                resources=resources,
+                lease_seconds=600,
+                labels={"storm": "fill"},
+            )
+            made.append(created.request)
+        kind = rng.choice(["key", "capacities", "limits"])
+        if kind == "key":
+            await db_pools.update_pool(conn, SHRINK_POOL, capacity={"lic": 0})
+        elif kind == "capacities":
+            low = max(RESERVED_GPU[SHRINK_POOL], 1)
+            change = {"gpu": rng.randint(low, low + 2), "lic": rng.randint(1, 2)}
+            await db_pools.update_pool(conn, SHRINK_POOL, capacity=change)
+        else:
+            limit = {}
+            for key in ("gpu", "step_run"):
+                low = max(1, await conn.fetchval(_NP_HELD, SHRINK_POOL, key, SHRINK_SUBJECT))
+                limit[key] = rng.choice([low, low, low + 1])
+            await db_policies.update_policy(conn, str(policy.id), limit=limit)
+        await db_reconcile.reconcile_pool(conn, pool_id)  # this transaction holds the pool
+        left = await conn.fetch(
+            "SELECT invariant, key, detail FROM respool.invariant_violations"
+            " WHERE pool = $1 OR subject = $2",
+            SHRINK_POOL,
+            SHRINK_SUBJECT,
+        )
+        unneeded = await conn.fetch(_UNNEEDED_VICTIMS, SHRINK_POOL)
+    for req in made:  # committed now
+        _track(st, req)
+    for r in left:
+        st.violations.append(
+            f"after {kind} shrink + reconcile: {r['invariant']} {r['key']}: {r['detail']}"
+        )
+        st.violation_kinds[r["invariant"]] += 1
+    for r in unneeded:
+        st.violations.append(f"after {kind} shrink: victim not needed: {r[0]}")
+        st.violation_kinds["unneeded_victim"] += 1
+    return f"shrink_{kind}"
 
 
 async def _worker(dsn: str, st: Storm, seed: int, ready: asyncio.Barrier) -> None:
@@ -231,6 +341,8 @@ async def _worker(dsn: str, st: Storm, seed: int, ready: asyncio.Barrier) -> Non
                     kind = await _act(conn, st, rng, "release")
                 elif roll < 0.78:
                     kind = await _act(conn, st, rng, "cancel")
+                elif 0.98 - st.shrink_rate <= roll < 0.98:
+                    kind = await _shrink(conn, st, rng)
                 elif roll < 0.99 or st.preemptible_only:
                     kind = await _act(conn, st, rng, "heartbeat")
                 else:
@@ -288,15 +400,20 @@ async def _auditor(conn: asyncpg.Connection, st: Storm, stop: asyncio.Event) -> 
 
 async def _setup(conn: asyncpg.Connection) -> None:
     for name, (capacity, queueing) in POOLS.items():
-        await q.create_pool(conn, name=name, capacity=capacity, queueing=queueing)
+        await db_pools.create_pool(conn, name=name, capacity=capacity, queueing=queueing)
     for subject, pool, priority, reserved, limit in POLICIES:
-        await q.create_policy(
+        await db_policies.create_policy(
             conn, subject=subject, pool=pool, priority=priority, reserved=reserved, limit=limit
         )
 
 
 async def _run_storm(
-    dsn: str, seconds: float, *, preemptible_only: bool = False, retries: bool = False
+    dsn: str,
+    seconds: float,
+    *,
+    preemptible_only: bool = False,
+    retries: bool = False,
+    shrink_rate: float = 0.02,
 ) -> Storm:
     audit_conn = await connect(dsn, application_name=APP_CLI)
     try:
@@ -305,6 +422,7 @@ async def _run_storm(
             deadline=float("inf"),
             preemptible_only=preemptible_only,
             retries_and_short_leases=retries,
+            shrink_rate=shrink_rate,
         )
         ready = asyncio.Barrier(WORKERS + 1)
         workers = [asyncio.create_task(_worker(dsn, st, seed, ready)) for seed in range(WORKERS)]
@@ -330,9 +448,9 @@ async def drain(conn: asyncpg.Connection) -> tuple[list[dict[str, Any]], int, li
         "SELECT id, status FROM respool.requests WHERE status = ANY($1::text[])", list(HOLDING)
     ):
         if row["status"] == "queued":
-            await q.cancel_request(conn, row["id"])
+            await db_requests.cancel_request(conn, row["id"])
         else:
-            await q.release_request(conn, row["id"])
+            await db_requests.release_request(conn, row["id"])
     left = await conn.fetch(
         "SELECT 'pool' AS kind, key, used, 0::bigint AS np_used FROM respool.pool_resources"
         " WHERE used <> 0"
@@ -340,9 +458,10 @@ async def drain(conn: asyncpg.Connection) -> tuple[list[dict[str, Any]], int, li
         " WHERE used <> 0 OR np_used <> 0"
     )
     queued_left = await conn.fetchval("SELECT count(*) FROM respool.queue_entries")
-    return [dict(r) for r in left], int(queued_left), await q.invariant_violations(conn)
+    return [dict(r) for r in left], int(queued_left), await db_reconcile.invariant_violations(conn)
 
 
+@pytest.mark.slow
 async def test_storm_keeps_invariants(db_url: str) -> None:
     conn = await connect(db_url, application_name=APP_CLI)
     try:
@@ -354,7 +473,7 @@ async def test_storm_keeps_invariants(db_url: str) -> None:
 
         # L1-ish: with nothing running, a full allocation pass of every pool grants nothing.
         pool_ids = [r["id"] for r in await conn.fetch("SELECT id FROM respool.pools ORDER BY id")]
-        late = [await q.allocate_pool(conn, pid) for pid in pool_ids]
+        late = [await db_reconcile.allocate_pool(conn, pid) for pid in pool_ids]
         statuses = dict(
             await conn.fetch("SELECT status, count(*) FROM respool.requests GROUP BY status")
         )
@@ -380,18 +499,39 @@ async def test_storm_keeps_invariants(db_url: str) -> None:
         await conn.close()
 
 
+@pytest.mark.slow
 async def test_broken_twin_is_caught(db_url: str) -> None:
     """The same storm against an allocation path without guards: the auditor must object."""
     conn = await connect(db_url, application_name=APP_CLI)
     try:
         await _setup(conn)
-        await conn.execute(BROKEN_TWIN_SQL.read_text())
-        st = await _run_storm(db_url, TWIN_SECONDS, preemptible_only=True)
+        await install_twin(conn, "broken_twin")
+        st = await _run_storm(db_url, TWIN_SECONDS, preemptible_only=True, shrink_rate=0)
         summary = st.summary(st.ops_duration)
         print(f"\nbroken twin {summary}")
         context = f"{summary}\nunexpected: {st.unexpected[:10]}"
         assert not st.unexpected, context
         assert st.deadlocks == 0, context
         assert st.violation_kinds["I1"] + st.violation_kinds["I2"] > 0, context
+    finally:
+        await conn.close()
+
+
+async def test_broken_shrink_twin_is_caught(db_url: str) -> None:
+    """The storm against the shrink enforcement from before issue 12: the checks must object to
+    both bugs (a removed custom key left allocated: I1; a multi-key pass preempting a victim it
+    did not need)."""
+    conn = await connect(db_url, application_name=APP_CLI)
+    try:
+        await _setup(conn)
+        await install_twin(conn, "broken_shrink_twin")
+        st = await _run_storm(db_url, SHRINK_TWIN_SECONDS, shrink_rate=0.15)
+        summary = st.summary(st.ops_duration)
+        print(f"\nbroken shrink twin {summary}")
+        context = f"{summary}\nsample violations: {st.violations[:10]}"
+        assert not st.unexpected, context
+        assert st.deadlocks == 0, context
+        assert st.violation_kinds["I1"] > 0, context  # lic removed, its holders kept it
+        assert st.violation_kinds["unneeded_victim"] > 0, context
     finally:
         await conn.close()

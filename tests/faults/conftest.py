@@ -13,10 +13,9 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from app.db.connect import APP_CLI, connect
-from app.db.migrate import migrate
-from tests.faults.pg import PgCluster
-from tests.faults.support import FIGURES, long_mode
+from faults.pg import PgCluster
+from support.db import migrated
+from support.faults import FIGURES, long_mode
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -34,13 +33,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Long mode: the long runs (a 30-minute soak) get an hour instead of the default 300 s."""
-    if not long_mode():
-        return
+    """Every fault test is ``slow`` (tens of seconds even in short mode); in long mode they get
+    an hour (a 30-minute soak) instead of the default 300 s."""
     here = Path(__file__).parent
     for item in items:
         if here in Path(item.path).parents:
-            item.add_marker(pytest.mark.timeout(3600))
+            item.add_marker(pytest.mark.slow)
+            if long_mode():
+                item.add_marker(pytest.mark.timeout(3600))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -72,10 +72,4 @@ async def cluster_db(cluster: PgCluster) -> AsyncIterator[str]:
         await admin.execute('CREATE DATABASE "respool"')
     finally:
         await admin.close()
-    url = cluster.url("respool")
-    conn = await connect(url, application_name=APP_CLI)
-    try:
-        await migrate(conn)
-    finally:
-        await conn.close()
-    yield url
+    yield await migrated(cluster.url("respool"))

@@ -1,7 +1,7 @@
 """A pipeline step for tests/faults/test_client_pause.py, run as its own process.
 
-``python -m tests.faults.pause_client URL SUBJECT POOL MAX_RETRIES LEASE``: holds one GPU with
-:class:`app.client.Respool` (heartbeats every ``LEASE / 4`` s) and, while ``grant.preempted`` is
+``python tests/faults/pause_client.py URL SUBJECT POOL MAX_RETRIES LEASE``: holds one GPU with
+:class:`respool_client.Respool` (heartbeats every ``LEASE / 4`` s) and, while ``grant.preempted`` is
 false, "uses" it every 20 ms. It prints one JSON line per event: ``granted``, every ``use``
 (wall-clock time), every HTTP answer the client got (``http``), ``lost`` and ``done``. The test
 pauses it with SIGSTOP past its lease and compares its uses with the server's history.
@@ -15,8 +15,7 @@ import time
 from typing import Any
 
 import httpx
-
-from app.client import Respool
+from respool_client import Respool
 
 USE_EVERY = 0.02
 MAX_SECONDS = 60.0  # bounded: the step gives up after this long in any case

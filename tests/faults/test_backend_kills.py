@@ -19,6 +19,7 @@ import json
 import random
 import time
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 from uuid import UUID
 
@@ -26,10 +27,12 @@ import pytest
 
 from app.db.connect import APP_API, APP_LISTENER, APP_RECONCILER
 from app.reconciler import Reconciler
-from tests.api.conftest import Server, running_server
-from tests.api.helpers import ok
-from tests.faults.support import Auditor, direct, pick, record, wait_until
-from tests.faults.traffic import Profile, Traffic, lost_acknowledgements
+from faults.traffic import CONTENDED, Traffic, lost_acknowledgements
+from support.db import direct
+from support.faults import Auditor, pick, record
+from support.http import ok
+from support.server import Server, running_server
+from support.wait import wait_until
 
 pytestmark = pytest.mark.faults
 
@@ -138,13 +141,7 @@ async def test_backend_kills_under_traffic(db_url: str) -> None:
         reconciler: Reconciler = server.app.state.reconciler
         traffic = Traffic(
             server.url,
-            Profile(
-                subjects=(("a", 0.5, 1), ("b", 1.0, 1), ("c", 1.0, 0)),
-                pool="p",
-                gpus=(1, 2),
-                hold=(0.0, 0.5),
-                wait=2.0,
-            ),
+            replace(CONTENDED, subjects=(*CONTENDED.subjects, ("c", 1.0, 0)), hold=(0.0, 0.5)),
             workers=8,
             seed=2,
         )

@@ -13,11 +13,9 @@ check); the long mode here runs it with 100 examples per operation.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import re
-import sys
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -26,9 +24,11 @@ from typing import Any
 import pytest
 
 from app.api import MAX_BODY_BYTES
-from tests.api.conftest import running_server
-from tests.api.helpers import ok
-from tests.faults.support import database_fingerprint, long_mode, record
+from support.db import database_fingerprint
+from support.faults import long_mode, record
+from support.fuzz import schemathesis
+from support.http import ok
+from support.server import running_server
 
 pytestmark = pytest.mark.faults
 
@@ -184,15 +184,9 @@ async def test_schemathesis_100_examples_per_operation(
 ) -> None:
     caplog.set_level(logging.ERROR, logger="respool")
     async with running_server(db_url, max_wait=0.3, db_pool_size=4) as srv:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "schemathesis.cli", "run", f"{srv.url}/schema/openapi.json",
-            "--checks", "all", "--exclude-checks", "positive_data_acceptance",
-            "--max-examples", "100", "--seed", "20261123", "--workers", "1",
-            "--request-timeout", "10", "--generation-database", "none", "--no-color",
-            cwd=tmp_path, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        )  # fmt: skip
-        out, _ = await asyncio.wait_for(proc.communicate(), 1800)
-    report = out.decode(errors="replace")
+        code, report = await schemathesis(
+            srv.url, tmp_path, examples=100, seed=20261123, within=1800
+        )
     tested = re.search(r"Tested: (\d+)", report)
     cases = re.search(r"(\d+) generated, (\d+) passed", report)
     server_errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
@@ -202,8 +196,8 @@ async def test_schemathesis_100_examples_per_operation(
         generated=cases.group(1) if cases else None,
         passed=cases.group(2) if cases else None,
         server_errors=len(server_errors),
-        exit_code=proc.returncode,
+        exit_code=code,
     )
-    assert proc.returncode == 0, report[-8000:]
+    assert code == 0, report[-8000:]
     assert cases and cases.group(1) == cases.group(2)
     assert server_errors == []

@@ -1,6 +1,6 @@
 """Row 4: a client paused past its lease (SIGSTOP ... SIGCONT).
 
-The step (tests/faults/pause_client.py, a process using app.client) holds one GPU of a pool of
+The step (tests/faults/pause_client.py, a process using respool_client) holds one GPU of a pool of
 one, and is frozen with SIGSTOP for twice its lease:
 
 * **expiry**: the reconciler expires its lease and grants the GPU to the next request. The stale
@@ -25,13 +25,16 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.api.conftest import Server, running_server
-from tests.api.helpers import ok
-from tests.faults.support import REPO, direct, pick, record, wait_until
+from support.db import direct
+from support.faults import pick, record
+from support.http import get_request, ok
+from support.server import running_server
+from support.wait import wait_until
 
 pytestmark = pytest.mark.faults
 
@@ -53,14 +56,12 @@ class Step:
 async def step_process(url: str, subject: str, pool: str, max_retries: int) -> AsyncIterator[Step]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
-        "-m",
-        "tests.faults.pause_client",
+        str(Path(__file__).with_name("pause_client.py")),
         url,
         subject,
         pool,
         str(max_retries),
         str(LEASE),
-        cwd=REPO,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL,
@@ -91,11 +92,6 @@ async def _granted(step: Step) -> dict[str, Any]:
 
     await wait_until(check, "the step's grant", within=20)
     return step.of("granted")[0]
-
-
-async def _status(server: Server, request_id: str) -> dict[str, Any]:
-    got: dict[str, Any] = ok(await server.client.get(f"/v1/requests/{request_id}"))
-    return got
 
 
 async def _allocation_end(db_url: str, request_id: str, attempt: int) -> float:
@@ -168,18 +164,18 @@ async def test_paused_past_its_lease_expires_and_the_stale_step_changes_nothing(
                 )
                 # The lease lapses while the step is frozen: expired, then the GPU is re-granted.
                 assert nxt["status"] == "allocated", nxt
-                before = await _status(server, mine)
+                before = await get_request(server.client, mine)
                 assert before["status"] == "expired" and before["reason"] == "lease_expired"
                 # The stale step's calls (made here for it, while it is frozen) change nothing.
                 for action in ("heartbeat", "release", "cancel"):
                     r = await c.post(f"/v1/requests/{mine}/{action}", params={"attempt": 1})
                     stale_answers.append(f"{action} {r.status_code} {r.json().get('status')}")
                     assert r.status_code == 200 and r.json()["status"] == "expired", r.text
-                assert await _status(server, mine) == before
+                assert await get_request(server.client, mine) == before
                 await _finish(step, stopped)
-                after = await _status(server, mine)
+                after = await get_request(server.client, mine)
                 assert after["status"] == "expired" and after["version"] == before["version"]
-                assert (await _status(server, nxt["id"]))["status"] == "allocated"
+                assert (await get_request(server.client, nxt["id"]))["status"] == "allocated"
                 ended = await _allocation_end(db_url, mine, 1)
                 regranted = await _allocated_at(db_url, nxt["id"])
                 assert regranted >= ended
@@ -227,17 +223,17 @@ async def test_paused_past_its_lease_requeued_regranted_and_fenced(db_url: str) 
                 ok(await c.post(f"/v1/requests/{owner['id']}/release"))
 
                 async def regranted(rid: str = mine) -> bool:
-                    got = await _status(server, rid)
+                    got = await get_request(server.client, rid)
                     return bool(got["status"] == "allocated" and got["attempt"] == 2)
 
                 await wait_until(regranted, "the requeued attempt's grant", within=10)
-                before = await _status(server, mine)
+                before = await get_request(server.client, mine)
                 for action in ("heartbeat", "release", "cancel"):
                     r = await c.post(f"/v1/requests/{mine}/{action}", params={"attempt": 1})
                     assert r.status_code == 409, r.text
                     assert r.json()["field"] == "attempt"
                     figures["stale_409"] += 1
-                assert await _status(server, mine) == before  # nothing changed
+                assert await get_request(server.client, mine) == before  # nothing changed
 
                 async def keep_alive(rid: str = mine) -> None:
                     # Attempt 2 keeps its lease until the step wakes up (its lease is short).
@@ -257,7 +253,7 @@ async def test_paused_past_its_lease_requeued_regranted_and_fenced(db_url: str) 
                 figures["stale_uses"] += _after(step, ended)
                 figures["double_uses"] += _after(step, owner_at)
                 # After SIGCONT the step's own stale calls were fenced too, then it let go of
-                # the requeued attempt (app.client releases it without ?attempt).
+                # the requeued attempt (respool_client releases it without ?attempt).
                 codes = [
                     e["code"]
                     for e in step.of("http")
@@ -267,7 +263,7 @@ async def test_paused_past_its_lease_requeued_regranted_and_fenced(db_url: str) 
                 ]
                 step_codes.extend(codes)
                 assert codes and set(codes) == {409}, step.events[-10:]
-                assert (await _status(server, mine))["status"] == "released"
+                assert (await get_request(server.client, mine))["status"] == "released"
     figures["step_stale_answers"] = sorted(set(step_codes))
     figures["step_stale_calls"] = len(step_codes)
     record("row4 requeue + re-grant (SIGSTOP past the lease)", **figures)

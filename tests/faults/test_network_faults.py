@@ -21,19 +21,14 @@ from typing import Any
 import pytest
 
 from app.db.connect import ACQUIRE_TIMEOUT
-from tests.api.conftest import running_server
-from tests.faults.pg import PgCluster
-from tests.faults.proxy import FaultProxy
-from tests.faults.support import (
-    Auditor,
-    contended_pool,
-    direct,
-    pick,
-    record,
-    serves_again,
-    wait_until,
-)
-from tests.faults.traffic import Profile, Traffic, lost_acknowledgements
+from faults.pg import PgCluster
+from faults.proxy import FaultProxy
+from faults.traffic import contended_traffic, lost_acknowledgements
+from support.db import direct
+from support.faults import Auditor, pick, record
+from support.http import serves_again
+from support.server import running_server
+from support.wait import wait_until
 
 pytestmark = pytest.mark.faults
 
@@ -53,19 +48,7 @@ async def test_network_faults_between_api_and_postgres(cluster: PgCluster, clust
             through_proxy, with_reconciler=True, reconcile_interval=0.5, db_pool_size=6
         ) as server:
             c = server.client
-            await contended_pool(c)
-            traffic = Traffic(
-                server.url,
-                Profile(
-                    subjects=(("a", 0.5, 1), ("b", 1.0, 1)),
-                    pool="p",
-                    gpus=(1, 2),
-                    hold=(0.0, 0.3),
-                    wait=2.0,
-                ),
-                workers=8,
-                seed=6,
-            )
+            traffic = await contended_traffic(server, workers=8, seed=6)
 
             async def restore(fault: str, started: float) -> None:
                 proxy.set_mode("pass")

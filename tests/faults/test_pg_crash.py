@@ -23,18 +23,13 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.api.conftest import running_server
-from tests.faults.pg import PgCluster
-from tests.faults.support import (
-    Auditor,
-    contended_pool,
-    direct,
-    pick,
-    record,
-    serves_again,
-    wait_until,
-)
-from tests.faults.traffic import Profile, Traffic, lost_acknowledgements
+from faults.pg import PgCluster
+from faults.traffic import contended_traffic, lost_acknowledgements
+from support.db import direct
+from support.faults import Auditor, pick, record
+from support.http import serves_again
+from support.server import running_server
+from support.wait import wait_until
 
 pytestmark = pytest.mark.faults
 
@@ -74,18 +69,7 @@ async def test_postgres_crash_mid_load(cluster: PgCluster, cluster_db: str) -> N
         cluster_db, with_reconciler=True, reconcile_interval=0.5, db_pool_size=6, max_wait=5
     ) as server:
         c = server.client
-        await contended_pool(c)
-        traffic = Traffic(
-            server.url,
-            Profile(
-                subjects=(("a", 0.5, 1), ("b", 1.0, 1)),
-                pool="p",
-                gpus=(1, 2),
-                hold=(0.0, 0.3),
-                wait=2.0,
-            ),
-            workers=10,
-        )
+        traffic = await contended_traffic(server, workers=10)
         async with Auditor(cluster_db) as auditor:
             run = asyncio.create_task(traffic.run_until_stopped())
             for _ in range(crashes):

@@ -17,7 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.faults.support import ServeProcess, pick, record, wait_until
+from support.faults import pick, record
+from support.server import ServeProcess
+from support.wait import wait_until
 
 pytestmark = pytest.mark.faults
 

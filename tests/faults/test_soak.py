@@ -20,8 +20,10 @@ import asyncpg
 import httpx
 import pytest
 
-from tests.faults.support import Auditor, ServeProcess, direct, pick, record
-from tests.faults.traffic import Profile, Traffic
+from faults.traffic import Profile, Traffic
+from support.db import connections_by_app, direct
+from support.faults import Auditor, pick, record
+from support.server import ServeProcess
 
 pytestmark = pytest.mark.faults
 
@@ -29,12 +31,15 @@ RSS_DRIFT = 0.10
 
 
 async def _connections(conn: asyncpg.Connection) -> Counter[str]:
-    rows = await conn.fetch(
-        "SELECT application_name AS app, count(*) AS n FROM pg_stat_activity"
-        " WHERE datname = current_database() AND application_name LIKE 'respool-%'"
-        " AND application_name <> 'respool-auditor' AND pid <> pg_backend_pid() GROUP BY 1"
+    """The service's connections (application_name respool-*), the auditor's excluded."""
+    found = await connections_by_app(conn)
+    return Counter(
+        {
+            app: n
+            for app, n in found.items()
+            if app.startswith("respool-") and app != "respool-auditor"
+        }
     )
-    return Counter({r["app"]: r["n"] for r in rows})
 
 
 async def test_soak_mixed_traffic(db_url: str, tmp_path: Path) -> None:

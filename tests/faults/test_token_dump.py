@@ -16,9 +16,10 @@ import secrets
 import pytest
 
 from app.db import tokens
-from tests.api.conftest import running_server
-from tests.faults.pg import BIN_DIR
-from tests.faults.support import direct, record
+from faults.pg import BIN_DIR
+from support.db import issue_tokens
+from support.faults import record
+from support.server import running_server
 
 pytestmark = pytest.mark.faults
 
@@ -27,16 +28,7 @@ WINDOW = 12
 
 async def test_pg_dump_contains_no_issued_token(db_url: str) -> None:
     env_admin = "rp_" + secrets.token_urlsafe(32)
-    async with direct(db_url) as conn:
-        admin, _ = await tokens.create_token(conn, name="ops", role="admin")
-        client, _ = await tokens.create_token(
-            conn, name="ci", role="client", subject_patterns=["team-a:*"]
-        )
-        reader, _ = await tokens.create_token(conn, name="dash", role="reader")
-        revoked, _ = await tokens.create_token(conn, name="old", role="admin")
-        await tokens.revoke_token(conn, "old")
-    issued = {"env": env_admin, "admin": admin, "client": client, "reader": reader}
-    issued["revoked"] = revoked
+    issued = {"env": env_admin, **await issue_tokens(db_url)}
     answers: dict[str, list[int]] = {}
     async with running_server(db_url, auth="on", admin_token=env_admin) as server:
         c = server.client

@@ -28,6 +28,9 @@ from typing import Any
 import asyncpg
 import httpx
 
+from support.http import contended_pool
+from support.server import Server
+
 __all__ = ["Profile", "Traffic", "lost_acknowledgements"]
 
 TERMINAL = frozenset({"released", "rejected", "cancelled", "expired", "preempted"})
@@ -46,6 +49,19 @@ class Profile:
     wait: float = 2.0  # long-poll seconds per call
     cycle_budget: float = 60.0  # a cycle gives up (cancels) after this long
     http_timeout: float = 60.0  # an answer slower than this is a hang (bound: 10 + 30 + 10 s)
+
+
+# Traffic on :func:`support.http.contended_pool`: ``a`` half preemptible, ``b`` borrowing.
+CONTENDED = Profile(
+    subjects=(("a", 0.5, 1), ("b", 1.0, 1)), pool="p", gpus=(1, 2), hold=(0.0, 0.3), wait=2.0
+)
+
+
+async def contended_traffic(server: Server, *, workers: int, seed: int = 1) -> Traffic:
+    """:func:`support.http.contended_pool` on ``server``, and :data:`CONTENDED` traffic for it
+    (not started)."""
+    await contended_pool(server.client)
+    return Traffic(server.url, CONTENDED, workers=workers, seed=seed)
 
 
 @dataclass

@@ -19,7 +19,7 @@ import pytest
 
 from app.db import tokens
 from app.db.connect import APP_CLI, connect
-from tests.api.conftest import Server, running_server
+from support.server import Server, running_server
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DOCS_SHOT = Path(__file__).resolve().parents[2] / "docs" / "img" / "dashboard.png"

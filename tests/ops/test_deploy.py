@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from app.settings import Settings
+from app.settings import Settings, SettingsError
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 K8S = DEPLOY / "k8s"
@@ -106,7 +106,9 @@ def test_configmap_and_secret_hold_valid_settings() -> None:
     env = dict(_by_kind("ConfigMap")["respool-config"]["data"])
     env |= _by_kind("Secret")["respool-secrets"]["stringData"]
     assert all(k.startswith("RESPOOL_") for k in env)
-    settings = Settings.from_env(env)  # raises on any bad value
+    with pytest.raises(SettingsError):  # the example token is refused (issue 15)
+        Settings.from_env(env)
+    settings = Settings.from_env(env | {"RESPOOL_ADMIN_TOKEN": "t" * 32})  # the rest is valid
     assert settings.host == "0.0.0.0" and settings.auth_enabled and settings.admin_token
     assert settings.log_format == "json" and settings.retention == 30 * 86400
 
@@ -169,7 +171,10 @@ def test_env_example_covers_compose_and_is_valid() -> None:
     text = (DEPLOY / "compose.yaml").read_text()
     required = set(re.findall(r"\$\{([A-Z_]+):\?", text))
     assert required <= env.keys(), required - env.keys()
-    Settings.from_env({k: v for k, v in env.items() if k.startswith("RESPOOL_")})
+    settings = {k: v for k, v in env.items() if k.startswith("RESPOOL_")}
+    with pytest.raises(SettingsError):  # the example token is refused (issue 15)
+        Settings.from_env(settings)
+    Settings.from_env(settings | {"RESPOOL_ADMIN_TOKEN": "t" * 32})
 
 
 def test_docker_compose_config_when_available(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from app.logs import JsonFormatter, StateChangeLog, configure_logging
 from app.settings import Settings, SettingsError
-from tests.api.conftest import running_server
+from support.server import running_server
 
 
 class _Collect(logging.Handler):

@@ -13,9 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.api.metrics import EventTally
 from app.db.connect import APP_CLI, connect
-from tests.api.conftest import Server, running_server
-from tests.ops import scenario
-from tests.ops.scenario import D1
+from support import scenario
+from support.scenario import D1
+from support.server import Server, running_server
 
 GRAFANA = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "respool.json"
 
@@ -50,7 +50,9 @@ async def scrape(srv: Server) -> Samples:
 async def srv(db_url: str) -> AsyncIterator[Server]:
     conn = await connect(db_url, application_name=APP_CLI)
     try:
-        async with running_server(db_url) as server:
+        # metrics_cache_seconds=0: every scrape reads the database (the cache is tested in
+        # tests/api/test_hardening_edges.py).
+        async with running_server(db_url, metrics_cache_seconds=0.0) as server:
             # Count the scripted history too (it happened "before" this process started).
             server.app.state.event_tally = EventTally(started=D1)
             await scenario.history(conn)

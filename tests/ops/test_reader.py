@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from app.db.connect import APP_CLI, connect
 from cli.db import app as db_cli
-from tests.ops import scenario
+from support import scenario
 
 BASE_TABLES = [
     "pools", "pool_resources", "policies", "policy_resources", "requests", "queue_entries",
@@ -35,7 +35,7 @@ WRITES = [
     "SELECT respool.prune_requests(p_before => now())",
     "SELECT respool.release_request(p_id => (SELECT request_id FROM respool.holdings LIMIT 1))",
     "SELECT respool.reconcile_pool((SELECT gen_random_uuid()))",
-    "SELECT respool.grant_reader(p_role => 'respool_reader_test_x', p_create => true)",
+    "SELECT respool.grant_reader(p_role => 'reader_test_x', p_create => true)",
     "TRUNCATE respool.events",
 ]
 
@@ -46,7 +46,8 @@ async def reader(db_url: str) -> AsyncIterator[asyncpg.Connection]:
     try:
         await scenario.history(conn)
         await scenario.live(conn)
-        await conn.execute("SET ROLE respool_reader")
+        role = await conn.fetchval("SELECT respool.ensure_reader_role()")
+        await conn.execute(f'SET ROLE "{role}"')
         yield conn
     finally:
         await conn.close()
@@ -76,7 +77,7 @@ async def test_reader_sees_only_views_in_the_catalog(reader: asyncpg.Connection)
         "SELECT c.relname, c.relkind::text AS relkind"
         "  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
         " WHERE n.nspname = 'respool' AND c.relkind IN ('r', 'v', 'm', 'p')"
-        "   AND has_table_privilege('respool_reader', c.oid, 'SELECT')"
+        "   AND has_table_privilege(current_user, c.oid, 'SELECT')"
     )
     assert {g["relkind"] for g in grants} == {"v"}
     assert {g["relname"] for g in grants} >= set(REPORTING_VIEWS) | {"pool_usage", "queue"}
@@ -154,3 +155,74 @@ async def test_grant_reader_refuses_the_service_role(db_url: str) -> None:
         _invoke, db_url, "grant-reader", "x", "--statement-timeout", "soon"
     )
     assert code == 1 and "--statement-timeout" in out
+
+
+# --- issue 15: the reader is scoped to one database, with limits it cannot lift ---------------
+
+
+async def test_a_reader_of_one_database_cannot_read_another(
+    db_url: str, module_db_url: str
+) -> None:
+    """respool_reader was cluster-wide: a reader of database A read database B's views."""
+    role = f"ops_reader_{secrets.token_hex(4)}"
+    password = secrets.token_urlsafe(12)
+    admin = await connect(db_url, application_name=APP_CLI)
+    other = await connect(module_db_url, application_name=APP_CLI)
+    try:
+        code, out = await asyncio.to_thread(_invoke, db_url, "grant-reader", role, "--create")
+        assert code == 0, out
+        await admin.execute(f"ALTER ROLE {role} PASSWORD '{password}'")
+        # Another respool database on the same server, its reader role set up too.
+        assert await other.fetchval("SELECT respool.ensure_reader_role()") != (
+            await admin.fetchval("SELECT respool.reader_role()")
+        )
+        ro = await asyncpg.connect(db_url, user=role, password=password)
+        try:
+            assert await ro.fetchval("SELECT count(*) FROM respool.pool_usage") >= 0
+        finally:
+            await ro.close()
+        ro = await asyncpg.connect(module_db_url, user=role, password=password)
+        try:
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await ro.fetch("SELECT * FROM respool.pool_usage")
+        finally:
+            await ro.close()
+        # The cluster-wide role keeps no privilege on either database's views.
+        for conn in (admin, other):
+            assert not await conn.fetchval(
+                "SELECT has_table_privilege('respool_reader', 'respool.pool_usage', 'SELECT')"
+                "    OR has_schema_privilege('respool_reader', 'respool', 'USAGE')"
+            )
+    finally:
+        await admin.execute(f"DROP ROLE IF EXISTS {role}")
+        await admin.close()
+        await other.close()
+
+
+async def test_a_reader_cannot_lift_its_limits(db_url: str) -> None:
+    """No TEMP, a temp_file_limit it cannot SET, and a connection limit."""
+    role = f"ops_reader_{secrets.token_hex(4)}"
+    password = secrets.token_urlsafe(12)
+    admin = await connect(db_url, application_name=APP_CLI)
+    ros: list[asyncpg.Connection] = []
+    try:
+        code, out = await asyncio.to_thread(_invoke, db_url, "grant-reader", role, "--create")
+        assert code == 0 and "no TEMP" in out and "3 connections" in out, out
+        await admin.execute(f"ALTER ROLE {role} PASSWORD '{password}'")
+        for _ in range(3):
+            ros.append(await asyncpg.connect(db_url, user=role, password=password))
+        ro = ros[0]
+        assert await ro.fetchval("SHOW temp_file_limit") == "100MB"
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await ro.execute("SET temp_file_limit = -1")
+        await ro.execute("BEGIN READ WRITE")
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await ro.execute("CREATE TEMP TABLE hog (x int)")
+        await ro.execute("ROLLBACK")
+        with pytest.raises(asyncpg.TooManyConnectionsError):
+            ros.append(await asyncpg.connect(db_url, user=role, password=password))
+    finally:
+        for ro in ros:
+            await ro.close()
+        await admin.execute(f"DROP ROLE IF EXISTS {role}")
+        await admin.close()

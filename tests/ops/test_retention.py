@@ -4,30 +4,21 @@ their events, and nothing else; ``POST /v1/retention/prune`` is its admin-only H
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from uuid import UUID
 
 import asyncpg
 import pytest
 
-from app.db import ops_queries, tokens
+from app.db import ops as db_ops
+from app.db import tokens
 from app.db.connect import APP_CLI, connect
 from app.db.errors import BadInput
-from tests.api.conftest import running_server
-from tests.ops import scenario
-from tests.ops.scenario import D2, at
+from support import scenario
+from support.scenario import D2, at
+from support.server import running_server
 
 TERMINAL = ["b1", "a1", "b2", "c1", "r1", "x1", "k1"]
 LIVE = ["d1", "d2", "e1", "f1", "b3", "c2"]
-
-
-@pytest.fixture
-async def conn(db_url: str) -> AsyncIterator[asyncpg.Connection]:
-    c = await connect(db_url, application_name=APP_CLI)
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 @pytest.fixture
@@ -53,7 +44,7 @@ async def test_prune_removes_every_terminal_request_and_keeps_live_ones(
     queue_before = await conn.fetch("SELECT pool, request_id FROM respool.queue ORDER BY 1, 2")
     now = await conn.fetchval("SELECT now()")
 
-    assert await ops_queries.prune_requests(conn, now) == len(TERMINAL)
+    assert await db_ops.prune_requests(conn, now) == len(TERMINAL)
 
     assert await _remaining(conn, ids) == set(LIVE)
     events_after = await _events(conn)
@@ -66,27 +57,27 @@ async def test_prune_removes_every_terminal_request_and_keeps_live_ones(
         queue_before
     )
     assert await conn.fetch("SELECT * FROM respool.invariant_violations") == []
-    assert await ops_queries.prune_requests(conn, now) == 0
+    assert await db_ops.prune_requests(conn, now) == 0
 
 
 async def test_prune_respects_the_cutoff_and_the_limit(
     conn: asyncpg.Connection, ids: dict[str, UUID]
 ) -> None:
     # finished: b1 00:30, a1 02:00, c1 03:30 | r1 03:40, x1 04:05, k1 04:20, b2 05:00
-    assert await ops_queries.prune_requests(conn, at(D2, 3, 35), limit=2) == 2
+    assert await db_ops.prune_requests(conn, at(D2, 3, 35), limit=2) == 2
     assert await _remaining(conn, ids) == set(LIVE) | {"c1", "r1", "x1", "k1", "b2"}
-    assert await ops_queries.prune_requests(conn, at(D2, 3, 35)) == 1
+    assert await db_ops.prune_requests(conn, at(D2, 3, 35)) == 1
     assert await _remaining(conn, ids) == set(LIVE) | {"r1", "x1", "k1", "b2"}
     # the cutoff is strict: finished_at exactly at the cutoff stays
-    assert await ops_queries.prune_requests(conn, at(D2, 4, 5)) == 1  # r1
+    assert await db_ops.prune_requests(conn, at(D2, 4, 5)) == 1  # r1
     assert "x1" in await _remaining(conn, ids)
 
 
 async def test_prune_older_than_uses_the_database_clock(
     conn: asyncpg.Connection, ids: dict[str, UUID]
 ) -> None:
-    assert await ops_queries.prune_older_than(conn, 100 * 365 * 86400) == 0
-    assert await ops_queries.prune_older_than(conn, 3600) == len(TERMINAL)
+    assert await db_ops.prune_older_than(conn, 100 * 365 * 86400) == 0
+    assert await db_ops.prune_older_than(conn, 3600) == len(TERMINAL)
     assert await _remaining(conn, ids) == set(LIVE)
 
 
@@ -100,20 +91,20 @@ async def test_prune_skips_rows_another_transaction_holds(
                 "SELECT 1 FROM respool.requests WHERE id = $1 FOR UPDATE", ids["a1"]
             )
             now = await conn.fetchval("SELECT now()")
-            pruned = await asyncio.wait_for(ops_queries.prune_requests(conn, now), 10)
+            pruned = await asyncio.wait_for(db_ops.prune_requests(conn, now), 10)
             assert pruned == len(TERMINAL) - 1
         assert await _remaining(conn, ids) == set(LIVE) | {"a1"}
-        assert await ops_queries.prune_requests(conn, now) == 1
+        assert await db_ops.prune_requests(conn, now) == 1
     finally:
         await other.close()
 
 
 async def test_prune_refuses_bad_arguments(conn: asyncpg.Connection) -> None:
     with pytest.raises(BadInput) as err:
-        await ops_queries.prune_requests(conn, at(D2, 0), limit=0)
+        await db_ops.prune_requests(conn, at(D2, 0), limit=0)
     assert err.value.field == "limit"
     with pytest.raises(ValueError):
-        await ops_queries.prune_older_than(conn, -1)
+        await db_ops.prune_older_than(conn, -1)
 
 
 async def test_prune_over_http_is_admin_only(

@@ -14,8 +14,8 @@ import asyncpg
 import pytest
 
 from app.db.connect import APP_CLI, connect
-from tests.ops import scenario
-from tests.ops.scenario import D1, D2, EXPECTED_STATUS, at
+from support import scenario
+from support.scenario import D1, D2, EXPECTED_STATUS, at
 
 
 @pytest.fixture(scope="module")

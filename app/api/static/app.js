@@ -106,8 +106,10 @@ function render(data) {
     el("td", { class: "mono" }, resources(r.resources)), el("td", {}, r.priority),
     el("td", {}, el("span", { class: "tag" + (r.preemptible ? "" : " np") }, r.preemptible ? "preemptible" : "non-preemptible"),
       r.in_share ? el("span", { class: "tag share" }, "in share") : null),
-    el("td", {}, duration(r.waiting_seconds)), el("td", {}, r.waiting_for)));
-  fill(document.querySelector("#queue tbody"), q, 8, "Nothing is waiting.");
+    el("td", {}, duration(r.waiting_seconds)), el("td", {}, r.waiting_for),
+    el("td", { title: r.eta_p90_seconds == null ? "no hold history yet" : "90%: within " + duration(r.eta_p90_seconds) },
+      r.eta_p50_seconds == null ? "—" : "~" + duration(r.eta_p50_seconds))));
+  fill(document.querySelector("#queue tbody"), q, 9, "Nothing is waiting.");
   document.getElementById("queue-count").textContent = "(" + data.queue.length + ")";
 
   const h = data.holdings.map((r) => el("tr", {},

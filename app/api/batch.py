@@ -1,0 +1,100 @@
+"""``POST /v1/requests/batch`` (SPEC §11.5): up to 1,000 create bodies in one transaction."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import msgspec
+from litestar import Controller, Request, post
+from litestar.datastructures import State
+from litestar.params import JSONBody, SkipValidation
+from msgspec import UNSET
+from respool_client.wire import RequestBatch, RequestBatchCreate
+
+from app.api.auth import require_subject
+from app.api.common import db, decode_body, settings
+from app.api.errors import ApiError, error_responses
+from app.api.numbers import decimal_paths
+from app.api.schemas import RequestCreate, ResourceSettings
+from app.db import batch as db_batch
+
+__all__ = ["BatchController"]
+
+
+# msgspec and the API's error paths say "members.3.subject"; the batch names "members[3].subject".
+_MEMBER = re.compile(r"\bmembers\.(\d+)")
+
+
+def _member_path(text: str) -> str:
+    return _MEMBER.sub(r"members[\1]", text)
+
+
+async def _decode(request: Request[Any, Any, Any]) -> RequestBatchCreate:
+    try:
+        body = await decode_body(request, RequestBatchCreate)
+    except ApiError as exc:
+        field = _member_path(exc.field) if exc.field else None
+        raise ApiError(exc.status_code, _member_path(exc.detail), field) from None
+    # decode_body refuses strings for Decimal fields of the top-level Struct only; a member's
+    # settings.cpu_count sits inside a list.
+    paths = decimal_paths(RequestCreate)
+    if paths and any(m.settings is not None for m in body.members):
+        doc = msgspec.json.decode(await request.body())
+        for i, member in enumerate(doc["members"]):
+            for path in paths:
+                value: Any = member
+                for name in path:
+                    value = value.get(name) if isinstance(value, dict) else None
+                if isinstance(value, str):
+                    field = f"members[{i}]." + ".".join(path)
+                    raise ApiError(400, f"{field}: expected a number, got a string", field)
+    return body
+
+
+def _member(body: RequestCreate) -> dict[str, Any]:
+    """A member as the engine's create_requests takes it: every field that is set (a field
+    the engine does not know is refused there, never dropped); no ``lease_seconds`` key means
+    the server's default lease."""
+    out: dict[str, Any] = {}
+    for name in body.__struct_fields__:
+        value = getattr(body, name)
+        if value is UNSET:
+            continue
+        out[name] = value.to_json() if isinstance(value, ResourceSettings) else value
+    return out
+
+
+class BatchController(Controller):
+    path = "/v1/requests/batch"
+    tags = ["requests"]
+
+    @post(
+        "/",
+        status_code=201,
+        summary="Create 1 to 1,000 requests in one transaction (SPEC §11.5)",
+        description=(
+            "Each member is created exactly as a single create would be (its own validation, "
+            "rejection, idempotency key, and grant where it fits), in member order, which is "
+            "also their queue order. A malformed member refuses the whole batch (4xx naming "
+            "members[i].field) and nothing is created. Members with an idempotency key that "
+            "was already used answer the earlier request. all_or_nothing (gangs) is refused."
+        ),
+        responses=error_responses(400, 403, 404, 422),
+    )
+    async def create_batch(
+        self,
+        state: State,
+        request: Request[Any, Any, Any],
+        data: SkipValidation[JSONBody[RequestBatchCreate]],
+    ) -> RequestBatch:
+        body = await _decode(request)
+        for member in body.members:
+            require_subject(request, member.subject)  # every member's subject, before any work
+        made = await db_batch.create_requests(
+            db(state),
+            [_member(m) for m in body.members],
+            all_or_nothing=body.all_or_nothing,
+            default_lease_seconds=settings(state).default_lease_seconds,
+        )
+        return RequestBatch(items=[m.request for m in made])

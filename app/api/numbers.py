@@ -1,0 +1,83 @@
+"""Strings are not numbers (issue 15, defect 12).
+
+msgspec decodes a ``Decimal`` from a JSON number *or* a JSON string, even with ``strict=True``,
+so ``settings.cpu_count: "1"`` would pass. :func:`refuse_string_decimals` finds every
+``Decimal`` field of a body's Struct tree and refuses a string there (400 naming the field).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import msgspec
+from msgspec import inspect
+
+from app.api.errors import ApiError
+
+__all__ = ["decimal_paths", "refuse_string_decimals"]
+
+
+def _bare(t: inspect.Type) -> inspect.Type:
+    """``t`` without the ``Annotated`` constraints msgspec wraps around it."""
+    while isinstance(t, inspect.Metadata):
+        t = t.type
+    return t
+
+
+def _struct_of(t: inspect.Type) -> inspect.StructType | None:
+    t = _bare(t)
+    if isinstance(t, inspect.StructType):
+        return t
+    if isinstance(t, inspect.UnionType):
+        for member in map(_bare, t.types):
+            if isinstance(member, inspect.StructType):
+                return member
+    return None
+
+
+def _is_decimal(t: inspect.Type) -> bool:
+    t = _bare(t)
+    if isinstance(t, inspect.DecimalType):
+        return True
+    if isinstance(t, inspect.UnionType):
+        return any(isinstance(_bare(m), inspect.DecimalType) for m in t.types)
+    return False
+
+
+def _walk(t: inspect.StructType, prefix: tuple[str, ...], depth: int) -> list[tuple[str, ...]]:
+    found: list[tuple[str, ...]] = []
+    for field in t.fields:
+        path = (*prefix, field.encode_name)
+        if _is_decimal(field.type):
+            found.append(path)
+        elif (sub := _struct_of(field.type)) is not None and depth < 8:
+            found.extend(_walk(sub, path, depth + 1))
+    return found
+
+
+def decimal_paths(kind: type[Any]) -> tuple[tuple[str, ...], ...]:
+    """JSON paths (through nested Structs) of the ``Decimal`` fields of ``kind``."""
+    hashable: Any = kind
+    return _decimal_paths(hashable)
+
+
+@cache
+def _decimal_paths(kind: Any) -> tuple[tuple[str, ...], ...]:
+    root = _struct_of(inspect.type_info(kind))
+    return tuple(_walk(root, (), 0)) if root is not None else ()
+
+
+def refuse_string_decimals(raw: bytes, kind: type[Any]) -> None:
+    """400 when a ``Decimal`` field of ``kind`` holds a JSON string in ``raw``."""
+    paths = decimal_paths(kind)
+    if not paths or not raw:
+        return
+    doc = msgspec.json.decode(raw)
+    for path in paths:
+        value: Any = doc
+        for name in path:
+            value = value.get(name) if isinstance(value, dict) else None
+        if isinstance(value, str):
+            field = ".".join(path)
+            raise ApiError(400, f"{field}: expected a number, got a string", field)

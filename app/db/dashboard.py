@@ -1,0 +1,131 @@
+"""The dashboard's read (``sql/queries/dashboard.sql``): pools with usage and policies, the
+queue with what each entry waits for, holdings, recent events and invariant violations, all
+in one repeatable-read snapshot.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from uuid import UUID
+
+import msgspec
+
+from app.db.metrics import (
+    PolicyRow,
+    PoolKeyRow,
+    connection,
+    database_now,
+    policy_rows,
+    pool_key_rows,
+)
+from app.db.named import query
+from app.db.queries import Executor
+from app.db.reconcile import Violation, invariant_violations
+
+__all__ = ["DashboardData", "EventRow", "HoldingRow", "PoolRow", "QueueRow", "dashboard_data"]
+
+
+class PoolRow(msgspec.Struct, frozen=True):
+    name: str
+    queueing: str
+    preemption_grace_seconds: int
+    keys: list[PoolKeyRow]
+    policies: list[PolicyRow]
+    queued: int
+    holding: int
+
+
+class QueueRow(msgspec.Struct, frozen=True):
+    pool: str
+    position: int
+    request_id: UUID
+    subject: str
+    resources: dict[str, int]
+    preemptible: bool
+    priority: int
+    in_share: bool
+    waiting_seconds: float
+    waiting_for: str
+    attempt: int
+    labels: dict[str, str]
+
+
+class HoldingRow(msgspec.Struct, frozen=True):
+    pool: str
+    subject: str
+    request_id: UUID
+    status: str
+    resources: dict[str, int]
+    preemptible: bool
+    held_seconds: float
+    labels: dict[str, str]
+
+
+class EventRow(msgspec.Struct, frozen=True):
+    id: int
+    at: datetime
+    request_id: UUID
+    subject: str
+    pool: str | None
+    from_status: str | None
+    to_status: str
+    reason: str | None
+    message: str
+
+
+class DashboardData(msgspec.Struct, frozen=True):
+    now: datetime
+    pools: list[PoolRow]
+    queue: list[QueueRow]
+    holdings: list[HoldingRow]
+    events: list[EventRow]
+    violations: list[Violation]
+
+
+async def dashboard_data(
+    db: Executor, *, queue_limit: int = 200, holdings_limit: int = 200, events_limit: int = 30
+) -> DashboardData:
+    """Everything the dashboard shows, read in one repeatable-read snapshot."""
+    async with connection(db) as conn, conn.transaction(isolation="repeatable_read"):
+        now = await database_now(conn)
+        keys = await pool_key_rows(conn)
+        policies = await policy_rows(conn)
+        pools = await conn.fetch(query("dashboard_pools"))
+        queue = await conn.fetch(
+            query("dashboard_queue"),
+            queue_limit,
+        )
+        holdings = await conn.fetch(
+            query("dashboard_holdings"),
+            holdings_limit,
+        )
+        events = await conn.fetch(
+            query("dashboard_events"),
+            events_limit,
+        )
+        violations = await invariant_violations(conn)
+    by_pool_keys: dict[str, list[PoolKeyRow]] = {}
+    for k in keys:
+        by_pool_keys.setdefault(k.pool, []).append(k)
+    by_pool_policies: dict[str, list[PolicyRow]] = {}
+    for p in policies:
+        by_pool_policies.setdefault(p.pool, []).append(p)
+    return DashboardData(
+        now=now,
+        pools=[
+            PoolRow(
+                name=p["name"],
+                queueing=p["queueing"],
+                preemption_grace_seconds=int(p["preemption_grace_seconds"]),
+                keys=by_pool_keys.get(p["name"], []),
+                policies=by_pool_policies.get(p["name"], []),
+                queued=int(p["queued"]),
+                holding=int(p["holding"]),
+            )
+            for p in pools
+        ],
+        queue=[msgspec.convert(dict(r), QueueRow) for r in queue],
+        holdings=[msgspec.convert(dict(r), HoldingRow) for r in holdings],
+        events=[msgspec.convert(dict(r), EventRow) for r in events],
+        violations=violations,
+    )

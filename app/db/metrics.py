@@ -1,0 +1,162 @@
+"""Metrics reads (``sql/queries/metrics.sql``): usage per pool, key and policy, queues,
+request counts, invariant violations, and the events since the last scrape.
+
+The reads go through the ops views where those have what is needed, and read base tables
+only for what the views do not carry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import cast
+
+import asyncpg
+import msgspec
+
+from app.db.named import query
+from app.db.queries import Executor
+
+__all__ = [
+    "PoolKeyRow",
+    "PolicyRow",
+    "TallyRow",
+    "connection",
+    "database_now",
+    "invariant_violation_counts",
+    "policy_rows",
+    "pool_key_rows",
+    "queue_stats",
+    "request_counts",
+    "tally_events",
+]
+
+
+class PoolKeyRow(msgspec.Struct, frozen=True):
+    pool: str
+    key: str
+    capacity: int | None  # None: untracked soft key
+    allocated: int
+    free: int | None
+    reserved: int  # sum of policies' reserved
+    borrowed: int  # sum of policies' borrowed (used above reserved, tracked keys)
+    queued_demand: int
+
+
+async def pool_key_rows(db: Executor) -> list[PoolKeyRow]:
+    """Per pool and key: ``respool.pool_usage`` plus reserved/borrowed sums of policy_usage."""
+    rows = await db.fetch(query("pool_key_rows"))
+    return [
+        PoolKeyRow(
+            pool=r["pool"],
+            key=r["key"],
+            capacity=None if r["capacity"] is None else int(r["capacity"]),
+            allocated=int(r["allocated"]),
+            free=None if r["free"] is None else int(r["free"]),
+            reserved=int(r["reserved"]),
+            borrowed=int(r["borrowed"]),
+            queued_demand=int(r["queued_demand"]),
+        )
+        for r in rows
+    ]
+
+
+class PolicyRow(msgspec.Struct, frozen=True):
+    pool: str
+    subject: str
+    key: str
+    priority: int
+    reserved: int
+    limit: int | None
+    used: int
+    borrowed: int
+    np_used: int
+
+
+async def policy_rows(db: Executor) -> list[PolicyRow]:
+    rows = await db.fetch(query("policy_rows"))
+    return [
+        PolicyRow(
+            pool=r["pool"],
+            subject=r["subject"],
+            key=r["key"],
+            priority=int(r["priority"]),
+            reserved=int(r["reserved"]),
+            limit=None if r["limit"] is None else int(r["limit"]),
+            used=int(r["used"]),
+            borrowed=int(r["borrowed"]),
+            np_used=int(r["np_used"]),
+        )
+        for r in rows
+    ]
+
+
+async def queue_stats(db: Executor) -> dict[str, tuple[int, float]]:
+    """Per pool with a queue: (waiting requests, seconds the oldest has waited)."""
+    rows = await db.fetch(query("queue_stats"))
+    return {r["pool"]: (int(r["n"]), float(r["oldest"] or 0.0)) for r in rows}
+
+
+async def invariant_violation_counts(db: Executor) -> dict[str, int]:
+    rows = await db.fetch(query("invariant_violation_counts"))
+    return {r["invariant"]: int(r["n"]) for r in rows}
+
+
+class TallyRow(msgspec.Struct, frozen=True):
+    """One status change, with what the metrics need to know about it."""
+
+    id: int
+    at: datetime
+    pool: str | None
+    to_status: str
+    reason: str | None
+    preemption: bool  # a preemption, counted once (preempting, or preempted without grace)
+    final: bool  # the request's terminal status (a preempted request that was requeued: False)
+    wait_seconds: float | None  # for a grant: time since it (re-)entered the queue
+
+
+async def tally_events(db: Executor, since: datetime) -> tuple[datetime, list[TallyRow]]:
+    """The database's ``now()`` and every event with ``at >= since`` (oldest first)."""
+    async with connection(db) as conn, conn.transaction(isolation="repeatable_read"):
+        now = await database_now(conn)
+        rows = await conn.fetch(
+            query("tally_events"),
+            since,
+        )
+    return now, [
+        TallyRow(
+            id=int(r["id"]),
+            at=r["at"],
+            pool=r["pool"],
+            to_status=r["to_status"],
+            reason=r["reason"],
+            preemption=bool(r["preemption"]),
+            final=bool(r["final"]),
+            wait_seconds=r["wait_seconds"],
+        )
+        for r in rows
+    ]
+
+
+@contextlib.asynccontextmanager
+async def connection(db: Executor) -> AsyncIterator[asyncpg.Connection]:
+    """The given connection, or one acquired from the given pool."""
+    if isinstance(db, asyncpg.Pool):
+        async with db.acquire() as conn:
+            # A pool connection proxy behaves as the connection it wraps.
+            yield cast(asyncpg.Connection, conn)
+    else:
+        yield db
+
+
+async def database_now(db: Executor) -> datetime:
+    """The database clock: ``now()``, the current transaction's start time."""
+    now: datetime = await db.fetchval(query("database_now"))
+    return now
+
+
+async def request_counts(db: Executor) -> dict[str, int]:
+    """Number of stored requests per status."""
+    rows = await db.fetch(query("request_counts"))
+    return {r["status"]: int(r["n"]) for r in rows}

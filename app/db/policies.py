@@ -1,0 +1,76 @@
+"""Policies (``sql/queries/policies.sql``): typed wrappers around the engine's policy functions.
+
+Every RPxxx error comes back as an :mod:`app.db.errors` exception.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from app.db.errors import engine_errors
+from app.db.named import query
+from app.db.queries import Executor, Policy, _as
+
+__all__ = ["create_policy", "delete_policy", "get_policy", "list_policies", "update_policy"]
+
+
+@engine_errors
+async def create_policy(
+    db: Executor,
+    *,
+    subject: str,
+    pool: str,
+    priority: int | None = 0,
+    reserved: Mapping[str, Any] | None = None,
+    limit: Mapping[str, Any] | None = None,
+    description: str | None = "",
+) -> Policy:
+    doc = await db.fetchval(
+        query("create_policy"),
+        subject,
+        pool,
+        priority,
+        dict(reserved or {}),
+        dict(limit or {}),
+        description,
+    )
+    return _as(Policy, doc)
+
+
+@engine_errors
+async def update_policy(
+    db: Executor,
+    ref: str,
+    *,
+    priority: int | None = None,
+    reserved: Mapping[str, Any] | None = None,
+    limit: Mapping[str, Any] | None = None,
+    description: str | None = None,
+) -> Policy:
+    doc = await db.fetchval(
+        query("update_policy"),
+        ref,
+        priority,
+        None if reserved is None else dict(reserved),
+        None if limit is None else dict(limit),
+        description,
+    )
+    return _as(Policy, doc)
+
+
+@engine_errors
+async def delete_policy(db: Executor, ref: str, *, force: bool = False) -> None:
+    await db.execute(query("delete_policy"), ref, force)
+
+
+@engine_errors
+async def get_policy(db: Executor, ref: str) -> Policy:
+    return _as(Policy, await db.fetchval(query("get_policy"), ref))
+
+
+@engine_errors
+async def list_policies(
+    db: Executor, *, pool: str | None = None, subject: str | None = None
+) -> list[Policy]:
+    return _as(list[Policy], await db.fetchval(query("list_policies"), pool, subject))

@@ -1,0 +1,84 @@
+"""Pools (``sql/queries/pools.sql``): typed wrappers around the engine's pool functions.
+
+Every RPxxx error comes back as an :mod:`app.db.errors` exception.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from app.db.errors import engine_errors
+from app.db.named import query
+from app.db.queries import Executor, Pool, _as
+
+__all__ = ["create_pool", "delete_pool", "get_pool", "list_pools", "update_pool"]
+
+
+@engine_errors
+async def create_pool(
+    db: Executor,
+    *,
+    name: str,
+    capacity: Mapping[str, Any] | None = None,
+    description: str | None = "",
+    queueing: str | None = "best_effort",
+    preemption_grace_seconds: int | None = 0,
+    starvation_seconds: int | None = 300,
+    ordering: str | None = "fifo",
+) -> Pool:
+    """Create a pool; ``starvation_seconds=None`` turns the starvation guard off."""
+    doc = await db.fetchval(
+        query("create_pool"),
+        name,
+        dict(capacity or {}),
+        description,
+        queueing,
+        preemption_grace_seconds,
+        starvation_seconds,
+        ordering,
+    )
+    return _as(Pool, doc)
+
+
+@engine_errors
+async def update_pool(
+    db: Executor,
+    ref: str,
+    *,
+    capacity: Mapping[str, Any] | None = None,
+    description: str | None = None,
+    queueing: str | None = None,
+    preemption_grace_seconds: int | None = None,
+    starvation_seconds: int | None = None,
+    starvation_off: bool = False,
+    ordering: str | None = None,
+) -> Pool:
+    """Update a pool; ``None`` keeps a field, ``starvation_off`` turns the guard off."""
+    doc = await db.fetchval(
+        query("update_pool"),
+        ref,
+        None if capacity is None else dict(capacity),
+        description,
+        queueing,
+        preemption_grace_seconds,
+        starvation_seconds,
+        starvation_off,
+        ordering,
+    )
+    return _as(Pool, doc)
+
+
+@engine_errors
+async def delete_pool(db: Executor, ref: str, *, force: bool = False) -> None:
+    await db.execute(query("delete_pool"), ref, force)
+
+
+@engine_errors
+async def get_pool(db: Executor, ref: str) -> Pool:
+    return _as(Pool, await db.fetchval(query("get_pool"), ref))
+
+
+@engine_errors
+async def list_pools(db: Executor) -> list[Pool]:
+    return _as(list[Pool], await db.fetchval(query("list_pools")))

@@ -1,0 +1,179 @@
+"""Scenario ``batch``: requests queued per second by batch create (SPEC §11.5).
+
+A pool of one GPU held by one request, so every member queues (the costly case: each member
+gets a queue entry and an exact queue position). ``--batches`` batches of ``--batch-size``
+members are created one after another, first through ``respool.create_requests`` (the engine,
+one asyncpg connection), then in a fresh database through ``POST /v1/requests/batch`` on one
+``respool serve`` process. Rate = members queued ÷ wall time, per batch and overall. After
+each path every member must be queued, in member order, with no invariant broken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import httpx
+
+from app.db import batch as db_batch
+from bench.common import (
+    DEFAULT_DSN,
+    Spread,
+    bench_connect,
+    fresh_database,
+    load_average,
+    log,
+    require_durable,
+    server_info,
+)
+from bench.wake import serve
+
+SUMMARY = "requests/s queued by batch create (engine function and HTTP endpoint)"
+
+
+@dataclass
+class BatchResults:
+    batches: int
+    batch_size: int
+    engine_per_batch: Spread
+    engine_overall: float
+    http_per_batch: Spread
+    http_overall: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "batches": self.batches,
+            "batch_size": self.batch_size,
+            "engine_per_batch": self.engine_per_batch.as_dict(),
+            "engine_overall": self.engine_overall,
+            "http_per_batch": self.http_per_batch.as_dict(),
+            "http_overall": self.http_overall,
+        }
+
+
+def _members(batch_size: int, k: int) -> list[dict[str, Any]]:
+    return [
+        {"subject": "b", "pool": "b", "resources": {"gpu": 1}, "labels": {"i": f"{k}-{i}"}}
+        for i in range(batch_size)
+    ]
+
+
+async def _setup(conn: asyncpg.Connection) -> None:
+    await conn.execute("SELECT respool.create_pool(p_name => 'b', p_capacity => $1)", {"gpu": 1})
+    await conn.execute("SELECT respool.create_policy(p_subject => 'b', p_pool => 'b')")
+    await conn.execute(
+        "SELECT created FROM respool.create_request(p_subject => 'b', p_pool => 'b',"
+        " p_resources => $1)",
+        {"gpu": 1},
+    )
+
+
+async def _check(conn: asyncpg.Connection, expected: int) -> None:
+    queued = await conn.fetchval("SELECT count(*) FROM respool.requests WHERE status = 'queued'")
+    if queued != expected:
+        raise SystemExit(f"batch: {queued} queued, expected {expected}")
+    disorder = await conn.fetchval(
+        "SELECT count(*) FROM (SELECT position, labels, lag(created_at) OVER (ORDER BY position)"
+        "   AS before, created_at FROM respool.queue q JOIN respool.requests r"
+        "   ON r.id = q.request_id) x WHERE before > created_at"
+    )
+    if disorder:
+        raise SystemExit(f"batch: {disorder} members out of queue order")
+    if await conn.fetchval("SELECT count(*) FROM respool.invariant_violations"):
+        raise SystemExit("batch: invariant violations")
+
+
+async def _engine(dsn: str, batches: int, batch_size: int) -> tuple[list[float], float]:
+    conn = await bench_connect(dsn)
+    try:
+        await _setup(conn)
+        rates: list[float] = []
+        started = time.perf_counter()
+        for k in range(batches):
+            t0 = time.perf_counter()
+            made = await db_batch.create_requests(
+                conn, _members(batch_size, k), default_lease_seconds=300
+            )
+            rates.append(len(made) / (time.perf_counter() - t0))
+            log(f"  batch: engine {k + 1}/{batches}: {rates[-1]:,.0f} requests/s")
+        overall = batches * batch_size / (time.perf_counter() - started)
+        await _check(conn, batches * batch_size)
+    finally:
+        await conn.close()
+    return rates, overall
+
+
+async def _http(dsn: str, batches: int, batch_size: int) -> tuple[list[float], float]:
+    conn = await bench_connect(dsn)
+    try:
+        await _setup(conn)
+        rates: list[float] = []
+        with serve(dsn, reconciler=True) as url:
+            async with httpx.AsyncClient(base_url=url, timeout=300) as http:
+                started = time.perf_counter()
+                for k in range(batches):
+                    t0 = time.perf_counter()
+                    r = await http.post(
+                        "/v1/requests/batch", json={"members": _members(batch_size, k)}
+                    )
+                    if r.status_code != 201:
+                        raise SystemExit(f"batch answered {r.status_code}: {r.text[:300]}")
+                    rates.append(len(r.json()["items"]) / (time.perf_counter() - t0))
+                    log(f"  batch: HTTP {k + 1}/{batches}: {rates[-1]:,.0f} requests/s")
+                overall = batches * batch_size / (time.perf_counter() - started)
+        await _check(conn, batches * batch_size)
+    finally:
+        await conn.close()
+    return rates, overall
+
+
+async def measure(admin_dsn: str, batches: int, batch_size: int) -> BatchResults:
+    async with fresh_database(admin_dsn) as dsn:
+        engine, engine_overall = await _engine(dsn, batches, batch_size)
+    async with fresh_database(admin_dsn) as dsn:
+        http, http_overall = await _http(dsn, batches, batch_size)
+    return BatchResults(
+        batches=batches,
+        batch_size=batch_size,
+        engine_per_batch=Spread.of(engine),
+        engine_overall=engine_overall,
+        http_per_batch=Spread.of(http),
+        http_overall=http_overall,
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dsn", default=DEFAULT_DSN, help="server (default: %(default)s)")
+    parser.add_argument("--batches", type=int, default=10, help="batches per path (10)")
+    parser.add_argument("--batch-size", type=int, default=1000, help="members per batch (1000)")
+
+
+async def _run(args: argparse.Namespace) -> BatchResults:
+    info = await server_info(args.dsn)
+    require_durable(info)
+    log(f"server: {info.line()}; load average {load_average()}")
+    return await measure(args.dsn, args.batches, args.batch_size)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.batches < 1 or not 1 <= args.batch_size <= 1000:
+        raise SystemExit("--batches must be >= 1 and --batch-size 1..1000")
+    r = asyncio.run(_run(args))
+    print(json.dumps(r.as_dict(), indent=2))
+    total = r.batches * r.batch_size
+    print(f"\n| path | per batch of {r.batch_size:,}, requests/s | {total:,} queued overall |")
+    print("|---|---|---|")
+    print(
+        f"| engine (respool.create_requests) | {r.engine_per_batch.fmt()} "
+        f"| {r.engine_overall:,.0f}/s |"
+    )
+    print(
+        f"| HTTP (POST /v1/requests/batch) | {r.http_per_batch.fmt()} | {r.http_overall:,.0f}/s |"
+    )
+    log(f"load average after: {load_average()}")
+    return 0

@@ -1,0 +1,119 @@
+"""``python -m bench dashboard``: the dashboard and the request list against the queue size.
+
+Issue 15, defect 2: the dashboard re-ran a pool's whole queue order once per queue entry, and
+``GET /v1/requests`` recomputed each queued request's position on its own, so both grew with the
+square of the queue. This fills one pool (full, 64 holders) with ``--queued`` waiting requests in
+four shapes (the reconcile scenario's ``fill``, bulk copies) and times, from the client:
+
+* ``dashboard``: :func:`app.db.dashboard.dashboard_data` (what ``GET /v1/dashboard`` reads);
+* ``requests``: :func:`app.db.db_requests.list_requests` with ``limit=1000`` (``GET /v1/requests``),
+  and the same with ``status=queued``.
+
+The pool also gets 500 recorded holds (released requests of 60-600 s, created a day earlier, so
+they are on no page), so that every queued request within ``_eta_depth()`` of the head gets an ETA
+(SPEC §11.4) computed as in production, not skipped for want of history.
+
+Target: each under 100 ms at 10,000 queued.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from app.db import dashboard as db_dashboard
+from app.db import requests as db_requests
+from bench.common import Spread, bench_connect, fresh_database, log
+from bench.reconcile import fill
+
+HISTORY_SQL = """
+INSERT INTO respool.requests (subject, pool_ref, pool_id, pool_name, policy_id, candidate_pool_ids,
+                              resources, preemptible, priority, status, message, max_retries,
+                              request_body, labels, queued_at, created_at, updated_at,
+                              allocated_at, finished_at)
+SELECT s.subject, s.pool_ref, s.pool_id, s.pool_name, s.policy_id, s.candidate_pool_ids,
+       s.resources, s.preemptible, s.priority, 'released', '', s.max_retries, s.request_body,
+       s.labels, t.start, t.start, t.start + t.hold, t.start, t.start + t.hold
+  FROM (SELECT * FROM respool.requests WHERE status = 'allocated' ORDER BY created_at LIMIT 1) s,
+       LATERAL (SELECT now() - interval '1 day' + g * interval '1 minute' AS start,
+                       (60 + (g * 37) % 540) * interval '1 second' AS hold
+                  FROM generate_series(1, 500) g) t
+"""
+SUMMARY = "GET /v1/dashboard and GET /v1/requests?limit=1000 against the queue size"
+DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--queued",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[2000, 10_000],
+        help="queue sizes, comma-separated (default 2000,10000)",
+    )
+    parser.add_argument("--rounds", type=int, default=5, help="timed calls per figure")
+    parser.add_argument(
+        "--dsn",
+        default=DEFAULT_DSN,
+        help="a PostgreSQL server where we may CREATE DATABASE (default: %(default)s)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+
+
+async def _time(rounds: int, call: Callable[[], Awaitable[Any]]) -> Spread:
+    await call()  # warm the plans up
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        await call()
+        times.append((time.perf_counter() - started) * 1000)
+    return Spread.of(times)
+
+
+async def measure_one(admin_dsn: str, queued: int, rounds: int) -> dict[str, Spread]:
+    async with fresh_database(admin_dsn) as dsn:
+        conn = await bench_connect(dsn)
+        try:
+            started = time.perf_counter()
+            await fill(conn, queued, 1)
+            await conn.execute(HISTORY_SQL)
+            log(f"  dashboard: {queued} queued, filled in {time.perf_counter() - started:.1f} s")
+            figures = {
+                "dashboard": await _time(rounds, lambda: db_dashboard.dashboard_data(conn)),
+                "requests limit=1000": await _time(
+                    rounds, lambda: db_requests.list_requests(conn, limit=1000)
+                ),
+                "requests status=queued limit=1000": await _time(
+                    rounds, lambda: db_requests.list_requests(conn, status="queued", limit=1000)
+                ),
+            }
+        finally:
+            await conn.close()
+    log(
+        f"  dashboard: {queued} queued: "
+        + ", ".join(f"{k} {s.median:.1f} ms" for k, s in figures.items())
+    )
+    return figures
+
+
+async def _run(args: argparse.Namespace) -> dict[int, dict[str, Spread]]:
+    return {q: await measure_one(args.dsn, q, args.rounds) for q in args.queued}
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.rounds < 1 or any(q < 4 for q in args.queued):
+        raise SystemExit("--rounds must be >= 1 and every --queued >= 4")
+    result = asyncio.run(_run(args))
+    if args.json:
+        print(
+            json.dumps({str(q): {k: s.as_dict() for k, s in f.items()} for q, f in result.items()})
+        )
+        return 0
+    print(f"respool dashboard and request list: median (low-high) ms of {args.rounds} calls")
+    for q, figures in result.items():
+        for name, spread in figures.items():
+            print(f"  {q:>6} queued  {name:<34} {spread.fmt(1)} ms")
+    return 0

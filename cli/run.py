@@ -1,0 +1,18 @@
+"""``respool run [options] -- CMD [ARGS...]``: the client's command wrapper (respool_client.run),
+served by the server CLI too; every option and the exit codes are the client's."""
+
+from __future__ import annotations
+
+import typer
+from respool_client.run import main as run_main
+
+__all__ = ["run"]
+
+
+def run(ctx: typer.Context) -> None:
+    """Run CMD under an allocation: wait, run, SIGTERM on preemption, re-run, release.
+
+    Options: --subject, --pool, --gpu, --cpu, --memory, --resource KEY=N, --non-preemptible,
+    --max-retries, --lease, --timeout, --kill-after; `respool run --help` lists them all.
+    """
+    raise typer.Exit(run_main(list(ctx.args)))

@@ -1,0 +1,50 @@
+"""The ``respool`` console script of both distributions.
+
+``respool-client`` and the ``respool`` server both declare ``respool = respool_client.cli:main``.
+With the server's CLI installed (the ``respool`` distribution), every command goes to it (its
+Typer app also has ``run``, delegating back to :mod:`respool_client.run`); with the client alone,
+``respool run`` is served here and any other command says what to install.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import sys
+from collections.abc import Callable, Sequence
+
+__all__ = ["main"]
+
+
+def _server_cli() -> Callable[[], object] | None:
+    """The server CLI's entry point, when the ``respool`` distribution is installed."""
+    try:
+        importlib.metadata.distribution("respool")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    entry: Callable[[], object] = importlib.import_module("cli.main").main
+    return entry
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    server = _server_cli() if argv is None else None
+    if server is not None:
+        server()
+        return
+    if args and args[0] == "run":
+        from respool_client.run import main as run_main
+
+        sys.exit(run_main(args[1:]))
+    if not args or args[0] in ("-h", "--help"):
+        print(
+            "usage: respool run [options] -- CMD [ARGS...]\n"
+            "(the light client serves `respool run` only; `respool run --help` for its options)"
+        )
+        sys.exit(0 if args else 2)
+    print(
+        f"respool: install the respool server CLI for `respool {args[0]}` "
+        "(this is the light client, which serves `respool run` only)",
+        file=sys.stderr,
+    )
+    sys.exit(2)

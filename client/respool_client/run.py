@@ -1,0 +1,437 @@
+"""``respool run [options] -- CMD [ARGS...]``: run any command under an allocation (SPEC §10).
+
+It waits for the grant (on a TTY a live line with the queue position and what it waits for;
+otherwise one line per change on stderr), runs CMD in its own process group with
+``RESPOOL_REQUEST_ID``, ``RESPOOL_POOL``, ``RESPOOL_ATTEMPT`` and ``RESPOOL_RESOURCES`` (JSON) in
+its environment, heartbeats and long-polls the request while CMD runs, and:
+
+* on ``preempting`` sends SIGTERM to CMD's group, and SIGKILL at the grace deadline (or
+  ``--kill-after`` seconds after the SIGTERM);
+* on ``preempted``, ``expired`` or ``cancelled`` (the units are gone) sends SIGTERM, and SIGKILL
+  ``--kill-after`` seconds later (default :data:`GONE_KILL_AFTER`);
+* when a preempted request was requeued (``--max-retries``), waits for the grant again and runs
+  CMD anew as the next attempt;
+* releases the request on every way out; SIGINT/SIGTERM to the wrapper are forwarded to CMD's
+  group and the request is released at once.
+
+Exit status: CMD's own (128 + N when a signal N ended it), or one of :data:`EXIT_CODES`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from typing import TextIO
+
+from respool_client._async import AsyncRespool
+from respool_client.errors import AllocationTimeout, ApiError, Preempted, Rejected, RespoolError
+from respool_client.grant import Grant
+from respool_client.wire import HOLDING, Request, ResourceSettings
+
+__all__ = ["EXIT_CODES", "build_parser", "main", "run"]
+
+EXIT_USAGE = 2
+EXIT_API = 69  # the server could not be reached or refused the call (EX_UNAVAILABLE)
+EXIT_REJECTED = 73  # the request was rejected (or cancelled while queued)
+EXIT_TIMEOUT = 74  # not allocated within --timeout; the request was cancelled
+EXIT_PREEMPTED = 75  # preempted (or expired) with no retries left (EX_TEMPFAIL: try again)
+EXIT_CODES = {
+    EXIT_USAGE: "bad options",
+    EXIT_API: "the respool API could not be reached or refused the call",
+    EXIT_REJECTED: "the request was rejected",
+    EXIT_TIMEOUT: "not allocated within --timeout",
+    EXIT_PREEMPTED: "preempted, no retries left",
+}
+# Seconds CMD gets after SIGTERM when its units are already gone (no grace deadline).
+GONE_KILL_AFTER = 10.0
+
+
+def build_parser(prog: str = "respool run") -> argparse.ArgumentParser:
+    codes = "; ".join(f"{code}: {what}" for code, what in EXIT_CODES.items())
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Run CMD under a respool allocation: wait for the grant, run CMD with "
+        "RESPOOL_REQUEST_ID/POOL/ATTEMPT/RESOURCES set, stop it when preempted, release on exit.",
+        epilog=f"Exit status: CMD's own, or {codes}.\n\nExample:\n  {prog} --subject "
+        "orchestrator:prod --pool gpus --gpu 2 --max-retries 1 -- python train.py",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add = parser.add_argument
+    add("--url", default=os.environ.get("RESPOOL_URL", "http://127.0.0.1:8080"),
+        help="API URL (RESPOOL_URL; default http://127.0.0.1:8080).")  # fmt: skip
+    add("--token", default=os.environ.get("RESPOOL_TOKEN"), help="Bearer token (RESPOOL_TOKEN).")
+    add("--subject", "-s", default=os.environ.get("RESPOOL_SUBJECT"),
+        help="Who asks, e.g. orchestrator:prod (RESPOOL_SUBJECT).")  # fmt: skip
+    add("--pool", help="Only this pool (default: every pool the subject has a policy on).")
+    add("--gpu", type=_count, help="GPUs (gpu).")
+    add("--cpu", type=_decimal, help="CPUs, e.g. 0.5 (mcpu = ceil(x*1000)).")
+    add("--memory", help="Memory, e.g. 8GB or 16GiB (memory_mb).")
+    add("--resource", "-r", action="append", default=[], type=_pair, metavar="KEY=N",
+        help="Any key; repeat for more (tpu=2).")  # fmt: skip
+    add("--non-preemptible", action="store_true", help="Never preempted; must fit reserved.")
+    add("--max-retries", type=_count, default=0, help="Re-runs after a preemption (default 0).")
+    add("--lease", type=_positive_int, help="Lease seconds (default: the server's).")
+    add("--timeout", type=_seconds, help="Give up waiting for the grant after this many seconds.")
+    add("--kill-after", type=_seconds,
+        help="SIGKILL this long after SIGTERM (default: at the grace deadline).")  # fmt: skip
+    add("--label", action="append", default=[], type=_label, metavar="KEY=VALUE",
+        help="A label of the request; repeat for more.")  # fmt: skip
+    add("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "respool run") -> int:
+    """Parse ``argv`` (the options after ``run``) and run; returns the exit status."""
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        parser.error("no command to run: respool run [options] -- CMD [ARGS...]")
+    if not args.subject:
+        parser.error("--subject (or RESPOOL_SUBJECT) is required")
+    try:
+        return asyncio.run(run(args, cmd))
+    except KeyboardInterrupt:
+        return 128 + signal.SIGINT
+
+
+class _Status:
+    """What the wrapper tells the user while it waits: a live line on a TTY, else log lines."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.live = out.isatty()
+        self.last: tuple[object, ...] | None = None
+
+    def waiting(self, state: Request) -> None:
+        key = (state.status, state.queue_position, state.message, state.attempt)
+        if key == self.last:
+            return
+        self.last = key
+        where = f"#{state.queue_position} in queue" if state.queue_position else "queued"
+        text = f"respool: request {state.id} attempt {state.attempt}: {where}: {state.message}"
+        if self.live:
+            self.out.write("\r\x1b[2K" + text)
+        else:
+            self.out.write(text + "\n")
+        self.out.flush()
+
+    def say(self, text: str) -> None:
+        if self.live and self.last is not None:
+            self.out.write("\r\x1b[2K")
+        self.last = None
+        self.out.write(f"respool: {text}\n")
+        self.out.flush()
+
+
+class _Runner:
+    def __init__(self, rp: AsyncRespool, args: argparse.Namespace, cmd: list[str]) -> None:
+        self.rp = rp
+        self.args = args
+        self.cmd = cmd
+        self.status = _Status(sys.stderr)
+        self.proc: asyncio.subprocess.Process | None = None
+        self.stop_signal: int | None = None
+        self.stopping = asyncio.Event()
+        self.term_sent = False
+        self.kill_at: float | None = None  # monotonic time of the scheduled SIGKILL
+        self.preempting = False  # this attempt's units are being (or were) taken away
+
+    # --- signals to CMD's process group ---
+
+    def _signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, sig)
+
+    def _terminate(self, kill_in: float, why: str) -> None:
+        """SIGTERM CMD's group now (once), SIGKILL it ``kill_in`` seconds from now at the latest."""
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        if not self.term_sent:
+            self.term_sent = True
+            self.status.say(f"{why}: SIGTERM to CMD, SIGKILL in {max(kill_in, 0):.1f} s")
+            self._signal(signal.SIGTERM)
+        at = time.monotonic() + max(kill_in, 0.0)
+        if self.kill_at is None or at < self.kill_at:
+            self.kill_at = at
+
+    def _kill_due(self) -> bool:
+        return self.kill_at is not None and time.monotonic() >= self.kill_at
+
+    def _on_wrapper_signal(self, sig: int) -> None:
+        if self.stop_signal is None:
+            self.stop_signal = sig
+        self._signal(sig)
+        self.stopping.set()
+
+    # --- the request ---
+
+    def _settings(self) -> ResourceSettings | None:
+        a = self.args
+        if a.gpu is None and a.cpu is None and a.memory is None:
+            return None
+        return ResourceSettings(gpu_count=a.gpu, cpu_count=a.cpu, memory=a.memory)
+
+    async def _wait_for_grant(self, state: Request, sent: float, started: float) -> Grant:
+        deadline = None if self.args.timeout is None else started + self.args.timeout
+        waiter = asyncio.create_task(
+            self.rp._await_grant(state, sent, started, deadline, on_wait=self.status.waiting)
+        )
+        stop = asyncio.create_task(self.stopping.wait())
+        await asyncio.wait({waiter, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if not waiter.done():  # the wrapper got SIGINT/SIGTERM: _await_grant cancels the request
+            waiter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waiter
+            raise _Stopped
+        stop.cancel()
+        return waiter.result()
+
+    def _kill_delay(self, state: Request) -> float:
+        """Seconds from now to SIGKILL after a ``preempting``: ``--kill-after``, else until the
+        grace deadline."""
+        if self.args.kill_after is not None:
+            return float(self.args.kill_after)
+        if state.preempt_deadline is None:
+            return GONE_KILL_AFTER
+        return (state.preempt_deadline - datetime.now(UTC)).total_seconds()
+
+    async def _one_attempt(self, grant: Grant) -> tuple[int, Request | None]:
+        """Run CMD under ``grant``; its exit status and the last state seen of the request."""
+        env = {
+            **os.environ,
+            "RESPOOL_REQUEST_ID": str(grant.request_id),
+            "RESPOOL_POOL": grant.pool or "",
+            "RESPOOL_ATTEMPT": str(grant.attempt),
+            "RESPOOL_RESOURCES": json.dumps(grant.resources, sort_keys=True),
+        }
+        self.term_sent, self.kill_at, self.preempting = False, None, False
+        self.status.say(
+            f"request {grant.request_id} attempt {grant.attempt}: allocated in {grant.pool}: "
+            f"{json.dumps(grant.resources, sort_keys=True)}; running {self.cmd[0]}"
+        )
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *self.cmd, env=env, start_new_session=True
+            )
+        except OSError as exc:
+            self.status.say(f"cannot run {self.cmd[0]}: {exc}")
+            return 127, None
+        last: Request | None = None
+        changes: asyncio.Queue[Request] = asyncio.Queue()
+        hold = self.rp._start_holding(grant, None, None, on_change=changes.put_nowait)
+        exited = asyncio.create_task(self.proc.wait())
+        if self.stop_signal is not None:  # a signal arrived while CMD was starting
+            self._signal(self.stop_signal)
+        try:
+            while not exited.done():
+                got = asyncio.create_task(changes.get())
+                left = None if self.kill_at is None else max(0.0, self.kill_at - time.monotonic())
+                await asyncio.wait({exited, got}, timeout=left, return_when="FIRST_COMPLETED")
+                if got.done():
+                    last = got.result()
+                    self._react(grant, last)
+                else:
+                    got.cancel()
+                if self._kill_due():
+                    if not exited.done():
+                        self.status.say("grace over: SIGKILL to CMD")
+                    self._signal(signal.SIGKILL)
+                    self.kill_at = None
+        finally:
+            hold.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await hold
+        code = exited.result()
+        while not changes.empty():
+            last = changes.get_nowait()
+        return (128 - code if code < 0 else code), last
+
+    def _react(self, grant: Grant, state: Request) -> None:
+        if state.status != "released":
+            self.preempting = True
+        if state.attempt == grant.attempt and state.status == "preempting":
+            self._terminate(self._kill_delay(state), f"preempting ({state.reason})")
+        elif state.attempt != grant.attempt or state.status not in HOLDING:
+            kill_in = GONE_KILL_AFTER if self.args.kill_after is None else self.args.kill_after
+            if state.status != "released":
+                self._terminate(kill_in, f"{state.status} ({state.reason})")
+
+    async def _release(self, grant: Grant, *, drop: bool = True) -> Request | None:
+        """Release ``grant``'s attempt; the request's state after it (None: unknown).
+
+        409 means it was requeued under a new attempt meanwhile: with ``drop``, that is
+        released too (we are done with it), else its state is returned."""
+        try:
+            return await self.rp.release(grant.request_id, grant.attempt)
+        except ApiError as exc:
+            if exc.status_code == 409:
+                if drop:
+                    with contextlib.suppress(RespoolError):
+                        return await self.rp.release(grant.request_id)
+                    return None
+                with contextlib.suppress(RespoolError):
+                    return await self.rp.get_request(grant.request_id)
+            elif exc.status_code != 404:
+                self.status.say(f"could not release request {grant.request_id}: {exc}")
+        except RespoolError as exc:
+            self.status.say(f"could not release request {grant.request_id}: {exc}")
+        return None
+
+    async def _release_on_signal(self, grant: Grant) -> None:
+        await self.stopping.wait()
+        self.status.say(f"got signal {self.stop_signal}: releasing request {grant.request_id}")
+        await self._release(grant)
+        kill_in = GONE_KILL_AFTER if self.args.kill_after is None else self.args.kill_after
+        self.term_sent = True  # the signal itself was forwarded
+        self.kill_at = time.monotonic() + kill_in
+
+    async def run(self) -> int:
+        a = self.args
+        started = sent = time.monotonic()
+        try:
+            state = await self.rp.create_request(
+                a.subject,
+                pool=a.pool,
+                resources=dict(a.resource) or None,
+                settings=self._settings(),
+                preemptible=not a.non_preemptible,
+                max_retries=a.max_retries,
+                lease_seconds=a.lease,
+                labels=dict(a.label) or None,
+                wait=min(a.timeout, 20.0) if a.timeout is not None else 20.0,
+            )
+            while True:
+                grant = await self._wait_for_grant(state, sent, started)
+                releaser = asyncio.create_task(self._release_on_signal(grant))
+                try:
+                    code, last = await self._one_attempt(grant)
+                finally:
+                    releaser.cancel()
+                if self.stop_signal is not None:
+                    await self._release(grant)
+                    return 128 + self.stop_signal
+                held = last is None or (last.attempt == grant.attempt and last.status in HOLDING)
+                if held and not self.preempting:
+                    await self._release(grant)  # CMD ended on its own: done
+                    self.status.say(f"CMD exited with {code}; released {grant.request_id}")
+                    return code
+                # Taken away. Still preempting: our release ends it (and requeues it when it has
+                # retries left); else the server already moved it on.
+                after = await self._release(grant, drop=False) if held else last
+                if after is None:
+                    return EXIT_PREEMPTED
+                if after.attempt != grant.attempt and not after.terminal:
+                    self.status.say(
+                        f"{grant.reason or 'preempted'}: attempt {after.attempt} waits for a grant"
+                    )
+                    started = sent = time.monotonic()
+                    state = after
+                    continue
+                if after.status == "released":
+                    return code
+                self.status.say(f"{after.status} ({after.reason}): no retries left")
+                return EXIT_PREEMPTED
+        except _Stopped:
+            self.status.say(f"got signal {self.stop_signal} while waiting: request cancelled")
+            return 128 + (self.stop_signal or signal.SIGTERM)
+        except Rejected as exc:
+            self.status.say(f"rejected: {exc.reason}: {exc.message}")
+            return EXIT_REJECTED
+        except AllocationTimeout as exc:
+            self.status.say(f"not allocated within --timeout: {exc}")
+            return EXIT_TIMEOUT
+        except Preempted as exc:
+            self.status.say(f"preempted before it could run: {exc.reason}: {exc.message}")
+            return EXIT_PREEMPTED
+        except RespoolError as exc:
+            self.status.say(f"error: {exc}")
+            return EXIT_API
+
+
+class _Stopped(Exception):
+    """The wrapper was told to stop (SIGINT/SIGTERM) before CMD ran."""
+
+
+async def run(args: argparse.Namespace, cmd: list[str]) -> int:
+    """Run ``cmd`` under an allocation described by parsed ``args``; returns the exit status."""
+    loop = asyncio.get_running_loop()
+    async with AsyncRespool(args.url, args.token) as rp:
+        runner = _Runner(rp, args, cmd)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, runner._on_wrapper_signal, sig)
+        try:
+            return await runner.run()
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+
+# --- option types ----------------------------------------------------------------------------
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = _count(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1: {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0: {text!r}")
+    return value
+
+
+def _decimal(text: str) -> Decimal:
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value.is_finite() or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0: {text!r}")
+    return value
+
+
+def _pair(text: str) -> tuple[str, int]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=N, got {text!r}")
+    return key.strip(), _count(value.strip())
+
+
+def _label(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+if __name__ == "__main__":
+    sys.exit(main(prog="python -m respool_client.run"))

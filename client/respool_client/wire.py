@@ -1,0 +1,400 @@
+"""The wire vocabulary of the respool HTTP API: one definition, shared by server and clients.
+
+The server encodes its answers with these Structs and decodes request bodies with them; the
+Python client and the CLI decode answers with them. Statuses are a closed set (a CHECK in SQL);
+``Request.reason`` stays a plain string on the wire so that a newer server's new reason code
+does not break an older client, and :data:`REASONS` lists the codes this version knows
+(``tests/client/test_wire_agrees_with_sql.py`` proves both lists agree with the database).
+
+Request bodies carry their constraints as msgspec ``Meta``:
+
+* integer bounds (``ge``/``le``) are enforced when the server decodes a body;
+* the rules the engine enforces itself, naming the offending key (``capacity.gpu``), are only
+  *declared*, in ``Meta(extra_json_schema={"extra": {...}})``: Litestar copies that ``extra``
+  mapping into the OpenAPI document (keys are ``litestar.openapi.spec.Schema`` attribute
+  names; nested schemas are plain JSON Schema, camelCase), so clients and fuzzers know them
+  without msgspec enforcing them a second time.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
+from typing import Annotated, Any, Literal, get_args
+from uuid import UUID
+
+import msgspec
+from msgspec import UNSET, Meta, UnsetType
+
+__all__ = [
+    "REASONS",
+    "STATUSES",
+    "TERMINAL",
+    "Created",
+    "ErrorBody",
+    "Eta",
+    "Event",
+    "PolicyCreate",
+    "PolicyUpdate",
+    "Policy",
+    "Pool",
+    "PoolCreate",
+    "PoolUpdate",
+    "Ordering",
+    "Queueing",
+    "Readiness",
+    "Reason",
+    "Request",
+    "RequestBatch",
+    "RequestBatchCreate",
+    "RequestCreate",
+    "RequestPage",
+    "ResourceSettings",
+    "Status",
+    "Victim",
+    "WhatIf",
+]
+
+# --- statuses and reason codes ---------------------------------------------------------------
+
+Status = Literal[
+    "queued", "allocated", "preempting", "released", "preempted", "expired", "cancelled", "rejected"
+]
+STATUSES: tuple[Status, ...] = get_args(Status)
+TERMINAL: frozenset[str] = frozenset({"released", "rejected", "cancelled", "expired", "preempted"})
+# Statuses in which a request holds its units.
+HOLDING: frozenset[str] = frozenset({"allocated", "preempting"})
+
+Reason = Literal[
+    # rejected at creation, or later when it can never fit (SPEC §4)
+    "no_policy",
+    "pool_missing_key",
+    "exceeds_capacity",
+    "exceeds_limit",
+    "exceeds_reserved",
+    # cancelled
+    "cancelled",
+    "released_while_queued",
+    "pool_deleted",
+    "policy_deleted",
+    "abandoned",  # a queued request whose queue lease lapsed (SPEC §6 heartbeat)
+    # expired
+    "lease_expired",
+    "max_seconds",
+    # preempting / preempted (SPEC §5), and queued again for the next attempt
+    "reclaim",
+    "priority",
+    "capacity_shrink",
+    "limit_shrink",
+    "grace_expired",
+    "retry",
+]
+REASONS: frozenset[str] = frozenset(get_args(Reason))
+
+Queueing = Literal["best_effort", "strict"]
+Ordering = Literal["fifo", "fair"]
+
+# --- answers ---------------------------------------------------------------------------------
+
+
+class Pool(msgspec.Struct, frozen=True):
+    id: UUID
+    name: str
+    description: str
+    queueing: Queueing
+    preemption_grace_seconds: int
+    capacity: dict[str, int]
+    usage: dict[str, int]
+    queued: int
+    created_at: datetime
+    updated_at: datetime
+    # SPEC §11.1 / §11.2 (defaults so an older server's answer still decodes)
+    starvation_seconds: int | None = 300
+    ordering: Ordering = "fifo"
+
+
+class Policy(msgspec.Struct, frozen=True):
+    id: UUID
+    subject: str
+    pool: str
+    pool_id: UUID
+    priority: int
+    description: str
+    reserved: dict[str, int]
+    limit: dict[str, int]
+    usage: dict[str, int]
+    borrowed: dict[str, int]
+    created_at: datetime
+    updated_at: datetime
+
+
+class Eta(msgspec.Struct, frozen=True):
+    """Estimated wait of a queued request from now until its grant (SPEC §11.4)."""
+
+    p50_seconds: int
+    p90_seconds: int
+
+
+class Request(msgspec.Struct, frozen=True):
+    """A resource request (SPEC §4). ``reason`` is one of :data:`REASONS` or null."""
+
+    id: UUID
+    subject: str
+    pool: str | None
+    pool_id: UUID | None
+    policy_id: UUID | None
+    resources: dict[str, int]
+    preemptible: bool
+    priority: int
+    status: Status
+    reason: str | None
+    message: str
+    queue_position: int | None
+    attempt: int
+    max_retries: int
+    lease_seconds: int | None
+    lease_expires_at: datetime | None
+    preempt_deadline: datetime | None
+    idempotency_key: str | None
+    labels: dict[str, str]
+    version: int
+    created_at: datetime
+    updated_at: datetime
+    allocated_at: datetime | None
+    finished_at: datetime | None
+    # SPEC §11 (defaults so an older server's answer still decodes)
+    max_seconds: int | None = None
+    run_deadline: datetime | None = None
+    eta: Eta | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+
+class Victim(msgspec.Struct, frozen=True):
+    """An allocation the reconciler would preempt (``WhatIf.would_preempt``)."""
+
+    id: UUID
+    subject: str
+    pool: str | None
+    resources: dict[str, int]
+
+
+class WhatIf(Request, frozen=True):
+    """``POST /v1/requests?dry_run=true`` (SPEC §11.3): the request as a create would answer
+    it now, never stored, plus the allocations the reconciler's next pass would preempt for it."""
+
+    would_preempt: list[Victim] = []
+
+
+class Event(msgspec.Struct, frozen=True, rename={"from_status": "from", "to_status": "to"}):
+    """One status change of a request (``GET /v1/requests/{id}/events``)."""
+
+    from_status: str | None
+    to_status: str
+    reason: str | None
+    attempt: int
+    message: str
+    at: datetime
+
+
+class Created(msgspec.Struct, frozen=True):
+    """A create_request answer: ``created`` is False for an idempotent replay."""
+
+    created: bool
+    request: Request
+
+
+class RequestPage(msgspec.Struct, kw_only=True):
+    """One page of requests, newest first; pass ``next_cursor`` as ``cursor`` for the next."""
+
+    items: list[Request]
+    next_cursor: str | None
+
+
+class ErrorBody(msgspec.Struct):
+    """Every error answer: ``{"status_code": int, "detail": str, "field": str | null}``."""
+
+    status_code: int
+    detail: str
+    field: str | None = None
+
+
+class Readiness(msgspec.Struct, kw_only=True):
+    ready: bool
+    database: bool
+    schema_current: bool
+    listener: bool
+    detail: str | None = None
+    node: str | None = None  # host:port of the database server that serves (the primary)
+
+
+# --- request bodies --------------------------------------------------------------------------
+# Integers are checked when a body is decoded (the database could not even receive a value
+# beyond its column type); the bounds are the engine's (sql/functions). Strings and resource
+# maps are validated by the engine, which names the offending key; they are only declared.
+
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+
+Priority = Annotated[int, Meta(ge=-(2**31), le=INT32_MAX)]
+GraceSeconds = Annotated[int, Meta(ge=0, le=86_400)]
+MaxRetries = Annotated[int, Meta(ge=0, le=1000)]
+LeaseSeconds = Annotated[int, Meta(ge=1, le=31_536_000)]
+MaxSeconds = Annotated[int, Meta(ge=1, le=31_536_000)]
+StarvationSeconds = Annotated[int, Meta(ge=0, le=31_536_000)]
+Count = Annotated[int, Meta(ge=0, le=INT64_MAX)]
+
+_NO_NUL = "^[^\\u0000]*$"  # PostgreSQL text cannot hold NUL characters
+
+
+def _declare(**schema: Any) -> Meta:
+    """OpenAPI-only constraints (the engine enforces them); see the module docstring."""
+    return Meta(extra_json_schema={"extra": schema})
+
+
+_AMOUNTS = _declare(
+    property_names={"pattern": "^[a-z][a-z0-9_]{0,62}$"},
+    additional_properties={"type": "integer", "minimum": 0, "maximum": INT64_MAX},
+    max_properties=64,
+)
+_DESCRIPTION = _declare(max_length=2000, pattern=_NO_NUL)
+Amounts = Annotated[dict[str, int], _AMOUNTS]
+PoolName = Annotated[str, _declare(pattern="^[a-z0-9][a-z0-9._-]{0,62}$")]
+Subject = Annotated[str, _declare(pattern="^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,127}$")]
+Description = Annotated[str, _DESCRIPTION]
+_MEMORY = "^\\s*[0-9]+(\\.[0-9]+)?\\s*(KB|MB|GB|TB|PB|KiB|MiB|GiB|TiB|PiB)\\s*$"
+
+
+class _Body(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class PoolCreate(_Body):
+    name: PoolName
+    capacity: Amounts = {}
+    description: Description = ""
+    queueing: Queueing = "best_effort"
+    preemption_grace_seconds: GraceSeconds = 0
+    # SPEC §11.1: null turns the starvation guard off
+    starvation_seconds: StarvationSeconds | None = 300
+    ordering: Ordering = "fifo"
+
+
+class PoolUpdate(_Body):
+    """Absent fields stay as they are; ``capacity`` merges (0 removes a key)."""
+
+    capacity: Annotated[dict[str, int] | UnsetType, _AMOUNTS] = UNSET
+    description: Annotated[str | UnsetType, _DESCRIPTION] = UNSET
+    queueing: Queueing | UnsetType = UNSET
+    preemption_grace_seconds: GraceSeconds | UnsetType = UNSET
+    starvation_seconds: StarvationSeconds | None | UnsetType = UNSET  # null: guard off
+    ordering: Ordering | UnsetType = UNSET
+
+
+class PolicyCreate(_Body):
+    subject: Subject
+    pool: Annotated[str, _declare(min_length=1, pattern=_NO_NUL)]
+    priority: Priority = 0
+    reserved: Amounts = {}
+    limit: Amounts = {}
+    description: Description = ""
+
+
+class PolicyUpdate(_Body):
+    """Absent fields stay as they are; ``reserved``/``limit`` merge (0 removes a key)."""
+
+    priority: Priority | UnsetType = UNSET
+    reserved: Annotated[dict[str, int] | UnsetType, _AMOUNTS] = UNSET
+    limit: Annotated[dict[str, int] | UnsetType, _AMOUNTS] = UNSET
+    description: Annotated[str | UnsetType, _DESCRIPTION] = UNSET
+
+
+class ResourceSettings(_Body):
+    """SPEC §1 settings; the engine turns them into resources (``build_resources``).
+
+    ``cpu_count`` travels as a JSON number with its decimal text preserved: the server decodes
+    it as a Decimal from the number as written; a caller may pass an int, a float (sent as its
+    shortest repr), a numeric string or a Decimal (``"0.25"``, ``Decimal("0.25")`` → ``0.25``).
+    """
+
+    gpu_count: Count | UnsetType = UNSET
+    cpu_count: Annotated[
+        Decimal | UnsetType, _declare(one_of=[{"type": "number", "minimum": 0}])
+    ] = UNSET
+    memory: Annotated[str | UnsetType, _declare(pattern=_MEMORY)] = UNSET
+    pool_resources: Annotated[dict[str, int] | UnsetType, _AMOUNTS] = UNSET
+
+    def __post_init__(self) -> None:
+        for name in self.__struct_fields__:  # a caller's None means "not set"
+            if getattr(self, name) is None:
+                setattr(self, name, UNSET)
+        if self.cpu_count is not UNSET:
+            # msgspec also takes "NaN" or "Infinity" (as strings) for a Decimal; JSON has no
+            # such number, and the engine must not receive one.
+            self.cpu_count = _as_decimal(self.cpu_count)
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields that are set, as a JSON-ready mapping (``cpu_count`` a Decimal)."""
+        out: dict[str, Any] = msgspec.structs.asdict(self)
+        return {k: v for k, v in out.items() if v is not UNSET and v is not None}
+
+
+def _as_decimal(value: object) -> Decimal:
+    if isinstance(value, bool):
+        raise TypeError("settings.cpu_count must be a number")
+    if isinstance(value, Decimal):
+        d = value
+    elif isinstance(value, int | float):
+        d = Decimal(repr(value))
+    elif isinstance(value, str):
+        try:
+            d = Decimal(value.strip())
+        except InvalidOperation:
+            raise ValueError(f"settings.cpu_count: not a number: {value!r}") from None
+    else:
+        raise TypeError("settings.cpu_count must be a number")
+    if not d.is_finite():
+        raise ValueError("settings.cpu_count must be a finite number")
+    return d
+
+
+class RequestCreate(_Body):
+    subject: Subject
+    pool: Annotated[str | None, _declare(pattern=_NO_NUL)] = None
+    resources: Annotated[dict[str, int] | None, _AMOUNTS] = None
+    settings: ResourceSettings | None = None
+    preemptible: bool = True
+    max_retries: MaxRetries = 0
+    max_seconds: MaxSeconds | None = None  # SPEC §11.1: hard runtime cap
+    # Absent: the server's default lease (RESPOOL_DEFAULT_LEASE_SECONDS); explicit null: none.
+    lease_seconds: LeaseSeconds | None | UnsetType = UNSET
+    idempotency_key: Annotated[
+        str | None, _declare(min_length=1, max_length=200, pattern=_NO_NUL)
+    ] = None
+    labels: Annotated[
+        dict[str, str] | None,
+        _declare(
+            max_properties=64,
+            property_names={"minLength": 1, "maxLength": 128, "pattern": _NO_NUL},
+            additional_properties={"type": "string", "maxLength": 1024, "pattern": _NO_NUL},
+        ),
+    ] = None
+
+
+MAX_BATCH = 1000
+
+
+class RequestBatchCreate(_Body):
+    """``POST /v1/requests/batch`` (SPEC §11.5): 1 to 1,000 create bodies, one transaction."""
+
+    members: Annotated[list[RequestCreate], Meta(min_length=1, max_length=MAX_BATCH)]
+    # SPEC §11.6 gangs (a server that does not support them answers 400).
+    all_or_nothing: bool = False
+
+
+class RequestBatch(msgspec.Struct, kw_only=True):
+    """The answer of a batch create: the members' requests, in member order."""
+
+    items: list[Request]

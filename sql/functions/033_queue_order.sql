@@ -1,0 +1,134 @@
+-- Queue order (SPEC §4): priority desc, in-share first, queue time, id; computed shape by shape.
+
+CREATE OR REPLACE FUNCTION respool._queue_groups(p_pool_id uuid, p_skip_earmarked boolean DEFAULT false)
+RETURNS TABLE (policy_id uuid, subject text, preemptible boolean, resources jsonb, priority integer,
+               in_share boolean, queued_at timestamptz, request_id uuid, share double precision)
+LANGUAGE sql STABLE AS $$
+    -- Entries of one shape (policy, preemptible, resources) are alike for every admission rule
+    -- and for in-share, so they keep their queue-time order among themselves: one row per shape,
+    -- with its first entry. A skip scan of queue_entries_shape_idx finds the shapes, so this
+    -- costs O(shapes * log(queue)), not O(queue).
+    WITH RECURSIVE shapes AS (
+        (SELECT e.policy_id, e.preemptible, e.resources FROM respool.queue_entries e
+          WHERE e.pool_id = p_pool_id
+          ORDER BY e.policy_id, e.preemptible, e.resources LIMIT 1)
+        UNION ALL
+        SELECT n.* FROM shapes s CROSS JOIN LATERAL (
+            SELECT e.policy_id, e.preemptible, e.resources FROM respool.queue_entries e
+             WHERE e.pool_id = p_pool_id
+               AND (e.policy_id, e.preemptible, e.resources) > (s.policy_id, s.preemptible, s.resources)
+             ORDER BY e.policy_id, e.preemptible, e.resources LIMIT 1) n
+    ), tracked AS (
+        SELECT coalesce(array_agg(pr.key) FILTER (WHERE pr.capacity IS NOT NULL), '{}') AS keys,
+               (SELECT pl.ordering = 'fair' FROM respool.pools pl WHERE pl.id = p_pool_id) AS fair
+          FROM respool.pool_resources pr WHERE pr.pool_id = p_pool_id
+    )
+    SELECT s.policy_id, p.subject, s.preemptible, s.resources, p.priority, i.in_share, h.queued_at, h.request_id,
+           ds.share
+      FROM shapes s
+      JOIN respool.policies p ON p.id = s.policy_id
+     CROSS JOIN tracked t
+     -- [SPEC §11.2] fair ordering: the subject's dominant share in the pool (max over tracked
+     -- keys of used / capacity), 0 for every shape in a fifo pool (no effect on the order).
+     CROSS JOIN LATERAL (
+            SELECT CASE WHEN t.fair THEN coalesce((
+                       SELECT max(pol.used::double precision / pr.capacity)
+                         FROM respool.policy_resources pol
+                         JOIN respool.pool_resources pr
+                           ON pr.pool_id = p_pool_id AND pr.key = pol.key AND pr.capacity IS NOT NULL
+                        WHERE pol.policy_id = s.policy_id), 0) ELSE 0 END AS share) ds
+     CROSS JOIN LATERAL (
+            -- In share: for every tracked (or non-soft) key, the subject's used + the request
+            -- <= its reserved share.
+            SELECT NOT EXISTS (
+                SELECT FROM jsonb_each_text(s.resources) x
+                  LEFT JOIN respool.policy_resources pol ON pol.policy_id = s.policy_id AND pol.key = x.key
+                 WHERE (x.key = ANY (t.keys) OR NOT respool._is_soft_key(x.key))
+                   AND x.value::bigint > coalesce(pol.reserved - pol.used, 0)) AS in_share) i
+     CROSS JOIN LATERAL (
+            SELECT e.queued_at, e.request_id FROM respool.queue_entries e
+             WHERE e.pool_id = p_pool_id AND e.policy_id = s.policy_id
+               AND e.preemptible = s.preemptible AND e.resources = s.resources
+               AND (NOT p_skip_earmarked
+                    OR NOT EXISTS (SELECT FROM respool.requests r
+                                    WHERE r.id = e.request_id AND r.earmark_pool_id IS NOT NULL))
+             ORDER BY e.queued_at, e.request_id LIMIT 1) h
+$$;
+COMMENT ON FUNCTION respool._queue_groups(uuid, boolean) IS
+    'A pool''s queue by shape (policy, preemptible, resources): each shape''s policy priority, in-share flag, dominant share (fair pools; 0 in fifo pools) and first entry (with p_skip_earmarked, its first entry holding no earmark; a shape with none is left out). Entries of one shape are granted in queue-time order, so the queue order is the merge of the shapes by (priority desc, in-share first, share asc, queue time, id). Costs O(shapes), not O(queue). Read-only.';
+
+CREATE OR REPLACE FUNCTION respool._next_of_shape(p_pool_id uuid, p_policy_id uuid, p_preemptible boolean,
+                                                  p_resources jsonb, p_after_at timestamptz, p_after_id uuid,
+                                                  OUT queued_at timestamptz, OUT request_id uuid)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    SELECT e.queued_at, e.request_id INTO queued_at, request_id FROM respool.queue_entries e
+     WHERE e.pool_id = p_pool_id AND e.policy_id = p_policy_id
+       AND e.preemptible = p_preemptible AND e.resources = p_resources
+       AND (e.queued_at, e.request_id) > (p_after_at, p_after_id)
+     ORDER BY e.queued_at, e.request_id LIMIT 1;
+END $$;
+COMMENT ON FUNCTION respool._next_of_shape(uuid, uuid, boolean, jsonb, timestamptz, uuid) IS
+    'The entry of one queue shape that follows (p_after_at, p_after_id) in queue-time order (NULLs when none): one index probe.';
+
+CREATE OR REPLACE FUNCTION respool._queue_order(p_pool_id uuid)
+RETURNS TABLE (request_id uuid, policy_id uuid, subject text, priority integer, in_share boolean,
+               queued_at timestamptz, "position" bigint)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    -- In-share is decided once per shape (respool._queue_groups), not once per entry.
+    SELECT e.request_id, e.policy_id, g.subject, g.priority, g.in_share, e.queued_at,
+           row_number() OVER (ORDER BY g.priority DESC, g.in_share DESC, g.share, e.queued_at, e.request_id)
+      FROM respool.queue_entries e
+      JOIN respool._queue_groups(p_pool_id) g
+        ON g.policy_id = e.policy_id AND g.preemptible = e.preemptible AND g.resources = e.resources
+     WHERE e.pool_id = p_pool_id
+     ORDER BY 7
+$$;
+COMMENT ON FUNCTION respool._queue_order(uuid) IS
+    'A pool''s whole queue in grant order (SPEC §4, §11.2): policy priority desc, in-share first, dominant share asc (fair pools), queue time, id. Read-only; O(queue), for the respool.queue view (the engine itself works shape by shape).';
+
+CREATE OR REPLACE FUNCTION respool._queue_position(p_pool_id uuid, p_request_id uuid)
+RETURNS bigint LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    me respool.queue_entries;
+    g record;
+    v_priority integer;
+    v_in_share boolean;
+    v_share double precision;
+    ahead bigint := 0;
+    n bigint;
+BEGIN
+    SELECT * INTO me FROM respool.queue_entries WHERE pool_id = p_pool_id AND request_id = p_request_id;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    SELECT q.priority, q.in_share, q.share INTO v_priority, v_in_share, v_share FROM respool._queue_groups(p_pool_id) q
+     WHERE q.policy_id = me.policy_id AND q.preemptible = me.preemptible AND q.resources = me.resources;
+    -- Count only what is ahead: whole shapes of a higher (priority, in-share) class, and the
+    -- earlier entries of shapes in the request's own class. A policy that queues one shape only
+    -- is counted on queue_entries_policy_idx (no comparison of resources per entry).
+    FOR g IN SELECT * FROM (SELECT q.*, count(*) OVER (PARTITION BY q.policy_id) AS policy_shapes
+                              FROM respool._queue_groups(p_pool_id) q) q
+              WHERE (q.priority, q.in_share, -q.share) >= (v_priority, v_in_share, -v_share) LOOP
+        -- [SPEC §11.2] the class is (priority, in-share, -dominant share); share is 0 in fifo pools.
+        IF g.policy_shapes = 1 AND (g.priority, g.in_share, -g.share) > (v_priority, v_in_share, -v_share) THEN
+            SELECT count(*) INTO n FROM respool.queue_entries e WHERE e.policy_id = g.policy_id;
+        ELSIF g.policy_shapes = 1 THEN
+            SELECT count(*) INTO n FROM respool.queue_entries e
+             WHERE e.policy_id = g.policy_id AND (e.queued_at, e.request_id) < (me.queued_at, me.request_id);
+        ELSIF (g.priority, g.in_share, -g.share) > (v_priority, v_in_share, -v_share) THEN
+            SELECT count(*) INTO n FROM respool.queue_entries e
+             WHERE e.pool_id = p_pool_id AND e.policy_id = g.policy_id
+               AND e.preemptible = g.preemptible AND e.resources = g.resources;
+        ELSE
+            SELECT count(*) INTO n FROM respool.queue_entries e
+             WHERE e.pool_id = p_pool_id AND e.policy_id = g.policy_id
+               AND e.preemptible = g.preemptible AND e.resources = g.resources
+               AND (e.queued_at, e.request_id) < (me.queued_at, me.request_id);
+        END IF;
+        ahead := ahead + n;
+    END LOOP;
+    RETURN ahead + 1;
+END $$;
+COMMENT ON FUNCTION respool._queue_position(uuid, uuid) IS
+    'A queued request''s 1-based position in one pool''s queue, exactly as in _queue_order, by counting only the entries ahead of it (whole shapes of a higher class, earlier entries of its own class); NULL when it is not in that queue.';

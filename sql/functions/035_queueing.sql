@@ -1,0 +1,65 @@
+-- Entering and leaving queues: enqueue in every candidate pool that can ever fit, requeue after
+-- preemption, reject what can no longer fit anywhere.
+
+CREATE OR REPLACE FUNCTION respool._enqueue(p_request_id uuid)
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    r respool.requests;
+    added integer;
+BEGIN
+    SELECT * INTO r FROM respool.requests WHERE id = p_request_id;
+    INSERT INTO respool.queue_entries (pool_id, request_id, policy_id, queued_at, resources, preemptible)
+    SELECT c.pool_id, r.id, c.policy_id, r.queued_at, r.resources, r.preemptible
+      FROM respool._candidate_rejections(r.subject, r.candidate_pool_ids, r.resources, r.preemptible) c
+     WHERE c.reason IS NULL;
+    GET DIAGNOSTICS added = ROW_COUNT;
+    RETURN added;
+END $$;
+COMMENT ON FUNCTION respool._enqueue(uuid) IS
+    'Puts a request in the queue of every candidate pool where it can still ever fit (keeping its queue time); returns how many.';
+
+CREATE OR REPLACE FUNCTION respool._after_preemption(p_request_id uuid, p_reason text, p_message text, p_now timestamptz)
+RETURNS respool.requests LANGUAGE plpgsql AS $$
+DECLARE
+    r respool.requests;
+BEGIN
+    r := respool._set_status(p_request_id, 'preempted', p_reason, p_message, p_now);
+    IF r.attempt <= r.max_retries THEN
+        UPDATE respool.requests
+           SET attempt = attempt + 1,
+               pool_id = CASE WHEN cardinality(candidate_pool_ids) = 1 THEN pool_id END,
+               pool_name = CASE WHEN cardinality(candidate_pool_ids) = 1 THEN pool_name END
+         WHERE id = p_request_id;
+        IF respool._enqueue(p_request_id) > 0 THEN
+            r := respool._set_status(p_request_id, 'queued', 'retry',
+                                     format('requeued for attempt %s after preemption', r.attempt + 1), p_now);
+        ELSE
+            r := respool._reject_unfittable(p_request_id, p_now);
+        END IF;
+    END IF;
+    RETURN r;
+END $$;
+COMMENT ON FUNCTION respool._after_preemption(uuid, text, text, timestamptz) IS
+    'Marks a freed victim preempted and, while attempt <= max_retries, requeues it (attempt + 1, original queue time).';
+
+CREATE OR REPLACE FUNCTION respool._reject_unfittable(p_request_id uuid, p_now timestamptz)
+RETURNS respool.requests LANGUAGE plpgsql AS $$
+DECLARE
+    r respool.requests;
+    v_reason text;
+    v_messages text[];
+BEGIN
+    SELECT * INTO r FROM respool.requests WHERE id = p_request_id;
+    SELECT coalesce((array_agg(c.reason ORDER BY c.n) FILTER (WHERE c.reason IS NOT NULL))[1], 'no_policy'),
+           coalesce(array_agg(c.message ORDER BY c.n) FILTER (WHERE c.reason IS NOT NULL), '{}')
+      INTO v_reason, v_messages
+      FROM respool._candidate_rejections(r.subject, r.candidate_pool_ids, r.resources, r.preemptible)
+           WITH ORDINALITY c(policy_id, pool_id, pool_name, reason, message, n);
+    IF cardinality(v_messages) = 0 THEN
+        v_messages := ARRAY[format('subject %s has no policy left on its candidate pools', r.subject)];
+    END IF;
+    DELETE FROM respool.queue_entries WHERE request_id = p_request_id;
+    RETURN respool._set_status(p_request_id, 'rejected', v_reason, array_to_string(v_messages, '; '), p_now);
+END $$;
+COMMENT ON FUNCTION respool._reject_unfittable(uuid, timestamptz) IS
+    'Rejects a request that can no longer fit any candidate pool, with the first candidate''s reason and every candidate''s message.';

@@ -1,0 +1,236 @@
+-- ETA of a queued request (SPEC §11.4): a small simulation of the pool from its recorded hold
+-- times. Every holder ends at the q-quantile of the hold times longer than its age so far (capped
+-- by its max_seconds and grace deadlines); the requests ahead are granted in queue order as
+-- units free up, each holding for the q-quantile hold time (so simulated grants end in grant
+-- order: two sorted streams to merge, O(holders + queue)); the request's estimated wait is the
+-- simulated time at which its own units are free. Run for q = 0.5 and q = 0.9. Units are arrays
+-- over the pool's tracked keys. Only the first respool._eta_depth() requests of a queue get an
+-- estimate, so reading a queued request stays cheap whatever the queue length.
+
+CREATE OR REPLACE FUNCTION respool._quantile(p_sorted double precision[], p_q double precision)
+RETURNS double precision LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT p_sorted[greatest(1, ceil(p_q * cardinality(p_sorted))::integer)]
+$$;
+COMMENT ON FUNCTION respool._quantile(double precision[], double precision) IS
+    'The q-quantile (nearest rank) of an ascending array; NULL for an empty one.';
+
+CREATE OR REPLACE FUNCTION respool._quantile_above(p_sorted double precision[], p_age double precision,
+                                                   p_q double precision)
+RETURNS double precision LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    -- The elements above p_age are a suffix of the ascending array: found by binary search
+    -- (width_bucket counts the elements <= p_age), not by filtering and sorting it per holder.
+    SELECT CASE WHEN c.n > 0 THEN p_sorted[c.k + greatest(1, ceil(p_q * c.n)::integer)] - p_age END
+      FROM (SELECT w.k, cardinality(p_sorted) - w.k AS n
+              FROM (SELECT width_bucket(p_age, p_sorted) AS k) w) c
+$$;
+COMMENT ON FUNCTION respool._quantile_above(double precision[], double precision, double precision) IS
+    'The q-quantile (nearest rank) of {d - p_age : d in p_sorted, d > p_age} for an ascending array without NULLs, i.e. _quantile over that set, in O(log n); NULL when no element exceeds p_age.';
+
+CREATE OR REPLACE FUNCTION respool._hold_history(p_pool_id uuid)
+RETURNS double precision[] LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(d ORDER BY d), '{}') FROM (
+        SELECT extract(epoch FROM r.finished_at - r.allocated_at)::double precision AS d
+          FROM respool.requests r
+         WHERE r.pool_id = p_pool_id AND r.finished_at IS NOT NULL AND r.allocated_at IS NOT NULL
+           AND r.status IN ('released', 'preempted', 'expired')
+         ORDER BY r.finished_at DESC
+         LIMIT 500) h
+$$;
+COMMENT ON FUNCTION respool._hold_history(uuid) IS
+    'The pool''s most recent 500 hold times in seconds (released, preempted or expired allocations), ascending. Read-only.';
+
+CREATE OR REPLACE FUNCTION respool._eta_depth()
+RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 100 $$;
+COMMENT ON FUNCTION respool._eta_depth() IS
+    'How deep in a queue an ETA is estimated (SPEC §11.4): requests further back get eta null, so a read of a queued request stays O(shapes + this), not O(queue).';
+
+CREATE OR REPLACE FUNCTION respool._queue_head(p_pool_id uuid, p_limit integer)
+RETURNS TABLE (request_id uuid, "position" integer)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    g_policy uuid[];
+    g_preemptible boolean[];
+    g_resources jsonb[];
+    g_key text[];
+    g_at timestamptz[];
+    g_id uuid[];
+    best integer;
+    i integer;
+    n integer := 0;
+    next_at timestamptz;
+    next_id uuid;
+BEGIN
+    -- The merge of the queue's shapes (as allocate_pool walks it), stopped after p_limit entries.
+    SELECT coalesce(array_agg(g.policy_id), '{}'), array_agg(g.preemptible), array_agg(g.resources),
+           array_agg(lpad(to_char(2147483647 - g.priority::bigint, 'FM0000000000'), 11, '0')
+                     || CASE WHEN g.in_share THEN '0' ELSE '1' END
+                     || to_char(g.share, 'FM0.000000000000')),
+           array_agg(g.queued_at), array_agg(g.request_id)
+      INTO g_policy, g_preemptible, g_resources, g_key, g_at, g_id
+      FROM respool._queue_groups(p_pool_id) g;
+    WHILE n < p_limit LOOP
+        best := NULL;
+        FOR i IN 1..cardinality(g_policy) LOOP
+            CONTINUE WHEN g_id[i] IS NULL;
+            IF best IS NULL OR (g_key[i], g_at[i], g_id[i]) < (g_key[best], g_at[best], g_id[best]) THEN
+                best := i;
+            END IF;
+        END LOOP;
+        EXIT WHEN best IS NULL;
+        n := n + 1;
+        request_id := g_id[best];
+        "position" := n;
+        RETURN NEXT;
+        SELECT x.queued_at, x.request_id INTO next_at, next_id
+          FROM respool._next_of_shape(p_pool_id, g_policy[best], g_preemptible[best], g_resources[best],
+                                      g_at[best], g_id[best]) x;
+        g_at[best] := next_at;
+        g_id[best] := next_id;
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION respool._queue_head(uuid, integer) IS
+    'The first p_limit entries of a pool''s queue in grant order (as respool._queue_order), by merging its shapes: O(shapes * p_limit), whatever the queue length. Read-only.';
+
+CREATE OR REPLACE FUNCTION respool._eta_pool(p_pool_id uuid, p_now timestamptz, p_until uuid DEFAULT NULL)
+RETURNS TABLE (request_id uuid, p50_seconds bigint, p90_seconds bigint)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_hist double precision[] := respool._hold_history(p_pool_id);
+    v_keys text[];
+    nk integer;
+    q integer;
+    v_q double precision[] := ARRAY[0.5, 0.9];
+    v_hold double precision;
+    -- holders: end times (ascending) and units, flattened nk per holder
+    h_end double precision[];
+    h_units bigint[];
+    -- queue: ids and units in queue order, flattened nk per entry
+    e_id uuid[];
+    e_units bigint[];
+    v_free0 bigint[];
+    v_free bigint[];
+    g_end double precision[];  -- simulated grants: end times, non-decreasing (FIFO)
+    g_idx integer[];           -- and the queue entry each one is
+    v_res double precision[][] := NULL;
+    out50 double precision[];
+    out90 double precision[];
+    t double precision;
+    hp integer;
+    gp integer;
+    i integer;
+    j integer;
+    ok boolean;
+BEGIN
+    IF cardinality(v_hist) = 0 THEN
+        RETURN;  -- no history: no estimate
+    END IF;
+    SELECT coalesce(array_agg(pr.key ORDER BY pr.key), '{}'),
+           coalesce(array_agg(pr.capacity - pr.used ORDER BY pr.key), '{}')
+      INTO v_keys, v_free0
+      FROM respool.pool_resources pr WHERE pr.pool_id = p_pool_id AND pr.capacity IS NOT NULL;
+    nk := cardinality(v_keys);
+    SELECT array_agg(o.request_id ORDER BY o.position) FILTER (WHERE u.k = 1),  -- one per entry
+           array_agg(u.n ORDER BY o.position, u.k)
+      INTO e_id, e_units
+      FROM respool._queue_head(p_pool_id, respool._eta_depth()) o
+      JOIN respool.requests r ON r.id = o.request_id
+     CROSS JOIN LATERAL (SELECT k, coalesce((r.resources ->> v_keys[k])::bigint, 0) AS n
+                           FROM generate_series(1, greatest(nk, 1)) k) u;
+    IF e_id IS NULL THEN
+        RETURN;
+    END IF;
+    out50 := array_fill(NULL::double precision, ARRAY[cardinality(e_id)]);
+    out90 := out50;
+    FOR q IN 1..2 LOOP
+        v_hold := respool._quantile(v_hist, v_q[q]);
+        -- Each holder ends at the quantile of the recorded holds longer than its age (or of all
+        -- of them), capped by its max_seconds and grace deadlines.
+        SELECT coalesce(array_agg(x.rem ORDER BY x.rem, x.id) FILTER (WHERE u.k = 1), '{}'),  -- one per holder
+               coalesce(array_agg(u.n ORDER BY x.rem, x.id, u.k), '{}')
+          INTO h_end, h_units
+          FROM (SELECT r.id, r.resources,
+                       greatest(least(coalesce(respool._quantile_above(v_hist, a.age, v_q[q]), v_hold),
+                                 extract(epoch FROM r.run_deadline - p_now),
+                                 extract(epoch FROM r.preempt_deadline - p_now)), 0) AS rem
+                  FROM respool.requests r
+                 CROSS JOIN LATERAL (SELECT extract(epoch FROM p_now - r.allocated_at)::double precision AS age) a
+                 WHERE r.pool_id = p_pool_id AND r.status IN ('allocated', 'preempting')) x
+         CROSS JOIN LATERAL (SELECT k, coalesce((x.resources ->> v_keys[k])::bigint, 0) AS n
+                               FROM generate_series(1, greatest(nk, 1)) k) u;
+        v_free := v_free0;
+        g_end := '{}';
+        g_idx := '{}';
+        t := 0;
+        hp := 1;
+        gp := 1;
+        <<entries>>
+        FOR i IN 1..cardinality(e_id) LOOP
+            LOOP
+                ok := true;
+                FOR j IN 1..nk LOOP
+                    IF e_units[(i - 1) * nk + j] > 0 AND e_units[(i - 1) * nk + j] > v_free[j] THEN
+                        ok := false;
+                        EXIT;
+                    END IF;
+                END LOOP;
+                EXIT WHEN ok;
+                -- Free the next unit-holder to end: a real holder or a simulated grant.
+                IF hp <= cardinality(h_end) AND (gp > cardinality(g_end) OR h_end[hp] <= g_end[gp]) THEN
+                    t := greatest(t, h_end[hp]);
+                    FOR j IN 1..nk LOOP
+                        v_free[j] := v_free[j] + h_units[(hp - 1) * nk + j];
+                    END LOOP;
+                    hp := hp + 1;
+                ELSIF gp <= cardinality(g_end) THEN
+                    t := greatest(t, g_end[gp]);
+                    FOR j IN 1..nk LOOP
+                        v_free[j] := v_free[j] + e_units[(g_idx[gp] - 1) * nk + j];
+                    END LOOP;
+                    gp := gp + 1;
+                ELSE
+                    EXIT entries;  -- nothing left to free: the rest cannot fit as the pool stands
+                END IF;
+            END LOOP;
+            IF q = 1 THEN out50[i] := t; ELSE out90[i] := t; END IF;
+            EXIT entries WHEN e_id[i] = p_until;
+            FOR j IN 1..nk LOOP
+                v_free[j] := v_free[j] - e_units[(i - 1) * nk + j];
+            END LOOP;
+            g_end := g_end || (t + v_hold);
+            g_idx := g_idx || i;
+        END LOOP;
+    END LOOP;
+    FOR i IN 1..cardinality(e_id) LOOP
+        CONTINUE WHEN out50[i] IS NULL OR out90[i] IS NULL;
+        request_id := e_id[i];
+        p50_seconds := ceil(out50[i])::bigint;
+        p90_seconds := ceil(greatest(out50[i], out90[i]))::bigint;
+        RETURN NEXT;
+        EXIT WHEN e_id[i] = p_until;
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION respool._eta_pool(uuid, timestamptz, uuid) IS
+    'SPEC §11.4 for the first _eta_depth() requests of a pool queue (or up to p_until): per queued request, the simulated seconds from p_now until its units are free, at the median (p50) and the 90th percentile (p90) of the pool''s hold times: every holder ends at the quantile of the recorded holds longer than its age (capped by max_seconds and grace deadlines), the requests ahead are granted in queue order as units free up and hold for the quantile. No rows without history. Read-only; O(holders + shapes * depth) per pool.';
+
+CREATE OR REPLACE FUNCTION respool._eta(p_pool_id uuid, p_request_id uuid, p_now timestamptz)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT jsonb_build_object('p50_seconds', e.p50_seconds, 'p90_seconds', e.p90_seconds)
+              FROM respool._eta_pool(p_pool_id, p_now, p_request_id) e
+             WHERE e.request_id = p_request_id);
+END $$;
+COMMENT ON FUNCTION respool._eta(uuid, uuid, timestamptz) IS
+    'SPEC §11.4: {p50_seconds, p90_seconds} estimated wait of a queued request in one pool (respool._eta_pool up to it), or NULL without history (or when it cannot fit as the pool stands). Read-only.';
+
+CREATE OR REPLACE FUNCTION respool._request_eta(p_request_id uuid, p_now timestamptz)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- Queued in several candidate pools: the soonest estimate.
+    RETURN (SELECT eta FROM (SELECT respool._eta(e.pool_id, p_request_id, p_now) AS eta
+                               FROM respool.queue_entries e WHERE e.request_id = p_request_id) x
+             WHERE eta IS NOT NULL
+             ORDER BY (eta ->> 'p50_seconds')::bigint, (eta ->> 'p90_seconds')::bigint
+             LIMIT 1);
+END $$;
+COMMENT ON FUNCTION respool._request_eta(uuid, timestamptz) IS
+    'The ETA of a queued request: the soonest over its candidate pools'' estimates; NULL without history. Read-only.';

@@ -1,0 +1,102 @@
+-- A page of queued requests read at once (issue 15, defect 2): their queue positions, the
+-- sentence saying what blocks them and their ETA (SPEC §11.4), computed set-based: each involved
+-- pool's queue order, hold, earmark usage and ETA simulation once per pool, the blocker check once
+-- per (pool, policy, resources, preemptible) shape, never once per request. The answers are the
+-- ones respool._request_json gives for one request at a time (tests/engine/test_request_pages.py).
+
+CREATE OR REPLACE FUNCTION respool._queued_details(p_ids uuid[], p_now timestamptz)
+RETURNS TABLE (request_id uuid, queue_position bigint, message text, eta jsonb)
+LANGUAGE plpgsql STABLE AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH req AS MATERIALIZED (
+        SELECT r.id, r.resources, r.preemptible, r.max_seconds, r.earmark_pool_id
+          FROM respool.requests r
+         WHERE r.id = ANY (p_ids) AND r.status = 'queued'
+    ), entries AS MATERIALIZED (
+        SELECT e.request_id, e.pool_id, e.policy_id, pl.name AS pool_name, p.priority,
+               count(*) OVER (PARTITION BY e.request_id) AS n_pools
+          FROM respool.queue_entries e
+          JOIN req ON req.id = e.request_id
+          JOIN respool.pools pl ON pl.id = e.pool_id
+          JOIN respool.policies p ON p.id = e.policy_id
+    ), pools AS MATERIALIZED (
+        SELECT DISTINCT en.pool_id FROM entries en
+    ), per_pool AS MATERIALIZED (
+        -- Once per pool: its hold (SPEC §11.1), free units and hold sentence when it holds, and
+        -- whether some queued request holds an earmark on it.
+        SELECT x.pool_id, x.hold,
+               CASE WHEN (x.hold).head_id IS NOT NULL THEN respool._free_units(x.pool_id) END AS free,
+               CASE WHEN (x.hold).head_id IS NOT NULL THEN format(
+                   'held: pool reserves %s for request %s… (waiting %s s)',
+                   (SELECT string_agg(k, ', ' ORDER BY k) FROM jsonb_object_keys((x.hold).need) k),
+                   left((x.hold).head_id::text, 8), (x.hold).waited_seconds) END AS held_sentence,
+               EXISTS (SELECT FROM respool.requests b
+                        WHERE b.earmark_pool_id = x.pool_id AND b.status = 'queued') AS earmarks
+          FROM (SELECT p.pool_id, respool._pool_hold(p.pool_id, p_now) AS hold FROM pools p OFFSET 0) x
+    ), usage AS MATERIALIZED (
+        -- Only in pools with earmarks. The request read is never an earmark holder of that pool
+        -- (that case has its own sentence), so _usage without an exception is what
+        -- respool._earmark_blocks computes for it.
+        SELECT pp.pool_id, u.key, u.bound, u.used, u.leaving, u.earmarked
+          FROM per_pool pp CROSS JOIN LATERAL respool._usage(pp.pool_id) u
+         WHERE pp.earmarks AND u.policy_id IS NULL AND u.bound IS NOT NULL
+    ), shapes AS MATERIALIZED (
+        -- Once per shape: admission rules 1-3 (_blocker), earmarks, backfill rule (a).
+        SELECT s.pool_id, s.policy_id, s.resources, s.preemptible,
+               respool._blocker(s.resources, s.preemptible, s.pool_id, s.policy_id) AS blocker,
+               pp.earmarks AND EXISTS (
+                   SELECT FROM jsonb_each_text(s.resources) x
+                     JOIN usage u ON u.pool_id = s.pool_id AND u.key = x.key
+                    WHERE u.used - u.leaving + u.earmarked + x.value::bigint > u.bound) AS earmark_blocks,
+               CASE WHEN (pp.hold).head_id IS NOT NULL
+                    THEN respool._leaves_head_room(pp.hold, s.resources, pp.free) END AS head_room
+          FROM (SELECT DISTINCT en.pool_id, en.policy_id, r.resources, r.preemptible
+                  FROM entries en JOIN req r ON r.id = en.request_id) s
+          JOIN per_pool pp ON pp.pool_id = s.pool_id
+    ), positions AS MATERIALIZED (
+        -- Each pool's queue order once (respool._queue_order, as _queue_position counts it).
+        SELECT p.pool_id, o.request_id, o.position
+          FROM pools p CROSS JOIN LATERAL respool._queue_order(p.pool_id) o
+         WHERE o.request_id IN (SELECT r.id FROM req r)
+    ), etas AS MATERIALIZED (
+        -- Each pool's ETA simulation once, for its first _eta_depth() requests (SPEC §11.4).
+        SELECT p.pool_id, x.request_id, x.p50_seconds, x.p90_seconds
+          FROM pools p CROSS JOIN LATERAL respool._eta_pool(p.pool_id, p_now) x
+    ), lines AS (
+        SELECT en.request_id, en.pool_name, en.priority, o.position,
+               CASE WHEN en.n_pools > 1 THEN en.pool_name || ': ' ELSE '' END
+               || CASE WHEN r.earmark_pool_id = en.pool_id
+                       THEN 'preempted units are being released for it'
+                       ELSE coalesce(s.blocker,
+                                     CASE WHEN s.earmark_blocks
+                                          THEN 'waiting: freed units are earmarked for a request that preempted others'
+                                          ELSE coalesce(CASE WHEN (pp.hold).head_id IS NULL
+                                                               OR (pp.hold).head_id = r.id
+                                                               OR s.head_room
+                                                               OR respool._ends_before_shadow(pp.hold, r.max_seconds, p_now)
+                                                             THEN NULL ELSE pp.held_sentence END,
+                                                        'fits, waiting for its turn') END) END
+               || CASE WHEN o.position > 1 THEN format('; %s ahead', o.position - 1) ELSE '' END AS line
+          FROM entries en
+          JOIN req r ON r.id = en.request_id
+          JOIN per_pool pp ON pp.pool_id = en.pool_id
+          JOIN shapes s ON s.pool_id = en.pool_id AND s.policy_id = en.policy_id
+                       AND s.resources = r.resources AND s.preemptible = r.preemptible
+          LEFT JOIN positions o ON o.pool_id = en.pool_id AND o.request_id = en.request_id
+    ), best_eta AS MATERIALIZED (
+        -- Queued in several pools: the soonest estimate (as respool._request_eta).
+        SELECT DISTINCT ON (en.request_id) en.request_id,
+               jsonb_build_object('p50_seconds', x.p50_seconds, 'p90_seconds', x.p90_seconds) AS eta
+          FROM entries en JOIN etas x ON x.pool_id = en.pool_id AND x.request_id = en.request_id
+         ORDER BY en.request_id, x.p50_seconds, x.p90_seconds
+    )
+    SELECT a.request_id, a.position, a.message, b.eta
+      FROM (SELECT l.request_id, min(l.position) AS position,
+                   string_agg(l.line, ' | ' ORDER BY l.priority DESC, l.pool_name) AS message
+              FROM lines l GROUP BY l.request_id) a
+      LEFT JOIN best_eta b ON b.request_id = a.request_id;
+END $$;
+COMMENT ON FUNCTION respool._queued_details(uuid[], timestamptz) IS
+    'For the queued requests among p_ids (others are left out, as are queued ones without queue entries): best queue position, the message and the ETA exactly as respool._request_json computes them one at a time, but computing each involved pool''s queue order, hold, earmark usage and ETA simulation once, and each shape''s blocker once. Read-only; O(involved queues + shapes + page), not O(page * queue).';

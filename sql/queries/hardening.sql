@@ -1,0 +1,7 @@
+-- socket_permissions --
+-- The embedded server's unix_socket_permissions (app/db/embedded.py keeps it at 0700).
+SHOW unix_socket_permissions;
+
+-- private_socket --
+-- Later starts of the embedded server create its socket for the owner only (issue 15, defect 13).
+ALTER SYSTEM SET unix_socket_permissions = '0700';

@@ -1,0 +1,50 @@
+-- Metrics reads for GET /metrics (app/db/metrics.py); the dashboard reuses some of them.
+
+-- request_counts --
+-- Number of stored requests per status.
+SELECT status, count(*) AS n FROM respool.requests GROUP BY status;
+
+-- pool_key_rows --
+-- Per pool and key: respool.pool_usage plus the policies' reserved and borrowed sums.
+SELECT u.pool, u.key, u.capacity, u.allocated, u.free, u.queued_demand,
+       coalesce(p.reserved, 0) AS reserved, coalesce(p.borrowed, 0) AS borrowed
+  FROM respool.pool_usage u
+  LEFT JOIN (SELECT pool, key, sum(reserved) AS reserved, sum(borrowed) AS borrowed
+               FROM respool.policy_usage GROUP BY pool, key) p
+    ON p.pool = u.pool AND p.key = u.key
+ ORDER BY u.pool, u.key;
+
+-- policy_rows --
+-- Per policy and key: priority, reserved, limit, usage and borrowing.
+SELECT pool, subject, key, priority, reserved, "limit", used, borrowed, np_used
+  FROM respool.policy_usage
+ ORDER BY pool, subject, key;
+
+-- queue_stats --
+-- Per pool with a queue: waiting requests and how long the oldest has waited.
+SELECT pool, count(*) AS n, max(waiting_seconds) AS oldest FROM respool.queue GROUP BY pool;
+
+-- invariant_violation_counts --
+-- Number of broken accounting invariants, per invariant.
+SELECT invariant, count(*) AS n FROM respool.invariant_violations GROUP BY invariant;
+
+-- database_now --
+-- The database clock (the transaction's start time).
+SELECT now();
+
+-- tally_events --
+-- Every event since $1, oldest first, with what the metrics count about it.
+SELECT e.id, e.at, r.pool_name AS pool, e.to_status, e.reason,
+       (e.to_status = 'preempting' OR (e.to_status = 'preempted'
+        AND e.from_status IS DISTINCT FROM 'preempting')) AS preemption,
+       (e.to_status IN ('released', 'rejected', 'cancelled', 'expired')
+        OR (e.to_status = 'preempted' AND NOT EXISTS (
+            SELECT FROM respool.events n WHERE n.request_id = e.request_id
+               AND n.id > e.id AND n.from_status = 'preempted'))) AS final,
+       CASE WHEN e.to_status = 'allocated' THEN extract(epoch FROM e.at - (
+            SELECT q.at FROM respool.events q WHERE q.request_id = e.request_id
+               AND q.id < e.id AND q.to_status = 'queued'
+             ORDER BY q.id DESC LIMIT 1))::double precision END AS wait_seconds
+  FROM respool.events e JOIN respool.requests r ON r.id = e.request_id
+ WHERE e.at >= $1
+ ORDER BY e.id;

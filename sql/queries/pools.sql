@@ -1,0 +1,25 @@
+-- Pools (sql/functions/050_pools_policies.sql); each returns the pool as JSON.
+
+-- create_pool --
+-- Create a pool with every setting, the scheduling ones of SPEC §11 included; returns pool_json.
+SELECT respool.create_pool(p_name => $1, p_capacity => $2, p_description => $3, p_queueing => $4,
+                           p_preemption_grace_seconds => $5, p_starvation_seconds => $6,
+                           p_ordering => $7);
+
+-- update_pool --
+-- Update a pool (NULL keeps a field; $7 true turns the starvation guard off); returns pool_json.
+SELECT respool.update_pool(p_ref => $1, p_capacity => $2, p_description => $3, p_queueing => $4,
+                           p_preemption_grace_seconds => $5, p_starvation_seconds => $6,
+                           p_starvation_off => $7, p_ordering => $8);
+
+-- delete_pool --
+-- Delete a pool and its policies; p_force cancels its live requests instead of refusing.
+SELECT respool.delete_pool(p_ref => $1, p_force => $2);
+
+-- get_pool --
+-- One pool by name or id (RP404 when there is none).
+SELECT respool.get_pool(p_ref => $1);
+
+-- list_pools --
+-- Every pool, by name.
+SELECT respool.list_pools();

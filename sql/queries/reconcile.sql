@@ -1,0 +1,30 @@
+-- What the reconciler runs (sql/functions/030_engine.sql, 070_reconcile.sql), and the
+-- invariant check it and the dashboard read.
+
+-- pool_ids --
+-- Every pool's id, by pool name.
+SELECT id FROM respool.pools ORDER BY name;
+
+-- pool_exists --
+-- Whether the pool with this id still exists.
+SELECT EXISTS (SELECT FROM respool.pools WHERE id = $1);
+
+-- reconcile_pool --
+-- One reconciler pass over one pool; NULL when it is gone or locked by another transaction.
+SELECT respool.reconcile_pool(p_pool_id => $1);
+
+-- allocate_pool --
+-- Grant what fits in one pool's queue; how many were granted.
+SELECT respool.allocate_pool(p_pool_id => $1);
+
+-- expire_leases --
+-- Expire lapsed leases in one pool; how many expired.
+SELECT respool.expire_leases(p_pool_id => $1);
+
+-- invariant_violations --
+-- Every broken accounting invariant (the view is empty when all hold).
+SELECT invariant, pool, subject, key, detail FROM respool.invariant_violations;
+
+-- existing_pool_ids --
+-- Which of the ids $1 (uuid[]) are pools that exist (the reconciler drops notified ids that are not).
+SELECT id FROM respool.pools WHERE id = ANY ($1::uuid[]);

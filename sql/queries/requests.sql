@@ -1,0 +1,42 @@
+-- Requests and their events (sql/functions/040_requests.sql).
+
+-- create_request --
+-- Create (or replay) a request; returns (created, request_json).
+SELECT created, request
+FROM respool.create_request(p_subject => $1, p_pool => $2, p_resources => $3, p_settings => $4,
+                            p_preemptible => $5, p_max_retries => $6, p_lease_seconds => $7,
+                            p_idempotency_key => $8, p_labels => $9, p_max_seconds => $10);
+
+-- get_request --
+-- One request as JSON text (RP404 when there is none).
+SELECT respool.get_request(p_id => $1)::text;
+
+-- get_requests --
+-- Several requests as JSON text in one snapshot; an unknown id gives NULL.
+SELECT respool.request_json(p_id => u.id)::text FROM unnest($1::uuid[]) AS u(id);
+
+-- list_requests --
+-- One page of requests, newest first, after the (created_at, id) cursor.
+SELECT respool.list_requests(p_pool => $1, p_subject => $2, p_status => $3, p_limit => $4,
+                             p_before_created => $5, p_before_id => $6, p_subject_like => $7);
+
+-- release_request --
+-- Release a held request (or cancel a queued one); p_attempt guards against a stale holder.
+SELECT respool.release_request(p_id => $1, p_attempt => $2);
+
+-- cancel_request --
+-- Cancel a queued or held request.
+SELECT respool.cancel_request(p_id => $1, p_attempt => $2);
+
+-- heartbeat_request --
+-- Heartbeat (SPEC §6): extend an allocated request's lease, or set a queued request's queue
+-- lease, to now + $3 seconds (NULL: the request's lease_seconds); $2 fences a stale attempt.
+SELECT respool.heartbeat_request(p_id => $1, p_attempt => $2, p_lease_seconds => $3);
+
+-- delete_request --
+-- Delete a terminal request (its events stay: history is append-only).
+SELECT respool.delete_request(p_id => $1);
+
+-- request_events --
+-- A request's status changes, oldest first.
+SELECT respool.list_request_events(p_id => $1);

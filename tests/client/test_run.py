@@ -1,0 +1,221 @@
+"""``respool run`` (SPEC §10) with real processes against a real server with its reconciler: the
+wrapper (``python -m respool_client.run``) runs a child that records, in a file, each start
+(with its RESPOOL_* environment) and each SIGTERM it gets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import textwrap
+from collections.abc import AsyncIterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from support.http import ok
+from support.server import Server, running_server
+
+EXIT_REJECTED = 73
+EXIT_PREEMPTED = 75
+
+# The child: "start" with its environment; then, per MODE, on SIGTERM record it and exit 0
+# ("polite"), or record it and keep running ("stubborn"); MODE "retry" behaves politely on
+# attempt 1 and exits 7 at once on attempt 2.
+CHILD = textwrap.dedent(
+    """
+    import json, os, signal, sys, time
+    log, mode = sys.argv[1], sys.argv[2]
+    def record(event, **more):
+        with open(log, "a") as f:
+            line = {"event": event, "at": time.time(), "pid": os.getpid(), **more}
+            f.write(json.dumps(line) + "\\n")
+    attempt = int(os.environ["RESPOOL_ATTEMPT"])
+    record("start", attempt=attempt, request=os.environ["RESPOOL_REQUEST_ID"],
+           pool=os.environ["RESPOOL_POOL"], resources=json.loads(os.environ["RESPOOL_RESOURCES"]))
+    if mode == "retry" and attempt == 2:
+        sys.exit(7)
+    def on_term(signum, frame):
+        record("sigterm", attempt=attempt)
+        if mode != "stubborn":
+            sys.exit(0)
+    signal.signal(signal.SIGTERM, on_term)
+    while True:
+        time.sleep(0.05)
+    """
+)
+
+
+@pytest.fixture
+async def live(db_url: str) -> AsyncIterator[Server]:
+    async with running_server(db_url, with_reconciler=True, reconcile_interval=0.2) as srv:
+        yield srv
+
+
+def _events(log: Path) -> list[dict[str, Any]]:
+    if not log.exists():
+        return []
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+
+async def _until(check: Any, within: float = 20.0) -> Any:
+    for _ in range(int(within / 0.05)):
+        result = await check()
+        if result:
+            return result
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"not true within {within} s: {check}")
+
+
+async def _setup(server: Server, *, grace: int, gpus: int = 2) -> None:
+    """Pool p: ``gpus`` GPUs; owner reserves them all, borrower has no share (borrows)."""
+    pool = {"name": "p", "capacity": {"gpu": gpus}, "preemption_grace_seconds": grace}
+    ok(await server.client.post("/v1/pools", json=pool), 201)
+    for subject, reserved in (("owner", gpus), ("borrower", 0)):
+        body = {"subject": subject, "pool": "p", "reserved": {"gpu": reserved}}
+        ok(await server.client.post("/v1/policies", json=body), 201)
+
+
+async def _wrap(server: Server, tmp: Path, mode: str, *options: str) -> asyncio.subprocess.Process:
+    child = tmp / "child.py"
+    child.write_text(CHILD)
+    env = {**os.environ, "RESPOOL_URL": server.url, "RESPOOL_SUBJECT": "borrower"}
+    env.pop("RESPOOL_TOKEN", None)
+    # Output to a file, not a pipe: an orphaned CMD (the wrapper killed) would hold a pipe open.
+    with (tmp / "wrapper.err").open("wb") as err:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "respool_client.run", *options,
+            "--", sys.executable, str(child), str(tmp / "log"), mode,
+            env=env, stdout=asyncio.subprocess.DEVNULL, stderr=err,
+        )  # fmt: skip
+
+
+async def _exit(proc: asyncio.subprocess.Process, tmp: Path) -> tuple[int, str]:
+    """The wrapper's exit status and what it wrote on stderr."""
+    code = await asyncio.wait_for(proc.wait(), 30)
+    return code, (tmp / "wrapper.err").read_text()
+
+
+async def _request(server: Server, request_id: str) -> dict[str, Any]:
+    body: dict[str, Any] = ok(await server.client.get(f"/v1/requests/{request_id}"))
+    return body
+
+
+async def _owner_takes_back(server: Server) -> dict[str, Any]:
+    body = {"subject": "owner", "resources": {"gpu": 2}}
+    owner: dict[str, Any] = ok(await server.client.post("/v1/requests", json=body), 201)
+    return owner
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def test_preempting_sends_sigterm_before_the_deadline(live: Server, tmp_path: Path) -> None:
+    await _setup(live, grace=20)
+    proc = await _wrap(live, tmp_path, "polite", "--gpu", "2")
+    log = tmp_path / "log"
+    started = await _until(lambda: _first(log, "start"))
+    assert started["attempt"] == 1 and started["pool"] == "p"
+    assert started["resources"]["gpu"] == 2
+    owner = await _owner_takes_back(live)
+    term = await _until(lambda: _first(log, "sigterm"))
+    # The deadline is the preempting event's time plus the grace (the request's own
+    # preempt_deadline is cleared once the wrapper releases, which may already have happened).
+    events = ok(await live.client.get(f"/v1/requests/{started['request']}/events"))
+    preempting = next(e for e in events if e["to"] == "preempting")
+    deadline = datetime.fromisoformat(preempting["at"]).timestamp() + 20
+    assert term["at"] < deadline  # the step heard it while its grace was still running
+    code, err = await _exit(proc, tmp_path)
+    assert code == EXIT_PREEMPTED, err
+    # The child stopped; the wrapper released: the owner gets the units at once.
+    assert await _until(lambda: _status_is(live, owner["id"], "allocated"))
+    assert (await _request(live, started["request"]))["status"] == "preempted"
+
+
+async def test_sigkill_at_the_deadline_when_sigterm_is_ignored(
+    live: Server, tmp_path: Path
+) -> None:
+    await _setup(live, grace=2)
+    proc = await _wrap(live, tmp_path, "stubborn", "--gpu", "2")
+    log = tmp_path / "log"
+    started = await _until(lambda: _first(log, "start"))
+    owner = await _owner_takes_back(live)
+    await _until(lambda: _first(log, "sigterm"))
+    code, err = await _exit(proc, tmp_path)
+    assert code == EXIT_PREEMPTED, err
+    assert "SIGKILL" in err
+    assert not _alive(started["pid"])
+    assert await _until(lambda: _status_is(live, owner["id"], "allocated"))
+
+
+async def test_requeued_after_preemption_runs_again(live: Server, tmp_path: Path) -> None:
+    await _setup(live, grace=20)
+    proc = await _wrap(live, tmp_path, "retry", "--gpu", "2", "--max-retries", "1")
+    log = tmp_path / "log"
+    first = await _until(lambda: _first(log, "start"))
+    owner = await _owner_takes_back(live)
+    await _until(lambda: _first(log, "sigterm"))
+    await _until(lambda: _status_is(live, owner["id"], "allocated"))
+    ok(await live.client.post(f"/v1/requests/{owner['id']}/release"))
+    code, err = await _exit(proc, tmp_path)
+    assert code == 7, err  # the second run's own status
+    starts = [e for e in _events(log) if e["event"] == "start"]
+    assert [s["attempt"] for s in starts] == [1, 2]
+    assert {s["request"] for s in starts} == {first["request"]}
+    assert (await _request(live, first["request"]))["status"] == "released"
+
+
+async def test_kill_9_of_the_wrapper_lease_expiry_frees_the_units(
+    live: Server, tmp_path: Path
+) -> None:
+    await _setup(live, grace=0)
+    proc = await _wrap(live, tmp_path, "polite", "--gpu", "2", "--lease", "2")
+    log = tmp_path / "log"
+    started = await _until(lambda: _first(log, "start"))
+    proc.kill()
+    await proc.wait()
+    try:
+        assert await _until(lambda: _status_is(live, started["request"], "expired"), 30)
+        pool = ok(await live.client.get("/v1/pools/p"))
+        assert not pool["usage"].get("gpu")
+    finally:
+        if _alive(started["pid"]):  # the orphaned child, in its own process group
+            os.killpg(started["pid"], signal.SIGKILL)
+
+
+async def test_sigterm_to_the_wrapper_stops_cmd_and_releases(live: Server, tmp_path: Path) -> None:
+    await _setup(live, grace=0)
+    proc = await _wrap(live, tmp_path, "polite", "--gpu", "1")
+    log = tmp_path / "log"
+    started = await _until(lambda: _first(log, "start"))
+    proc.send_signal(signal.SIGTERM)
+    await _until(lambda: _first(log, "sigterm"))
+    code, err = await _exit(proc, tmp_path)
+    assert code == 128 + signal.SIGTERM, err
+    assert (await _request(live, started["request"]))["status"] == "released"
+
+
+async def test_rejection_exits_at_once_with_the_reason(live: Server, tmp_path: Path) -> None:
+    await _setup(live, grace=0)
+    proc = await _wrap(live, tmp_path, "polite", "--gpu", "9")
+    code, err = await _exit(proc, tmp_path)
+    assert code == EXIT_REJECTED, err
+    assert "exceeds_capacity" in err
+    assert not (tmp_path / "log").exists()  # CMD never ran
+
+
+async def _first(log: Path, event: str) -> dict[str, Any] | None:
+    return next((e for e in _events(log) if e["event"] == event), None)
+
+
+async def _status_is(server: Server, request_id: str, status: str) -> bool:
+    return bool((await _request(server, request_id))["status"] == status)

@@ -1,0 +1,210 @@
+"""Issue 15, defect 2: a page of requests (``list_requests``, ``GET /v1/requests``) shows every
+request exactly as a read of that request alone does (SPEC §4 queue position and blocker message,
+§11.1 starvation hold, §5 earmarks, §11.4 ETA), while computing each pool once for the whole page.
+
+The queue is mixed: several pools (best_effort with a starvation hold, strict, one with a
+preemption grace period and its earmark), several shapes, requests queued in more than one pool,
+and requests that are not queued at all.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+import pytest
+from engine_support import db_now, mk_policy, mk_pool
+
+from app.db import requests as db_requests
+
+H = timedelta(hours=1)
+
+
+async def create(
+    conn: asyncpg.Connection,
+    subject: str,
+    pool: str | None,
+    resources: dict[str, int],
+    at: datetime,
+    *,
+    preemptible: bool = True,
+    max_seconds: int | None = None,
+) -> dict[str, Any]:
+    doc: dict[str, Any] = await conn.fetchval(
+        "SELECT request FROM respool.create_request(p_subject => $1, p_pool => $2,"
+        " p_resources => $3, p_preemptible => $4, p_max_seconds => $5, p_now => $6)",
+        subject,
+        pool,
+        resources,
+        preemptible,
+        max_seconds,
+        at,
+    )
+    return doc
+
+
+async def release(conn: asyncpg.Connection, request_id: str, at: datetime) -> None:
+    await conn.execute(
+        "SELECT respool.release_request(p_id => $1, p_now => $2)", UUID(request_id), at
+    )
+
+
+async def history(conn: asyncpg.Connection, subject: str, pool: str, start: datetime) -> None:
+    """Five recorded holds of 100 s in ``pool`` (so its queued requests get an ETA)."""
+    for i in range(5):
+        r = await create(conn, subject, pool, {"gpu": 1}, start + timedelta(seconds=200 * i))
+        assert r["status"] == "allocated"
+        await release(conn, r["id"], start + timedelta(seconds=200 * i + 100))
+
+
+@pytest.fixture
+async def mixed(conn: asyncpg.Connection) -> asyncpg.Connection:
+    now = await db_now(conn)
+    t0 = now - 3 * H
+    # "a": best_effort, starvation guard 60 s; the big request waits an hour, so the pool holds.
+    await mk_pool(conn, "a", {"gpu": 10}, starvation_seconds=60)
+    # "b": strict. "e": a 30 s grace period, for earmarks.
+    await mk_pool(conn, "b", {"gpu": 2}, queueing="strict", starvation_seconds=None)
+    await mk_pool(conn, "e", {"gpu": 5}, preemption_grace_seconds=30, starvation_seconds=None)
+    for subject in ("big", "small"):
+        await mk_policy(conn, subject, "a")
+    await mk_policy(conn, "multi", "a")
+    await mk_policy(conn, "multi", "b", priority=5)
+    await mk_policy(conn, "other", "b")
+    await mk_policy(conn, "prod", "e", reserved={"gpu": 3})
+    await mk_policy(conn, "dev", "e", reserved={"gpu": 2})
+    await mk_policy(conn, "ops", "e", priority=10)
+    await history(conn, "small", "a", t0)
+    await history(conn, "other", "b", t0)
+    # a: 7 of 10 GPUs held, the big request starving, small ones behind it held back (one with a
+    # max_seconds that ends before the shadow time is not: it is granted), a 2-GPU shape waits.
+    for i in range(7):
+        r = await create(conn, "small", "a", {"gpu": 1}, now - H + timedelta(seconds=i))
+        assert r["status"] == "allocated"
+    assert (await create(conn, "big", "a", {"gpu": 4}, now - H + 10 * timedelta(seconds=1)))[
+        "status"
+    ] == "queued"
+    for i in range(3):
+        await create(conn, "small", "a", {"gpu": 1}, now - 30 * timedelta(minutes=1) + i * H / 100)
+        await create(conn, "small", "a", {"gpu": 2}, now - 29 * timedelta(minutes=1) + i * H / 100)
+    # b: full; multi-pool requests of "multi" (a and b) in two shapes, and b-only ones.
+    holder = await create(conn, "other", "b", {"gpu": 2}, now - 40 * timedelta(minutes=1))
+    assert holder["status"] == "allocated"
+    for i in range(3):
+        await create(conn, "multi", None, {"gpu": 1}, now - 20 * timedelta(minutes=1) + i * H / 60)
+        await create(
+            conn, "multi", None, {"gpu": 2}, now - 19 * timedelta(minutes=1) + i * H / 60,
+            preemptible=False,
+        )  # fmt: skip
+        await create(conn, "other", "b", {"gpu": 1}, now - 18 * timedelta(minutes=1) + i * H / 60)
+    # e: dev holds 2 non-preemptible + 2 preemptible GPUs of 5; prod reclaims 3 (its reserved
+    # share): the preemptible holder leaves within its grace period, prod holds the earmark,
+    # and a 1-GPU request of ops, which would fit the free unit, waits for the earmark.
+    await create(conn, "dev", "e", {"gpu": 2}, now - 50 * timedelta(minutes=1), preemptible=False)
+    await create(conn, "dev", "e", {"gpu": 2}, now - 49 * timedelta(minutes=1))
+    prod = await create(conn, "prod", "e", {"gpu": 3}, now - 48 * timedelta(minutes=1))
+    pool_e = await conn.fetchval("SELECT id FROM respool.pools WHERE name = 'e'")
+    await conn.execute(
+        "SELECT respool.reconcile_pool($1, $2)", pool_e, now - 47 * timedelta(minutes=1)
+    )
+    assert (await conn.fetchval("SELECT respool.request_json($1)", UUID(prod["id"])))[
+        "status"
+    ] == "queued"
+    await create(conn, "ops", "e", {"gpu": 1}, now - 46 * timedelta(minutes=1))
+    # Not queued: released and rejected requests on the same page.
+    done = await create(conn, "small", "a", {"gpu": 11}, now - 45 * timedelta(minutes=1))
+    assert done["status"] == "rejected"
+    return conn
+
+
+async def _single(conn: asyncpg.Connection, request_id: str) -> dict[str, Any]:
+    doc: dict[str, Any] = await conn.fetchval("SELECT respool.get_request($1)", UUID(request_id))
+    return doc
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [{}, {"p_status": "queued"}, {"p_pool": "a"}, {"p_pool": "e", "p_status": "queued"}],
+    ids=["all", "queued", "pool-a", "pool-e-queued"],
+)
+async def test_a_page_shows_each_request_as_its_own_read_does(
+    mixed: asyncpg.Connection, filters: dict[str, str]
+) -> None:
+    conn = mixed
+    async with conn.transaction():  # one now() for the page and the single reads
+        args = ", ".join(f"{k} => ${i + 1}" for i, k in enumerate(filters))
+        page: list[dict[str, Any]] = await conn.fetchval(
+            f"SELECT respool.list_requests({args}{', ' if args else ''}p_limit => 1000)",
+            *filters.values(),
+        )
+        assert page
+        for item in page:
+            assert item == await _single(conn, item["id"]), item["id"]
+    if filters:
+        return
+    # The page covered every case it is meant to: the starvation hold, the earmark (both
+    # sides), the strict pool, several pools at once, positions behind others and ETAs.
+    messages = [i["message"] for i in page if i["status"] == "queued"]
+    for part in (
+        "held: pool reserves gpu for request",
+        "waiting: freed units are earmarked",
+        "preempted units are being released for it",
+        "waiting for gpu: pool",
+        " | ",
+        "ahead",
+    ):
+        assert any(part in m for m in messages), (part, messages)
+    assert any(i["eta"] is not None for i in page)
+    assert any(i["eta"] is None for i in page if i["status"] == "queued")
+    assert {"queued", "allocated", "released", "rejected", "preempting"} <= {
+        i["status"] for i in page
+    }
+
+
+async def test_the_api_list_and_single_reads_agree(mixed: asyncpg.Connection) -> None:
+    async with mixed.transaction():
+        listed = await db_requests.list_requests(mixed, status="queued", limit=1000)
+        assert listed
+        for r in listed:
+            assert r == await db_requests.get_request(mixed, r.id)
+
+
+async def _calls(conn: asyncpg.Connection, function: str) -> int:
+    n = await conn.fetchval("SELECT pg_stat_get_xact_function_calls($1::regprocedure)", function)
+    return int(n or 0)
+
+
+async def test_a_page_computes_once_per_pool_and_shape(mixed: asyncpg.Connection) -> None:
+    conn = mixed
+    await conn.execute("SET track_functions = 'all'")
+    async with conn.transaction():
+        page = await conn.fetchval("SELECT respool.list_requests(p_limit => 1000)")
+        queued = [UUID(i["id"]) for i in page if i["status"] == "queued"]
+        entries = await conn.fetch(
+            "SELECT e.pool_id, e.policy_id, r.resources, r.preemptible FROM respool.queue_entries e"
+            " JOIN respool.requests r ON r.id = e.request_id WHERE e.request_id = ANY ($1)",
+            queued,
+        )
+        pools = len({e["pool_id"] for e in entries})
+        shapes = len({(e["pool_id"], e["policy_id"], str(e["resources"]), e["preemptible"])
+                      for e in entries})  # fmt: skip
+        assert len(queued) > shapes > pools == 3
+        per_pool = {
+            "respool._queue_order(uuid)": pools,
+            "respool._eta_pool(uuid, timestamp with time zone, uuid)": pools,
+            "respool._pool_hold(uuid, timestamp with time zone)": pools,
+            "respool._blocker(jsonb, boolean, uuid, uuid)": shapes,
+        }
+        per_request = (
+            "respool._queue_position(uuid, uuid)",
+            "respool._request_eta(uuid, timestamp with time zone)",
+            "respool._eta(uuid, uuid, timestamp with time zone)",
+            "respool._held_back(uuid, respool.requests, timestamp with time zone,"
+            " respool.pool_hold)",
+            "respool._earmark_blocks(respool.requests, uuid)",
+            "respool._request_json(uuid)",
+        )
+        seen = {f: await _calls(conn, f) for f in (*per_pool, *per_request)}
+        assert seen == per_pool | dict.fromkeys(per_request, 0)

@@ -1,0 +1,42 @@
+"""``python -m bench`` from the checkout (bench/ is a tool of the source tree, not installed)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import asyncpg
+
+from support.db import run_sync
+from support.repo import REPO
+
+__all__ = ["bench_databases", "run_bench"]
+
+
+def run_bench(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``python -m bench ARGS`` in the checkout; its exit code, stdout and stderr."""
+    return subprocess.run(
+        [sys.executable, "-m", "bench", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def bench_databases(admin_url: str) -> set[str]:
+    """Names of the ``respool_bench_*`` databases on the server (to see that a run dropped its
+    own)."""
+
+    async def names() -> set[str]:
+        conn = await asyncpg.connect(admin_url)
+        try:
+            rows = await conn.fetch(
+                "SELECT datname FROM pg_database WHERE datname LIKE 'respool\\_bench\\_%'"
+            )
+        finally:
+            await conn.close()
+        return {r["datname"] for r in rows}
+
+    return run_sync(names)

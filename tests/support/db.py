@@ -1,0 +1,144 @@
+"""Databases for tests: create/drop by name, connections with respool's codecs, fingerprints."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, TypeVar
+
+import asyncpg
+
+from app.db import tokens
+from app.db.connect import APP_CLI, connect
+from app.db.dsn import with_database
+from app.db.migrate import migrate
+
+__all__ = [
+    "connections_by_app",
+    "create_database",
+    "database_fingerprint",
+    "direct",
+    "drop_database",
+    "drop_database_later",
+    "finish_drops",
+    "issue_tokens",
+    "migrated",
+    "new_name",
+    "run_sync",
+]
+
+T = TypeVar("T")
+
+
+def run_sync(factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run async setup work on a private loop in a worker thread.
+
+    This keeps sync fixtures independent of pytest-asyncio's loops (``asyncio.run`` in the main
+    thread would reset the current event loop).
+    """
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(lambda: asyncio.run(factory())).result()
+
+
+@contextlib.asynccontextmanager
+async def direct(dsn: str) -> AsyncIterator[asyncpg.Connection]:
+    """A connection of the test's own (respool codecs), closed on the way out."""
+    conn = await connect(dsn, application_name=APP_CLI)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+async def connections_by_app(conn: asyncpg.Connection) -> Counter[str]:
+    """Connections to ``conn``'s database by application_name, ``conn`` itself excluded."""
+    rows = await conn.fetch(
+        "SELECT application_name, count(*) AS n FROM pg_stat_activity"
+        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        " GROUP BY application_name"
+    )
+    return Counter({r["application_name"]: r["n"] for r in rows})
+
+
+async def migrated(dsn: str) -> str:
+    """Migrate the database at ``dsn`` with the installed SQL; returns ``dsn``."""
+    async with direct(dsn) as conn:
+        await migrate(conn)
+    return dsn
+
+
+async def _admin_exec(admin: str, statement: str) -> None:
+    conn = await asyncpg.connect(admin, timeout=30)
+    try:
+        await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
+def new_name(kind: str) -> str:
+    """A fresh database name, ``respool_<kind>_<12 hex>``."""
+    return f"respool_{kind}_{uuid.uuid4().hex[:12]}"
+
+
+def create_database(admin: str, name: str, template: str | None = None) -> str:
+    """CREATE DATABASE ``name`` (a copy of ``template``, else empty); returns its DSN."""
+    tmpl = f'"{template}"' if template else "template0"
+    run_sync(lambda: _admin_exec(admin, f'CREATE DATABASE "{name}" TEMPLATE {tmpl}'))
+    return with_database(admin, name)
+
+
+def drop_database(admin: str, name: str) -> None:
+    run_sync(lambda: _admin_exec(admin, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+async def issue_tokens(dsn: str) -> dict[str, str]:
+    """One token of each kind, by kind: ``admin`` (ops), ``client`` (team-a-ci, ``team-a:*``),
+    ``reader`` (dashboard) and ``revoked`` (old, an admin token revoked)."""
+    async with direct(dsn) as conn:
+        admin, _ = await tokens.create_token(conn, name="ops", role="admin")
+        client, _ = await tokens.create_token(
+            conn, name="team-a-ci", role="client", subject_patterns=["team-a:*"]
+        )
+        reader, _ = await tokens.create_token(conn, name="dashboard", role="reader")
+        revoked, _ = await tokens.create_token(conn, name="old", role="admin")
+        await tokens.revoke_token(conn, "old")
+    return {"admin": admin, "client": client, "reader": reader, "revoked": revoked}
+
+
+_dropper: concurrent.futures.ThreadPoolExecutor | None = None
+_drops: list[concurrent.futures.Future[None]] = []
+
+
+def drop_database_later(admin: str, name: str) -> None:
+    """:func:`drop_database` on a background thread: the next test need not wait for it."""
+    global _dropper
+    if _dropper is None:
+        _dropper = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="drop-db")
+    _drops.append(_dropper.submit(drop_database, admin, name))
+
+
+def finish_drops() -> None:
+    """Wait for every :func:`drop_database_later` (raising the first failure)."""
+    while _drops:
+        _drops.pop(0).result()
+
+
+_TABLES = (
+    "pools", "pool_resources", "policies", "policy_resources", "requests", "events", "tokens",
+)  # fmt: skip
+
+
+async def database_fingerprint(dsn: str) -> dict[str, str]:
+    """An md5 of every row of each respool base table (order-independent): equal fingerprints
+    before and after a call mean the call changed nothing."""
+    async with direct(dsn) as conn:
+        out: dict[str, str] = {}
+        for table in _TABLES:
+            digest = "coalesce(md5(string_agg(t::text, '|' ORDER BY t::text)), '')"
+            sql = f"SELECT count(*) || ':' || {digest} FROM respool.{table} t"  # noqa: S608
+            out[table] = await conn.fetchval(sql)
+        return out

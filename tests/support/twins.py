@@ -1,0 +1,74 @@
+"""Known-bad engines ("broken twins"), built at test time from the real functions.
+
+Each twin takes the installed function's source (``pg_get_functiondef``) and removes one guard
+with a targeted text replacement; a replacement that no longer matches fails loudly, so a twin
+can never drift from the engine it breaks. Install one only into a test's own database.
+
+* ``broken_twin``: ``_blocker`` admits everything and ``_grant`` charges the counters without
+  its guards (any missing counter row is created), so the invariant auditor must report I1/I2.
+* ``broken_shrink_twin``: the two shrink-enforcement bugs fixed by issue 12 — a removed custom
+  key (capacity 0, SPEC §1) is never enforced, and ``_shed`` takes every victim its walk meets,
+  also after the excess is gone and one holding no key still over, and never drops the ones not
+  needed (not a minimal set).
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+# twin -> [(function, [(text in its source, replacement)])]
+TWINS: dict[str, list[tuple[str, list[tuple[str, str]]]]] = {
+    "broken_twin": [
+        (
+            "respool._blocker(jsonb, boolean, uuid, uuid)",
+            [("WHERE msg IS NOT NULL", "WHERE false")],
+        ),
+        (
+            "respool._grant(uuid, uuid, uuid, timestamptz)",
+            [
+                (
+                    "\n           AND (used + n <= capacity OR (capacity IS NULL AND"
+                    " respool._is_soft_key(k)))",
+                    "",
+                ),
+                ("IF respool._is_soft_key(k)\n               AND NOT EXISTS", "IF NOT EXISTS"),
+                (' AND ("limit" IS NULL OR used + n <= "limit")', ""),
+            ],
+        ),
+    ],
+    "broken_shrink_twin": [
+        (
+            "respool._enforce_shrinks(uuid, timestamptz)",
+            [
+                (
+                    "WHERE u.policy_id IS NULL AND u.bound IS NOT NULL",
+                    "WHERE u.policy_id IS NULL AND u.bound > 0",
+                )
+            ],
+        ),
+        (
+            "respool._shed(uuid, uuid, jsonb, text, text, timestamptz)",
+            [
+                ("CONTINUE WHEN NOT respool._holds_any(v.resources, excess);", "NULL;"),
+                ("EXIT WHEN NOT respool._any_over(excess);", "NULL;"),
+                ("IF NOT respool._holds_any(held[i],", "IF false AND respool._holds_any(held[i],"),
+            ],
+        ),
+    ],
+}
+
+
+def _broken(source: str, function: str, replacements: list[tuple[str, str]]) -> str:
+    """``source`` with each replacement applied exactly once (AssertionError when one misses)."""
+    for old, new in replacements:
+        count = source.count(old)
+        assert count == 1, f"twin replacement matched {count} times in {function}: {old!r}"
+        source = source.replace(old, new)
+    return source
+
+
+async def install_twin(conn: asyncpg.Connection, name: str) -> None:
+    """Replace the engine functions that twin ``name`` breaks (see :data:`TWINS`)."""
+    for function, replacements in TWINS[name]:
+        source = await conn.fetchval("SELECT pg_get_functiondef($1::regprocedure)", function)
+        await conn.execute(_broken(source, function, replacements))

@@ -1,0 +1,120 @@
+"""The ZenML → respool mapping of respool_zenml.mapping (pure: runs without ZenML installed)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "integrations" / "zenml"))
+
+from respool_zenml.mapping import (  # type: ignore[import-not-found]  # noqa: E402  (sys.path above)
+    UnsupportedDemand,
+    demands_to_resources,
+    status_reason,
+    subject_for,
+    zenml_status,
+)
+
+
+@dataclass
+class D:
+    """The fields of ZenML's ResourceRequestDemand that the mapping reads."""
+
+    quantity: int
+    resource: str | None = None
+    kind: str | None = None
+    unit: str | None = None
+    class_name: str | None = None
+    resource_selector: dict[str, Any] | None = None
+    class_selector: dict[str, Any] | None = None
+
+
+def test_settings_demands_become_respool_keys() -> None:
+    # What ZenML makes of ResourceSettings(gpu_count=2, cpu_count=1.5, memory="8GB",
+    # resources={"licence_x": 1}): one demand per field.
+    demands = [
+        D(1, resource="licence_x"),
+        D(2, kind="gpu"),
+        D(1500, kind="cpu", unit="mCPU"),
+        D(8, kind="memory", unit="GB"),
+    ]
+    assert demands_to_resources(demands) == {
+        "licence_x": 1,
+        "gpu": 2,
+        "mcpu": 1500,
+        "memory_mb": 8000,
+    }
+
+
+@pytest.mark.parametrize(
+    ("demand", "expected"),
+    [
+        (D(4, kind="cpu", unit="CPU"), ("mcpu", 4000)),
+        (D(1, kind="memory", unit="GiB"), ("memory_mb", 1074)),
+        (D(16, kind="memory", unit="GiB"), ("memory_mb", 17180)),
+        (D(1500, kind="memory", unit="KB"), ("memory_mb", 2)),
+        (D(2, kind="gpu", class_name="A100-80GB"), ("gpu_a100_80gb", 2)),
+        (D(3, kind="tpu"), ("tpu", 3)),
+    ],
+)
+def test_units_and_classes(demand: D, expected: tuple[str, int]) -> None:
+    assert demands_to_resources([demand]) == dict([expected])
+
+
+def test_same_key_adds_up() -> None:
+    assert demands_to_resources([D(1, kind="gpu"), D(2, resource="gpu")]) == {"gpu": 3}
+
+
+@pytest.mark.parametrize(
+    "demand",
+    [
+        D(1, kind="gpu", resource_selector={"vendor": "nvidia"}),
+        D(1, resource="Bad-Name"),
+        D(1, kind="cpu", unit="cores"),
+        D(1, kind="memory", unit="GB2"),
+        D(1, resource="step_run"),
+        D(1),
+    ],
+)
+def test_what_respool_cannot_express_is_refused_clearly(demand: D) -> None:
+    with pytest.raises(UnsupportedDemand) as info:
+        demands_to_resources([demand])
+    assert str(info.value)
+
+
+def test_subject_is_type_and_name() -> None:
+    assert subject_for("orchestrator", "prod-stack") == "orchestrator:prod-stack"
+    assert subject_for("step_operator", "gpu_box") == "step_operator:gpu_box"
+    with pytest.raises(UnsupportedDemand, match="rename the component"):
+        subject_for("orchestrator", "my stack")
+
+
+@pytest.mark.parametrize(
+    ("status", "reason", "expected"),
+    [
+        ("queued", None, "pending"),
+        ("allocated", None, "allocated"),
+        ("rejected", "no_policy", "no_matching_pool"),
+        ("rejected", "exceeds_capacity", "rejected"),
+        ("preempting", "reclaim", "preempting"),
+        ("preempted", "priority", "preempted"),
+        ("cancelled", "abandoned", "cancelled"),
+        ("expired", "lease_expired", "expired"),
+        ("released", None, "released"),
+    ],
+)
+def test_statuses(status: str, reason: str | None, expected: str) -> None:
+    assert zenml_status(status, reason) == expected
+
+
+def test_status_reason_carries_respools_reason_and_message() -> None:
+    assert (
+        status_reason("rejected", "exceeds_capacity", "gpu: needs 2, pool gpus has 1")
+        == "exceeds_capacity: gpu: needs 2, pool gpus has 1"
+    )
+    assert status_reason("queued", None, "waiting for gpu") == "waiting for gpu"
+    assert status_reason("released", None, "") is None

@@ -1,0 +1,127 @@
+"""End to end with real ZenML (issue 18): a local ZenML server (OAuth2 auth on) whose resource-pool
+store is respool_zenml, a respool server, and dynamic pipelines asking for GPUs through
+``ResourceSettings``.
+
+Pool ``gpus`` has 1 GPU. ``orchestrator:default`` (ZenML's local orchestrator: inline steps,
+non-preemptible) holds a reserved share of 1; ``orchestrator:iso`` (a subprocess orchestrator:
+isolated, preemptible steps) may borrow; ``orchestrator:free`` has no policy.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from zenml_e2e.harness import Servers, running, zenml_available
+
+pytestmark = [pytest.mark.zenml, pytest.mark.timeout(1800)]
+
+_why = zenml_available()
+if _why is not None:
+    pytest.skip(_why, allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def zen(module_db_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+    with running(module_db_url, tmp_path_factory.mktemp("zenml")) as servers:
+        servers.rp("POST", "/v1/pools", json={"name": "gpus", "capacity": {"gpu": 1}})
+        servers.rp(
+            "POST",
+            "/v1/policies",
+            json={"subject": "orchestrator:default", "pool": "gpus", "reserved": {"gpu": 1}},
+        )
+        servers.rp("POST", "/v1/policies", json={"subject": "orchestrator:iso", "pool": "gpus"})
+        yield servers
+
+
+def _spans(steps: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    start = {s["tag"]: s["at"] for s in steps if s["event"] == "start"}
+    end = {s["tag"]: s["at"] for s in steps if s["event"] == "end"}
+    return {tag: (start[tag], end[tag]) for tag in start}
+
+
+def test_two_competing_steps_serialize(zen: Servers) -> None:
+    result = zen.drive("run", "pair", "default", "1", "2")
+    assert result["status"] == "completed", result["output"][-3000:]
+    spans = _spans(result["step_log"])
+    (a0, a1), (b0, b1) = sorted(spans.values())
+    assert a1 <= b0, f"the steps overlapped: {spans}"  # one GPU: the second waited
+    reqs = zen.requests_of_run(result["run"])
+    assert sorted(r["status"] for r in reqs) == ["released", "released"]
+    assert {r["subject"] for r in reqs} == {"orchestrator:default"}
+    assert all(
+        r["labels"]["project"] == "default" and r["labels"]["user"] == "default" for r in reqs
+    )
+    first, second = sorted(reqs, key=lambda r: r["allocated_at"])
+    assert second["allocated_at"] >= first["finished_at"]
+    history = zen.rp("GET", f"/v1/requests/{second['id']}/events")
+    assert [e["to"] for e in history] == ["queued", "allocated", "released"]
+
+
+def test_step_asking_for_more_than_the_pool_fails_with_respools_reason(zen: Servers) -> None:
+    result = zen.drive("run", "one", "default", "2", "0")
+    assert result["status"] == "failed"
+    assert "exceeds_capacity" in result["output"], result["output"][-3000:]
+    assert result["step_log"] == []  # the step body never ran
+    (req,) = zen.requests_of_run(result["run"])
+    assert (req["status"], req["reason"]) == ("rejected", "exceeds_capacity")
+
+
+def test_resource_request_list_shows_respools_requests(zen: Servers) -> None:
+    result = zen.drive("run", "one", "default", "1", "0")
+    assert result["status"] == "completed"
+    (req,) = zen.requests_of_run(result["run"])
+    listed = json.loads(zen.zenml_cli("resource-request", "list", "--output", "json"))["items"]
+    by_id = {item["id"]: item for item in listed}
+    assert req["id"] in by_id
+    assert by_id[req["id"]]["status"] == "released"
+    assert by_id[req["id"]]["pool_name"] == "gpus"
+    everything = {r["id"] for r in zen.rp("GET", "/v1/requests", params={"limit": 1000})["items"]}
+    assert set(by_id) <= everything
+
+
+def test_step_of_a_subject_without_policy_runs_unmanaged(zen: Servers) -> None:
+    result = zen.drive("run", "one", "free", "1", "0")
+    assert result["status"] == "completed", result["output"][-3000:]
+    assert [s["event"] for s in result["step_log"]] == ["start", "end"]
+    (req,) = zen.requests_of_run(result["run"])
+    assert (req["subject"], req["status"], req["reason"]) == (
+        "orchestrator:free",
+        "rejected",
+        "no_policy",
+    )
+
+
+def test_preempted_isolated_step_is_interrupted_by_zenml(zen: Servers) -> None:
+    proc = zen.start_drive("run", "one", "iso", "1", "600")
+    try:
+        deadline = time.monotonic() + 300
+        while not Servers.steps(proc) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+        assert Servers.steps(proc), "the isolated step never started"
+        (held,) = zen.rp(
+            "GET", "/v1/requests", params={"subject": "orchestrator:iso", "status": "allocated"}
+        )["items"]
+        assert held["preemptible"] and held["labels"]["zenml_reclaim_tolerance"] == "any"
+        # The owner of the reserved share comes back: respool preempts the borrowed GPU.
+        owner = zen.rp(
+            "POST",
+            "/v1/requests",
+            params={"wait": 10},
+            json={"subject": "orchestrator:default", "resources": {"gpu": 1}, "preemptible": False},
+        )
+        assert owner["status"] == "allocated"
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    result = zen.result(proc, out)
+    assert result["steps"] == {"work": "cancelled"}, result["output"][-3000:]
+    assert [s["event"] for s in result["step_log"]] == ["start"]  # interrupted, never ended
+    gone = zen.rp("GET", f"/v1/requests/{held['id']}")
+    assert (gone["status"], gone["reason"]) == ("preempted", "reclaim")
+    zen.rp("POST", f"/v1/requests/{owner['id']}/release")
