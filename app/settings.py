@@ -155,13 +155,19 @@ def _non_negative_seconds(raw: str) -> float:
     return value
 
 
-def _on_off(raw: str) -> Literal["on", "off"]:
+_Word = TypeVar("_Word", bound=str)
+
+
+def _one_of(raw: str, words: tuple[_Word, ...]) -> _Word:
     value = raw.lower()
-    if value == "on":
-        return "on"
-    if value == "off":
-        return "off"
-    raise ValueError(f"expected 'on' or 'off', got {raw!r}")
+    for word in words:
+        if value == word:
+            return word
+    raise ValueError(f"expected {' or '.join(repr(w) for w in words)}, got {raw!r}")
+
+
+def _on_off(raw: str) -> Literal["on", "off"]:
+    return _one_of(raw, ("on", "off"))
 
 
 def _log_level(raw: str) -> str:
@@ -172,12 +178,7 @@ def _log_level(raw: str) -> str:
 
 
 def _log_format(raw: str) -> Literal["text", "json"]:
-    value = raw.lower()
-    if value == "text":
-        return "text"
-    if value == "json":
-        return "json"
-    raise ValueError(f"expected 'text' or 'json', got {raw!r}")
+    return _one_of(raw, ("text", "json"))
 
 
 def _retention(raw: str) -> float:

@@ -135,84 +135,65 @@ def event_tally(state: State) -> EventTally:
     return tally
 
 
-async def _state_gauges(registry: CollectorRegistry, pool: asyncpg.Pool) -> None:
-    pk = ["pool", "key"]
-    capacity = Gauge(
-        "respool_pool_capacity", "Capacity per pool and tracked key", pk, registry=registry
-    )
-    allocated = Gauge(
-        "respool_pool_allocated", "Allocated units per pool and key", pk, registry=registry
-    )
-    free = Gauge(
-        "respool_pool_free",
-        "Capacity minus allocated, per pool and tracked key",
-        pk,
-        registry=registry,
-    )
-    reserved = Gauge(
-        "respool_pool_reserved", "Sum of the policies' reserved shares", pk, registry=registry
-    )
-    borrowed = Gauge(
+# The gauges per pool and key, and per policy and key: (row field, metric, help), in the order
+# /metrics lists them. A row field that is None (no capacity, no limit) gives no sample.
+_POOL_KEY_GAUGES = (
+    ("capacity", "respool_pool_capacity", "Capacity per pool and tracked key"),
+    ("allocated", "respool_pool_allocated", "Allocated units per pool and key"),
+    ("free", "respool_pool_free", "Capacity minus allocated, per pool and tracked key"),
+    ("reserved", "respool_pool_reserved", "Sum of the policies' reserved shares"),
+    (
+        "borrowed",
         "respool_pool_borrowed",
         "Units held above reserved shares (borrowed idle capacity)",
-        pk,
-        registry=registry,
-    )
-    queued = Gauge(
+    ),
+    (
+        "queued_demand",
         "respool_pool_queued_demand",
         "Units asked for by queued requests, per pool and key",
-        pk,
-        registry=registry,
-    )
-    psk = ["pool", "subject", "key"]
-    p_used = Gauge("respool_policy_used", "Units a subject holds in a pool", psk, registry=registry)
-    p_reserved = Gauge(
-        "respool_policy_reserved", "A subject's reserved share", psk, registry=registry
-    )
-    p_limit = Gauge(
-        "respool_policy_limit", "A subject's limit (keys with a limit only)", psk, registry=registry
-    )
-    p_borrowed = Gauge(
-        "respool_policy_borrowed",
-        "Units a subject holds above its reserved share",
-        psk,
-        registry=registry,
-    )
-    q_len = Gauge(
-        "respool_queue_length", "Requests waiting in a pool's queue", ["pool"], registry=registry
-    )
-    q_oldest = Gauge(
+    ),
+)
+_POLICY_GAUGES = (
+    ("used", "respool_policy_used", "Units a subject holds in a pool"),
+    ("reserved", "respool_policy_reserved", "A subject's reserved share"),
+    ("limit", "respool_policy_limit", "A subject's limit (keys with a limit only)"),
+    ("borrowed", "respool_policy_borrowed", "Units a subject holds above its reserved share"),
+)
+
+
+def _set_fields(gauges: list[tuple[str, Gauge]], row: object, *labels: str) -> None:
+    for field, gauge in gauges:
+        value = getattr(row, field)
+        if value is not None:
+            gauge.labels(*labels).set(value)
+
+
+async def _state_gauges(registry: CollectorRegistry, pool: asyncpg.Pool) -> None:
+    def gauge(name: str, doc: str, *labels: str) -> Gauge:
+        return Gauge(name, doc, labels, registry=registry)
+
+    per_key = [(f, gauge(name, doc, "pool", "key")) for f, name, doc in _POOL_KEY_GAUGES]
+    per_policy = [
+        (f, gauge(name, doc, "pool", "subject", "key")) for f, name, doc in _POLICY_GAUGES
+    ]
+    q_len = gauge("respool_queue_length", "Requests waiting in a pool's queue", "pool")
+    q_oldest = gauge(
         "respool_queue_oldest_wait_seconds",
         "How long the oldest request in a pool's queue has waited",
-        ["pool"],
-        registry=registry,
+        "pool",
     )
-    requests = Gauge(
-        "respool_requests", "Stored requests per status", ["status"], registry=registry
-    )
-    violations = Gauge(
+    requests = gauge("respool_requests", "Stored requests per status", "status")
+    violations = gauge(
         "respool_invariant_violations",
         "Rows of respool.invariant_violations per invariant (0 when healthy)",
-        ["invariant"],
-        registry=registry,
+        "invariant",
     )
 
     keys = await db_metrics.pool_key_rows(pool)
     for row in keys:
-        if row.capacity is not None:
-            capacity.labels(row.pool, row.key).set(row.capacity)
-        if row.free is not None:
-            free.labels(row.pool, row.key).set(row.free)
-        allocated.labels(row.pool, row.key).set(row.allocated)
-        reserved.labels(row.pool, row.key).set(row.reserved)
-        borrowed.labels(row.pool, row.key).set(row.borrowed)
-        queued.labels(row.pool, row.key).set(row.queued_demand)
+        _set_fields(per_key, row, row.pool, row.key)
     for p in await db_metrics.policy_rows(pool):
-        p_used.labels(p.pool, p.subject, p.key).set(p.used)
-        p_reserved.labels(p.pool, p.subject, p.key).set(p.reserved)
-        p_borrowed.labels(p.pool, p.subject, p.key).set(p.borrowed)
-        if p.limit is not None:
-            p_limit.labels(p.pool, p.subject, p.key).set(p.limit)
+        _set_fields(per_policy, p, p.pool, p.subject, p.key)
     stats = await db_metrics.queue_stats(pool)
     for name in sorted({row.pool for row in keys} | set(stats)):
         n, oldest = stats.get(name, (0, 0.0))

@@ -27,10 +27,10 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
-from typing import TextIO
+from typing import TextIO, TypeVar
 
 from respool_client._async import AsyncRespool
 from respool_client.errors import AllocationTimeout, ApiError, Preempted, Rejected, RespoolError
@@ -381,6 +381,8 @@ async def run(args: argparse.Namespace, cmd: list[str]) -> int:
 
 # --- option types ----------------------------------------------------------------------------
 
+_Number = TypeVar("_Number", float, Decimal)
+
 
 def _count(text: str) -> int:
     try:
@@ -399,24 +401,22 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _seconds(text: str) -> float:
+def _finite_non_negative(text: str, kind: Callable[[str], _Number], what: str) -> _Number:
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value >= 0 or value == float("inf"):
+        value = kind(text)
+    except (ValueError, InvalidOperation):
+        raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+    if not Decimal(value).is_finite() or value < 0:  # Decimal(nan or inf) is not finite
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0: {text!r}")
     return value
+
+
+def _seconds(text: str) -> float:
+    return _finite_non_negative(text, float, "a number of seconds")
 
 
 def _decimal(text: str) -> Decimal:
-    try:
-        value = Decimal(text)
-    except InvalidOperation:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value.is_finite() or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0: {text!r}")
-    return value
+    return _finite_non_negative(text, Decimal, "a number")
 
 
 def _pair(text: str) -> tuple[str, int]:
