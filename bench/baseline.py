@@ -22,17 +22,17 @@ from typing import Any
 import asyncpg
 
 from bench.common import (
-    DEFAULT_DSN,
     Spread,
+    add_dsn_argument,
     bench_connect,
+    durable_server,
     find_pgbench,
     fresh_database,
     load_average,
     log,
     ratio,
-    require_durable,
     run_pgbench,
-    server_info,
+    spreads_by_clients,
 )
 from bench.cycles import ENGINE_SQL, check_engine_run, setup_engine
 
@@ -57,10 +57,7 @@ class BaselineResults:
         return ratio(self.engine[clients], self.minimal[clients])
 
     def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            name: {str(c): s.as_dict() for c, s in getattr(self, name).items()}
-            for name in ("minimal", "engine")
-        }
+        out = spreads_by_clients(self, ("minimal", "engine"))
         out["engine_over_minimal"] = {str(c): self.ratio(c) for c in self.clients}
         return out
 
@@ -144,7 +141,7 @@ async def measure(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dsn", default=DEFAULT_DSN, help="server (default: %(default)s)")
+    add_dsn_argument(parser)
     parser.add_argument("--clients", default="1,8", help="client counts (default 1,8)")
     parser.add_argument("--seconds", type=float, default=10, help="seconds per run (10)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per figure (3)")
@@ -153,9 +150,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def _run(args: argparse.Namespace, clients: list[int]) -> BaselineResults:
-    info = await server_info(args.dsn)
-    require_durable(info)
-    log(f"server: {info.line()}; load average {load_average()}")
+    await durable_server(args.dsn)
     async with fresh_database(args.dsn) as dsn:
         return await measure(dsn, clients, args.seconds, args.repeats, args.subjects, args.pools)
 

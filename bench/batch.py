@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,14 +25,13 @@ import httpx
 
 from app.db import batch as db_batch
 from bench.common import (
-    DEFAULT_DSN,
     Spread,
+    add_dsn_argument,
     bench_connect,
+    durable_server,
     fresh_database,
     load_average,
     log,
-    require_durable,
-    server_info,
 )
 from bench.wake import serve
 
@@ -88,44 +90,51 @@ async def _check(conn: asyncpg.Connection, expected: int) -> None:
         raise SystemExit("batch: invariant violations")
 
 
-async def _engine(dsn: str, batches: int, batch_size: int) -> tuple[list[float], float]:
+# One way in: given the setup connection and the database, a function that creates one batch
+# of members and answers how many requests it made.
+Create = Callable[[list[dict[str, Any]]], Awaitable[int]]
+BatchPath = Callable[[asyncpg.Connection, str], AbstractAsyncContextManager[Create]]
+
+
+@contextlib.asynccontextmanager
+async def _engine(conn: asyncpg.Connection, dsn: str) -> AsyncIterator[Create]:
+    async def create(members: list[dict[str, Any]]) -> int:
+        made = await db_batch.create_requests(conn, members, default_lease_seconds=300)
+        return len(made)
+
+    yield create
+
+
+@contextlib.asynccontextmanager
+async def _http(conn: asyncpg.Connection, dsn: str) -> AsyncIterator[Create]:
+    with serve(dsn, reconciler=True) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=300) as http:
+
+            async def create(members: list[dict[str, Any]]) -> int:
+                r = await http.post("/v1/requests/batch", json={"members": members})
+                if r.status_code != 201:
+                    raise SystemExit(f"batch answered {r.status_code}: {r.text[:300]}")
+                return len(r.json()["items"])
+
+            yield create
+
+
+async def _path(
+    dsn: str, name: str, path: BatchPath, batches: int, batch_size: int
+) -> tuple[list[float], float]:
+    """Rates per batch and overall of ``batches`` batches created one after another."""
     conn = await bench_connect(dsn)
     try:
         await _setup(conn)
         rates: list[float] = []
-        started = time.perf_counter()
-        for k in range(batches):
-            t0 = time.perf_counter()
-            made = await db_batch.create_requests(
-                conn, _members(batch_size, k), default_lease_seconds=300
-            )
-            rates.append(len(made) / (time.perf_counter() - t0))
-            log(f"  batch: engine {k + 1}/{batches}: {rates[-1]:,.0f} requests/s")
-        overall = batches * batch_size / (time.perf_counter() - started)
-        await _check(conn, batches * batch_size)
-    finally:
-        await conn.close()
-    return rates, overall
-
-
-async def _http(dsn: str, batches: int, batch_size: int) -> tuple[list[float], float]:
-    conn = await bench_connect(dsn)
-    try:
-        await _setup(conn)
-        rates: list[float] = []
-        with serve(dsn, reconciler=True) as url:
-            async with httpx.AsyncClient(base_url=url, timeout=300) as http:
-                started = time.perf_counter()
-                for k in range(batches):
-                    t0 = time.perf_counter()
-                    r = await http.post(
-                        "/v1/requests/batch", json={"members": _members(batch_size, k)}
-                    )
-                    if r.status_code != 201:
-                        raise SystemExit(f"batch answered {r.status_code}: {r.text[:300]}")
-                    rates.append(len(r.json()["items"]) / (time.perf_counter() - t0))
-                    log(f"  batch: HTTP {k + 1}/{batches}: {rates[-1]:,.0f} requests/s")
-                overall = batches * batch_size / (time.perf_counter() - started)
+        async with path(conn, dsn) as create:
+            started = time.perf_counter()
+            for k in range(batches):
+                t0 = time.perf_counter()
+                made = await create(_members(batch_size, k))
+                rates.append(made / (time.perf_counter() - t0))
+                log(f"  batch: {name} {k + 1}/{batches}: {rates[-1]:,.0f} requests/s")
+            overall = batches * batch_size / (time.perf_counter() - started)
         await _check(conn, batches * batch_size)
     finally:
         await conn.close()
@@ -134,9 +143,9 @@ async def _http(dsn: str, batches: int, batch_size: int) -> tuple[list[float], f
 
 async def measure(admin_dsn: str, batches: int, batch_size: int) -> BatchResults:
     async with fresh_database(admin_dsn) as dsn:
-        engine, engine_overall = await _engine(dsn, batches, batch_size)
+        engine, engine_overall = await _path(dsn, "engine", _engine, batches, batch_size)
     async with fresh_database(admin_dsn) as dsn:
-        http, http_overall = await _http(dsn, batches, batch_size)
+        http, http_overall = await _path(dsn, "HTTP", _http, batches, batch_size)
     return BatchResults(
         batches=batches,
         batch_size=batch_size,
@@ -148,15 +157,13 @@ async def measure(admin_dsn: str, batches: int, batch_size: int) -> BatchResults
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dsn", default=DEFAULT_DSN, help="server (default: %(default)s)")
+    add_dsn_argument(parser)
     parser.add_argument("--batches", type=int, default=10, help="batches per path (10)")
     parser.add_argument("--batch-size", type=int, default=1000, help="members per batch (1000)")
 
 
 async def _run(args: argparse.Namespace) -> BatchResults:
-    info = await server_info(args.dsn)
-    require_durable(info)
-    log(f"server: {info.line()}; load average {load_average()}")
+    await durable_server(args.dsn)
     return await measure(args.dsn, args.batches, args.batch_size)
 
 

@@ -3,6 +3,7 @@ machine, pgbench, and the statistics of repeated runs."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
@@ -12,7 +13,7 @@ import statistics
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,18 @@ class Spread:
 
     def as_dict(self) -> dict[str, Any]:
         return {"median": self.median, "low": self.low, "high": self.high, "n": len(self.values)}
+
+
+def spreads_by_clients(results: object, names: Sequence[str]) -> dict[str, Any]:
+    """``{name: {client count: spread}}`` for the figures ``names`` of ``results``."""
+    return {
+        name: {str(c): s.as_dict() for c, s in getattr(results, name).items()} for name in names
+    }
+
+
+def log_medians(heading: str, figures: Mapping[str, Spread], digits: int) -> None:
+    """One log line: ``heading: name median ms, ...``."""
+    log(f"{heading}: " + ", ".join(f"{k} {s.median:.{digits}f} ms" for k, s in figures.items()))
 
 
 def ratio(a: Spread, b: Spread) -> float:
@@ -125,6 +138,19 @@ def require_durable(info: ServerInfo) -> None:
             f"the server is not durable ({info.line()}): "
             "fsync, synchronous_commit and full_page_writes must be on"
         )
+
+
+async def durable_server(dsn: str) -> ServerInfo:
+    """The server's facts, logged with the load average; refuses a server that is not durable."""
+    info = await server_info(dsn)
+    require_durable(info)
+    log(f"server: {info.line()}; load average {load_average()}")
+    return info
+
+
+def add_dsn_argument(parser: argparse.ArgumentParser) -> None:
+    """``--dsn``: the server a benchmark measures (its own database made there if it needs one)."""
+    parser.add_argument("--dsn", default=DEFAULT_DSN, help="server (default: %(default)s)")
 
 
 @contextlib.contextmanager

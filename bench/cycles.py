@@ -25,7 +25,7 @@ from typing import Any
 
 import asyncpg
 
-from bench.common import Spread, bench_connect, find_pgbench, log, run_pgbench
+from bench.common import Spread, bench_connect, find_pgbench, log, run_pgbench, spreads_by_clients
 
 SUMMARY = "physical limit (pgbench one-row UPDATE, with and without NOTIFY) and engine cycles"
 ROWS = 100_000
@@ -67,10 +67,7 @@ class CycleResults:
     engine: dict[int, Spread] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            name: {str(c): s.as_dict() for c, s in getattr(self, name).items()}
-            for name in ("update", "notify", "engine")
-        }
+        return spreads_by_clients(self, ("update", "notify", "engine"))
 
 
 async def setup_engine(conn: asyncpg.Connection, subjects: int, pools: int) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 
 from app.db import dashboard as db_dashboard
 from app.db import requests as db_requests
-from bench.common import Spread, bench_connect, fresh_database, log
+from bench.common import Spread, bench_connect, fresh_database, log, log_medians
 from bench.reconcile import fill
 
 HISTORY_SQL = """
@@ -92,10 +92,7 @@ async def measure_one(admin_dsn: str, queued: int, rounds: int) -> dict[str, Spr
             }
         finally:
             await conn.close()
-    log(
-        f"  dashboard: {queued} queued: "
-        + ", ".join(f"{k} {s.median:.1f} ms" for k, s in figures.items())
-    )
+    log_medians(f"  dashboard: {queued} queued", figures, 1)
     return figures
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from bench.common import Spread, bench_connect, log
+from bench.common import Spread, bench_connect, log, spreads_by_clients
 from bench.cycles import check_engine_run, setup_engine
 from bench.rawhttp import Connection, split_url
 from bench.wake import percentile, serve
@@ -29,10 +29,7 @@ class HttpResults:
     p99_ms: dict[int, Spread] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            name: {str(c): s.as_dict() for c, s in getattr(self, name).items()}
-            for name in ("cycles", "p50_ms", "p99_ms")
-        }
+        return spreads_by_clients(self, ("cycles", "p50_ms", "p99_ms"))
 
 
 _decode = msgspec.json.Decoder().decode

@@ -22,7 +22,7 @@ from typing import Any
 
 import asyncpg
 
-from bench.common import Spread, bench_connect, fresh_database, log
+from bench.common import Spread, bench_connect, fresh_database, log, log_medians
 
 CAPACITY = 64
 SHAPES = (("a", 1), ("b", 1), ("a", 2), ("b", 2))
@@ -168,10 +168,7 @@ async def measure_one(
                 raise SystemExit(f"{bad} invariant violations after the passes")
         finally:
             await conn.close()
-    log(
-        f"  reconcile: {queued} queued / {pools} pools: "
-        + ", ".join(f"{m} {s.median:.2f} ms" for m, s in modes.items())
-    )
+    log_medians(f"  reconcile: {queued} queued / {pools} pools", modes, 2)
     return modes
 
 

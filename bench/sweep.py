@@ -25,13 +25,12 @@ from typing import Any
 import msgspec
 
 from bench.common import (
-    DEFAULT_DSN,
+    add_dsn_argument,
     bench_connect,
+    durable_server,
     fresh_database,
     load_average,
     log,
-    require_durable,
-    server_info,
 )
 from bench.rawhttp import Connection, Reply, split_url
 from bench.waiters import _raise_fd_limit
@@ -209,15 +208,13 @@ async def measure(dsn: str, steps: int, gpus: int) -> SweepResult:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dsn", default=DEFAULT_DSN, help="server (default: %(default)s)")
+    add_dsn_argument(parser)
     parser.add_argument("--steps", type=int, default=10_000, help="steps (10000)")
     parser.add_argument("--gpus", type=int, default=1000, help="GPUs in the pool (1000)")
 
 
 async def _run(args: argparse.Namespace) -> SweepResult:
-    info = await server_info(args.dsn)
-    require_durable(info)
-    log(f"server: {info.line()}; load average {load_average()}")
+    await durable_server(args.dsn)
     async with fresh_database(args.dsn) as dsn:
         return await measure(dsn, args.steps, args.gpus)
 
