@@ -22,6 +22,7 @@ from typing import Any
 import asyncpg
 
 from bench.common import (
+    PerClients,
     Spread,
     add_dsn_argument,
     bench_connect,
@@ -32,7 +33,6 @@ from bench.common import (
     log,
     ratio,
     run_pgbench,
-    spreads_by_clients,
 )
 from bench.cycles import ENGINE_SQL, check_engine_run, setup_engine
 
@@ -48,8 +48,7 @@ SELECT bench_min.release_request(:rid::uuid);
 
 
 @dataclass
-class BaselineResults:
-    clients: list[int]
+class BaselineResults(PerClients):
     minimal: dict[int, Spread] = field(default_factory=dict)
     engine: dict[int, Spread] = field(default_factory=dict)
 
@@ -57,7 +56,7 @@ class BaselineResults:
         return ratio(self.engine[clients], self.minimal[clients])
 
     def as_dict(self) -> dict[str, Any]:
-        out = spreads_by_clients(self, ("minimal", "engine"))
+        out = super().as_dict()
         out["engine_over_minimal"] = {str(c): self.ratio(c) for c in self.clients}
         return out
 

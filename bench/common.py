@@ -14,7 +14,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -65,11 +65,18 @@ class Spread:
         return {"median": self.median, "low": self.low, "high": self.high, "n": len(self.values)}
 
 
-def spreads_by_clients(results: object, names: Sequence[str]) -> dict[str, Any]:
-    """``{name: {client count: spread}}`` for the figures ``names`` of ``results``."""
-    return {
-        name: {str(c): s.as_dict() for c, s in getattr(results, name).items()} for name in names
-    }
+@dataclass
+class PerClients:
+    """Figures measured per client count: every field but ``clients`` is ``{clients: Spread}``."""
+
+    clients: list[int]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            f.name: {str(c): s.as_dict() for c, s in getattr(self, f.name).items()}
+            for f in fields(self)
+            if f.name != "clients"
+        }
 
 
 def log_medians(heading: str, figures: Mapping[str, Spread], digits: int) -> None:

@@ -21,11 +21,10 @@ import asyncio
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import asyncpg
 
-from bench.common import Spread, bench_connect, find_pgbench, log, run_pgbench, spreads_by_clients
+from bench.common import PerClients, Spread, bench_connect, find_pgbench, log, run_pgbench
 
 SUMMARY = "physical limit (pgbench one-row UPDATE, with and without NOTIFY) and engine cycles"
 ROWS = 100_000
@@ -60,14 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 @dataclass
-class CycleResults:
-    clients: list[int]
+class CycleResults(PerClients):
     update: dict[int, Spread] = field(default_factory=dict)
     notify: dict[int, Spread] = field(default_factory=dict)
     engine: dict[int, Spread] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        return spreads_by_clients(self, ("update", "notify", "engine"))
 
 
 async def setup_engine(conn: asyncpg.Connection, subjects: int, pools: int) -> None:

@@ -11,25 +11,20 @@ import asyncio
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import msgspec
 
-from bench.common import Spread, bench_connect, log, spreads_by_clients
+from bench.common import PerClients, Spread, bench_connect, log
 from bench.cycles import check_engine_run, setup_engine
 from bench.rawhttp import Connection, split_url
 from bench.wake import percentile, serve
 
 
 @dataclass
-class HttpResults:
-    clients: list[int]
+class HttpResults(PerClients):
     cycles: dict[int, Spread] = field(default_factory=dict)
     p50_ms: dict[int, Spread] = field(default_factory=dict)
     p99_ms: dict[int, Spread] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        return spreads_by_clients(self, ("cycles", "p50_ms", "p99_ms"))
 
 
 _decode = msgspec.json.Decoder().decode
