@@ -101,12 +101,26 @@ OrderingOpt = Annotated[
 ]
 
 
-def _scheduling(body: dict[str, Any], starvation: str | None, ordering: Ordering | None) -> None:
-    """Put the SPEC §11 pool fields the user gave into ``body``."""
-    if starvation is not None:
+def _pool_fields(
+    description: str | None,
+    queueing: Queueing | None,
+    grace: int | None,
+    starvation: str | None,
+    ordering: Ordering | None,
+) -> dict[str, Any]:
+    """The pool fields the user gave (create and update), as the API names them."""
+    body: dict[str, Any] = {}
+    if description is not None:
+        body["description"] = description
+    if queueing is not None:
+        body["queueing"] = queueing.value
+    if grace is not None:
+        body["preemption_grace_seconds"] = grace
+    if starvation is not None:  # SPEC §11.1
         body["starvation_seconds"] = None if starvation == OFF else int(starvation)
-    if ordering is not None:
+    if ordering is not None:  # SPEC §11.2
         body["ordering"] = ordering.value
+    return body
 
 
 class PoolDescription(msgspec.Struct, kw_only=True):
@@ -155,13 +169,7 @@ def create(
         respool pool create training-gpus -c '{"gpu": 8, "step_run": 32}' -d "Shared GPUs"
     """
     body: dict[str, Any] = {"name": name, "capacity": capacity or {}}
-    if description is not None:
-        body["description"] = description
-    if queueing is not None:
-        body["queueing"] = queueing.value
-    if grace is not None:
-        body["preemption_grace_seconds"] = grace
-    _scheduling(body, starvation, ordering)
+    body |= _pool_fields(description, queueing, grace, starvation, ordering)
     with connect_api(url, token) as api:
         pool = api.call("POST", "/v1/pools", Pool, body=body)
     note(f"created pool {pool.name} ({pool.id})")
@@ -250,16 +258,8 @@ def update(
         respool pool update training-gpus -c '{step_run: 0}' --queueing strict
         respool pool update training-gpus --starvation-seconds 600 --ordering fair
     """
-    body: dict[str, Any] = {}
-    if capacity is not None:
-        body["capacity"] = capacity
-    if description is not None:
-        body["description"] = description
-    if queueing is not None:
-        body["queueing"] = queueing.value
-    if grace is not None:
-        body["preemption_grace_seconds"] = grace
-    _scheduling(body, starvation, ordering)
+    body: dict[str, Any] = {} if capacity is None else {"capacity": capacity}
+    body |= _pool_fields(description, queueing, grace, starvation, ordering)
     if not body:
         raise typer.BadParameter(
             "nothing to update: give --capacity, --description, --queueing, --grace,"

@@ -177,22 +177,22 @@ class RespoolResourcePoolStore(ResourcePoolsSQLStoreInterface):
             LABEL_COMPONENT: str(req.component_ids[0]) if req.component_ids else "",
             LABEL_TOLERANCE: str(req.reclaim_tolerance.value),
         }
+
+        def name_of(label: str, schema: type[Any], row_id: UUID) -> None:
+            row = session.get(schema, row_id)
+            if row is not None:
+                labels[label] = row.name
+
         if req.user:
             labels[LABEL_USER] = str(req.user)
-            user = session.get(UserSchema, req.user)
-            if user is not None:
-                labels["user"] = user.name
+            name_of("user", UserSchema, req.user)
         step = session.get(StepRunSchema, req.step_run_id)
         if step is not None:
             labels["step"] = step.name
             labels[LABEL_RUN] = str(step.pipeline_run_id)
             labels[LABEL_PROJECT] = str(step.project_id)
-            run = session.get(PipelineRunSchema, step.pipeline_run_id)
-            if run is not None:
-                labels["run"] = run.name
-            project = session.get(ProjectSchema, step.project_id)
-            if project is not None:
-                labels["project"] = project.name
+            name_of("run", PipelineRunSchema, step.pipeline_run_id)
+            name_of("project", ProjectSchema, step.project_id)
         return {k: v[:1024] for k, v in labels.items() if v}
 
     # --- reading -------------------------------------------------------------------------
