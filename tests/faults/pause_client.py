@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from typing import Any
 
@@ -21,8 +22,16 @@ USE_EVERY = 0.02
 MAX_SECONDS = 60.0  # bounded: the step gives up after this long in any case
 
 
+_emitting = threading.Lock()
+
+
 def emit(event: str, **fields: Any) -> None:
-    print(json.dumps({"event": event, **fields}), flush=True)
+    """One whole line per event: the client's thread and the step's both emit, and two
+    unlocked prints can interleave into one unparsable line."""
+    line = json.dumps({"event": event, **fields}) + "\n"
+    with _emitting:
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
 
 class RecordingTransport(httpx.AsyncBaseTransport):
