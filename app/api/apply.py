@@ -10,14 +10,13 @@ from __future__ import annotations
 from typing import Any, cast
 
 import asyncpg
-from litestar import Controller, Request, post
+from litestar import Controller, post
 from litestar.connection import ASGIConnection
 from litestar.datastructures import State
 from litestar.handlers.base import BaseRouteHandler
-from litestar.params import JSONBody, SkipValidation
 
 from app.api.auth import AuthError, Principal
-from app.api.common import db, decode_body
+from app.api.common import AnyRequest, StrictBody, db, decode_body
 from app.api.errors import ApiError
 from app.db.apply import Plan, apply_manifest
 from app.manifest import Manifest, duplicate_names
@@ -46,10 +45,7 @@ class ApplyController(Controller):
 
     @post("/", status_code=200, guards=[admin_only], summary="Apply (or plan) a manifest")
     async def apply(
-        self,
-        state: State,
-        request: Request[Any, Any, Any],
-        data: SkipValidation[JSONBody[ApplyRequest]],
+        self, state: State, request: AnyRequest, data: StrictBody[ApplyRequest]
     ) -> Plan:
         body = await decode_body(request, ApplyRequest)
         dups = duplicate_names(body)

@@ -8,12 +8,11 @@ from typing import Any
 import msgspec
 from litestar import Controller, Request, post
 from litestar.datastructures import State
-from litestar.params import JSONBody, SkipValidation
 from msgspec import UNSET
 from respool_client.wire import RequestBatch, RequestBatchCreate
 
 from app.api.auth import require_subject
-from app.api.common import db, decode_body, settings
+from app.api.common import AnyRequest, StrictBody, db, decode_body, settings
 from app.api.errors import ApiError, error_responses
 from app.api.numbers import decimal_paths
 from app.api.schemas import RequestCreate, ResourceSettings
@@ -83,10 +82,7 @@ class BatchController(Controller):
         responses=error_responses(400, 403, 404, 422),
     )
     async def create_batch(
-        self,
-        state: State,
-        request: Request[Any, Any, Any],
-        data: SkipValidation[JSONBody[RequestBatchCreate]],
+        self, state: State, request: AnyRequest, data: StrictBody[RequestBatchCreate]
     ) -> RequestBatch:
         body = await _decode(request)
         for member in body.members:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import asyncpg
 import msgspec
 from litestar import Request
 from litestar.datastructures import State
+from litestar.params import JSONBody, SkipValidation
 from msgspec import UNSET
 
 from app.api.errors import validation_error
@@ -15,9 +16,13 @@ from app.api.numbers import refuse_string_decimals
 from app.notify import Notifier
 from app.settings import Settings
 
-__all__ = ["db", "decode_body", "notifier", "sent", "settings"]
+__all__ = ["AnyRequest", "StrictBody", "db", "decode_body", "notifier", "sent", "settings"]
 
 T = TypeVar("T")
+
+AnyRequest: TypeAlias = Request[Any, Any, Any]
+# A JSON body that OpenAPI documents but Litestar does not decode: decode_body does, strictly.
+StrictBody: TypeAlias = SkipValidation[JSONBody[T]]
 
 
 def db(state: State) -> asyncpg.Pool:

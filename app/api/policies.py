@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
-from litestar import Controller, Request, delete, get, patch, post
+import msgspec
+from litestar import Controller, delete, get, patch, post
 from litestar.datastructures import State
-from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter, SkipValidation
+from litestar.params import FromPath, FromQuery, QueryParameter
 
-from app.api.common import db, decode_body, sent
+from app.api.common import AnyRequest, StrictBody, db, decode_body, sent
 from app.api.errors import error_responses
 from app.api.schemas import PolicyCreate, PolicyUpdate
 from app.db import policies as db_policies
@@ -21,21 +22,10 @@ class PolicyController(Controller):
 
     @post("/", status_code=201, summary="Create a policy", responses=error_responses(400, 404, 409))
     async def create_policy(
-        self,
-        state: State,
-        request: Request[Any, Any, Any],
-        data: SkipValidation[JSONBody[PolicyCreate]],
+        self, state: State, request: AnyRequest, data: StrictBody[PolicyCreate]
     ) -> Policy:
         body = await decode_body(request, PolicyCreate)
-        return await db_policies.create_policy(
-            db(state),
-            subject=body.subject,
-            pool=body.pool,
-            priority=body.priority,
-            reserved=body.reserved,
-            limit=body.limit,
-            description=body.description,
-        )
+        return await db_policies.create_policy(db(state), **msgspec.structs.asdict(body))
 
     @get(
         "/",
@@ -58,9 +48,9 @@ class PolicyController(Controller):
     async def update_policy(
         self,
         state: State,
-        request: Request[Any, Any, Any],
+        request: AnyRequest,
         ref: FromPath[str],
-        data: SkipValidation[JSONBody[PolicyUpdate]],
+        data: StrictBody[PolicyUpdate],
     ) -> Policy:
         body = await decode_body(request, PolicyUpdate)
         return await db_policies.update_policy(db(state), ref, **sent(body))

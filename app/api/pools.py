@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
-from litestar import Controller, Request, delete, get, patch, post
+import msgspec
+from litestar import Controller, delete, get, patch, post
 from litestar.datastructures import State
-from litestar.params import FromPath, JSONBody, QueryParameter, SkipValidation
+from litestar.params import FromPath, QueryParameter
 
-from app.api.common import db, decode_body, sent
+from app.api.common import AnyRequest, StrictBody, db, decode_body, sent
 from app.api.errors import error_responses
 from app.api.schemas import PoolCreate, PoolUpdate
 from app.db import pools as db_pools
@@ -21,22 +22,10 @@ class PoolController(Controller):
 
     @post("/", status_code=201, summary="Create a pool", responses=error_responses(400, 409))
     async def create_pool(
-        self,
-        state: State,
-        request: Request[Any, Any, Any],
-        data: SkipValidation[JSONBody[PoolCreate]],
+        self, state: State, request: AnyRequest, data: StrictBody[PoolCreate]
     ) -> Pool:
         body = await decode_body(request, PoolCreate)
-        return await db_pools.create_pool(
-            db(state),
-            name=body.name,
-            capacity=body.capacity,
-            description=body.description,
-            queueing=body.queueing,
-            preemption_grace_seconds=body.preemption_grace_seconds,
-            starvation_seconds=body.starvation_seconds,
-            ordering=body.ordering,
-        )
+        return await db_pools.create_pool(db(state), **msgspec.structs.asdict(body))
 
     @get("/", summary="List pools with usage and queued count", responses=error_responses())
     async def list_pools(self, state: State) -> list[Pool]:
@@ -58,9 +47,9 @@ class PoolController(Controller):
     async def update_pool(
         self,
         state: State,
-        request: Request[Any, Any, Any],
+        request: AnyRequest,
         ref: FromPath[str],
-        data: SkipValidation[JSONBody[PoolUpdate]],
+        data: StrictBody[PoolUpdate],
     ) -> Pool:
         body = await decode_body(request, PoolUpdate)
         fields = sent(body)

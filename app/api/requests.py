@@ -15,12 +15,12 @@ import msgspec
 from litestar import Controller, Request, Response, delete, get, post
 from litestar.datastructures import State
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter, SkipValidation
+from litestar.params import FromPath, FromQuery, QueryParameter
 from msgspec import UNSET
 from respool_client.wire import WhatIf
 
 from app.api.auth import listing_patterns, require_subject
-from app.api.common import db, decode_body, notifier, settings
+from app.api.common import AnyRequest, StrictBody, db, decode_body, notifier, settings
 from app.api.errors import ApiError, error_responses
 from app.api.reader import RequestReader
 from app.api.schemas import INT32_MAX, RequestCreate, RequestPage
@@ -149,8 +149,8 @@ class RequestController(Controller):
     async def create_request(
         self,
         state: State,
-        request: Request[Any, Any, Any],
-        data: SkipValidation[JSONBody[RequestCreate]],
+        request: AnyRequest,
+        data: StrictBody[RequestCreate],
         wait: _Wait = None,
         dry_run: _DryRun = False,
     ) -> Response[ResourceRequest]:  # a dry run answers a WhatIf, a Request subclass

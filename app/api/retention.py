@@ -8,14 +8,13 @@ whose ``finished_at`` is older than the cutoff go, with their events (``respool.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 import msgspec
-from litestar import Controller, Request, post
+from litestar import Controller, post
 from litestar.datastructures import State
-from litestar.params import JSONBody, SkipValidation
 
-from app.api.common import db, decode_body
+from app.api.common import AnyRequest, StrictBody, db, decode_body
 from app.api.errors import ApiError, error_responses
 from app.db import ops as db_ops
 from app.durations import parse_duration
@@ -49,10 +48,7 @@ class RetentionController(Controller):
         responses=error_responses(400),
     )
     async def prune(
-        self,
-        state: State,
-        request: Request[Any, Any, Any],
-        data: SkipValidation[JSONBody[PruneBody]],
+        self, state: State, request: AnyRequest, data: StrictBody[PruneBody]
     ) -> PruneResult:
         body = await decode_body(request, PruneBody)
         try:
