@@ -16,7 +16,7 @@ import asyncpg
 import msgspec
 
 from app.db.named import query
-from app.db.queries import Executor
+from app.db.queries import Executor, _as
 
 __all__ = [
     "PoolKeyRow",
@@ -47,19 +47,7 @@ class PoolKeyRow(msgspec.Struct, frozen=True):
 async def pool_key_rows(db: Executor) -> list[PoolKeyRow]:
     """Per pool and key: ``respool.pool_usage`` plus reserved/borrowed sums of policy_usage."""
     rows = await db.fetch(query("pool_key_rows"))
-    return [
-        PoolKeyRow(
-            pool=r["pool"],
-            key=r["key"],
-            capacity=None if r["capacity"] is None else int(r["capacity"]),
-            allocated=int(r["allocated"]),
-            free=None if r["free"] is None else int(r["free"]),
-            reserved=int(r["reserved"]),
-            borrowed=int(r["borrowed"]),
-            queued_demand=int(r["queued_demand"]),
-        )
-        for r in rows
-    ]
+    return _as(list[PoolKeyRow], [dict(r) for r in rows])
 
 
 class PolicyRow(msgspec.Struct, frozen=True):
@@ -76,20 +64,7 @@ class PolicyRow(msgspec.Struct, frozen=True):
 
 async def policy_rows(db: Executor) -> list[PolicyRow]:
     rows = await db.fetch(query("policy_rows"))
-    return [
-        PolicyRow(
-            pool=r["pool"],
-            subject=r["subject"],
-            key=r["key"],
-            priority=int(r["priority"]),
-            reserved=int(r["reserved"]),
-            limit=None if r["limit"] is None else int(r["limit"]),
-            used=int(r["used"]),
-            borrowed=int(r["borrowed"]),
-            np_used=int(r["np_used"]),
-        )
-        for r in rows
-    ]
+    return _as(list[PolicyRow], [dict(r) for r in rows])
 
 
 async def queue_stats(db: Executor) -> dict[str, tuple[int, float]]:

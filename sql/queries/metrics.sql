@@ -6,8 +6,9 @@ SELECT status, count(*) AS n FROM respool.requests GROUP BY status;
 
 -- pool_key_rows --
 -- Per pool and key: respool.pool_usage plus the policies' reserved and borrowed sums.
-SELECT u.pool, u.key, u.capacity, u.allocated, u.free, u.queued_demand,
-       coalesce(p.reserved, 0) AS reserved, coalesce(p.borrowed, 0) AS borrowed
+SELECT u.pool, u.key, u.capacity::bigint, u.allocated::bigint, u.free::bigint,
+       u.queued_demand::bigint, coalesce(p.reserved, 0)::bigint AS reserved,
+       coalesce(p.borrowed, 0)::bigint AS borrowed
   FROM respool.pool_usage u
   LEFT JOIN (SELECT pool, key, sum(reserved) AS reserved, sum(borrowed) AS borrowed
                FROM respool.policy_usage GROUP BY pool, key) p
@@ -16,7 +17,8 @@ SELECT u.pool, u.key, u.capacity, u.allocated, u.free, u.queued_demand,
 
 -- policy_rows --
 -- Per policy and key: priority, reserved, limit, usage and borrowing.
-SELECT pool, subject, key, priority, reserved, "limit", used, borrowed, np_used
+SELECT pool, subject, key, priority, reserved::bigint, "limit"::bigint, used::bigint,
+       borrowed::bigint, np_used::bigint
   FROM respool.policy_usage
  ORDER BY pool, subject, key;
 
