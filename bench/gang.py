@@ -30,11 +30,10 @@ from app.db import requests as db_requests
 from bench.common import (
     DEFAULT_DSN,
     bench_connect,
+    durable_server,
     fresh_database,
     load_average,
     log,
-    require_durable,
-    server_info,
 )
 
 SUMMARY = "gangs/s created and granted (all_or_nothing batches, SPEC §11.6)"
@@ -147,22 +146,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gang-size", type=int, default=8, help="members per gang (8)")
 
 
-async def _run(args: argparse.Namespace) -> GangResults:
-    info = await server_info(args.dsn)
-    require_durable(info)
-    log(f"server: {info.line()}; load average {load_average()}")
-    return await measure(args.dsn, args.gangs, args.gang_size)
-
-
 def run(args: argparse.Namespace) -> int:
     if args.gangs < 1 or not 1 <= args.gang_size <= 1000:
         raise SystemExit("--gangs must be >= 1 and --gang-size 1..1000")
-    r = asyncio.run(_run(args))
+    asyncio.run(durable_server(args.dsn))
+    r = asyncio.run(measure(args.dsn, args.gangs, args.gang_size))
     print(json.dumps(r.as_dict(), indent=2))
     print(f"\n| {r.gangs:,} gangs of {r.gang_size} | gangs/s |")
     print("|---|---|")
-    print(f"| created and granted at create | {r.granted_at_create:,.0f} |")
-    print(f"| created, queued (pool held) | {r.created_queued:,.0f} |")
-    print(f"| granted by one release (one allocation pass) | {r.granted_by_release:,.0f} |")
+    for label, rate in (
+        ("created and granted at create", r.granted_at_create),
+        ("created, queued (pool held)", r.created_queued),
+        ("granted by one release (one allocation pass)", r.granted_by_release),
+    ):
+        print(f"| {label} | {rate:,.0f} |")
     log(f"load average after: {load_average()}")
     return 0
