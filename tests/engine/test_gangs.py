@@ -210,12 +210,16 @@ async def test_a_borrowing_gang_is_preempted_whole(conn: asyncpg.Connection) -> 
     assert (await get(conn, mine.id)).status == "allocated"
     history = await events(conn, members[1].id)
     assert history[-2:] == [("allocated", "preempted", "reclaim"), ("preempted", "queued", "retry")]
-    preempted = await conn.fetchval(
-        "SELECT message FROM respool.events WHERE request_id = $1 AND to_status = 'preempted'",
-        members[2].id,
+    # the victim unit's member (the lowest id) keeps the cause, the others name the gang
+    sql = "SELECT message FROM respool.events WHERE request_id = $1 AND to_status = 'preempted'"
+    messages = sorted([await conn.fetchval(sql, m.id) for m in members])
+    cause = f"preempted (reclaim) for request {mine.id} of prod"
+    assert messages[2] == cause
+    assert all(
+        x.startswith(f"gang {members[0].gang_id}: member ")
+        and x.endswith(f"was preempted; {cause}")
+        for x in messages[:2]
     )
-    assert preempted.startswith(f"gang {members[0].gang_id}: member ")
-    assert "was preempted; preempted (reclaim) for request" in preempted
     [row] = await queue(conn, "p")  # requeued as one entry again
     assert row["resources"] == {"gpu": 3, "step_run": 3}
     await assert_healthy(conn)
