@@ -12,7 +12,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from bench import baseline, batch, cycles, dashboard, eta, suite, sweep, wake
+from bench import baseline, batch, cycles, dashboard, eta, gang, suite, sweep, wake
 
 ONE = {
     "cycles": cycles.SUMMARY,
@@ -27,7 +27,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     wake.add_arguments(commands.add_parser("wake", help=wake.SUMMARY, description=wake.SUMMARY))
-    for mod, name in ((baseline, "baseline"), (batch, "batch"), (sweep, "sweep")):
+    for mod, name in ((baseline, "baseline"), (batch, "batch"), (gang, "gang"), (sweep, "sweep")):
         mod.add_arguments(commands.add_parser(name, help=mod.SUMMARY, description=mod.SUMMARY))
     dashboard.add_arguments(
         commands.add_parser("dashboard", help=dashboard.SUMMARY, description=dashboard.SUMMARY)
@@ -48,10 +48,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return dashboard.run(args)
     if args.command == "eta":
         return eta.run(args)
-    if args.command in ("baseline", "batch", "sweep"):
+    if args.command in ("baseline", "batch", "gang", "sweep"):
         runner: Callable[[argparse.Namespace], int] = {
             "baseline": baseline.run,
             "batch": batch.run,
+            "gang": gang.run,
             "sweep": sweep.run,
         }[args.command]
         return runner(args)

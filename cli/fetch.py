@@ -26,6 +26,7 @@ def list_requests(
     pool: str | None = None,
     subject: str | None = None,
     status: str | None = None,
+    gang_id: str | None = None,
 ) -> list[Request]:
     """Up to ``limit`` requests, newest first, following the API's cursors."""
     out: list[Request] = []
@@ -39,6 +40,7 @@ def list_requests(
                 "pool": pool,
                 "subject": subject,
                 "status": status,
+                "gang_id": gang_id,
                 "limit": min(PAGE, limit - len(out)),
                 "cursor": cursor,
             },

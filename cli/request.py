@@ -136,6 +136,15 @@ def create(
             "with --idempotency-key K, member i gets the key K-i.",
         ),
     ] = 1,
+    gang: Annotated[
+        bool,
+        typer.Option(
+            "--gang",
+            "--all-or-nothing",
+            help="With --count: the requests are a gang (SPEC §11.6), granted all together in"
+            " one pool or not at all, and rejected, preempted, expired and cancelled together.",
+        ),
+    ] = False,
     wait: Annotated[
         float | None,
         typer.Option(
@@ -167,6 +176,7 @@ def create(
         respool request create -s orchestrator:prod --gpu 2 --cpu 0.5 --memory 8GB --wait 60
         respool request create -s orchestrator:dev --pool training-gpus -r tpu=1 --non-preemptible
         respool request create -s orchestrator:prod --gpu 8 --dry-run
+        respool request create -s orchestrator:prod --gpu 2 --count 4 --gang
     """
     settings: dict[str, Any] = {}
     if gpu is not None:
@@ -190,12 +200,12 @@ def create(
     if dry_run:
         _what_if(body, output, url, token)
         return
-    if count > 1:
+    if count > 1 or gang:
         if wait is not None:
             raise typer.BadParameter(
                 "--wait follows one request; leave it out", param_hint="--count"
             )
-        _create_many(body, count, output, url, token)
+        _create_many(body, count, gang, output, url, token)
         return
     with connect_api(url, token) as api:
         req = api.call("POST", "/v1/requests", Request, body=body)
@@ -235,18 +245,25 @@ def would_preempt_lines(what: WhatIf) -> list[str]:
 
 
 def _create_many(
-    body: dict[str, Any], count: int, output: OutputFormat, url: str, token: str | None
+    body: dict[str, Any],
+    count: int,
+    gang: bool,
+    output: OutputFormat,
+    url: str,
+    token: str | None,
 ) -> None:
     """``--count N``: N copies of ``body`` through ``POST /v1/requests/batch`` (exit 1 if any
-    is rejected)."""
+    is rejected); with ``--gang`` one gang (``all_or_nothing``)."""
     key = body.get("idempotency_key")
     members = [
         body if key is None else {**body, "idempotency_key": f"{key}-{i}"} for i in range(count)
     ]
     with connect_api(url, token) as api:
-        made = api.call("POST", "/v1/requests/batch", RequestBatch, body={"members": members}).items
+        batch = {"members": members, "all_or_nothing": gang}
+        made = api.call("POST", "/v1/requests/batch", RequestBatch, body=batch).items
     tally = Counter(r.status for r in made)
-    note(f"{len(made)} requests: " + ", ".join(f"{n} {s}" for s, n in sorted(tally.items())))
+    what = f"gang {made[0].gang_id}: " if gang and made else ""
+    note(f"{what}{len(made)} requests: " + ", ".join(f"{n} {s}" for s, n in sorted(tally.items())))
     emit(made, output, lambda: [requests_table(made)])
     if tally["rejected"]:
         raise typer.Exit(1)
@@ -257,6 +274,9 @@ def list_(
     pool: Annotated[str | None, typer.Option("--pool", help="Pool name, id or prefix.")] = None,
     status: Annotated[str | None, typer.Option("--status", help="e.g. queued, allocated.")] = None,
     subject: Annotated[str | None, typer.Option("--subject", help="Only this subject.")] = None,
+    gang: Annotated[
+        str | None, typer.Option("--gang", help="Only the members of this gang (its gang_id).")
+    ] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many.")] = 100,
     output: Output = OutputFormat.table,
     url: Url = DEFAULT_URL,
@@ -268,9 +288,12 @@ def list_(
 
         respool request list --pool training-gpus --status queued
         respool request list --subject orchestrator:prod -o json
+        respool request list --gang 5f0c2a1e-7d4b-4c1e-9a53-2b8f7e6d1c90
     """
     with connect_api(url, token) as api:
-        found = list_requests(api, pool=pool, status=status, subject=subject, limit=limit)
+        found = list_requests(
+            api, pool=pool, status=status, subject=subject, gang_id=gang, limit=limit
+        )
     emit(found, output, lambda: [requests_table(found)])
 
 

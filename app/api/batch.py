@@ -77,7 +77,11 @@ class BatchController(Controller):
             "rejection, idempotency key, and grant where it fits), in member order, which is "
             "also their queue order. A malformed member refuses the whole batch (4xx naming "
             "members[i].field) and nothing is created. Members with an idempotency key that "
-            "was already used answer the earlier request. all_or_nothing (gangs) is refused."
+            "was already used answer the earlier request. With all_or_nothing the members are a "
+            "gang (SPEC §11.6): they must name the same subject, pool, preemptible and "
+            "max_retries (else 400 naming members[i].field); they share a gang_id, are granted "
+            "all together in one pool or not at all, and are rejected, preempted, expired and "
+            "cancelled together."
         ),
         responses=error_responses(400, 403, 404, 422),
     )

@@ -204,6 +204,9 @@ class RequestController(Controller):
         pool: FromQuery[str | None] = None,
         subject: FromQuery[str | None] = None,
         status: FromQuery[Status | None] = None,
+        gang_id: Annotated[
+            UUID | None, QueryParameter(description="Only the members of this gang (SPEC §11.6)")
+        ] = None,
         limit: Annotated[int, QueryParameter(ge=1, le=1000, description="Page size")] = 100,
         cursor: Annotated[
             str | None, QueryParameter(description="next_cursor of the last page")
@@ -218,6 +221,7 @@ class RequestController(Controller):
             limit=limit,
             before=before,
             subject_patterns=listing_patterns(request),  # a client token sees its subjects only
+            gang_id=gang_id,
         )
         next_cursor = None
         if len(items) == limit and items:

@@ -115,8 +115,10 @@ async def list_requests(
     limit: int = 100,
     before: tuple[datetime, UUID] | None = None,
     subject_patterns: list[str] | None = None,
+    gang_id: UUID | None = None,
 ) -> list[Request]:
-    """Newest first; ``before`` is the (created_at, id) of the last row of the previous page."""
+    """Newest first; ``before`` is the (created_at, id) of the last row of the previous page;
+    ``gang_id``: the members of one gang (SPEC §11.6)."""
     doc = await db.fetchval(
         query("list_requests"),
         pool,
@@ -126,6 +128,7 @@ async def list_requests(
         before[0] if before else None,
         before[1] if before else None,
         subject_patterns,
+        gang_id,
     )
     return _as(list[Request], doc)
 

@@ -209,7 +209,9 @@ class AsyncRespool:
             http_timeout=_poll_timeout(wait),
         )
 
-    async def create_many(self, members: Sequence[RequestCreate]) -> list[Request]:
+    async def create_many(
+        self, members: Sequence[RequestCreate], *, all_or_nothing: bool = False
+    ) -> list[Request]:
         """Create 1 to 1,000 requests in one transaction (``POST /v1/requests/batch``).
 
         Each member is an ordinary create body, created as a single create would be (granted
@@ -217,13 +219,19 @@ class AsyncRespool:
         order; the answers come back in that order. A member without an idempotency key gets a
         fresh one, so a retried batch never creates twice. A malformed member refuses the whole
         batch: :class:`ApiError` naming ``members[i].field``, and nothing is created.
+
+        ``all_or_nothing=True`` makes the members a gang (SPEC §11.6): same subject, pool,
+        preemptible and max_retries; one ``gang_id``; granted all together in one pool or not at
+        all; rejected, preempted, expired and cancelled together.
         """
         fresh = msgspec.structs.replace
         keyed = [
             m if m.idempotency_key else fresh(m, idempotency_key=str(uuid.uuid4())) for m in members
         ]
         answer = await self.call(
-            "POST", "/v1/requests/batch", body=RequestBatchCreate(members=keyed)
+            "POST",
+            "/v1/requests/batch",
+            body=RequestBatchCreate(members=keyed, all_or_nothing=all_or_nothing),
         )
         return msgspec.convert(answer, RequestBatch, strict=False).items
 
@@ -263,9 +271,12 @@ class AsyncRespool:
         status: str | None = None,
         limit: int | None = None,
         cursor: str | None = None,
+        gang_id: UUID | str | None = None,
     ) -> RequestPage:
-        """One page of requests, newest first (``next_cursor`` pages on)."""
+        """One page of requests, newest first (``next_cursor`` pages on); ``gang_id``: the
+        members of one gang."""
         params: dict[str, Any] = {"pool": pool, "subject": subject, "status": status}
+        params["gang_id"] = None if gang_id is None else str(gang_id)
         params |= {"limit": limit, "cursor": cursor}
         doc = await self.call("GET", "/v1/requests", params=params)
         return msgspec.convert(doc, RequestPage, strict=False)

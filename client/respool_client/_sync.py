@@ -78,9 +78,11 @@ class Respool:
     def create_request(self, subject: str, **kw: Any) -> Request:
         return self._run(self._async.create_request(subject, **kw))
 
-    def create_many(self, members: Sequence[RequestCreate]) -> list[Request]:
+    def create_many(
+        self, members: Sequence[RequestCreate], *, all_or_nothing: bool = False
+    ) -> list[Request]:
         """Same as :meth:`AsyncRespool.create_many`, blocking."""
-        return self._run(self._async.create_many(members))
+        return self._run(self._async.create_many(members, all_or_nothing=all_or_nothing))
 
     def get_request(
         self, request_id: UUID | str, *, wait: float | None = None, version: int | None = None

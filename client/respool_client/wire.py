@@ -166,6 +166,7 @@ class Request(msgspec.Struct, frozen=True):
     max_seconds: int | None = None
     run_deadline: datetime | None = None
     eta: Eta | None = None
+    gang_id: UUID | None = None  # SPEC §11.6: the members of one all_or_nothing batch
 
     @property
     def terminal(self) -> bool:
@@ -390,7 +391,7 @@ class RequestBatchCreate(_Body):
     """``POST /v1/requests/batch`` (SPEC §11.5): 1 to 1,000 create bodies, one transaction."""
 
     members: Annotated[list[RequestCreate], Meta(min_length=1, max_length=MAX_BATCH)]
-    # SPEC §11.6 gangs (a server that does not support them answers 400).
+    # SPEC §11.6 gangs: one subject, pool, preemptible and max_retries; granted all or none.
     all_or_nothing: bool = False
 
 

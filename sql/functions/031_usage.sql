@@ -20,8 +20,11 @@ BEGIN
           FROM respool.requests r CROSS JOIN LATERAL jsonb_each_text(r.resources) x
          WHERE r.pool_id = p_pool_id AND r.status = 'preempting'
         UNION ALL
+        -- (the queue entry's resources: a gang's entry holds its members' sum, SPEC §11.6)
         SELECT NULL, x.key, x.value::bigint, false
-          FROM respool.requests r CROSS JOIN LATERAL jsonb_each_text(r.resources) x
+          FROM respool.requests r
+          JOIN respool.queue_entries e ON e.request_id = r.id AND e.pool_id = p_pool_id
+         CROSS JOIN LATERAL jsonb_each_text(e.resources) x
          WHERE r.earmark_pool_id = p_pool_id AND r.status = 'queued' AND r.id IS DISTINCT FROM p_except
     )
     SELECT NULL::uuid, pr.key, respool._effective_capacity(pr.key, pr.capacity), NULL::bigint, pr.used,

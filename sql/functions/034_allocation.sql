@@ -89,6 +89,7 @@ CREATE OR REPLACE FUNCTION respool._try_grant(p_request_id uuid, p_pool_id uuid,
 RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     r respool.requests;
+    m uuid;
 BEGIN
     -- Admission is decided before the row lock: it depends only on the request's fixed resources
     -- and on this pool's counters, which the caller's pool lock holds still. A blocked request is
@@ -97,21 +98,31 @@ BEGIN
     IF NOT FOUND THEN
         RETURN 'gone';
     END IF;
+    IF r.gang_id IS NOT NULL THEN
+        r := respool._queued_as(p_request_id);  -- [SPEC §11.6] the gang as one request of the sum
+    END IF;
     IF respool._blocker(r.resources, r.preemptible, p_pool_id, p_policy_id) IS NOT NULL
        OR respool._earmark_blocks(r, p_pool_id) THEN
         RETURN 'blocked';
     END IF;
-    PERFORM 1 FROM respool.requests WHERE id = p_request_id AND status = 'queued' FOR UPDATE SKIP LOCKED;
-    IF NOT FOUND THEN
+    IF NOT respool._lock_queued(p_request_id) THEN
         -- Gone from the queue (committed after our snapshot) or locked by another transaction.
         RETURN CASE WHEN EXISTS (SELECT FROM respool.requests WHERE id = p_request_id AND status = 'queued')
                     THEN 'locked' ELSE 'gone' END;
     END IF;
-    PERFORM respool._grant(p_request_id, p_pool_id, p_policy_id, p_now);
+    IF r.gang_id IS NULL THEN
+        PERFORM respool._grant(p_request_id, p_pool_id, p_policy_id, p_now);
+    ELSE
+        -- Every member, in this transaction, at the same instant, in this pool.
+        FOR m IN SELECT id FROM respool.requests WHERE gang_id = r.gang_id AND status = 'queued'
+                  ORDER BY queued_at, id LOOP
+            PERFORM respool._grant(m, p_pool_id, p_policy_id, p_now);
+        END LOOP;
+    END IF;
     RETURN 'granted';
 END $$;
 COMMENT ON FUNCTION respool._try_grant(uuid, uuid, uuid, timestamptz) IS
-    'Grants one queued request in a pool whose row the caller has locked, if admissible: granted | blocked | locked | gone.';
+    'Grants one queued request in a pool whose row the caller has locked, if admissible: granted | blocked | locked | gone. A gang''s queue entry grants every member together when their sum is admissible, or none (SPEC §11.6).';
 
 CREATE OR REPLACE FUNCTION respool.allocate_pool(p_pool_id uuid, p_now timestamptz DEFAULT now())
 RETURNS integer LANGUAGE plpgsql AS $$

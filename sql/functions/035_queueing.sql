@@ -30,7 +30,14 @@ BEGIN
                pool_id = CASE WHEN cardinality(candidate_pool_ids) = 1 THEN pool_id END,
                pool_name = CASE WHEN cardinality(candidate_pool_ids) = 1 THEN pool_name END
          WHERE id = p_request_id;
-        IF respool._enqueue(p_request_id) > 0 THEN
+        IF r.gang_id IS NOT NULL THEN
+            -- [SPEC §11.6] queued again without entries; the gang queues as a whole once the
+            -- last member has given its units back (or is rejected as a whole).
+            r := respool._set_status(p_request_id, 'queued', 'retry',
+                                     format('requeued for attempt %s after preemption', r.attempt + 1), p_now);
+            PERFORM respool._gang_enqueue(r.gang_id, p_now);
+            SELECT * INTO r FROM respool.requests WHERE id = p_request_id;
+        ELSIF respool._enqueue(p_request_id) > 0 THEN
             r := respool._set_status(p_request_id, 'queued', 'retry',
                                      format('requeued for attempt %s after preemption', r.attempt + 1), p_now);
         ELSE
@@ -40,7 +47,7 @@ BEGIN
     RETURN r;
 END $$;
 COMMENT ON FUNCTION respool._after_preemption(uuid, text, text, timestamptz) IS
-    'Marks a freed victim preempted and, while attempt <= max_retries, requeues it (attempt + 1, original queue time).';
+    'Marks a freed victim preempted and, while attempt <= max_retries, requeues it (attempt + 1, original queue time); a gang member is requeued with its gang, which queues once no member holds units (SPEC §11.6).';
 
 CREATE OR REPLACE FUNCTION respool._reject_unfittable(p_request_id uuid, p_now timestamptz)
 RETURNS respool.requests LANGUAGE plpgsql AS $$
@@ -49,7 +56,7 @@ DECLARE
     v_reason text;
     v_messages text[];
 BEGIN
-    SELECT * INTO r FROM respool.requests WHERE id = p_request_id;
+    r := respool._queued_as(p_request_id);  -- [SPEC §11.6] a gang as one request of the sum
     SELECT coalesce((array_agg(c.reason ORDER BY c.n) FILTER (WHERE c.reason IS NOT NULL))[1], 'no_policy'),
            coalesce(array_agg(c.message ORDER BY c.n) FILTER (WHERE c.reason IS NOT NULL), '{}')
       INTO v_reason, v_messages
@@ -58,8 +65,12 @@ BEGIN
     IF cardinality(v_messages) = 0 THEN
         v_messages := ARRAY[format('subject %s has no policy left on its candidate pools', r.subject)];
     END IF;
-    DELETE FROM respool.queue_entries WHERE request_id = p_request_id;
-    RETURN respool._set_status(p_request_id, 'rejected', v_reason, array_to_string(v_messages, '; '), p_now);
+    PERFORM respool._unqueue(p_request_id);
+    r := respool._set_status(p_request_id, 'rejected', v_reason,
+                             CASE WHEN r.gang_id IS NOT NULL THEN format('gang %s: its members together: ', r.gang_id) ELSE '' END
+                             || array_to_string(v_messages, '; '), p_now);
+    PERFORM respool._gang_follow(p_request_id, 'rejected', v_reason, 'rejected', p_now);
+    RETURN r;
 END $$;
 COMMENT ON FUNCTION respool._reject_unfittable(uuid, timestamptz) IS
-    'Rejects a request that can no longer fit any candidate pool, with the first candidate''s reason and every candidate''s message.';
+    'Rejects a request that can no longer fit any candidate pool, with the first candidate''s reason and every candidate''s message; a gang is judged by its members'' sum and rejected whole (SPEC §11.6).';

@@ -101,7 +101,8 @@ BEGIN
      WHERE e.pool_id = p_pool_id AND e.policy_id = p_policy_id
        AND e.preemptible = p_preemptible AND e.resources = p_resources
        AND (e.queued_at, e.request_id) >= (p_from_at, p_from_id)
-       AND r.max_seconds IS NOT NULL AND p_now + make_interval(secs => r.max_seconds) <= p_shadow
+       AND p_now + make_interval(secs => CASE WHEN r.gang_id IS NULL THEN r.max_seconds  -- [SPEC §11.6]
+                                              ELSE (respool._queued_as(r.id)).max_seconds END) <= p_shadow
      ORDER BY e.queued_at, e.request_id LIMIT 1;
 END $$;
 COMMENT ON FUNCTION respool._next_backfill(uuid, uuid, boolean, jsonb, timestamptz, uuid, timestamptz, timestamptz) IS
@@ -135,12 +136,14 @@ BEGIN
               WHERE pool_id = p_pool_id AND status = 'allocated' AND run_deadline <= p_now
               ORDER BY run_deadline, id
                 FOR UPDATE SKIP LOCKED LOOP
+        CONTINUE WHEN (SELECT status FROM respool.requests WHERE id = v.id) <> 'allocated';  -- followed its gang
         PERFORM respool._free(v.id);
         PERFORM respool._set_status(v.id, 'expired', 'max_seconds',
                                     format('ran for its max_seconds (%s s)', v.max_seconds), p_now);
-        expired := expired + 1;
+        expired := expired + 1
+                   + respool._gang_follow(v.id, 'expired', 'max_seconds', 'expired', p_now);  -- [SPEC §11.6]
     END LOOP;
     RETURN expired;
 END $$;
 COMMENT ON FUNCTION respool._expire_max_seconds(uuid, timestamptz) IS
-    'In a pool the caller has locked: allocated requests past allocated_at + max_seconds become expired (reason max_seconds), whatever their heartbeats, and their units are freed. A row locked by a concurrent heartbeat is left for the next pass.';
+    'In a pool the caller has locked: allocated requests past allocated_at + max_seconds become expired (reason max_seconds; with the rest of their gang, SPEC §11.6), whatever their heartbeats, and their units are freed. A row locked by a concurrent heartbeat is left for the next pass.';

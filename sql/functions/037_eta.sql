@@ -133,7 +133,8 @@ BEGIN
            array_agg(u.n ORDER BY o.position, u.k)
       INTO e_id, e_units
       FROM respool._queue_head(p_pool_id, respool._eta_depth()) o
-      JOIN respool.requests r ON r.id = o.request_id
+      -- the entry's resources: a gang's entry holds its members' sum (SPEC §11.6)
+      JOIN respool.queue_entries r ON r.pool_id = p_pool_id AND r.request_id = o.request_id
      CROSS JOIN LATERAL (SELECT k, coalesce((r.resources ->> v_keys[k])::bigint, 0) AS n
                            FROM generate_series(1, greatest(nk, 1)) k) u;
     IF e_id IS NULL THEN

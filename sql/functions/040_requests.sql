@@ -14,7 +14,7 @@ RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
         'preempt_deadline', r.preempt_deadline, 'idempotency_key', r.idempotency_key,
         'labels', r.labels, 'version', r.version, 'created_at', r.created_at,
         'updated_at', r.updated_at, 'allocated_at', r.allocated_at, 'finished_at', r.finished_at,
-        'max_seconds', r.max_seconds, 'run_deadline', r.run_deadline, 'eta', p_eta)
+        'max_seconds', r.max_seconds, 'run_deadline', r.run_deadline, 'eta', p_eta, 'gang_id', r.gang_id)
 $$;
 COMMENT ON FUNCTION respool._request_doc(respool.requests, bigint, text, jsonb) IS
     'The one JSON shape of a request as the API shows it, from its row and the computed queue position, message (NULL: empty) and ETA: shared by the one-request read and the page read, so both give the same document.';
@@ -23,6 +23,7 @@ CREATE OR REPLACE FUNCTION respool._request_json(p_id uuid)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 DECLARE
     r respool.requests;
+    q respool.requests;
     v_position bigint;
     v_message text;
     v_pools integer;
@@ -34,18 +35,20 @@ BEGIN
     END IF;
     v_message := r.message;
     IF r.status = 'queued' THEN
+        -- [SPEC §11.6] a gang member waits as its gang: the entries of the gang's stand-in.
+        q := CASE WHEN r.gang_id IS NULL THEN r ELSE respool._queued_as(r.id) END;
         -- One request on its own: positions by counting what is ahead (_queue_position), the ETA
         -- simulation stopped at it. respool._queued_details gives the same for a page at once.
-        SELECT count(*) INTO v_pools FROM respool.queue_entries WHERE request_id = r.id;
+        SELECT count(*) INTO v_pools FROM respool.queue_entries WHERE request_id = q.id;
         SELECT min(o.position),
                string_agg(CASE WHEN v_pools > 1 THEN pl.name || ': ' ELSE '' END
-                          || CASE WHEN r.earmark_pool_id = e.pool_id
+                          || CASE WHEN q.earmark_pool_id = e.pool_id
                                   THEN 'preempted units are being released for it'
-                                  ELSE coalesce(respool._blocker(r.resources, r.preemptible, e.pool_id, e.policy_id),
-                                                CASE WHEN respool._earmark_blocks(r, e.pool_id)
+                                  ELSE coalesce(respool._blocker(e.resources, e.preemptible, e.pool_id, e.policy_id),
+                                                CASE WHEN respool._earmark_blocks(q, e.pool_id)
                                                      THEN 'waiting: freed units are earmarked for a request that preempted others'
                                                      -- [SPEC §11.1] the starvation guard holds it back
-                                                     ELSE coalesce(respool._held_back(e.pool_id, r, now()),
+                                                     ELSE coalesce(respool._held_back(e.pool_id, q, now()),
                                                                    'fits, waiting for its turn') END) END
                           || CASE WHEN o.position > 1 THEN format('; %s ahead', o.position - 1) ELSE '' END,
                           ' | ' ORDER BY p.priority DESC, pl.name)
@@ -53,14 +56,18 @@ BEGIN
           FROM respool.queue_entries e
           JOIN respool.pools pl ON pl.id = e.pool_id
           JOIN respool.policies p ON p.id = e.policy_id
-         CROSS JOIN LATERAL (SELECT respool._queue_position(e.pool_id, r.id) AS position OFFSET 0) o
-         WHERE e.request_id = r.id;
-        v_eta := respool._request_eta(r.id, now());  -- [SPEC §11.4]
+         CROSS JOIN LATERAL (SELECT respool._queue_position(e.pool_id, q.id) AS position OFFSET 0) o
+         WHERE e.request_id = q.id;
+        v_eta := respool._request_eta(q.id, now());  -- [SPEC §11.4]
+        IF r.gang_id IS NOT NULL THEN
+            v_message := format('gang %s: ', r.gang_id)
+                         || coalesce(v_message, 'waiting until every member has given its units back');
+        END IF;
     END IF;
     RETURN respool._request_doc(r, v_position, v_message, v_eta);
 END $$;
 COMMENT ON FUNCTION respool._request_json(uuid) IS
-    'A request as the API shows it; for a queued one, its best queue position, what blocks it (or the starvation hold) and its ETA, computed now for this request alone.';
+    'A request as the API shows it; for a queued one, its best queue position, what blocks it (or the starvation hold) and its ETA, computed now for this request alone (for a gang member: its gang''s, SPEC §11.6).';
 
 CREATE OR REPLACE FUNCTION respool.request_json(p_id uuid)
 RETURNS jsonb LANGUAGE sql STABLE AS $$
@@ -128,6 +135,7 @@ CREATE OR REPLACE FUNCTION respool.create_request(
     p_labels jsonb DEFAULT NULL,
     p_now timestamptz DEFAULT now(),
     p_max_seconds integer DEFAULT NULL,
+    p_gang_id uuid DEFAULT NULL,
     OUT created boolean,
     OUT request jsonb)
 LANGUAGE plpgsql AS $$
@@ -203,7 +211,7 @@ BEGIN
     INSERT INTO respool.requests (subject, pool_ref, pool_id, pool_name, candidate_pool_ids, resources,
                                   preemptible, priority, status, reason, message, max_retries, lease_seconds,
                                   max_seconds, idempotency_key, request_body, labels, queued_at, created_at, updated_at,
-                                  finished_at)
+                                  finished_at, gang_id)
     VALUES (p_subject, p_pool,
             CASE WHEN cardinality(v_all) = 1 THEN v_all[1] ELSE v_pool_id END,
             CASE WHEN cardinality(v_names) = 1 THEN v_names[1]
@@ -215,7 +223,7 @@ BEGIN
             CASE WHEN cardinality(v_ok) = 0 THEN v_first_reason END,
             CASE WHEN cardinality(v_ok) = 0 THEN array_to_string(v_messages, '; ') ELSE '' END,
             p_max_retries, p_lease_seconds, p_max_seconds, p_idempotency_key, v_body, v_labels, p_now, p_now, p_now,
-            CASE WHEN cardinality(v_ok) = 0 THEN p_now END)
+            CASE WHEN cardinality(v_ok) = 0 THEN p_now END, p_gang_id)
     ON CONFLICT ON CONSTRAINT idempotency DO NOTHING
     RETURNING * INTO r;
     IF NOT FOUND THEN
@@ -227,37 +235,48 @@ BEGIN
     END IF;
     PERFORM respool._record_event(r, NULL, p_now);
 
-    IF r.status = 'queued' THEN
+    -- [SPEC §11.6] a gang member waits for its gang (respool._gang_start queues and grants it).
+    IF r.status = 'queued' AND p_gang_id IS NULL THEN
         -- Its queue entries: one per candidate that the checks above admitted (v_ok), under
         -- the same pool locks (what respool._enqueue would find, without checking again).
         INSERT INTO respool.queue_entries (pool_id, request_id, policy_id, queued_at, resources, preemptible)
         SELECT p.pool_id, r.id, p.id, r.queued_at, r.resources, r.preemptible
           FROM respool.policies p WHERE p.subject = r.subject AND p.pool_id = ANY (v_ok);
-        FOR c IN SELECT e.pool_id, e.policy_id, pl.queueing
-                   FROM respool.queue_entries e
-                   JOIN respool.pools pl ON pl.id = e.pool_id
-                   JOIN respool.policies p ON p.id = e.policy_id
-                  WHERE e.request_id = r.id
-                  ORDER BY p.priority DESC, pl.name LOOP
-            -- best_effort, no hold: every earlier request already had its chance, so only the new one can move.
-            -- [SPEC §11.1] while a best_effort pool holds for a starving head, the new request
-            -- may become the head (ending that hold) or be held back: a full pass decides.
-            IF c.queueing = 'strict' OR (respool._pool_hold(c.pool_id, p_now)).head_id IS NOT NULL THEN
-                PERFORM respool.allocate_pool(c.pool_id, p_now);
-            ELSE
-                PERFORM respool._try_grant(r.id, c.pool_id, c.policy_id, p_now);
-            END IF;
-            EXIT WHEN NOT EXISTS (SELECT FROM respool.requests WHERE id = r.id AND status = 'queued');
-        END LOOP;
-        -- Still waiting: the reconcilers decide at once whether it may preempt.
-        PERFORM respool._pool_changed(e.pool_id)
-           FROM respool.queue_entries e WHERE e.request_id = r.id;
+        PERFORM respool._try_new(r.id, p_now);
     END IF;
     created := true;
     request := respool.request_json(r.id);
 END $$;
-COMMENT ON FUNCTION respool.create_request(text, text, jsonb, jsonb, boolean, integer, integer, text, jsonb, timestamptz, integer) IS
-    'Creates a request in one transaction: validates and converts input, claims the idempotency key (the same request on a retry, RP422 on another body), resolves candidate pools, stores a rejection or queues it, then tries to grant it at once in candidate order (unless a best_effort pool holds for a starving head, SPEC §11.1).';
+COMMENT ON FUNCTION respool.create_request(text, text, jsonb, jsonb, boolean, integer, integer, text, jsonb, timestamptz, integer, uuid) IS
+    'Creates a request in one transaction: validates and converts input, claims the idempotency key (the same request on a retry, RP422 on another body), resolves candidate pools, stores a rejection or queues it, then tries to grant it at once in candidate order (unless a best_effort pool holds for a starving head, SPEC §11.1). With p_gang_id the request is stored as a member of that gang, without queue entries and without a grant: respool._gang_start decides for the whole gang (SPEC §11.6).';
+
+CREATE OR REPLACE FUNCTION respool._try_new(p_id uuid, p_now timestamptz)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    c record;
+BEGIN
+    FOR c IN SELECT e.pool_id, e.policy_id, pl.queueing
+               FROM respool.queue_entries e
+               JOIN respool.pools pl ON pl.id = e.pool_id
+               JOIN respool.policies p ON p.id = e.policy_id
+              WHERE e.request_id = p_id
+              ORDER BY p.priority DESC, pl.name LOOP
+        -- best_effort, no hold: every earlier request already had its chance, so only the new one can move.
+        -- [SPEC §11.1] while a best_effort pool holds for a starving head, the new request
+        -- may become the head (ending that hold) or be held back: a full pass decides.
+        IF c.queueing = 'strict' OR (respool._pool_hold(c.pool_id, p_now)).head_id IS NOT NULL THEN
+            PERFORM respool.allocate_pool(c.pool_id, p_now);
+        ELSE
+            PERFORM respool._try_grant(p_id, c.pool_id, c.policy_id, p_now);
+        END IF;
+        EXIT WHEN NOT EXISTS (SELECT FROM respool.requests WHERE id = p_id AND status = 'queued');
+    END LOOP;
+    -- Still waiting: the reconcilers decide at once whether it may preempt.
+    PERFORM respool._pool_changed(e.pool_id)
+       FROM respool.queue_entries e WHERE e.request_id = p_id;
+END $$;
+COMMENT ON FUNCTION respool._try_new(uuid, timestamptz) IS
+    'A newly queued request (or gang entry), its candidate pools locked by the caller: tried at once in candidate order (a full pass in strict pools and in pools holding for a starving head), and the reconcilers of the pools where it still waits are woken.';
 
 CREATE OR REPLACE FUNCTION respool._lock_request(p_id uuid, p_attempt integer)
 RETURNS respool.requests LANGUAGE plpgsql AS $$
@@ -285,9 +304,9 @@ DECLARE
     v_pools uuid[];
     v_pool uuid;
 BEGIN
-    WITH gone AS (DELETE FROM respool.queue_entries WHERE request_id = p_id RETURNING pool_id)
-    SELECT array_agg(pool_id) INTO v_pools FROM gone;
+    v_pools := respool._unqueue(p_id);
     PERFORM respool._set_status(p_id, p_to, p_reason, p_message, p_now);
+    PERFORM respool._gang_follow(p_id, p_to, p_reason, p_to, p_now);  -- [SPEC §11.6]
     -- In a strict pool the request may have been the head that blocked everyone else; in a
     -- best_effort pool with the starvation guard, the head the pool held units for (SPEC §11.1).
     FOR v_pool IN SELECT id FROM respool.pools
@@ -297,7 +316,24 @@ BEGIN
     END LOOP;
 END $$;
 COMMENT ON FUNCTION respool._leave_queue(uuid, text, text, text, timestamptz) IS
-    'Takes a locked queued request out of every queue with a terminal status, then lets strict queues behind it move (and best_effort queues whose starvation hold it may have been).';
+    'Takes a locked queued request (and the rest of its gang, SPEC §11.6) out of every queue with a terminal status, then lets strict queues behind it move (and best_effort queues whose starvation hold it may have been).';
+
+CREATE OR REPLACE FUNCTION respool._unqueue(p_id uuid)
+RETURNS uuid[] LANGUAGE plpgsql AS $$
+DECLARE
+    v_pools uuid[];
+BEGIN
+    WITH gone AS (
+        DELETE FROM respool.queue_entries e
+         WHERE e.request_id = p_id
+            OR e.request_id IN (SELECT m.id FROM respool.requests m JOIN respool.requests r ON r.gang_id = m.gang_id
+                                 WHERE r.id = p_id)
+        RETURNING e.pool_id)
+    SELECT array_agg(DISTINCT pool_id) INTO v_pools FROM gone;
+    RETURN coalesce(v_pools, '{}');
+END $$;
+COMMENT ON FUNCTION respool._unqueue(uuid) IS
+    'Removes the queue entries of a request, and of its gang (whose one entry per pool may be another member''s); returns the pools it waited in.';
 
 CREATE OR REPLACE FUNCTION respool._end_holding(p_id uuid, p_to text, p_reason text, p_message text, p_now timestamptz)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -310,11 +346,14 @@ BEGIN
         PERFORM respool._after_preemption(p_id, r.reason, r.message, p_now);
     ELSE
         PERFORM respool._set_status(p_id, p_to, p_reason, p_message, p_now);
+        IF p_to = 'cancelled' OR (p_to = 'expired' AND r.status = 'allocated') THEN
+            PERFORM respool._gang_follow(p_id, p_to, p_reason, p_to, p_now);  -- [SPEC §11.6]
+        END IF;
     END IF;
     PERFORM respool.allocate_pool(r.pool_id, p_now);
 END $$;
 COMMENT ON FUNCTION respool._end_holding(uuid, text, text, text, timestamptz) IS
-    'Frees a locked allocated/preempting request, sets its final status (a preempting one becomes preempted), and grants what now fits in its pool.';
+    'Frees a locked allocated/preempting request, sets its final status (a preempting one becomes preempted; a cancelled or expired gang member takes the rest of its gang along, SPEC §11.6), and grants what now fits in its pool.';
 
 CREATE OR REPLACE FUNCTION respool._end_request(p_id uuid, p_attempt integer, p_status text,
                                                 p_reason text, p_message text,
@@ -436,14 +475,16 @@ BEGIN
                  WHERE pool_id = p_pool_id AND status = 'allocated' AND lease_expires_at <= p_now
                  ORDER BY lease_expires_at
                    FOR UPDATE SKIP LOCKED LOOP
+        CONTINUE WHEN (SELECT status FROM respool.requests WHERE id = v_id) <> 'allocated';  -- followed its gang
         PERFORM respool._free(v_id);
         PERFORM respool._set_status(v_id, 'expired', 'lease_expired', 'lease lapsed without a heartbeat', p_now);
-        expired := expired + 1;
+        expired := expired + 1
+                   + respool._gang_follow(v_id, 'expired', 'lease_expired', 'expired', p_now);  -- [SPEC §11.6]
     END LOOP;
     RETURN expired;
 END $$;
 COMMENT ON FUNCTION respool._expire_pool(uuid, timestamptz) IS
-    'In a pool the caller has locked: allocated requests whose lease lapsed become expired and their units are freed. A request locked by a concurrent heartbeat is left for the next pass.';
+    'In a pool the caller has locked: allocated requests whose lease lapsed become expired (with the rest of their gang, SPEC §11.6) and their units are freed. A request locked by a concurrent heartbeat is left for the next pass.';
 
 CREATE OR REPLACE FUNCTION respool.expire_leases(p_pool_id uuid, p_now timestamptz DEFAULT now())
 RETURNS integer LANGUAGE plpgsql AS $$
@@ -464,7 +505,8 @@ CREATE OR REPLACE FUNCTION respool.list_requests(p_pool text DEFAULT NULL, p_sub
                                                  p_status text DEFAULT NULL, p_limit integer DEFAULT 100,
                                                  p_before_created timestamptz DEFAULT NULL,
                                                  p_before_id uuid DEFAULT NULL,
-                                                 p_subject_like text[] DEFAULT NULL)
+                                                 p_subject_like text[] DEFAULT NULL,
+                                                 p_gang_id uuid DEFAULT NULL)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_pool_id uuid;
@@ -489,6 +531,7 @@ BEGIN
                    AND (p_subject IS NULL OR r.subject = p_subject)
                    AND (p_status IS NULL OR r.status = p_status)
                    AND (p_subject_like IS NULL OR r.subject LIKE ANY (p_subject_like))
+                   AND (p_gang_id IS NULL OR r.gang_id = p_gang_id)
                    AND (p_before_created IS NULL OR (r.created_at, r.id) < (p_before_created, p_before_id))
                  ORDER BY r.created_at DESC, r.id DESC
                  LIMIT p_limit),
@@ -501,8 +544,8 @@ BEGIN
                          ORDER BY q.created_at DESC, q.id DESC)
           FROM page q LEFT JOIN details d ON d.request_id = q.id), '[]'::jsonb);
 END $$;
-COMMENT ON FUNCTION respool.list_requests(text, text, text, integer, timestamptz, uuid, text[]) IS
-    'Requests newest first, filtered, keyset-paged by (created_at, id); p_subject_like scopes a client token.';
+COMMENT ON FUNCTION respool.list_requests(text, text, text, integer, timestamptz, uuid, text[], uuid) IS
+    'Requests newest first, filtered (p_gang_id: the members of one gang, SPEC §11.6), keyset-paged by (created_at, id); p_subject_like scopes a client token.';
 
 CREATE OR REPLACE FUNCTION respool.list_request_events(p_id uuid)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$

@@ -55,6 +55,32 @@ END $$;
 COMMENT ON FUNCTION respool._batch_member_check(jsonb) IS
     'The JSON shape of one batch member (the fields and types of a single create body); RP400 naming the field. Values are validated by create_request itself.';
 
+CREATE OR REPLACE FUNCTION respool._gang_member_check(p_first jsonb, p_member jsonb, p_first_pool uuid)
+RETURNS void LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF p_member ->> 'subject' IS DISTINCT FROM p_first ->> 'subject' THEN
+        PERFORM respool._fail('RP400', 'subject', format(
+            'every member of a gang (all_or_nothing) names the same subject: member 0 names %s', p_first ->> 'subject'));
+    END IF;
+    IF (CASE WHEN p_member ->> 'pool' IS NOT NULL THEN respool.resolve_pool(p_member ->> 'pool') END)
+       IS DISTINCT FROM p_first_pool THEN
+        PERFORM respool._fail('RP400', 'pool', format(
+            'every member of a gang (all_or_nothing) resolves to the same candidate pools: member 0 names pool %s',
+            coalesce(p_first ->> 'pool', 'none')));
+    END IF;
+    IF coalesce((p_member ->> 'preemptible')::boolean, true) IS DISTINCT FROM coalesce((p_first ->> 'preemptible')::boolean, true) THEN
+        PERFORM respool._fail('RP400', 'preemptible',
+            'every member of a gang (all_or_nothing) has the same preemptible flag as member 0');
+    END IF;
+    IF coalesce(respool._batch_member_int(p_member -> 'max_retries', 'max_retries'), 0)
+       IS DISTINCT FROM coalesce(respool._batch_member_int(p_first -> 'max_retries', 'max_retries'), 0) THEN
+        PERFORM respool._fail('RP400', 'max_retries',
+            'every member of a gang (all_or_nothing) has the same max_retries as member 0 (the gang is requeued whole)');
+    END IF;
+END $$;
+COMMENT ON FUNCTION respool._gang_member_check(jsonb, jsonb, uuid) IS
+    'SPEC §11.6: a gang member (a batch member body) names the subject of member 0, a pool that resolves to member 0''s (or none when member 0 names none), and member 0''s preemptible and max_retries; RP400 naming the field otherwise (RP404/RP400 for a bad pool ref).';
+
 CREATE OR REPLACE FUNCTION respool.create_requests(
     p_members jsonb,
     p_all_or_nothing boolean DEFAULT false,
@@ -69,6 +95,11 @@ DECLARE
     v_state text;
     v_message text;
     v_column text;
+    v_gang uuid;       -- [SPEC §11.6] all_or_nothing: the members' gang
+    v_pool uuid;
+    v_ids uuid[] := '{}';
+    v_created boolean[] := '{}';
+    c record;
 BEGIN
     IF p_members IS NULL OR jsonb_typeof(p_members) <> 'array' THEN
         PERFORM respool._fail('RP400', 'members', 'members must be an array of request create bodies');
@@ -76,10 +107,6 @@ BEGIN
     v_count := jsonb_array_length(p_members);
     IF v_count NOT BETWEEN 1 AND 1000 THEN
         PERFORM respool._fail('RP400', 'members', format('a batch has 1 to 1000 members, got %s', v_count));
-    END IF;
-    IF coalesce(p_all_or_nothing, false) THEN
-        PERFORM respool._fail('RP400', 'all_or_nothing',
-            'all_or_nothing batches (gangs, SPEC §11.6) are not supported by this server yet');
     END IF;
     IF p_default_lease_seconds IS NOT NULL AND p_default_lease_seconds NOT BETWEEN 1 AND 31536000 THEN
         PERFORM respool._fail('RP400', 'default_lease_seconds', 'default_lease_seconds must be between 1 and 31536000');
@@ -97,13 +124,23 @@ BEGIN
         PERFORM respool._lock_pools(array(
             SELECT DISTINCT p.pool_id FROM respool.policies p
              WHERE p.subject IN (SELECT x ->> 'subject' FROM jsonb_array_elements(p_members) x)));
+        IF coalesce(p_all_or_nothing, false) THEN
+            -- A gang is one request in many parts: one subject, one pool (or none named, so the
+            -- same candidates), one preemptible flag and one retry budget for all.
+            m := p_members -> 0;
+            v_pool := CASE WHEN m ->> 'pool' IS NOT NULL THEN respool.resolve_pool(m ->> 'pool') END;
+            FOR i IN 1 .. v_count - 1 LOOP
+                v_at := i;
+                PERFORM respool._gang_member_check(m, p_members -> i, v_pool);
+            END LOOP;
+            v_gang := gen_random_uuid();
+        END IF;
         FOR i IN 0 .. v_count - 1 LOOP
             v_at := i;
             m := p_members -> i;
             -- Member i is queued i microseconds after member 0: queue time then keeps member
             -- order among members that are otherwise alike (ids are random).
-            RETURN QUERY
-                SELECT i, c.created, c.request
+            SELECT * INTO c
                   FROM respool.create_request(
                            p_subject => m ->> 'subject',
                            p_pool => m ->> 'pool',
@@ -117,8 +154,36 @@ BEGIN
                            p_idempotency_key => m ->> 'idempotency_key',
                            p_labels => m -> 'labels',
                            p_max_seconds => respool._batch_member_int(m -> 'max_seconds', 'max_seconds'),
-                           p_now => p_now + make_interval(secs => i / 1000000.0)) c;
+                           p_now => p_now + make_interval(secs => i / 1000000.0),
+                           p_gang_id => v_gang);
+            IF v_gang IS NULL THEN
+                member := i; created := c.created; request := c.request;
+                RETURN NEXT;
+            ELSE
+                v_ids := v_ids || (c.request ->> 'id')::uuid;
+                v_created := v_created || c.created;
+                -- An idempotent retry of a gang answers that gang: every member a replay of it.
+                IF c.created IS DISTINCT FROM v_created[1]
+                   OR (NOT c.created AND (c.request ->> 'gang_id') IS DISTINCT FROM
+                                         (SELECT gang_id::text FROM respool.requests WHERE id = v_ids[1])) THEN
+                    PERFORM respool._fail('RP422', 'idempotency_key', format(
+                        'idempotency_key %L is used by request %s, which is not a member of the gang the other members make',
+                        m ->> 'idempotency_key', c.request ->> 'id'));
+                END IF;
+            END IF;
         END LOOP;
+        IF v_gang IS NOT NULL THEN
+            v_at := 0;
+            IF v_created[1] THEN
+                PERFORM respool._gang_start(v_gang, p_now);
+            ELSIF (c.request ->> 'gang_id') IS NULL
+                  OR (SELECT count(*) FROM respool.requests WHERE gang_id = (c.request ->> 'gang_id')::uuid) <> v_count THEN
+                PERFORM respool._fail('RP422', 'idempotency_key',
+                    'these idempotency keys were used by requests that do not make up one gang of these members');
+            END IF;
+            RETURN QUERY SELECT (x.n - 1)::integer, v_created[x.n], respool.request_json(x.id)
+                           FROM unnest(v_ids) WITH ORDINALITY x(id, n) ORDER BY x.n;
+        END IF;
     EXCEPTION WHEN OTHERS THEN
         GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT, v_column = COLUMN_NAME;
         IF v_state NOT IN ('RP400', 'RP404', 'RP409', 'RP422') THEN
@@ -131,4 +196,4 @@ BEGIN
     END;
 END $$;
 COMMENT ON FUNCTION respool.create_requests(jsonb, boolean, integer, timestamptz) IS
-    'Batch create (SPEC §11.5): 1 to 1000 members, each a create body, in one transaction, each through create_request exactly as a single create (validation, rejection, idempotency key, grant where it fits) in member order, member i queued i microseconds after member 0 so queue order follows member order. A member without lease_seconds gets p_default_lease_seconds. Any member error (malformed, unknown pool, key reused with another body) refuses the whole batch, creating nothing: the same SQLSTATE, the field as members[i].<field>. Returns one row per member, in member order.';
+    'Batch create (SPEC §11.5): 1 to 1000 members, each a create body, in one transaction, each through create_request exactly as a single create (validation, rejection, idempotency key, grant where it fits) in member order, member i queued i microseconds after member 0 so queue order follows member order. A member without lease_seconds gets p_default_lease_seconds. Any member error (malformed, unknown pool, key reused with another body) refuses the whole batch, creating nothing: the same SQLSTATE, the field as members[i].<field>. With p_all_or_nothing the members are a gang (SPEC §11.6): same subject, pool, preemptible and max_retries (RP400 naming members[i].<field>), one gang_id, rejected together, granted together in one pool or not at all; a retry whose idempotency keys name exactly the members of one gang answers that gang (RP422 otherwise). Returns one row per member, in member order.';

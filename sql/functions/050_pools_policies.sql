@@ -82,14 +82,15 @@ DECLARE
     r respool.requests;
     rejected integer := 0;
 BEGIN
-    FOR e IN SELECT request_id, policy_id FROM respool.queue_entries
+    FOR e IN SELECT request_id, policy_id, resources, preemptible FROM respool.queue_entries
               WHERE pool_id = p_pool_id AND (p_policy_id IS NULL OR policy_id = p_policy_id) LOOP
         -- Decide on the unlocked row (resources never change; the pool lock holds capacity and
         -- policies still) and lock only what leaves this queue: a locked queued request would be
         -- skipped by a concurrent allocation pass of its other candidate pools.
         SELECT * INTO r FROM respool.requests WHERE id = e.request_id AND status = 'queued';
         CONTINUE WHEN NOT FOUND
-                   OR (respool._rejection(r.resources, r.preemptible, p_pool_id, e.policy_id)).reason IS NULL;
+                   -- the entry's resources: a gang's entry holds its members' sum (SPEC §11.6)
+                   OR (respool._rejection(e.resources, e.preemptible, p_pool_id, e.policy_id)).reason IS NULL;
         SELECT * INTO r FROM respool.requests WHERE id = e.request_id AND status = 'queued' FOR UPDATE;
         CONTINUE WHEN NOT FOUND;
         IF (SELECT count(*) FROM respool.queue_entries WHERE request_id = r.id) = 1 THEN
@@ -116,9 +117,10 @@ BEGIN
                  WHERE pool_id = p_pool_id AND status IN ('allocated', 'preempting')
                    AND (p_policy_id IS NULL OR policy_id = p_policy_id)
                  ORDER BY id FOR UPDATE LOOP
+        CONTINUE WHEN (SELECT status FROM respool.requests WHERE id = v_id) NOT IN ('allocated', 'preempting');
         PERFORM respool._free(v_id);
         PERFORM respool._set_status(v_id, 'cancelled', p_reason, v_message, p_now);
-        dropped := dropped + 1;
+        dropped := dropped + 1 + respool._gang_follow(v_id, 'cancelled', p_reason, 'cancelled', p_now);
     END LOOP;
     FOR v_id IN SELECT request_id FROM respool.queue_entries
                  WHERE pool_id = p_pool_id AND (p_policy_id IS NULL OR policy_id = p_policy_id)
@@ -127,7 +129,7 @@ BEGIN
         IF (SELECT count(*) FROM respool.queue_entries WHERE request_id = v_id) = 1 THEN
             DELETE FROM respool.queue_entries WHERE request_id = v_id;
             PERFORM respool._set_status(v_id, 'cancelled', p_reason, v_message, p_now);
-            dropped := dropped + 1;
+            dropped := dropped + 1 + respool._gang_follow(v_id, 'cancelled', p_reason, 'cancelled', p_now);
         ELSE
             DELETE FROM respool.queue_entries WHERE pool_id = p_pool_id AND request_id = v_id;
         END IF;

@@ -6,7 +6,7 @@
 -- earmarked for the requests they were preempted for count as already taken: respool._usage
 -- (031_usage.sql) does that arithmetic. Without a grace period both are zero.
 
-CREATE OR REPLACE FUNCTION respool._preempt(p_victim_id uuid, p_reason text, p_message text, p_now timestamptz)
+CREATE OR REPLACE FUNCTION respool._preempt_member(p_victim_id uuid, p_reason text, p_message text, p_now timestamptz)
 RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     r respool.requests;
@@ -29,8 +29,20 @@ BEGIN
     PERFORM respool._free(p_victim_id);
     RETURN (respool._after_preemption(p_victim_id, p_reason, p_message, p_now)).status;
 END $$;
-COMMENT ON FUNCTION respool._preempt(uuid, text, text, timestamptz) IS
+COMMENT ON FUNCTION respool._preempt_member(uuid, text, text, timestamptz) IS
     'Preempts one allocated, preemptible request of a pool the caller has locked: with a grace period it goes to preempting and keeps its units until release or deadline; without, its units are freed and it becomes preempted (or queued again while retries are left). Returns the new status.';
+
+CREATE OR REPLACE FUNCTION respool._preempt(p_victim_id uuid, p_reason text, p_message text, p_now timestamptz)
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    v_status text := respool._preempt_member(p_victim_id, p_reason, p_message, p_now);
+BEGIN
+    -- [SPEC §11.6] the rest of its gang goes too; the message keeps the cause (what-if reads it).
+    PERFORM respool._gang_follow(p_victim_id, 'preempted', p_reason, 'preempted; ' || p_message, p_now);
+    RETURN v_status;
+END $$;
+COMMENT ON FUNCTION respool._preempt(uuid, text, text, timestamptz) IS
+    'Preempts one victim unit: the request (respool._preempt_member) and, for a gang member, every other member still holding (SPEC §11.6). Returns the victim''s new status.';
 
 CREATE OR REPLACE FUNCTION respool._finish_grace(p_pool_id uuid, p_now timestamptz)
 RETURNS integer LANGUAGE plpgsql AS $$
@@ -64,11 +76,10 @@ BEGIN
     -- SPEC §2/§3: walk the victim order until usage fits on every key at once, then drop every
     -- chosen victim whose removal is not needed (latest pick first). A victim counts against
     -- every over key it holds, so a victim taken for one key also pays for the others.
-    FOR v IN SELECT q.id, q.resources
-               FROM respool.requests q JOIN respool.policies p ON p.id = q.policy_id
-              WHERE q.pool_id = p_pool_id AND q.status = 'allocated' AND q.preemptible
-                AND (p_policy_id IS NULL OR q.policy_id = p_policy_id)
-              ORDER BY p.priority, q.allocated_at DESC, q.id DESC LOOP
+    FOR v IN SELECT u.id, u.resources
+               FROM respool._victim_units(p_pool_id) u  -- a gang is one unit (SPEC §11.6)
+              WHERE p_policy_id IS NULL OR u.policy_id = p_policy_id
+              ORDER BY u.priority, u.allocated_at DESC, u.id DESC LOOP
         CONTINUE WHEN NOT respool._holds_any(v.resources, excess);  -- frees nothing still over
         chosen := chosen || v.id;
         held := held || v.resources;
@@ -154,13 +165,12 @@ BEGIN
       FROM respool._usage(p_pool_id) u
      WHERE u.policy_id IS NOT NULL AND deficit ? u.key;
 
-    FOR v IN SELECT q.id, q.policy_id, q.resources
-               FROM respool.requests q JOIN respool.policies p ON p.id = q.policy_id
-              WHERE q.pool_id = p_pool_id AND q.status = 'allocated' AND q.preemptible
-                AND CASE p_mode
-                      WHEN 'reclaim' THEN q.policy_id <> p_policy_id OR NOT p_request.preemptible
-                      ELSE p.priority < v_priority AND q.policy_id <> p_policy_id END
-              ORDER BY (q.policy_id = p_policy_id) DESC, p.priority, q.allocated_at DESC, q.id DESC LOOP
+    FOR v IN SELECT u.id, u.policy_id, u.resources
+               FROM respool._victim_units(p_pool_id) u  -- a gang is one unit (SPEC §11.6)
+              WHERE CASE p_mode
+                      WHEN 'reclaim' THEN u.policy_id <> p_policy_id OR NOT p_request.preemptible
+                      ELSE u.priority < v_priority AND u.policy_id <> p_policy_id END
+              ORDER BY (u.policy_id = p_policy_id) DESC, u.priority, u.allocated_at DESC, u.id DESC LOOP
         -- Useful: it holds a key still missing. Eligible: its subject is above its reserved share
         -- of such a key (a non-preemptible requester may also take its own subject's work).
         useful := false;
@@ -317,8 +327,8 @@ BEGIN
             CONTINUE WHEN v_strict_blocked AND v_mode = 'priority';
             v_shape := concat_ws('|', e.policy_id, v_mode, e.preemptible, e.resources);
             CONTINUE WHEN v_shape = ANY (v_failed);
-            v_victims := respool._choose_victims(p_pool_id, (SELECT r FROM respool.requests r WHERE r.id = e.request_id),
-                                                 e.policy_id, v_mode);
+            -- [SPEC §11.6] a gang's entry stands for the gang: one request of the members' sum
+            v_victims := respool._choose_victims(p_pool_id, respool._queued_as(e.request_id), e.policy_id, v_mode);
             IF v_victims IS NULL THEN
                 v_failed := v_failed || v_shape;
                 v_strict_blocked := v_queueing = 'strict';
@@ -326,8 +336,7 @@ BEGIN
             END IF;
             CONTINUE WHEN cardinality(v_victims) = 0;  -- fits already: step 4 grants it in order
             -- Lock the requester before touching any victim; another pool's pass may hold it.
-            PERFORM 1 FROM respool.requests WHERE id = e.request_id AND status = 'queued' FOR UPDATE SKIP LOCKED;
-            CONTINUE WHEN NOT FOUND;
+            CONTINUE WHEN NOT respool._lock_queued(e.request_id);
             FOREACH v_victim IN ARRAY v_victims LOOP
                 IF respool._preempt(v_victim, v_mode,
                                     format('preempted (%s) for request %s of %s', v_mode, e.request_id, e.subject),

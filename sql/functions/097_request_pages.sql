@@ -11,14 +11,19 @@ LANGUAGE plpgsql STABLE AS $$
 BEGIN
     RETURN QUERY
     WITH req AS MATERIALIZED (
-        SELECT r.id, r.resources, r.preemptible, r.max_seconds, r.earmark_pool_id
+        -- qid: the request that stands in the queues for it, its gang's stand-in for a gang
+        -- member (SPEC §11.6, respool._queued_as), with the gang's resources.
+        SELECT r.id, (x.q).id AS qid, (x.q).resources, (x.q).preemptible, (x.q).max_seconds,
+               (x.q).earmark_pool_id, r.gang_id
           FROM respool.requests r
+         CROSS JOIN LATERAL (SELECT CASE WHEN r.gang_id IS NULL THEN r ELSE respool._queued_as(r.id) END AS q
+                              OFFSET 0) x
          WHERE r.id = ANY (p_ids) AND r.status = 'queued'
     ), entries AS MATERIALIZED (
-        SELECT e.request_id, e.pool_id, e.policy_id, pl.name AS pool_name, p.priority,
-               count(*) OVER (PARTITION BY e.request_id) AS n_pools
+        SELECT req.id AS request_id, e.pool_id, e.policy_id, pl.name AS pool_name, p.priority,
+               count(*) OVER (PARTITION BY req.id) AS n_pools
           FROM respool.queue_entries e
-          JOIN req ON req.id = e.request_id
+          JOIN req ON req.qid = e.request_id
           JOIN respool.pools pl ON pl.id = e.pool_id
           JOIN respool.policies p ON p.id = e.policy_id
     ), pools AS MATERIALIZED (
@@ -59,7 +64,7 @@ BEGIN
         -- Each pool's queue order once (respool._queue_order, as _queue_position counts it).
         SELECT p.pool_id, o.request_id, o.position
           FROM pools p CROSS JOIN LATERAL respool._queue_order(p.pool_id) o
-         WHERE o.request_id IN (SELECT r.id FROM req r)
+         WHERE o.request_id IN (SELECT r.qid FROM req r)
     ), etas AS MATERIALIZED (
         -- Each pool's ETA simulation once, for its first _eta_depth() requests (SPEC §11.4).
         SELECT p.pool_id, x.request_id, x.p50_seconds, x.p90_seconds
@@ -73,7 +78,7 @@ BEGIN
                                      CASE WHEN s.earmark_blocks
                                           THEN 'waiting: freed units are earmarked for a request that preempted others'
                                           ELSE coalesce(CASE WHEN (pp.hold).head_id IS NULL
-                                                               OR (pp.hold).head_id = r.id
+                                                               OR (pp.hold).head_id = r.qid
                                                                OR s.head_room
                                                                OR respool._ends_before_shadow(pp.hold, r.max_seconds, p_now)
                                                              THEN NULL ELSE pp.held_sentence END,
@@ -84,18 +89,21 @@ BEGIN
           JOIN per_pool pp ON pp.pool_id = en.pool_id
           JOIN shapes s ON s.pool_id = en.pool_id AND s.policy_id = en.policy_id
                        AND s.resources = r.resources AND s.preemptible = r.preemptible
-          LEFT JOIN positions o ON o.pool_id = en.pool_id AND o.request_id = en.request_id
+          LEFT JOIN positions o ON o.pool_id = en.pool_id AND o.request_id = r.qid
     ), best_eta AS MATERIALIZED (
         -- Queued in several pools: the soonest estimate (as respool._request_eta).
         SELECT DISTINCT ON (en.request_id) en.request_id,
                jsonb_build_object('p50_seconds', x.p50_seconds, 'p90_seconds', x.p90_seconds) AS eta
-          FROM entries en JOIN etas x ON x.pool_id = en.pool_id AND x.request_id = en.request_id
+          FROM entries en JOIN req r ON r.id = en.request_id
+          JOIN etas x ON x.pool_id = en.pool_id AND x.request_id = r.qid
          ORDER BY en.request_id, x.p50_seconds, x.p90_seconds
     )
-    SELECT a.request_id, a.position, a.message, b.eta
+    SELECT a.request_id, a.position,
+           CASE WHEN r.gang_id IS NOT NULL THEN format('gang %s: ', r.gang_id) ELSE '' END || a.message, b.eta
       FROM (SELECT l.request_id, min(l.position) AS position,
                    string_agg(l.line, ' | ' ORDER BY l.priority DESC, l.pool_name) AS message
               FROM lines l GROUP BY l.request_id) a
+      JOIN req r ON r.id = a.request_id
       LEFT JOIN best_eta b ON b.request_id = a.request_id;
 END $$;
 COMMENT ON FUNCTION respool._queued_details(uuid[], timestamptz) IS

@@ -18,7 +18,8 @@ SELECT respool.request_json(p_id => u.id)::text FROM unnest($1::uuid[]) AS u(id)
 -- list_requests --
 -- One page of requests, newest first, after the (created_at, id) cursor.
 SELECT respool.list_requests(p_pool => $1, p_subject => $2, p_status => $3, p_limit => $4,
-                             p_before_created => $5, p_before_id => $6, p_subject_like => $7);
+                             p_before_created => $5, p_before_id => $6, p_subject_like => $7,
+                             p_gang_id => $8);
 
 -- release_request --
 -- Release a held request (or cancel a queued one); p_attempt guards against a stale holder.

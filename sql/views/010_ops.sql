@@ -10,13 +10,14 @@ SELECT pl.name AS pool, k.key,
  CROSS JOIN LATERAL (
         SELECT key FROM respool.pool_resources WHERE pool_id = pl.id
         UNION
-        SELECT x.key FROM respool.queue_entries e JOIN respool.requests r ON r.id = e.request_id
-         CROSS JOIN LATERAL jsonb_object_keys(r.resources) x(key)
+        SELECT x.key FROM respool.queue_entries e
+         CROSS JOIN LATERAL jsonb_object_keys(e.resources) x(key)
          WHERE e.pool_id = pl.id) k
   LEFT JOIN respool.pool_resources pr ON pr.pool_id = pl.id AND pr.key = k.key
   LEFT JOIN LATERAL (
-        SELECT sum((r.resources ->> k.key)::bigint) AS demand
-          FROM respool.queue_entries e JOIN respool.requests r ON r.id = e.request_id
+        -- the entries' resources: a gang waits as one entry holding its members' sum
+        SELECT sum((e.resources ->> k.key)::bigint) AS demand
+          FROM respool.queue_entries e
          WHERE e.pool_id = pl.id) d ON true;
 COMMENT ON VIEW respool.pool_usage IS
     'Per pool and key: capacity and free (NULL when untracked), allocated units, units wanted by queued requests.';
@@ -34,20 +35,21 @@ COMMENT ON VIEW respool.policy_usage IS
     'Per policy and key: reserved, limit, used, borrowed (used above reserved on tracked keys), non-preemptible used.';
 
 CREATE VIEW respool.queue AS
-SELECT pl.name AS pool, q.position, q.request_id, q.subject, r.resources, r.preemptible, q.priority,
+SELECT pl.name AS pool, q.position, q.request_id, q.subject, qe.resources, r.preemptible, q.priority,
        q.in_share, extract(epoch FROM now() - r.queued_at)::double precision AS waiting_seconds,
        r.max_seconds, h.head_id AS held_for,
        CASE WHEN h.head_id IS NOT NULL THEN respool._held_back(pl.id, r, now(), h) END AS held_message,
-       eta.p50_seconds AS eta_p50_seconds, eta.p90_seconds AS eta_p90_seconds
+       eta.p50_seconds AS eta_p50_seconds, eta.p90_seconds AS eta_p90_seconds, r.gang_id
   FROM respool.pools pl
  CROSS JOIN LATERAL respool._pool_hold(pl.id, now()) h
  CROSS JOIN LATERAL respool._queue_order(pl.id) q
   JOIN respool.requests r ON r.id = q.request_id
+  JOIN respool.queue_entries qe ON qe.pool_id = pl.id AND qe.request_id = q.request_id
   LEFT JOIN (SELECT p2.id AS pool_id, e.* FROM respool.pools p2
                CROSS JOIN LATERAL respool._eta_pool(p2.id, now()) e) eta  -- one simulation per pool
          ON eta.pool_id = pl.id AND eta.request_id = q.request_id;
 COMMENT ON VIEW respool.queue IS
-    'One row per (pool, waiting request), in grant order; held_for: the head the pool holds free units for (SPEC §11.1), held_message when that hold keeps this row back; eta_*: its ETA in this pool (SPEC §11.4).';
+    'One row per (pool, waiting request), in grant order; held_for: the head the pool holds free units for (SPEC §11.1), held_message when that hold keeps this row back; eta_*: its ETA in this pool (SPEC §11.4); gang_id: a gang waits as one row, its first member''s, holding its members'' summed resources (SPEC §11.6).';
 
 CREATE VIEW respool.request_events AS
 SELECT request_id, at, from_status, to_status, reason, attempt, message

@@ -112,11 +112,7 @@ async def test_batch_shape(module_server: Server) -> None:
     error(await c.post(BATCH, json={"members": [member()] * 1001}), 400, "members")
     error(await c.post(BATCH, json={}), 400, "members")
     error(await c.post(BATCH, json={"members": [member()], "extra": 1}), 400, "extra")
-    error(
-        await c.post(BATCH, json={"members": [member()], "all_or_nothing": True}),
-        400,
-        "all_or_nothing",
-    )
+    error(await c.post(BATCH, json={"members": [member()], "all_or_nothing": 1}), 400)
 
 
 async def test_a_thousand_members(server: Server) -> None:

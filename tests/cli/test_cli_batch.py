@@ -29,3 +29,25 @@ async def test_create_count(cli: Cli) -> None:
     assert "--wait" in failed(
         await cli.api("request", "create", "-s", "team:b", "--count", "2", "--wait", "1"), 2
     )
+
+
+async def test_create_count_gang(cli: Cli) -> None:
+    await cli.ok("pool", "create", "g", "-c", '{"gpu": 4}')
+    await cli.ok("pool", "attach-policy", "g", "team:g")
+    held = await cli.json("request", "create", "-s", "team:g", "--gpu", "2")
+    made = await cli.ok(
+        "request", "create", "-s", "team:g", "--gpu", "1", "--count", "3", "--gang", "-o", "json"
+    )
+    reqs = json.loads(made.stdout)
+    gang_id = reqs[0]["gang_id"]
+    assert [r["status"] for r in reqs] == ["queued"] * 3  # 3 do not fit in the 2 free: none
+    assert f"gang {gang_id}: 3 requests: 3 queued" in made.stderr
+    await cli.ok("request", "release", held["id"])
+    members = await cli.json("request", "list", "--gang", gang_id)
+    assert sorted(r["id"] for r in members) == sorted(r["id"] for r in reqs)
+    assert {r["status"] for r in members} == {"allocated"}
+    # --all-or-nothing is the same flag; a gang that can never fit is rejected whole: exit 1
+    big = await cli.api(
+        "request", "create", "-s", "team:g", "--gpu", "3", "--count", "2", "--all-or-nothing"
+    )
+    assert big.exit_code == 1 and "2 rejected" in big.stderr

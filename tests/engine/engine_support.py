@@ -118,15 +118,45 @@ async def assert_healthy(conn: asyncpg.Connection) -> None:
         """
     )
     assert [dict(b) for b in bad] == []
-    # A queued request is in at least one queue; any other request is in none.
+    # A queued request is in at least one queue (a gang member: through its gang's one entry,
+    # SPEC §11.6, unless a member still holds units after a preemption); any other is in none.
     stray = await conn.fetch(
         """
         SELECT r.id, r.status FROM respool.requests r
-         WHERE (r.status = 'queued') <> EXISTS (SELECT FROM respool.queue_entries e
-                                                 WHERE e.request_id = r.id)
+         WHERE (r.status = 'queued' AND NOT EXISTS (
+                    SELECT FROM respool.queue_entries e
+                      JOIN respool.requests m ON m.id = e.request_id
+                     WHERE m.id = r.id OR m.gang_id = r.gang_id)
+                AND NOT EXISTS (SELECT FROM respool.requests m
+                                 WHERE m.gang_id = r.gang_id AND m.status = 'preempting'))
+            OR (r.status <> 'queued' AND EXISTS (SELECT FROM respool.queue_entries e
+                                                  WHERE e.request_id = r.id))
         """
     )
     assert [dict(s) for s in stray] == []
+    assert await partial_gangs(conn) == []
+
+
+async def partial_gangs(conn: asyncpg.Connection) -> list[dict[str, Any]]:
+    """Gangs caught partly granted (SPEC §11.6): a member allocated while another is queued, or
+    members holding units with different grant times or pools. Empty when all is well."""
+    rows = await conn.fetch(
+        """
+        SELECT gang_id,
+               count(*) FILTER (WHERE status = 'allocated') AS allocated,
+               count(*) FILTER (WHERE status = 'queued') AS queued,
+               count(DISTINCT allocated_at) FILTER (WHERE holds) AS grants,
+               count(DISTINCT pool_id) FILTER (WHERE holds) AS pools
+          FROM (SELECT *, status IN ('allocated', 'preempting') AS holds
+                  FROM respool.requests WHERE gang_id IS NOT NULL) r
+         GROUP BY gang_id
+        HAVING (count(*) FILTER (WHERE status = 'allocated') > 0
+                AND count(*) FILTER (WHERE status = 'queued') > 0)
+            OR count(DISTINCT allocated_at) FILTER (WHERE holds) > 1
+            OR count(DISTINCT pool_id) FILTER (WHERE holds) > 1
+        """
+    )
+    return [dict(r) for r in rows]
 
 
 async def db_now(conn: asyncpg.Connection) -> datetime:

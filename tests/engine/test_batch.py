@@ -157,7 +157,7 @@ async def test_a_bad_member_refuses_the_whole_batch(
     await assert_healthy(conn)
 
 
-async def test_batch_size_and_gangs(conn: asyncpg.Connection) -> None:
+async def test_batch_size(conn: asyncpg.Connection) -> None:
     await mk_pool(conn, "p", {"gpu": 4})
     await mk_policy(conn, "S", "p")
     with pytest.raises(BadInput) as empty:
@@ -166,9 +166,6 @@ async def test_batch_size_and_gangs(conn: asyncpg.Connection) -> None:
     with pytest.raises(BadInput) as big:
         await db_batch.create_requests(conn, [one_gpu()] * 1001)
     assert big.value.field == "members"
-    with pytest.raises(BadInput) as gang:
-        await db_batch.create_requests(conn, [one_gpu()] * 2, all_or_nothing=True)
-    assert gang.value.field == "all_or_nothing"
     made = await db_batch.create_requests(conn, [one_gpu(resources={"gpu": 0})] * 1000)
     assert len(made) == 1000 and {m.request.status for m in made} == {"allocated"}
     await assert_healthy(conn)
