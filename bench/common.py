@@ -138,13 +138,6 @@ async def server_info(dsn: str) -> ServerInfo:
     return ServerInfo(f"PostgreSQL {version}", settings)
 
 
-async def durable_server(dsn: str) -> None:
-    """Log the server's settings and the load; refuse a server that does not flush commits."""
-    info = await server_info(dsn)
-    require_durable(info)
-    log(f"server: {info.line()}; load average {load_average()}")
-
-
 def require_durable(info: ServerInfo) -> None:
     """Refuse to measure against a server that does not flush its commits."""
     if not info.durable:
