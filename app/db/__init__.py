@@ -3,6 +3,7 @@
 Every statement is a named block in ``sql/queries/<concern>.sql``, loaded once by
 :func:`app.db.named.query`; each concern has one module of small typed wrappers with the same
 name. No module assembles SQL, and the queries call only public ``respool.*`` functions.
+Every RPxxx error the engine raises comes back as an :mod:`app.db.errors` exception.
 
 =====================  ======================  ================================================
 module                 queries                 what

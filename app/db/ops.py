@@ -1,7 +1,4 @@
-"""Operations (``sql/queries/ops.sql``): retention and the reader role (docs/ops.md).
-
-Every RPxxx error comes back as an :mod:`app.db.errors` exception.
-"""
+"""Operations (``sql/queries/ops.sql``): retention and the reader role (docs/ops.md)."""
 
 from __future__ import annotations
 
@@ -10,15 +7,6 @@ from datetime import datetime
 from app.db.errors import engine_errors
 from app.db.named import query
 from app.db.queries import Executor
-
-__all__ = [
-    "grant_reader",
-    "prune_older_than",
-    "prune_requests",
-    "retention_cutoff",
-    "revoke_reader",
-]
-
 
 # --- retention -------------------------------------------------------------------------------
 

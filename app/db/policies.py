@@ -1,7 +1,4 @@
-"""Policies (``sql/queries/policies.sql``): typed wrappers around the engine's policy functions.
-
-Every RPxxx error comes back as an :mod:`app.db.errors` exception.
-"""
+"""Policies (``sql/queries/policies.sql``): typed wrappers around the engine's policy functions."""
 
 from __future__ import annotations
 
@@ -11,8 +8,6 @@ from typing import Any
 from app.db.errors import engine_errors
 from app.db.named import query
 from app.db.queries import Executor, Policy, _as
-
-__all__ = ["create_policy", "delete_policy", "get_policy", "list_policies", "update_policy"]
 
 
 @engine_errors

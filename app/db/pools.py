@@ -1,7 +1,4 @@
-"""Pools (``sql/queries/pools.sql``): typed wrappers around the engine's pool functions.
-
-Every RPxxx error comes back as an :mod:`app.db.errors` exception.
-"""
+"""Pools (``sql/queries/pools.sql``): typed wrappers around the engine's pool functions."""
 
 from __future__ import annotations
 
@@ -11,8 +8,6 @@ from typing import Any
 from app.db.errors import engine_errors
 from app.db.named import query
 from app.db.queries import Executor, Pool, _as
-
-__all__ = ["create_pool", "delete_pool", "get_pool", "list_pools", "update_pool"]
 
 
 @engine_errors

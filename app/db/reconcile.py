@@ -1,7 +1,5 @@
 """What the reconciler runs (``sql/queries/reconcile.sql``): per-pool passes and engine steps,
 and the invariant check.
-
-Every RPxxx error comes back as an :mod:`app.db.errors` exception.
 """
 
 from __future__ import annotations
@@ -14,16 +12,6 @@ import msgspec
 from app.db.errors import engine_errors
 from app.db.named import query
 from app.db.queries import Executor
-
-__all__ = [
-    "Violation",
-    "allocate_pool",
-    "expire_leases",
-    "invariant_violations",
-    "pool_exists",
-    "pool_ids",
-    "reconcile_pool",
-]
 
 
 async def pool_ids(db: Executor) -> list[UUID]:

@@ -1,7 +1,4 @@
-"""Requests and their events (``sql/queries/requests.sql``): typed wrappers around the engine.
-
-Every RPxxx error comes back as an :mod:`app.db.errors` exception.
-"""
+"""Requests and their events (``sql/queries/requests.sql``): typed wrappers around the engine."""
 
 from __future__ import annotations
 
@@ -16,18 +13,6 @@ from respool_client.wire import WhatIf
 from app.db.errors import engine_errors
 from app.db.named import query
 from app.db.queries import Created, Event, Executor, Request, _as
-
-__all__ = [
-    "cancel_request",
-    "create_request",
-    "delete_request",
-    "get_request",
-    "get_requests",
-    "heartbeat_request",
-    "list_requests",
-    "release_request",
-    "request_events",
-]
 
 
 class NewRequest(TypedDict, total=False):
