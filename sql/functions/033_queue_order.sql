@@ -71,21 +71,40 @@ END $$;
 COMMENT ON FUNCTION respool._next_of_shape(uuid, uuid, boolean, jsonb, timestamptz, uuid) IS
     'The entry of one queue shape that follows (p_after_at, p_after_id) in queue-time order (NULLs when none): one index probe.';
 
+CREATE OR REPLACE FUNCTION respool._queue_top(p_pool_id uuid, p_limit integer)
+RETURNS TABLE (request_id uuid, policy_id uuid, subject text, priority integer, in_share boolean,
+               queued_at timestamptz, "position" bigint)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    -- (The SET clause also keeps it from being inlined: one call per pool, which
+    -- tests/ops/test_queue_reads_scale.py counts.)
+    -- Queue order is the merge of the shapes (respool._queue_groups: in-share and share decided
+    -- once per shape), each already in queue-time order on queue_entries_shape_idx. So the first
+    -- p_limit entries of the queue are among the first p_limit of each shape: one ordered index
+    -- range per shape, then one sort of what was read (no join of every entry against the
+    -- shapes). p_limit NULL: the whole queue.
+    SELECT e.request_id, g.policy_id, g.subject, g.priority, g.in_share, e.queued_at,
+           row_number() OVER (ORDER BY g.priority DESC, g.in_share DESC, g.share, e.queued_at, e.request_id)
+      FROM respool._queue_groups(p_pool_id) g
+     CROSS JOIN LATERAL (
+            SELECT x.queued_at, x.request_id FROM respool.queue_entries x
+             WHERE x.pool_id = p_pool_id AND x.policy_id = g.policy_id
+               AND x.preemptible = g.preemptible AND x.resources = g.resources
+             ORDER BY x.queued_at, x.request_id
+             LIMIT p_limit) e
+     ORDER BY g.priority DESC, g.in_share DESC, g.share, e.queued_at, e.request_id
+     LIMIT p_limit
+$$;
+COMMENT ON FUNCTION respool._queue_top(uuid, integer) IS
+    'The first p_limit entries (NULL: all) of a pool''s queue in grant order (SPEC §4, §11.2: policy priority desc, in-share first, dominant share asc in fair pools, queue time, id) with their 1-based positions. Read-only; O(shapes * p_limit) index reads plus one sort of them, whatever the queue length.';
+
 CREATE OR REPLACE FUNCTION respool._queue_order(p_pool_id uuid)
 RETURNS TABLE (request_id uuid, policy_id uuid, subject text, priority integer, in_share boolean,
                queued_at timestamptz, "position" bigint)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-    -- In-share is decided once per shape (respool._queue_groups), not once per entry.
-    SELECT e.request_id, e.policy_id, g.subject, g.priority, g.in_share, e.queued_at,
-           row_number() OVER (ORDER BY g.priority DESC, g.in_share DESC, g.share, e.queued_at, e.request_id)
-      FROM respool.queue_entries e
-      JOIN respool._queue_groups(p_pool_id) g
-        ON g.policy_id = e.policy_id AND g.preemptible = e.preemptible AND g.resources = e.resources
-     WHERE e.pool_id = p_pool_id
-     ORDER BY 7
+    SELECT * FROM respool._queue_top(p_pool_id, NULL)
 $$;
 COMMENT ON FUNCTION respool._queue_order(uuid) IS
-    'A pool''s whole queue in grant order (SPEC §4, §11.2): policy priority desc, in-share first, dominant share asc (fair pools), queue time, id. Read-only; O(queue), for the respool.queue view (the engine itself works shape by shape).';
+    'A pool''s whole queue in grant order (SPEC §4, §11.2): policy priority desc, in-share first, dominant share asc (fair pools), queue time, id (respool._queue_top without a limit). Read-only; O(queue), for the respool.queue view and the positions of a page of requests (the engine itself works shape by shape).';
 
 CREATE OR REPLACE FUNCTION respool._queue_position(p_pool_id uuid, p_request_id uuid)
 RETURNS bigint LANGUAGE plpgsql STABLE AS $$

@@ -1,21 +1,23 @@
 -- The dashboard's queue and the queue positions of a page of requests (issue 15, defect 2).
--- Both compute a pool's queue order (respool._queue_order, O(queue)) once per pool per call,
--- never once per queue entry: with 10,000 queued the per-entry way took seconds.
+-- The dashboard reads only each pool's queue head (respool._queue_top: O(shapes * limit)); the
+-- positions of a page compute each pool's queue order once per call, never once per entry: with
+-- 10,000 queued the per-entry way took seconds.
 
 CREATE OR REPLACE FUNCTION respool.dashboard_queue(p_limit integer DEFAULT 200)
 RETURNS TABLE (pool text, "position" bigint, request_id uuid, subject text, resources jsonb,
                preemptible boolean, priority integer, in_share boolean, waiting_seconds double precision,
                attempt integer, labels jsonb, waiting_for text)
 LANGUAGE sql STABLE AS $$
-    -- The order of every pool, computed once per pool (MATERIALIZED: never re-run per row),
-    -- then cut to p_limit rows; only those rows get their blocker sentence.
-    WITH ordered AS MATERIALIZED (
+    -- The first p_limit entries of every pool (its queue head, computed once per pool and
+    -- MATERIALIZED: never re-run per row), cut to p_limit rows; only those rows get their
+    -- blocker sentence.
+    WITH page AS MATERIALIZED (
         SELECT pl.id AS pool_id, pl.name AS pool, o.request_id, o.policy_id, o.subject,
                o.priority, o.in_share, o.position
           FROM respool.pools pl
-         CROSS JOIN LATERAL respool._queue_order(pl.id) o
-    ), page AS MATERIALIZED (
-        SELECT * FROM ordered ORDER BY pool, position LIMIT p_limit
+         CROSS JOIN LATERAL respool._queue_top(pl.id, p_limit) o
+         ORDER BY pl.name, o.position
+         LIMIT p_limit
     )
     SELECT q.pool, q.position, q.request_id, q.subject, r.resources, r.preemptible, q.priority,
            q.in_share, extract(epoch FROM now() - r.queued_at)::double precision, r.attempt, r.labels,
@@ -26,7 +28,7 @@ LANGUAGE sql STABLE AS $$
      ORDER BY q.pool, q.position
 $$;
 COMMENT ON FUNCTION respool.dashboard_queue(integer) IS
-    'The first p_limit queue entries over all pools (by pool name, then grant order), each with what blocks it now (or ''fits, waiting for its turn''). Runs each pool''s queue order once, and the blocker check only for the rows returned. Read-only.';
+    'The first p_limit queue entries over all pools (by pool name, then grant order), each with what blocks it now (or ''fits, waiting for its turn''). Reads each pool''s queue head once (respool._queue_top, O(shapes * p_limit) per pool, not O(queue)), and runs the blocker check only for the rows returned. Read-only.';
 
 DROP FUNCTION IF EXISTS respool._queue_positions(uuid[]);
 CREATE OR REPLACE FUNCTION respool._queue_positions(p_request_ids uuid[])

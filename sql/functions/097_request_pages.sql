@@ -61,9 +61,12 @@ BEGIN
           FROM pools p CROSS JOIN LATERAL respool._queue_order(p.pool_id) o
          WHERE o.request_id IN (SELECT r.id FROM req r)
     ), etas AS MATERIALIZED (
-        -- Each pool's ETA simulation once, for its first _eta_depth() requests (SPEC §11.4).
+        -- Each pool's ETA simulation once, for its first _eta_depth() requests (SPEC §11.4);
+        -- not at all in a pool where no request of the page is that far ahead.
         SELECT p.pool_id, x.request_id, x.p50_seconds, x.p90_seconds
           FROM pools p CROSS JOIN LATERAL respool._eta_pool(p.pool_id, p_now) x
+         WHERE EXISTS (SELECT FROM positions o
+                        WHERE o.pool_id = p.pool_id AND o.position <= respool._eta_depth())
     ), lines AS (
         SELECT en.request_id, en.pool_name, en.priority, o.position,
                CASE WHEN en.n_pools > 1 THEN en.pool_name || ': ' ELSE '' END

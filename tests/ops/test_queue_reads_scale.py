@@ -48,7 +48,9 @@ async def test_dashboard_queue_orders_each_pool_once(tracked: asyncpg.Connection
         assert len(rows) == QUEUED * 2
         assert [r["position"] for r in rows if r["pool"] == "q1"] == list(range(1, QUEUED + 1))
         assert all(r["waiting_for"].startswith("waiting for gpu") for r in rows)
-        assert await _calls(tracked, "respool._queue_order(uuid)") == len(POOLS)
+        # Each pool's queue head once (not its whole order, not a position per entry).
+        assert await _calls(tracked, "respool._queue_top(uuid, integer)") == len(POOLS)
+        assert await _calls(tracked, "respool._queue_order(uuid)") == 0
         assert await _calls(tracked, "respool._queue_position(uuid, uuid)") == 0
 
 
@@ -59,7 +61,7 @@ async def test_dashboard_queue_checks_blockers_only_for_the_rows_shown(
         rows = await tracked.fetch(named.query("dashboard_queue"), 5)
         assert len(rows) == 5
         assert await _calls(tracked, "respool._blocker(jsonb, boolean, uuid, uuid)") == 5
-        assert await _calls(tracked, "respool._queue_order(uuid)") == len(POOLS)
+        assert await _calls(tracked, "respool._queue_top(uuid, integer)") == len(POOLS)
 
 
 async def test_request_list_orders_each_pool_once(tracked: asyncpg.Connection) -> None:
