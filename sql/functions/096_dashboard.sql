@@ -1,7 +1,7 @@
--- The dashboard's queue and the queue positions of a page of requests (issue 15, defect 2).
--- The dashboard reads only each pool's queue head (respool._queue_top: O(shapes * limit)); the
--- positions of a page compute each pool's queue order once per call, never once per entry: with
--- 10,000 queued the per-entry way took seconds.
+-- The dashboard's queue (issue 15, defect 2): only each pool's queue head is read
+-- (respool._queue_top: O(shapes * limit)), never the whole order and never once per entry: with
+-- 10,000 queued the per-entry way took seconds. (The positions of a page of requests are
+-- respool._queue_positions, sql/functions/033_queue_order.sql.)
 
 CREATE OR REPLACE FUNCTION respool.dashboard_queue(p_limit integer DEFAULT 200)
 RETURNS TABLE (pool text, "position" bigint, request_id uuid, subject text, resources jsonb,
@@ -29,17 +29,3 @@ LANGUAGE sql STABLE AS $$
 $$;
 COMMENT ON FUNCTION respool.dashboard_queue(integer) IS
     'The first p_limit queue entries over all pools (by pool name, then grant order), each with what blocks it now (or ''fits, waiting for its turn''). Reads each pool''s queue head once (respool._queue_top, O(shapes * p_limit) per pool, not O(queue)), and runs the blocker check only for the rows returned. Read-only.';
-
-DROP FUNCTION IF EXISTS respool._queue_positions(uuid[]);
-CREATE OR REPLACE FUNCTION respool._queue_positions(p_request_ids uuid[])
-RETURNS TABLE (request_id uuid, positions jsonb) LANGUAGE sql STABLE AS $$
-    -- Only the pools these requests queue in, each ordered once.
-    SELECT o.request_id, jsonb_object_agg(p.pool_id::text, o.position)
-      FROM (SELECT DISTINCT e.pool_id FROM respool.queue_entries e
-             WHERE e.request_id = ANY (p_request_ids)) p
-     CROSS JOIN LATERAL respool._queue_order(p.pool_id) o
-      JOIN unnest(p_request_ids) AS wanted(id) ON wanted.id = o.request_id
-     GROUP BY o.request_id
-$$;
-COMMENT ON FUNCTION respool._queue_positions(uuid[]) IS
-    'Queue positions of the given queued requests: one row per request with {"<pool_id>": position} over every pool it waits in (the same numbers as _queue_position), computing each involved pool''s queue order once, not once per request: for reading many queued requests at a time. Read-only.';

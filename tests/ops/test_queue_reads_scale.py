@@ -69,7 +69,8 @@ async def test_request_list_orders_each_pool_once(tracked: asyncpg.Connection) -
         listed = await db_requests.list_requests(tracked, status="queued", limit=1000)
         assert len(listed) == QUEUED * 2
         assert await _calls(tracked, "respool._queue_position(uuid, uuid)") == 0
-        assert await _calls(tracked, "respool._queue_order(uuid)") == len(POOLS)
+        assert await _calls(tracked, "respool._queue_positions(uuid, uuid[])") == len(POOLS)
+        assert await _calls(tracked, "respool._queue_order(uuid)") == 0
         # Messages and ETAs too: once per pool and shape (two subjects' shapes per pool), never
         # once per request (tests/engine/test_request_pages.py has the mixed queue).
         assert await _calls(tracked, "respool._blocker(jsonb, boolean, uuid, uuid)") == 2 * len(
