@@ -9,8 +9,8 @@ RETURNS TABLE (pool text, "position" bigint, request_id uuid, subject text, reso
                attempt integer, labels jsonb, waiting_for text)
 LANGUAGE sql STABLE AS $$
     -- The first p_limit entries of every pool (its queue head, computed once per pool and
-    -- MATERIALIZED: never re-run per row), cut to p_limit rows; only those rows get their
-    -- blocker sentence.
+    -- MATERIALIZED: never re-run per row), cut to p_limit rows; only those rows' shapes get
+    -- their blocker sentence, once per (pool, policy, resources, preemptible) shape.
     WITH page AS MATERIALIZED (
         SELECT pl.id AS pool_id, pl.name AS pool, o.request_id, o.policy_id, o.subject,
                o.priority, o.in_share, o.position
@@ -18,14 +18,21 @@ LANGUAGE sql STABLE AS $$
          CROSS JOIN LATERAL respool._queue_top(pl.id, p_limit) o
          ORDER BY pl.name, o.position
          LIMIT p_limit
+    ), rows AS MATERIALIZED (
+        SELECT q.*, r.resources, r.preemptible, r.queued_at, r.attempt, r.labels
+          FROM page q JOIN respool.requests r ON r.id = q.request_id
+    ), shapes AS MATERIALIZED (
+        SELECT s.pool_id, s.policy_id, s.resources, s.preemptible,
+               respool._blocker(s.resources, s.preemptible, s.pool_id, s.policy_id) AS blocker
+          FROM (SELECT DISTINCT x.pool_id, x.policy_id, x.resources, x.preemptible FROM rows x) s
     )
-    SELECT q.pool, q.position, q.request_id, q.subject, r.resources, r.preemptible, q.priority,
-           q.in_share, extract(epoch FROM now() - r.queued_at)::double precision, r.attempt, r.labels,
-           coalesce(respool._blocker(r.resources, r.preemptible, q.pool_id, q.policy_id),
-                    'fits, waiting for its turn')
-      FROM page q
-      JOIN respool.requests r ON r.id = q.request_id
+    SELECT q.pool, q.position, q.request_id, q.subject, q.resources, q.preemptible, q.priority,
+           q.in_share, extract(epoch FROM now() - q.queued_at)::double precision, q.attempt, q.labels,
+           coalesce(s.blocker, 'fits, waiting for its turn')
+      FROM rows q
+      JOIN shapes s ON s.pool_id = q.pool_id AND s.policy_id = q.policy_id
+                   AND s.resources = q.resources AND s.preemptible = q.preemptible
      ORDER BY q.pool, q.position
 $$;
 COMMENT ON FUNCTION respool.dashboard_queue(integer) IS
-    'The first p_limit queue entries over all pools (by pool name, then grant order), each with what blocks it now (or ''fits, waiting for its turn''). Reads each pool''s queue head once (respool._queue_top, O(shapes * p_limit) per pool, not O(queue)), and runs the blocker check only for the rows returned. Read-only.';
+    'The first p_limit queue entries over all pools (by pool name, then grant order), each with what blocks it now (or ''fits, waiting for its turn''). Reads each pool''s queue head once (respool._queue_top, O(shapes * p_limit) per pool, not O(queue)), and runs the blocker check once per shape among the rows returned. Read-only.';
