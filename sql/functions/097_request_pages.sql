@@ -1,8 +1,9 @@
 -- A page of queued requests read at once (issue 15, defect 2): their queue positions, the
 -- sentence saying what blocks them and their ETA (SPEC §11.4), computed set-based: each involved
 -- pool's queue positions, hold, earmark usage and ETA simulation once per pool, the blocker
--- check once per (pool, policy, resources, preemptible) shape, never once per request. The answers are the
--- ones respool._request_json gives for one request at a time (tests/engine/test_request_pages.py).
+-- check once per (pool, policy, resources, preemptible) shape, never once per request. The
+-- answers are the ones respool._request_json gives for one request at a time
+-- (tests/engine/test_request_pages.py).
 
 CREATE OR REPLACE FUNCTION respool._queued_details(p_ids uuid[], p_now timestamptz)
 RETURNS TABLE (request_id uuid, queue_position bigint, message text, eta jsonb)
