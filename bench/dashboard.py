@@ -7,7 +7,10 @@ four shapes (the reconcile scenario's ``fill``, bulk copies) and times, from the
 
 * ``dashboard``: :func:`app.db.dashboard.dashboard_data` (what ``GET /v1/dashboard`` reads);
 * ``requests``: :func:`app.db.db_requests.list_requests` with ``limit=1000`` (``GET /v1/requests``),
-  and the same with ``status=queued``.
+  and the same with ``status=queued``;
+* ``request #N``: :func:`app.db.db_requests.get_request` (``GET /v1/requests/{id}``) of the queued
+  request at position N: the head, the 100th (the last one with an ETA, ``_eta_depth()``) and the
+  last one of the queue.
 
 The pool also gets 500 recorded holds (released requests of 60-600 s, created a day earlier, so
 they are on no page), so that every queued request within ``_eta_depth()`` of the head gets an ETA
@@ -42,6 +45,12 @@ SELECT s.subject, s.pool_ref, s.pool_id, s.pool_name, s.policy_id, s.candidate_p
        LATERAL (SELECT now() - interval '1 day' + g * interval '1 minute' AS start,
                        (60 + (g * 37) % 540) * interval '1 second' AS hold
                   FROM generate_series(1, 500) g) t
+"""
+POSITIONS_SQL = """
+SELECT o.position, o.request_id
+  FROM respool.pools pl CROSS JOIN LATERAL respool._queue_order(pl.id) o
+ WHERE o.position IN (1, 100) OR o.position = (SELECT count(*) FROM respool.queue_entries)
+ ORDER BY o.position
 """
 SUMMARY = "GET /v1/dashboard and GET /v1/requests?limit=1000 against the queue size"
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -81,6 +90,7 @@ async def measure_one(admin_dsn: str, queued: int, rounds: int) -> dict[str, Spr
             await fill(conn, queued, 1)
             await conn.execute(HISTORY_SQL)
             log(f"  dashboard: {queued} queued, filled in {time.perf_counter() - started:.1f} s")
+            reads = {row[0]: row[1] for row in await conn.fetch(POSITIONS_SQL)}
             figures = {
                 "dashboard": await _time(rounds, lambda: db_dashboard.dashboard_data(conn)),
                 "requests limit=1000": await _time(
@@ -90,6 +100,10 @@ async def measure_one(admin_dsn: str, queued: int, rounds: int) -> dict[str, Spr
                     rounds, lambda: db_requests.list_requests(conn, status="queued", limit=1000)
                 ),
             }
+            for position, request_id in reads.items():
+                figures[f"request #{position}"] = await _time(
+                    rounds, lambda i=request_id: db_requests.get_request(conn, i)
+                )
         finally:
             await conn.close()
     log_medians(f"  dashboard: {queued} queued", figures, 1)

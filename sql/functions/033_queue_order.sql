@@ -71,21 +71,84 @@ END $$;
 COMMENT ON FUNCTION respool._next_of_shape(uuid, uuid, boolean, jsonb, timestamptz, uuid) IS
     'The entry of one queue shape that follows (p_after_at, p_after_id) in queue-time order (NULLs when none): one index probe.';
 
+CREATE OR REPLACE FUNCTION respool._queue_top(p_pool_id uuid, p_limit integer)
+RETURNS TABLE (request_id uuid, policy_id uuid, subject text, priority integer, in_share boolean,
+               queued_at timestamptz, "position" bigint)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    -- (The SET clause also keeps it from being inlined: one call per pool, which
+    -- tests/ops/test_queue_reads_scale.py counts.)
+    -- Queue order is the merge of the shapes (respool._queue_groups: in-share and share decided
+    -- once per shape), each already in queue-time order on queue_entries_shape_idx. So the first
+    -- p_limit entries of the queue are among the first p_limit of each shape: one ordered index
+    -- range per shape, then one sort of what was read (no join of every entry against the
+    -- shapes). p_limit NULL: the whole queue.
+    SELECT e.request_id, g.policy_id, g.subject, g.priority, g.in_share, e.queued_at,
+           row_number() OVER (ORDER BY g.priority DESC, g.in_share DESC, g.share, e.queued_at, e.request_id)
+      FROM respool._queue_groups(p_pool_id) g
+     CROSS JOIN LATERAL (
+            SELECT x.queued_at, x.request_id FROM respool.queue_entries x
+             WHERE x.pool_id = p_pool_id AND x.policy_id = g.policy_id
+               AND x.preemptible = g.preemptible AND x.resources = g.resources
+             ORDER BY x.queued_at, x.request_id
+             LIMIT p_limit) e
+     ORDER BY g.priority DESC, g.in_share DESC, g.share, e.queued_at, e.request_id
+     LIMIT p_limit
+$$;
+COMMENT ON FUNCTION respool._queue_top(uuid, integer) IS
+    'The first p_limit entries (NULL: all) of a pool''s queue in grant order (SPEC §4, §11.2: policy priority desc, in-share first, dominant share asc in fair pools, queue time, id) with their 1-based positions. Read-only; O(shapes * p_limit) index reads plus one sort of them, whatever the queue length.';
+
 CREATE OR REPLACE FUNCTION respool._queue_order(p_pool_id uuid)
 RETURNS TABLE (request_id uuid, policy_id uuid, subject text, priority integer, in_share boolean,
                queued_at timestamptz, "position" bigint)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-    -- In-share is decided once per shape (respool._queue_groups), not once per entry.
-    SELECT e.request_id, e.policy_id, g.subject, g.priority, g.in_share, e.queued_at,
-           row_number() OVER (ORDER BY g.priority DESC, g.in_share DESC, g.share, e.queued_at, e.request_id)
-      FROM respool.queue_entries e
-      JOIN respool._queue_groups(p_pool_id) g
-        ON g.policy_id = e.policy_id AND g.preemptible = e.preemptible AND g.resources = e.resources
-     WHERE e.pool_id = p_pool_id
-     ORDER BY 7
+    SELECT * FROM respool._queue_top(p_pool_id, NULL)
 $$;
 COMMENT ON FUNCTION respool._queue_order(uuid) IS
-    'A pool''s whole queue in grant order (SPEC §4, §11.2): policy priority desc, in-share first, dominant share asc (fair pools), queue time, id. Read-only; O(queue), for the respool.queue view (the engine itself works shape by shape).';
+    'A pool''s whole queue in grant order (SPEC §4, §11.2): policy priority desc, in-share first, dominant share asc (fair pools), queue time, id (respool._queue_top without a limit). Read-only; O(queue), for the respool.queue view and the positions of a page of requests (the engine itself works shape by shape).';
+
+CREATE OR REPLACE FUNCTION respool._queue_positions(p_pool_id uuid, p_request_ids uuid[])
+RETURNS TABLE (request_id uuid, "position" bigint)
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    -- Counting what is ahead, as _queue_position does, but for many requests at once and
+    -- without sorting the queue: per shape, its entries' queue times as one ascending array;
+    -- a request is behind every entry of a shape of a higher (priority, in-share, -share) class
+    -- and, in a shape of its own class, behind the entries queued before it (binary search,
+    -- width_bucket) and those queued at the same instant with a smaller id (an index probe,
+    -- only when the shape has such an instant). The SET clause keeps it from being inlined
+    -- (one call per pool, counted by the tests).
+    WITH shapes AS MATERIALIZED (
+        SELECT g.policy_id, g.preemptible, g.resources, g.priority, g.in_share, g.share, t.times
+          FROM respool._queue_groups(p_pool_id) g
+         CROSS JOIN LATERAL (
+                SELECT array_agg(e.queued_at ORDER BY e.queued_at) AS times
+                  FROM respool.queue_entries e
+                 WHERE e.pool_id = p_pool_id AND e.policy_id = g.policy_id
+                   AND e.preemptible = g.preemptible AND e.resources = g.resources) t
+    ), me AS MATERIALIZED (
+        SELECT e.request_id, e.queued_at, s.priority, s.in_share, s.share
+          FROM respool.queue_entries e
+          JOIN shapes s ON s.policy_id = e.policy_id AND s.preemptible = e.preemptible
+                       AND s.resources = e.resources
+         WHERE e.pool_id = p_pool_id AND e.request_id = ANY (p_request_ids)
+    )
+    SELECT m.request_id, 1 + (
+               SELECT sum(CASE WHEN (s.priority, s.in_share, -s.share) > (m.priority, m.in_share, -m.share)
+                               THEN cardinality(s.times)
+                               ELSE b.before + CASE WHEN b.up_to > b.before THEN (
+                                        SELECT count(*) FROM respool.queue_entries x
+                                         WHERE x.pool_id = p_pool_id AND x.policy_id = s.policy_id
+                                           AND x.preemptible = s.preemptible AND x.resources = s.resources
+                                           AND x.queued_at = m.queued_at AND x.request_id < m.request_id)
+                                    ELSE 0 END END)::bigint
+                 FROM shapes s
+                CROSS JOIN LATERAL (
+                       SELECT width_bucket(m.queued_at - interval '1 microsecond', s.times) AS before,
+                              width_bucket(m.queued_at, s.times) AS up_to) b
+                WHERE (s.priority, s.in_share, -s.share) >= (m.priority, m.in_share, -m.share))
+      FROM me m
+$$;
+COMMENT ON FUNCTION respool._queue_positions(uuid, uuid[]) IS
+    'The 1-based positions in one pool''s queue of those of p_request_ids that wait in it (others are left out), the same numbers as _queue_order and _queue_position, for a page of requests at once: O(queue) array building per shape plus O(requests * shapes * log(queue)), no sort of the queue. Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._queue_position(p_pool_id uuid, p_request_id uuid)
 RETURNS bigint LANGUAGE plpgsql STABLE AS $$

@@ -44,53 +44,6 @@ RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 100 $$;
 COMMENT ON FUNCTION respool._eta_depth() IS
     'How deep in a queue an ETA is estimated (SPEC §11.4): requests further back get eta null, so a read of a queued request stays O(shapes + this), not O(queue).';
 
-CREATE OR REPLACE FUNCTION respool._queue_head(p_pool_id uuid, p_limit integer)
-RETURNS TABLE (request_id uuid, "position" integer)
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    g_policy uuid[];
-    g_preemptible boolean[];
-    g_resources jsonb[];
-    g_key text[];
-    g_at timestamptz[];
-    g_id uuid[];
-    best integer;
-    i integer;
-    n integer := 0;
-    next_at timestamptz;
-    next_id uuid;
-BEGIN
-    -- The merge of the queue's shapes (as allocate_pool walks it), stopped after p_limit entries.
-    SELECT coalesce(array_agg(g.policy_id), '{}'), array_agg(g.preemptible), array_agg(g.resources),
-           array_agg(lpad(to_char(2147483647 - g.priority::bigint, 'FM0000000000'), 11, '0')
-                     || CASE WHEN g.in_share THEN '0' ELSE '1' END
-                     || to_char(g.share, 'FM0.000000000000')),
-           array_agg(g.queued_at), array_agg(g.request_id)
-      INTO g_policy, g_preemptible, g_resources, g_key, g_at, g_id
-      FROM respool._queue_groups(p_pool_id) g;
-    WHILE n < p_limit LOOP
-        best := NULL;
-        FOR i IN 1..cardinality(g_policy) LOOP
-            CONTINUE WHEN g_id[i] IS NULL;
-            IF best IS NULL OR (g_key[i], g_at[i], g_id[i]) < (g_key[best], g_at[best], g_id[best]) THEN
-                best := i;
-            END IF;
-        END LOOP;
-        EXIT WHEN best IS NULL;
-        n := n + 1;
-        request_id := g_id[best];
-        "position" := n;
-        RETURN NEXT;
-        SELECT x.queued_at, x.request_id INTO next_at, next_id
-          FROM respool._next_of_shape(p_pool_id, g_policy[best], g_preemptible[best], g_resources[best],
-                                      g_at[best], g_id[best]) x;
-        g_at[best] := next_at;
-        g_id[best] := next_id;
-    END LOOP;
-END $$;
-COMMENT ON FUNCTION respool._queue_head(uuid, integer) IS
-    'The first p_limit entries of a pool''s queue in grant order (as respool._queue_order), by merging its shapes: O(shapes * p_limit), whatever the queue length. Read-only.';
-
 CREATE OR REPLACE FUNCTION respool._eta_pool(p_pool_id uuid, p_now timestamptz, p_until uuid DEFAULT NULL)
 RETURNS TABLE (request_id uuid, p50_seconds bigint, p90_seconds bigint)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -132,7 +85,7 @@ BEGIN
     SELECT array_agg(o.request_id ORDER BY o.position) FILTER (WHERE u.k = 1),  -- one per entry
            array_agg(u.n ORDER BY o.position, u.k)
       INTO e_id, e_units
-      FROM respool._queue_head(p_pool_id, respool._eta_depth()) o
+      FROM respool._queue_top(p_pool_id, respool._eta_depth()) o
       -- the entry's resources: a gang's entry holds its members' sum (SPEC §11.6)
       JOIN respool.queue_entries r ON r.pool_id = p_pool_id AND r.request_id = o.request_id
      CROSS JOIN LATERAL (SELECT k, coalesce((r.resources ->> v_keys[k])::bigint, 0) AS n
@@ -226,12 +179,15 @@ COMMENT ON FUNCTION respool._eta(uuid, uuid, timestamptz) IS
 CREATE OR REPLACE FUNCTION respool._request_eta(p_request_id uuid, p_now timestamptz)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    -- Queued in several candidate pools: the soonest estimate.
+    -- Queued in several candidate pools: the soonest estimate. OFFSET 0 keeps the subquery
+    -- apart, so each pool's simulation runs once (flattened, the WHERE and both ORDER BY keys
+    -- each called _eta again: four simulations per pool).
     RETURN (SELECT eta FROM (SELECT respool._eta(e.pool_id, p_request_id, p_now) AS eta
-                               FROM respool.queue_entries e WHERE e.request_id = p_request_id) x
+                               FROM respool.queue_entries e WHERE e.request_id = p_request_id
+                             OFFSET 0) x
              WHERE eta IS NOT NULL
              ORDER BY (eta ->> 'p50_seconds')::bigint, (eta ->> 'p90_seconds')::bigint
              LIMIT 1);
 END $$;
 COMMENT ON FUNCTION respool._request_eta(uuid, timestamptz) IS
-    'The ETA of a queued request: the soonest over its candidate pools'' estimates; NULL without history. Read-only.';
+    'The ETA of a queued request: the soonest over its candidate pools'' estimates (one simulation per pool); NULL without history. Read-only.';

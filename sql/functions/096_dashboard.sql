@@ -1,43 +1,38 @@
--- The dashboard's queue and the queue positions of a page of requests (issue 15, defect 2).
--- Both compute a pool's queue order (respool._queue_order, O(queue)) once per pool per call,
--- never once per queue entry: with 10,000 queued the per-entry way took seconds.
+-- The dashboard's queue (issue 15, defect 2): only each pool's queue head is read
+-- (respool._queue_top: O(shapes * limit)), never the whole order and never once per entry: with
+-- 10,000 queued the per-entry way took seconds. (The positions of a page of requests are
+-- respool._queue_positions, sql/functions/033_queue_order.sql.)
 
 CREATE OR REPLACE FUNCTION respool.dashboard_queue(p_limit integer DEFAULT 200)
 RETURNS TABLE (pool text, "position" bigint, request_id uuid, subject text, resources jsonb,
                preemptible boolean, priority integer, in_share boolean, waiting_seconds double precision,
                attempt integer, labels jsonb, waiting_for text)
 LANGUAGE sql STABLE AS $$
-    -- The order of every pool, computed once per pool (MATERIALIZED: never re-run per row),
-    -- then cut to p_limit rows; only those rows get their blocker sentence.
-    WITH ordered AS MATERIALIZED (
+    -- The first p_limit entries of every pool (its queue head, computed once per pool and
+    -- MATERIALIZED: never re-run per row), cut to p_limit rows; only those rows' shapes get
+    -- their blocker sentence, once per (pool, policy, resources, preemptible) shape.
+    WITH page AS MATERIALIZED (
         SELECT pl.id AS pool_id, pl.name AS pool, o.request_id, o.policy_id, o.subject,
                o.priority, o.in_share, o.position
           FROM respool.pools pl
-         CROSS JOIN LATERAL respool._queue_order(pl.id) o
-    ), page AS MATERIALIZED (
-        SELECT * FROM ordered ORDER BY pool, position LIMIT p_limit
+         CROSS JOIN LATERAL respool._queue_top(pl.id, p_limit) o
+         ORDER BY pl.name, o.position
+         LIMIT p_limit
+    ), rows AS MATERIALIZED (
+        SELECT q.*, r.resources, r.preemptible, r.queued_at, r.attempt, r.labels
+          FROM page q JOIN respool.requests r ON r.id = q.request_id
+    ), shapes AS MATERIALIZED (
+        SELECT s.pool_id, s.policy_id, s.resources, s.preemptible,
+               respool._blocker(s.resources, s.preemptible, s.pool_id, s.policy_id) AS blocker
+          FROM (SELECT DISTINCT x.pool_id, x.policy_id, x.resources, x.preemptible FROM rows x) s
     )
-    SELECT q.pool, q.position, q.request_id, q.subject, r.resources, r.preemptible, q.priority,
-           q.in_share, extract(epoch FROM now() - r.queued_at)::double precision, r.attempt, r.labels,
-           coalesce(respool._blocker(r.resources, r.preemptible, q.pool_id, q.policy_id),
-                    'fits, waiting for its turn')
-      FROM page q
-      JOIN respool.requests r ON r.id = q.request_id
+    SELECT q.pool, q.position, q.request_id, q.subject, q.resources, q.preemptible, q.priority,
+           q.in_share, extract(epoch FROM now() - q.queued_at)::double precision, q.attempt, q.labels,
+           coalesce(s.blocker, 'fits, waiting for its turn')
+      FROM rows q
+      JOIN shapes s ON s.pool_id = q.pool_id AND s.policy_id = q.policy_id
+                   AND s.resources = q.resources AND s.preemptible = q.preemptible
      ORDER BY q.pool, q.position
 $$;
 COMMENT ON FUNCTION respool.dashboard_queue(integer) IS
-    'The first p_limit queue entries over all pools (by pool name, then grant order), each with what blocks it now (or ''fits, waiting for its turn''). Runs each pool''s queue order once, and the blocker check only for the rows returned. Read-only.';
-
-DROP FUNCTION IF EXISTS respool._queue_positions(uuid[]);
-CREATE OR REPLACE FUNCTION respool._queue_positions(p_request_ids uuid[])
-RETURNS TABLE (request_id uuid, positions jsonb) LANGUAGE sql STABLE AS $$
-    -- Only the pools these requests queue in, each ordered once.
-    SELECT o.request_id, jsonb_object_agg(p.pool_id::text, o.position)
-      FROM (SELECT DISTINCT e.pool_id FROM respool.queue_entries e
-             WHERE e.request_id = ANY (p_request_ids)) p
-     CROSS JOIN LATERAL respool._queue_order(p.pool_id) o
-      JOIN unnest(p_request_ids) AS wanted(id) ON wanted.id = o.request_id
-     GROUP BY o.request_id
-$$;
-COMMENT ON FUNCTION respool._queue_positions(uuid[]) IS
-    'Queue positions of the given queued requests: one row per request with {"<pool_id>": position} over every pool it waits in (the same numbers as _queue_position), computing each involved pool''s queue order once, not once per request: for reading many queued requests at a time. Read-only.';
+    'The first p_limit queue entries over all pools (by pool name, then grant order), each with what blocks it now (or ''fits, waiting for its turn''). Reads each pool''s queue head once (respool._queue_top, O(shapes * p_limit) per pool, not O(queue)), and runs the blocker check once per shape among the rows returned. Read-only.';

@@ -1,8 +1,9 @@
 -- A page of queued requests read at once (issue 15, defect 2): their queue positions, the
 -- sentence saying what blocks them and their ETA (SPEC §11.4), computed set-based: each involved
--- pool's queue order, hold, earmark usage and ETA simulation once per pool, the blocker check once
--- per (pool, policy, resources, preemptible) shape, never once per request. The answers are the
--- ones respool._request_json gives for one request at a time (tests/engine/test_request_pages.py).
+-- pool's queue positions, hold, earmark usage and ETA simulation once per pool, the blocker
+-- check once per (pool, policy, resources, preemptible) shape, never once per request. The
+-- answers are the ones respool._request_json gives for one request at a time
+-- (tests/engine/test_request_pages.py).
 
 CREATE OR REPLACE FUNCTION respool._queued_details(p_ids uuid[], p_now timestamptz)
 RETURNS TABLE (request_id uuid, queue_position bigint, message text, eta jsonb)
@@ -13,12 +14,13 @@ BEGIN
     WITH req AS MATERIALIZED (
         -- qid: the request that stands in the queues for it, its gang's stand-in for a gang
         -- member (SPEC §11.6, respool._queued_as), with the gang's resources.
+        -- (IN (unnest): a join on the primary key, not a scan testing = ANY (p_ids) per row)
         SELECT r.id, (x.q).id AS qid, (x.q).resources, (x.q).preemptible, (x.q).max_seconds,
                (x.q).earmark_pool_id, r.gang_id
           FROM respool.requests r
          CROSS JOIN LATERAL (SELECT CASE WHEN r.gang_id IS NULL THEN r ELSE respool._queued_as(r.id) END AS q
                               OFFSET 0) x
-         WHERE r.id = ANY (p_ids) AND r.status = 'queued'
+         WHERE r.id IN (SELECT unnest(p_ids)) AND r.status = 'queued'
     ), entries AS MATERIALIZED (
         SELECT req.id AS request_id, e.pool_id, e.policy_id, pl.name AS pool_name, p.priority,
                count(*) OVER (PARTITION BY req.id) AS n_pools
@@ -37,8 +39,11 @@ BEGIN
                    'held: pool reserves %s for request %s… (waiting %s s)',
                    (SELECT string_agg(k, ', ' ORDER BY k) FROM jsonb_object_keys((x.hold).need) k),
                    left((x.hold).head_id::text, 8), (x.hold).waited_seconds) END AS held_sentence,
-               EXISTS (SELECT FROM respool.requests b
-                        WHERE b.earmark_pool_id = x.pool_id AND b.status = 'queued') AS earmarks
+               -- (a scalar probe of requests_earmark_idx: as EXISTS, the planner hashed every
+               -- queued request instead)
+               (SELECT true FROM respool.requests b
+                 WHERE b.earmark_pool_id = x.pool_id AND b.status = 'queued' LIMIT 1) IS NOT NULL
+                   AS earmarks
           FROM (SELECT p.pool_id, respool._pool_hold(p.pool_id, p_now) AS hold FROM pools p OFFSET 0) x
     ), usage AS MATERIALIZED (
         -- Only in pools with earmarks. The request read is never an earmark holder of that pool
@@ -61,14 +66,18 @@ BEGIN
                   FROM entries en JOIN req r ON r.id = en.request_id) s
           JOIN per_pool pp ON pp.pool_id = s.pool_id
     ), positions AS MATERIALIZED (
-        -- Each pool's queue order once (respool._queue_order, as _queue_position counts it).
+        -- Each pool once: the page's positions in it (respool._queue_positions, the numbers
+        -- _queue_position counts one at a time), without sorting its whole queue.
         SELECT p.pool_id, o.request_id, o.position
-          FROM pools p CROSS JOIN LATERAL respool._queue_order(p.pool_id) o
-         WHERE o.request_id IN (SELECT r.qid FROM req r)
+          FROM pools p
+         CROSS JOIN LATERAL respool._queue_positions(p.pool_id, ARRAY(SELECT DISTINCT r.qid FROM req r)) o
     ), etas AS MATERIALIZED (
-        -- Each pool's ETA simulation once, for its first _eta_depth() requests (SPEC §11.4).
+        -- Each pool's ETA simulation once, for its first _eta_depth() requests (SPEC §11.4);
+        -- not at all in a pool where no request of the page is that far ahead.
         SELECT p.pool_id, x.request_id, x.p50_seconds, x.p90_seconds
           FROM pools p CROSS JOIN LATERAL respool._eta_pool(p.pool_id, p_now) x
+         WHERE EXISTS (SELECT FROM positions o
+                        WHERE o.pool_id = p.pool_id AND o.position <= respool._eta_depth())
     ), lines AS (
         SELECT en.request_id, en.pool_name, en.priority, o.position,
                CASE WHEN en.n_pools > 1 THEN en.pool_name || ': ' ELSE '' END
@@ -107,4 +116,4 @@ BEGIN
       LEFT JOIN best_eta b ON b.request_id = a.request_id;
 END $$;
 COMMENT ON FUNCTION respool._queued_details(uuid[], timestamptz) IS
-    'For the queued requests among p_ids (others are left out, as are queued ones without queue entries): best queue position, the message and the ETA exactly as respool._request_json computes them one at a time, but computing each involved pool''s queue order, hold, earmark usage and ETA simulation once, and each shape''s blocker once. Read-only; O(involved queues + shapes + page), not O(page * queue).';
+    'For the queued requests among p_ids (others are left out, as are queued ones without queue entries): best queue position, the message and the ETA exactly as respool._request_json computes them one at a time, but computing each involved pool''s queue positions, hold, earmark usage and ETA simulation once, and each shape''s blocker once. Read-only; O(involved queues + shapes + page), not O(page * queue).';

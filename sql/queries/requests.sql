@@ -16,10 +16,10 @@ SELECT respool.get_request(p_id => $1)::text;
 SELECT respool.request_json(p_id => u.id)::text FROM unnest($1::uuid[]) AS u(id);
 
 -- list_requests --
--- One page of requests, newest first, after the (created_at, id) cursor.
+-- One page of requests, newest first, after the (created_at, id) cursor, as JSON text.
 SELECT respool.list_requests(p_pool => $1, p_subject => $2, p_status => $3, p_limit => $4,
                              p_before_created => $5, p_before_id => $6, p_subject_like => $7,
-                             p_gang_id => $8);
+                             p_gang_id => $8)::text;
 
 -- release_request --
 -- Release a held request (or cancel a queued one); p_attempt guards against a stale holder.

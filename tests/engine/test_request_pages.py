@@ -192,13 +192,14 @@ async def test_a_page_computes_once_per_pool_and_shape(mixed: asyncpg.Connection
                       for e in entries})  # fmt: skip
         assert len(queued) > shapes > pools == 3
         per_pool = {
-            "respool._queue_order(uuid)": pools,
+            "respool._queue_positions(uuid, uuid[])": pools,
             "respool._eta_pool(uuid, timestamp with time zone, uuid)": pools,
             "respool._pool_hold(uuid, timestamp with time zone)": pools,
             "respool._blocker(jsonb, boolean, uuid, uuid)": shapes,
         }
         per_request = (
             "respool._queue_position(uuid, uuid)",
+            "respool._queue_order(uuid)",  # positions without sorting a whole queue
             "respool._request_eta(uuid, timestamp with time zone)",
             "respool._eta(uuid, uuid, timestamp with time zone)",
             "respool._held_back(uuid, respool.requests, timestamp with time zone,"
@@ -208,3 +209,52 @@ async def test_a_page_computes_once_per_pool_and_shape(mixed: asyncpg.Connection
         )
         seen = {f: await _calls(conn, f) for f in (*per_pool, *per_request)}
         assert seen == per_pool | dict.fromkeys(per_request, 0)
+
+
+async def test_positions_with_equal_queue_times_across_shapes_and_classes(
+    conn: asyncpg.Connection,
+) -> None:
+    """A page's positions (``respool._queue_positions``: binary search per shape, no sort) are
+    the whole queue order's and a single read's, also when requests of several shapes are queued
+    at the same instant (the id decides) and the shapes are in different classes: priority,
+    in-share, dominant share (a fair pool)."""
+    now = await db_now(conn)
+    await mk_pool(conn, "f", {"gpu": 4}, ordering="fair", starvation_seconds=None)
+    await mk_policy(conn, "hi", "f", priority=5)
+    await mk_policy(conn, "res", "f", reserved={"gpu": 2})
+    for subject in ("lo", "lo2"):
+        await mk_policy(conn, subject, "f")
+    for subject, gpu in (("lo", 3), ("lo2", 1)):  # full; lo's dominant share is the larger
+        assert (await create(conn, subject, "f", {"gpu": gpu}, now - 2 * H))[
+            "status"
+        ] == "allocated"
+    for k in range(3):
+        at = now - H + k * timedelta(minutes=1)
+        for subject in ("lo", "lo2", "res", "hi"):
+            for gpu in (1, 2):
+                for _ in range(2):
+                    made = await create(conn, subject, "f", {"gpu": gpu}, at)
+                    assert made["status"] == "queued"
+    pool_id = await conn.fetchval("SELECT id FROM respool.pools WHERE name = 'f'")
+    async with conn.transaction():
+        rows = await conn.fetch(
+            "SELECT o.request_id, o.position, o.priority, o.in_share, e.queued_at"
+            "  FROM respool._queue_order($1) o"
+            "  JOIN respool.queue_entries e ON e.request_id = o.request_id AND e.pool_id = $1",
+            pool_id,
+        )
+        order = {r["request_id"]: r["position"] for r in rows}
+        assert len(order) == 48
+        assert len({r["queued_at"] for r in rows}) == 3  # 16 requests queued at each instant
+        assert len({(r["priority"], r["in_share"]) for r in rows}) == 3
+        page = await conn.fetchval(
+            "SELECT respool.list_requests(p_status => 'queued', p_limit => 1000)"
+        )
+        assert sorted(i["queue_position"] for i in page) == list(range(1, 49))
+        for item in page:
+            assert item["queue_position"] == order[UUID(item["id"])]
+            assert item == await _single(conn, item["id"])
+        # Any subset: only the requests asked for, with the same numbers.
+        some = [UUID(i["id"]) for i in page[::5]]
+        got = await conn.fetch("SELECT * FROM respool._queue_positions($1, $2)", pool_id, some)
+        assert {r["request_id"]: r["position"] for r in got} == {i: order[i] for i in some}

@@ -48,7 +48,9 @@ async def test_dashboard_queue_orders_each_pool_once(tracked: asyncpg.Connection
         assert len(rows) == QUEUED * 2
         assert [r["position"] for r in rows if r["pool"] == "q1"] == list(range(1, QUEUED + 1))
         assert all(r["waiting_for"].startswith("waiting for gpu") for r in rows)
-        assert await _calls(tracked, "respool._queue_order(uuid)") == len(POOLS)
+        # Each pool's queue head once (not its whole order, not a position per entry).
+        assert await _calls(tracked, "respool._queue_top(uuid, integer)") == len(POOLS)
+        assert await _calls(tracked, "respool._queue_order(uuid)") == 0
         assert await _calls(tracked, "respool._queue_position(uuid, uuid)") == 0
 
 
@@ -58,8 +60,9 @@ async def test_dashboard_queue_checks_blockers_only_for_the_rows_shown(
     async with tracked.transaction():
         rows = await tracked.fetch(named.query("dashboard_queue"), 5)
         assert len(rows) == 5
-        assert await _calls(tracked, "respool._blocker(jsonb, boolean, uuid, uuid)") == 5
-        assert await _calls(tracked, "respool._queue_order(uuid)") == len(POOLS)
+        # Once per shape among the rows shown (5 rows of q1, its two shapes), not per row.
+        assert await _calls(tracked, "respool._blocker(jsonb, boolean, uuid, uuid)") == 2
+        assert await _calls(tracked, "respool._queue_top(uuid, integer)") == len(POOLS)
 
 
 async def test_request_list_orders_each_pool_once(tracked: asyncpg.Connection) -> None:
@@ -67,7 +70,8 @@ async def test_request_list_orders_each_pool_once(tracked: asyncpg.Connection) -
         listed = await db_requests.list_requests(tracked, status="queued", limit=1000)
         assert len(listed) == QUEUED * 2
         assert await _calls(tracked, "respool._queue_position(uuid, uuid)") == 0
-        assert await _calls(tracked, "respool._queue_order(uuid)") == len(POOLS)
+        assert await _calls(tracked, "respool._queue_positions(uuid, uuid[])") == len(POOLS)
+        assert await _calls(tracked, "respool._queue_order(uuid)") == 0
         # Messages and ETAs too: once per pool and shape (two subjects' shapes per pool), never
         # once per request (tests/engine/test_request_pages.py has the mixed queue).
         assert await _calls(tracked, "respool._blocker(jsonb, boolean, uuid, uuid)") == 2 * len(
