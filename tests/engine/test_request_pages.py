@@ -17,6 +17,7 @@ import asyncpg
 import pytest
 from engine_support import db_now, mk_policy, mk_pool
 
+from app.db import batch as db_batch
 from app.db import requests as db_requests
 
 H = timedelta(hours=1)
@@ -161,6 +162,29 @@ async def test_a_page_shows_each_request_as_its_own_read_does(
     assert {"queued", "allocated", "released", "rejected", "preempting"} <= {
         i["status"] for i in page
     }
+
+
+async def test_queued_gang_members_on_a_page_read_as_their_own_reads(
+    mixed: asyncpg.Connection,
+) -> None:
+    """SPEC §11.6: a gang waits as one request of the members' sum at its first member's place;
+    each member's position, message and ETA on a page are what its own read says."""
+    conn = mixed
+    members = [{"subject": "small", "pool": "a", "resources": {"gpu": 2}}] * 3
+    made = await db_batch.create_requests(conn, members, all_or_nothing=True)
+    ids = {str(m.request.id) for m in made}
+    async with conn.transaction():
+        page: list[dict[str, Any]] = await conn.fetchval(
+            "SELECT respool.list_requests(p_pool => 'a', p_status => 'queued', p_limit => 1000)"
+        )
+        mine = [item for item in page if item["id"] in ids]
+        assert len(mine) == 3
+        for item in mine:
+            assert item == await _single(conn, item["id"]), item["id"]
+    assert {(i["queue_position"], i["message"]) for i in mine} == {
+        (mine[0]["queue_position"], mine[0]["message"])
+    }
+    assert mine[0]["message"].startswith(f"gang {mine[0]['gang_id']}: ")
 
 
 async def test_the_api_list_and_single_reads_agree(mixed: asyncpg.Connection) -> None:
