@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
 
 import asyncpg
+import pytest
 
 from app.db import tokens
 from app.db.connect import APP_CLI, connect
@@ -18,6 +19,8 @@ from app.db.dsn import with_database
 from app.db.migrate import migrate
 
 __all__ = [
+    "assert_refused",
+    "assert_refused_read_write",
     "connections_by_app",
     "create_database",
     "database_fingerprint",
@@ -142,3 +145,17 @@ async def database_fingerprint(dsn: str) -> dict[str, str]:
             sql = f"SELECT count(*) || ':' || {digest} FROM respool.{table} t"  # noqa: S608
             out[table] = await conn.fetchval(sql)
         return out
+
+
+async def assert_refused(conn: asyncpg.Connection, sql: str) -> None:
+    """``sql`` is refused for lack of privilege (SQLSTATE 42501)."""
+    with pytest.raises(asyncpg.InsufficientPrivilegeError) as err:
+        await conn.execute(sql)
+    assert err.value.sqlstate == "42501"
+
+
+async def assert_refused_read_write(conn: asyncpg.Connection, sql: str) -> None:
+    """Even in an explicit read-write transaction, ``sql`` is refused for lack of privilege."""
+    await conn.execute("BEGIN READ WRITE")
+    await assert_refused(conn, sql)
+    await conn.execute("ROLLBACK")
