@@ -119,6 +119,7 @@ async def test_batch_shape(module_server: Server) -> None:
     )
 
 
+@pytest.mark.slow  # a scale test (tests/api/test_scale.py has the others)
 async def test_a_thousand_members(server: Server) -> None:
     c = server.client
     await pool_with_policy(c, capacity={"gpu": 600})

@@ -41,9 +41,11 @@ WRITES = [
 ]
 
 
-@pytest.fixture
-async def reader(db_url: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await connect(db_url, application_name=APP_CLI)
+@pytest.fixture(scope="module")
+async def reader(module_db_url: str) -> AsyncIterator[asyncpg.Connection]:
+    """A connection as the reader role to a database with history and live requests, shared by
+    the module's tests: each only reads, or tries a write that must be refused."""
+    conn = await connect(module_db_url, application_name=APP_CLI)
     try:
         await scenario.history(conn)
         await scenario.live(conn)

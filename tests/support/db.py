@@ -6,7 +6,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -19,6 +19,7 @@ from app.db.dsn import with_database
 from app.db.migrate import migrate
 
 __all__ = [
+    "Copies",
     "assert_refused",
     "assert_refused_read_write",
     "connections_by_app",
@@ -128,6 +129,39 @@ def finish_drops() -> None:
     """Wait for every :func:`drop_database_later` (raising the first failure)."""
     while _drops:
         _drops.pop(0).result()
+
+
+class Copies:
+    """Fresh copies of a template database, made ahead on background threads.
+
+    :meth:`take` hands out a copy that is ready (or waits for it) while the next ``ahead`` are
+    being made, so a test does not wait for its CREATE DATABASE: it ran while the test before
+    it did. Every copy is a new database, used by one taker only. :meth:`close` drops the
+    copies nobody took (in the background: :func:`finish_drops` waits for them).
+    """
+
+    def __init__(self, admin: str, template: str, *, ahead: int = 2) -> None:
+        self.admin, self.template, self.ahead = admin, template, ahead
+        self._makers = concurrent.futures.ThreadPoolExecutor(ahead, thread_name_prefix="copy-db")
+        self._ready: deque[concurrent.futures.Future[str]] = deque()
+
+    def _make(self) -> str:
+        name = new_name("copy")
+        create_database(self.admin, name, self.template)
+        return name
+
+    def take(self) -> str:
+        """The name of a new copy of the template."""
+        while len(self._ready) <= self.ahead:
+            self._ready.append(self._makers.submit(self._make))
+        return self._ready.popleft().result()
+
+    def close(self) -> None:
+        self._makers.shutdown(wait=True)
+        while self._ready:
+            future = self._ready.popleft()
+            if future.exception() is None:
+                drop_database_later(self.admin, future.result())
 
 
 _TABLES = (
