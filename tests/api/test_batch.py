@@ -115,6 +115,7 @@ async def test_batch_shape(module_server: Server) -> None:
     error(await c.post(BATCH, json={"members": [member()], "all_or_nothing": 1}), 400)
 
 
+@pytest.mark.slow  # a scale test (tests/api/test_scale.py has the others)
 async def test_a_thousand_members(server: Server) -> None:
     c = server.client
     await pool_with_policy(c, capacity={"gpu": 600})

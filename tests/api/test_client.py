@@ -28,9 +28,10 @@ from respool_client import (
     RespoolError,
 )
 
-from support.http import make_request, ok, pool_with_policy
+from support.http import make_request, ok, one_gpu_request, pool_with_policy
 from support.ports import free_port
 from support.server import Server, running_server
+from support.wait import wait_until
 
 
 async def _usage(server: Server, pool: str = "p") -> dict[str, int]:
@@ -48,14 +49,6 @@ async def _one_request(server: Server, **filters: str) -> dict[str, Any]:
     assert len(items) == 1, items
     result: dict[str, Any] = items[0]
     return result
-
-
-async def _until(check: Any, within: float = 5.0) -> None:
-    for _ in range(int(within / 0.02)):
-        if await check():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError("condition not reached")
 
 
 # --- sync client -------------------------------------------------------------------------------
@@ -126,7 +119,7 @@ async def test_queued_then_granted_after_release(server: Server) -> None:
     async def queued() -> bool:
         return ok(await server.client.get("/v1/pools/p"))["queued"] == 1
 
-    await _until(queued)
+    await wait_until(queued, "the request queued", within=5)
     await asyncio.sleep(0.2)
     assert not task.done()
     ok(await server.client.post(f"/v1/requests/{holder['id']}/release"))
@@ -348,14 +341,13 @@ async def test_server_restart_mid_wait(db_url: str) -> None:
             got.append(grant)
 
     async with _serve_on(db_url, port) as url, httpx.AsyncClient(base_url=url) as c:
-        await pool_with_policy(c, capacity={"gpu": 1})
-        holder = await make_request(c, resources={"gpu": 1})
+        holder = await one_gpu_request(c)
         task = asyncio.create_task(asyncio.to_thread(step, url))
 
         async def queued() -> bool:
             return bool(ok(await c.get("/v1/pools/p"))["queued"] == 1)
 
-        await _until(queued)
+        await wait_until(queued, "the request queued", within=5)
         await asyncio.sleep(0.2)  # the client is in its long-poll now
     # Server down: the open wait was answered; the client's next polls are refused.
     await asyncio.sleep(0.7)

@@ -112,18 +112,7 @@ async def test_a_dead_pooled_connection_is_skipped(
     idle; the statement runs on another connection and the dead one is terminated."""
     pool = await create_pool(db_url, size=2, application_name=APP_API)
     try:
-        original = asyncpg.connection.Connection.fetchval
-        broken: list[asyncpg.Connection] = []
-
-        async def fetchval(self: asyncpg.Connection, *args: Any, **kwargs: Any) -> Any:
-            if not broken:
-                broken.append(self)
-                raise asyncpg.InternalClientError(
-                    "cannot switch to state 12; another operation (2) is in progress"
-                )
-            return await original(self, *args, **kwargs)
-
-        monkeypatch.setattr(asyncpg.connection.Connection, "fetchval", fetchval)
+        broken = _dead_once("fetchval", monkeypatch)
         assert await pool.fetchval("SELECT 41 + 1") == 42
         assert broken and broken[0].is_closed()
         # Any other InternalClientError is not retried.

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from support.http import error, make_request, ok, pool_with_policy
+from support.http import error, make_request, ok, one_gpu_request, pool_with_policy
 from support.server import Server, running_server
 
 
@@ -26,8 +26,7 @@ def _at(value: str) -> datetime:
 
 async def test_lease_seconds_sets_the_lease_of_an_allocated_request(server: Server) -> None:
     c = server.client
-    await pool_with_policy(c, capacity={"gpu": 1})
-    req = await make_request(c, resources={"gpu": 1}, lease_seconds=300)
+    req = await one_gpu_request(c, lease_seconds=300)
     rid = req["id"]
     long = ok(await c.post(f"/v1/requests/{rid}/heartbeat", params={"lease_seconds": 3600}))
     assert _at(long["lease_expires_at"]) - _at(long["updated_at"]) == timedelta(seconds=3600)
@@ -43,8 +42,7 @@ async def test_lease_seconds_sets_the_lease_of_an_allocated_request(server: Serv
 @pytest.mark.parametrize("bad", ["0", "-5", "31536001", "ten", "1.5"])
 async def test_bad_lease_seconds_is_a_400_naming_it(server: Server, bad: str) -> None:
     c = server.client
-    await pool_with_policy(c, capacity={"gpu": 1})
-    req = await make_request(c, resources={"gpu": 1})
+    req = await one_gpu_request(c)
     body = error(
         await c.post(f"/v1/requests/{req['id']}/heartbeat", params={"lease_seconds": bad}),
         400,
@@ -89,8 +87,7 @@ async def test_a_waiting_client_that_keeps_heartbeating_keeps_its_place(
     reconciled: Server,
 ) -> None:
     c = reconciled.client
-    await pool_with_policy(c, capacity={"gpu": 1})
-    holder = await make_request(c, resources={"gpu": 1}, lease_seconds=None)
+    holder = await one_gpu_request(c, lease_seconds=None)
     waiter = await make_request(c, resources={"gpu": 1})
     for _ in range(6):  # 3 s of heartbeats with a 2 s queue lease: > 10 reconciler passes
         beat = ok(

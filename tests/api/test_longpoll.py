@@ -9,6 +9,7 @@ import sys
 import time
 
 import asyncpg
+import httpx
 
 from app.api.requests import POLL_BACKSTOP
 from support.http import make_request, ok, pool_with_policy
@@ -29,6 +30,18 @@ async def _waiting_clients(server: Server, n: int) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"expected {n} waiters, have {server.notifier.waiting}")
+
+
+async def _open_waits(
+    server: Server, request_id: object, n: int, *, wait: int
+) -> list[asyncio.Task[httpx.Response]]:
+    """``n`` long polls (``wait`` seconds) on one request, returned once all ``n`` are waiting."""
+    tasks = [
+        asyncio.create_task(server.client.get(f"/v1/requests/{request_id}", params={"wait": wait}))
+        for _ in range(n)
+    ]
+    await _waiting_clients(server, n)
+    return tasks
 
 
 async def _release_and_time_wake(
@@ -115,11 +128,7 @@ async def test_post_wait_returns_when_granted(server: Server) -> None:
 async def test_waiting_holds_no_db_connection(server: Server) -> None:
     c = server.client  # the server's pool has 4 connections
     _, waiting = await _full_pool(server)
-    tasks = [
-        asyncio.create_task(c.get(f"/v1/requests/{waiting['id']}", params={"wait": 3}))
-        for _ in range(12)
-    ]
-    await _waiting_clients(server, 12)
+    tasks = await _open_waits(server, waiting["id"], 12, wait=3)
     start = time.monotonic()
     ok(await c.get("/v1/pools"))
     assert time.monotonic() - start < 1.0
@@ -157,13 +166,8 @@ async def test_listener_reconnects_and_still_wakes(server: Server) -> None:
 
 
 async def test_sigterm_answers_open_waits(server: Server) -> None:
-    c = server.client
     _, waiting = await _full_pool(server)
-    tasks = [
-        asyncio.create_task(c.get(f"/v1/requests/{waiting['id']}", params={"wait": 10}))
-        for _ in range(3)
-    ]
-    await _waiting_clients(server, 3)
+    tasks = await _open_waits(server, waiting["id"], 3, wait=10)
     start = time.monotonic()
     server.uvicorn.handle_exit(signal.SIGTERM, None)
     done = await asyncio.wait_for(asyncio.gather(*tasks), 5)

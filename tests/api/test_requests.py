@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from app.db import pools as db_pools
-from support.http import error, make_request, ok, pool_with_policy
+from support.http import error, make_request, ok, one_gpu_request, pool_with_policy
 from support.server import Server
 
 
@@ -133,8 +133,7 @@ async def test_list_filters_and_pages(server: Server) -> None:
 
 async def test_heartbeat_release_cancel_delete_events(server: Server) -> None:
     c = server.client
-    await pool_with_policy(c, capacity={"gpu": 1})
-    held = await make_request(c, resources={"gpu": 1}, lease_seconds=30)
+    held = await one_gpu_request(c, lease_seconds=30)
     rid = held["id"]
 
     hb = ok(await c.post(f"/v1/requests/{rid}/heartbeat", params={"attempt": 1}))

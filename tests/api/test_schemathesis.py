@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from support.fuzz import schemathesis
-from support.server import running_server
+from support.fuzz import schemathesis_on_a_server
 
 pytestmark = pytest.mark.slow  # measured: tens of seconds (pytest --durations)
 
@@ -33,11 +32,9 @@ async def test_schemathesis_finds_nothing(
     db_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.ERROR, logger="respool")
-    # A short max_wait: fuzzed `wait=` values must not hold the run for long.
-    async with running_server(db_url, max_wait=0.3, db_pool_size=4) as srv:
-        code, report = await schemathesis(
-            srv.url, tmp_path, examples=EXAMPLES, seed=SEED, within=240
-        )
+    code, report = await schemathesis_on_a_server(
+        db_url, tmp_path, examples=EXAMPLES, seed=SEED, within=240
+    )
     assert code == 0, report[-8000:]
 
     selected = re.search(r"Selected: (\d+)/(\d+)", report)

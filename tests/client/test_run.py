@@ -141,6 +141,7 @@ async def test_preempting_sends_sigterm_before_the_deadline(live: Server, tmp_pa
     assert (await _request(live, started["request"]))["status"] == "preempted"
 
 
+@pytest.mark.slow  # waits out the grace deadline
 async def test_sigkill_at_the_deadline_when_sigterm_is_ignored(
     live: Server, tmp_path: Path
 ) -> None:
@@ -174,6 +175,7 @@ async def test_requeued_after_preemption_runs_again(live: Server, tmp_path: Path
     assert (await _request(live, first["request"]))["status"] == "released"
 
 
+@pytest.mark.slow  # waits out a lease
 async def test_kill_9_of_the_wrapper_lease_expiry_frees_the_units(
     live: Server, tmp_path: Path
 ) -> None:

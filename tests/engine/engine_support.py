@@ -12,12 +12,14 @@ from typing import Any
 from uuid import UUID
 
 import asyncpg
+import msgspec
 
 from app.db import policies as db_policies
 from app.db import pools as db_pools
 from app.db import queries as q
 from app.db import reconcile as db_reconcile
 from app.db import requests as db_requests
+from app.db.errors import translate
 
 
 async def mk_pool(
@@ -28,6 +30,20 @@ async def mk_pool(
 
 async def mk_policy(conn: asyncpg.Connection, subject: str, pool: str, **kw: Any) -> q.Policy:
     return await db_policies.create_policy(conn, subject=subject, pool=pool, **kw)
+
+
+async def mk_pool_s(conn: asyncpg.Connection, capacity: Mapping[str, int], **kw: Any) -> None:
+    """Pool ``p`` (``kw``: its other settings) with a plain policy for subject ``S``."""
+    await mk_pool(conn, "p", capacity, **kw)
+    await mk_policy(conn, "S", "p")
+
+
+async def mk_pools_s(conn: asyncpg.Connection, capacity: Mapping[str, int], *names: str) -> None:
+    """Pools ``names``, each of ``capacity``, with a plain policy for subject ``S`` in each."""
+    for name in names:
+        await mk_pool(conn, name, capacity)
+    for name in names:
+        await mk_policy(conn, "S", name)
 
 
 async def mk_req(
@@ -161,3 +177,31 @@ async def partial_gangs(conn: asyncpg.Connection) -> list[dict[str, Any]]:
 
 async def db_now(conn: asyncpg.Connection) -> datetime:
     return await conn.fetchval("SELECT now()")  # type: ignore[no-any-return]
+
+
+async def heartbeat_at(
+    conn: asyncpg.Connection,
+    request_id: UUID,
+    now: datetime,
+    lease_seconds: int | None = None,
+    attempt: int | None = None,
+) -> q.Request:
+    """heartbeat_request with a chosen clock (the wrapper always uses the database's); errors
+    come out as the wrapper's (Conflict, BadInput, ...)."""
+    try:
+        doc = await conn.fetchval(
+            "SELECT respool.heartbeat_request(p_id => $1, p_attempt => $2,"
+            " p_lease_seconds => $3, p_now => $4)",
+            request_id,
+            attempt,
+            lease_seconds,
+            now,
+        )
+    except asyncpg.PostgresError as exc:
+        raise (translate(exc) or exc) from exc
+    return msgspec.convert(doc, q.Request, strict=False)
+
+
+async def release_at(conn: asyncpg.Connection, request_id: UUID, at: datetime) -> None:
+    """release_request with a chosen clock."""
+    await conn.execute("SELECT respool.release_request(p_id => $1, p_now => $2)", request_id, at)

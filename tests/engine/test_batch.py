@@ -13,6 +13,7 @@ from engine_support import (
     events,
     mk_policy,
     mk_pool,
+    mk_pool_s,
     mk_req,
     queue_ids,
     statuses,
@@ -33,8 +34,7 @@ async def count(conn: asyncpg.Connection) -> int:
 
 
 async def test_grants_in_member_order_and_queues_the_rest(conn: asyncpg.Connection) -> None:
-    await mk_pool(conn, "p", {"gpu": 4})
-    await mk_policy(conn, "S", "p")
+    await mk_pool_s(conn, {"gpu": 4})
     made = await db_batch.create_requests(conn, [one_gpu(labels={"i": str(i)}) for i in range(7)])
     assert [m.created for m in made] == [True] * 7
     reqs = [m.request for m in made]
@@ -50,8 +50,7 @@ async def test_grants_in_member_order_and_queues_the_rest(conn: asyncpg.Connecti
 
 
 async def test_members_behind_an_earlier_queue_wait_their_turn(conn: asyncpg.Connection) -> None:
-    await mk_pool(conn, "p", {"gpu": 2})
-    await mk_policy(conn, "S", "p")
+    await mk_pool_s(conn, {"gpu": 2})
     holder = await mk_req(conn, "S", "p", resources={"gpu": 2})
     earlier = await mk_req(conn, "S", "p", resources={"gpu": 1})
     made = await db_batch.create_requests(conn, [one_gpu(), one_gpu()])
@@ -95,8 +94,7 @@ async def test_each_member_validated_and_rejected_on_its_own(conn: asyncpg.Conne
 
 
 async def test_idempotency_per_member(conn: asyncpg.Connection) -> None:
-    await mk_pool(conn, "p", {"gpu": 4})
-    await mk_policy(conn, "S", "p")
+    await mk_pool_s(conn, {"gpu": 4})
     single = await db_requests.create_request(
         conn, subject="S", pool="p", resources={"gpu": 1}, idempotency_key="a"
     )
@@ -142,8 +140,7 @@ async def test_idempotency_per_member(conn: asyncpg.Connection) -> None:
 async def test_a_bad_member_refuses_the_whole_batch(
     conn: asyncpg.Connection, bad: Any, error: type[Exception], field: str
 ) -> None:
-    await mk_pool(conn, "p", {"gpu": 4})
-    await mk_policy(conn, "S", "p")
+    await mk_pool_s(conn, {"gpu": 4})
     await db_requests.create_request(
         conn, subject="S", pool="p", resources={"gpu": 1}, idempotency_key="k"
     )
@@ -158,8 +155,7 @@ async def test_a_bad_member_refuses_the_whole_batch(
 
 
 async def test_batch_size(conn: asyncpg.Connection) -> None:
-    await mk_pool(conn, "p", {"gpu": 4})
-    await mk_policy(conn, "S", "p")
+    await mk_pool_s(conn, {"gpu": 4})
     with pytest.raises(BadInput) as empty:
         await db_batch.create_requests(conn, [])
     assert empty.value.field == "members"

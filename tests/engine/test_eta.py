@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from uuid import UUID
 
 import asyncpg
-from engine_support import db_now, get, mk_policy, mk_pool
+from engine_support import db_now, get, mk_policy, mk_pool, release_at
 
 from app.db import requests as db_requests
 
@@ -22,10 +22,6 @@ async def create(conn: asyncpg.Connection, gpu: int, at: datetime) -> UUID:
     return UUID(doc["id"])
 
 
-async def release(conn: asyncpg.Connection, request_id: UUID, at: datetime) -> None:
-    await conn.execute("SELECT respool.release_request(p_id => $1, p_now => $2)", request_id, at)
-
-
 async def test_no_history_no_eta_then_estimates_from_hold_times(conn: asyncpg.Connection) -> None:
     await mk_pool(conn, "p", {"gpu": 1}, starvation_seconds=None)
     await mk_policy(conn, "s", "p")
@@ -33,15 +29,15 @@ async def test_no_history_no_eta_then_estimates_from_hold_times(conn: asyncpg.Co
     holder = await create(conn, 1, now - timedelta(seconds=30))
     first = await create(conn, 1, now - timedelta(seconds=20))
     assert (await get(conn, first)).eta is None  # no hold recorded yet in this pool
-    await release(conn, holder, now - timedelta(seconds=10))
+    await release_at(conn, holder, now - timedelta(seconds=10))
     # History: one hold of 20 s ... build ten holds of 100 s (and one of 1000 s) in the past.
-    await release(conn, first, now - timedelta(seconds=9))
+    await release_at(conn, first, now - timedelta(seconds=9))
     start = now - timedelta(hours=3)
     for i in range(10):
         r = await create(conn, 1, start + timedelta(seconds=200 * i))
-        await release(conn, r, start + timedelta(seconds=200 * i + 100))
+        await release_at(conn, r, start + timedelta(seconds=200 * i + 100))
     long = await create(conn, 1, start + timedelta(seconds=5000))
-    await release(conn, long, start + timedelta(seconds=6000))
+    await release_at(conn, long, start + timedelta(seconds=6000))
     # A holder that started 30 s ago, and two requests queued behind it.
     running = await create(conn, 1, now - timedelta(seconds=30))
     assert (await get(conn, running)).status == "allocated"
@@ -74,7 +70,7 @@ async def test_eta_with_several_tracked_keys(conn: asyncpg.Connection) -> None:
     start = now - timedelta(hours=1)
     for i in range(5):  # history: holds of 100 s
         r = await create(conn, 1, start + timedelta(seconds=200 * i))
-        await release(conn, r, start + timedelta(seconds=200 * i + 100))
+        await release_at(conn, r, start + timedelta(seconds=200 * i + 100))
     await create(conn, 1, now - timedelta(seconds=50))  # holds the GPU, 50 s of ~100 left
     tpu = await conn.fetchval(
         "SELECT request FROM respool.create_request(p_subject => 's', p_pool => 'p',"

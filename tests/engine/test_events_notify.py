@@ -10,7 +10,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from engine_support import events, get, mk_policy, mk_pool, mk_req, pool_id
+from engine_support import events, get, mk_pool_s, mk_pools_s, mk_req, pool_id
 
 from app.db import pools as db_pools
 from app.db import requests as db_requests
@@ -130,8 +130,7 @@ async def test_history(
     scenario: Callable[[asyncpg.Connection], Awaitable[list[Ev]]],
     expected: list[Ev],
 ) -> None:
-    await mk_pool(conn, "p", {"gpu": 2})
-    await mk_policy(conn, "S", "p")
+    await mk_pool_s(conn, {"gpu": 2})
     history = await scenario(conn)
     assert history == expected
     # version counts the status changes; the view shows the same history
@@ -146,8 +145,7 @@ async def test_history(
 
 
 async def test_events_are_append_only(conn: asyncpg.Connection) -> None:
-    await mk_pool(conn, "p", {"gpu": 2})
-    await mk_policy(conn, "S", "p")
+    await mk_pool_s(conn, {"gpu": 2})
     await mk_req(conn, "S", "p")
     with pytest.raises(asyncpg.PostgresError) as err:
         await conn.execute("UPDATE respool.events SET reason = 'x'")
@@ -210,8 +208,7 @@ async def nothing_more(notes: asyncio.Queue[dict[str, Any]]) -> None:
 async def test_notify_after_commit(
     conn: asyncpg.Connection, notes: asyncio.Queue[dict[str, Any]]
 ) -> None:
-    await mk_pool(conn, "p", {"gpu": 1})
-    await mk_policy(conn, "S", "p")
+    await mk_pool_s(conn, {"gpu": 1})
     r = await mk_req(conn, "S", "p", resources={"gpu": 1})
     rid = str(r.id)
     assert await take(notes, 2) == [
@@ -235,8 +232,7 @@ async def test_notify_after_commit(
 async def test_no_notify_for_a_rolled_back_transaction(
     conn: asyncpg.Connection, notes: asyncio.Queue[dict[str, Any]]
 ) -> None:
-    await mk_pool(conn, "p", {"gpu": 1})
-    await mk_policy(conn, "S", "p")
+    await mk_pool_s(conn, {"gpu": 1})
 
     class Abort(Exception):
         pass
@@ -253,10 +249,7 @@ async def test_no_notify_for_a_rolled_back_transaction(
 async def test_notify_names_the_pool_once_granted(
     conn: asyncpg.Connection, notes: asyncio.Queue[dict[str, Any]]
 ) -> None:
-    await mk_pool(conn, "a", {"gpu": 1})
-    await mk_pool(conn, "b", {"gpu": 1})
-    await mk_policy(conn, "S", "a")
-    await mk_policy(conn, "S", "b")
+    await mk_pools_s(conn, {"gpu": 1}, "a", "b")
     holder = await mk_req(conn, "S", "b", resources={"gpu": 1})
     await mk_req(conn, "S", "a", resources={"gpu": 1})
     await take(notes, 4)

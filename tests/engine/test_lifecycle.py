@@ -4,18 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
-from uuid import UUID, uuid4
+from uuid import uuid4
 
 import asyncpg
-import msgspec
 import pytest
 from engine_support import (
     allocated,
     assert_healthy,
     events,
     get,
-    mk_policy,
-    mk_pool,
+    heartbeat_at,
+    mk_pool_s,
     mk_req,
     pool_id,
     queue,
@@ -24,30 +23,13 @@ from engine_support import (
 
 from app.db import queries as q
 from app.db import requests as db_requests
-from app.db.errors import Conflict, NotFound, translate
+from app.db.errors import Conflict, NotFound
 
 
 @pytest.fixture
 async def db(conn: asyncpg.Connection) -> asyncpg.Connection:
-    await mk_pool(conn, "p", {"gpu": 2})
-    await mk_policy(conn, "S", "p")
+    await mk_pool_s(conn, {"gpu": 2})
     return conn
-
-
-async def heartbeat_at(
-    conn: asyncpg.Connection, request_id: UUID, now: datetime, attempt: int | None = None
-) -> q.Request:
-    """heartbeat_request with a chosen clock (the wrapper always uses the database's)."""
-    try:
-        doc = await conn.fetchval(
-            "SELECT respool.heartbeat_request(p_id => $1, p_attempt => $2, p_now => $3)",
-            request_id,
-            attempt,
-            now,
-        )
-    except asyncpg.PostgresError as exc:
-        raise (translate(exc) or exc) from exc
-    return msgspec.convert(doc, q.Request, strict=False)
 
 
 async def expire_at(conn: asyncpg.Connection, pool: str, now: datetime) -> int:

@@ -834,29 +834,37 @@ class EngineMachine(RuleBasedStateMachine):
             if r.status in ("queued", "allocated")
         ]
 
+    def _on_live(self, data: st.DataObject, action: str, sql: str) -> MRequest:
+        """Draw a live request, run ``sql`` on it (``$1`` its id, ``$2`` now), count ``action``;
+        returns the model's request for the model to follow."""
+        rid = data.draw(st.sampled_from(self._live()), label="request")
+        self.sql(sql, rid, self.now())
+        self.stats[action] += 1
+        return self.model.requests[rid]
+
     @precondition(lambda self: bool(self._live()))
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
-        rid = data.draw(st.sampled_from(self._live()), label="request")
-        self.sql("SELECT respool.release_request(p_id => $1::uuid, p_now => $2)", rid, self.now())
-        self.model.finish(self.model.requests[rid], "released", "released_while_queued", None)
-        self.stats["release"] += 1
+        r = self._on_live(
+            data, "release", "SELECT respool.release_request(p_id => $1::uuid, p_now => $2)"
+        )
+        self.model.finish(r, "released", "released_while_queued", None)
 
     @precondition(lambda self: bool(self._live()))
     @rule(data=st.data())
     def cancel(self, data: st.DataObject) -> None:
-        rid = data.draw(st.sampled_from(self._live()), label="request")
-        self.sql("SELECT respool.cancel_request(p_id => $1::uuid, p_now => $2)", rid, self.now())
-        self.model.finish(self.model.requests[rid], "cancelled", "cancelled", "cancelled")
-        self.stats["cancel"] += 1
+        r = self._on_live(
+            data, "cancel", "SELECT respool.cancel_request(p_id => $1::uuid, p_now => $2)"
+        )
+        self.model.finish(r, "cancelled", "cancelled", "cancelled")
 
     @precondition(lambda self: bool(self._live()))
     @rule(data=st.data())
     def heartbeat(self, data: st.DataObject) -> None:
-        rid = data.draw(st.sampled_from(self._live()), label="request")
-        self.sql("SELECT respool.heartbeat_request(p_id => $1::uuid, p_now => $2)", rid, self.now())
-        self.model.heartbeat(self.model.requests[rid])
-        self.stats["heartbeat"] += 1
+        r = self._on_live(
+            data, "heartbeat", "SELECT respool.heartbeat_request(p_id => $1::uuid, p_now => $2)"
+        )
+        self.model.heartbeat(r)
 
     @rule(pool=st.sampled_from(POOL_NAMES))
     def reconcile(self, pool: str) -> None:
@@ -1021,11 +1029,19 @@ class EngineMachine(RuleBasedStateMachine):
         return "\n".join(lines)
 
 
-# Passing takes ~20 s; on a failure Hypothesis shrinks for up to 5 minutes (every shrink attempt
-# replays its steps against the database), so allow that before pytest-timeout steps in.
+# "full" passes in ~20 s and is ``slow``; "quick" (a tenth of the examples, half the steps) keeps
+# the model in the quick loop (`pytest -m "not slow"`). On a failure Hypothesis shrinks for up to
+# 5 minutes (every shrink attempt replays its steps against the database), so allow that before
+# pytest-timeout steps in.
 @pytest.mark.timeout(900)
-@pytest.mark.slow
-def test_engine_matches_reference_model(db_url: str) -> None:
+@pytest.mark.parametrize(
+    ("examples", "steps"),
+    [
+        pytest.param(10, 20, id="quick"),
+        pytest.param(100, 40, id="full", marks=pytest.mark.slow),
+    ],
+)
+def test_engine_matches_reference_model(db_url: str, examples: int, steps: int) -> None:
     runner = LoopThread()
     conn = runner.run(connect(db_url, application_name=APP_CLI))
     if twin := os.environ.get("RESPOOL_MODEL_TWIN"):
@@ -1039,8 +1055,8 @@ def test_engine_matches_reference_model(db_url: str) -> None:
         run_state_machine_as_test(
             EngineMachine,
             settings=settings(
-                max_examples=100,
-                stateful_step_count=40,
+                max_examples=examples,
+                stateful_step_count=steps,
                 deadline=None,
                 database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],

@@ -13,6 +13,8 @@ from engine_support import (
     get,
     mk_policy,
     mk_pool,
+    mk_pool_s,
+    mk_pools_s,
     mk_req,
     policy_usage,
     pool_usage,
@@ -175,8 +177,7 @@ async def test_capacity_merge(conn: asyncpg.Connection) -> None:
 
 async def test_shrinking_an_untracked_soft_key_in_use(conn: asyncpg.Connection) -> None:
     """A soft key that becomes untracked keeps its usage counter (so I4 still holds)."""
-    await mk_pool(conn, "p", {"gpu": 4, "mcpu": 4000})
-    await mk_policy(conn, "S", "p")
+    await mk_pool_s(conn, {"gpu": 4, "mcpu": 4000})
     r = await mk_req(conn, "S", "p", resources={"mcpu": 1000})
     pool = await db_pools.update_pool(conn, "p", capacity={"mcpu": 0})
     assert pool.capacity == {"gpu": 4}
@@ -210,8 +211,7 @@ async def test_capacity_below_reserved_is_refused(
 
 
 async def test_shrink_rejects_queued_requests_that_can_never_fit(conn: asyncpg.Connection) -> None:
-    await mk_pool(conn, "p", {"gpu": 8, "tpu": 2})
-    await mk_policy(conn, "S", "p")
+    await mk_pool_s(conn, {"gpu": 8, "tpu": 2})
     holder = await mk_req(conn, "S", "p", resources={"gpu": 2})
     never = await mk_req(conn, "S", "p", resources={"gpu": 7})
     needs_tpu = await mk_req(conn, "S", "p", resources={"gpu": 7, "tpu": 1})
@@ -234,10 +234,7 @@ async def test_shrink_rejects_queued_requests_that_can_never_fit(conn: asyncpg.C
 
 
 async def test_shrink_drops_one_candidate_but_keeps_the_others(conn: asyncpg.Connection) -> None:
-    await mk_pool(conn, "a", {"gpu": 4})
-    await mk_pool(conn, "b", {"gpu": 4})
-    await mk_policy(conn, "S", "a")
-    await mk_policy(conn, "S", "b")
+    await mk_pools_s(conn, {"gpu": 4}, "a", "b")
     await mk_req(conn, "S", "a", resources={"gpu": 4})
     await mk_req(conn, "S", "b", resources={"gpu": 4})
     waiting = await mk_req(conn, "S", resources={"gpu": 3})
@@ -290,8 +287,7 @@ async def test_delete_pool(conn: asyncpg.Connection) -> None:
 
 
 async def test_delete_pool_without_live_requests_needs_no_force(conn: asyncpg.Connection) -> None:
-    await mk_pool(conn, "p", {"gpu": 2})
-    await mk_policy(conn, "S", "p")
+    await mk_pool_s(conn, {"gpu": 2})
     r = await mk_req(conn, "S", "p", resources={"gpu": 3})
     assert r.status == "rejected"
     await db_pools.delete_pool(conn, "p")
@@ -299,10 +295,7 @@ async def test_delete_pool_without_live_requests_needs_no_force(conn: asyncpg.Co
 
 
 async def test_force_delete_keeps_requests_queued_elsewhere(conn: asyncpg.Connection) -> None:
-    await mk_pool(conn, "a", {"gpu": 1})
-    await mk_pool(conn, "b", {"gpu": 1})
-    await mk_policy(conn, "S", "a")
-    await mk_policy(conn, "S", "b")
+    await mk_pools_s(conn, {"gpu": 1}, "a", "b")
     await mk_req(conn, "S", "a", resources={"gpu": 1})
     hb = await mk_req(conn, "S", "b", resources={"gpu": 1})
     waiting = await mk_req(conn, "S", resources={"gpu": 1})

@@ -207,37 +207,47 @@ async def test_victim_history_and_message(conn: asyncpg.Connection) -> None:
     ]
 
 
-async def test_capacity_shrink_preempts_lowest_priority_newest_first(
-    conn: asyncpg.Connection,
-) -> None:
-    case = Case(8, [("lo", 0, 0, None), ("hi", 10, 0, None)],
-                running=[("l1", "lo", 2, True), ("l2", "lo", 2, True), ("h1", "hi", 2, True),
-                         ("h2", "hi", 2, True)],
-                incoming=[], allocated=set())  # fmt: skip
-    ids = await build(conn, case)
+async def _shrink_capacity(conn: asyncpg.Connection) -> None:
     await db_pools.update_pool(conn, "p", capacity={"gpu": 5})
-    assert [v.invariant for v in await db_reconcile.invariant_violations(conn)] == ["I1"]
-    await reconcile(conn, "p")
-    # 3 units too many: l2 (2, newest low) then l1 (2) -> both needed.
-    assert await outcome(conn, ids) == {"allocated": {"h1", "h2"}, "preempted": {"l1", "l2"},
-                                        "queued": set()}  # fmt: skip
-    assert (await get(conn, ids["l2"])).reason == "capacity_shrink"
-    await assert_healthy(conn)
 
 
-async def test_limit_shrink_preempts_the_subjects_newest(conn: asyncpg.Connection) -> None:
-    case = Case(10, [("a", 0, 0, 6), ("b", 0, 0, None)],
-                running=[("a1", "a", 2, True), ("b1", "b", 2, True), ("a2", "a", 2, True),
-                         ("a3", "a", 2, True)],
-                incoming=[], allocated=set())  # fmt: skip
-    ids = await build(conn, case)
+async def _shrink_limit_of_a(conn: asyncpg.Connection) -> None:
     policy = (await db_policies.list_policies(conn, subject="a"))[0]
     await db_policies.update_policy(conn, str(policy.id), limit={"gpu": 3})
-    assert [v.invariant for v in await db_reconcile.invariant_violations(conn)] == ["I2"]
+
+
+# name: (case (expected outcome included), the shrink, the invariant it breaks, the victim that
+# carries the reason, that reason)
+SHRINKS = {
+    # 3 units too many: l2 (2, newest low) then l1 (2) -> both needed.
+    "capacity shrink preempts lowest priority newest first": (
+        Case(8, [("lo", 0, 0, None), ("hi", 10, 0, None)],
+             running=[("l1", "lo", 2, True), ("l2", "lo", 2, True), ("h1", "hi", 2, True),
+                      ("h2", "hi", 2, True)],
+             incoming=[], allocated={"h1", "h2"}, preempted={"l1", "l2"}),
+        _shrink_capacity, "I1", "l2", "capacity_shrink"),
+    "limit shrink preempts the subject's newest": (
+        Case(10, [("a", 0, 0, 6), ("b", 0, 0, None)],
+             running=[("a1", "a", 2, True), ("b1", "b", 2, True), ("a2", "a", 2, True),
+                      ("a3", "a", 2, True)],
+             incoming=[], allocated={"a1", "b1"}, preempted={"a2", "a3"}),
+        _shrink_limit_of_a, "I2", "a3", "limit_shrink"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(SHRINKS))
+async def test_shrink_preempts(conn: asyncpg.Connection, name: str) -> None:
+    case, shrink, invariant, victim, reason = SHRINKS[name]
+    ids = await build(conn, case)
+    await shrink(conn)
+    assert [v.invariant for v in await db_reconcile.invariant_violations(conn)] == [invariant]
     await reconcile(conn, "p")
-    assert await outcome(conn, ids) == {"allocated": {"a1", "b1"}, "preempted": {"a2", "a3"},
-                                        "queued": set()}  # fmt: skip
-    assert (await get(conn, ids["a3"])).reason == "limit_shrink"
+    assert await outcome(conn, ids) == {
+        "allocated": case.allocated,
+        "preempted": case.preempted,
+        "queued": set(),
+    }
+    assert (await get(conn, ids[victim])).reason == reason
     await assert_healthy(conn)
 
 

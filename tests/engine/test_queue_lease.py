@@ -20,41 +20,20 @@ from engine_support import (
     db_now,
     events,
     get,
+    heartbeat_at,
     mk_policy,
     mk_pool,
+    mk_pool_s,
     mk_req,
     queue_ids,
     status,
 )
 
 from app.db import pools as db_pools
-from app.db import queries as q
 from app.db import requests as db_requests
-from app.db.errors import BadInput, Conflict, translate
+from app.db.errors import BadInput, Conflict
 
 S = timedelta(seconds=1)
-
-
-async def beat(
-    conn: asyncpg.Connection,
-    request_id: UUID,
-    now: datetime,
-    lease_seconds: int | None = None,
-    attempt: int | None = None,
-) -> q.Request:
-    """heartbeat_request with a chosen clock (the wrapper always uses the database's)."""
-    try:
-        doc = await conn.fetchval(
-            "SELECT respool.heartbeat_request(p_id => $1, p_attempt => $2,"
-            " p_lease_seconds => $3, p_now => $4)",
-            request_id,
-            attempt,
-            lease_seconds,
-            now,
-        )
-    except asyncpg.PostgresError as exc:
-        raise (translate(exc) or exc) from exc
-    return msgspec.convert(doc, q.Request, strict=False)
 
 
 async def reconcile(conn: asyncpg.Connection, pool: str, now: datetime) -> dict[str, Any]:
@@ -64,74 +43,67 @@ async def reconcile(conn: asyncpg.Connection, pool: str, now: datetime) -> dict[
     return msgspec.convert(doc, dict[str, Any])
 
 
+Full = tuple[asyncpg.Connection, UUID, UUID, datetime]
+
+
 @pytest.fixture
-async def full(conn: asyncpg.Connection) -> tuple[asyncpg.Connection, UUID, UUID]:
-    """Pool p (1 GPU, strict) with one holder and one queued request of subject S."""
-    await mk_pool(conn, "p", {"gpu": 1}, queueing="strict")
-    await mk_policy(conn, "S", "p")
+async def full(conn: asyncpg.Connection) -> Full:
+    """Pool p (1 GPU, strict) with one holder and one queued request of subject S, and a time
+    ``t`` just after they were made (the tests' clock starts there)."""
+    await mk_pool_s(conn, {"gpu": 1}, queueing="strict")
     holder = await mk_req(conn, "S", "p", resources={"gpu": 1}, lease_seconds=300)
     waiter = await mk_req(conn, "S", "p", resources={"gpu": 1}, lease_seconds=300)
     assert (holder.status, waiter.status) == ("allocated", "queued")
-    return conn, holder.id, waiter.id
+    return conn, holder.id, waiter.id, await db_now(conn) + S
 
 
-async def test_heartbeat_sets_the_lease_to_now_plus_the_given_seconds(
-    full: tuple[asyncpg.Connection, UUID, UUID],
-) -> None:
-    conn, holder, _ = full
+async def test_heartbeat_sets_the_lease_to_now_plus_the_given_seconds(full: Full) -> None:
+    conn, holder, _, _ = full
     t = await db_now(conn) + 5 * S
-    got = await beat(conn, holder, t, lease_seconds=3600)
+    got = await heartbeat_at(conn, holder, t, lease_seconds=3600)
     assert got.lease_expires_at == t + 3600 * S
     assert got.lease_seconds == 300  # the request's default is not changed
-    shorter = await beat(conn, holder, t + S, lease_seconds=40)
+    shorter = await heartbeat_at(conn, holder, t + S, lease_seconds=40)
     assert shorter.lease_expires_at == t + 41 * S  # absolute: a shorter lease shortens it
-    default = await beat(conn, holder, t + 2 * S)
+    default = await heartbeat_at(conn, holder, t + 2 * S)
     assert default.lease_expires_at == t + 302 * S
 
 
 async def test_heartbeat_gives_a_lease_to_a_request_without_one(conn: asyncpg.Connection) -> None:
-    await mk_pool(conn, "p", {"gpu": 1})
-    await mk_policy(conn, "S", "p")
+    await mk_pool_s(conn, {"gpu": 1})
     r = await mk_req(conn, "S", "p", resources={"gpu": 1}, lease_seconds=None)
     t = await db_now(conn) + S
-    assert (await beat(conn, r.id, t)).lease_expires_at is None
-    leased = await beat(conn, r.id, t, lease_seconds=60)
+    assert (await heartbeat_at(conn, r.id, t)).lease_expires_at is None
+    leased = await heartbeat_at(conn, r.id, t, lease_seconds=60)
     assert leased.lease_expires_at == t + 60 * S
     await reconcile(conn, "p", t + 61 * S)
     assert (await get(conn, r.id)).reason == "lease_expired"
 
 
 @pytest.mark.parametrize("bad", [0, -1, 31_536_001])
-async def test_bad_lease_seconds_is_refused_naming_the_field(
-    full: tuple[asyncpg.Connection, UUID, UUID], bad: int
-) -> None:
-    conn, holder, waiter = full
+async def test_bad_lease_seconds_is_refused_naming_the_field(full: Full, bad: int) -> None:
+    conn, holder, waiter, _ = full
     for rid in (holder, waiter):
         before = await get(conn, rid)
         with pytest.raises(BadInput) as info:
-            await beat(conn, rid, await db_now(conn), lease_seconds=bad)
+            await heartbeat_at(conn, rid, await db_now(conn), lease_seconds=bad)
         assert info.value.field == "lease_seconds"
         assert await get(conn, rid) == before
     assert await conn.fetchval("SELECT count(*) FROM respool.queue_leases") == 0
 
 
-async def test_queued_request_never_heartbeated_keeps_waiting(
-    full: tuple[asyncpg.Connection, UUID, UUID],
-) -> None:
-    conn, holder, waiter = full
-    await beat(conn, holder, await db_now(conn), lease_seconds=10_000_000)
+async def test_queued_request_never_heartbeated_keeps_waiting(full: Full) -> None:
+    conn, holder, waiter, _ = full
+    await heartbeat_at(conn, holder, await db_now(conn), lease_seconds=10_000_000)
     await reconcile(conn, "p", await db_now(conn) + timedelta(days=30))
     assert await status(conn, waiter) == "queued"
 
 
-async def test_lapsed_queue_lease_cancels_as_abandoned_and_the_queue_moves(
-    full: tuple[asyncpg.Connection, UUID, UUID],
-) -> None:
-    conn, holder, waiter = full
+async def test_lapsed_queue_lease_cancels_as_abandoned_and_the_queue_moves(full: Full) -> None:
+    conn, holder, waiter, t = full
     behind = (await mk_req(conn, "S", "p", resources={"gpu": 1})).id
-    t = await db_now(conn) + S
-    await beat(conn, holder, t, lease_seconds=3600)
-    queued = await beat(conn, waiter, t, lease_seconds=10)
+    await heartbeat_at(conn, holder, t, lease_seconds=3600)
+    queued = await heartbeat_at(conn, waiter, t, lease_seconds=10)
     assert queued.status == "queued"  # a heartbeat never changes a waiting request's status
 
     await reconcile(conn, "p", t + 9 * S)
@@ -151,17 +123,14 @@ async def test_lapsed_queue_lease_cancels_as_abandoned_and_the_queue_moves(
     await assert_healthy(conn)
 
 
-async def test_each_heartbeat_renews_the_queue_lease(
-    full: tuple[asyncpg.Connection, UUID, UUID],
-) -> None:
-    conn, holder, waiter = full
-    t = await db_now(conn) + S
-    await beat(conn, holder, t, lease_seconds=3600)
-    await beat(conn, waiter, t, lease_seconds=10)
-    await beat(conn, waiter, t + 8 * S, lease_seconds=10)
+async def test_each_heartbeat_renews_the_queue_lease(full: Full) -> None:
+    conn, holder, waiter, t = full
+    await heartbeat_at(conn, holder, t, lease_seconds=3600)
+    await heartbeat_at(conn, waiter, t, lease_seconds=10)
+    await heartbeat_at(conn, waiter, t + 8 * S, lease_seconds=10)
     await reconcile(conn, "p", t + 15 * S)
     assert await status(conn, waiter) == "queued"
-    await beat(conn, waiter, t + 16 * S)  # no lease_seconds: the request's own (300)
+    await heartbeat_at(conn, waiter, t + 16 * S)  # no lease_seconds: the request's own (300)
     await reconcile(conn, "p", t + 300 * S)
     assert await status(conn, waiter) == "queued"
     await reconcile(conn, "p", t + 316 * S)
@@ -171,22 +140,18 @@ async def test_each_heartbeat_renews_the_queue_lease(
 async def test_queued_heartbeat_without_any_lease_sets_no_queue_lease(
     conn: asyncpg.Connection,
 ) -> None:
-    await mk_pool(conn, "p", {"gpu": 1})
-    await mk_policy(conn, "S", "p")
+    await mk_pool_s(conn, {"gpu": 1})
     await mk_req(conn, "S", "p", resources={"gpu": 1}, lease_seconds=None)
     waiter = await mk_req(conn, "S", "p", resources={"gpu": 1}, lease_seconds=None)
     t = await db_now(conn)
-    await beat(conn, waiter.id, t)
+    await heartbeat_at(conn, waiter.id, t)
     await reconcile(conn, "p", t + timedelta(days=400))
     assert await status(conn, waiter.id) == "queued"
 
 
-async def test_queue_lease_ends_when_the_request_is_granted(
-    full: tuple[asyncpg.Connection, UUID, UUID],
-) -> None:
-    conn, holder, waiter = full
-    t = await db_now(conn) + S
-    await beat(conn, waiter, t, lease_seconds=5)
+async def test_queue_lease_ends_when_the_request_is_granted(full: Full) -> None:
+    conn, holder, waiter, t = full
+    await heartbeat_at(conn, waiter, t, lease_seconds=5)
     await db_requests.release_request(conn, holder)
     granted = await get(conn, waiter)
     assert granted.status == "allocated"
@@ -206,7 +171,7 @@ async def test_a_requeued_attempt_is_not_bound_by_the_old_queue_lease(
     t = await db_now(conn) + S
     await mk_req(conn, "high", "p", resources={"gpu": 1})  # reclaim: preempts and requeues
     waiting = await mk_req(conn, "low", "p", resources={"gpu": 2})
-    await beat(conn, waiting.id, t, lease_seconds=5)  # a queue lease on attempt 1
+    await heartbeat_at(conn, waiting.id, t, lease_seconds=5)  # a queue lease on attempt 1
     await reconcile(conn, "p", t)
     again = await get(conn, first.id)
     assert (again.status, again.attempt) == ("queued", 2)
@@ -221,12 +186,10 @@ async def test_a_requeued_attempt_is_not_bound_by_the_old_queue_lease(
     await assert_healthy(conn)
 
 
-async def test_stale_attempt_heartbeat_sets_no_queue_lease(
-    full: tuple[asyncpg.Connection, UUID, UUID],
-) -> None:
-    conn, _, waiter = full
+async def test_stale_attempt_heartbeat_sets_no_queue_lease(full: Full) -> None:
+    conn, _, waiter, _ = full
     with pytest.raises(Conflict):
-        await beat(conn, waiter, await db_now(conn), lease_seconds=5, attempt=2)
+        await heartbeat_at(conn, waiter, await db_now(conn), lease_seconds=5, attempt=2)
     assert await conn.fetchval("SELECT count(*) FROM respool.queue_leases") == 0
 
 
@@ -238,7 +201,7 @@ async def test_abandoned_request_leaves_every_candidate_queue(conn: asyncpg.Conn
     anywhere = await mk_req(conn, "S", None, resources={"gpu": 1})
     assert await queue_ids(conn, "a") == [anywhere.id] == await queue_ids(conn, "b")
     t = await db_now(conn) + S
-    await beat(conn, anywhere.id, t, lease_seconds=5)
+    await heartbeat_at(conn, anywhere.id, t, lease_seconds=5)
     await reconcile(conn, "b", t + 5 * S)
     assert (await get(conn, anywhere.id)).reason == "abandoned"
     assert await queue_ids(conn, "a") == [] == await queue_ids(conn, "b")

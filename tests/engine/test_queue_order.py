@@ -12,6 +12,7 @@ from engine_support import (
     get,
     mk_policy,
     mk_pool,
+    mk_pool_s,
     mk_req,
     policy_usage,
     pool_id,
@@ -68,8 +69,7 @@ async def test_in_share_before_an_earlier_borrower(conn: asyncpg.Connection) -> 
 
 
 async def test_queue_time_then_id(conn: asyncpg.Connection) -> None:
-    await mk_pool(conn, "p", {"gpu": 1})
-    await mk_policy(conn, "S", "p")
+    await mk_pool_s(conn, {"gpu": 1})
     holder = await mk_req(conn, "S", "p", resources={"gpu": 1})
     early = await mk_req(conn, "S", "p", resources={"gpu": 1})
     # two requests created in one transaction share their queue time: the id breaks the tie
@@ -85,14 +85,17 @@ async def test_queue_time_then_id(conn: asyncpg.Connection) -> None:
     assert await statuses(conn, tied[0], tied[1]) == ["allocated", "queued"]
 
 
-@pytest.mark.parametrize(
+# best_effort grants a small request past a big head that does not fit; strict keeps it queued.
+BEHIND_A_BIG_ONE = pytest.mark.parametrize(
     ("queueing", "small_status"), [("best_effort", "allocated"), ("strict", "queued")]
 )
+
+
+@BEHIND_A_BIG_ONE
 async def test_small_request_created_behind_a_big_one(
     conn: asyncpg.Connection, queueing: str, small_status: str
 ) -> None:
-    await mk_pool(conn, "p", {"gpu": 4}, queueing=queueing)
-    await mk_policy(conn, "S", "p")
+    await mk_pool_s(conn, {"gpu": 4}, queueing=queueing)
     await mk_req(conn, "S", "p", resources={"gpu": 3})  # 1 gpu free
     big = await mk_req(conn, "S", "p", resources={"gpu": 2})
     small = await mk_req(conn, "S", "p", resources={"gpu": 1})
@@ -104,14 +107,11 @@ async def test_small_request_created_behind_a_big_one(
     await assert_healthy(conn)
 
 
-@pytest.mark.parametrize(
-    ("queueing", "small_status"), [("best_effort", "allocated"), ("strict", "queued")]
-)
+@BEHIND_A_BIG_ONE
 async def test_release_behind_a_big_one(
     conn: asyncpg.Connection, queueing: str, small_status: str
 ) -> None:
-    await mk_pool(conn, "p", {"gpu": 4}, queueing=queueing)
-    await mk_policy(conn, "S", "p")
+    await mk_pool_s(conn, {"gpu": 4}, queueing=queueing)
     h1 = await mk_req(conn, "S", "p", resources={"gpu": 2})
     await mk_req(conn, "S", "p", resources={"gpu": 2})
     big = await mk_req(conn, "S", "p", resources={"gpu": 3})
@@ -123,8 +123,7 @@ async def test_release_behind_a_big_one(
 
 
 async def test_strict_grants_in_order_once_the_head_fits(conn: asyncpg.Connection) -> None:
-    await mk_pool(conn, "p", {"gpu": 4}, queueing="strict")
-    await mk_policy(conn, "S", "p")
+    await mk_pool_s(conn, {"gpu": 4}, queueing="strict")
     h1 = await mk_req(conn, "S", "p", resources={"gpu": 4})
     big = await mk_req(conn, "S", "p", resources={"gpu": 3})
     small = await mk_req(conn, "S", "p", resources={"gpu": 1})
@@ -135,8 +134,7 @@ async def test_strict_grants_in_order_once_the_head_fits(conn: asyncpg.Connectio
 
 
 async def test_strict_head_cancelled_lets_the_queue_move(conn: asyncpg.Connection) -> None:
-    await mk_pool(conn, "p", {"gpu": 4}, queueing="strict")
-    await mk_policy(conn, "S", "p")
+    await mk_pool_s(conn, {"gpu": 4}, queueing="strict")
     await mk_req(conn, "S", "p", resources={"gpu": 2})
     head = await mk_req(conn, "S", "p", resources={"gpu": 3})
     behind = await mk_req(conn, "S", "p", resources={"gpu": 2})
@@ -253,11 +251,17 @@ async def test_trigger_grants_in_the_same_transaction(
     await assert_healthy(conn)
 
 
-async def test_limit_raise_grants_in_the_same_transaction(conn: asyncpg.Connection) -> None:
+async def _at_the_limit(conn: asyncpg.Connection, gpu: int) -> tuple[q.Policy, q.Request]:
+    """Pool p (8 GPUs), S limited to 2 and holding them; S's policy and its next request of
+    ``gpu`` GPUs (waiting on the limit)."""
     await mk_pool(conn, "p", {"gpu": 8})
     pol = await mk_policy(conn, "S", "p", limit={"gpu": 2})
     await mk_req(conn, "S", "p", resources={"gpu": 2})
-    waiting = await mk_req(conn, "S", "p", resources={"gpu": 2})
+    return pol, await mk_req(conn, "S", "p", resources={"gpu": gpu})
+
+
+async def test_limit_raise_grants_in_the_same_transaction(conn: asyncpg.Connection) -> None:
+    pol, waiting = await _at_the_limit(conn, 2)
     assert waiting.status == "queued"
     async with conn.transaction():
         await db_policies.update_policy(conn, str(pol.id), limit={"gpu": 4})
@@ -266,10 +270,7 @@ async def test_limit_raise_grants_in_the_same_transaction(conn: asyncpg.Connecti
 
 
 async def test_removing_a_limit_grants(conn: asyncpg.Connection) -> None:
-    await mk_pool(conn, "p", {"gpu": 8})
-    pol = await mk_policy(conn, "S", "p", limit={"gpu": 2})
-    await mk_req(conn, "S", "p", resources={"gpu": 2})
-    waiting = await mk_req(conn, "S", "p", resources={"gpu": 1})
+    pol, waiting = await _at_the_limit(conn, 1)
     updated = await db_policies.update_policy(
         conn, str(pol.id), limit={"gpu": 0}
     )  # 0 removes the limit

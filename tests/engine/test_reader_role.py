@@ -8,6 +8,8 @@ import asyncpg
 import pytest
 from engine_support import mk_policy, mk_pool, mk_req
 
+from support.db import assert_refused
+
 VIEWS = ["pool_usage", "policy_usage", "queue", "request_events", "invariant_violations"]
 
 
@@ -55,9 +57,7 @@ async def test_reader_sees_the_views(reader: asyncpg.Connection, view: str, rows
     ],
 )
 async def test_reader_cannot_read_base_tables(reader: asyncpg.Connection, table: str) -> None:
-    with pytest.raises(asyncpg.InsufficientPrivilegeError) as err:
-        await reader.fetch(f"SELECT * FROM respool.{table}")  # noqa: S608
-    assert err.value.sqlstate == "42501"
+    await assert_refused(reader, f"SELECT * FROM respool.{table}")  # noqa: S608
 
 
 @pytest.mark.parametrize(
@@ -74,9 +74,7 @@ async def test_reader_cannot_read_base_tables(reader: asyncpg.Connection, table:
 async def test_reader_cannot_call_functions_that_touch_tables(
     reader: asyncpg.Connection, call: str
 ) -> None:
-    with pytest.raises(asyncpg.InsufficientPrivilegeError) as err:
-        await reader.execute(call)
-    assert err.value.sqlstate == "42501"
+    await assert_refused(reader, call)
 
 
 async def test_reader_role_settings(conn: asyncpg.Connection) -> None:

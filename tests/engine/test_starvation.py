@@ -14,7 +14,16 @@ from uuid import UUID
 
 import asyncpg
 import pytest
-from engine_support import assert_healthy, db_now, events, get, mk_policy, mk_pool, mk_req
+from engine_support import (
+    assert_healthy,
+    db_now,
+    events,
+    get,
+    mk_policy,
+    mk_pool,
+    mk_req,
+    release_at,
+)
 
 from app.db import pools as db_pools
 from app.db import requests as db_requests
@@ -33,10 +42,6 @@ async def create(
         at,
     )
     return UUID(doc["id"])
-
-
-async def release(conn: asyncpg.Connection, request_id: UUID, at: datetime) -> None:
-    await conn.execute("SELECT respool.release_request(p_id => $1, p_now => $2)", request_id, at)
 
 
 async def reconcile(conn: asyncpg.Connection, at: datetime) -> None:
@@ -69,7 +74,7 @@ async def test_stream_of_small_requests_starves_the_big_one_only_without_the_gua
     now = big_queued_at
     for step in range(30):
         now = big_queued_at + timedelta(seconds=10 * (step + 1))
-        await release(conn, running.pop(0), now)
+        await release_at(conn, running.pop(0), now)
         if granted_at is None and (await get(conn, big)).status == "allocated":
             granted_at = now
         new = await create(conn, "small", 1, now + timedelta(milliseconds=1))

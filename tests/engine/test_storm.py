@@ -517,6 +517,7 @@ async def test_broken_twin_is_caught(db_url: str) -> None:
         await conn.close()
 
 
+@pytest.mark.slow
 async def test_broken_shrink_twin_is_caught(db_url: str) -> None:
     """The storm against the shrink enforcement from before issue 12: the checks must object to
     both bugs (a removed custom key left allocated: I1; a multi-key pass preempting a victim it

@@ -27,7 +27,13 @@ import pytest
 
 from app.db.connect import APP_API, APP_LISTENER, APP_RECONCILER
 from app.reconciler import Reconciler
-from faults.traffic import CONTENDED, Traffic, lost_acknowledgements
+from faults.traffic import (
+    CONTENDED,
+    Traffic,
+    assert_nothing_lost,
+    audit_figures,
+    lost_acknowledgements,
+)
 from support.db import direct
 from support.faults import Auditor, pick, record
 from support.http import ok
@@ -190,14 +196,10 @@ async def test_backend_kills_under_traffic(db_url: str) -> None:
         "wake_latency_ms_max": round(max(probe.latencies, default=0.0) * 1000),
         **traffic.summary(),
         "preempted_or_fenced": traffic.tally["release_fenced"] + traffic.tally["ended_preempted"],
-        "acked_lost": len(lost_grants) + len(lost_releases),
-        "auditor_snapshots": auditor.snapshots,
-        "violations": len(auditor.violations),
+        **audit_figures(auditor, lost_grants, lost_releases),
     }
     record("row2 backend kills (pg_terminate_backend every 1-5 s)", **figures)
-    assert auditor.violations == [], auditor.violations[:10]
-    assert traffic.anomalies == [], traffic.anomalies[:10]
-    assert lost_grants == [] and lost_releases == []
+    assert_nothing_lost(auditor, traffic, lost_grants, lost_releases)
     assert set(kills) == set(KINDS), kills  # each kind killed at least once
     assert server.notifier.reconnects == kills[APP_LISTENER]
     assert recovered[APP_LISTENER] == kills[APP_LISTENER]

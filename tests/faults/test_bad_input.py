@@ -18,6 +18,7 @@ import logging
 import re
 from collections import Counter
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +27,9 @@ import pytest
 from app.api import MAX_BODY_BYTES
 from support.db import database_fingerprint
 from support.faults import long_mode, record
-from support.fuzz import schemathesis
+from support.fuzz import schemathesis_on_a_server
 from support.http import ok
-from support.server import running_server
+from support.server import Server, running_server
 
 pytestmark = pytest.mark.faults
 
@@ -94,8 +95,19 @@ def _absurd_calls(request_id: str, policy_id: str) -> list[tuple[str, str, dict[
     return calls
 
 
+@dataclass
+class Live:
+    """An API with a pool, a policy and a request, and its database's fingerprint before the
+    test's calls."""
+
+    server: Server
+    request_id: str
+    policy_id: str
+    before: dict[str, str]
+
+
 @pytest.fixture
-async def live(db_url: str) -> AsyncIterator[tuple[Any, str, str]]:
+async def live(db_url: str) -> AsyncIterator[Live]:
     async with running_server(db_url) as server:
         c = server.client
         ok(await c.post("/v1/pools", json={"name": "p", "capacity": {"gpu": 4}}), 201)
@@ -103,15 +115,11 @@ async def live(db_url: str) -> AsyncIterator[tuple[Any, str, str]]:
         req = ok(
             await c.post("/v1/requests", json={"subject": "team", "resources": {"gpu": 1}}), 201
         )
-        yield server, req["id"], policy["id"]
+        yield Live(server, req["id"], policy["id"], await database_fingerprint(db_url))
 
 
-async def test_oversized_bodies_are_413_and_change_nothing(
-    live: tuple[Any, str, str], db_url: str
-) -> None:
-    server, request_id, policy_id = live
-    c = server.client
-    before = await database_fingerprint(db_url)
+async def test_oversized_bodies_are_413_and_change_nothing(live: Live, db_url: str) -> None:
+    c, request_id, policy_id = live.server.client, live.request_id, live.policy_id
     routes = [
         ("POST", "/v1/pools"),
         ("PATCH", "/v1/pools/p"),
@@ -137,7 +145,7 @@ async def test_oversized_bodies_are_413_and_change_nothing(
         r = await c.request(method, path, content=chunks(), headers=as_json)
         codes[r.status_code] += 1
         assert r.status_code == 413, (method, path, "chunked", r.text[:200])
-    assert await database_fingerprint(db_url) == before
+    assert await database_fingerprint(db_url) == live.before
     ok(await c.get(f"/v1/requests/{request_id}"))
     record(
         "row7 oversized bodies",
@@ -148,12 +156,8 @@ async def test_oversized_bodies_are_413_and_change_nothing(
     )
 
 
-async def test_absurd_numbers_are_4xx_and_change_nothing(
-    live: tuple[Any, str, str], db_url: str
-) -> None:
-    server, request_id, policy_id = live
-    c = server.client
-    before = await database_fingerprint(db_url)
+async def test_absurd_numbers_are_4xx_and_change_nothing(live: Live, db_url: str) -> None:
+    c, request_id, policy_id = live.server.client, live.request_id, live.policy_id
     codes: Counter[int] = Counter()
     bad: list[str] = []
     calls = _absurd_calls(request_id, policy_id)
@@ -166,7 +170,7 @@ async def test_absurd_numbers_are_4xx_and_change_nothing(
         if not 400 <= r.status_code < 500 or not shaped:
             bad.append(f"{method} {path} {str(kw)[:120]} -> {r.status_code} {r.text[:200]}")
     after = await database_fingerprint(db_url)
-    changed = sorted(t for t in before if before[t] != after[t])
+    changed = sorted(t for t in live.before if live.before[t] != after[t])
     record(
         "row7 absurd numbers",
         calls=len(calls),
@@ -183,10 +187,9 @@ async def test_schemathesis_100_examples_per_operation(
     db_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.ERROR, logger="respool")
-    async with running_server(db_url, max_wait=0.3, db_pool_size=4) as srv:
-        code, report = await schemathesis(
-            srv.url, tmp_path, examples=100, seed=20261123, within=1800
-        )
+    code, report = await schemathesis_on_a_server(
+        db_url, tmp_path, examples=100, seed=20261123, within=1800
+    )
     tested = re.search(r"Tested: (\d+)", report)
     cases = re.search(r"(\d+) generated, (\d+) passed", report)
     server_errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from support.db import direct
@@ -86,14 +87,6 @@ async def step_process(url: str, subject: str, pool: str, max_retries: int) -> A
         await step.reader
 
 
-async def _granted(step: Step) -> dict[str, Any]:
-    async def check() -> bool:
-        return bool(step.of("granted"))
-
-    await wait_until(check, "the step's grant", within=20)
-    return step.of("granted")[0]
-
-
 async def _allocation_end(db_url: str, request_id: str, attempt: int) -> float:
     """Server time (epoch seconds) at which ``attempt`` of the request stopped holding."""
     async with direct(db_url) as conn:
@@ -117,14 +110,33 @@ async def _allocated_at(db_url: str, request_id: str) -> float:
     return float(at)
 
 
-async def _frozen(step: Step) -> float:
-    """Let the step heartbeat for a while, then SIGSTOP it; returns when."""
+async def _granted_then_frozen(step: Step) -> tuple[str, float]:
+    """Wait for the step's grant, let it heartbeat for a while, then SIGSTOP it; returns its
+    request id and when it was stopped."""
+
+    async def granted() -> bool:
+        return bool(step.of("granted"))
+
+    await wait_until(granted, "the step's grant", within=20)
+    request_id = step.of("granted")[0]["id"]
     await asyncio.sleep(LEASE)  # a few heartbeats go through first
     uses = len(step.of("use"))
     await asyncio.sleep(0.2)
     assert len(step.of("use")) > uses, "the step is not using its grant"
     step.proc.send_signal(signal.SIGSTOP)
-    return time.monotonic()
+    return request_id, time.monotonic()
+
+
+async def _one_gpu_within_10s(c: httpx.AsyncClient, subject: str, **body: Any) -> dict[str, Any]:
+    """A 1-GPU request of ``subject`` created with ``?wait=10``; the answer (201)."""
+    return ok(
+        await c.post(
+            "/v1/requests",
+            params={"wait": 10},
+            json={"subject": subject, "resources": {"gpu": 1}, **body},
+        ),
+        201,
+    )
 
 
 async def _finish(step: Step, stopped: float, pause: float = PAUSE) -> None:
@@ -152,16 +164,8 @@ async def test_paused_past_its_lease_expires_and_the_stale_step_changes_nothing(
             ok(await c.post("/v1/policies", json={"subject": subject, "pool": "p"}), 201)
         for _ in range(rounds):
             async with step_process(server.url, "step", "p", 0) as step:
-                mine = (await _granted(step))["id"]
-                stopped = await _frozen(step)
-                nxt = ok(
-                    await c.post(
-                        "/v1/requests",
-                        params={"wait": 10},
-                        json={"subject": "next", "resources": {"gpu": 1}},
-                    ),
-                    201,
-                )
+                mine, stopped = await _granted_then_frozen(step)
+                nxt = await _one_gpu_within_10s(c, "next")
                 # The lease lapses while the step is frozen: expired, then the GPU is re-granted.
                 assert nxt["status"] == "allocated", nxt
                 before = await get_request(server.client, mine)
@@ -206,18 +210,10 @@ async def test_paused_past_its_lease_requeued_regranted_and_fenced(db_url: str) 
         ok(await c.post("/v1/policies", json={"subject": "borrower", "pool": "q"}), 201)
         for _ in range(rounds):
             async with step_process(server.url, "borrower", "q", 1) as step:
-                mine = (await _granted(step))["id"]
-                stopped = await _frozen(step)
+                mine, stopped = await _granted_then_frozen(step)
                 # The owner reclaims its reserved GPU: the step's request is preempted and
                 # requeued (attempt 2) ...
-                owner = ok(
-                    await c.post(
-                        "/v1/requests",
-                        params={"wait": 10},
-                        json={"subject": "owner", "resources": {"gpu": 1}, "preemptible": False},
-                    ),
-                    201,
-                )
+                owner = await _one_gpu_within_10s(c, "owner", preemptible=False)
                 assert owner["status"] == "allocated", owner
                 # ... and granted again once the owner is done, while the step is still frozen.
                 ok(await c.post(f"/v1/requests/{owner['id']}/release"))

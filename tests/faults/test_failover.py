@@ -32,7 +32,7 @@ from app.db.dsn import with_database
 from app.db.migrate import migrate
 from app.db.named import query
 from faults.patroni import PatroniCluster, missing
-from faults.traffic import Profile, Traffic, lost_acknowledgements
+from faults.traffic import Profile, Traffic, duplicated_keys, lost_acknowledgements
 from support.db import direct
 from support.faults import Auditor, pick, record
 from support.http import contended_pool, serves_again
@@ -180,11 +180,7 @@ async def test_failover_under_load(ha: PatroniCluster, tmp_path: Path) -> None:
             lost_grants, lost_releases = await lost_acknowledgements(
                 conn, traffic.acked_grants, traffic.acked_releases
             )
-            per_key = await conn.fetchval(
-                "SELECT count(*) FROM (SELECT 1 FROM respool.requests"
-                " WHERE idempotency_key IS NOT NULL"
-                " GROUP BY subject, idempotency_key HAVING count(*) > 1) d"
-            )
+            per_key = await duplicated_keys(conn)
             preemptions = await conn.fetchval(
                 "SELECT count(*) FROM respool.events WHERE to_status IN ('preempting', 'preempted')"
             )

@@ -23,7 +23,13 @@ import pytest
 from app.db.connect import ACQUIRE_TIMEOUT
 from faults.pg import PgCluster
 from faults.proxy import FaultProxy
-from faults.traffic import contended_traffic, lost_acknowledgements
+from faults.traffic import (
+    assert_nothing_lost,
+    audit_figures,
+    contended_traffic,
+    listener_back,
+    lost_acknowledgements,
+)
 from support.db import direct
 from support.faults import Auditor, pick, record
 from support.http import serves_again
@@ -54,11 +60,7 @@ async def test_network_faults_between_api_and_postgres(cluster: PgCluster, clust
                 proxy.set_mode("pass")
                 restored = time.monotonic()
                 serving = await wait_until(lambda: serves_again(c), "the API", within=60)
-
-                async def listening() -> bool:
-                    return server.notifier.healthy
-
-                listener = await wait_until(listening, "the listener", within=60)
+                listener = await listener_back(server)
                 phases.append(
                     {
                         "fault": fault,
@@ -104,15 +106,11 @@ async def test_network_faults_between_api_and_postgres(cluster: PgCluster, clust
         **traffic.summary(),
         "proxy_connections": proxy.connections,
         "proxy_resets": proxy.resets,
-        "acked_lost": len(lost_grants) + len(lost_releases),
-        "auditor_snapshots": auditor.snapshots,
-        "violations": len(auditor.violations),
+        **audit_figures(auditor, lost_grants, lost_releases),
     }
     record("row6 network faults API<->PostgreSQL (proxy)", **figures)
-    assert auditor.violations == [], auditor.violations[:10]
-    assert traffic.anomalies == [], traffic.anomalies[:10]
+    assert_nothing_lost(auditor, traffic, lost_grants, lost_releases)
     assert transport_errors == {}, transport_errors
-    assert lost_grants == [] and lost_releases == []
     assert traffic.codes["503"] > 0  # the faults were felt ...
     assert all(p["serves_again_s"] < RECOVERY_BOUND for p in phases), phases  # ... and healed
     assert proxy.resets > 0

@@ -24,7 +24,12 @@ import httpx
 import pytest
 
 from faults.pg import PgCluster
-from faults.traffic import contended_traffic, lost_acknowledgements
+from faults.traffic import (
+    contended_traffic,
+    duplicated_keys,
+    listener_back,
+    lost_acknowledgements,
+)
 from support.db import direct
 from support.faults import Auditor, pick, record
 from support.http import serves_again
@@ -85,11 +90,7 @@ async def test_postgres_crash_mid_load(cluster: PgCluster, cluster_db: str) -> N
                 serving = await wait_until(
                     lambda: serves_again(c), "the API to serve again", within=60, step=0.05
                 )
-
-                async def listening() -> bool:
-                    return server.notifier.healthy
-
-                listener = await wait_until(listening, "the listener", within=60)
+                listener = await listener_back(server)
                 recoveries.append(
                     {
                         "pg_start_s": round(recovery_s, 2),
@@ -105,11 +106,7 @@ async def test_postgres_crash_mid_load(cluster: PgCluster, cluster_db: str) -> N
             lost_grants, lost_releases = await lost_acknowledgements(
                 conn, traffic.acked_grants, traffic.acked_releases
             )
-            per_key = await conn.fetchval(
-                "SELECT count(*) FROM (SELECT 1 FROM respool.requests"
-                " WHERE idempotency_key IS NOT NULL"
-                " GROUP BY subject, idempotency_key HAVING count(*) > 1) d"
-            )
+            per_key = await duplicated_keys(conn)
     transport_errors = {k: v for k, v in traffic.codes.items() if not k.isdigit()}
     figures = {
         "crashes": crashes,

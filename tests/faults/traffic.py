@@ -28,10 +28,20 @@ from typing import Any
 import asyncpg
 import httpx
 
+from support.faults import Auditor
 from support.http import contended_pool
 from support.server import Server
+from support.wait import wait_until
 
-__all__ = ["Profile", "Traffic", "lost_acknowledgements"]
+__all__ = [
+    "Profile",
+    "Traffic",
+    "assert_nothing_lost",
+    "audit_figures",
+    "duplicated_keys",
+    "listener_back",
+    "lost_acknowledgements",
+]
 
 TERMINAL = frozenset({"released", "rejected", "cancelled", "expired", "preempted"})
 
@@ -273,3 +283,41 @@ async def lost_acknowledgements(
     }
     lost_releases = sorted(releases - released)
     return lost_grants, lost_releases
+
+
+async def duplicated_keys(conn: asyncpg.Connection) -> int:
+    """How many (subject, idempotency key) made more than one request (each one a duplicate)."""
+    return await conn.fetchval(  # type: ignore[no-any-return]
+        "SELECT count(*) FROM (SELECT 1 FROM respool.requests"
+        " WHERE idempotency_key IS NOT NULL"
+        " GROUP BY subject, idempotency_key HAVING count(*) > 1) d"
+    )
+
+
+async def listener_back(server: Server) -> float:
+    """Seconds until the server's NOTIFY listener is healthy again (at most 60)."""
+
+    async def listening() -> bool:
+        return server.notifier.healthy
+
+    return await wait_until(listening, "the listener", within=60)
+
+
+def audit_figures(
+    auditor: Auditor, lost_grants: list[str], lost_releases: list[str]
+) -> dict[str, int]:
+    """The figures every fault run reports about lost acknowledgements and the auditor."""
+    return {
+        "acked_lost": len(lost_grants) + len(lost_releases),
+        "auditor_snapshots": auditor.snapshots,
+        "violations": len(auditor.violations),
+    }
+
+
+def assert_nothing_lost(
+    auditor: Auditor, traffic: Traffic, lost_grants: list[str], lost_releases: list[str]
+) -> None:
+    """No invariant broken, no anomaly in the traffic, no acknowledged grant or release lost."""
+    assert auditor.violations == [], auditor.violations[:10]
+    assert traffic.anomalies == [], traffic.anomalies[:10]
+    assert lost_grants == [] and lost_releases == []

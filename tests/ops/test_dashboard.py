@@ -168,6 +168,7 @@ async def _chromium(profile: Path, *args: str) -> bytes:
 
 
 @needs_chromium
+@pytest.mark.slow  # a headless browser
 async def test_chromium_renders_pools_queue_and_events(live: Server, tmp_path: Path) -> None:
     url = live.url + "/"
     dom = (

@@ -19,16 +19,9 @@ from app.db import reconcile as db_reconcile
 from app.db.connect import APP_CLI, connect
 from app.notify import CHANNEL, Notifier
 from app.reconciler import POOL_CHANNEL, Reconciler
+from support.wait import wait_until
 
 FLOOD = 2000
-
-
-async def _until(check: Any, seconds: float = 20.0) -> None:
-    for _ in range(int(seconds / 0.05)):
-        if check():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not reached in time")
 
 
 async def test_listener_drops_malformed_payloads_with_one_warning(
@@ -70,7 +63,7 @@ async def test_reconciler_ignores_a_flood_of_foreign_pool_ids(
     rec = Reconciler(db_url, interval=3600.0)  # one full pass at start, then only notified ones
     task = asyncio.create_task(rec.run())
     try:
-        await _until(lambda: rec.sweeps == 1 and calls == [pool.id])
+        await wait_until(lambda: rec.sweeps == 1 and calls == [pool.id], "the first sweep")
         with caplog.at_level(logging.WARNING, "respool.reconciler"):
             async with admin.transaction():
                 for _ in range(FLOOD):
@@ -78,7 +71,7 @@ async def test_reconciler_ignores_a_flood_of_foreign_pool_ids(
                 for i in range(50):
                     await admin.execute("SELECT pg_notify($1, $2)", POOL_CHANNEL, f"junk {i}")
             await admin.execute("SELECT pg_notify($1, $2)", POOL_CHANNEL, str(pool.id))
-            await _until(lambda: calls.count(pool.id) >= 2)
+            await wait_until(lambda: calls.count(pool.id) >= 2, "the notified pass")
             await asyncio.sleep(0.3)  # anything still queued from the burst would run now
         # Only the real pool was passed over; no pass per foreign id.
         assert set(calls) == {pool.id}

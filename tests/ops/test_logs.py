@@ -15,6 +15,7 @@ import pytest
 from app.logs import JsonFormatter, StateChangeLog, configure_logging
 from app.settings import Settings, SettingsError
 from support.server import running_server
+from support.wait import wait_until
 
 
 class _Collect(logging.Handler):
@@ -90,13 +91,6 @@ def test_log_format_setting() -> None:
         Settings.from_env({"RESPOOL_LOG_FORMAT": "yaml"})
 
 
-async def _until(records: list[logging.LogRecord], n: int) -> None:
-    for _ in range(200):
-        if len(records) >= n:
-            return
-        await asyncio.sleep(0.02)
-
-
 async def test_one_line_per_state_change_made_by_this_process(
     db_url: str, state_records: list[logging.LogRecord]
 ) -> None:
@@ -113,7 +107,7 @@ async def test_one_line_per_state_change_made_by_this_process(
         ).json()
         assert (a["status"], b["status"]) == ("allocated", "queued")
         await c.post(f"/v1/requests/{a['id']}/release")  # a released, b allocated
-        await _until(state_records, 5)
+        await wait_until(lambda: len(state_records) >= 5, "five state-change lines", within=4)
         await asyncio.sleep(0.2)  # nothing more may come
 
         lines = [

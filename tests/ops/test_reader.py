@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from app.db.connect import APP_CLI, connect
 from cli.db import app as db_cli
 from support import scenario
+from support.db import assert_refused, assert_refused_read_write
 
 BASE_TABLES = [
     "pools", "pool_resources", "policies", "policy_resources", "requests", "queue_entries",
@@ -40,9 +41,11 @@ WRITES = [
 ]
 
 
-@pytest.fixture
-async def reader(db_url: str) -> AsyncIterator[asyncpg.Connection]:
-    conn = await connect(db_url, application_name=APP_CLI)
+@pytest.fixture(scope="module")
+async def reader(module_db_url: str) -> AsyncIterator[asyncpg.Connection]:
+    """A connection as the reader role to a database with history and live requests, shared by
+    the module's tests: each only reads, or tries a write that must be refused."""
+    conn = await connect(module_db_url, application_name=APP_CLI)
     try:
         await scenario.history(conn)
         await scenario.live(conn)
@@ -60,16 +63,12 @@ async def test_reader_reads_the_reporting_views(reader: asyncpg.Connection) -> N
 
 @pytest.mark.parametrize("table", BASE_TABLES)
 async def test_reader_cannot_read_base_tables(reader: asyncpg.Connection, table: str) -> None:
-    with pytest.raises(asyncpg.InsufficientPrivilegeError) as err:
-        await reader.fetch(f"SELECT * FROM respool.{table} LIMIT 1")  # noqa: S608
-    assert err.value.sqlstate == "42501"
+    await assert_refused(reader, f"SELECT * FROM respool.{table} LIMIT 1")  # noqa: S608
 
 
 @pytest.mark.parametrize("sql", WRITES)
 async def test_reader_cannot_write(reader: asyncpg.Connection, sql: str) -> None:
-    with pytest.raises(asyncpg.InsufficientPrivilegeError) as err:
-        await reader.execute(sql)
-    assert err.value.sqlstate == "42501"
+    await assert_refused(reader, sql)
 
 
 async def test_reader_sees_only_views_in_the_catalog(reader: asyncpg.Connection) -> None:
@@ -118,10 +117,7 @@ async def test_grant_reader_makes_a_login_role_that_only_reads(db_url: str) -> N
             with pytest.raises(asyncpg.ReadOnlySQLTransactionError):
                 await ro.execute("SELECT respool.prune_requests(p_before => now())")
             # ... and in an explicit read-write transaction, privileges refuse it (42501).
-            await ro.execute("BEGIN READ WRITE")
-            with pytest.raises(asyncpg.InsufficientPrivilegeError):
-                await ro.execute("SELECT respool.prune_requests(p_before => now())")
-            await ro.execute("ROLLBACK")
+            await assert_refused_read_write(ro, "SELECT respool.prune_requests(p_before => now())")
             # The statement timeout applies to this role.
             with pytest.raises(asyncpg.QueryCanceledError):
                 await ro.execute("SELECT pg_sleep(3)")
@@ -215,10 +211,7 @@ async def test_a_reader_cannot_lift_its_limits(db_url: str) -> None:
         assert await ro.fetchval("SHOW temp_file_limit") == "100MB"
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
             await ro.execute("SET temp_file_limit = -1")
-        await ro.execute("BEGIN READ WRITE")
-        with pytest.raises(asyncpg.InsufficientPrivilegeError):
-            await ro.execute("CREATE TEMP TABLE hog (x int)")
-        await ro.execute("ROLLBACK")
+        await assert_refused_read_write(ro, "CREATE TEMP TABLE hog (x int)")
         with pytest.raises(asyncpg.TooManyConnectionsError):
             ros.append(await asyncpg.connect(db_url, user=role, password=password))
     finally:

@@ -6,11 +6,12 @@ import asyncio
 import concurrent.futures
 import contextlib
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
 
 import asyncpg
+import pytest
 
 from app.db import tokens
 from app.db.connect import APP_CLI, connect
@@ -18,6 +19,9 @@ from app.db.dsn import with_database
 from app.db.migrate import migrate
 
 __all__ = [
+    "Copies",
+    "assert_refused",
+    "assert_refused_read_write",
     "connections_by_app",
     "create_database",
     "database_fingerprint",
@@ -127,6 +131,39 @@ def finish_drops() -> None:
         _drops.pop(0).result()
 
 
+class Copies:
+    """Fresh copies of a template database, made ahead on background threads.
+
+    :meth:`take` hands out a copy that is ready (or waits for it) while the next ``ahead`` are
+    being made, so a test does not wait for its CREATE DATABASE: it ran while the test before
+    it did. Every copy is a new database, used by one taker only. :meth:`close` drops the
+    copies nobody took (in the background: :func:`finish_drops` waits for them).
+    """
+
+    def __init__(self, admin: str, template: str, *, ahead: int = 2) -> None:
+        self.admin, self.template, self.ahead = admin, template, ahead
+        self._makers = concurrent.futures.ThreadPoolExecutor(ahead, thread_name_prefix="copy-db")
+        self._ready: deque[concurrent.futures.Future[str]] = deque()
+
+    def _make(self) -> str:
+        name = new_name("copy")
+        create_database(self.admin, name, self.template)
+        return name
+
+    def take(self) -> str:
+        """The name of a new copy of the template."""
+        while len(self._ready) <= self.ahead:
+            self._ready.append(self._makers.submit(self._make))
+        return self._ready.popleft().result()
+
+    def close(self) -> None:
+        self._makers.shutdown(wait=True)
+        while self._ready:
+            future = self._ready.popleft()
+            if future.exception() is None:
+                drop_database_later(self.admin, future.result())
+
+
 _TABLES = (
     "pools", "pool_resources", "policies", "policy_resources", "requests", "events", "tokens",
 )  # fmt: skip
@@ -142,3 +179,17 @@ async def database_fingerprint(dsn: str) -> dict[str, str]:
             sql = f"SELECT count(*) || ':' || {digest} FROM respool.{table} t"  # noqa: S608
             out[table] = await conn.fetchval(sql)
         return out
+
+
+async def assert_refused(conn: asyncpg.Connection, sql: str) -> None:
+    """``sql`` is refused for lack of privilege (SQLSTATE 42501)."""
+    with pytest.raises(asyncpg.InsufficientPrivilegeError) as err:
+        await conn.execute(sql)
+    assert err.value.sqlstate == "42501"
+
+
+async def assert_refused_read_write(conn: asyncpg.Connection, sql: str) -> None:
+    """Even in an explicit read-write transaction, ``sql`` is refused for lack of privilege."""
+    await conn.execute("BEGIN READ WRITE")
+    await assert_refused(conn, sql)
+    await conn.execute("ROLLBACK")

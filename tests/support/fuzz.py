@@ -6,7 +6,9 @@ import asyncio
 import sys
 from pathlib import Path
 
-__all__ = ["schemathesis"]
+from support.server import running_server
+
+__all__ = ["schemathesis", "schemathesis_on_a_server"]
 
 
 async def schemathesis(
@@ -23,3 +25,12 @@ async def schemathesis(
     )  # fmt: skip
     out, _ = await asyncio.wait_for(proc.communicate(), within)
     return proc.returncode, out.decode(errors="replace")
+
+
+async def schemathesis_on_a_server(
+    db_url: str, cwd: Path, *, examples: int, seed: int, within: float
+) -> tuple[int | None, str]:
+    """:func:`schemathesis` against an API of its own on ``db_url``. A short max_wait: fuzzed
+    ``wait=`` values must not hold the run for long."""
+    async with running_server(db_url, max_wait=0.3, db_pool_size=4) as srv:
+        return await schemathesis(srv.url, cwd, examples=examples, seed=seed, within=within)

@@ -13,6 +13,7 @@ __all__ = [
     "get_request",
     "make_request",
     "ok",
+    "one_gpu_request",
     "pool_with_policy",
     "serves_again",
 ]
@@ -60,6 +61,13 @@ async def make_request(client: httpx.AsyncClient, **body: Any) -> dict[str, Any]
     body.setdefault("subject", "team")
     result: dict[str, Any] = ok(await client.post("/v1/requests", json=body), 201)
     return result
+
+
+async def one_gpu_request(client: httpx.AsyncClient, **body: Any) -> dict[str, Any]:
+    """Pool ``p`` of one GPU with a policy of ``team``, then the first request for that GPU
+    (``body``: its other fields); the answer."""
+    await pool_with_policy(client, capacity={"gpu": 1})
+    return await make_request(client, resources={"gpu": 1}, **body)
 
 
 async def get_request(client: httpx.AsyncClient, request_id: object) -> dict[str, Any]:
