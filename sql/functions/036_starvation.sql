@@ -128,22 +128,12 @@ COMMENT ON FUNCTION respool._held_back(uuid, respool.requests, timestamptz, resp
 
 CREATE OR REPLACE FUNCTION respool._expire_max_seconds(p_pool_id uuid, p_now timestamptz)
 RETURNS integer LANGUAGE plpgsql AS $$
-DECLARE
-    v record;
-    expired integer := 0;
 BEGIN
-    FOR v IN SELECT id, max_seconds FROM respool.requests
-              WHERE pool_id = p_pool_id AND status = 'allocated' AND run_deadline <= p_now
-              ORDER BY run_deadline, id
-                FOR UPDATE SKIP LOCKED LOOP
-        CONTINUE WHEN (SELECT status FROM respool.requests WHERE id = v.id) <> 'allocated';  -- followed its gang
-        PERFORM respool._free(v.id);
-        PERFORM respool._set_status(v.id, 'expired', 'max_seconds',
-                                    format('ran for its max_seconds (%s s)', v.max_seconds), p_now);
-        expired := expired + 1
-                   + respool._gang_follow(v.id, 'expired', 'max_seconds', 'expired', p_now);  -- [SPEC §11.6]
-    END LOOP;
-    RETURN expired;
+    RETURN (SELECT coalesce(sum(respool._expire_one(id, 'max_seconds',
+                                                    format('ran for its max_seconds (%s s)', max_seconds), p_now)), 0)
+              FROM (SELECT id, max_seconds FROM respool.requests
+                     WHERE pool_id = p_pool_id AND status = 'allocated' AND run_deadline <= p_now
+                     ORDER BY run_deadline, id FOR UPDATE SKIP LOCKED) due);
 END $$;
 COMMENT ON FUNCTION respool._expire_max_seconds(uuid, timestamptz) IS
     'In a pool the caller has locked: allocated requests past allocated_at + max_seconds become expired (reason max_seconds; with the rest of their gang, SPEC §11.6), whatever their heartbeats, and their units are freed. A row locked by a concurrent heartbeat is left for the next pass.';

@@ -467,23 +467,26 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION respool.delete_request(uuid) IS 'Deletes a terminal request; its events stay (SPEC §8, append-only; only retention removes them); RP409 while it is queued or holds units.';
 
+CREATE OR REPLACE FUNCTION respool._expire_one(p_id uuid, p_reason text, p_message text, p_now timestamptz)
+RETURNS integer LANGUAGE plpgsql AS $$
+BEGIN
+    IF (SELECT status FROM respool.requests WHERE id = p_id) <> 'allocated' THEN
+        RETURN 0;  -- it already followed its gang
+    END IF;
+    PERFORM respool._free(p_id);
+    PERFORM respool._set_status(p_id, 'expired', p_reason, p_message, p_now);
+    RETURN 1 + respool._gang_follow(p_id, 'expired', p_reason, 'expired', p_now);  -- [SPEC §11.6]
+END $$;
+COMMENT ON FUNCTION respool._expire_one(uuid, text, text, timestamptz) IS
+    'An allocated request the caller has locked (in a pool it has locked) becomes expired with p_reason, its units freed, and the rest of its gang follows (SPEC §11.6). Returns how many requests expired (0 when it was no longer allocated).';
+
 CREATE OR REPLACE FUNCTION respool._expire_pool(p_pool_id uuid, p_now timestamptz)
 RETURNS integer LANGUAGE plpgsql AS $$
-DECLARE
-    v_id uuid;
-    expired integer := 0;
 BEGIN
-    FOR v_id IN SELECT id FROM respool.requests
-                 WHERE pool_id = p_pool_id AND status = 'allocated' AND lease_expires_at <= p_now
-                 ORDER BY lease_expires_at
-                   FOR UPDATE SKIP LOCKED LOOP
-        CONTINUE WHEN (SELECT status FROM respool.requests WHERE id = v_id) <> 'allocated';  -- followed its gang
-        PERFORM respool._free(v_id);
-        PERFORM respool._set_status(v_id, 'expired', 'lease_expired', 'lease lapsed without a heartbeat', p_now);
-        expired := expired + 1
-                   + respool._gang_follow(v_id, 'expired', 'lease_expired', 'expired', p_now);  -- [SPEC §11.6]
-    END LOOP;
-    RETURN expired;
+    RETURN (SELECT coalesce(sum(respool._expire_one(id, 'lease_expired', 'lease lapsed without a heartbeat', p_now)), 0)
+              FROM (SELECT id FROM respool.requests
+                     WHERE pool_id = p_pool_id AND status = 'allocated' AND lease_expires_at <= p_now
+                     ORDER BY lease_expires_at, id FOR UPDATE SKIP LOCKED) due);
 END $$;
 COMMENT ON FUNCTION respool._expire_pool(uuid, timestamptz) IS
     'In a pool the caller has locked: allocated requests whose lease lapsed become expired (with the rest of their gang, SPEC §11.6) and their units are freed. A request locked by a concurrent heartbeat is left for the next pass.';
