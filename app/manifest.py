@@ -47,6 +47,8 @@ class PoolSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, k
     capacity: dict[str, int] = {}
     queueing: Literal["best_effort", "strict"] = "best_effort"
     preemption_grace_seconds: int = 0
+    starvation_seconds: int | None = 300  # SPEC §11.1: null turns the starvation guard off
+    ordering: Literal["fifo", "fair"] = "fifo"  # SPEC §11.2
     policies: list[PolicySpec] = []
 
 
@@ -95,6 +97,8 @@ def current_manifest(pools: Iterable[Pool], policies: Iterable[Policy]) -> Manif
                 capacity=dict(sorted(p.capacity.items())),
                 queueing=p.queueing,
                 preemption_grace_seconds=p.preemption_grace_seconds,
+                starvation_seconds=p.starvation_seconds,
+                ordering=p.ordering,
                 policies=by_pool.get(p.name, []),
             )
             for p in sorted(pools, key=lambda p: p.name)
@@ -139,7 +143,13 @@ def _scalar_changes(
     ]
 
 
-_POOL_SCALARS = ("description", "queueing", "preemption_grace_seconds")
+_POOL_SCALARS = (
+    "description",
+    "queueing",
+    "preemption_grace_seconds",
+    "starvation_seconds",
+    "ordering",
+)
 _POLICY_SCALARS = ("priority", "description")
 _EMPTY_POOL = PoolSpec(name="")
 
@@ -230,6 +240,11 @@ def merge_map(
             if only == "all" or (new < old if only == "lowered" else new > old):
                 out[f.field[len(prefix) + 1 :]] = new
     return out
+
+
+def changed(fields: Iterable[FieldChange], name: str) -> bool:
+    """Whether field ``name`` changed (its new value may be None: ``starvation_seconds``)."""
+    return any(f.field == name for f in fields)
 
 
 def new_value(fields: Iterable[FieldChange], name: str) -> object | None:

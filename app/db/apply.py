@@ -23,6 +23,7 @@ from app.db.named import query
 from app.manifest import (
     Change,
     Manifest,
+    changed,
     current_manifest,
     merge_map,
     new_text,
@@ -116,19 +117,14 @@ class _Runner:
         await pools.delete_pool(self.conn, c.pool, force=self.force)
 
     async def _create_pool(self, c: Change) -> None:
-        spec = self.specs[c.pool]
-        await pools.create_pool(
-            self.conn,
-            name=spec.name,
-            capacity=spec.capacity,
-            description=spec.description,
-            queueing=spec.queueing,
-            preemption_grace_seconds=spec.preemption_grace_seconds,
-        )
+        fields = msgspec.structs.asdict(self.specs[c.pool])
+        del fields["policies"]  # created as changes of their own
+        await pools.create_pool(self.conn, **fields)
 
     async def _update_pool(self, c: Change) -> None:
         capacity = merge_map(c.fields, "capacity")
         grace = new_value(c.fields, "preemption_grace_seconds")
+        starvation = new_value(c.fields, "starvation_seconds")
         await pools.update_pool(
             self.conn,
             c.pool,
@@ -136,6 +132,9 @@ class _Runner:
             description=new_text(c.fields, "description"),
             queueing=new_text(c.fields, "queueing"),
             preemption_grace_seconds=grace if isinstance(grace, int) else None,
+            starvation_seconds=starvation if isinstance(starvation, int) else None,
+            starvation_off=changed(c.fields, "starvation_seconds") and starvation is None,
+            ordering=new_text(c.fields, "ordering"),
         )
 
     async def _update_policy(self, c: Change) -> None:
@@ -156,15 +155,7 @@ class _Runner:
 
     async def _create_policy(self, c: Change) -> None:
         spec = next(p for p in self.specs[c.pool].policies if p.subject == c.subject)
-        await policies.create_policy(
-            self.conn,
-            subject=spec.subject,
-            pool=c.pool,
-            priority=spec.priority,
-            reserved=spec.reserved,
-            limit=spec.limit,
-            description=spec.description,
-        )
+        await policies.create_policy(self.conn, pool=c.pool, **msgspec.structs.asdict(spec))
 
 
 async def _consequences(

@@ -234,3 +234,21 @@ async def test_apply_errors(cli: Cli, tmp_path: Path) -> None:
     err = failed(await cli.api("apply", "-f", _write(tmp_path, broken, "broken.yaml")))
     assert err.startswith("policy gpus/orchestrator:prod:")
     assert await cli.json("pool", "list") == []
+
+
+async def test_apply_sets_and_resets_the_scheduling_fields(cli: Cli, tmp_path: Path) -> None:
+    """SPEC §11.1/§11.2 pool fields in a manifest: set, kept idempotent, exported, and back to
+    their defaults when the file leaves them out."""
+    fair = "pools:\n  - name: p\n    capacity: {gpu: 2}\n    starvation_seconds: null\n" \
+        "    ordering: fair\n"  # fmt: skip
+    await cli.json("apply", "-f", _write(tmp_path, fair))
+    pool = (await cli.json("pool", "describe", "p"))["pool"]
+    assert (pool["starvation_seconds"], pool["ordering"]) == (None, "fair")
+    assert _summary(await cli.json("apply", "-f", _write(tmp_path, fair))) == []
+    exported = (await cli.ok("export")).stdout
+    assert "starvation_seconds: null" in exported and "ordering: fair" in exported
+    plain = "pools:\n  - name: p\n    capacity: {gpu: 2}\n"
+    plan = await cli.json("apply", "-f", _write(tmp_path, plain))
+    assert _summary(plan) == [("update", "pool", "p")]
+    pool = (await cli.json("pool", "describe", "p"))["pool"]
+    assert (pool["starvation_seconds"], pool["ordering"]) == (300, "fifo")
