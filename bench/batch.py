@@ -25,6 +25,7 @@ import httpx
 
 from app.db import batch as db_batch
 from bench.common import (
+    Figures,
     Spread,
     add_dsn_argument,
     bench_connect,
@@ -39,23 +40,13 @@ SUMMARY = "requests/s queued by batch create (engine function and HTTP endpoint)
 
 
 @dataclass
-class BatchResults:
+class BatchResults(Figures):
     batches: int
     batch_size: int
     engine_per_batch: Spread
     engine_overall: float
     http_per_batch: Spread
     http_overall: float
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "batches": self.batches,
-            "batch_size": self.batch_size,
-            "engine_per_batch": self.engine_per_batch.as_dict(),
-            "engine_overall": self.engine_overall,
-            "http_per_batch": self.http_per_batch.as_dict(),
-            "http_overall": self.http_overall,
-        }
 
 
 def _members(batch_size: int, k: int) -> list[dict[str, Any]]:

@@ -79,6 +79,17 @@ class PerClients:
         }
 
 
+class Figures:
+    """Base of a result dataclass: ``as_dict()`` gives its fields as JSON-ready figures, a
+    :class:`Spread` as its summary."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            f.name: v.as_dict() if isinstance(v := getattr(self, f.name), Spread) else v
+            for f in fields(self)  # type: ignore[arg-type]
+        }
+
+
 def log_medians(heading: str, figures: Mapping[str, Spread], digits: int) -> None:
     """One log line: ``heading: name median ms, ...``."""
     log(f"{heading}: " + ", ".join(f"{k} {s.median:.{digits}f} ms" for k, s in figures.items()))

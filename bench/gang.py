@@ -29,6 +29,7 @@ from app.db import batch as db_batch
 from app.db import requests as db_requests
 from bench.common import (
     DEFAULT_DSN,
+    Figures,
     bench_connect,
     durable_server,
     fresh_database,
@@ -48,21 +49,12 @@ SELECT count(*) FROM (
 
 
 @dataclass
-class GangResults:
+class GangResults(Figures):
     gangs: int
     gang_size: int
-    granted_at_create: float
-    created_queued: float
-    granted_by_release: float
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "gangs": self.gangs,
-            "gang_size": self.gang_size,
-            "granted_at_create_per_s": self.granted_at_create,
-            "created_queued_per_s": self.created_queued,
-            "granted_by_release_per_s": self.granted_by_release,
-        }
+    granted_at_create_per_s: float
+    created_queued_per_s: float
+    granted_by_release_per_s: float
 
 
 def _gang(size: int, k: int) -> list[dict[str, Any]]:
@@ -155,9 +147,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"\n| {r.gangs:,} gangs of {r.gang_size} | gangs/s |")
     print("|---|---|")
     for label, rate in (
-        ("created and granted at create", r.granted_at_create),
-        ("created, queued (pool held)", r.created_queued),
-        ("granted by one release (one allocation pass)", r.granted_by_release),
+        ("created and granted at create", r.granted_at_create_per_s),
+        ("created, queued (pool held)", r.created_queued_per_s),
+        ("granted by one release (one allocation pass)", r.granted_by_release_per_s),
     ):
         print(f"| {label} | {rate:,.0f} |")
     log(f"load average after: {load_average()}")

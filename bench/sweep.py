@@ -25,6 +25,7 @@ from typing import Any
 import msgspec
 
 from bench.common import (
+    Figures,
     add_dsn_argument,
     bench_connect,
     durable_server,
@@ -45,7 +46,7 @@ _decode = msgspec.json.Decoder().decode
 
 
 @dataclass(frozen=True)
-class SweepResult:
+class SweepResult(Figures):
     steps: int
     gpus: int
     makespan_s: float
@@ -63,7 +64,7 @@ class SweepResult:
         return self.makespan_s / self.ideal_s
 
     def as_dict(self) -> dict[str, Any]:
-        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out = super().as_dict()
         out["ratio"] = self.ratio
         return out
 
