@@ -1,4 +1,4 @@
-"""``python -m bench baseline|batch|sweep`` run end to end on tiny settings against the test
+"""``python -m bench baseline|batch|sweep|gang`` run end to end on tiny settings against the test
 PostgreSQL server, check their own results, and drop every database they made. The figures
 are not asserted (a loaded machine says nothing about them)."""
 
@@ -31,6 +31,7 @@ def _bench(admin_url: str, *args: str) -> dict[str, Any]:
          "--subjects", "2"],
         ["batch", "--batches", "2", "--batch-size", "25"],
         ["sweep", "--steps", "24", "--gpus", "8"],
+        ["gang", "--gangs", "3", "--gang-size", "4"],
     ],
 )  # fmt: skip
 def test_fanout_scenarios_run_end_to_end(admin_url: str, args: list[str]) -> None:
@@ -42,6 +43,9 @@ def test_fanout_scenarios_run_end_to_end(admin_url: str, args: list[str]) -> Non
     elif args[0] == "batch":
         assert (doc["batches"], doc["batch_size"]) == (2, 25)
         assert doc["engine_overall"] > 0 and doc["http_overall"] > 0
+    elif args[0] == "gang":
+        assert (doc["gangs"], doc["gang_size"]) == (3, 4)
+        assert doc["granted_at_create_per_s"] > 0 and doc["granted_by_release_per_s"] > 0
     else:
         assert doc["correct"], doc["problems"]
         assert doc["steps"] == 24 and doc["makespan_s"] > 0 and doc["ideal_s"] > 0
