@@ -8,6 +8,7 @@ four shapes (the reconcile scenario's ``fill``, bulk copies) and times, from the
 * ``dashboard``: :func:`app.db.dashboard.dashboard_data` (what ``GET /v1/dashboard`` reads);
 * ``requests``: :func:`app.db.db_requests.list_requests` with ``limit=1000`` (``GET /v1/requests``),
   and the same with ``status=queued``;
+* ``HTTP GET …``: both endpoints of a ``respool serve`` process, answers read whole;
 * ``request #N``: :func:`app.db.db_requests.get_request` (``GET /v1/requests/{id}``) of the queued
   request at position N: the head, the 100th (the last one with an ETA, ``_eta_depth()``) and the
   last one of the queue.
@@ -28,10 +29,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import httpx
+
 from app.db import dashboard as db_dashboard
 from app.db import requests as db_requests
 from bench.common import Spread, bench_connect, fresh_database, log, log_medians
 from bench.reconcile import fill
+from bench.wake import serve
 
 HISTORY_SQL = """
 INSERT INTO respool.requests (subject, pool_ref, pool_id, pool_name, policy_id, candidate_pool_ids,
@@ -82,6 +86,25 @@ async def _time(rounds: int, call: Callable[[], Awaitable[Any]]) -> Spread:
     return Spread.of(times)
 
 
+async def _over_http(dsn: str, rounds: int) -> dict[str, Spread]:
+    """The same reads over HTTP: the endpoints of ``respool serve``, each answer read whole."""
+
+    def get(http: httpx.AsyncClient, path: str) -> Callable[[], Awaitable[Any]]:
+        async def call() -> None:
+            (await http.get(path)).raise_for_status()
+
+        return call
+
+    with serve(dsn) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            return {
+                "HTTP GET /v1/dashboard": await _time(rounds, get(http, "/v1/dashboard")),
+                "HTTP GET /v1/requests?limit=1000": await _time(
+                    rounds, get(http, "/v1/requests?limit=1000")
+                ),
+            }
+
+
 async def measure_one(admin_dsn: str, queued: int, rounds: int) -> dict[str, Spread]:
     async with fresh_database(admin_dsn) as dsn:
         conn = await bench_connect(dsn)
@@ -104,6 +127,7 @@ async def measure_one(admin_dsn: str, queued: int, rounds: int) -> dict[str, Spr
                 figures[f"request #{position}"] = await _time(
                     rounds, lambda i=request_id: db_requests.get_request(conn, i)
                 )
+            figures |= await _over_http(dsn, rounds)
         finally:
             await conn.close()
     log_medians(f"  dashboard: {queued} queued", figures, 1)
