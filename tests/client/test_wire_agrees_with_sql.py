@@ -18,6 +18,7 @@ _REASON_SITES = [
     # release / cancel: _end_request(id, attempt, 'status', reason | NULL, 'message', queued reason
     r"_end_request\((?:\s*[^,()]+,){2}\s*'[a-z_]+',\s*(?:NULL|'([a-z_]+)'),\s*'[^']*',\s*'([a-z_]+)'",
     r"_after_preemption\(\s*[^,()]+,\s*'([a-z_]+)'",  # grace expired
+    r"_expire_one\(\s*[^,()]+,\s*'([a-z_]+)'",  # lease / runtime cap ran out
     r"_shed\((?:\s*[^,()]+,){3}\s*'([a-z_]+)'",  # capacity / limit shrink (pool, policy, excess)
     r"reason(?:\s+text)?\s*:=\s*'([a-z_]+)'",  # v_reason := 'no_policy'
     r"SELECT\s+\d+(?:\s+AS\s+rank)?,\s*key,\s*'([a-z_]+)'",  # the rejection checks, in order
