@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -125,7 +126,7 @@ async def measure_one(admin_dsn: str, queued: int, rounds: int) -> dict[str, Spr
             }
             for position, request_id in reads.items():
                 figures[f"request #{position}"] = await _time(
-                    rounds, lambda i=request_id: db_requests.get_request(conn, i)
+                    rounds, functools.partial(db_requests.get_request, conn, request_id)
                 )
             figures |= await _over_http(dsn, rounds)
         finally:
