@@ -304,21 +304,28 @@ CREATE OR REPLACE FUNCTION respool._leave_queue(p_id uuid, p_to text, p_reason t
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     v_pools uuid[];
+    v_held uuid[];
     v_pool uuid;
 BEGIN
     v_pools := respool._unqueue(p_id);
+    -- [SPEC §11.6] members of its gang still holding units (in a grace period, before the gang
+    -- is requeued) give them back when they follow: their pool is granted below (SPEC §4).
+    v_held := ARRAY(SELECT DISTINCT m.pool_id FROM respool.requests m
+                     WHERE m.gang_id = (SELECT gang_id FROM respool.requests WHERE id = p_id)
+                       AND m.id <> p_id AND m.status IN ('allocated', 'preempting'));
     PERFORM respool._set_status(p_id, p_to, p_reason, p_message, p_now);
     PERFORM respool._gang_follow(p_id, p_to, p_reason, p_to, p_now);  -- [SPEC §11.6]
     -- In a strict pool the request may have been the head that blocked everyone else; in a
     -- best_effort pool with the starvation guard, the head the pool held units for (SPEC §11.1).
     FOR v_pool IN SELECT id FROM respool.pools
-                   WHERE id = ANY (v_pools) AND (queueing = 'strict' OR starvation_seconds IS NOT NULL)
+                   WHERE (id = ANY (v_pools) AND (queueing = 'strict' OR starvation_seconds IS NOT NULL))
+                      OR id = ANY (v_held)
                    ORDER BY id LOOP
         PERFORM respool.allocate_pool(v_pool, p_now);
     END LOOP;
 END $$;
 COMMENT ON FUNCTION respool._leave_queue(uuid, text, text, text, timestamptz) IS
-    'Takes a locked queued request (and the rest of its gang, SPEC §11.6) out of every queue with a terminal status, then lets strict queues behind it move (and best_effort queues whose starvation hold it may have been).';
+    'Takes a locked queued request (and the rest of its gang, SPEC §11.6) out of every queue with a terminal status, then lets strict queues behind it move (and best_effort queues whose starvation hold it may have been), and grants in the pool where members of its gang gave units back.';
 
 CREATE OR REPLACE FUNCTION respool._unqueue(p_id uuid)
 RETURNS uuid[] LANGUAGE plpgsql AS $$

@@ -126,6 +126,27 @@ END $$;
 COMMENT ON FUNCTION respool._gang_follow(uuid, text, text, text, timestamptz) IS
     'SPEC §11.6: after one member of a gang was preempted, expired, cancelled or rejected (p_to), does the same to every other member still holding or queued (queued ones are cancelled, or rejected), same reason, message "gang <id>: member <id> was <p_verb>". Holding members give their units back; the caller lets the queue move. Returns how many followed.';
 
+CREATE OR REPLACE FUNCTION respool._gang_lockable(p_member_id uuid)
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    v_gang uuid := (SELECT gang_id FROM respool.requests WHERE id = p_member_id);
+    v_live integer;
+    v_locked integer;
+BEGIN
+    IF v_gang IS NULL THEN
+        RETURN true;
+    END IF;
+    SELECT count(*) INTO v_live FROM respool.requests
+     WHERE gang_id = v_gang AND id <> p_member_id AND status IN ('queued', 'allocated', 'preempting');
+    SELECT count(*) INTO v_locked
+      FROM (SELECT id FROM respool.requests
+             WHERE gang_id = v_gang AND id <> p_member_id AND status IN ('queued', 'allocated', 'preempting')
+             ORDER BY id FOR UPDATE SKIP LOCKED) x;
+    RETURN v_locked = v_live;
+END $$;
+COMMENT ON FUNCTION respool._gang_lockable(uuid) IS
+    'For a caller that locked one gang member out of id order (a reconciler cursor, which holds only its own pool while a queued gang waits in several): locks the other live members without waiting; false when another transaction holds one (leave the member for a later pass: waiting could deadlock with a pass of another candidate pool). True for a request without a gang.';
+
 CREATE OR REPLACE FUNCTION respool._gang_enqueue(p_gang_id uuid, p_now timestamptz)
 RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE

@@ -27,6 +27,7 @@ BEGIN
         CONTINUE WHEN NOT EXISTS (SELECT FROM respool.queue_leases l JOIN respool.requests r ON r.id = l.request_id
                                    WHERE l.request_id = v_id AND l.expires_at <= p_now
                                      AND r.status = 'queued' AND r.attempt = l.attempt);
+        CONTINUE WHEN NOT respool._gang_lockable(v_id);  -- [SPEC §11.6] never wait for a member
         v_pools := respool._unqueue(v_id);
         PERFORM respool._set_status(v_id, 'cancelled', 'abandoned',
                                     'queue lease lapsed: the waiting client stopped heartbeating', p_now);

@@ -278,6 +278,73 @@ async def test_grace_period_requeues_the_gang_once_every_member_left(
     await assert_healthy(conn)
 
 
+async def test_cancelling_a_member_in_the_grace_period_grants_the_freed_units_at_once(
+    conn: asyncpg.Connection,
+) -> None:
+    """SPEC §4: a cancel triggers allocation in the same transaction; SPEC §11.6: cancelling one
+    member cancels the member still holding, whose units go to the request they were for."""
+    await mk_pool(conn, "p", {"gpu": 2}, preemption_grace_seconds=30)
+    await mk_policy(conn, "S", "p")
+    await mk_policy(conn, "prod", "p", reserved={"gpu": 2})
+    members = await gang(conn, gpu(1, max_retries=1), gpu(1, max_retries=1))
+    mine = await mk_req(conn, "prod", "p", resources={"gpu": 2})
+    await reconcile(conn, "p")
+    await db_requests.release_request(conn, members[0].id)  # requeued, waits for its gang
+    assert await statuses(conn, *await ids_of(members)) == ["queued", "preempting"]
+    await db_requests.cancel_request(conn, members[0].id)
+    assert await statuses(conn, *await ids_of(members)) == ["cancelled", "cancelled"]
+    assert (await get(conn, mine.id)).status == "allocated"  # no reconcile pass needed
+    await assert_healthy(conn)
+
+
+async def test_reconcilers_of_two_candidate_pools_abandon_a_gang_without_deadlock(
+    db_url: str,
+) -> None:
+    """Several reconcilers at once (SPEC §5): a queued gang waits in pools a and b; its members'
+    queue leases lapse; the pass of b and the pass of a each find a different member, while a
+    third transaction holds the third member. Both passes finish; a later pass abandons the
+    whole gang."""
+    connections = await create_pool(db_url, size=4, application_name=APP_API)
+    conn, holder, *passes = [await connections.acquire() for _ in range(4)]
+    try:
+        for name in ("a", "b"):
+            await mk_pool(conn, name, {"gpu": 3})
+            await mk_policy(conn, "S", name)
+            await mk_policy(conn, "X", name)
+            await mk_req(conn, "X", name, resources={"gpu": 3}, lease_seconds=None)
+        made = await gang(conn, *[{"subject": "S", "resources": {"gpu": 1}}] * 3)
+        first, mid, last = sorted(m.id for m in made)
+        now = await db_now(conn)
+        for member, lease in ((mid, 10), (last, 20), (first, 3600)):  # queue leases from now
+            await conn.execute(
+                "SELECT respool.heartbeat_request($1, NULL, $2, $3)", member, now, lease
+            )
+        ids = {n: (await db_pools.get_pool(conn, n)).id for n in ("a", "b")}
+        async with holder.transaction():
+            await holder.execute("SELECT FROM respool.requests WHERE id = $1 FOR UPDATE", first)
+            run_b = asyncio.create_task(  # mid's lease lapsed
+                passes[0].fetchval(
+                    "SELECT respool.reconcile_pool($1, $2)", ids["b"], now + timedelta(seconds=15)
+                )
+            )
+            await asyncio.sleep(0.3)
+            run_a = asyncio.create_task(  # mid's and last's leases lapsed
+                passes[1].fetchval(
+                    "SELECT respool.reconcile_pool($1, $2)", ids["a"], now + timedelta(seconds=25)
+                )
+            )
+            await asyncio.sleep(0.3)
+        await asyncio.wait_for(asyncio.gather(run_b, run_a), 30)  # a deadlock raises here
+        await reconcile(conn, "a", now + timedelta(seconds=25))
+        assert await statuses(conn, first, mid, last) == ["cancelled"] * 3
+        assert {(await get(conn, m)).reason for m in (first, mid, last)} == {"abandoned"}
+        await assert_healthy(conn)
+    finally:
+        for c in (conn, holder, *passes):
+            await connections.release(c)
+        await connections.close()
+
+
 async def test_gang_id_filter(conn: asyncpg.Connection) -> None:
     await mk_pool(conn, "p", {"gpu": 8})
     await mk_policy(conn, "S", "p")
