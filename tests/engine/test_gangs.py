@@ -254,15 +254,23 @@ async def test_a_gang_preempts_by_priority_as_one_request(conn: asyncpg.Connecti
     await assert_healthy(conn)
 
 
-async def test_grace_period_requeues_the_gang_once_every_member_left(
-    conn: asyncpg.Connection,
-) -> None:
+async def reclaimed_gang(conn: asyncpg.Connection) -> tuple[list[Request], Request]:
+    """A 2-GPU pool with a 30 s grace period; a gang of two 1-GPU members (one retry) borrows it
+    all; the owner of the reserved 2 GPUs asks for them and a pass leaves the gang preempting.
+    Returns the members and the owner's request."""
     await mk_pool(conn, "p", {"gpu": 2}, preemption_grace_seconds=30)
     await mk_policy(conn, "S", "p")
     await mk_policy(conn, "prod", "p", reserved={"gpu": 2})
     members = await gang(conn, gpu(1, max_retries=1), gpu(1, max_retries=1))
     mine = await mk_req(conn, "prod", "p", resources={"gpu": 2})
     await reconcile(conn, "p")
+    return members, mine
+
+
+async def test_grace_period_requeues_the_gang_once_every_member_left(
+    conn: asyncpg.Connection,
+) -> None:
+    members, mine = await reclaimed_gang(conn)
     assert await statuses(conn, *await ids_of(members)) == ["preempting"] * 2
     await db_requests.release_request(conn, members[0].id)  # one leaves early
     first = await get(conn, members[0].id)
@@ -283,12 +291,7 @@ async def test_cancelling_a_member_in_the_grace_period_grants_the_freed_units_at
 ) -> None:
     """SPEC §4: a cancel triggers allocation in the same transaction; SPEC §11.6: cancelling one
     member cancels the member still holding, whose units go to the request they were for."""
-    await mk_pool(conn, "p", {"gpu": 2}, preemption_grace_seconds=30)
-    await mk_policy(conn, "S", "p")
-    await mk_policy(conn, "prod", "p", reserved={"gpu": 2})
-    members = await gang(conn, gpu(1, max_retries=1), gpu(1, max_retries=1))
-    mine = await mk_req(conn, "prod", "p", resources={"gpu": 2})
-    await reconcile(conn, "p")
+    members, mine = await reclaimed_gang(conn)
     await db_requests.release_request(conn, members[0].id)  # requeued, waits for its gang
     assert await statuses(conn, *await ids_of(members)) == ["queued", "preempting"]
     await db_requests.cancel_request(conn, members[0].id)
