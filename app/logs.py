@@ -96,7 +96,7 @@ def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
 
 
 class StateChange(msgspec.Struct, frozen=True):
-    """The ``respool_request`` payload (``_record_event`` in sql/functions/030_engine.sql)."""
+    """The ``respool_request`` payload (``_record_event`` in sql/functions/030_status.sql)."""
 
     id: UUID
     status: str

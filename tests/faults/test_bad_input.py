@@ -5,7 +5,7 @@
 * absurd numbers (2^63, negative, floats, 1e308, strings) and 10,000-key maps, in bodies and
   query parameters → 4xx with the error shape;
 * nothing changed in the database by any rejected call: an md5 of every row of every base
-  table is the same before and after (tests/faults/support.py ``database_fingerprint``).
+  table is the same before and after (``support.db.database_fingerprint``).
 
 Schemathesis against the OpenAPI document runs in tests/api/test_schemathesis.py (short, every
 check); the long mode here runs it with 100 examples per operation.

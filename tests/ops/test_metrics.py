@@ -1,4 +1,4 @@
-"""``/metrics`` after the scripted history (tests/ops/scenario.py): every number is known."""
+"""``/metrics`` after the scripted history (tests/support/scenario.py): every number is known."""
 
 from __future__ import annotations
 
