@@ -157,7 +157,7 @@ BEGIN
       FROM jsonb_each_text(p_request.resources) x
       JOIN respool._usage(p_pool_id, p_request.id) u
         ON u.policy_id IS NULL AND u.key = x.key AND u.bound IS NOT NULL;
-    IF deficit IS NULL OR NOT EXISTS (SELECT FROM jsonb_each_text(deficit) d WHERE d.value::bigint > 0) THEN
+    IF deficit IS NULL OR NOT respool._any_over(deficit) THEN
         RETURN '{}';  -- fits already: nothing to preempt
     END IF;
     SELECT coalesce(jsonb_object_agg(u.policy_id || '/' || u.key, u.used - u.leaving - u.reserved), '{}')
@@ -183,27 +183,21 @@ BEGIN
         CONTINUE WHEN NOT useful;
         chosen := chosen || v.id;
         held := held || v.resources;
-        FOR k, n IN SELECT key, value::bigint FROM jsonb_each_text(v.resources) LOOP
-            IF deficit ? k THEN
-                deficit := jsonb_set(deficit, ARRAY[k], to_jsonb((deficit ->> k)::bigint - n));
-                over := jsonb_set(over, ARRAY[v.policy_id || '/' || k],
-                                  to_jsonb(coalesce((over ->> (v.policy_id || '/' || k))::bigint, 0) - n));
-            END IF;
+        FOR k, n IN SELECT key, value::bigint FROM jsonb_each_text(v.resources) WHERE deficit ? key LOOP
+            over := jsonb_set(over, ARRAY[v.policy_id || '/' || k],
+                              to_jsonb(coalesce((over ->> (v.policy_id || '/' || k))::bigint, 0) - n));
         END LOOP;
-        EXIT WHEN NOT EXISTS (SELECT FROM jsonb_each_text(deficit) d WHERE d.value::bigint > 0);
+        deficit := respool._take_units(deficit, v.resources, 1);
+        EXIT WHEN NOT respool._any_over(deficit);
     END LOOP;
-    IF EXISTS (SELECT FROM jsonb_each_text(deficit) d WHERE d.value::bigint > 0) THEN
+    IF respool._any_over(deficit) THEN
         RETURN NULL;  -- even every eligible victim would not make room: preempt nobody
     END IF;
-    -- Minimal set: put back, latest pick first, every victim the request can do without.
+    -- Minimal set: put back, latest pick first, every victim the request can do without (with
+    -- its units back, no key it holds is missing again), as respool._shed does.
     FOR i IN REVERSE cardinality(chosen)..1 LOOP
-        IF NOT EXISTS (SELECT FROM jsonb_each_text(held[i]) h
-                        WHERE deficit ? h.key AND (deficit ->> h.key)::bigint + h.value::bigint > 0) THEN
-            FOR k, n IN SELECT key, value::bigint FROM jsonb_each_text(held[i]) LOOP
-                IF deficit ? k THEN
-                    deficit := jsonb_set(deficit, ARRAY[k], to_jsonb((deficit ->> k)::bigint + n));
-                END IF;
-            END LOOP;
+        IF NOT respool._holds_any(held[i], respool._take_units(deficit, held[i], -1)) THEN
+            deficit := respool._take_units(deficit, held[i], -1);
             chosen[i] := NULL;
         END IF;
     END LOOP;
