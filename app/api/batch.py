@@ -14,7 +14,7 @@ from respool_client.wire import RequestBatch, RequestBatchCreate
 from app.api.auth import require_subject
 from app.api.common import AnyRequest, StrictBody, db, decode_body, settings
 from app.api.errors import ApiError, error_responses
-from app.api.numbers import decimal_paths
+from app.api.numbers import decimal_paths, refuse_string_decimals_in
 from app.api.schemas import RequestCreate, ResourceSettings
 from app.db import batch as db_batch
 
@@ -37,17 +37,10 @@ async def _decode(request: Request[Any, Any, Any]) -> RequestBatchCreate:
         raise ApiError(exc.status_code, _member_path(exc.detail), field) from None
     # decode_body refuses strings for Decimal fields of the top-level Struct only; a member's
     # settings.cpu_count sits inside a list.
-    paths = decimal_paths(RequestCreate)
-    if paths and any(m.settings is not None for m in body.members):
+    if decimal_paths(RequestCreate) and any(m.settings is not None for m in body.members):
         doc = msgspec.json.decode(await request.body())
         for i, member in enumerate(doc["members"]):
-            for path in paths:
-                value: Any = member
-                for name in path:
-                    value = value.get(name) if isinstance(value, dict) else None
-                if isinstance(value, str):
-                    field = f"members[{i}]." + ".".join(path)
-                    raise ApiError(400, f"{field}: expected a number, got a string", field)
+            refuse_string_decimals_in(member, RequestCreate, prefix=f"members[{i}].")
     return body
 
 

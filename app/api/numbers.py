@@ -70,14 +70,17 @@ def _decimal_paths(kind: Any) -> tuple[tuple[str, ...], ...]:
 
 def refuse_string_decimals(raw: bytes, kind: type[Any]) -> None:
     """400 when a ``Decimal`` field of ``kind`` holds a JSON string in ``raw``."""
-    paths = decimal_paths(kind)
-    if not paths or not raw:
-        return
-    doc = msgspec.json.decode(raw)
-    for path in paths:
+    if decimal_paths(kind) and raw:
+        refuse_string_decimals_in(msgspec.json.decode(raw), kind)
+
+
+def refuse_string_decimals_in(doc: Any, kind: type[Any], prefix: str = "") -> None:
+    """The same for an already decoded document ``doc`` of ``kind``; the field named in the
+    400 starts with ``prefix`` (``members[3].`` for a batch member)."""
+    for path in decimal_paths(kind):
         value: Any = doc
         for name in path:
             value = value.get(name) if isinstance(value, dict) else None
         if isinstance(value, str):
-            field = ".".join(path)
+            field = prefix + ".".join(path)
             raise ApiError(400, f"{field}: expected a number, got a string", field)

@@ -159,13 +159,8 @@ class RequestController(Controller):
         lease = body.lease_seconds
         if lease is UNSET:
             lease = settings(state).default_lease_seconds
-        resource_settings = None
-        if body.settings is not None:
-            resource_settings = {
-                f: getattr(body.settings, f)
-                for f in body.settings.__struct_fields__
-                if getattr(body.settings, f) is not UNSET
-            }
+        # The same mapping a batch member sends (app.api.batch): set fields only.
+        resource_settings = None if body.settings is None else body.settings.to_json()
         pool = db(state)
         hub = notifier(state)
         fields: dict[str, Any] = {
