@@ -28,8 +28,10 @@ async def _scenario(conn: asyncpg.Connection, ordering: str) -> tuple[str, str]:
         2,
     ]
     await db_requests.release_request(conn, filler[0].id)
-    granted = "a" if await status(conn, a_next.id) == "allocated" else "b"
-    waiting = "a" if await status(conn, a_next.id) == "queued" else "b"
+    statuses = {"a": await status(conn, a_next.id), "b": await status(conn, b_next.id)}
+    assert sorted(statuses.values()) == ["allocated", "queued"], statuses  # one unit freed
+    granted = next(s for s, st in statuses.items() if st == "allocated")
+    waiting = next(s for s, st in statuses.items() if st == "queued")
     await assert_healthy(conn)
     return granted, waiting
 

@@ -31,6 +31,7 @@ from app.db import requests as db_requests
 from app.db.connect import APP_API, create_pool
 from app.db.errors import BadInput, IdempotencyMismatch
 from app.db.queries import Request
+from support.wait import wait_until
 
 
 def gpu(n: int = 1, **kw: Any) -> dict[str, Any]:
@@ -300,6 +301,20 @@ async def test_cancelling_a_member_in_the_grace_period_grants_the_freed_units_at
     await assert_healthy(conn)
 
 
+async def _waiting_or_done(
+    conn: asyncpg.Connection, runner: asyncpg.Connection, run: asyncio.Task[Any]
+) -> None:
+    """Until ``run`` (a statement on ``runner``) finished or waits for a lock."""
+
+    async def check() -> bool:
+        waits = await conn.fetchval(
+            "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1", runner.get_server_pid()
+        )
+        return run.done() or waits == "Lock"
+
+    await wait_until(check, "the pass finished or waits for a lock")
+
+
 async def test_reconcilers_of_two_candidate_pools_abandon_a_gang_without_deadlock(
     db_url: str,
 ) -> None:
@@ -330,13 +345,13 @@ async def test_reconcilers_of_two_candidate_pools_abandon_a_gang_without_deadloc
                     "SELECT respool.reconcile_pool($1, $2)", ids["b"], now + timedelta(seconds=15)
                 )
             )
-            await asyncio.sleep(0.3)
+            await _waiting_or_done(conn, passes[0], run_b)
             run_a = asyncio.create_task(  # mid's and last's leases lapsed
                 passes[1].fetchval(
                     "SELECT respool.reconcile_pool($1, $2)", ids["a"], now + timedelta(seconds=25)
                 )
             )
-            await asyncio.sleep(0.3)
+            await _waiting_or_done(conn, passes[1], run_a)
         await asyncio.wait_for(asyncio.gather(run_b, run_a), 30)  # a deadlock raises here
         await reconcile(conn, "a", now + timedelta(seconds=25))
         assert await statuses(conn, first, mid, last) == ["cancelled"] * 3

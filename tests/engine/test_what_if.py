@@ -4,7 +4,6 @@ no row, event or notification remains."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import asyncpg
@@ -15,6 +14,7 @@ from app.db import pools as db_pools
 from app.db import reconcile as db_reconcile
 from app.db import requests as db_requests
 from app.db.errors import BadInput
+from support.wait import wait_until
 
 COUNT_ROWS = """
 SELECT (SELECT count(*) FROM respool.requests), (SELECT count(*) FROM respool.events),
@@ -51,13 +51,18 @@ async def test_what_if_matches_the_real_create_and_leaves_nothing(
     listener = await asyncpg.connect(db_url)
     heard: list[str] = []
     for channel in ("respool_request", "respool_pool"):
-        await listener.add_listener(channel, lambda *a: heard.append(a[1]))
+        await listener.add_listener(
+            channel, lambda _c, _pid, _channel, payload: heard.append(payload)
+        )
     before = await conn.fetchrow(COUNT_ROWS)
 
     what = await db_requests.what_if_request(conn, pool="p", **body)
-    await asyncio.sleep(0.2)  # a NOTIFY would have arrived by now
+    # Notifications arrive in commit order: once a later sentinel is heard, any NOTIFY of the
+    # what-if would have been heard before it.
+    await conn.execute("SELECT pg_notify('respool_pool', 'sentinel')")
+    await wait_until(lambda: "sentinel" in heard, "the sentinel notification")
     assert await conn.fetchrow(COUNT_ROWS) == before
-    assert heard == []
+    assert heard == ["sentinel"]
     await listener.close()
 
     real = (await db_requests.create_request(conn, pool="p", **body)).request
