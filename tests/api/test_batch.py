@@ -11,14 +11,10 @@ from respool_client import ApiError, AsyncRespool, RequestCreate, Respool
 
 from app.db import tokens
 from app.db.connect import APP_CLI, connect
-from support.http import error, ok, pool_with_policy
+from support.http import error, ok, pool_with_policy, team_gpu
 from support.server import Server, running_server
 
 BATCH = "/v1/requests/batch"
-
-
-def member(**kw: Any) -> dict[str, Any]:
-    return {"subject": "team", "pool": "p", "resources": {"gpu": 1}, **kw}
 
 
 async def count(server: Server) -> int:
@@ -29,7 +25,7 @@ async def count(server: Server) -> int:
 async def test_grants_in_member_order_and_queues_the_rest(server: Server) -> None:
     c = server.client
     await pool_with_policy(c, capacity={"gpu": 3})
-    body = {"members": [member(labels={"i": str(i)}) for i in range(5)]}
+    body = {"members": [team_gpu(labels={"i": str(i)}) for i in range(5)]}
     items = ok(await c.post(BATCH, json=body), 201)["items"]
     assert [r["labels"]["i"] for r in items] == ["0", "1", "2", "3", "4"]
     assert [r["status"] for r in items] == ["allocated"] * 3 + ["queued"] * 2
@@ -46,9 +42,9 @@ async def test_members_are_ordinary_create_bodies(server: Server) -> None:
     await pool_with_policy(c, capacity={"gpu": 8})
     body = {
         "members": [
-            member(resources={"gpu": 9}),
+            team_gpu(resources={"gpu": 9}),
             {"subject": "team", "settings": {"cpu_count": 0.5, "gpu_count": 2}, "max_retries": 2},
-            member(lease_seconds=None, preemptible=False),
+            team_gpu(lease_seconds=None, preemptible=False),
             {"subject": "stranger", "resources": {"gpu": 1}},
         ]
     }
@@ -66,8 +62,8 @@ async def test_members_are_ordinary_create_bodies(server: Server) -> None:
 async def test_idempotency_per_member(server: Server) -> None:
     c = server.client
     await pool_with_policy(c, capacity={"gpu": 8})
-    single = ok(await c.post("/v1/requests", json=member(idempotency_key="a")), 201)
-    body = {"members": [member(idempotency_key="a"), member(idempotency_key="b"), member()]}
+    single = ok(await c.post("/v1/requests", json=team_gpu(idempotency_key="a")), 201)
+    body = {"members": [team_gpu(idempotency_key="a"), team_gpu(idempotency_key="b"), team_gpu()]}
     first = ok(await c.post(BATCH, json=body), 201)["items"]
     again = ok(await c.post(BATCH, json=body), 201)["items"]
     assert first[0]["id"] == again[0]["id"] == single["id"]
@@ -75,7 +71,7 @@ async def test_idempotency_per_member(server: Server) -> None:
     assert first[2]["id"] != again[2]["id"]  # no key: a new request each time
     assert await count(server) == 4
     # the same key with another body refuses the whole batch
-    changed = {"members": [member(), member(idempotency_key="b", resources={"gpu": 2})]}
+    changed = {"members": [team_gpu(), team_gpu(idempotency_key="b", resources={"gpu": 2})]}
     error(await c.post(BATCH, json=changed), 422, "members[1].idempotency_key")
     assert await count(server) == 4
 
@@ -100,7 +96,7 @@ async def test_a_bad_member_creates_nothing(
     if (await c.get("/v1/pools/p")).status_code == 404:  # the module's server: set up once
         await pool_with_policy(c, capacity={"gpu": 8})
     before = await count(module_server)
-    r = await c.post(BATCH, json={"members": [member(), bad, member()]})
+    r = await c.post(BATCH, json={"members": [team_gpu(), bad, team_gpu()]})
     body = error(r, status)
     assert body["field"] is not None and body["field"].startswith(field), body
     assert await count(module_server) == before
@@ -109,17 +105,17 @@ async def test_a_bad_member_creates_nothing(
 async def test_batch_shape(module_server: Server) -> None:
     c = module_server.client
     error(await c.post(BATCH, json={"members": []}), 400, "members")
-    error(await c.post(BATCH, json={"members": [member()] * 1001}), 400, "members")
+    error(await c.post(BATCH, json={"members": [team_gpu()] * 1001}), 400, "members")
     error(await c.post(BATCH, json={}), 400, "members")
-    error(await c.post(BATCH, json={"members": [member()], "extra": 1}), 400, "extra")
-    error(await c.post(BATCH, json={"members": [member()], "all_or_nothing": 1}), 400)
+    error(await c.post(BATCH, json={"members": [team_gpu()], "extra": 1}), 400, "extra")
+    error(await c.post(BATCH, json={"members": [team_gpu()], "all_or_nothing": 1}), 400)
 
 
 @pytest.mark.slow  # a scale test (tests/api/test_scale.py has the others)
 async def test_a_thousand_members(server: Server) -> None:
     c = server.client
     await pool_with_policy(c, capacity={"gpu": 600})
-    items = ok(await c.post(BATCH, json={"members": [member()] * 1000}), 201)["items"]
+    items = ok(await c.post(BATCH, json={"members": [team_gpu()] * 1000}), 201)["items"]
     assert len(items) == 1000 and len({r["id"] for r in items}) == 1000
     assert [r["status"] for r in items] == ["allocated"] * 600 + ["queued"] * 400
     assert [r["queue_position"] for r in items[600:]] == list(range(1, 401))

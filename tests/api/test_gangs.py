@@ -9,21 +9,17 @@ from typing import Any
 import pytest
 from respool_client import AsyncRespool, RequestCreate, Respool
 
-from support.http import error, ok, pool_with_policy
+from support.http import error, ok, pool_with_policy, team_gpu
 from support.server import Server
 
 BATCH = "/v1/requests/batch"
 
 
-def member(**kw: Any) -> dict[str, Any]:
-    return {"subject": "team", "pool": "p", "resources": {"gpu": 1}, **kw}
-
-
 async def test_a_gang_waits_then_is_granted_whole(server: Server) -> None:
     c = server.client
     await pool_with_policy(c, capacity={"gpu": 4})
-    holder = ok(await c.post("/v1/requests", json=member(resources={"gpu": 2})), 201)
-    body = {"members": [member(labels={"i": str(i)}) for i in range(3)], "all_or_nothing": True}
+    holder = ok(await c.post("/v1/requests", json=team_gpu(resources={"gpu": 2})), 201)
+    body = {"members": [team_gpu(labels={"i": str(i)}) for i in range(3)], "all_or_nothing": True}
     items = ok(await c.post(BATCH, json=body), 201)["items"]
     gang_id = items[0]["gang_id"]
     assert gang_id and {r["gang_id"] for r in items} == {gang_id}
@@ -51,7 +47,7 @@ async def test_a_gang_waits_then_is_granted_whole(server: Server) -> None:
 async def test_a_rejected_member_rejects_all(server: Server) -> None:
     c = server.client
     await pool_with_policy(c, capacity={"gpu": 4})
-    body = {"members": [member(), member(resources={"gpu": 5})], "all_or_nothing": True}
+    body = {"members": [team_gpu(), team_gpu(resources={"gpu": 5})], "all_or_nothing": True}
     items = ok(await c.post(BATCH, json=body), 201)["items"]
     assert [(r["status"], r["reason"]) for r in items] == [("rejected", "exceeds_capacity")] * 2
     assert items[0]["message"].startswith(f"gang {items[0]['gang_id']}: member {items[1]['id']}")
@@ -72,7 +68,7 @@ async def test_members_must_agree(module_server: Server, other: dict[str, Any], 
         await pool_with_policy(c, capacity={"gpu": 8})
         await pool_with_policy(c, pool="q", capacity={"gpu": 8})
     before = len(ok(await c.get("/v1/requests"))["items"])
-    body = {"members": [member(), {**member(), **other}], "all_or_nothing": True}
+    body = {"members": [team_gpu(), {**team_gpu(), **other}], "all_or_nothing": True}
     error(await c.post(BATCH, json=body), 400, field)
     assert len(ok(await c.get("/v1/requests"))["items"]) == before
 

@@ -22,6 +22,7 @@ from engine_support import (
     mk_req,
     partial_gangs,
     queue,
+    reconcile,
     statuses,
 )
 
@@ -54,11 +55,6 @@ async def grant_commits(conn: asyncpg.Connection, gang_id: UUID) -> int:
             "SELECT count(DISTINCT xmin::text) FROM respool.requests WHERE gang_id = $1", gang_id
         )
     )
-
-
-async def reconcile(conn: asyncpg.Connection, pool: str, now: Any = None) -> Any:
-    pid = (await db_pools.get_pool(conn, pool)).id
-    return await conn.fetchval("SELECT respool.reconcile_pool($1, coalesce($2, now()))", pid, now)
 
 
 async def test_waits_until_all_fit_then_all_are_granted_in_one_transaction(

@@ -9,13 +9,23 @@ reconcile pass and asserts exactly which requests end allocated, preempted and q
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
 import asyncpg
 import pytest
-from engine_support import assert_healthy, db_now, events, get, mk_policy, mk_pool, mk_req, status
+from engine_support import (
+    assert_healthy,
+    db_now,
+    events,
+    get,
+    mk_policy,
+    mk_pool,
+    mk_req,
+    reconcile,
+    status,
+)
 
 from app.db import policies as db_policies
 from app.db import pools as db_pools
@@ -144,11 +154,6 @@ CASES: dict[str, Case] = {
         allocated={"b1"}, preempted={"d1", "d2"},
         pool={"starvation_seconds": 0}),
 }  # fmt: skip
-
-
-async def reconcile(conn: asyncpg.Connection, pool: str, now: datetime | None = None) -> Any:
-    pid = (await db_pools.get_pool(conn, pool)).id
-    return await conn.fetchval("SELECT respool.reconcile_pool($1, coalesce($2, now()))", pid, now)
 
 
 async def build(conn: asyncpg.Connection, case: Case, **pool_kw: Any) -> dict[str, UUID]:

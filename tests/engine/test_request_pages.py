@@ -19,6 +19,7 @@ from engine_support import db_now, mk_policy, mk_pool
 
 from app.db import batch as db_batch
 from app.db import requests as db_requests
+from support.db import function_calls
 
 H = timedelta(hours=1)
 
@@ -195,11 +196,6 @@ async def test_the_api_list_and_single_reads_agree(mixed: asyncpg.Connection) ->
             assert r == await db_requests.get_request(mixed, r.id)
 
 
-async def _calls(conn: asyncpg.Connection, function: str) -> int:
-    n = await conn.fetchval("SELECT pg_stat_get_xact_function_calls($1::regprocedure)", function)
-    return int(n or 0)
-
-
 async def test_a_page_computes_once_per_pool_and_shape(mixed: asyncpg.Connection) -> None:
     conn = mixed
     await conn.execute("SET track_functions = 'all'")
@@ -231,7 +227,7 @@ async def test_a_page_computes_once_per_pool_and_shape(mixed: asyncpg.Connection
             "respool._earmark_blocks(respool.requests, uuid)",
             "respool._request_json(uuid)",
         )
-        seen = {f: await _calls(conn, f) for f in (*per_pool, *per_request)}
+        seen = {f: await function_calls(conn, f) for f in (*per_pool, *per_request)}
         assert seen == per_pool | dict.fromkeys(per_request, 0)
 
 

@@ -32,7 +32,7 @@ from app.db.dsn import with_database
 from app.db.migrate import migrate
 from app.db.named import query
 from faults.patroni import PatroniCluster, missing
-from faults.traffic import Profile, Traffic, duplicated_keys, lost_acknowledgements
+from faults.traffic import CONTENDED, Traffic, duplicated_keys, lost_acknowledgements
 from support.db import direct
 from support.faults import Auditor, pick, record
 from support.http import contended_pool, serves_again
@@ -142,13 +142,7 @@ async def test_failover_under_load(ha: PatroniCluster, tmp_path: Path) -> None:
             await contended_pool(c)
             traffic = Traffic(
                 server.url,
-                Profile(
-                    subjects=(("a", 0.5, 1), ("b", 1.0, 1)),
-                    pool="p",
-                    gpus=(1, 2),
-                    hold=(0.0, 0.3),
-                    wait=2.0,
-                ),
+                CONTENDED,
                 workers=8,
             )
             async with Auditor(ha.dsn) as auditor:

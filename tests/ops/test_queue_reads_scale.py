@@ -14,6 +14,7 @@ from app.db import named
 from app.db import policies as db_policies
 from app.db import pools as db_pools
 from app.db import requests as db_requests
+from support.db import function_calls
 
 QUEUED = 12  # per pool
 POOLS = ("q1", "q2")
@@ -36,12 +37,6 @@ async def tracked(conn: asyncpg.Connection) -> AsyncIterator[asyncpg.Connection]
     yield conn
 
 
-async def _calls(conn: asyncpg.Connection, function: str) -> int:
-    """Calls of ``function`` (a regprocedure) in the current transaction so far."""
-    n = await conn.fetchval("SELECT pg_stat_get_xact_function_calls($1::regprocedure)", function)
-    return int(n or 0)
-
-
 async def test_dashboard_queue_orders_each_pool_once(tracked: asyncpg.Connection) -> None:
     async with tracked.transaction():
         rows = await tracked.fetch(named.query("dashboard_queue"), 200)
@@ -49,9 +44,9 @@ async def test_dashboard_queue_orders_each_pool_once(tracked: asyncpg.Connection
         assert [r["position"] for r in rows if r["pool"] == "q1"] == list(range(1, QUEUED + 1))
         assert all(r["waiting_for"].startswith("waiting for gpu") for r in rows)
         # Each pool's queue head once (not its whole order, not a position per entry).
-        assert await _calls(tracked, "respool._queue_top(uuid, integer)") == len(POOLS)
-        assert await _calls(tracked, "respool._queue_order(uuid)") == 0
-        assert await _calls(tracked, "respool._queue_position(uuid, uuid)") == 0
+        assert await function_calls(tracked, "respool._queue_top(uuid, integer)") == len(POOLS)
+        assert await function_calls(tracked, "respool._queue_order(uuid)") == 0
+        assert await function_calls(tracked, "respool._queue_position(uuid, uuid)") == 0
 
 
 async def test_dashboard_queue_checks_blockers_only_for_the_rows_shown(
@@ -61,27 +56,30 @@ async def test_dashboard_queue_checks_blockers_only_for_the_rows_shown(
         rows = await tracked.fetch(named.query("dashboard_queue"), 5)
         assert len(rows) == 5
         # Once per shape among the rows shown (5 rows of q1, its two shapes), not per row.
-        assert await _calls(tracked, "respool._blocker(jsonb, boolean, uuid, uuid)") == 2
-        assert await _calls(tracked, "respool._queue_top(uuid, integer)") == len(POOLS)
+        assert await function_calls(tracked, "respool._blocker(jsonb, boolean, uuid, uuid)") == 2
+        assert await function_calls(tracked, "respool._queue_top(uuid, integer)") == len(POOLS)
 
 
 async def test_request_list_orders_each_pool_once(tracked: asyncpg.Connection) -> None:
     async with tracked.transaction():
         listed = await db_requests.list_requests(tracked, status="queued", limit=1000)
         assert len(listed) == QUEUED * 2
-        assert await _calls(tracked, "respool._queue_position(uuid, uuid)") == 0
-        assert await _calls(tracked, "respool._queue_positions(uuid, uuid[])") == len(POOLS)
-        assert await _calls(tracked, "respool._queue_order(uuid)") == 0
+        assert await function_calls(tracked, "respool._queue_position(uuid, uuid)") == 0
+        assert await function_calls(tracked, "respool._queue_positions(uuid, uuid[])") == len(POOLS)
+        assert await function_calls(tracked, "respool._queue_order(uuid)") == 0
         # Messages and ETAs too: once per pool and shape (two subjects' shapes per pool), never
         # once per request (tests/engine/test_request_pages.py has the mixed queue).
-        assert await _calls(tracked, "respool._blocker(jsonb, boolean, uuid, uuid)") == 2 * len(
-            POOLS
-        )
-        assert await _calls(
+        assert await function_calls(
+            tracked, "respool._blocker(jsonb, boolean, uuid, uuid)"
+        ) == 2 * len(POOLS)
+        assert await function_calls(
             tracked, "respool._eta_pool(uuid, timestamp with time zone, uuid)"
         ) == len(POOLS)
-        assert await _calls(tracked, "respool._request_eta(uuid, timestamp with time zone)") == 0
-        assert await _calls(tracked, "respool._request_json(uuid)") == 0
+        assert (
+            await function_calls(tracked, "respool._request_eta(uuid, timestamp with time zone)")
+            == 0
+        )
+        assert await function_calls(tracked, "respool._request_json(uuid)") == 0
     # The positions are the ones a single read computes on its own (_queue_position).
     for r in listed:
         alone = await db_requests.get_request(tracked, r.id)

@@ -193,3 +193,10 @@ async def assert_refused_read_write(conn: asyncpg.Connection, sql: str) -> None:
     await conn.execute("BEGIN READ WRITE")
     await assert_refused(conn, sql)
     await conn.execute("ROLLBACK")
+
+
+async def function_calls(conn: asyncpg.Connection, function: str) -> int:
+    """Calls of ``function`` (a regprocedure) in the current transaction so far (needs
+    ``SET track_functions = 'all'``)."""
+    n = await conn.fetchval("SELECT pg_stat_get_xact_function_calls($1::regprocedure)", function)
+    return int(n or 0)

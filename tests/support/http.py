@@ -14,6 +14,7 @@ __all__ = [
     "make_request",
     "ok",
     "one_gpu_request",
+    "team_gpu",
     "pool_with_policy",
     "serves_again",
 ]
@@ -95,3 +96,8 @@ async def contended_pool(client: httpx.AsyncClient) -> None:
     """Pool ``p`` of 6 GPUs: subject ``a`` reserves 3, ``b`` only borrows (preemption happens)."""
     await pool_with_policy(client, capacity={"gpu": 6}, subject="a", reserved={"gpu": 3})
     ok(await client.post("/v1/policies", json={"subject": "b", "pool": "p", "reserved": {}}), 201)
+
+
+def team_gpu(**kw: Any) -> dict[str, Any]:
+    """A create body: one GPU of pool ``p`` for subject ``team`` (``kw``: other fields)."""
+    return {"subject": "team", "pool": "p", "resources": {"gpu": 1}, **kw}
