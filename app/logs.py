@@ -23,6 +23,7 @@ from typing import Any, Literal
 from uuid import UUID
 
 import msgspec
+from respool_client.wire import Request
 
 from app.db.connect import own_backend_pids
 
@@ -32,6 +33,8 @@ __all__ = [
     "StateChange",
     "StateChangeLog",
     "configure_logging",
+    "emit_state_change",
+    "log_created",
 ]
 
 LOG_FORMATS = ("text", "json")
@@ -138,23 +141,54 @@ class StateChangeLog:
 
     def emit(self, change: StateChange) -> None:
         """Log ``change`` as one line (its fields are also JSON fields)."""
-        self._log.info(
-            "request %s %s -> %s (subject %s, pool %s%s)",
-            change.id,
-            change.from_status or "new",
-            change.status,
-            change.subject or "?",
-            change.pool or "-",
-            f", reason {change.reason}" if change.reason else "",
-            extra={
-                "event": "state_change",
-                "request_id": str(change.id),
-                "subject": change.subject,
-                "pool": change.pool,
-                "from_status": change.from_status,
-                "status": change.status,
-                "reason": change.reason,
-                "attempt": change.attempt,
-                "version": change.version,
-            },
+        emit_state_change(change, self._log)
+
+
+def log_created(request: Request) -> None:
+    """Log the changes a create made to the request it created, from its answer. The engine
+    does not notify them (nobody can wait for a request before its create answers): new ->
+    queued or rejected, then the grant made in the same call. A gang member's later changes
+    (its gang's start) are notified and logged as usual."""
+    first = request.status if request.version == 1 else "queued"
+    changes: list[tuple[str | None, str, str | None, int]] = [
+        (None, first, request.reason if request.version == 1 else None, 1)
+    ]
+    if request.version > 1 and request.gang_id is None:
+        changes.append(("queued", request.status, request.reason, request.version))
+    for frm, to, reason, version in changes:
+        emit_state_change(
+            StateChange(
+                id=request.id,
+                status=to,
+                version=version,
+                pool=request.pool,
+                subject=request.subject,
+                from_status=frm,
+                reason=reason,
+                attempt=request.attempt,
+            )
         )
+
+
+def emit_state_change(change: StateChange, logger: logging.Logger = state_log) -> None:
+    """One state-change line (its fields are also JSON fields)."""
+    logger.info(
+        "request %s %s -> %s (subject %s, pool %s%s)",
+        change.id,
+        change.from_status or "new",
+        change.status,
+        change.subject or "?",
+        change.pool or "-",
+        f", reason {change.reason}" if change.reason else "",
+        extra={
+            "event": "state_change",
+            "request_id": str(change.id),
+            "subject": change.subject,
+            "pool": change.pool,
+            "from_status": change.from_status,
+            "status": change.status,
+            "reason": change.reason,
+            "attempt": change.attempt,
+            "version": change.version,
+        },
+    )

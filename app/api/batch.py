@@ -17,6 +17,7 @@ from app.api.errors import ApiError, error_responses
 from app.api.numbers import decimal_paths, refuse_string_decimals_in
 from app.api.schemas import RequestCreate, ResourceSettings
 from app.db import batch as db_batch
+from app.logs import log_created
 
 __all__ = ["BatchController"]
 
@@ -90,4 +91,7 @@ class BatchController(Controller):
             all_or_nothing=body.all_or_nothing,
             default_lease_seconds=settings(state).default_lease_seconds,
         )
+        for m in made:
+            if m.created:
+                log_created(m.request)  # the engine does not notify a create's own changes
         return RequestBatch(items=[m.request for m in made])

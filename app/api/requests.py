@@ -27,6 +27,7 @@ from app.api.schemas import INT32_MAX, RequestCreate, RequestPage
 from app.db import requests as db_requests
 from app.db.queries import Event, Status
 from app.db.queries import Request as ResourceRequest
+from app.logs import log_created
 
 # A waiter re-reads its request at least this often, whatever the notifications do.
 POLL_BACKSTOP = 2.0
@@ -179,6 +180,8 @@ class RequestController(Controller):
             return Response(await db_requests.what_if_request(pool, **fields), status_code=200)
         created = await db_requests.create_request(pool, **fields)
         req = created.request
+        if created.created:
+            log_created(req)  # the engine does not notify a create's own changes
         seconds = _capped(state, wait)
         if seconds > 0 and req.status == "queued" and not hub.closing:
             # The grant may have been committed before we registered: wait_for re-reads first.

@@ -6,16 +6,31 @@ RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
 $$;
 COMMENT ON FUNCTION respool._is_terminal(text) IS 'Statuses a request never leaves (preempted once no retry requeued it).';
 
-CREATE OR REPLACE FUNCTION respool._record_event(p_request respool.requests, p_from text, p_now timestamptz)
+CREATE OR REPLACE FUNCTION respool._record_events(p_requests respool.requests[], p_from text, p_now timestamptz)
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
+    -- Set-based: one INSERT for every row (in array order, so event ids follow it) and one
+    -- notification per request, however many changed together (a large grant).
     INSERT INTO respool.events (request_id, at, from_status, to_status, reason, attempt, message)
-    VALUES (p_request.id, p_now, p_from, p_request.status, p_request.reason, p_request.attempt, p_request.message);
+    SELECT r.id, p_now, p_from, r.status, r.reason, r.attempt, r.message
+      FROM unnest(p_requests) WITH ORDINALITY AS r
+     ORDER BY r.ordinality;
+    -- No notification for the request a create_request call is making (respool.unannounced):
+    -- nobody can wait for it before that call answers, and a notifying commit takes a
+    -- database-wide lock (docs/benchmarks.md). Its caller answers with the request's state.
     PERFORM pg_notify('respool_request', json_build_object(
-        'id', p_request.id, 'status', p_request.status, 'version', p_request.version,
-        'pool', p_request.pool_name, 'subject', p_request.subject, 'from', p_from,
-        'reason', p_request.reason, 'attempt', p_request.attempt)::text);
+                'id', r.id, 'status', r.status, 'version', r.version, 'pool', r.pool_name,
+                'subject', r.subject, 'from', p_from, 'reason', r.reason, 'attempt', r.attempt)::text)
+       FROM unnest(p_requests) r
+      WHERE r.id::text IS DISTINCT FROM current_setting('respool.unannounced', true);
 END $$;
+COMMENT ON FUNCTION respool._record_events(respool.requests[], text, timestamptz) IS
+    'Appends the event rows (in array order) and queues the NOTIFYs (delivered at commit) for requests that changed from p_from to their current status together; no NOTIFY for the request that the current create_request call is making.';
+
+CREATE OR REPLACE FUNCTION respool._record_event(p_request respool.requests, p_from text, p_now timestamptz)
+RETURNS void LANGUAGE sql AS $$
+    SELECT respool._record_events(ARRAY[p_request], p_from, p_now)
+$$;
 COMMENT ON FUNCTION respool._record_event(respool.requests, text, timestamptz) IS
     'Appends the event row and queues the NOTIFY (delivered at commit) for one status change.';
 
@@ -38,11 +53,16 @@ BEGIN
            version = version + 1, updated_at = p_now,
            finished_at = CASE WHEN respool._is_terminal(p_to) THEN p_now END,
            earmark_pool_id = CASE WHEN p_to = 'queued' THEN earmark_pool_id END,
-           preempt_deadline = CASE WHEN p_to = 'preempting' THEN preempt_deadline END
+           preempt_deadline = CASE WHEN p_to = 'preempting' THEN preempt_deadline END,
+           -- Leaving the holding statuses: respool._free has given the units back; the lease,
+           -- runtime cap and non-preemptible charge go in this same row version.
+           lease_expires_at = CASE WHEN p_to IN ('allocated', 'preempting') THEN lease_expires_at END,
+           run_deadline = CASE WHEN p_to IN ('allocated', 'preempting') THEN run_deadline END,
+           np_charge = CASE WHEN p_to IN ('allocated', 'preempting') THEN np_charge ELSE '{}' END
      WHERE id = p_id
     RETURNING * INTO r;
     PERFORM respool._record_event(r, v_from, p_now);
     RETURN r;
 END $$;
 COMMENT ON FUNCTION respool._set_status(uuid, text, text, text, timestamptz) IS
-    'The only way a request changes status: bumps version, stamps finished_at, drops an earmark when it leaves the queue and a grace deadline when it leaves preempting, writes the event, notifies.';
+    'The way a request changes status (a grant does the same in respool._grant_many, set-based): bumps version, stamps finished_at, drops an earmark when it leaves the queue, a grace deadline when it leaves preempting, and the lease, runtime cap and non-preemptible charge when it stops holding units; writes the event, notifies.';

@@ -3,93 +3,128 @@
 -- Queued requests are picked with FOR UPDATE SKIP LOCKED; capacity is read only from the
 -- counter rows of the locked pool, never inferred from skipped rows.
 
-CREATE OR REPLACE FUNCTION respool._grant(p_request_id uuid, p_pool_id uuid, p_policy_id uuid, p_now timestamptz)
+CREATE OR REPLACE FUNCTION respool._move_units(p_pool_id uuid, p_policy_id uuid, p_units jsonb, p_np jsonb,
+                                               p_sign integer)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
-    r respool.requests;
-    k text;
-    n bigint;
-    tracked boolean;
-    np jsonb := '{}';
+    v_keys integer := (SELECT count(*) FROM jsonb_object_keys(p_units));
+    v_moved text[];
 BEGIN
-    SELECT * INTO r FROM respool.requests WHERE id = p_request_id;
-    FOR k, n IN SELECT key, value::bigint FROM jsonb_each_text(r.resources) LOOP
-        -- Guarded counter update: a bug that would over-allocate fails here instead.
-        UPDATE respool.pool_resources SET used = used + n
-         WHERE pool_id = p_pool_id AND key = k
-           AND (used + n <= capacity OR (capacity IS NULL AND respool._is_soft_key(k)))
-        RETURNING capacity IS NOT NULL INTO tracked;
-        IF NOT FOUND THEN
-            IF respool._is_soft_key(k)
-               AND NOT EXISTS (SELECT FROM respool.pool_resources WHERE pool_id = p_pool_id AND key = k) THEN
-                INSERT INTO respool.pool_resources (pool_id, key, used) VALUES (p_pool_id, k, n);
-                tracked := false;
-            ELSE
-                RAISE EXCEPTION 'granting % % to request % would exceed pool capacity', n, k, p_request_id
-                    USING ERRCODE = 'RP500';
-            END IF;
+    -- One guarded statement per table: a charge that would pass a capacity or a limit moves
+    -- fewer keys than it has and fails below instead of over-allocating.
+    WITH moved AS (
+        UPDATE respool.pool_resources pr SET used = pr.used + p_sign * x.value::bigint
+          FROM jsonb_each_text(p_units) x
+         WHERE pr.pool_id = p_pool_id AND pr.key = x.key
+           AND (p_sign < 0 OR pr.used + x.value::bigint <= pr.capacity
+                OR (pr.capacity IS NULL AND respool._is_soft_key(pr.key)))
+        RETURNING pr.key)
+    SELECT coalesce(array_agg(key), '{}') INTO v_moved FROM moved;
+    IF cardinality(v_moved) < v_keys THEN
+        -- Only a soft key the pool does not list may be charged without a counter: it gets an
+        -- untracked one.
+        IF p_sign < 0 OR EXISTS (SELECT FROM jsonb_object_keys(p_units) k(key)
+                                  WHERE k.key <> ALL (v_moved)
+                                    AND (NOT respool._is_soft_key(k.key)
+                                         OR EXISTS (SELECT FROM respool.pool_resources
+                                                     WHERE pool_id = p_pool_id AND key = k.key))) THEN
+            RAISE EXCEPTION 'moving % units % in pool % would pass its capacity or finds no counter',
+                p_sign, p_units, p_pool_id USING ERRCODE = 'RP500';
         END IF;
-        IF NOT r.preemptible AND tracked THEN
-            np := np || jsonb_build_object(k, n);
+        INSERT INTO respool.pool_resources (pool_id, key, used)
+        SELECT p_pool_id, x.key, x.value::bigint FROM jsonb_each_text(p_units) x WHERE x.key <> ALL (v_moved);
+    END IF;
+    WITH moved AS (
+        UPDATE respool.policy_resources pol
+           SET used = pol.used + p_sign * x.value::bigint,
+               np_used = pol.np_used + p_sign * coalesce((p_np ->> x.key)::bigint, 0)
+          FROM jsonb_each_text(p_units) x
+         WHERE pol.policy_id = p_policy_id AND pol.key = x.key
+           AND (p_sign < 0 OR pol."limit" IS NULL OR pol.used + x.value::bigint <= pol."limit")
+        RETURNING pol.key)
+    SELECT coalesce(array_agg(key), '{}') INTO v_moved FROM moved;
+    IF cardinality(v_moved) < v_keys THEN
+        -- A key the policy has no counter for (no limit, no reservation) gets one.
+        IF p_sign < 0 OR EXISTS (SELECT FROM respool.policy_resources
+                                  WHERE policy_id = p_policy_id AND key IN (SELECT jsonb_object_keys(p_units))
+                                    AND key <> ALL (v_moved)) THEN
+            RAISE EXCEPTION 'moving % units % of policy % would pass its limit or finds no counter',
+                p_sign, p_units, p_policy_id USING ERRCODE = 'RP500';
         END IF;
-        UPDATE respool.policy_resources
-           SET used = used + n, np_used = np_used + coalesce((np ->> k)::bigint, 0)
-         WHERE policy_id = p_policy_id AND key = k AND ("limit" IS NULL OR used + n <= "limit");
-        IF NOT FOUND THEN
-            IF EXISTS (SELECT FROM respool.policy_resources WHERE policy_id = p_policy_id AND key = k) THEN
-                RAISE EXCEPTION 'granting % % to request % would exceed the subject limit', n, k, p_request_id
-                    USING ERRCODE = 'RP500';
-            END IF;
-            INSERT INTO respool.policy_resources (policy_id, key, used, np_used)
-            VALUES (p_policy_id, k, n, coalesce((np ->> k)::bigint, 0));
-        END IF;
-    END LOOP;
-    DELETE FROM respool.queue_entries WHERE request_id = p_request_id;
-    UPDATE respool.requests
-       SET pool_id = p_pool_id,
-           pool_name = (SELECT name FROM respool.pools WHERE id = p_pool_id),
-           policy_id = p_policy_id,
-           priority = (SELECT priority FROM respool.policies WHERE id = p_policy_id),
-           np_charge = np, allocated_at = p_now, preempt_deadline = NULL,
-           lease_expires_at = p_now + make_interval(secs => lease_seconds),
-           run_deadline = p_now + make_interval(secs => max_seconds)  -- [SPEC §11.1] runtime cap
-     WHERE id = p_request_id;
-    PERFORM respool._set_status(p_request_id, 'allocated', NULL, '', p_now);
+        INSERT INTO respool.policy_resources (policy_id, key, used, np_used)
+        SELECT p_policy_id, x.key, x.value::bigint, coalesce((p_np ->> x.key)::bigint, 0)
+          FROM jsonb_each_text(p_units) x WHERE x.key <> ALL (v_moved);
+    END IF;
 END $$;
-COMMENT ON FUNCTION respool._grant(uuid, uuid, uuid, timestamptz) IS
-    'Moves a locked queued request to allocated: charges pool and policy counters under guards (RP500 on a would-be over-allocation), leaves every queue, starts the lease and the runtime cap (max_seconds).';
+COMMENT ON FUNCTION respool._move_units(uuid, uuid, jsonb, jsonb, integer) IS
+    'Charges (p_sign 1) or returns (p_sign -1) units {key: n} on a pool''s counters and one policy''s counters (p_np: the non-preemptible part), one statement per table. A charge is guarded (used + n <= capacity / limit) and raises RP500 rather than over-allocate; a soft key the pool does not list gets an untracked counter, a key the policy does not bound a plain one. CHECK used >= 0 catches a double return.';
+
+CREATE OR REPLACE FUNCTION respool._sum_units(p_maps jsonb[])
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN (SELECT coalesce(jsonb_object_agg(s.key, s.n), '{}')
+              FROM (SELECT x.key, sum(x.value::bigint) AS n
+                      FROM unnest(p_maps) m CROSS JOIN LATERAL jsonb_each_text(m) x
+                     GROUP BY x.key) s);
+END $$;
+COMMENT ON FUNCTION respool._sum_units(jsonb[]) IS 'The key-wise sum of unit maps {key: n}.';
+
+CREATE OR REPLACE FUNCTION respool._grant_many(p_ids uuid[], p_pool_id uuid, p_policy_id uuid, p_now timestamptz)
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    v_pool_name text := (SELECT name FROM respool.pools WHERE id = p_pool_id);
+    v_priority integer := (SELECT priority FROM respool.policies WHERE id = p_policy_id);
+    v_tracked text[] := ARRAY(SELECT key FROM respool.pool_resources WHERE pool_id = p_pool_id AND capacity IS NOT NULL);
+    v_granted respool.requests[];
+BEGIN
+    -- The status change is the one respool._set_status makes, in the same row version as the
+    -- grant's own columns: one new version per granted request.
+    WITH granted AS (
+        UPDATE respool.requests r
+           SET pool_id = p_pool_id, pool_name = v_pool_name, policy_id = p_policy_id, priority = v_priority,
+               np_charge = CASE WHEN r.preemptible THEN '{}'::jsonb
+                                ELSE (SELECT coalesce(jsonb_object_agg(x.key, x.value::bigint), '{}')
+                                        FROM jsonb_each_text(r.resources) x WHERE x.key = ANY (v_tracked)) END,
+               allocated_at = p_now, preempt_deadline = NULL, earmark_pool_id = NULL,
+               lease_expires_at = p_now + make_interval(secs => r.lease_seconds),
+               run_deadline = p_now + make_interval(secs => r.max_seconds),  -- [SPEC §11.1] runtime cap
+               status = 'allocated', reason = NULL, message = '', version = r.version + 1,
+               updated_at = p_now, finished_at = NULL
+         WHERE r.id = ANY (p_ids) AND r.status = 'queued'
+        RETURNING r.*)
+    SELECT coalesce(array_agg(g::respool.requests ORDER BY g.queued_at, g.id), '{}') INTO v_granted FROM granted g;
+    IF cardinality(v_granted) <> cardinality(p_ids) THEN
+        RAISE EXCEPTION 'granting % requests in pool %: only % of them were queued', cardinality(p_ids), p_pool_id,
+            cardinality(v_granted) USING ERRCODE = 'RP500';
+    END IF;
+    IF cardinality(v_granted) = 1 THEN
+        PERFORM respool._move_units(p_pool_id, p_policy_id, v_granted[1].resources, v_granted[1].np_charge, 1);
+    ELSE
+        PERFORM respool._move_units(p_pool_id, p_policy_id,
+                                    respool._sum_units(ARRAY(SELECT g.resources FROM unnest(v_granted) g)),
+                                    respool._sum_units(ARRAY(SELECT g.np_charge FROM unnest(v_granted) g)), 1);
+    END IF;
+    DELETE FROM respool.queue_entries WHERE request_id = ANY (p_ids);
+    PERFORM respool._record_events(v_granted, 'queued', p_now);
+    RETURN cardinality(v_granted);
+END $$;
+COMMENT ON FUNCTION respool._grant_many(uuid[], uuid, uuid, timestamptz) IS
+    'Moves queued requests the caller has locked (in a pool it has locked, under one policy) to allocated, set-based: their counters charged in one guarded statement per table (RP500 on a would-be over-allocation), every queue left, leases and runtime caps (max_seconds) started, one row version, event and NOTIFY each. Returns how many (all of p_ids, else RP500).';
 
 CREATE OR REPLACE FUNCTION respool._free(p_request_id uuid)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
-    r respool.requests;
-    k text;
-    n bigint;
+    r respool.requests := (SELECT q FROM respool.requests q WHERE q.id = p_request_id);
 BEGIN
-    SELECT * INTO r FROM respool.requests WHERE id = p_request_id;
-    FOR k, n IN SELECT key, value::bigint FROM jsonb_each_text(r.resources) LOOP
-        UPDATE respool.pool_resources SET used = used - n WHERE pool_id = r.pool_id AND key = k;
-        IF NOT FOUND THEN
-            RAISE EXCEPTION 'request % holds % but its pool has no counter', p_request_id, k USING ERRCODE = 'RP500';
-        END IF;
-        UPDATE respool.policy_resources
-           SET used = used - n, np_used = np_used - coalesce((r.np_charge ->> k)::bigint, 0)
-         WHERE policy_id = r.policy_id AND key = k;
-        IF NOT FOUND THEN
-            RAISE EXCEPTION 'request % holds % but its policy has no counter', p_request_id, k USING ERRCODE = 'RP500';
-        END IF;
-    END LOOP;
-    UPDATE respool.requests SET lease_expires_at = NULL, run_deadline = NULL, np_charge = '{}'
-     WHERE id = p_request_id;
+    PERFORM respool._move_units(r.pool_id, r.policy_id, r.resources, r.np_charge, -1);
 END $$;
 COMMENT ON FUNCTION respool._free(uuid) IS
-    'Returns a holding request''s units to its pool and policy counters (CHECK used >= 0 catches double frees). Caller changes the status.';
+    'Returns a holding request''s units to its pool and policy counters (CHECK used >= 0 catches double frees). The caller changes the status, which clears the lease, runtime cap and charge (respool._set_status).';
 
 CREATE OR REPLACE FUNCTION respool._try_grant(p_request_id uuid, p_pool_id uuid, p_policy_id uuid, p_now timestamptz)
 RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     r respool.requests;
-    m uuid;
 BEGIN
     -- Admission is decided before the row lock: it depends only on the request's fixed resources
     -- and on this pool's counters, which the caller's pool lock holds still. A blocked request is
@@ -110,19 +145,85 @@ BEGIN
         RETURN CASE WHEN EXISTS (SELECT FROM respool.requests WHERE id = p_request_id AND status = 'queued')
                     THEN 'locked' ELSE 'gone' END;
     END IF;
-    IF r.gang_id IS NULL THEN
-        PERFORM respool._grant(p_request_id, p_pool_id, p_policy_id, p_now);
-    ELSE
-        -- Every member, in this transaction, at the same instant, in this pool.
-        FOR m IN SELECT id FROM respool.requests WHERE gang_id = r.gang_id AND status = 'queued'
-                  ORDER BY queued_at, id LOOP
-            PERFORM respool._grant(m, p_pool_id, p_policy_id, p_now);
-        END LOOP;
-    END IF;
+    -- A gang: every member, in this transaction, at the same instant, in this pool.
+    PERFORM respool._grant_many(CASE WHEN r.gang_id IS NULL THEN ARRAY[p_request_id]
+                                     ELSE ARRAY(SELECT id FROM respool.requests
+                                                 WHERE gang_id = r.gang_id AND status = 'queued') END,
+                                p_pool_id, p_policy_id, p_now);
     RETURN 'granted';
 END $$;
 COMMENT ON FUNCTION respool._try_grant(uuid, uuid, uuid, timestamptz) IS
     'Grants one queued request in a pool whose row the caller has locked, if admissible: granted | blocked | locked | gone. A gang''s queue entry grants every member together when their sum is admissible, or none (SPEC §11.6).';
+
+CREATE OR REPLACE FUNCTION respool._scale_units(p_units jsonb, p_times integer)
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN (SELECT coalesce(jsonb_object_agg(x.key, x.value::bigint * p_times), '{}') FROM jsonb_each_text(p_units) x);
+END $$;
+COMMENT ON FUNCTION respool._scale_units(jsonb, integer) IS 'A unit map {key: n} times p_times: the need of that many requests of one shape.';
+
+CREATE OR REPLACE FUNCTION respool._grant_run(p_pool_id uuid, p_policy_id uuid, p_preemptible boolean,
+                                              p_resources jsonb, p_from_at timestamptz, p_from_id uuid,
+                                              p_before_at timestamptz, p_before_id uuid, p_now timestamptz)
+RETURNS uuid[] LANGUAGE plpgsql AS $$
+DECLARE
+    v_run uuid[];
+    v_fit integer;
+    v_low integer := 1;
+    v_high integer;
+    v_mid integer;
+    v_locked uuid[];
+    v_prefix integer := 0;
+BEGIN
+    -- The run: the shape's entries from (p_from_at, p_from_id) on, in queue-time order, that
+    -- come before the next other shape's head in the queue order ((p_before_at, p_before_id),
+    -- NULL: none), up to the first gang entry (a gang is granted on its own).
+    SELECT coalesce(array_agg(c.request_id ORDER BY c.queued_at, c.request_id), '{}') INTO v_run
+      FROM (SELECT e.request_id, e.queued_at,
+                   bool_and(r.gang_id IS NULL) OVER (ORDER BY e.queued_at, e.request_id) AS plain
+              FROM respool.queue_entries e JOIN respool.requests r ON r.id = e.request_id
+             WHERE e.pool_id = p_pool_id AND e.policy_id = p_policy_id
+               AND e.preemptible = p_preemptible AND e.resources = p_resources
+               AND (e.queued_at, e.request_id) >= (p_from_at, p_from_id)
+               AND (p_before_at IS NULL OR (e.queued_at, e.request_id) < (p_before_at, p_before_id))) c
+     WHERE c.plain;
+    -- How many of them fit together: admission (SPEC §4 rules 1-3, respool._blocker) is a set
+    -- of "used + need <= bound" tests, so k requests fit exactly when one request of k times
+    -- the shape's need does; the largest such k by bisection.
+    v_high := cardinality(v_run);
+    IF v_high < 2 OR respool._blocker(respool._scale_units(p_resources, 2), p_preemptible, p_pool_id, p_policy_id) IS NOT NULL THEN
+        RETURN '{}';  -- nothing to gain over the one-request path
+    END IF;
+    v_low := 2;
+    IF respool._blocker(respool._scale_units(p_resources, v_high), p_preemptible, p_pool_id, p_policy_id) IS NOT NULL THEN
+        WHILE v_high - v_low > 1 LOOP  -- invariant: v_low fits, v_high does not
+            v_mid := (v_low + v_high) / 2;
+            IF respool._blocker(respool._scale_units(p_resources, v_mid), p_preemptible, p_pool_id, p_policy_id) IS NULL THEN
+                v_low := v_mid;
+            ELSE
+                v_high := v_mid;
+            END IF;
+        END LOOP;
+        v_fit := v_low;
+    ELSE
+        v_fit := v_high;
+    END IF;
+    v_run := v_run[1:v_fit];
+    -- Lock them without waiting; the run ends before the first one another transaction holds
+    -- or already took (the one-request path then decides on it: skip it, or stop a strict pool).
+    v_locked := ARRAY(SELECT id FROM respool.requests WHERE id = ANY (v_run) AND status = 'queued'
+                       ORDER BY id FOR UPDATE SKIP LOCKED);
+    WHILE v_prefix < v_fit AND v_run[v_prefix + 1] = ANY (v_locked) LOOP
+        v_prefix := v_prefix + 1;
+    END LOOP;
+    v_run := v_run[1:v_prefix];
+    IF v_prefix > 0 THEN
+        PERFORM respool._grant_many(v_run, p_pool_id, p_policy_id, p_now);
+    END IF;
+    RETURN v_run;
+END $$;
+COMMENT ON FUNCTION respool._grant_run(uuid, uuid, boolean, jsonb, timestamptz, uuid, timestamptz, uuid, timestamptz) IS
+    'Set-based grants for a pass of a pool the caller has locked: of one queue shape''s entries from a given one on and before a bound (the next other shape''s head), as many as fit together (at least two, else none) are locked without waiting and granted in one respool._grant_many; stops before a gang entry and before an entry locked or taken elsewhere. Returns the granted ids in queue order. Only for a pass without earmarks or a starvation hold (those need the per-request checks).';
 
 CREATE OR REPLACE FUNCTION respool.allocate_pool(p_pool_id uuid, p_now timestamptz DEFAULT now())
 RETURNS integer LANGUAGE plpgsql AS $$
@@ -147,9 +248,12 @@ DECLARE
     g_share double precision[];
     g_backfill boolean[];
     best integer;
+    second integer;
     i integer;
     next_at timestamptz;
     next_id uuid;
+    v_run uuid[];
+    v_runs boolean;
 BEGIN
     SELECT queueing, starvation_seconds INTO v_queueing, v_starvation
       FROM respool.pools WHERE id = p_pool_id FOR NO KEY UPDATE;
@@ -168,6 +272,8 @@ BEGIN
         END IF;
     END LOOP;
     v_free := respool._free_units(p_pool_id);
+    -- Set-based runs of one shape (respool._grant_run) unless earmarks are still pending here.
+    v_runs := NOT EXISTS (SELECT FROM respool.requests WHERE earmark_pool_id = p_pool_id AND status = 'queued');
     -- Every request carries step_run: 1, so a full tracked step_run ends the pass.
     IF (v_free ->> 'step_run')::bigint <= 0 THEN
         RETURN granted;
@@ -181,12 +287,18 @@ BEGIN
       FROM respool._queue_groups(p_pool_id) g;
     LOOP
         best := NULL;
+        second := NULL;
         FOR i IN 1..cardinality(g_policy) LOOP
             CONTINUE WHEN g_id[i] IS NULL;  -- shape done for this pass
             IF best IS NULL
                OR (-g_priority[i]::bigint, NOT g_in_share[i], g_share[i], g_at[i], g_id[i])
                   < (-g_priority[best]::bigint, NOT g_in_share[best], g_share[best], g_at[best], g_id[best]) THEN
+                second := best;
                 best := i;
+            ELSIF second IS NULL
+               OR (-g_priority[i]::bigint, NOT g_in_share[i], g_share[i], g_at[i], g_id[i])
+                  < (-g_priority[second]::bigint, NOT g_in_share[second], g_share[second], g_at[second], g_id[second]) THEN
+                second := i;
             END IF;
         END LOOP;
         EXIT WHEN best IS NULL;
@@ -207,7 +319,30 @@ BEGIN
             g_backfill[best] := true;
             CONTINUE;  -- merge again: the shape's candidate moved back in the queue
         ELSE
-            outcome := respool._try_grant(g_id[best], p_pool_id, g_policy[best], p_now);
+            v_run := '{}';
+            IF v_runs AND v_hold.head_id IS NULL THEN
+                -- The shape's entries ahead of the second-best head: all of them when the
+                -- second is of a lower (priority, in-share, share) class, else those queued before it.
+                v_run := respool._grant_run(
+                    p_pool_id, g_policy[best], g_preemptible[best], g_resources[best], g_at[best], g_id[best],
+                    CASE WHEN second IS NOT NULL AND (g_priority[second], g_in_share[second], -g_share[second])
+                                                   = (g_priority[best], g_in_share[best], -g_share[best])
+                         THEN g_at[second] END,
+                    CASE WHEN second IS NOT NULL AND (g_priority[second], g_in_share[second], -g_share[second])
+                                                   = (g_priority[best], g_in_share[best], -g_share[best])
+                         THEN g_id[second] END,
+                    p_now);
+            END IF;
+            IF cardinality(v_run) > 0 THEN
+                outcome := 'granted';
+                granted := granted + cardinality(v_run) - 1;  -- (+ 1 below)
+                -- the shape goes on after the run's last entry (below)
+                SELECT queued_at, id INTO next_at, next_id FROM respool.requests WHERE id = v_run[cardinality(v_run)];
+                g_at[best] := next_at;
+                g_id[best] := next_id;
+            ELSE
+                outcome := respool._try_grant(g_id[best], p_pool_id, g_policy[best], p_now);
+            END IF;
         END IF;
         IF outcome = 'granted' THEN
             granted := granted + 1;

@@ -235,10 +235,12 @@ BEGIN
         request := respool._replay(r, v_body);
         RETURN;
     END IF;
+    -- Until this call answers, nobody knows the request: its own changes are not notified.
+    PERFORM set_config('respool.unannounced', r.id::text, true);
     PERFORM respool._record_event(r, NULL, p_now);
 
     -- [SPEC §11.6] a gang member waits for its gang (respool._gang_start queues and grants it).
-    IF r.status = 'queued' AND p_gang_id IS NULL THEN
+    IF r.status = 'queued' AND p_gang_id IS NULL AND NOT respool._grant_at_once(r, p_now) THEN
         -- Its queue entries: one per candidate that the checks above admitted (v_ok), under
         -- the same pool locks (what respool._enqueue would find, without checking again).
         INSERT INTO respool.queue_entries (pool_id, request_id, policy_id, queued_at, resources, preemptible)
@@ -246,11 +248,31 @@ BEGIN
           FROM respool.policies p WHERE p.subject = r.subject AND p.pool_id = ANY (v_ok);
         PERFORM respool._try_new(r.id, p_now);
     END IF;
+    PERFORM set_config('respool.unannounced', '', true);
     created := true;
     request := respool.request_json(r.id);
 END $$;
 COMMENT ON FUNCTION respool.create_request(text, text, jsonb, jsonb, boolean, integer, integer, text, jsonb, timestamptz, integer, uuid) IS
-    'Creates a request in one transaction: validates and converts input, claims the idempotency key (the same request on a retry, RP422 on another body), resolves candidate pools, stores a rejection or queues it, then tries to grant it at once in candidate order (unless a best_effort pool holds for a starving head, SPEC §11.1). With p_gang_id the request is stored as a member of that gang, without queue entries and without a grant: respool._gang_start decides for the whole gang (SPEC §11.6).';
+    'Creates a request in one transaction: validates and converts input, claims the idempotency key (the same request on a retry, RP422 on another body), resolves candidate pools, stores a rejection or queues it, then tries to grant it at once in candidate order (unless a best_effort pool holds for a starving head, SPEC §11.1). The request''s own status changes in this call are recorded as events but not notified (nobody can wait for it yet; the answer carries them). With p_gang_id the request is stored as a member of that gang, without queue entries and without a grant: respool._gang_start decides for the whole gang (SPEC §11.6).';
+
+CREATE OR REPLACE FUNCTION respool._grant_at_once(p_request respool.requests, p_now timestamptz)
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    c record;
+BEGIN
+    SELECT p.pool_id, p.id AS policy_id, pl.queueing INTO c
+      FROM respool.policies p JOIN respool.pools pl ON pl.id = p.pool_id
+     WHERE p.subject = p_request.subject AND p.pool_id = ANY (p_request.candidate_pool_ids)
+     ORDER BY p.priority DESC, pl.name LIMIT 1;
+    -- In a best_effort pool that holds for no starving head, every earlier request already had
+    -- its chance: the new one is granted if it is admissible, as respool._try_new would.
+    RETURN FOUND AND c.queueing = 'best_effort'
+           AND (NOT EXISTS (SELECT FROM respool.queue_entries WHERE pool_id = c.pool_id)
+                OR (respool._pool_hold(c.pool_id, p_now)).head_id IS NULL)
+           AND respool._try_grant(p_request.id, c.pool_id, c.policy_id, p_now) = 'granted';
+END $$;
+COMMENT ON FUNCTION respool._grant_at_once(respool.requests, timestamptz) IS
+    'A new request (not a gang member), its candidate pools locked by the caller and no queue entry yet: granted now in its first candidate pool when that pool is best_effort, holds for no starving head (SPEC §11.1) and admits it, without a queue entry written and deleted again. False (nothing changed) otherwise: the caller queues it (respool._try_new).';
 
 CREATE OR REPLACE FUNCTION respool._try_new(p_id uuid, p_now timestamptz)
 RETURNS void LANGUAGE plpgsql AS $$
