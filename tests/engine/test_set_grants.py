@@ -20,9 +20,9 @@ from engine_support import (
     queue_ids,
     statuses,
 )
-from support.db import function_calls
 
 from app.db import requests as db_requests
+from support.db import function_calls
 
 GRANT_MANY = "respool._grant_many(uuid[], uuid, uuid, timestamptz)"
 TRY_GRANT = "respool._try_grant(uuid, uuid, uuid, timestamptz)"
@@ -99,12 +99,12 @@ async def test_a_run_of_non_preemptible_requests_stays_within_the_reserved_share
     await mk_policy(conn, "T", "p")
     holder = await mk_req(conn, "T", "p", resources={"gpu": 10})
     waiting = [
-        (await mk_req(conn, "S", "p", resources={"gpu": 1}, preemptible=False)).id
-        for _ in range(4)
+        (await mk_req(conn, "S", "p", resources={"gpu": 1}, preemptible=False)).id for _ in range(4)
     ]
     await db_requests.release_request(conn, holder.id)
     assert await statuses(conn, *waiting) == ["allocated"] * 2 + ["queued"] * 2
-    assert "reserved share for non-preemptible work 2/2 used" in (await get(conn, waiting[2])).message
+    message = (await get(conn, waiting[2])).message
+    assert "reserved share for non-preemptible work 2/2 used" in message
     assert await allocated(conn, "p") == {"gpu": 2, "step_run": 2}
     await assert_healthy(conn)
 
