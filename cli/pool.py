@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import msgspec
 import typer
+from respool_client.wire import Ordering, Queueing
 from rich.console import RenderableType
 from rich.text import Text
 
@@ -30,11 +31,6 @@ app = typer.Typer(
     help="Pools of capacity and the subject policies that draw from them.",
     no_args_is_help=True,
 )
-
-
-class Queueing(StrEnum):
-    best_effort = "best_effort"
-    strict = "strict"
 
 
 class View(StrEnum):
@@ -65,12 +61,6 @@ Grace = Annotated[
     typer.Option("--grace", min=0, help="Preemption grace period in seconds."),
 ]
 Limit = Annotated[int, typer.Option("--limit", min=1, help="At most this many requests.")]
-
-
-class Ordering(StrEnum):
-    fifo = "fifo"
-    fair = "fair"
-
 
 OFF = "off"
 
@@ -113,13 +103,13 @@ def _pool_fields(
     if description is not None:
         body["description"] = description
     if queueing is not None:
-        body["queueing"] = queueing.value
+        body["queueing"] = queueing
     if grace is not None:
         body["preemption_grace_seconds"] = grace
     if starvation is not None:  # SPEC §11.1
         body["starvation_seconds"] = None if starvation == OFF else int(starvation)
     if ordering is not None:  # SPEC §11.2
-        body["ordering"] = ordering.value
+        body["ordering"] = ordering
     return body
 
 
