@@ -8,16 +8,7 @@ then that every invariant holds again.
 from __future__ import annotations
 
 import asyncpg
-from engine_support import (
-    assert_healthy,
-    get,
-    mk_policy,
-    mk_pool,
-    mk_req,
-    reconcile,
-    status,
-    statuses,
-)
+from engine_support import assert_healthy, get, mk_policy, mk_pool, mk_req, reconcile, statuses
 
 from app.db import policies as db_policies
 from app.db import pools as db_pools
@@ -61,7 +52,7 @@ async def test_removing_a_soft_key_makes_it_untracked_without_preemption(
     r = await mk_req(conn, "s", "a", resources={"gpu": 1, "mcpu": 1000})
     await db_pools.update_pool(conn, "a", capacity={"mcpu": 0, "step_run": 0})
     assert (await reconcile(conn, "a"))["preempted"] == 0
-    assert await status(conn, r.id) == "allocated"
+    assert (await get(conn, r.id)).status == "allocated"
     # Untracked now: a second request is not held back by mcpu or step_run.
     r2 = await mk_req(conn, "s", "a", resources={"gpu": 1, "mcpu": 5000})
     assert r2.status == "allocated"
@@ -124,7 +115,7 @@ async def test_raising_a_limit_grants_in_the_same_transaction(conn: asyncpg.Conn
     waiting = await mk_req(conn, "s", "p", resources={"gpu": 1})
     assert [first.status, waiting.status] == ["allocated", "queued"]
     await db_policies.update_policy(conn, str(pol.id), limit={"gpu": 2})
-    assert await status(conn, waiting.id) == "allocated"
+    assert (await get(conn, waiting.id)).status == "allocated"
     await assert_healthy(conn)
 
 
@@ -137,5 +128,5 @@ async def test_raising_a_reserved_share_grants_in_the_same_transaction(
     waiting = await mk_req(conn, "s", "p", resources={"gpu": 1}, preemptible=False)
     assert [first.status, waiting.status] == ["allocated", "queued"]
     await db_policies.update_policy(conn, str(pol.id), reserved={"gpu": 3})
-    assert await status(conn, waiting.id) == "allocated"
+    assert (await get(conn, waiting.id)).status == "allocated"
     await assert_healthy(conn)
