@@ -117,6 +117,11 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(1)
 
 
+def given(**fields: Any) -> dict[str, Any]:
+    """The fields of a request body the user gave: the options left at ``None`` are dropped."""
+    return {k: v for k, v in fields.items() if v is not None}
+
+
 def confirm(question: str, *, yes: bool) -> None:
     """Ask ``question`` on stderr unless ``yes``; anything but yes (also no input) aborts."""
     if yes:

@@ -8,12 +8,13 @@ from typing import Annotated, Any
 
 import msgspec
 import typer
+from respool_client.wire import Ordering, Queueing
 from rich.console import RenderableType
 from rich.text import Text
 
 from app.db.queries import Policy, Pool, Request
 from cli.api import Api, connect_api, segment
-from cli.common import CliError, confirm
+from cli.common import CliError, confirm, given
 from cli.fetch import find_policy, list_requests
 from cli.maps import parse_map
 from cli.options import DEFAULT_URL, Force, Output, OutputFormat, Token, Url, Yes
@@ -30,11 +31,6 @@ app = typer.Typer(
     help="Pools of capacity and the subject policies that draw from them.",
     no_args_is_help=True,
 )
-
-
-class Queueing(StrEnum):
-    best_effort = "best_effort"
-    strict = "strict"
 
 
 class View(StrEnum):
@@ -65,12 +61,6 @@ Grace = Annotated[
     typer.Option("--grace", min=0, help="Preemption grace period in seconds."),
 ]
 Limit = Annotated[int, typer.Option("--limit", min=1, help="At most this many requests.")]
-
-
-class Ordering(StrEnum):
-    fifo = "fifo"
-    fair = "fair"
-
 
 OFF = "off"
 
@@ -109,17 +99,14 @@ def _pool_fields(
     ordering: Ordering | None,
 ) -> dict[str, Any]:
     """The pool fields the user gave (create and update), as the API names them."""
-    body: dict[str, Any] = {}
-    if description is not None:
-        body["description"] = description
-    if queueing is not None:
-        body["queueing"] = queueing.value
-    if grace is not None:
-        body["preemption_grace_seconds"] = grace
-    if starvation is not None:  # SPEC §11.1
+    body = given(
+        description=description,
+        queueing=queueing,
+        preemption_grace_seconds=grace,
+        ordering=ordering,  # SPEC §11.2
+    )
+    if starvation is not None:  # SPEC §11.1: off is sent as null
         body["starvation_seconds"] = None if starvation == OFF else int(starvation)
-    if ordering is not None:  # SPEC §11.2
-        body["ordering"] = ordering.value
     return body
 
 
@@ -333,16 +320,7 @@ def attach_policy(
         respool pool attach-policy training-gpus orchestrator:prod -p 10 -r '{"gpu": 4}'
         respool pool attach-policy training-gpus orchestrator:dev -l '{gpu: 8, step_run: 4}'
     """
-    fields: dict[str, Any] = {
-        k: v
-        for k, v in {
-            "priority": priority,
-            "reserved": reserved,
-            "limit": limit,
-            "description": description,
-        }.items()
-        if v is not None
-    }
+    fields = given(priority=priority, reserved=reserved, limit=limit, description=description)
     with connect_api(url, token) as api:
         existing = find_policy(api, pool, subject)
         if existing is None:

@@ -13,6 +13,7 @@ from respool_client.wire import MAX_BATCH, Event, Request, RequestBatch, WhatIf
 
 from app.durations import parse_duration
 from cli.api import Api, connect_api
+from cli.common import given
 from cli.fetch import list_requests, resolve_request
 from cli.maps import parse_decimal, parse_labels, parse_pairs
 from cli.options import DEFAULT_URL, Output, OutputFormat, Token, Url
@@ -178,25 +179,18 @@ def create(
         respool request create -s orchestrator:prod --gpu 8 --dry-run
         respool request create -s orchestrator:prod --gpu 2 --count 4 --gang
     """
-    settings: dict[str, Any] = {}
-    if gpu is not None:
-        settings["gpu_count"] = gpu
-    if cpu is not None:
-        settings["cpu_count"] = cpu
-    if memory is not None:
-        settings["memory"] = memory
+    settings = given(gpu_count=gpu, cpu_count=cpu, memory=memory)
     body: dict[str, Any] = {"subject": subject, "preemptible": not non_preemptible}
-    optional = {
-        "pool": pool,
-        "settings": settings or None,
-        "resources": parse_pairs(resource or [], "--resource") or None,
-        "labels": parse_labels(label or []) or None,
-        "max_retries": max_retries,
-        "lease_seconds": lease,
-        "idempotency_key": idempotency_key,
-        "max_seconds": max_seconds,
-    }
-    body.update({k: v for k, v in optional.items() if v is not None})
+    body |= given(
+        pool=pool,
+        settings=settings or None,
+        resources=parse_pairs(resource or [], "--resource") or None,
+        labels=parse_labels(label or []) or None,
+        max_retries=max_retries,
+        lease_seconds=lease,
+        idempotency_key=idempotency_key,
+        max_seconds=max_seconds,
+    )
     if dry_run:
         _what_if(body, output, url, token)
         return

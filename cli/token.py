@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import secrets
-from enum import StrEnum
 from typing import Annotated
 
 import msgspec
 import typer
 
 from app.db import tokens
-from app.db.tokens import Token
+from app.db.tokens import Role, Token
 from cli.common import database, run_async
 from cli.options import Output, OutputFormat
 from cli.output import emit, note
@@ -20,12 +19,6 @@ app = typer.Typer(
     help="API tokens (admin, client, reader). Talks to the database, not to the API.",
     no_args_is_help=True,
 )
-
-
-class Role(StrEnum):
-    admin = "admin"
-    client = "client"
-    reader = "reader"
 
 
 class NewToken(msgspec.Struct, kw_only=True):
@@ -40,9 +33,7 @@ class NewToken(msgspec.Struct, kw_only=True):
 
 async def _create(name: str, role: Role, subjects: list[str] | None) -> tuple[str, Token]:
     async with database() as conn:
-        return await tokens.create_token(
-            conn, name=name, role=role.value, subject_patterns=subjects
-        )
+        return await tokens.create_token(conn, name=name, role=role, subject_patterns=subjects)
 
 
 async def _list(include_revoked: bool) -> list[Token]:
@@ -77,7 +68,7 @@ def create(
         respool token create --role admin --name ops
         respool token create --role client --subject 'orchestrator:prod*' --name prod-stack
     """
-    name = name or f"{role.value}-{secrets.token_hex(3)}"
+    name = name or f"{role}-{secrets.token_hex(3)}"
     text, tok = run_async(_create(name, role, subject or None))
     shown = NewToken(
         token=text,

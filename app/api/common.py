@@ -6,17 +6,26 @@ from typing import Any, TypeAlias, TypeVar
 
 import asyncpg
 import msgspec
-from litestar import Request
+from litestar import Request, delete
 from litestar.datastructures import State
 from litestar.params import JSONBody, SkipValidation
 from msgspec import UNSET
 
-from app.api.errors import validation_error
+from app.api.errors import error_responses, validation_error
 from app.api.numbers import refuse_string_decimals
 from app.notify import Notifier
 from app.settings import Settings
 
-__all__ = ["AnyRequest", "StrictBody", "db", "decode_body", "notifier", "sent", "settings"]
+__all__ = [
+    "AnyRequest",
+    "StrictBody",
+    "db",
+    "decode_body",
+    "delete_by_ref",
+    "notifier",
+    "sent",
+    "settings",
+]
 
 T = TypeVar("T")
 
@@ -60,3 +69,14 @@ async def decode_body(request: Request[Any, Any, Any], kind: type[T]) -> T:
 def sent(body: msgspec.Struct) -> dict[str, Any]:
     """The fields of a PATCH body that were sent (absent ones are UNSET and stay as they are)."""
     return {k: v for k, v in msgspec.structs.asdict(body).items() if v is not UNSET}
+
+
+def delete_by_ref(kind: str) -> delete:
+    """``DELETE /{ref}`` of a pool or a policy: 204; 409 while it has live requests, unless the
+    ``force`` query parameter cancels them."""
+    return delete(
+        "/{ref:str}",
+        status_code=204,
+        summary=f"Delete a {kind} (force cancels its requests)",
+        responses=error_responses(400, 404, 409),
+    )

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Annotated
 
 import msgspec
-from litestar import Controller, delete, get, patch, post
+from litestar import Controller, get, patch, post
 from litestar.datastructures import State
 from litestar.params import FromPath, FromQuery, QueryParameter
 
-from app.api.common import AnyRequest, StrictBody, db, decode_body, sent
+from app.api.common import AnyRequest, StrictBody, db, decode_body, delete_by_ref, sent
 from app.api.errors import error_responses
 from app.api.schemas import PolicyCreate, PolicyUpdate
 from app.db import policies as db_policies
@@ -55,12 +55,7 @@ class PolicyController(Controller):
         body = await decode_body(request, PolicyUpdate)
         return await db_policies.update_policy(db(state), ref, **sent(body))
 
-    @delete(
-        "/{ref:str}",
-        status_code=204,
-        summary="Delete a policy (force cancels its requests)",
-        responses=error_responses(400, 404, 409),
-    )
+    @delete_by_ref("policy")
     async def delete_policy(
         self, state: State, ref: FromPath[str], force: Annotated[bool, QueryParameter()] = False
     ) -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Annotated
 
 import msgspec
-from litestar import Controller, delete, get, patch, post
+from litestar import Controller, get, patch, post
 from litestar.datastructures import State
 from litestar.params import FromPath, QueryParameter
 
-from app.api.common import AnyRequest, StrictBody, db, decode_body, sent
+from app.api.common import AnyRequest, StrictBody, db, decode_body, delete_by_ref, sent
 from app.api.errors import error_responses
 from app.api.schemas import PoolCreate, PoolUpdate
 from app.db import pools as db_pools
@@ -56,12 +56,7 @@ class PoolController(Controller):
         starvation_off = "starvation_seconds" in fields and fields["starvation_seconds"] is None
         return await db_pools.update_pool(db(state), ref, starvation_off=starvation_off, **fields)
 
-    @delete(
-        "/{ref:str}",
-        status_code=204,
-        summary="Delete a pool (force cancels its requests)",
-        responses=error_responses(400, 404, 409),
-    )
+    @delete_by_ref("pool")
     async def delete_pool(
         self, state: State, ref: FromPath[str], force: Annotated[bool, QueryParameter()] = False
     ) -> None:

@@ -16,37 +16,25 @@ COMMENT ON FUNCTION respool._resolve_ref(text, text, uuid[], text[]) IS
     'Turns the matches of a ref into one id, or RP404 (none) / RP400 listing the candidates (several).';
 
 CREATE OR REPLACE FUNCTION respool.resolve_pool(p_ref text)
-RETURNS uuid LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    ids uuid[];
-    labels text[];
-BEGIN
+RETURNS uuid LANGUAGE sql STABLE AS $$
     -- A name match and an id-prefix match of another pool are ambiguous (SPEC §2), never
     -- resolved silently: candidates are every pool matching either way.
-    SELECT array_agg(id ORDER BY name), array_agg(name || ' (' || id || ')' ORDER BY name)
-      INTO ids, labels
+    SELECT respool._resolve_ref('pool', p_ref, coalesce(array_agg(id ORDER BY name), '{}'),
+                                array_agg(name || ' (' || id || ')' ORDER BY name))
       FROM respool.pools
      WHERE name = p_ref
-        OR (p_ref ~* '^[0-9a-f-]{4,36}$' AND id::text LIKE lower(p_ref) || '%');
-    RETURN respool._resolve_ref('pool', p_ref, coalesce(ids, '{}'), labels);
-END $$;
+        OR (p_ref ~* '^[0-9a-f-]{4,36}$' AND id::text LIKE lower(p_ref) || '%')
+$$;
 COMMENT ON FUNCTION respool.resolve_pool(text) IS
     'Pool id for a name, a full id or a unique id prefix of >= 4 hex chars; RP400 listing the candidates when the ref is one pool''s name and another''s id prefix.';
 
 CREATE OR REPLACE FUNCTION respool.resolve_policy(p_ref text)
-RETURNS uuid LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    ids uuid[];
-    labels text[];
-BEGIN
-    IF p_ref ~* '^[0-9a-f-]{4,36}$' THEN
-        SELECT array_agg(p.id ORDER BY p.id), array_agg(p.id || ' (' || p.subject || ' on ' || pl.name || ')' ORDER BY p.id)
-          INTO ids, labels
-          FROM respool.policies p JOIN respool.pools pl ON pl.id = p.pool_id
-         WHERE p.id::text LIKE lower(p_ref) || '%';
-    END IF;
-    RETURN respool._resolve_ref('policy', p_ref, coalesce(ids, '{}'), labels);
-END $$;
+RETURNS uuid LANGUAGE sql STABLE AS $$
+    SELECT respool._resolve_ref('policy', p_ref, coalesce(array_agg(p.id ORDER BY p.id), '{}'),
+                                array_agg(p.id || ' (' || p.subject || ' on ' || pl.name || ')' ORDER BY p.id))
+      FROM respool.policies p JOIN respool.pools pl ON pl.id = p.pool_id
+     WHERE p_ref ~* '^[0-9a-f-]{4,36}$' AND p.id::text LIKE lower(p_ref) || '%'
+$$;
 COMMENT ON FUNCTION respool.resolve_policy(text) IS 'Policy id for a full id or a unique id prefix of >= 4 hex chars.';
 
 CREATE OR REPLACE FUNCTION respool._lock_pools(p_pool_ids uuid[])

@@ -139,6 +139,39 @@ END $$;
 COMMENT ON FUNCTION respool._drop_requests(uuid, uuid, text, timestamptz) IS
     'Force delete: cancels the pool''s (or one policy''s) holding requests and queued requests that have no other candidate pool; others just leave this queue.';
 
+CREATE OR REPLACE FUNCTION respool._clear_for_delete(p_kind text, p_label text, p_pool_id uuid,
+                                                     p_policy_id uuid, p_force boolean,
+                                                     p_now timestamptz)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_held bigint;
+    v_queued bigint;
+BEGIN
+    SELECT count(*) INTO v_held FROM respool.requests
+     WHERE pool_id = p_pool_id AND (p_policy_id IS NULL OR policy_id = p_policy_id)
+       AND status IN ('allocated', 'preempting');
+    SELECT count(*) INTO v_queued FROM respool.queue_entries
+     WHERE pool_id = p_pool_id AND (p_policy_id IS NULL OR policy_id = p_policy_id);
+    IF v_held + v_queued > 0 AND NOT coalesce(p_force, false) THEN
+        PERFORM respool._fail('RP409', 'force', format(
+            '%s %s has %s allocated and %s queued requests; delete with force to cancel them',
+            p_kind, p_label, v_held, v_queued));
+    END IF;
+    PERFORM respool._drop_requests(p_pool_id, p_policy_id, p_kind || '_deleted', p_now);
+END $$;
+COMMENT ON FUNCTION respool._clear_for_delete(text, text, uuid, uuid, boolean, timestamptz) IS
+    'Before deleting a pool (p_policy_id NULL) or one policy of it, pool locked: RP409 naming the p_kind and p_label while it has allocated or queued requests, unless p_force, which cancels them (reason pool_deleted or policy_deleted).';
+
+CREATE OR REPLACE FUNCTION respool._settle_pool(p_pool_id uuid, p_policy_id uuid, p_now timestamptz)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM respool._revalidate_queue(p_pool_id, p_policy_id, p_now);
+    PERFORM respool.allocate_pool(p_pool_id, p_now);
+    PERFORM respool._pool_changed(p_pool_id);
+END $$;
+COMMENT ON FUNCTION respool._settle_pool(uuid, uuid, timestamptz) IS
+    'After a pool (p_policy_id NULL) or policy update, pool locked: rejects queued requests that can never fit, grants what fits now, and wakes the reconcilers, which enforce a shrunk capacity or a lowered limit.';
+
 CREATE OR REPLACE FUNCTION respool.create_pool(p_name text, p_capacity jsonb DEFAULT '{}',
                                                p_description text DEFAULT '',
                                                p_queueing text DEFAULT 'best_effort',
@@ -215,9 +248,7 @@ BEGIN
            ordering = coalesce(p_ordering, ordering),
            updated_at = p_now
      WHERE id = v_id;
-    PERFORM respool._revalidate_queue(v_id, NULL, p_now);
-    PERFORM respool.allocate_pool(v_id, p_now);
-    PERFORM respool._pool_changed(v_id);  -- a shrink is enforced by the reconciler
+    PERFORM respool._settle_pool(v_id, NULL, p_now);
     RETURN respool.pool_json(v_id);
 END $$;
 COMMENT ON FUNCTION respool.update_pool(text, jsonb, text, text, integer, timestamptz, integer, boolean, text) IS
@@ -228,19 +259,9 @@ CREATE OR REPLACE FUNCTION respool.delete_pool(p_ref text, p_force boolean DEFAU
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     v_id uuid := respool.resolve_pool(p_ref);
-    v_held bigint;
-    v_queued bigint;
 BEGIN
     PERFORM respool._lock_pools(ARRAY[v_id]);
-    SELECT count(*) INTO v_held FROM respool.requests
-     WHERE pool_id = v_id AND status IN ('allocated', 'preempting');
-    SELECT count(*) INTO v_queued FROM respool.queue_entries WHERE pool_id = v_id;
-    IF v_held + v_queued > 0 AND NOT coalesce(p_force, false) THEN
-        PERFORM respool._fail('RP409', 'force', format(
-            'pool %s has %s allocated and %s queued requests; delete with force to cancel them',
-            p_ref, v_held, v_queued));
-    END IF;
-    PERFORM respool._drop_requests(v_id, NULL, 'pool_deleted', p_now);
+    PERFORM respool._clear_for_delete('pool', p_ref, v_id, NULL, p_force, p_now);
     DELETE FROM respool.policies WHERE pool_id = v_id;
     DELETE FROM respool.pools WHERE id = v_id;
 END $$;
@@ -391,9 +412,7 @@ BEGIN
        SET priority = coalesce(p_priority, priority), description = coalesce(p_description, description),
            updated_at = p_now
      WHERE id = v_id;
-    PERFORM respool._revalidate_queue(v_pool_id, v_id, p_now);
-    PERFORM respool.allocate_pool(v_pool_id, p_now);
-    PERFORM respool._pool_changed(v_pool_id);  -- a lowered limit is enforced by the reconciler
+    PERFORM respool._settle_pool(v_pool_id, v_id, p_now);
     RETURN respool.policy_json(v_id);
 END $$;
 COMMENT ON FUNCTION respool.update_policy(text, integer, jsonb, jsonb, text, timestamptz) IS
@@ -405,20 +424,10 @@ RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     v_id uuid := respool.resolve_policy(p_ref);
     v_pool_id uuid;
-    v_held bigint;
-    v_queued bigint;
 BEGIN
     SELECT pool_id INTO v_pool_id FROM respool.policies WHERE id = v_id;
     PERFORM respool._lock_pools(ARRAY[v_pool_id]);
-    SELECT count(*) INTO v_held FROM respool.requests
-     WHERE pool_id = v_pool_id AND policy_id = v_id AND status IN ('allocated', 'preempting');
-    SELECT count(*) INTO v_queued FROM respool.queue_entries WHERE policy_id = v_id;
-    IF v_held + v_queued > 0 AND NOT coalesce(p_force, false) THEN
-        PERFORM respool._fail('RP409', 'force', format(
-            'policy %s has %s allocated and %s queued requests; delete with force to cancel them',
-            v_id, v_held, v_queued));
-    END IF;
-    PERFORM respool._drop_requests(v_pool_id, v_id, 'policy_deleted', p_now);
+    PERFORM respool._clear_for_delete('policy', v_id::text, v_pool_id, v_id, p_force, p_now);
     DELETE FROM respool.policies WHERE id = v_id;
     PERFORM respool.allocate_pool(v_pool_id, p_now);
 END $$;

@@ -9,11 +9,9 @@ queued request never heartbeated keeps waiting.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
 from uuid import UUID
 
 import asyncpg
-import msgspec
 import pytest
 from engine_support import (
     assert_healthy,
@@ -26,21 +24,14 @@ from engine_support import (
     mk_pool_s,
     mk_req,
     queue_ids,
+    reconcile,
     status,
 )
 
-from app.db import pools as db_pools
 from app.db import requests as db_requests
 from app.db.errors import BadInput, Conflict
 
 S = timedelta(seconds=1)
-
-
-async def reconcile(conn: asyncpg.Connection, pool: str, now: datetime) -> dict[str, Any]:
-    pid = (await db_pools.get_pool(conn, pool)).id
-    doc = await conn.fetchval("SELECT respool.reconcile_pool($1, $2)", pid, now)
-    assert doc is not None
-    return msgspec.convert(doc, dict[str, Any])
 
 
 Full = tuple[asyncpg.Connection, UUID, UUID, datetime]

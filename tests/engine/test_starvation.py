@@ -22,6 +22,7 @@ from engine_support import (
     mk_policy,
     mk_pool,
     mk_req,
+    reconcile,
     release_at,
 )
 
@@ -42,11 +43,6 @@ async def create(
         at,
     )
     return UUID(doc["id"])
-
-
-async def reconcile(conn: asyncpg.Connection, at: datetime) -> None:
-    pool = (await db_pools.get_pool(conn, "p")).id
-    await conn.execute("SELECT respool.reconcile_pool($1, $2)", pool, at)
 
 
 async def setup(conn: asyncpg.Connection, starvation: int | None) -> None:
@@ -130,13 +126,13 @@ async def test_backfill_needs_max_seconds_ending_before_the_shadow_time(
     assert [r["held_message"] is None for r in rows if r["request_id"] == head] == [True]
     # The backfilled step runs out at its cap, heartbeats or not; the hold still keeps the unit.
     await db_requests.heartbeat_request(conn, short)
-    await reconcile(conn, at + timedelta(seconds=61))
+    await reconcile(conn, "p", at + timedelta(seconds=61))
     got = await get(conn, short)
     assert (got.status, got.reason) == ("expired", "max_seconds")
     assert (await events(conn, short))[-1] == ("allocated", "expired", "max_seconds")
     assert (await get(conn, uncapped)).status == "queued"
     # At the shadow time the capped holder ends, and the head is granted before anyone else.
-    await reconcile(conn, t0 + timedelta(seconds=601))
+    await reconcile(conn, "p", t0 + timedelta(seconds=601))
     assert (await get(conn, capped)).reason == "max_seconds"
     assert (await get(conn, head)).status == "allocated"
     assert (await get(conn, uncapped)).status == "queued"  # 2 + 6 = 8: full
