@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,9 +28,9 @@ from bench.common import (
     durable_server,
     find_pgbench,
     fresh_database,
-    load_average,
     log,
     ratio,
+    report,
     run_pgbench,
 )
 from bench.cycles import ENGINE_SQL, check_engine_run, setup_engine
@@ -157,10 +156,8 @@ async def _run(args: argparse.Namespace, clients: list[int]) -> BaselineResults:
 def run(args: argparse.Namespace) -> int:
     clients = [int(c) for c in args.clients.split(",") if c.strip()]
     r = asyncio.run(_run(args, clients))
-    print(json.dumps(r.as_dict(), indent=2))
-    print("\n| clients | minimal cycles/s | engine cycles/s | engine ÷ minimal |")
-    print("|---|---|---|---|")
-    for c in clients:
-        print(f"| {c} | {r.minimal[c].fmt()} | {r.engine[c].fmt()} | {r.ratio(c):.2f} |")
-    log(f"load average after: {load_average()}")
-    return 0
+    return report(
+        r,
+        ["clients", "minimal cycles/s", "engine cycles/s", "engine ÷ minimal"],
+        [[c, r.minimal[c].fmt(), r.engine[c].fmt(), f"{r.ratio(c):.2f}"] for c in clients],
+    )

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
@@ -31,8 +30,8 @@ from bench.common import (
     bench_connect,
     durable_server,
     fresh_database,
-    load_average,
     log,
+    report,
 )
 from bench.wake import serve
 
@@ -162,16 +161,19 @@ def run(args: argparse.Namespace) -> int:
     if args.batches < 1 or not 1 <= args.batch_size <= 1000:
         raise SystemExit("--batches must be >= 1 and --batch-size 1..1000")
     r = asyncio.run(_run(args))
-    print(json.dumps(r.as_dict(), indent=2))
-    total = r.batches * r.batch_size
-    print(f"\n| path | per batch of {r.batch_size:,}, requests/s | {total:,} queued overall |")
-    print("|---|---|---|")
-    print(
-        f"| engine (respool.create_requests) | {r.engine_per_batch.fmt()} "
-        f"| {r.engine_overall:,.0f}/s |"
+    return report(
+        r,
+        [
+            "path",
+            f"per batch of {r.batch_size:,}, requests/s",
+            f"{r.batches * r.batch_size:,} queued overall",
+        ],
+        [
+            [
+                "engine (respool.create_requests)",
+                r.engine_per_batch.fmt(),
+                f"{r.engine_overall:,.0f}/s",
+            ],
+            ["HTTP (POST /v1/requests/batch)", r.http_per_batch.fmt(), f"{r.http_overall:,.0f}/s"],
+        ],
     )
-    print(
-        f"| HTTP (POST /v1/requests/batch) | {r.http_per_batch.fmt()} | {r.http_overall:,.0f}/s |"
-    )
-    log(f"load average after: {load_average()}")
-    return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import platform
 import shutil
@@ -343,3 +344,17 @@ async def run_pgbench(
 
 def log(*parts: object) -> None:
     print(*parts, file=sys.stderr, flush=True)
+
+
+def report(
+    result: Figures | PerClients, header: Sequence[str], rows: Sequence[Sequence[object]]
+) -> int:
+    """Print a scenario's figures as JSON, then as a markdown table (``header``, ``rows``), and
+    log the load average after the run; the exit status of ``python -m bench <scenario>``."""
+    print(json.dumps(result.as_dict(), indent=2))
+    print("\n| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for row in rows:
+        print("| " + " | ".join(str(cell) for cell in row) + " |")
+    log(f"load average after: {load_average()}")
+    return 0

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -33,8 +32,8 @@ from bench.common import (
     bench_connect,
     durable_server,
     fresh_database,
-    load_average,
     log,
+    report,
 )
 
 SUMMARY = "gangs/s created and granted (all_or_nothing batches, SPEC §11.6)"
@@ -143,14 +142,15 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--gangs must be >= 1 and --gang-size 1..1000")
     asyncio.run(durable_server(args.dsn))
     r = asyncio.run(measure(args.dsn, args.gangs, args.gang_size))
-    print(json.dumps(r.as_dict(), indent=2))
-    print(f"\n| {r.gangs:,} gangs of {r.gang_size} | gangs/s |")
-    print("|---|---|")
-    for label, rate in (
-        ("created and granted at create", r.granted_at_create_per_s),
-        ("created, queued (pool held)", r.created_queued_per_s),
-        ("granted by one release (one allocation pass)", r.granted_by_release_per_s),
-    ):
-        print(f"| {label} | {rate:,.0f} |")
-    log(f"load average after: {load_average()}")
-    return 0
+    return report(
+        r,
+        [f"{r.gangs:,} gangs of {r.gang_size}", "gangs/s"],
+        [
+            [label, f"{rate:,.0f}"]
+            for label, rate in (
+                ("created and granted at create", r.granted_at_create_per_s),
+                ("created, queued (pool held)", r.created_queued_per_s),
+                ("granted by one release (one allocation pass)", r.granted_by_release_per_s),
+            )
+        ],
+    )

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import heapq
-import json
 import random
 import time
 from dataclasses import dataclass
@@ -30,8 +29,8 @@ from bench.common import (
     bench_connect,
     durable_server,
     fresh_database,
-    load_average,
     log,
+    report,
 )
 from bench.rawhttp import Connection, Reply, split_url
 from bench.waiters import _raise_fd_limit
@@ -224,17 +223,33 @@ def run(args: argparse.Namespace) -> int:
     if args.steps < 1 or args.gpus < 1:
         raise SystemExit("--steps and --gpus must be >= 1")
     r = asyncio.run(_run(args))
-    print(json.dumps(r.as_dict(), indent=2))
-    print(
-        "\n| steps | GPUs | makespan | ideal | ratio | all creates sent after "
-        "| grant lag p50 / p99 | long-polls after create | 503 retries | correct |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|")
     verdict = "yes" if r.correct else "NO: " + "; ".join(r.problems[:3])
-    print(
-        f"| {r.steps:,} | {r.gpus:,} | {r.makespan_s:.1f} s | {r.ideal_s:.1f} s | {r.ratio:.2f} "
-        f"| {r.submitted_s:.1f} s | {r.grant_lag_p50_ms:,.0f} / {r.grant_lag_p99_ms:,.0f} ms "
-        f"| {r.polls:,} | {r.retries_503:,} | {verdict} |"
+    return report(
+        r,
+        [
+            "steps",
+            "GPUs",
+            "makespan",
+            "ideal",
+            "ratio",
+            "all creates sent after",
+            "grant lag p50 / p99",
+            "long-polls after create",
+            "503 retries",
+            "correct",
+        ],
+        [
+            [
+                f"{r.steps:,}",
+                f"{r.gpus:,}",
+                f"{r.makespan_s:.1f} s",
+                f"{r.ideal_s:.1f} s",
+                f"{r.ratio:.2f}",
+                f"{r.submitted_s:.1f} s",
+                f"{r.grant_lag_p50_ms:,.0f} / {r.grant_lag_p99_ms:,.0f} ms",
+                f"{r.polls:,}",
+                f"{r.retries_503:,}",
+                verdict,
+            ]
+        ],
     )
-    log(f"load average after: {load_average()}")
-    return 0

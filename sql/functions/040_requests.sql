@@ -93,8 +93,7 @@ COMMENT ON FUNCTION respool.get_request(uuid) IS 'One request (RP404 when unknow
 CREATE OR REPLACE FUNCTION respool._labels(p_labels jsonb)
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
-    k text;
-    v jsonb;
+    v_bad text;
 BEGIN
     IF respool._absent_object(p_labels, 'labels', 'labels must be an object of string: string') THEN
         RETURN '{}';
@@ -102,12 +101,14 @@ BEGIN
     IF (SELECT count(*) FROM jsonb_object_keys(p_labels)) > 64 THEN
         PERFORM respool._fail('RP400', 'labels', 'labels has more than 64 entries');
     END IF;
-    FOR k, v IN SELECT * FROM jsonb_each(p_labels) LOOP
-        IF jsonb_typeof(v) <> 'string' OR length(k) NOT BETWEEN 1 AND 128 OR length(v #>> '{}') > 1024 THEN
-            PERFORM respool._fail('RP400', 'labels.' || left(k, 70),
-                'labels must map names of 1-128 chars to strings of at most 1024 chars');
-        END IF;
-    END LOOP;
+    SELECT x.key INTO v_bad FROM jsonb_each(p_labels) x
+     WHERE jsonb_typeof(x.value) <> 'string' OR length(x.key) NOT BETWEEN 1 AND 128
+        OR length(x.value #>> '{}') > 1024
+     LIMIT 1;
+    IF FOUND THEN
+        PERFORM respool._fail('RP400', 'labels.' || left(v_bad, 70),
+            'labels must map names of 1-128 chars to strings of at most 1024 chars');
+    END IF;
     RETURN p_labels;
 END $$;
 COMMENT ON FUNCTION respool._labels(jsonb) IS 'Validates labels: at most 64 string entries, bounded lengths.';

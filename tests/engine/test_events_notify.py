@@ -81,49 +81,22 @@ async def _pool_deleted(conn: asyncpg.Connection) -> list[Ev]:
     return await events(conn, r.id)
 
 
+QUEUED: Ev = (None, "queued", None)
+GRANTED: list[Ev] = [QUEUED, ("queued", "allocated", None)]
+
+
 @pytest.mark.parametrize(
     ("scenario", "expected"),
     [
-        (
-            _release,
-            [
-                (None, "queued", None),
-                ("queued", "allocated", None),
-                ("allocated", "released", None),
-            ],
-        ),
-        (
-            _cancel_allocated,
-            [
-                (None, "queued", None),
-                ("queued", "allocated", None),
-                ("allocated", "cancelled", "cancelled"),
-            ],
-        ),
-        (_cancel_queued, [(None, "queued", None), ("queued", "cancelled", "cancelled")]),
-        (
-            _release_queued,
-            [(None, "queued", None), ("queued", "cancelled", "released_while_queued")],
-        ),
+        (_release, [*GRANTED, ("allocated", "released", None)]),
+        (_cancel_allocated, [*GRANTED, ("allocated", "cancelled", "cancelled")]),
+        (_cancel_queued, [QUEUED, ("queued", "cancelled", "cancelled")]),
+        (_release_queued, [QUEUED, ("queued", "cancelled", "released_while_queued")]),
         (_reject, [(None, "rejected", "exceeds_capacity")]),
-        (_wait_then_grant, [(None, "queued", None), ("queued", "allocated", None)]),
-        (
-            _expire,
-            [
-                (None, "queued", None),
-                ("queued", "allocated", None),
-                ("allocated", "expired", "lease_expired"),
-            ],
-        ),
-        (_shrink, [(None, "queued", None), ("queued", "rejected", "exceeds_capacity")]),
-        (
-            _pool_deleted,
-            [
-                (None, "queued", None),
-                ("queued", "allocated", None),
-                ("allocated", "cancelled", "pool_deleted"),
-            ],
-        ),
+        (_wait_then_grant, GRANTED),
+        (_expire, [*GRANTED, ("allocated", "expired", "lease_expired")]),
+        (_shrink, [QUEUED, ("queued", "rejected", "exceeds_capacity")]),
+        (_pool_deleted, [*GRANTED, ("allocated", "cancelled", "pool_deleted")]),
     ],
     ids=lambda v: v.__name__.strip("_") if callable(v) else "",
 )

@@ -14,18 +14,8 @@ from typing import Any
 from uuid import UUID
 
 import asyncpg
+import engine_support as es
 import pytest
-from engine_support import (
-    assert_healthy,
-    db_now,
-    events,
-    get,
-    mk_policy,
-    mk_pool,
-    mk_req,
-    reconcile,
-    status,
-)
 
 from app.db import policies as db_policies
 from app.db import pools as db_pools
@@ -157,20 +147,20 @@ CASES: dict[str, Case] = {
 
 
 async def build(conn: asyncpg.Connection, case: Case, **pool_kw: Any) -> dict[str, UUID]:
-    await mk_pool(conn, "p", {"gpu": case.capacity}, **pool_kw)
+    await es.mk_pool(conn, "p", {"gpu": case.capacity}, **pool_kw)
     for subject, priority, reserved, limit in case.policies:
-        await mk_policy(
+        await es.mk_policy(
             conn, subject, "p", priority=priority,
             reserved={"gpu": reserved} if reserved else {},
             limit={"gpu": limit} if limit else {},
         )  # fmt: skip
     ids: dict[str, UUID] = {}
     for name, subject, gpu, preemptible in case.running:
-        r = await mk_req(conn, subject, "p", resources={"gpu": gpu}, preemptible=preemptible)
+        r = await es.mk_req(conn, subject, "p", resources={"gpu": gpu}, preemptible=preemptible)
         assert r.status == "allocated", (name, r.message)
         ids[name] = r.id
     for name, subject, gpu, preemptible in case.incoming:
-        r = await mk_req(conn, subject, "p", resources={"gpu": gpu}, preemptible=preemptible)
+        r = await es.mk_req(conn, subject, "p", resources={"gpu": gpu}, preemptible=preemptible)
         assert r.status == "queued", (name, r.message)
         ids[name] = r.id
     return ids
@@ -179,7 +169,7 @@ async def build(conn: asyncpg.Connection, case: Case, **pool_kw: Any) -> dict[st
 async def outcome(conn: asyncpg.Connection, ids: dict[str, UUID]) -> dict[str, set[str]]:
     seen: dict[str, set[str]] = {"allocated": set(), "preempted": set(), "queued": set()}
     for name, rid in ids.items():
-        seen.setdefault(await status(conn, rid), set()).add(name)
+        seen.setdefault(await es.status(conn, rid), set()).add(name)
     return seen
 
 
@@ -187,25 +177,25 @@ async def outcome(conn: asyncpg.Connection, ids: dict[str, UUID]) -> dict[str, s
 async def test_scenario(conn: asyncpg.Connection, name: str) -> None:
     case = CASES[name]
     ids = await build(conn, case, **case.pool)
-    await reconcile(conn, "p")
+    await es.reconcile(conn, "p")
     expected = {"allocated": case.allocated, "preempted": case.preempted, "queued": case.queued}
     assert await outcome(conn, ids) == expected
-    await assert_healthy(conn)
+    await es.assert_healthy(conn)
     # A second pass changes nothing: no flapping.
-    again = await reconcile(conn, "p")
+    again = await es.reconcile(conn, "p")
     assert (again["preempted"], again["allocated"]) == (0, 0)
     assert await outcome(conn, ids) == expected
 
 
 async def test_victim_history_and_message(conn: asyncpg.Connection) -> None:
     ids = await build(conn, CASES["reclaim of the newest borrowers first"])
-    done = await reconcile(conn, "p")
+    done = await es.reconcile(conn, "p")
     assert done == {"pool": "p", "expired": 0, "grace_ended": 0, "preempted": 2,
                     "allocated": 1, "rejected": 0}  # fmt: skip
-    victim = await get(conn, ids["d3"])
+    victim = await es.get(conn, ids["d3"])
     assert (victim.reason, victim.finished_at is not None) == ("reclaim", True)
     assert str(ids["p1"]) in victim.message and "prod" in victim.message
-    assert await events(conn, ids["d3"]) == [
+    assert await es.events(conn, ids["d3"]) == [
         (None, "queued", None),
         ("queued", "allocated", None),
         ("allocated", "preempted", "reclaim"),
@@ -246,31 +236,31 @@ async def test_shrink_preempts(conn: asyncpg.Connection, name: str) -> None:
     ids = await build(conn, case)
     await shrink(conn)
     assert [v.invariant for v in await db_reconcile.invariant_violations(conn)] == [invariant]
-    await reconcile(conn, "p")
+    await es.reconcile(conn, "p")
     assert await outcome(conn, ids) == {
         "allocated": case.allocated,
         "preempted": case.preempted,
         "queued": set(),
     }
-    assert (await get(conn, ids[victim])).reason == reason
-    await assert_healthy(conn)
+    assert (await es.get(conn, ids[victim])).reason == reason
+    await es.assert_healthy(conn)
 
 
 async def test_retry_requeues_with_original_queue_time(conn: asyncpg.Connection) -> None:
-    await mk_pool(conn, "p", {"gpu": 4})
-    await mk_policy(conn, "prod", "p", reserved={"gpu": 4})
-    await mk_policy(conn, "dev", "p")
-    d = await mk_req(conn, "dev", "p", resources={"gpu": 4}, max_retries=1)
+    await es.mk_pool(conn, "p", {"gpu": 4})
+    await es.mk_policy(conn, "prod", "p", reserved={"gpu": 4})
+    await es.mk_policy(conn, "dev", "p")
+    d = await es.mk_req(conn, "dev", "p", resources={"gpu": 4}, max_retries=1)
     queued_at = await conn.fetchval("SELECT queued_at FROM respool.requests WHERE id = $1", d.id)
-    p = await mk_req(conn, "prod", "p", resources={"gpu": 2})
-    await reconcile(conn, "p")
-    again = await get(conn, d.id)
+    p = await es.mk_req(conn, "prod", "p", resources={"gpu": 2})
+    await es.reconcile(conn, "p")
+    again = await es.get(conn, d.id)
     assert (again.status, again.attempt, again.reason) == ("queued", 2, "retry")
     assert (
         await conn.fetchval("SELECT queued_at FROM respool.requests WHERE id = $1", d.id)
         == queued_at
     )
-    assert await events(conn, d.id) == [
+    assert await es.events(conn, d.id) == [
         (None, "queued", None), ("queued", "allocated", None),
         ("allocated", "preempted", "reclaim"), ("preempted", "queued", "retry"),
     ]  # fmt: skip
@@ -278,34 +268,34 @@ async def test_retry_requeues_with_original_queue_time(conn: asyncpg.Connection)
     with pytest.raises(Conflict):
         await db_requests.release_request(conn, d.id, attempt=1)
     await db_requests.release_request(conn, p.id)
-    assert (await get(conn, d.id)).status == "allocated"
+    assert (await es.get(conn, d.id)).status == "allocated"
     # Preempted again on its last attempt: terminal.
-    await mk_req(conn, "prod", "p", resources={"gpu": 2})
-    await reconcile(conn, "p")
-    final = await get(conn, d.id)
+    await es.mk_req(conn, "prod", "p", resources={"gpu": 2})
+    await es.reconcile(conn, "p")
+    final = await es.get(conn, d.id)
     assert (final.status, final.attempt, final.finished_at is not None) == ("preempted", 2, True)
-    await assert_healthy(conn)
+    await es.assert_healthy(conn)
 
 
 async def test_lease_expiry_with_and_without_heartbeat(conn: asyncpg.Connection) -> None:
-    await mk_pool(conn, "p", {"gpu": 2})
-    await mk_policy(conn, "S", "p")
-    silent = await mk_req(conn, "S", "p", resources={"gpu": 1}, lease_seconds=10)
-    beating = await mk_req(conn, "S", "p", resources={"gpu": 1}, lease_seconds=10)
-    waiting = await mk_req(conn, "S", "p", resources={"gpu": 1})
-    now = await db_now(conn)
+    await es.mk_pool(conn, "p", {"gpu": 2})
+    await es.mk_policy(conn, "S", "p")
+    silent = await es.mk_req(conn, "S", "p", resources={"gpu": 1}, lease_seconds=10)
+    beating = await es.mk_req(conn, "S", "p", resources={"gpu": 1}, lease_seconds=10)
+    waiting = await es.mk_req(conn, "S", "p", resources={"gpu": 1})
+    now = await es.db_now(conn)
     await conn.fetchval(
         "SELECT respool.heartbeat_request($1, NULL, $2)", beating.id, now + timedelta(seconds=8)
     )
-    done = await reconcile(conn, "p", now + timedelta(seconds=12))
+    done = await es.reconcile(conn, "p", now + timedelta(seconds=12))
     assert (done["expired"], done["allocated"]) == (1, 1)
-    assert (await get(conn, silent.id)).reason == "lease_expired"
-    assert [await status(conn, i) for i in (silent.id, beating.id, waiting.id)] == [
+    assert (await es.get(conn, silent.id)).reason == "lease_expired"
+    assert [await es.status(conn, i) for i in (silent.id, beating.id, waiting.id)] == [
         "expired",
         "allocated",
         "allocated",
     ]
-    await assert_healthy(conn)
+    await es.assert_healthy(conn)
 
 
 @pytest.fixture(params=["best_effort", "strict"])
@@ -316,13 +306,13 @@ async def grace(conn: asyncpg.Connection, request: pytest.FixtureRequest) -> dic
                 running=[("d1", "dev", 2, False), ("d2", "dev", 2, True)],
                 incoming=[("p1", "prod", 2, True)], allocated=set())  # fmt: skip
     ids = await build(conn, case, preemption_grace_seconds=30, queueing=request.param)
-    done = await reconcile(conn, "p")
+    done = await es.reconcile(conn, "p")
     assert (done["preempted"], done["allocated"]) == (1, 0)
-    victim = await get(conn, ids["d2"])
+    victim = await es.get(conn, ids["d2"])
     assert (victim.status, victim.reason) == ("preempting", "reclaim")
-    ids["o1"] = (await mk_req(conn, "ops", "p", resources={"gpu": 2})).id
+    ids["o1"] = (await es.mk_req(conn, "ops", "p", resources={"gpu": 2})).id
     # ops may not preempt: d1 is not preemptible and d2 is already leaving.
-    assert (await reconcile(conn, "p"))["preempted"] == 0
+    assert (await es.reconcile(conn, "p"))["preempted"] == 0
     return ids
 
 
@@ -331,8 +321,8 @@ async def test_grace_victim_learns_it_from_its_heartbeat(
 ) -> None:
     answer = await db_requests.heartbeat_request(conn, grace["d2"])
     assert answer.status == "preempting" and "release within 30 s" in answer.message
-    assert await status(conn, grace["p1"]) == "queued"
-    assert "being released for it" in (await get(conn, grace["p1"])).message
+    assert await es.status(conn, grace["p1"]) == "queued"
+    assert "being released for it" in (await es.get(conn, grace["p1"])).message
 
 
 async def test_grace_victim_releases_early_and_the_earmark_is_not_stolen(
@@ -341,16 +331,16 @@ async def test_grace_victim_releases_early_and_the_earmark_is_not_stolen(
     await db_requests.release_request(conn, grace["d2"])
     assert await outcome(conn, grace) == {"allocated": {"d1", "p1"}, "preempted": {"d2"},
                                           "queued": {"o1"}}  # fmt: skip
-    await assert_healthy(conn)
+    await es.assert_healthy(conn)
 
 
 async def test_grace_deadline_passes(conn: asyncpg.Connection, grace: dict[str, UUID]) -> None:
-    now = await db_now(conn)
-    assert (await reconcile(conn, "p", now + timedelta(seconds=10)))["grace_ended"] == 0
-    assert await status(conn, grace["d2"]) == "preempting"
-    done = await reconcile(conn, "p", now + timedelta(seconds=31))
+    now = await es.db_now(conn)
+    assert (await es.reconcile(conn, "p", now + timedelta(seconds=10)))["grace_ended"] == 0
+    assert await es.status(conn, grace["d2"]) == "preempting"
+    done = await es.reconcile(conn, "p", now + timedelta(seconds=31))
     assert (done["grace_ended"], done["allocated"]) == (1, 1)
-    assert (await get(conn, grace["d2"])).reason == "grace_expired"
+    assert (await es.get(conn, grace["d2"])).reason == "grace_expired"
     assert await outcome(conn, grace) == {"allocated": {"d1", "p1"}, "preempted": {"d2"},
                                           "queued": {"o1"}}  # fmt: skip
-    await assert_healthy(conn)
+    await es.assert_healthy(conn)

@@ -4,8 +4,9 @@ Each twin takes the installed function's source (``pg_get_functiondef``) and rem
 with a targeted text replacement; a replacement that no longer matches fails loudly, so a twin
 can never drift from the engine it breaks. Install one only into a test's own database.
 
-* ``broken_twin``: ``_blocker`` admits everything and ``_grant`` charges the counters without
-  its guards (any missing counter row is created), so the invariant auditor must report I1/I2.
+* ``broken_twin``: ``_blocker`` admits everything and ``_move_units`` charges the counters
+  without its guards (any missing counter row is created), so the invariant auditor must report
+  I1/I2.
 * ``broken_shrink_twin``: the two shrink-enforcement bugs fixed by issue 12 — a removed custom
   key (capacity 0, SPEC §1) is never enforced, and ``_shed`` takes every victim its walk meets,
   also after the excess is gone and one holding no key still over, and never drops the ones not
@@ -24,15 +25,22 @@ TWINS: dict[str, list[tuple[str, list[tuple[str, str]]]]] = {
             [("WHERE msg IS NOT NULL", "WHERE false")],
         ),
         (
-            "respool._grant(uuid, uuid, uuid, timestamptz)",
+            "respool._move_units(uuid, uuid, jsonb, jsonb, integer)",
             [
                 (
-                    "\n           AND (used + n <= capacity OR (capacity IS NULL AND"
-                    " respool._is_soft_key(k)))",
+                    "\n           AND (p_sign < 0 OR pr.used + x.value::bigint <= pr.capacity"
+                    "\n                OR (pr.capacity IS NULL AND respool._is_soft_key(pr.key)))",
                     "",
                 ),
-                ("IF respool._is_soft_key(k)\n               AND NOT EXISTS", "IF NOT EXISTS"),
-                (' AND ("limit" IS NULL OR used + n <= "limit")', ""),
+                (
+                    "IF p_sign < 0 OR EXISTS (SELECT FROM jsonb_object_keys(p_units) k(key)",
+                    "IF false AND EXISTS (SELECT FROM jsonb_object_keys(p_units) k(key)",
+                ),
+                (
+                    '\n           AND (p_sign < 0 OR pol."limit" IS NULL'
+                    ' OR pol.used + x.value::bigint <= pol."limit")',
+                    "",
+                ),
             ],
         ),
     ],
