@@ -30,6 +30,7 @@ from bench.common import (
     bench_connect,
     durable_server,
     fresh_database,
+    gpu_members,
     log,
     report,
 )
@@ -46,13 +47,6 @@ class BatchResults(Figures):
     engine_overall: float
     http_per_batch: Spread
     http_overall: float
-
-
-def _members(batch_size: int, k: int) -> list[dict[str, Any]]:
-    return [
-        {"subject": "b", "pool": "b", "resources": {"gpu": 1}, "labels": {"i": f"{k}-{i}"}}
-        for i in range(batch_size)
-    ]
 
 
 async def _setup(conn: asyncpg.Connection) -> None:
@@ -121,7 +115,7 @@ async def _path(
             started = time.perf_counter()
             for k in range(batches):
                 t0 = time.perf_counter()
-                made = await create(_members(batch_size, k))
+                made = await create(gpu_members("b", batch_size, str(k)))
                 rates.append(made / (time.perf_counter() - t0))
                 log(f"  batch: {name} {k + 1}/{batches}: {rates[-1]:,.0f} requests/s")
             overall = batches * batch_size / (time.perf_counter() - started)

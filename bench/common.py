@@ -346,6 +346,20 @@ def log(*parts: object) -> None:
     print(*parts, file=sys.stderr, flush=True)
 
 
+def gpu_members(subject: str, n: int, tag: str) -> list[dict[str, Any]]:
+    """``n`` batch members: one-GPU create bodies of ``subject`` in the pool of the same name,
+    member ``i`` labelled ``member: <tag>-<i>``."""
+    return [
+        {
+            "subject": subject,
+            "pool": subject,
+            "resources": {"gpu": 1},
+            "labels": {"member": f"{tag}-{i}"},
+        }
+        for i in range(n)
+    ]
+
+
 def report(
     result: Figures | PerClients, header: Sequence[str], rows: Sequence[Sequence[object]]
 ) -> int:

@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any
 from uuid import UUID
 
 import asyncpg
@@ -32,6 +31,7 @@ from bench.common import (
     bench_connect,
     durable_server,
     fresh_database,
+    gpu_members,
     log,
     report,
 )
@@ -56,13 +56,6 @@ class GangResults(Figures):
     granted_by_release_per_s: float
 
 
-def _gang(size: int, k: int) -> list[dict[str, Any]]:
-    return [
-        {"subject": "g", "pool": "g", "resources": {"gpu": 1}, "labels": {"gang": str(k)}}
-        for _ in range(size)
-    ]
-
-
 async def _setup(conn: asyncpg.Connection, capacity: int) -> None:
     await conn.execute(
         "SELECT respool.create_pool(p_name => 'g', p_capacity => $1, p_starvation_seconds => NULL)",
@@ -85,7 +78,10 @@ async def _create(conn: asyncpg.Connection, gangs: int, size: int, what: str) ->
     started = time.perf_counter()
     for k in range(gangs):
         await db_batch.create_requests(
-            conn, _gang(size, k), all_or_nothing=True, default_lease_seconds=300
+            conn,
+            gpu_members("g", size, str(k)),
+            all_or_nothing=True,
+            default_lease_seconds=300,
         )
     rate = gangs / (time.perf_counter() - started)
     log(f"  gang: {what}: {rate:,.0f} gangs/s")
