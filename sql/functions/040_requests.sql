@@ -139,6 +139,7 @@ CREATE OR REPLACE FUNCTION respool.create_request(
     p_now timestamptz DEFAULT now(),
     p_max_seconds integer DEFAULT NULL,
     p_gang_id uuid DEFAULT NULL,
+    p_answer boolean DEFAULT true,
     OUT created boolean,
     OUT request jsonb)
 LANGUAGE plpgsql AS $$
@@ -251,29 +252,27 @@ BEGIN
     END IF;
     PERFORM set_config('respool.unannounced', '', true);
     created := true;
-    request := respool.request_json(r.id);
+    request := CASE WHEN p_answer THEN respool.request_json(r.id) ELSE jsonb_build_object('id', r.id) END;
 END $$;
-COMMENT ON FUNCTION respool.create_request(text, text, jsonb, jsonb, boolean, integer, integer, text, jsonb, timestamptz, integer, uuid) IS
-    'Creates a request in one transaction: validates and converts input, claims the idempotency key (the same request on a retry, RP422 on another body), resolves candidate pools, stores a rejection or queues it, then tries to grant it at once in candidate order (unless a best_effort pool holds for a starving head, SPEC §11.1). The request''s own status changes in this call are recorded as events but not notified (nobody can wait for it yet; the answer carries them). With p_gang_id the request is stored as a member of that gang, without queue entries and without a grant: respool._gang_start decides for the whole gang (SPEC §11.6).';
+COMMENT ON FUNCTION respool.create_request(text, text, jsonb, jsonb, boolean, integer, integer, text, jsonb, timestamptz, integer, uuid, boolean) IS
+    'Creates a request in one transaction: validates and converts input, claims the idempotency key (the same request on a retry, RP422 on another body), resolves candidate pools, stores a rejection or queues it, then tries to grant it at once in candidate order (unless a best_effort pool holds for a starving head, SPEC §11.1). The request''s own status changes in this call are recorded as events but not notified (nobody can wait for it yet; the answer carries them). With p_gang_id the request is stored as a member of that gang, without queue entries and without a grant: respool._gang_start decides for the whole gang (SPEC §11.6). p_answer false: a new request answers {"id"} only (a batch builds its members'' documents at once).';
 
 CREATE OR REPLACE FUNCTION respool._grant_at_once(p_request respool.requests, p_now timestamptz)
 RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
     c record;
 BEGIN
-    SELECT p.pool_id, p.id AS policy_id, pl.queueing INTO c
+    SELECT p.pool_id, p.id AS policy_id INTO c
       FROM respool.policies p JOIN respool.pools pl ON pl.id = p.pool_id
      WHERE p.subject = p_request.subject AND p.pool_id = ANY (p_request.candidate_pool_ids)
      ORDER BY p.priority DESC, pl.name LIMIT 1;
-    -- In a best_effort pool that holds for no starving head, every earlier request already had
-    -- its chance: the new one is granted if it is admissible, as respool._try_new would.
-    RETURN FOUND AND c.queueing = 'best_effort'
-           AND (NOT EXISTS (SELECT FROM respool.queue_entries WHERE pool_id = c.pool_id)
-                OR (respool._pool_hold(c.pool_id, p_now)).head_id IS NULL)
+    -- With an empty queue nothing is ahead of it, in either queueing mode, and no pool holds
+    -- for a starving head (a pool with a queue is left to respool._try_new).
+    RETURN FOUND AND NOT EXISTS (SELECT FROM respool.queue_entries WHERE pool_id = c.pool_id)
            AND respool._try_grant(p_request.id, c.pool_id, c.policy_id, p_now) = 'granted';
 END $$;
 COMMENT ON FUNCTION respool._grant_at_once(respool.requests, timestamptz) IS
-    'A new request (not a gang member), its candidate pools locked by the caller and no queue entry yet: granted now in its first candidate pool when that pool is best_effort, holds for no starving head (SPEC §11.1) and admits it, without a queue entry written and deleted again. False (nothing changed) otherwise: the caller queues it (respool._try_new).';
+    'A new request (not a gang member), its candidate pools locked by the caller and no queue entry yet: granted now in its first candidate pool when nobody queues there and the pool admits it, as respool._try_new would, without a queue entry written and deleted again. False (nothing changed) otherwise: the caller queues it (respool._try_new).';
 
 CREATE OR REPLACE FUNCTION respool._try_new(p_id uuid, p_now timestamptz)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -556,12 +555,12 @@ BEGIN
     IF p_pool IS NOT NULL THEN
         v_pool_id := respool.resolve_pool(p_pool);
     END IF;
-    -- Positions, messages and ETAs for the whole page at once (respool._queued_details: each
+    -- Positions, messages and ETAs for the whole page at once (respool._request_docs: each
     -- involved pool computed once, each shape's blocker once; issue 15), the same answers as
     -- respool.request_json gives one request at a time.
     RETURN coalesce((
         WITH page AS MATERIALIZED (
-               SELECT r AS req, r.id, r.created_at, r.status FROM respool.requests r
+               SELECT r.id, r.created_at FROM respool.requests r
                  WHERE (v_pool_id IS NULL OR r.pool_id = v_pool_id OR v_pool_id = ANY (r.candidate_pool_ids))
                    AND (p_subject IS NULL OR r.subject = p_subject)
                    AND (p_status IS NULL OR r.status = p_status)
@@ -569,15 +568,9 @@ BEGIN
                    AND (p_gang_id IS NULL OR r.gang_id = p_gang_id)
                    AND (p_before_created IS NULL OR (r.created_at, r.id) < (p_before_created, p_before_id))
                  ORDER BY r.created_at DESC, r.id DESC
-                 LIMIT p_limit),
-             details AS MATERIALIZED (
-               SELECT d.request_id, d.queue_position, d.message, d.eta
-                 FROM respool._queued_details(ARRAY(SELECT id FROM page WHERE status = 'queued'), now()) d)
-        SELECT json_agg(respool._request_doc(q.req, d.queue_position,
-                                             CASE WHEN q.status = 'queued' THEN d.message ELSE (q.req).message END,
-                                             d.eta)
-                        ORDER BY q.created_at DESC, q.id DESC)
-          FROM page q LEFT JOIN details d ON d.request_id = q.id), '[]'::json);
+                 LIMIT p_limit)
+        SELECT json_agg(d.doc ORDER BY q.created_at DESC, q.id DESC)
+          FROM page q JOIN respool._request_docs(ARRAY(SELECT id FROM page)) d ON d.id = q.id), '[]'::json);
 END $$;
 COMMENT ON FUNCTION respool.list_requests(text, text, text, integer, timestamptz, uuid, text[], uuid) IS
     'Requests newest first, filtered (p_gang_id: the members of one gang, SPEC §11.6), keyset-paged by (created_at, id), as one json array of _request_doc documents (the same as request_json gives each); p_subject_like scopes a client token.';

@@ -155,13 +155,11 @@ BEGIN
                            p_labels => m -> 'labels',
                            p_max_seconds => respool._batch_member_int(m -> 'max_seconds', 'max_seconds'),
                            p_now => p_now + make_interval(secs => i / 1000000.0),
-                           p_gang_id => v_gang);
-            IF v_gang IS NULL THEN
-                member := i; created := c.created; request := c.request;
-                RETURN NEXT;
-            ELSE
-                v_ids := v_ids || (c.request ->> 'id')::uuid;
-                v_created := v_created || c.created;
+                           p_gang_id => v_gang,
+                           p_answer => false);
+            v_ids := v_ids || (c.request ->> 'id')::uuid;
+            v_created := v_created || c.created;
+            IF v_gang IS NOT NULL THEN
                 -- An idempotent retry of a gang answers that gang: every member a replay of it.
                 IF c.created IS DISTINCT FROM v_created[1]
                    OR (NOT c.created AND (c.request ->> 'gang_id') IS DISTINCT FROM
@@ -181,9 +179,13 @@ BEGIN
                 PERFORM respool._fail('RP422', 'idempotency_key',
                     'these idempotency keys were used by requests that do not make up one gang of these members');
             END IF;
-            RETURN QUERY SELECT (x.n - 1)::integer, v_created[x.n], respool.request_json(x.id)
-                           FROM unnest(v_ids) WITH ORDINALITY x(id, n) ORDER BY x.n;
         END IF;
+        -- Every member as it stands once the batch is done, its document built with the others'
+        -- (positions and ETAs once per pool, respool._request_docs).
+        RETURN QUERY SELECT (x.n - 1)::integer, v_created[x.n], d.doc::jsonb
+                       FROM unnest(v_ids) WITH ORDINALITY x(id, n)
+                       JOIN respool._request_docs(v_ids) d ON d.id = x.id
+                      ORDER BY x.n;
     EXCEPTION WHEN OTHERS THEN
         GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT, v_column = COLUMN_NAME;
         IF v_state NOT IN ('RP400', 'RP404', 'RP409', 'RP422') THEN
@@ -196,4 +198,4 @@ BEGIN
     END;
 END $$;
 COMMENT ON FUNCTION respool.create_requests(jsonb, boolean, integer, timestamptz) IS
-    'Batch create (SPEC §11.5): 1 to 1000 members, each a create body, in one transaction, each through create_request exactly as a single create (validation, rejection, idempotency key, grant where it fits) in member order, member i queued i microseconds after member 0 so queue order follows member order. A member without lease_seconds gets p_default_lease_seconds. Any member error (malformed, unknown pool, key reused with another body) refuses the whole batch, creating nothing: the same SQLSTATE, the field as members[i].<field>. With p_all_or_nothing the members are a gang (SPEC §11.6): same subject, pool, preemptible and max_retries (RP400 naming members[i].<field>), one gang_id, rejected together, granted together in one pool or not at all; a retry whose idempotency keys name exactly the members of one gang answers that gang (RP422 otherwise). Returns one row per member, in member order.';
+    'Batch create (SPEC §11.5): 1 to 1000 members, each a create body, in one transaction, each through create_request exactly as a single create (validation, rejection, idempotency key, grant where it fits) in member order, member i queued i microseconds after member 0 so queue order follows member order. A member without lease_seconds gets p_default_lease_seconds. Any member error (malformed, unknown pool, key reused with another body) refuses the whole batch, creating nothing: the same SQLSTATE, the field as members[i].<field>. Each member''s answer is its state once the whole batch is done. With p_all_or_nothing the members are a gang (SPEC §11.6): same subject, pool, preemptible and max_retries (RP400 naming members[i].<field>), one gang_id, rejected together, granted together in one pool or not at all; a retry whose idempotency keys name exactly the members of one gang answers that gang (RP422 otherwise). Returns one row per member, in member order.';
