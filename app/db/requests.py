@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, Required, TypedDict, Unpack
+from typing import Any, NamedTuple, Required, TypedDict, Unpack
 from uuid import UUID
 
 import msgspec
@@ -90,6 +90,21 @@ async def get_requests(db: Executor, request_ids: list[UUID]) -> dict[UUID, Requ
     rows = await db.fetch(query("get_requests"), request_ids)
     found = (_decode_request(row[0]) for row in rows if row[0] is not None)
     return {r.id: r for r in found}
+
+
+class Seen(NamedTuple):
+    """What a long-poll checks while it waits: a request's version and status."""
+
+    version: int
+    status: str
+
+
+@engine_errors
+async def request_versions(db: Executor, request_ids: list[UUID]) -> dict[UUID, Seen]:
+    """The version and status of several requests (primary-key lookups, no document built);
+    unknown ids are left out."""
+    rows = await db.fetch(query("request_versions"), request_ids)
+    return {row[0]: Seen(row[1], row[2]) for row in rows}
 
 
 @engine_errors

@@ -15,6 +15,11 @@ SELECT respool.get_request(p_id => $1)::text;
 -- Several requests as JSON text in one snapshot; an unknown id gives NULL.
 SELECT respool.request_json(p_id => u.id)::text FROM unnest($1::uuid[]) AS u(id);
 
+-- request_versions --
+-- The version and status of several requests by primary key (unknown ids are left out): what a
+-- long-poll checks while it waits, without building the document.
+SELECT id, version, status FROM respool.requests WHERE id = ANY ($1::uuid[]);
+
 -- list_requests --
 -- One page of requests, newest first, after the (created_at, id) cursor, as JSON text.
 SELECT respool.list_requests(p_pool => $1, p_subject => $2, p_status => $3, p_limit => $4,
