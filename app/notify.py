@@ -78,29 +78,44 @@ class RateLimitedWarning:
 
 
 class Waiter:
-    """One registered wait for one request; ``wait()`` returns True when woken."""
+    """One registered wait for one request; ``wait()`` returns True when woken.
 
-    __slots__ = ("_event", "request_id")
+    A flag and, while waiting, one future and one timer: no task per wait, and nothing to cancel
+    when the time runs out (thousands of waiters time out every backstop period)."""
+
+    __slots__ = ("_future", "_woken", "request_id")
 
     def __init__(self, request_id: UUID) -> None:
         self.request_id = request_id
-        self._event = asyncio.Event()
+        self._woken = False
+        self._future: asyncio.Future[None] | None = None
 
     def wake(self) -> None:
-        self._event.set()
+        self._woken = True
+        _resolve(self._future)
 
     @property
     def woken(self) -> bool:
-        return self._event.is_set()
+        return self._woken
 
     async def wait(self, seconds: float) -> bool:
         """Wait until woken or for ``seconds``; clears the wake flag for the next round."""
-        if seconds > 0 and not self._event.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._event.wait(), seconds)
-        woken = self._event.is_set()
-        self._event.clear()
+        if seconds > 0 and not self._woken:
+            loop = asyncio.get_running_loop()
+            future = self._future = loop.create_future()
+            timer = loop.call_later(seconds, _resolve, future)
+            try:
+                await future
+            finally:
+                timer.cancel()
+                self._future = None
+        woken, self._woken = self._woken, False
         return woken
+
+
+def _resolve(future: asyncio.Future[None] | None) -> None:
+    if future is not None and not future.done():
+        future.set_result(None)
 
 
 Connector = Callable[[], Awaitable[asyncpg.Connection]]
