@@ -35,6 +35,7 @@ import asyncpg
 import msgspec
 
 from app.db.connect import APP_LISTENER, connect, probe
+from app.db.requests import Seen
 
 __all__ = ["CHANNEL", "Notifier", "RateLimitedWarning", "Waiter"]
 
@@ -83,15 +84,17 @@ class Waiter:
     A flag and, while waiting, one future and one timer: no task per wait, and nothing to cancel
     when the time runs out (thousands of waiters time out every backstop period)."""
 
-    __slots__ = ("_future", "_woken", "request_id")
+    __slots__ = ("_future", "_woken", "hint", "request_id")
 
     def __init__(self, request_id: UUID) -> None:
         self.request_id = request_id
         self._woken = False
         self._future: asyncio.Future[None] | None = None
+        self.hint: Seen | None = None  # what the last notification said (anyone may NOTIFY)
 
-    def wake(self) -> None:
+    def wake(self, hint: Seen | None = None) -> None:
         self._woken = True
+        self.hint = hint
         _resolve(self._future)
 
     @property
@@ -226,9 +229,9 @@ class Notifier:
                 if not group:
                     del self._waiters[request_id]
 
-    def wake(self, request_id: UUID) -> None:
+    def wake(self, request_id: UUID, hint: Seen | None = None) -> None:
         for w in self._waiters.get(request_id, ()):
-            w.wake()
+            w.wake(hint)
 
     def wake_all(self) -> None:
         for group in self._waiters.values():
@@ -244,11 +247,12 @@ class Notifier:
             except Exception:  # an observer never stops the wake-ups
                 log.exception("notification observer failed")
         try:
-            request_id = _decode_payload(str(payload)).id
+            p = _decode_payload(str(payload))
         except (msgspec.DecodeError, msgspec.ValidationError):
             self._malformed("ignoring malformed %s payload: %.200r", CHANNEL, payload)
             return
-        self.wake(request_id)
+        hint = None if p.version is None or p.status is None else Seen(p.version, p.status)
+        self.wake(p.id, hint)
 
     def _on_terminate(self, _conn: Any) -> None:
         if self._lost is not None:

@@ -10,14 +10,14 @@ call that asked for it (a read asked for after a wake sees the change that cause
 
 :class:`RequestReader` has two: ``seen`` reads only a request's version and status (by primary
 key: what a waiter checks while it waits), ``answer`` reads the whole document and encodes it
-once (the bytes the API answers, shared by every waiter of the same request).
+once (the bytes the API answers, shared by every waiter of the same request in the batch).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 from uuid import UUID
 
 import asyncpg
@@ -26,7 +26,7 @@ import msgspec
 from app.db import requests as db_requests
 from app.db.requests import Seen
 
-__all__ = ["Batcher", "RequestReader", "encode"]
+__all__ = ["Answer", "Batcher", "RequestReader", "encode"]
 
 T = TypeVar("T")
 
@@ -86,17 +86,26 @@ class Batcher(Generic[T]):
             self._running -= 1
 
 
+class Answer(NamedTuple):
+    """A request's encoded JSON, and its version and status as that document has them."""
+
+    seen: Seen
+    body: bytes
+
+
 class RequestReader:
     """The batched reads of one pool's long-polls: ``seen`` and ``answer`` (module docstring)."""
 
     def __init__(self, pool: asyncpg.Pool, *, max_batch: int = 500, parallel: int = 2) -> None:
         self.pool = pool
         self.seen: Batcher[Seen] = Batcher(self._seen, max_batch=max_batch, parallel=parallel)
-        self.answer: Batcher[bytes] = Batcher(self._answers, max_batch=max_batch, parallel=parallel)
+        self.answer: Batcher[Answer] = Batcher(
+            self._answers, max_batch=max_batch, parallel=parallel
+        )
 
     async def _seen(self, ids: list[UUID]) -> dict[UUID, Seen]:
         return await db_requests.request_versions(self.pool, ids)
 
-    async def _answers(self, ids: list[UUID]) -> dict[UUID, bytes]:
+    async def _answers(self, ids: list[UUID]) -> dict[UUID, Answer]:
         found = await db_requests.get_requests(self.pool, ids)
-        return {rid: encode(doc) for rid, doc in found.items()}
+        return {rid: Answer(Seen(r.version, r.status), encode(r)) for rid, r in found.items()}

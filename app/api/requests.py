@@ -96,29 +96,33 @@ def decode_cursor(cursor: str) -> tuple[datetime, UUID]:
 async def wait_for(
     state: State, request_id: UUID, wait: float, done: Callable[[Seen], bool]
 ) -> bytes:
-    """The request's JSON once ``done`` holds for its version and status, or after ``wait`` seconds.
+    """The request's JSON once ``done`` holds for its version and status, or after ``wait``
+    seconds (then as it is).
 
     Register first, then read, then wait: no lost wake-up. While it waits, a waiter reads only
     the version and status (batched by primary key, no document built) and holds no DB
-    connection; the document is read and encoded once for the answer (shared by every waiter
-    of the request answered from the same batch).
+    connection; a notification whose payload says ``done`` skips even that. The document is
+    read and encoded once for the answer (its bytes shared by the waiters of the same request),
+    and ``done`` is checked again on it: a payload is only a hint.
     """
     pool, hub = db(state), notifier(state)
     reader = _reader(state, pool)
     deadline = time.monotonic() + wait
     with hub.waiter(request_id) as waiter:
-        while True:
-            seen = await reader.seen.get(request_id)
-            if seen is None or done(seen) or hub.closing:
-                break  # None: unknown (or deleted meanwhile): the answer's read says 404
+        seen = await reader.seen.get(request_id)
+        while seen is not None:  # None: unknown (or deleted meanwhile): the read below says 404
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
+            final = remaining <= 0 or hub.closing
+            if final or done(seen):
+                answer = await reader.answer.get(request_id)
+                if answer is None:
+                    break
+                if final or done(answer.seen):
+                    return answer.body
             await waiter.wait(min(remaining, POLL_BACKSTOP))
-    body = await reader.answer.get(request_id)
-    if body is None:
-        body = encode(await db_requests.get_request(pool, request_id))  # 404 unless it is back
-    return body
+            hint, waiter.hint = waiter.hint, None
+            seen = hint if hint is not None and done(hint) else await reader.seen.get(request_id)
+    return encode(await db_requests.get_request(pool, request_id))  # 404, unless it is back
 
 
 def _encoded(body: bytes, status_code: int = 200) -> Response[ResourceRequest]:
