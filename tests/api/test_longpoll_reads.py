@@ -16,15 +16,7 @@ from app.api.reader import RequestReader
 from app.api.requests import _reader
 from app.notify import Waiter
 from support.http import error, make_request, ok, pool_with_policy
-from support.server import Server
-
-
-async def _waiting(server: Server, n: int) -> None:
-    for _ in range(500):
-        if server.notifier.waiting >= n:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"expected {n} waiters, have {server.notifier.waiting}")
+from support.server import Server, waiting_clients
 
 
 def _reader_of(server: Server) -> RequestReader:
@@ -75,7 +67,7 @@ async def test_a_current_version_answers_the_full_document_on_change(
     queued = await make_request(server.client, resources={"gpu": 1})
     params = {"version": queued["version"]} if with_version else {}
     task = _long_poll(server, queued["id"], **params)
-    await _waiting(server, 1)
+    await waiting_clients(server, 1)
     assert not task.done()
     ok(await server.client.post(f"/v1/requests/{holder['id']}/release"))
     answer = await task
@@ -89,7 +81,7 @@ async def test_a_create_that_waits_answers_the_full_document(server: Server) -> 
     holder = await _held_pool(server, 1)
     body = {"subject": "team", "resources": {"gpu": 1}, "idempotency_key": "k"}
     task = asyncio.create_task(server.client.post("/v1/requests", params={"wait": 10}, json=body))
-    await _waiting(server, 1)
+    await waiting_clients(server, 1)
     ok(await server.client.post(f"/v1/requests/{holder['id']}/release"))
     answer = await task
     doc = ok(answer, 201)
@@ -120,7 +112,7 @@ async def test_a_burst_of_woken_waiters_each_get_their_own_document(server: Serv
     tasks = [
         _long_poll(server, q["id"], version=q["version"]) for q in queued for _copy in range(2)
     ]
-    await _waiting(server, 2 * n)
+    await waiting_clients(server, 2 * n)
     reads = _reader_of(server).answer
     before = reads.batches
     ok(await server.client.post(f"/v1/requests/{holder['id']}/release"))
@@ -179,7 +171,7 @@ async def test_a_notification_is_only_a_hint(server: Server) -> None:
     holder = await _held_pool(server, 1)
     queued = await make_request(server.client, resources={"gpu": 1})
     task = _long_poll(server, queued["id"], version=queued["version"])
-    await _waiting(server, 1)
+    await waiting_clients(server, 1)
     answers = _reader_of(server).answer
     fetch = answers._fetch
     read = asyncio.Event()
