@@ -2,7 +2,8 @@
 
 The engine calls ``pg_notify('respool_request', '{"id", "status", "version", "pool"}')`` in the
 transaction of every status change, so a notification arrives only after the change committed.
-The payload is a hint: a woken waiter re-reads its request.
+The payload is a hint: a woken waiter gets its version and status (``Waiter.hint``) and still
+reads the request before it answers.
 
 Usage, without lost wake-ups::
 
