@@ -28,7 +28,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 from uuid import UUID
 
@@ -85,13 +85,14 @@ class Waiter:
     A flag and, while waiting, one future and one timer: no task per wait, and nothing to cancel
     when the time runs out (thousands of waiters time out every backstop period)."""
 
-    __slots__ = ("_future", "_woken", "hint", "request_id")
+    __slots__ = ("_future", "_woken", "hint", "request_id", "seen")
 
     def __init__(self, request_id: UUID) -> None:
         self.request_id = request_id
         self._woken = False
         self._future: asyncio.Future[None] | None = None
-        self.hint: Seen | None = None  # what the last notification said (anyone may NOTIFY)
+        self.hint: Seen | None = None  # what the waking notification (or backstop) said
+        self.seen: Seen | None = None  # what the waiter last read: the backstop compares
 
     def wake(self, hint: Seen | None = None) -> None:
         self._woken = True
@@ -123,6 +124,9 @@ def _resolve(future: asyncio.Future[None] | None) -> None:
 
 
 Connector = Callable[[], Awaitable[asyncpg.Connection]]
+# A batch of request ids -> the version and status of those that exist.
+VersionReader = Callable[[list[UUID]], Awaitable[Mapping[UUID, Seen]]]
+BACKSTOP_BATCH = 500  # ids per backstop read
 
 
 class Notifier:
@@ -152,6 +156,10 @@ class Notifier:
         self.reconnects = 0  # successful connections after the first one
         self._observers: list[Callable[[int, str], None]] = []
         self._malformed = RateLimitedWarning(log)
+        self._backstop: VersionReader | None = None
+        self._backstop_every = 2.0
+        self._sweeper: asyncio.Task[None] | None = None
+        self._backstop_failed = RateLimitedWarning(log)
 
     # --- state ----------------------------------------------------------------------------
 
@@ -202,12 +210,40 @@ class Notifier:
 
     async def close(self) -> None:
         self.begin_shutdown()
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for task in (self._task, self._sweeper):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._sweeper = None
         await self._drop_connection()
+
+    def use_backstop(self, read: VersionReader, every: float) -> None:
+        """Every ``every`` seconds, read the version and status of every waited request in
+        batches (``read``) and wake, with what was read as the hint, each waiter whose ``seen``
+        differs: a polling backstop for anything the notifications miss, a few queries per
+        period for all waiters instead of a read by each."""
+        self._backstop, self._backstop_every = read, every
+        if self._sweeper is None and not self._closing:
+            self._sweeper = asyncio.create_task(self._sweep(), name="respool-backstop")
+
+    async def _sweep(self) -> None:
+        while not self._closing:
+            await asyncio.sleep(self._backstop_every)
+            ids, read = list(self._waiters), self._backstop
+            assert read is not None  # set before the sweeper starts
+            for i in range(0, len(ids), BACKSTOP_BATCH):
+                chunk = ids[i : i + BACKSTOP_BATCH]
+                try:
+                    found = await read(chunk)
+                except Exception as exc:  # the database is away: the next period retries
+                    self._backstop_failed("backstop: cannot read waited requests (%s)", exc)
+                    break
+                for rid in chunk:
+                    now = found.get(rid)
+                    for w in self._waiters.get(rid, ()):
+                        if w.seen != now:
+                            w.wake(now)
 
     def observe(self, observer: Callable[[int, str], None]) -> None:
         """Also call ``observer(sender_pid, payload)`` for every notification (app.logs)."""

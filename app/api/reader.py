@@ -98,12 +98,13 @@ class RequestReader:
 
     def __init__(self, pool: asyncpg.Pool, *, max_batch: int = 500, parallel: int = 2) -> None:
         self.pool = pool
-        self.seen: Batcher[Seen] = Batcher(self._seen, max_batch=max_batch, parallel=parallel)
+        self.seen: Batcher[Seen] = Batcher(self.versions, max_batch=max_batch, parallel=parallel)
         self.answer: Batcher[Answer] = Batcher(
             self._answers, max_batch=max_batch, parallel=parallel
         )
 
-    async def _seen(self, ids: list[UUID]) -> dict[UUID, Seen]:
+    async def versions(self, ids: list[UUID]) -> dict[UUID, Seen]:
+        """The version and status of those of ``ids`` that exist (one query)."""
         return await db_requests.request_versions(self.pool, ids)
 
     async def _answers(self, ids: list[UUID]) -> dict[UUID, Answer]:

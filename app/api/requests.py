@@ -30,7 +30,7 @@ from app.db.queries import Event, Status
 from app.db.queries import Request as ResourceRequest
 from app.db.requests import Seen
 
-# A waiter re-reads its request at least this often, whatever the notifications do.
+# Every waited request is re-read at least this often, whatever the notifications do.
 POLL_BACKSTOP = 2.0
 
 _Wait = Annotated[
@@ -111,6 +111,7 @@ async def wait_for(
     with hub.waiter(request_id) as waiter:
         seen = await reader.seen.get(request_id)
         while seen is not None:  # None: unknown (or deleted meanwhile): the read below says 404
+            waiter.seen = seen
             remaining = deadline - time.monotonic()
             final = remaining <= 0 or hub.closing
             if final or done(seen):
@@ -119,7 +120,8 @@ async def wait_for(
                     break
                 if final or done(answer.seen):
                     return answer.body
-            await waiter.wait(min(remaining, POLL_BACKSTOP))
+                waiter.seen = answer.seen
+            await waiter.wait(remaining)  # the notifier's backstop wakes it if a change slips by
             hint, waiter.hint = waiter.hint, None
             seen = hint if hint is not None and done(hint) else await reader.seen.get(request_id)
     return encode(await db_requests.get_request(pool, request_id))  # 404, unless it is back
@@ -135,6 +137,7 @@ def _reader(state: State, pool: asyncpg.Pool) -> RequestReader:
     reader: RequestReader | None = getattr(state, "request_reader", None)
     if reader is None or reader.pool is not pool:
         reader = state.request_reader = RequestReader(pool)
+        notifier(state).use_backstop(reader.versions, POLL_BACKSTOP)
     return reader
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
@@ -153,16 +154,38 @@ async def test_a_change_committed_right_after_the_version_read_is_seen(
 
     monkeypatch.setattr(seen, "_fetch", read_then_release)
     woken: list[bool] = []
+    monkeypatch.setattr(Waiter, "wait", _recorded(woken))
+    doc = ok(await _long_poll(server, queued["id"], version=queued["version"]))
+    assert released and doc["status"] == "allocated"
+    assert woken == [True]  # the notification woke it: not the backstop, not the timeout
+
+
+async def test_a_lost_notification_is_caught_by_the_backstop(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Notifications wake nobody here: the process's backstop read sees the new version and
+    wakes the waiter (before its wait times out)."""
+    holder = await _held_pool(server, 1)
+    queued = await make_request(server.client, resources={"gpu": 1})
+    monkeypatch.setattr(server.notifier, "wake", lambda *_args: None)
+    woken: list[bool] = []
+    monkeypatch.setattr(Waiter, "wait", _recorded(woken))
+    task = _long_poll(server, queued["id"], version=queued["version"])
+    await waiting_clients(server, 1)
+    ok(await server.client.post(f"/v1/requests/{holder['id']}/release"))
+    doc = ok(await task)
+    assert doc["status"] == "allocated" and woken == [True]
+
+
+def _recorded(woken: list[bool]) -> Callable[[Waiter, float], Awaitable[bool]]:
+    """``Waiter.wait`` that also appends what each wait returned (True: woken) to ``woken``."""
     wait = Waiter.wait
 
     async def recorded(self: Waiter, seconds: float) -> bool:
         woken.append(await wait(self, seconds))
         return woken[-1]
 
-    monkeypatch.setattr(Waiter, "wait", recorded)
-    doc = ok(await _long_poll(server, queued["id"], version=queued["version"]))
-    assert released and doc["status"] == "allocated"
-    assert woken == [True]  # the notification woke it: not the backstop, not the timeout
+    return recorded
 
 
 async def test_a_notification_is_only_a_hint(server: Server) -> None:
