@@ -83,7 +83,7 @@ class Waiter:
     """One registered wait for one request; ``wait()`` returns True when woken.
 
     A flag and, while waiting, one future and one timer: no task per wait, and nothing to cancel
-    when the time runs out (thousands of waiters time out every backstop period)."""
+    when the time runs out."""
 
     __slots__ = ("_future", "_woken", "hint", "request_id", "seen")
 
