@@ -86,9 +86,10 @@ async def get_request(db: Executor, request_id: UUID) -> Request:
 
 @engine_errors
 async def get_requests(db: Executor, request_ids: list[UUID]) -> dict[UUID, Request]:
-    """Several requests in one query and one snapshot; unknown ids are left out."""
+    """Several requests in one query and one snapshot, each as :func:`get_request` gives it
+    (queued ones computed per pool, not one by one); unknown ids are left out."""
     rows = await db.fetch(query("get_requests"), request_ids)
-    found = (_decode_request(row[0]) for row in rows if row[0] is not None)
+    found = (_decode_request(row[0]) for row in rows)
     return {r.id: r for r in found}
 
 
