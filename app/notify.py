@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import random
 import time
@@ -225,7 +226,9 @@ class Notifier:
         period for all waiters instead of a read by each."""
         self._backstop, self._backstop_every = read, every
         if self._sweeper is None and not self._closing:
-            self._sweeper = asyncio.create_task(self._sweep(), name="respool-backstop")
+            self._sweeper = asyncio.create_task(
+                self._sweep(), name="respool-backstop", context=contextvars.Context()
+            )  # not the context of the request that happened to start it
 
     async def _sweep(self) -> None:
         while not self._closing:
