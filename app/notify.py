@@ -2,7 +2,8 @@
 
 The engine calls ``pg_notify('respool_request', '{"id", "status", "version", "pool"}')`` in the
 transaction of every status change, so a notification arrives only after the change committed.
-The payload is a hint: a woken waiter re-reads its request.
+The payload is a hint: a woken waiter gets its version and status (``Waiter.hint``) and still
+reads the request before it answers.
 
 Usage, without lost wake-ups::
 
@@ -24,10 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 from uuid import UUID
 
@@ -35,6 +37,7 @@ import asyncpg
 import msgspec
 
 from app.db.connect import APP_LISTENER, connect, probe
+from app.db.requests import Seen
 
 __all__ = ["CHANNEL", "Notifier", "RateLimitedWarning", "Waiter"]
 
@@ -78,32 +81,53 @@ class RateLimitedWarning:
 
 
 class Waiter:
-    """One registered wait for one request; ``wait()`` returns True when woken."""
+    """One registered wait for one request; ``wait()`` returns True when woken.
 
-    __slots__ = ("_event", "request_id")
+    A flag and, while waiting, one future and one timer: no task per wait, and nothing to cancel
+    when the time runs out."""
+
+    __slots__ = ("_future", "_woken", "hint", "request_id", "seen")
 
     def __init__(self, request_id: UUID) -> None:
         self.request_id = request_id
-        self._event = asyncio.Event()
+        self._woken = False
+        self._future: asyncio.Future[None] | None = None
+        self.hint: Seen | None = None  # what the waking notification (or backstop) said
+        self.seen: Seen | None = None  # what the waiter last read: the backstop compares
 
-    def wake(self) -> None:
-        self._event.set()
+    def wake(self, hint: Seen | None = None) -> None:
+        self._woken = True
+        self.hint = hint
+        _resolve(self._future)
 
     @property
     def woken(self) -> bool:
-        return self._event.is_set()
+        return self._woken
 
     async def wait(self, seconds: float) -> bool:
         """Wait until woken or for ``seconds``; clears the wake flag for the next round."""
-        if seconds > 0 and not self._event.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._event.wait(), seconds)
-        woken = self._event.is_set()
-        self._event.clear()
+        if seconds > 0 and not self._woken:
+            loop = asyncio.get_running_loop()
+            future = self._future = loop.create_future()
+            timer = loop.call_later(seconds, _resolve, future)
+            try:
+                await future
+            finally:
+                timer.cancel()
+                self._future = None
+        woken, self._woken = self._woken, False
         return woken
 
 
+def _resolve(future: asyncio.Future[None] | None) -> None:
+    if future is not None and not future.done():
+        future.set_result(None)
+
+
 Connector = Callable[[], Awaitable[asyncpg.Connection]]
+# A batch of request ids -> the version and status of those that exist.
+VersionReader = Callable[[list[UUID]], Awaitable[Mapping[UUID, Seen]]]
+BACKSTOP_BATCH = 500  # ids per backstop read
 
 
 class Notifier:
@@ -133,6 +157,10 @@ class Notifier:
         self.reconnects = 0  # successful connections after the first one
         self._observers: list[Callable[[int, str], None]] = []
         self._malformed = RateLimitedWarning(log)
+        self._backstop: VersionReader | None = None
+        self._backstop_every = 2.0
+        self._sweeper: asyncio.Task[None] | None = None
+        self._backstop_failed = RateLimitedWarning(log)
 
     # --- state ----------------------------------------------------------------------------
 
@@ -183,12 +211,42 @@ class Notifier:
 
     async def close(self) -> None:
         self.begin_shutdown()
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for task in (self._task, self._sweeper):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._sweeper = None
         await self._drop_connection()
+
+    def use_backstop(self, read: VersionReader, every: float) -> None:
+        """Every ``every`` seconds, read the version and status of every waited request in
+        batches (``read``) and wake, with what was read as the hint, each waiter whose ``seen``
+        differs: a polling backstop for anything the notifications miss, a few queries per
+        period for all waiters instead of a read by each."""
+        self._backstop, self._backstop_every = read, every
+        if self._sweeper is None and not self._closing:
+            self._sweeper = asyncio.create_task(
+                self._sweep(), name="respool-backstop", context=contextvars.Context()
+            )  # not the context of the request that happened to start it
+
+    async def _sweep(self) -> None:
+        while not self._closing:
+            await asyncio.sleep(self._backstop_every)
+            ids, read = list(self._waiters), self._backstop
+            assert read is not None  # set before the sweeper starts
+            for i in range(0, len(ids), BACKSTOP_BATCH):
+                chunk = ids[i : i + BACKSTOP_BATCH]
+                try:
+                    found = await read(chunk)
+                except Exception as exc:  # the database is away: the next period retries
+                    self._backstop_failed("backstop: cannot read waited requests (%s)", exc)
+                    break
+                for rid in chunk:
+                    now = found.get(rid)
+                    for w in self._waiters.get(rid, ()):
+                        if w.seen != now:
+                            w.wake(now)
 
     def observe(self, observer: Callable[[int, str], None]) -> None:
         """Also call ``observer(sender_pid, payload)`` for every notification (app.logs)."""
@@ -211,9 +269,9 @@ class Notifier:
                 if not group:
                     del self._waiters[request_id]
 
-    def wake(self, request_id: UUID) -> None:
+    def wake(self, request_id: UUID, hint: Seen | None = None) -> None:
         for w in self._waiters.get(request_id, ()):
-            w.wake()
+            w.wake(hint)
 
     def wake_all(self) -> None:
         for group in self._waiters.values():
@@ -229,11 +287,12 @@ class Notifier:
             except Exception:  # an observer never stops the wake-ups
                 log.exception("notification observer failed")
         try:
-            request_id = _decode_payload(str(payload)).id
+            p = _decode_payload(str(payload))
         except (msgspec.DecodeError, msgspec.ValidationError):
             self._malformed("ignoring malformed %s payload: %.200r", CHANNEL, payload)
             return
-        self.wake(request_id)
+        hint = None if p.version is None or p.status is None else Seen(p.version, p.status)
+        self.wake(p.id, hint)
 
     def _on_terminate(self, _conn: Any) -> None:
         if self._lost is not None:

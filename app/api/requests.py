@@ -7,13 +7,14 @@ import binascii
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 from uuid import UUID
 
 import asyncpg
 import msgspec
 from litestar import Controller, Request, Response, delete, get, post
 from litestar.datastructures import State
+from litestar.enums import MediaType
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, FromQuery, QueryParameter
 from msgspec import UNSET
@@ -22,14 +23,15 @@ from respool_client.wire import WhatIf
 from app.api.auth import listing_patterns, require_subject
 from app.api.common import AnyRequest, StrictBody, db, decode_body, notifier, settings
 from app.api.errors import ApiError, error_responses
-from app.api.reader import RequestReader
+from app.api.reader import RequestReader, encode
 from app.api.schemas import INT32_MAX, RequestCreate, RequestPage
 from app.db import requests as db_requests
 from app.db.queries import Event, Status
 from app.db.queries import Request as ResourceRequest
+from app.db.requests import Seen
 from app.logs import log_created
 
-# A waiter re-reads its request at least this often, whatever the notifications do.
+# Every waited request is re-read at least this often, whatever the notifications do.
 POLL_BACKSTOP = 2.0
 
 _Wait = Annotated[
@@ -93,33 +95,50 @@ def decode_cursor(cursor: str) -> tuple[datetime, UUID]:
 
 
 async def wait_for(
-    state: State,
-    request_id: FromPath[UUID],
-    wait: float,
-    done: Callable[[ResourceRequest], bool],
-    current: ResourceRequest | None = None,
-) -> ResourceRequest:
-    """Re-read the request until ``done`` or ``wait`` seconds passed; holds no DB connection
-    while waiting. Register first, then read, then wait: no lost wake-up."""
+    state: State, request_id: UUID, wait: float, done: Callable[[Seen], bool]
+) -> bytes:
+    """The request's JSON once ``done`` holds for its version and status, or after ``wait``
+    seconds (then as it is).
+
+    Register first, then read, then wait: no lost wake-up. While it waits, a waiter reads only
+    the version and status (batched by primary key, no document built) and holds no DB
+    connection; a notification whose payload says ``done`` skips even that. The document is
+    read and encoded once for the answer (its bytes shared by the waiters of the same request),
+    and ``done`` is checked again on it: a payload is only a hint.
+    """
     pool, hub = db(state), notifier(state)
+    reader = _reader(state, pool)
     deadline = time.monotonic() + wait
     with hub.waiter(request_id) as waiter:
-        req = current if current is not None else await db_requests.get_request(pool, request_id)
-        while True:
-            if done(req) or hub.closing:
-                return req
+        seen = await reader.seen.get(request_id)
+        while seen is not None:  # None: unknown (or deleted meanwhile): the read below says 404
+            waiter.seen = seen
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return req
-            await waiter.wait(min(remaining, POLL_BACKSTOP))
-            req = await _reader(state, pool).get(request_id)
+            final = remaining <= 0 or hub.closing
+            if final or done(seen):
+                answer = await reader.answer.get(request_id)
+                if answer is None:
+                    break
+                if final or done(answer.seen):
+                    return answer.body
+                waiter.seen = answer.seen
+            await waiter.wait(remaining)  # the notifier's backstop wakes it if a change slips by
+            hint, waiter.hint = waiter.hint, None
+            seen = hint if hint is not None and done(hint) else await reader.seen.get(request_id)
+    return encode(await db_requests.get_request(pool, request_id))  # 404, unless it is back
+
+
+def _encoded(body: bytes, status_code: int = 200) -> Response[ResourceRequest]:
+    """An answer already encoded as JSON (the reader's bytes), sent as it is."""
+    return Response(cast(ResourceRequest, body), media_type=MediaType.JSON, status_code=status_code)
 
 
 def _reader(state: State, pool: asyncpg.Pool) -> RequestReader:
-    """The app's coalescing reader for woken waiters (made on first use, per pool)."""
+    """The app's coalescing reader for long-polls (made on first use, per pool)."""
     reader: RequestReader | None = getattr(state, "request_reader", None)
     if reader is None or reader.pool is not pool:
         reader = state.request_reader = RequestReader(pool)
+        notifier(state).use_backstop(reader.versions, POLL_BACKSTOP)
     return reader
 
 
@@ -182,13 +201,13 @@ class RequestController(Controller):
         req = created.request
         if created.created:
             log_created(req)  # the engine does not notify a create's own changes
+        status_code = 201 if created.created else 200
         seconds = _capped(state, wait)
         if seconds > 0 and req.status == "queued" and not hub.closing:
-            # The grant may have been committed before we registered: wait_for re-reads first.
-            req = await wait_for(
-                state, req.id, seconds, lambda r: r.status != "queued", current=None
-            )
-        return Response(req, status_code=201 if created.created else 200)
+            # The grant may have been committed before we registered: wait_for reads first.
+            answer = await wait_for(state, req.id, seconds, lambda s: s.status != "queued")
+            return _encoded(answer, status_code)
+        return Response(req, status_code=status_code)
 
     @get(
         "/",
@@ -241,15 +260,17 @@ class RequestController(Controller):
             int | None,
             QueryParameter(description="Answer once the version differs (default: current)"),
         ] = None,
-    ) -> ResourceRequest:
-        req = await db_requests.get_request(db(state), request_id)
+    ) -> Response[ResourceRequest]:
         seconds = _capped(state, wait)
         if seconds <= 0:
-            return req
-        seen = req.version if version is None else version
-        if req.version != seen:
-            return req
-        return await wait_for(state, request_id, seconds, lambda r: r.version != seen)
+            return Response(await db_requests.get_request(db(state), request_id))
+        seen = version
+        if seen is None:  # the current one (a change after this read still answers)
+            now = await _reader(state, db(state)).seen.get(request_id)
+            if now is None:
+                return Response(await db_requests.get_request(db(state), request_id))  # 404
+            seen = now.version
+        return _encoded(await wait_for(state, request_id, seconds, lambda s: s.version != seen))
 
     @post(
         "/{request_id:uuid}/heartbeat",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, Required, TypedDict, Unpack
+from typing import Any, NamedTuple, Required, TypedDict, Unpack
 from uuid import UUID
 
 import msgspec
@@ -86,10 +86,26 @@ async def get_request(db: Executor, request_id: UUID) -> Request:
 
 @engine_errors
 async def get_requests(db: Executor, request_ids: list[UUID]) -> dict[UUID, Request]:
-    """Several requests in one query and one snapshot; unknown ids are left out."""
+    """Several requests in one query and one snapshot, each as :func:`get_request` gives it
+    (queued ones computed per pool, not one by one); unknown ids are left out."""
     rows = await db.fetch(query("get_requests"), request_ids)
-    found = (_decode_request(row[0]) for row in rows if row[0] is not None)
+    found = (_decode_request(row[0]) for row in rows)
     return {r.id: r for r in found}
+
+
+class Seen(NamedTuple):
+    """What a long-poll checks while it waits: a request's version and status."""
+
+    version: int
+    status: str
+
+
+@engine_errors
+async def request_versions(db: Executor, request_ids: list[UUID]) -> dict[UUID, Seen]:
+    """The version and status of several requests (primary-key lookups, no document built);
+    unknown ids are left out."""
+    rows = await db.fetch(query("request_versions"), request_ids)
+    return {row[0]: Seen(row[1], row[2]) for row in rows}
 
 
 @engine_errors

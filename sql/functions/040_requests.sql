@@ -555,7 +555,7 @@ BEGIN
     IF p_pool IS NOT NULL THEN
         v_pool_id := respool.resolve_pool(p_pool);
     END IF;
-    -- Positions, messages and ETAs for the whole page at once (respool._request_docs: each
+    -- Positions, messages and ETAs for the whole page at once (respool.request_docs: each
     -- involved pool computed once, each shape's blocker once; issue 15), the same answers as
     -- respool.request_json gives one request at a time.
     RETURN coalesce((
@@ -570,7 +570,7 @@ BEGIN
                  ORDER BY r.created_at DESC, r.id DESC
                  LIMIT p_limit)
         SELECT json_agg(d.doc ORDER BY q.created_at DESC, q.id DESC)
-          FROM page q JOIN respool._request_docs(ARRAY(SELECT id FROM page)) d ON d.id = q.id), '[]'::json);
+          FROM page q JOIN respool.request_docs(ARRAY(SELECT id FROM page)) d ON d.id = q.id), '[]'::json);
 END $$;
 COMMENT ON FUNCTION respool.list_requests(text, text, text, integer, timestamptz, uuid, text[], uuid) IS
     'Requests newest first, filtered (p_gang_id: the members of one gang, SPEC §11.6), keyset-paged by (created_at, id), as one json array of _request_doc documents (the same as request_json gives each); p_subject_like scopes a client token.';

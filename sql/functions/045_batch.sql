@@ -181,10 +181,10 @@ BEGIN
             END IF;
         END IF;
         -- Every member as it stands once the batch is done, its document built with the others'
-        -- (positions and ETAs once per pool, respool._request_docs).
+        -- (positions and ETAs once per pool, respool.request_docs).
         RETURN QUERY SELECT (x.n - 1)::integer, v_created[x.n], d.doc::jsonb
                        FROM unnest(v_ids) WITH ORDINALITY x(id, n)
-                       JOIN respool._request_docs(v_ids) d ON d.id = x.id
+                       JOIN respool.request_docs(v_ids) d ON d.id = x.id
                       ORDER BY x.n;
     EXCEPTION WHEN OTHERS THEN
         GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT, v_column = COLUMN_NAME;

@@ -117,21 +117,3 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION respool._queued_details(uuid[], timestamptz) IS
     'For the queued requests among p_ids (others are left out, as are queued ones without queue entries): best queue position, the message and the ETA exactly as respool._request_json computes them one at a time, but computing each involved pool''s queue positions, hold, earmark usage and ETA simulation once, and each shape''s blocker once. Read-only; O(involved queues + shapes + page), not O(page * queue).';
-
-CREATE OR REPLACE FUNCTION respool._request_docs(p_ids uuid[])
-RETURNS TABLE (id uuid, doc json)
-LANGUAGE sql STABLE AS $$
-    -- The queued ones' positions, messages and ETAs come from one respool._queued_details call.
-    WITH rows AS MATERIALIZED (
-        SELECT r FROM respool.requests r WHERE r.id IN (SELECT unnest(p_ids))
-    ), details AS MATERIALIZED (
-        SELECT d.request_id, d.queue_position, d.message, d.eta
-          FROM respool._queued_details(ARRAY(SELECT (x.r).id FROM rows x WHERE (x.r).status = 'queued'), now()) d
-    )
-    SELECT (x.r).id, respool._request_doc(x.r, d.queue_position,
-                                          CASE WHEN (x.r).status = 'queued' THEN d.message ELSE (x.r).message END,
-                                          d.eta)
-      FROM rows x LEFT JOIN details d ON d.request_id = (x.r).id
-$$;
-COMMENT ON FUNCTION respool._request_docs(uuid[]) IS
-    'The API documents of many requests at once (unknown ids are left out), each the same as respool.request_json gives it on its own: a page of the request list, the members of a batch. Read-only.';

@@ -12,8 +12,13 @@ FROM respool.create_request(p_subject => $1, p_pool => $2, p_resources => $3, p_
 SELECT respool.get_request(p_id => $1)::text;
 
 -- get_requests --
--- Several requests as JSON text in one snapshot; an unknown id gives NULL.
-SELECT respool.request_json(p_id => u.id)::text FROM unnest($1::uuid[]) AS u(id);
+-- Several requests as JSON text in one snapshot, each pool computed once; unknown ids are left out.
+SELECT d.doc::text FROM respool.request_docs(p_ids => $1) AS d;
+
+-- request_versions --
+-- The version and status of several requests by primary key (unknown ids are left out): what a
+-- long-poll checks while it waits, without building the document.
+SELECT id, version, status FROM respool.requests WHERE id = ANY ($1::uuid[]);
 
 -- list_requests --
 -- One page of requests, newest first, after the (created_at, id) cursor, as JSON text.

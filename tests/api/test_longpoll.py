@@ -13,7 +13,7 @@ import httpx
 
 from app.api.requests import POLL_BACKSTOP
 from support.http import make_request, ok, pool_with_policy
-from support.server import Server
+from support.server import Server, waiting_clients
 
 
 async def _full_pool(server: Server) -> tuple[dict[str, object], dict[str, object]]:
@@ -24,14 +24,6 @@ async def _full_pool(server: Server) -> tuple[dict[str, object], dict[str, objec
     return holder, waiting
 
 
-async def _waiting_clients(server: Server, n: int) -> None:
-    for _ in range(200):
-        if server.notifier.waiting >= n:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"expected {n} waiters, have {server.notifier.waiting}")
-
-
 async def _open_waits(
     server: Server, request_id: object, n: int, *, wait: int
 ) -> list[asyncio.Task[httpx.Response]]:
@@ -40,7 +32,7 @@ async def _open_waits(
         asyncio.create_task(server.client.get(f"/v1/requests/{request_id}", params={"wait": wait}))
         for _ in range(n)
     ]
-    await _waiting_clients(server, n)
+    await waiting_clients(server, n)
     return tasks
 
 
@@ -58,7 +50,7 @@ async def test_get_wait_is_woken_by_notify(server: Server) -> None:
     holder, waiting = await _full_pool(server)
     start = time.monotonic()
     task = asyncio.create_task(c.get(f"/v1/requests/{waiting['id']}", params={"wait": 10}))
-    await _waiting_clients(server, 1)
+    await waiting_clients(server, 1)
     await asyncio.sleep(0.3)
     assert not task.done()
     latency = await _release_and_time_wake(server, holder["id"], task)  # type: ignore[arg-type]
@@ -109,7 +101,7 @@ async def test_post_wait_returns_when_granted(server: Server) -> None:
             json={"subject": "team", "resources": {"gpu": 1}, "idempotency_key": "w"},
         )
     )
-    await _waiting_clients(server, 1)
+    await waiting_clients(server, 1)
     listed = ok(await c.get("/v1/requests", params={"status": "allocated"}))["items"]
     assert len(listed) == 1
     latency = await _release_and_time_wake(server, listed[0]["id"], task)  # type: ignore[arg-type]
@@ -141,7 +133,7 @@ async def test_listener_reconnects_and_still_wakes(server: Server) -> None:
     c = server.client
     holder, waiting = await _full_pool(server)
     task = asyncio.create_task(c.get(f"/v1/requests/{waiting['id']}", params={"wait": 10}))
-    await _waiting_clients(server, 1)
+    await waiting_clients(server, 1)
 
     conn = await asyncpg.connect(server.db_url)
     try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 import asyncpg
 import pytest
@@ -194,6 +194,24 @@ async def test_the_api_list_and_single_reads_agree(mixed: asyncpg.Connection) ->
         assert listed
         for r in listed:
             assert r == await db_requests.get_request(mixed, r.id)
+
+
+async def test_many_requests_read_at_once_agree_with_single_reads(
+    mixed: asyncpg.Connection,
+) -> None:
+    """The long-polls' batched answer read (``get_requests``, issue 17 item 5): each request as
+    its own read gives it, gang members included; unknown ids are left out."""
+    conn = mixed
+    members = [{"subject": "small", "pool": "a", "resources": {"gpu": 2}}] * 2
+    await db_batch.create_requests(conn, members, all_or_nothing=True)
+    ids = [r["id"] for r in await conn.fetch("SELECT id FROM respool.requests")]
+    async with conn.transaction():
+        found = await db_requests.get_requests(conn, [*ids, uuid4()])
+        assert set(found) == set(ids)
+        for rid in ids:
+            assert found[rid] == await db_requests.get_request(conn, rid), rid
+    assert any(r.gang_id and r.status == "queued" for r in found.values())
+    assert any(r.eta for r in found.values()) and any(r.queue_position for r in found.values())
 
 
 async def test_a_page_computes_once_per_pool_and_shape(mixed: asyncpg.Connection) -> None:

@@ -32,6 +32,7 @@ __all__ = [
     "respool_command",
     "running_server",
     "tail",
+    "waiting_clients",
 ]
 
 
@@ -57,6 +58,15 @@ class InProcessServer(ApiServer):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+
+async def waiting_clients(server: Server, n: int) -> None:
+    """Return once ``n`` long-polls wait in ``server``'s process (at most about 5 s)."""
+    for _ in range(500):
+        if server.notifier.waiting >= n:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"expected {n} waiters, have {server.notifier.waiting}")
 
 
 @contextlib.asynccontextmanager
