@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -91,6 +92,9 @@ def create_app(
                 )
                 app.state.reconciler = reconciler
                 reconciler_task = asyncio.create_task(reconciler.run(), name="respool-reconciler")
+            # What exists now (modules, the app, the pools) lives as long as the process: out of
+            # the collector's reach, full collections during a burst of long-polls stay short.
+            gc.freeze()
             yield
         finally:
             if reconciler_task is not None:

@@ -68,8 +68,9 @@ def _int_bounds(kind: msgspec.inspect.Type) -> tuple[int | None, int | None] | N
     return low, high
 
 
-def answer_options(request: Request[Any, Any, Any]) -> Response[None] | None:
-    """``before_request``: answer ``OPTIONS`` with every method of the matched path."""
+async def answer_options(request: Request[Any, Any, Any]) -> Response[None] | None:
+    """``before_request``: answer ``OPTIONS`` with every method of the matched path (async:
+    Litestar runs a synchronous hook in a worker thread, for every request)."""
     if request.method != "OPTIONS":
         return None
     template = request.scope.get("path_template")

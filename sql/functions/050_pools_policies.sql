@@ -139,8 +139,8 @@ END $$;
 COMMENT ON FUNCTION respool._drop_requests(uuid, uuid, text, timestamptz) IS
     'Force delete: cancels the pool''s (or one policy''s) holding requests and queued requests that have no other candidate pool; others just leave this queue.';
 
-CREATE OR REPLACE FUNCTION respool._clear_for_delete(p_kind text, p_label text, p_pool_id uuid,
-                                                     p_policy_id uuid, p_force boolean,
+CREATE OR REPLACE FUNCTION respool._clear_for_delete(p_kind text, p_reason text, p_label text,
+                                                     p_pool_id uuid, p_policy_id uuid, p_force boolean,
                                                      p_now timestamptz)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
@@ -157,10 +157,10 @@ BEGIN
             '%s %s has %s allocated and %s queued requests; delete with force to cancel them',
             p_kind, p_label, v_held, v_queued));
     END IF;
-    PERFORM respool._drop_requests(p_pool_id, p_policy_id, p_kind || '_deleted', p_now);
+    PERFORM respool._drop_requests(p_pool_id, p_policy_id, p_reason, p_now);
 END $$;
-COMMENT ON FUNCTION respool._clear_for_delete(text, text, uuid, uuid, boolean, timestamptz) IS
-    'Before deleting a pool (p_policy_id NULL) or one policy of it, pool locked: RP409 naming the p_kind and p_label while it has allocated or queued requests, unless p_force, which cancels them (reason pool_deleted or policy_deleted).';
+COMMENT ON FUNCTION respool._clear_for_delete(text, text, text, uuid, uuid, boolean, timestamptz) IS
+    'Before deleting a pool (p_policy_id NULL) or one policy of it, pool locked: RP409 naming the p_kind and p_label while it has allocated or queued requests, unless p_force, which cancels them with p_reason (pool_deleted, policy_deleted).';
 
 CREATE OR REPLACE FUNCTION respool._settle_pool(p_pool_id uuid, p_policy_id uuid, p_now timestamptz)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -261,7 +261,7 @@ DECLARE
     v_id uuid := respool.resolve_pool(p_ref);
 BEGIN
     PERFORM respool._lock_pools(ARRAY[v_id]);
-    PERFORM respool._clear_for_delete('pool', p_ref, v_id, NULL, p_force, p_now);
+    PERFORM respool._clear_for_delete('pool', 'pool_deleted', p_ref, v_id, NULL, p_force, p_now);
     DELETE FROM respool.policies WHERE pool_id = v_id;
     DELETE FROM respool.pools WHERE id = v_id;
 END $$;
@@ -427,7 +427,7 @@ DECLARE
 BEGIN
     SELECT pool_id INTO v_pool_id FROM respool.policies WHERE id = v_id;
     PERFORM respool._lock_pools(ARRAY[v_pool_id]);
-    PERFORM respool._clear_for_delete('policy', v_id::text, v_pool_id, v_id, p_force, p_now);
+    PERFORM respool._clear_for_delete('policy', 'policy_deleted', v_id::text, v_pool_id, v_id, p_force, p_now);
     DELETE FROM respool.policies WHERE id = v_id;
     PERFORM respool.allocate_pool(v_pool_id, p_now);
 END $$;

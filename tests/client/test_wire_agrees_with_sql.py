@@ -14,7 +14,7 @@ from respool_client.wire import REASONS, STATUSES
 _REASON_SITES = [
     # _set_status(id, 'status', 'reason', ...), and the queue / holding exits
     r"_(?:set_status|leave_queue|end_holding)\(\s*[^,()]+,\s*'[a-z_]+',\s*'([a-z_]+)'",
-    r"_drop_requests\(\s*[^,()]+,\s*[^,()]+,\s*'([a-z_]+)'",  # pool / policy deleted
+    r"_clear_for_delete\(\s*'[a-z]+',\s*'([a-z_]+)'",  # pool / policy deleted
     # release / cancel: _end_request(id, attempt, 'status', reason | NULL, 'message', queued reason
     r"_end_request\((?:\s*[^,()]+,){2}\s*'[a-z_]+',\s*(?:NULL|'([a-z_]+)'),\s*'[^']*',\s*'([a-z_]+)'",
     r"_after_preemption\(\s*[^,()]+,\s*'([a-z_]+)'",  # grace expired
