@@ -20,6 +20,7 @@ from app.db import queries as q
 from app.db import reconcile as db_reconcile
 from app.db import requests as db_requests
 from app.db.errors import translate
+from support.db import reconcile as reconcile  # one helper for every test package
 
 
 async def mk_pool(
@@ -205,10 +206,3 @@ async def heartbeat_at(
 async def release_at(conn: asyncpg.Connection, request_id: UUID, at: datetime) -> None:
     """release_request with a chosen clock."""
     await conn.execute("SELECT respool.release_request(p_id => $1, p_now => $2)", request_id, at)
-
-
-async def reconcile(conn: asyncpg.Connection, pool: str, now: datetime | None = None) -> Any:
-    """One ``respool.reconcile_pool`` pass of ``pool`` (at ``now``, default the database's
-    clock); its summary."""
-    pid = (await db_pools.get_pool(conn, pool)).id
-    return await conn.fetchval("SELECT respool.reconcile_pool($1, coalesce($2, now()))", pid, now)

@@ -200,3 +200,14 @@ async def function_calls(conn: asyncpg.Connection, function: str) -> int:
     ``SET track_functions = 'all'``)."""
     n = await conn.fetchval("SELECT pg_stat_get_xact_function_calls($1::regprocedure)", function)
     return int(n or 0)
+
+
+async def reconcile(conn: asyncpg.Connection, pool: str, now: Any = None) -> Any:
+    """One ``respool.reconcile_pool`` pass of the pool named ``pool`` (at ``now``, default the
+    database's clock); its summary."""
+    return await conn.fetchval(
+        "SELECT respool.reconcile_pool((SELECT id FROM respool.pools WHERE name = $1),"
+        " coalesce($2, now()))",
+        pool,
+        now,
+    )

@@ -25,10 +25,11 @@ queued behind it: ``waiting for gpu: pool 6/8 used, needs 4``).
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Any
 from uuid import UUID
 
 import asyncpg
+
+from support.db import reconcile
 
 D1 = datetime(2025, 3, 1, tzinfo=UTC)
 D2 = D1 + timedelta(days=1)
@@ -57,19 +58,6 @@ async def _create(
         lease_seconds,
     )
     return rid
-
-
-async def _pool_id(conn: asyncpg.Connection, name: str) -> UUID:
-    pid: UUID = await conn.fetchval("SELECT id FROM respool.pools WHERE name = $1", name)
-    return pid
-
-
-async def reconcile(conn: asyncpg.Connection, pool: str, when: datetime) -> Any:
-    return await conn.fetchval(
-        "SELECT respool.reconcile_pool(p_pool_id => $1, p_now => $2)",
-        await _pool_id(conn, pool),
-        when,
-    )
 
 
 async def history(conn: asyncpg.Connection) -> dict[str, UUID]:
