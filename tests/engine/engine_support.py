@@ -203,6 +203,31 @@ async def heartbeat_at(
     return msgspec.convert(doc, q.Request, strict=False)
 
 
+async def create_at(
+    conn: asyncpg.Connection,
+    subject: str,
+    pool: str | None,
+    resources: dict[str, int],
+    at: datetime,
+    *,
+    preemptible: bool = True,
+    max_seconds: int | None = None,
+) -> dict[str, Any]:
+    """create_request with a chosen clock (the wrapper always uses the database's); the
+    request's JSON document."""
+    doc: dict[str, Any] = await conn.fetchval(
+        "SELECT request FROM respool.create_request(p_subject => $1, p_pool => $2,"
+        " p_resources => $3, p_preemptible => $4, p_max_seconds => $5, p_now => $6)",
+        subject,
+        pool,
+        resources,
+        preemptible,
+        max_seconds,
+        at,
+    )
+    return doc
+
+
 async def release_at(conn: asyncpg.Connection, request_id: UUID, at: datetime) -> None:
     """release_request with a chosen clock."""
     await conn.execute("SELECT respool.release_request(p_id => $1, p_now => $2)", request_id, at)

@@ -7,19 +7,13 @@ from datetime import datetime, timedelta
 from uuid import UUID
 
 import asyncpg
-from engine_support import db_now, get, mk_policy, mk_pool, release_at
+from engine_support import create_at, db_now, get, mk_policy, mk_pool, release_at
 
 from app.db import requests as db_requests
 
 
 async def create(conn: asyncpg.Connection, gpu: int, at: datetime) -> UUID:
-    doc = await conn.fetchval(
-        "SELECT request FROM respool.create_request(p_subject => 's', p_pool => 'p',"
-        " p_resources => $1, p_now => $2)",
-        {"gpu": gpu},
-        at,
-    )
-    return UUID(doc["id"])
+    return UUID((await create_at(conn, "s", "p", {"gpu": gpu}, at))["id"])
 
 
 async def test_no_history_no_eta_then_estimates_from_hold_times(conn: asyncpg.Connection) -> None:

@@ -15,7 +15,7 @@ from uuid import UUID, uuid4
 
 import asyncpg
 import pytest
-from engine_support import db_now, mk_policy, mk_pool
+from engine_support import create_at, db_now, mk_policy, mk_pool, release_at
 
 from app.db import batch as db_batch
 from app.db import requests as db_requests
@@ -24,41 +24,12 @@ from support.db import function_calls
 H = timedelta(hours=1)
 
 
-async def create(
-    conn: asyncpg.Connection,
-    subject: str,
-    pool: str | None,
-    resources: dict[str, int],
-    at: datetime,
-    *,
-    preemptible: bool = True,
-    max_seconds: int | None = None,
-) -> dict[str, Any]:
-    doc: dict[str, Any] = await conn.fetchval(
-        "SELECT request FROM respool.create_request(p_subject => $1, p_pool => $2,"
-        " p_resources => $3, p_preemptible => $4, p_max_seconds => $5, p_now => $6)",
-        subject,
-        pool,
-        resources,
-        preemptible,
-        max_seconds,
-        at,
-    )
-    return doc
-
-
-async def release(conn: asyncpg.Connection, request_id: str, at: datetime) -> None:
-    await conn.execute(
-        "SELECT respool.release_request(p_id => $1, p_now => $2)", UUID(request_id), at
-    )
-
-
 async def history(conn: asyncpg.Connection, subject: str, pool: str, start: datetime) -> None:
     """Five recorded holds of 100 s in ``pool`` (so its queued requests get an ETA)."""
     for i in range(5):
-        r = await create(conn, subject, pool, {"gpu": 1}, start + timedelta(seconds=200 * i))
+        r = await create_at(conn, subject, pool, {"gpu": 1}, start + timedelta(seconds=200 * i))
         assert r["status"] == "allocated"
-        await release(conn, r["id"], start + timedelta(seconds=200 * i + 100))
+        await release_at(conn, UUID(r["id"]), start + timedelta(seconds=200 * i + 100))
 
 
 @pytest.fixture
@@ -83,30 +54,40 @@ async def mixed(conn: asyncpg.Connection) -> asyncpg.Connection:
     # a: 7 of 10 GPUs held, the big request starving, small ones behind it held back (one with a
     # max_seconds that ends before the shadow time is not: it is granted), a 2-GPU shape waits.
     for i in range(7):
-        r = await create(conn, "small", "a", {"gpu": 1}, now - H + timedelta(seconds=i))
+        r = await create_at(conn, "small", "a", {"gpu": 1}, now - H + timedelta(seconds=i))
         assert r["status"] == "allocated"
-    assert (await create(conn, "big", "a", {"gpu": 4}, now - H + 10 * timedelta(seconds=1)))[
+    assert (await create_at(conn, "big", "a", {"gpu": 4}, now - H + 10 * timedelta(seconds=1)))[
         "status"
     ] == "queued"
     for i in range(3):
-        await create(conn, "small", "a", {"gpu": 1}, now - 30 * timedelta(minutes=1) + i * H / 100)
-        await create(conn, "small", "a", {"gpu": 2}, now - 29 * timedelta(minutes=1) + i * H / 100)
+        await create_at(
+            conn, "small", "a", {"gpu": 1}, now - 30 * timedelta(minutes=1) + i * H / 100
+        )
+        await create_at(
+            conn, "small", "a", {"gpu": 2}, now - 29 * timedelta(minutes=1) + i * H / 100
+        )
     # b: full; multi-pool requests of "multi" (a and b) in two shapes, and b-only ones.
-    holder = await create(conn, "other", "b", {"gpu": 2}, now - 40 * timedelta(minutes=1))
+    holder = await create_at(conn, "other", "b", {"gpu": 2}, now - 40 * timedelta(minutes=1))
     assert holder["status"] == "allocated"
     for i in range(3):
-        await create(conn, "multi", None, {"gpu": 1}, now - 20 * timedelta(minutes=1) + i * H / 60)
-        await create(
+        await create_at(
+            conn, "multi", None, {"gpu": 1}, now - 20 * timedelta(minutes=1) + i * H / 60
+        )
+        await create_at(
             conn, "multi", None, {"gpu": 2}, now - 19 * timedelta(minutes=1) + i * H / 60,
             preemptible=False,
         )  # fmt: skip
-        await create(conn, "other", "b", {"gpu": 1}, now - 18 * timedelta(minutes=1) + i * H / 60)
+        await create_at(
+            conn, "other", "b", {"gpu": 1}, now - 18 * timedelta(minutes=1) + i * H / 60
+        )
     # e: dev holds 2 non-preemptible + 2 preemptible GPUs of 5; prod reclaims 3 (its reserved
     # share): the preemptible holder leaves within its grace period, prod holds the earmark,
     # and a 1-GPU request of ops, which would fit the free unit, waits for the earmark.
-    await create(conn, "dev", "e", {"gpu": 2}, now - 50 * timedelta(minutes=1), preemptible=False)
-    await create(conn, "dev", "e", {"gpu": 2}, now - 49 * timedelta(minutes=1))
-    prod = await create(conn, "prod", "e", {"gpu": 3}, now - 48 * timedelta(minutes=1))
+    await create_at(
+        conn, "dev", "e", {"gpu": 2}, now - 50 * timedelta(minutes=1), preemptible=False
+    )
+    await create_at(conn, "dev", "e", {"gpu": 2}, now - 49 * timedelta(minutes=1))
+    prod = await create_at(conn, "prod", "e", {"gpu": 3}, now - 48 * timedelta(minutes=1))
     pool_e = await conn.fetchval("SELECT id FROM respool.pools WHERE name = 'e'")
     await conn.execute(
         "SELECT respool.reconcile_pool($1, $2)", pool_e, now - 47 * timedelta(minutes=1)
@@ -114,9 +95,9 @@ async def mixed(conn: asyncpg.Connection) -> asyncpg.Connection:
     assert (await conn.fetchval("SELECT respool.request_json($1)", UUID(prod["id"])))[
         "status"
     ] == "queued"
-    await create(conn, "ops", "e", {"gpu": 1}, now - 46 * timedelta(minutes=1))
+    await create_at(conn, "ops", "e", {"gpu": 1}, now - 46 * timedelta(minutes=1))
     # Not queued: released and rejected requests on the same page.
-    done = await create(conn, "small", "a", {"gpu": 11}, now - 45 * timedelta(minutes=1))
+    done = await create_at(conn, "small", "a", {"gpu": 11}, now - 45 * timedelta(minutes=1))
     assert done["status"] == "rejected"
     return conn
 
@@ -263,7 +244,7 @@ async def test_positions_with_equal_queue_times_across_shapes_and_classes(
     for subject in ("lo", "lo2"):
         await mk_policy(conn, subject, "f")
     for subject, gpu in (("lo", 3), ("lo2", 1)):  # full; lo's dominant share is the larger
-        assert (await create(conn, subject, "f", {"gpu": gpu}, now - 2 * H))[
+        assert (await create_at(conn, subject, "f", {"gpu": gpu}, now - 2 * H))[
             "status"
         ] == "allocated"
     for k in range(3):
@@ -271,7 +252,7 @@ async def test_positions_with_equal_queue_times_across_shapes_and_classes(
         for subject in ("lo", "lo2", "res", "hi"):
             for gpu in (1, 2):
                 for _ in range(2):
-                    made = await create(conn, subject, "f", {"gpu": gpu}, at)
+                    made = await create_at(conn, subject, "f", {"gpu": gpu}, at)
                     assert made["status"] == "queued"
     pool_id = await conn.fetchval("SELECT id FROM respool.pools WHERE name = 'f'")
     async with conn.transaction():

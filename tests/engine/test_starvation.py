@@ -24,14 +24,7 @@ from app.db.errors import BadInput
 async def create(
     conn: asyncpg.Connection, subject: str, gpu: int, at: datetime, max_seconds: int | None = None
 ) -> UUID:
-    doc: dict[str, Any] = await conn.fetchval(
-        "SELECT request FROM respool.create_request(p_subject => $1, p_pool => 'p',"
-        " p_resources => $2, p_max_seconds => $3, p_now => $4)",
-        subject,
-        {"gpu": gpu},
-        max_seconds,
-        at,
-    )
+    doc = await es.create_at(conn, subject, "p", {"gpu": gpu}, at, max_seconds=max_seconds)
     return UUID(doc["id"])
 
 
