@@ -4,7 +4,9 @@
 through it, so a JSON deployment emits nothing but JSON lines.
 
 **State changes.** Every status change notifies ``respool_request`` (in the transaction that made
-it, delivered at commit), and every process's LISTEN connection receives every notification.
+it, delivered at commit), except the changes a create makes to the request it creates, which
+:func:`log_created` logs from the create's answer; every process's LISTEN connection receives
+every notification.
 :class:`StateChangeLog` logs a notification only when the backend that sent it is one of this
 process's own connections (``app.db.connect.own_backend_pids``), so each change is logged exactly
 once in the whole deployment, by the process that made it (an API replica or a reconciler), right

@@ -1,7 +1,8 @@
 """Wake long-poll waiters from PostgreSQL notifications (one LISTEN connection per process).
 
 The engine calls ``pg_notify('respool_request', '{"id", "status", "version", "pool"}')`` in the
-transaction of every status change, so a notification arrives only after the change committed.
+transaction of every status change (but not for the changes a create makes to the request it is
+creating: nobody can wait for it yet), so a notification arrives only after the change committed.
 The payload is a hint: a woken waiter gets its version and status (``Waiter.hint``) and still
 reads the request before it answers.
 
