@@ -11,16 +11,18 @@ LANGUAGE plpgsql STABLE AS $$
 #variable_conflict use_column
 BEGIN
     RETURN QUERY
-    WITH req AS MATERIALIZED (
-        -- qid: the request that stands in the queues for it, its gang's stand-in for a gang
-        -- member (SPEC §11.6, respool._queued_as), with the gang's resources.
+    WITH mine AS MATERIALIZED (
         -- (IN (unnest): a join on the primary key, not a scan testing = ANY (p_ids) per row)
-        SELECT r.id, (x.q).id AS qid, (x.q).resources, (x.q).preemptible, (x.q).max_seconds,
-               (x.q).earmark_pool_id, r.gang_id
-          FROM respool.requests r
-         CROSS JOIN LATERAL (SELECT CASE WHEN r.gang_id IS NULL THEN r ELSE respool._queued_as(r.id) END AS q
+        SELECT r FROM respool.requests r WHERE r.id IN (SELECT unnest(p_ids)) AND r.status = 'queued'
+    ), req AS MATERIALIZED (
+        -- qid: the request that stands in the queues for it, its gang's stand-in for a gang
+        -- member (SPEC §11.6, respool._queued_as), with the gang's resources. Computed for the
+        -- requests asked for only (the CTE above), not for every queued request of the table.
+        SELECT (m.r).id, (x.q).id AS qid, (x.q).resources, (x.q).preemptible, (x.q).max_seconds,
+               (x.q).earmark_pool_id, (m.r).gang_id
+          FROM mine m
+         CROSS JOIN LATERAL (SELECT CASE WHEN (m.r).gang_id IS NULL THEN m.r ELSE respool._queued_as((m.r).id) END AS q
                               OFFSET 0) x
-         WHERE r.id IN (SELECT unnest(p_ids)) AND r.status = 'queued'
     ), entries AS MATERIALIZED (
         SELECT req.id AS request_id, e.pool_id, e.policy_id, pl.name AS pool_name, p.priority,
                count(*) OVER (PARTITION BY req.id) AS n_pools

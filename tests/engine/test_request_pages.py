@@ -169,6 +169,21 @@ async def test_queued_gang_members_on_a_page_read_as_their_own_reads(
     assert mine[0]["message"].startswith(f"gang {mine[0]['gang_id']}: ")
 
 
+async def test_reading_one_gang_member_works_on_its_gang_only(mixed: asyncpg.Connection) -> None:
+    """Reading some requests computes the gang stand-in of those asked for, not of every queued
+    gang member in the database (a batch answers through this read)."""
+    conn = mixed
+    members = [{"subject": "small", "pool": "a", "resources": {"gpu": 2}}] * 2
+    gangs = [await db_batch.create_requests(conn, members, all_or_nothing=True) for _ in range(10)]
+    await conn.execute("SET track_functions = 'all'")
+    async with conn.transaction():
+        docs = await conn.fetch(
+            "SELECT doc FROM respool.request_docs($1)", [gangs[0][0].request.id]
+        )
+        assert len(docs) == 1
+        assert await function_calls(conn, "respool._queued_as(uuid)") == 1
+
+
 async def test_the_api_list_and_single_reads_agree(mixed: asyncpg.Connection) -> None:
     async with mixed.transaction():
         listed = await db_requests.list_requests(mixed, status="queued", limit=1000)
