@@ -84,18 +84,24 @@ def ideal_starts(holds: list[float], gpus: int) -> list[float]:
     return starts
 
 
+RETRY_FOR = 600.0  # seconds a step keeps retrying a 503
+
+
 async def _call(
     conn: Connection, method: str, target: str, body: bytes | None, out: dict[str, Any]
 ) -> Reply:
     """One call; a 503 (the API's database pool is busy) is retried after a jittered
-    exponential backoff, as respool-client does."""
-    for attempt in range(30):
+    exponential backoff for up to RETRY_FOR seconds, as respool-client does (its ``retry_for``:
+    a sweep of thousands of steps sets it well above its 60 s default)."""
+    deadline = time.monotonic() + RETRY_FOR
+    attempt = 0
+    while True:
         reply = await conn.request(method, target, body)
-        if reply.status != 503:
+        if reply.status != 503 or time.monotonic() > deadline:
             return reply
         out["retries"] += 1
         await asyncio.sleep(min(2.0, 0.05 * 2**attempt) * random.uniform(0.5, 1.0))  # noqa: S311
-    return reply
+        attempt += 1
 
 
 async def _step(
