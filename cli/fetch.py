@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable
 from uuid import UUID
 
 import typer
@@ -60,20 +61,34 @@ def find_policy(api: Api, pool: str, subject: str) -> Policy | None:
 
 def resolve_request(api: Api, ref: str) -> UUID:
     """A full request id, or a unique prefix (>= 4 hex, as tables show) of a recent one."""
+    return _resolve(ref, "request id", lambda: [r.id for r in _recent(api)])
+
+
+def resolve_gang(api: Api, ref: str) -> UUID:
+    """A full gang id, or a unique prefix (>= 4 hex) of the gang of a recent request."""
+    return _resolve(ref, "gang id", lambda: {r.gang_id for r in _recent(api) if r.gang_id})
+
+
+def _recent(api: Api) -> list[Request]:
+    return list_requests(api, limit=PREFIX_SCAN)
+
+
+def _resolve(ref: str, what: str, known: Callable[[], Iterable[UUID]]) -> UUID:
+    """``ref`` as a full id, else the one id of ``known()`` it is a prefix of."""
     try:
         return UUID(ref)
     except ValueError:
         pass
     prefix = ref.strip().lower()
     if not _PREFIX.fullmatch(prefix):
-        raise typer.BadParameter(f"{ref!r} is not a request id or an id prefix (>= 4 hex)")
-    found = [r.id for r in list_requests(api, limit=PREFIX_SCAN) if str(r.id).startswith(prefix)]
+        raise typer.BadParameter(f"{ref!r} is not a {what} or an id prefix (>= 4 hex)")
+    found = sorted(i for i in known() if str(i).startswith(prefix))
     if len(found) == 1:
         return found[0]
     if not found:
         raise CliError(
-            f"no request id starts with {prefix} among the {PREFIX_SCAN} most recent; "
+            f"no {what} starts with {prefix} among the {PREFIX_SCAN} most recent requests; "
             "give the full id"
         )
     shown = ", ".join(str(i) for i in found[:5]) + (", ..." if len(found) > 5 else "")
-    raise CliError(f"request id prefix {prefix} is ambiguous: {shown}")
+    raise CliError(f"{what} prefix {prefix} is ambiguous: {shown}")

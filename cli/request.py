@@ -14,7 +14,7 @@ from respool_client.wire import MAX_BATCH, Event, Request, RequestBatch, WhatIf
 from app.durations import parse_duration
 from cli.api import Api, connect_api
 from cli.common import given
-from cli.fetch import list_requests, resolve_request
+from cli.fetch import list_requests, resolve_gang, resolve_request
 from cli.maps import parse_decimal, parse_labels, parse_pairs
 from cli.options import DEFAULT_URL, Output, OutputFormat, Token, Url
 from cli.output import emit, note
@@ -269,7 +269,8 @@ def list_(
     status: Annotated[str | None, typer.Option("--status", help="e.g. queued, allocated.")] = None,
     subject: Annotated[str | None, typer.Option("--subject", help="Only this subject.")] = None,
     gang: Annotated[
-        str | None, typer.Option("--gang", help="Only the members of this gang (its gang_id).")
+        str | None,
+        typer.Option("--gang", help="Only the members of this gang (its gang_id or a prefix)."),
     ] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many.")] = 100,
     output: Output = OutputFormat.table,
@@ -282,11 +283,12 @@ def list_(
 
         respool request list --pool training-gpus --status queued
         respool request list --subject orchestrator:prod -o json
-        respool request list --gang 5f0c2a1e-7d4b-4c1e-9a53-2b8f7e6d1c90
+        respool request list --gang 5f0c2a1e
     """
     with connect_api(url, token) as api:
+        gang_id = None if gang is None else str(resolve_gang(api, gang))
         found = list_requests(
-            api, pool=pool, status=status, subject=subject, gang_id=gang, limit=limit
+            api, pool=pool, status=status, subject=subject, gang_id=gang_id, limit=limit
         )
     emit(found, output, lambda: [requests_table(found)])
 

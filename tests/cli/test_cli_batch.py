@@ -46,6 +46,11 @@ async def test_create_count_gang(cli: Cli) -> None:
     members = await cli.json("request", "list", "--gang", gang_id)
     assert sorted(r["id"] for r in members) == sorted(r["id"] for r in reqs)
     assert {r["status"] for r in members} == {"allocated"}
+    # the gang named by a prefix, as tables show ids
+    short = await cli.json("request", "list", "--gang", gang_id[:8])
+    assert sorted(r["id"] for r in short) == sorted(r["id"] for r in reqs)
+    unknown = await cli.api("request", "list", "--gang", "ffffffff")
+    assert unknown.exit_code != 0 and "no gang id starts with ffffffff" in unknown.stderr
     # --all-or-nothing is the same flag; a gang that can never fit is rejected whole: exit 1
     big = await cli.api(
         "request", "create", "-s", "team:g", "--gpu", "3", "--count", "2", "--all-or-nothing"
