@@ -13,13 +13,13 @@ Usage, without lost wake-ups::
         if not done(doc):
             await w.wait(timeout)            # 3. wait (holds no database connection)
 
-A notification that arrives between 1 and 3 sets the event, so 3 returns at once.
+A notification that arrives between 1 and 3 wakes the waiter, so 3 returns at once.
 
 When the LISTEN connection drops, the notifier reconnects with exponential backoff and jitter,
 and then wakes every waiter so each re-reads its request (notifications sent while it was down
-are lost). Waiters should also wait with a bounded timeout (``backstop`` seconds) and re-read:
-a polling backstop for anything that slips through. ``wake_all()`` on shutdown answers every
-open wait at once.
+are lost). For anything else that slips through, :meth:`Notifier.use_backstop` reads the version
+of every waited request every few seconds and wakes the waiters whose request changed.
+``wake_all()`` on shutdown answers every open wait at once.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from typing import Any
+from uuid import uuid4
 
 import asyncpg
 import pytest
@@ -130,21 +131,26 @@ async def test_events_are_append_only(conn: asyncpg.Connection) -> None:
 # --- NOTIFY ------------------------------------------------------------------------------------
 
 
+class Notes(asyncio.Queue[dict[str, Any]]):
+    """Payloads received on channel respool_request by a LISTEN connection of its own."""
+
+    listener: asyncpg.Connection
+
+
 @pytest.fixture
-async def notes(db_url: str) -> AsyncIterator[asyncio.Queue[dict[str, Any]]]:
-    """Payloads received on channel respool_request by a separate LISTEN connection."""
-    received: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-    listener = await asyncpg.connect(db_url)
+async def notes(db_url: str) -> AsyncIterator[Notes]:
+    received = Notes()
+    received.listener = await asyncpg.connect(db_url)
 
     def on_note(_c: object, _pid: int, channel: str, payload: str) -> None:
         assert channel == "respool_request"
         received.put_nowait(json.loads(payload))
 
-    await listener.add_listener("respool_request", on_note)
+    await received.listener.add_listener("respool_request", on_note)
     try:
         yield received
     finally:
-        await listener.close()
+        await received.listener.close()
 
 
 def note(
@@ -171,18 +177,19 @@ def note(
     }
 
 
-async def take(notes: asyncio.Queue[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+async def take(notes: Notes, n: int) -> list[dict[str, Any]]:
     return [await asyncio.wait_for(notes.get(), timeout=5) for _ in range(n)]
 
 
-async def nothing_more(notes: asyncio.Queue[dict[str, Any]]) -> None:
-    await asyncio.sleep(0.3)
-    assert notes.empty(), notes.get_nowait()
+async def nothing_more(notes: Notes) -> None:
+    """Nothing was notified by what committed so far: a sentinel notified now (committed after
+    it) is the next payload to arrive, since PostgreSQL delivers notifications in commit order."""
+    sentinel = {"id": str(uuid4()), "sentinel": True}
+    await notes.listener.execute("SELECT pg_notify('respool_request', $1)", json.dumps(sentinel))
+    assert await take(notes, 1) == [sentinel]
 
 
-async def test_notify_after_commit(
-    conn: asyncpg.Connection, notes: asyncio.Queue[dict[str, Any]]
-) -> None:
+async def test_notify_after_commit(conn: asyncpg.Connection, notes: Notes) -> None:
     await mk_pool_s(conn, {"gpu": 1})
     r = await mk_req(conn, "S", "p", resources={"gpu": 1})
     rid = str(r.id)
@@ -203,7 +210,7 @@ async def test_notify_after_commit(
 
 
 async def test_no_notify_for_a_rolled_back_transaction(
-    conn: asyncpg.Connection, notes: asyncio.Queue[dict[str, Any]]
+    conn: asyncpg.Connection, notes: Notes
 ) -> None:
     await mk_pool_s(conn, {"gpu": 1})
     r = await mk_req(conn, "S", "p", resources={"gpu": 1})
@@ -219,9 +226,7 @@ async def test_no_notify_for_a_rolled_back_transaction(
     assert (await get(conn, r.id)).status == "allocated"
 
 
-async def test_notify_names_the_pool_once_granted(
-    conn: asyncpg.Connection, notes: asyncio.Queue[dict[str, Any]]
-) -> None:
+async def test_notify_names_the_pool_once_granted(conn: asyncpg.Connection, notes: Notes) -> None:
     await mk_pools_s(conn, {"gpu": 1}, "a", "b")
     holder = await mk_req(conn, "S", "b", resources={"gpu": 1})
     await mk_req(conn, "S", "a", resources={"gpu": 1})
