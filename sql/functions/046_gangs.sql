@@ -11,11 +11,8 @@
 CREATE OR REPLACE FUNCTION respool._gang_units(p_gang_id uuid, p_statuses text[])
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    RETURN (SELECT coalesce(jsonb_object_agg(s.key, s.n), '{}')
-              FROM (SELECT x.key, sum(x.value::bigint) AS n
-                      FROM respool.requests m CROSS JOIN LATERAL jsonb_each_text(m.resources) x
-                     WHERE m.gang_id = p_gang_id AND m.status = ANY (p_statuses)
-                     GROUP BY x.key) s);
+    RETURN respool._sum_units(ARRAY(SELECT m.resources FROM respool.requests m
+                                     WHERE m.gang_id = p_gang_id AND m.status = ANY (p_statuses)));
 END $$;
 COMMENT ON FUNCTION respool._gang_units(uuid, text[]) IS
     'The summed resources {key: units} of a gang''s members in the given statuses. Read-only.';
