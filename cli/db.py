@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import typer
+from respool_client.durations import parse_duration
 
 from app.db import ops as db_ops
 from app.db.errors import EngineError
 from app.db.migrate import MigrateReport, SchemaStatus, migrate, status
-from app.durations import parse_duration
 from cli.common import CliError, database, fail, run_async
 
 app = typer.Typer(

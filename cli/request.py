@@ -9,9 +9,9 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 import typer
+from respool_client.durations import parse_duration
 from respool_client.wire import MAX_BATCH, Event, Request, RequestBatch, WhatIf
 
-from app.durations import parse_duration
 from cli.api import Api, connect_api
 from cli.common import given
 from cli.fetch import list_requests, resolve_gang, resolve_request

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
+from respool_client.durations import format_duration
 from respool_client.wire import Eta
 from rich import box
 from rich.console import Group, RenderableType
@@ -13,7 +14,6 @@ from rich.text import Text
 
 from app.db.queries import Event, Policy, Pool, Request
 from app.db.tokens import Token
-from app.durations import format_duration
 
 __all__ = [
     "events_table",
