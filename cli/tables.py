@@ -1,4 +1,4 @@
-"""Human views (rich) of pools, policies, requests, events and tokens."""
+"""Human views (rich) of pools, policies, requests and events."""
 
 from __future__ import annotations
 
@@ -6,14 +6,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
 from respool_client.durations import format_duration
-from respool_client.wire import Eta
+from respool_client.wire import Eta, Event, Policy, Pool, Request
 from rich import box
 from rich.console import Group, RenderableType
 from rich.table import Column, Table
 from rich.text import Text
-
-from app.db.queries import Event, Policy, Pool, Request
-from app.db.tokens import Token
 
 __all__ = [
     "events_table",
@@ -27,7 +24,6 @@ __all__ = [
     "requests_table",
     "short",
     "table",
-    "tokens_table",
     "usage_bar",
 ]
 
@@ -296,19 +292,5 @@ def events_table(events: Sequence[Event]) -> Table:
             e.reason or "-",
             str(e.attempt),
             e.message or "",
-        )
-    return out
-
-
-def tokens_table(tokens: Sequence[Token]) -> Table:
-    out = table("ID", "NAME", "ROLE", "SUBJECTS", "CREATED", "REVOKED")
-    for t in tokens:
-        out.add_row(
-            str(t.id),
-            t.name,
-            t.role,
-            " ".join(t.subject_patterns or []) or "-",
-            fmt_time(t.created_at),
-            fmt_time(t.revoked_at),
         )
     return out
