@@ -253,7 +253,8 @@ def request_header(r: Request) -> Group:
 
 
 def fmt_eta(eta: Eta | None) -> str:
-    """A queued request's ETA (SPEC §11.4): ``~2m (90%: within 5m)``, or why there is none."""
+    """A queued request's ETA, ``~2m (90%: within 5m)``, or why there is none (see
+    docs/scheduling.md)."""
     if eta is None:
         return "unknown (no hold history in its pools yet)"
     return f"~{_secs(eta.p50_seconds)} (90%: within {_secs(eta.p90_seconds)})"

@@ -1,4 +1,4 @@
-"""``respool request create --count N``: one batch (SPEC §11.5), in queue order."""
+"""``respool request create --count N``: one batch, in queue order (docs/scheduling.md)."""
 
 from __future__ import annotations
 
