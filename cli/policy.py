@@ -10,9 +10,8 @@ from typing import Annotated
 import typer
 from respool_client.wire import Policy
 
-from cli.api import connect_api
+from cli.api import Api, connect_api
 from cli.common import CliError, confirm, given
-from cli.fetch import find_policy
 from cli.maps import parse_map
 from cli.options import (
     DEFAULT_URL,
@@ -57,6 +56,12 @@ Ceiling = Annotated[
         help="Hard ceiling per key, JSON or YAML (merges on update; 0 removes a key).",
     ),
 ]
+
+
+def find_policy(api: Api, pool: str, subject: str) -> Policy | None:
+    """The policy binding ``subject`` to ``pool`` (a pool ref), or None."""
+    found = api.call("GET", "/v1/policies", list[Policy], params={"pool": pool, "subject": subject})
+    return found[0] if found else None
 
 
 @app.command("attach-policy")
