@@ -8,8 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import Literal, TypeVar
 
 import msgspec
-
-from app.durations import parse_duration
+from respool_client.durations import parse_duration
 
 __all__ = ["Settings", "SettingsError", "LOG_LEVELS"]
 

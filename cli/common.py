@@ -1,52 +1,34 @@
-"""Shared CLI plumbing: running async code, turning known errors into one-line messages."""
+"""Shared CLI plumbing: turning known errors into one-line messages, naming fields as the user
+typed them, confirmations. Nothing here needs the server package (``app``): the database
+commands' own plumbing is in :mod:`cli.database`."""
 
 from __future__ import annotations
 
-import asyncio
 import re
-from collections.abc import AsyncIterator, Coroutine, Iterator
-from contextlib import asynccontextmanager, contextmanager
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
-import asyncpg
 import typer
 from typer._click.globals import get_current_context  # Typer vendors click
-
-from app.db.connect import APP_CLI, connect
-from app.db.dsn import resolve_database_url
-from app.db.embedded import EmbeddedDatabaseError
-from app.db.errors import EngineError
-from app.db.migrate import MigrationError
-from app.settings import Settings, SettingsError
 
 __all__ = [
     "CliError",
     "KNOWN_ERRORS",
     "confirm",
-    "database",
     "describe_error",
     "fail",
-    "handle_errors",
-    "run_async",
+    "given",
     "user_message",
 ]
-
-T = TypeVar("T")
 
 
 class CliError(Exception):
     """A user-facing failure: printed as ``error: <message>``, exit code 1."""
 
 
+# The database commands add theirs (cli.database.DATABASE_ERRORS) where they run.
 KNOWN_ERRORS: tuple[type[BaseException], ...] = (
     CliError,
-    EngineError,  # the database commands (token, db): bad input, not found, conflicts
-    SettingsError,
-    MigrationError,
-    EmbeddedDatabaseError,
-    asyncpg.PostgresError,
-    asyncpg.InterfaceError,  # includes ClientConfigurationError (bad DSN options)
-    OSError,  # connection refused, unknown host, missing socket, ...
+    OSError,  # a file that cannot be read, a port already in use, ...
     TimeoutError,
 )
 
@@ -102,14 +84,8 @@ def user_message(detail: str, field: str | None) -> str:
 
 
 def describe_error(exc: BaseException) -> str:
-    if isinstance(exc, EngineError):
-        return user_message(" ".join(exc.message.split()), exc.field)
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    if isinstance(exc, OSError | TimeoutError) and not isinstance(exc, FileNotFoundError):
-        return f"cannot connect to the database: {text}"
-    if isinstance(exc, asyncpg.PostgresError):
-        return f"database: {text}"
-    return text
+    """``exc`` as one line."""
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def fail(message: str) -> NoReturn:
@@ -133,29 +109,3 @@ def confirm(question: str, *, yes: bool) -> None:
         raise
     if not answer:
         raise typer.Abort()
-
-
-@contextmanager
-def handle_errors() -> Iterator[None]:
-    """Convert known errors into ``error: ...`` on stderr and exit code 1 (no traceback)."""
-    try:
-        yield
-    except KNOWN_ERRORS as exc:
-        fail(describe_error(exc))
-
-
-def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    """Run one coroutine for a command, with known errors reported as one line."""
-    with handle_errors():
-        return asyncio.run(coro)
-
-
-@asynccontextmanager
-async def database() -> AsyncIterator[asyncpg.Connection]:
-    """A connection to the configured database (RESPOOL_DATABASE_URL, else embedded)."""
-    dsn = resolve_database_url(Settings.from_env())
-    conn = await connect(dsn, application_name=APP_CLI)
-    try:
-        yield conn
-    finally:
-        await conn.close()

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import typer
+from respool_client.durations import parse_duration
 
 from app.db import ops as db_ops
 from app.db.errors import EngineError
 from app.db.migrate import MigrateReport, SchemaStatus, migrate, status
-from app.durations import parse_duration
-from cli.common import CliError, database, fail, run_async
+from cli.common import CliError, fail
+from cli.database import database, run_async
 
 app = typer.Typer(
     help="Database schema: migrate and status; the ops reader role.", no_args_is_help=True

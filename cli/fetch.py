@@ -1,4 +1,4 @@
-"""Reads over the API that several commands share (paged request lists, policy lookup)."""
+"""Reads over the API that several commands share (paged request lists, id prefixes)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from collections.abc import Callable, Iterable
 from uuid import UUID
 
 import typer
-from respool_client.wire import Policy, Request, RequestPage
+from respool_client.wire import Request, RequestPage
 
 from cli.api import Api
 from cli.common import CliError
 
-__all__ = ["RequestPage", "find_policy", "list_requests", "resolve_request"]
+__all__ = ["RequestPage", "list_requests", "resolve_gang", "resolve_request"]
 
 PAGE = 500
 # How many of the most recent requests an id prefix is looked up in.
@@ -51,12 +51,6 @@ def list_requests(
         if cursor is None:
             break
     return out
-
-
-def find_policy(api: Api, pool: str, subject: str) -> Policy | None:
-    """The policy binding ``subject`` to ``pool`` (a pool ref), or None."""
-    found = api.call("GET", "/v1/policies", list[Policy], params={"pool": pool, "subject": subject})
-    return found[0] if found else None
 
 
 def resolve_request(api: Api, ref: str) -> UUID:

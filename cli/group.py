@@ -1,8 +1,9 @@
 """The root command group: every failure ends as one ``error: ...`` line on stderr.
 
 * usage errors (bad option, missing argument): exit code 2, with a pointer to ``--help``;
-* known errors (:data:`cli.common.KNOWN_ERRORS`: API answers, connection failures, database
-  errors, bad settings): exit code 1;
+* known errors (:data:`cli.common.KNOWN_ERRORS`: API answers, an unreachable API, unreadable
+  files; the database commands report theirs the same way, through
+  :func:`cli.database.handle_errors`): exit code 1;
 * anything else is a bug, reported on one line too (exit code 1); the traceback is printed only
   with ``RESPOOL_LOG_LEVEL=DEBUG``.
 """

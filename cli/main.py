@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from importlib.metadata import version
 
 import typer
 
-from app import __version__
 from cli import db, pool, request, token
 from cli.apply import apply, export
 from cli.common import KNOWN_ERRORS, describe_error
@@ -42,7 +42,7 @@ app.command(
 
 def _version(value: bool) -> None:
     if value:
-        typer.echo(f"respool {__version__}")
+        typer.echo(f"respool {version('respool')}")
         raise typer.Exit()
 
 

@@ -9,15 +9,19 @@ import typer
 
 __all__ = [
     "DEFAULT_URL",
+    "MAP",
+    "Description",
     "Force",
     "Output",
     "OutputFormat",
+    "PoolRef",
     "Token",
     "Url",
     "Yes",
 ]
 
 DEFAULT_URL = "http://127.0.0.1:8080"
+MAP = "MAP"  # the metavar of a JSON or YAML map of resource key to amount
 _CONNECTION = "Connection"
 
 
@@ -57,3 +61,5 @@ Force = Annotated[
     bool,
     typer.Option("--force", help="Also cancel its queued and allocated requests."),
 ]
+PoolRef = Annotated[str, typer.Argument(help="Pool name, id or unique id prefix (>= 4 hex).")]
+Description = Annotated[str | None, typer.Option("-d", "--description", help="Free text.")]

@@ -8,16 +8,27 @@ from typing import Annotated, Any
 
 import msgspec
 import typer
-from respool_client.wire import Ordering, Queueing
+from respool_client.wire import Ordering, Policy, Pool, Queueing, Request
 from rich.console import RenderableType
 from rich.text import Text
 
-from app.db.queries import Policy, Pool, Request
+from cli import policy
 from cli.api import Api, connect_api, segment
-from cli.common import CliError, confirm, given
-from cli.fetch import find_policy, list_requests
+from cli.common import confirm, given
+from cli.fetch import list_requests
 from cli.maps import parse_map
-from cli.options import DEFAULT_URL, Force, Output, OutputFormat, Token, Url, Yes
+from cli.options import (
+    DEFAULT_URL,
+    MAP,
+    Description,
+    Force,
+    Output,
+    OutputFormat,
+    PoolRef,
+    Token,
+    Url,
+    Yes,
+)
 from cli.output import emit, note
 from cli.tables import (
     policies_table,
@@ -31,6 +42,7 @@ app = typer.Typer(
     help="Pools of capacity and the subject policies that draw from them.",
     no_args_is_help=True,
 )
+app.add_typer(policy.app)  # attach-policy, detach-policy, list-policies
 
 
 class View(StrEnum):
@@ -39,19 +51,16 @@ class View(StrEnum):
     all = "all"
 
 
-_MAP = "MAP"
-PoolRef = Annotated[str, typer.Argument(help="Pool name, id or unique id prefix (>= 4 hex).")]
 Capacity = Annotated[
     dict[str, int] | None,
     typer.Option(
         "-c",
         "--capacity",
         parser=parse_map,
-        metavar=_MAP,
+        metavar=MAP,
         help="""Capacity per key, JSON or YAML: '{"gpu": 8, "step_run": 32}'.""",
     ),
 ]
-Description = Annotated[str | None, typer.Option("-d", "--description", help="Free text.")]
 QueueingOpt = Annotated[
     Queueing | None,
     typer.Option("--queueing", help="best_effort grants whatever fits; strict keeps order."),
@@ -103,9 +112,9 @@ def _pool_fields(
         description=description,
         queueing=queueing,
         preemption_grace_seconds=grace,
-        ordering=ordering,  # SPEC §11.2
+        ordering=ordering,
     )
-    if starvation is not None:  # SPEC §11.1: off is sent as null
+    if starvation is not None:  # off is sent as null: the guard is off (docs/scheduling.md)
         body["starvation_seconds"] = None if starvation == OFF else int(starvation)
     return body
 
@@ -279,104 +288,6 @@ def delete(
         confirm(f"Delete pool {pool.name} ({pool.id}) and its policies?", yes=yes)
         api.call("DELETE", f"/v1/pools/{pool.id}", params={"force": str(force).lower()})
     note(f"deleted pool {pool.name}")
-
-
-@app.command("attach-policy")
-def attach_policy(
-    pool: PoolRef,
-    subject: Annotated[str, typer.Argument(help="Workload component, e.g. orchestrator:prod.")],
-    priority: Annotated[
-        int | None, typer.Option("-p", "--priority", help="Higher is preferred (default 0).")
-    ] = None,
-    reserved: Annotated[
-        dict[str, int] | None,
-        typer.Option(
-            "-r",
-            "--reserved",
-            parser=parse_map,
-            metavar=_MAP,
-            help="Reserved share per key, JSON or YAML (merges on update; 0 removes a key).",
-        ),
-    ] = None,
-    limit: Annotated[
-        dict[str, int] | None,
-        typer.Option(
-            "-l",
-            "--limit",
-            parser=parse_map,
-            metavar=_MAP,
-            help="Hard ceiling per key, JSON or YAML (merges on update; 0 removes a key).",
-        ),
-    ] = None,
-    description: Description = None,
-    output: Output = OutputFormat.table,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
-) -> None:
-    """Bind a subject to a pool, or update its existing policy there.
-
-    Example:
-
-        respool pool attach-policy training-gpus orchestrator:prod -p 10 -r '{"gpu": 4}'
-        respool pool attach-policy training-gpus orchestrator:dev -l '{gpu: 8, step_run: 4}'
-    """
-    fields = given(priority=priority, reserved=reserved, limit=limit, description=description)
-    with connect_api(url, token) as api:
-        existing = find_policy(api, pool, subject)
-        if existing is None:
-            body = {"subject": subject, "pool": pool, **fields}
-            policy = api.call("POST", "/v1/policies", Policy, body=body)
-            note(f"attached {subject} to pool {policy.pool}")
-        else:
-            policy = api.call("PATCH", f"/v1/policies/{existing.id}", Policy, body=fields)
-            note(f"updated the policy of {subject} on pool {policy.pool}")
-    emit(policy, output, lambda: [policies_table([policy])])
-
-
-@app.command("detach-policy")
-def detach_policy(
-    pool: PoolRef,
-    subject: Annotated[str, typer.Argument(help="The subject to detach.")],
-    yes: Yes = False,
-    force: Force = False,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
-) -> None:
-    """Remove a subject's policy from a pool (asks first unless --yes).
-
-    Example:
-
-        respool pool detach-policy training-gpus orchestrator:dev -y
-    """
-    with connect_api(url, token) as api:
-        policy = find_policy(api, pool, subject)
-        if policy is None:
-            raise CliError(f"subject {subject} has no policy on pool {pool}")
-        confirm(f"Detach {subject} from pool {policy.pool}?", yes=yes)
-        api.call("DELETE", f"/v1/policies/{policy.id}", params={"force": str(force).lower()})
-    note(f"detached {subject} from pool {policy.pool}")
-
-
-@app.command("list-policies")
-def list_policies(
-    pool: Annotated[str | None, typer.Argument(help="Only this pool (name, id or prefix).")] = None,
-    subject: Annotated[str | None, typer.Option("--subject", help="Only this subject.")] = None,
-    output: Output = OutputFormat.table,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
-) -> None:
-    """List policies with reserved, limit, used and borrowed units per key.
-
-    Example:
-
-        respool pool list-policies training-gpus
-        respool pool list-policies --subject orchestrator:prod -o json
-    """
-    with connect_api(url, token) as api:
-        policies = api.call(
-            "GET", "/v1/policies", list[Policy], params={"pool": pool, "subject": subject}
-        )
-    emit(policies, output, lambda: [policies_table(policies)])
 
 
 @app.command("requests")

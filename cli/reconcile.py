@@ -12,7 +12,7 @@ from app.db.dsn import resolve_database_url
 from app.logs import configure_logging
 from app.reconciler import PoolPass, Reconciler, reconcile_once
 from app.settings import Settings
-from cli.common import handle_errors, run_async
+from cli.database import handle_errors, run_async
 
 __all__ = ["reconcile"]
 

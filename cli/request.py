@@ -4,20 +4,44 @@ from __future__ import annotations
 
 from collections import Counter
 from datetime import datetime
-from decimal import Decimal
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, TypeVar
 
 import msgspec
 import typer
-from respool_client.wire import MAX_BATCH, Event, Request, RequestBatch, WhatIf
+from respool_client.durations import parse_duration
+from respool_client.wire import (
+    Event,
+    Request,
+    RequestBatch,
+    RequestBatchCreate,
+    RequestCreate,
+    WhatIf,
+)
 
-from app.durations import parse_duration
 from cli.api import Api, connect_api
-from cli.common import given
 from cli.fetch import list_requests, resolve_gang, resolve_request
-from cli.maps import parse_decimal, parse_labels, parse_pairs
 from cli.options import DEFAULT_URL, Output, OutputFormat, Token, Url
 from cli.output import emit, note
+from cli.request_options import (
+    Count,
+    Cpu,
+    DryRun,
+    Gang,
+    Gpu,
+    IdempotencyKey,
+    KeepQueued,
+    Label,
+    LeaseOption,
+    MaxRetries,
+    MaxSeconds,
+    Memory,
+    NonPreemptible,
+    PoolChoice,
+    Resource,
+    Subject,
+    Wait,
+    request_body,
+)
 from cli.tables import events_table, fmt_map, fmt_time, request_header, requests_table
 from cli.wait import wait_until_not_queued
 
@@ -74,103 +98,33 @@ def _give_up(api: Api, req: Request, keep_queued: bool, why: str) -> Request:
 
 @app.command("create")
 def create(
-    subject: Annotated[
-        str, typer.Option("--subject", "-s", help="Who asks, e.g. orchestrator:prod.")
-    ],
-    pool: Annotated[
-        str | None,
-        typer.Option("--pool", help="Only this pool (default: every pool with a policy)."),
-    ] = None,
-    gpu: Annotated[int | None, typer.Option("--gpu", min=0, help="GPUs (gpu).")] = None,
-    cpu: Annotated[
-        Decimal | None,
-        typer.Option("--cpu", parser=parse_decimal, help="CPUs, e.g. 0.5 (mcpu = ceil(x*1000))."),
-    ] = None,
-    memory: Annotated[
-        str | None, typer.Option("--memory", help="Memory, e.g. 8GB or 16GiB (memory_mb).")
-    ] = None,
-    resource: Annotated[
-        list[str] | None,
-        typer.Option("--resource", "-r", help="Any key, KEY=N; repeat for more (tpu=2)."),
-    ] = None,
-    label: Annotated[
-        list[str] | None, typer.Option("--label", help="KEY=VALUE label; repeat for more.")
-    ] = None,
-    non_preemptible: Annotated[
-        bool,
-        typer.Option("--non-preemptible", help="Never preempted; must fit the reserved share."),
-    ] = False,
-    max_retries: Annotated[
-        int | None, typer.Option("--max-retries", min=0, help="Requeues after a preemption.")
-    ] = None,
-    lease: Annotated[
-        int | None,
-        typer.Option("--lease", min=1, help="Lease in seconds (default: the server's)."),
-    ] = None,
-    idempotency_key: Annotated[
-        str | None, typer.Option("--idempotency-key", help="Retries with it get the same request.")
-    ] = None,
-    max_seconds: Annotated[
-        int | None,
-        typer.Option(
-            "--max-seconds",
-            min=1,
-            help="Hard runtime cap: expired this many seconds after the grant, heartbeats or not"
-            " (lets it backfill while a pool holds for a starving request).",
-        ),
-    ] = None,
-    dry_run: Annotated[
-        bool,
-        typer.Option(
-            "--dry-run",
-            help="What would happen now: status, queue position, message, ETA and what the"
-            " reconciler would preempt for it. Nothing is created. Exit 1 if it would be rejected.",
-        ),
-    ] = False,
-    count: Annotated[
-        int,
-        typer.Option(
-            "--count",
-            min=1,
-            max=MAX_BATCH,
-            help="Create this many alike requests in one transaction (a batch, in queue order); "
-            "with --idempotency-key K, member i gets the key K-i.",
-        ),
-    ] = 1,
-    gang: Annotated[
-        bool,
-        typer.Option(
-            "--gang",
-            "--all-or-nothing",
-            help="With --count: the requests are a gang (SPEC §11.6), granted all together in"
-            " one pool or not at all, and rejected, preempted, expired and cancelled together.",
-        ),
-    ] = False,
-    wait: Annotated[
-        float | None,
-        typer.Option(
-            "--wait",
-            min=0,
-            help="Wait up to this many seconds for the allocation, with a live status. "
-            "Exit code 0 only when allocated.",
-        ),
-    ] = None,
-    keep_queued: Annotated[
-        bool,
-        typer.Option(
-            "--keep-queued", help="With --wait: leave it queued on timeout (default: cancel)."
-        ),
-    ] = False,
+    subject: Subject,
+    pool: PoolChoice = None,
+    gpu: Gpu = None,
+    cpu: Cpu = None,
+    memory: Memory = None,
+    resource: Resource = None,
+    label: Label = None,
+    non_preemptible: NonPreemptible = False,
+    max_retries: MaxRetries = 0,
+    lease: LeaseOption = None,
+    idempotency_key: IdempotencyKey = None,
+    max_seconds: MaxSeconds = None,
+    dry_run: DryRun = False,
+    count: Count = 1,
+    gang: Gang = False,
+    wait: Wait = None,
+    keep_queued: KeepQueued = False,
     output: Output = OutputFormat.table,
     url: Url = DEFAULT_URL,
     token: Token = None,
 ) -> None:
     """Ask for capacity. Without --wait, prints the request as created (exit 1 if rejected).
 
-    The request has a lease (--lease seconds; default: the server's, RESPOOL_DEFAULT_LEASE_SECONDS,
-    300 s): once allocated, it expires and its units go back unless it is renewed within the
-    lease with `respool request heartbeat ID` or released. The command itself does not heartbeat;
-    to hold units for a command's whole run, use `respool run -- CMD`.
+    The request has a lease (--lease; left out: the server's, RESPOOL_DEFAULT_LEASE_SECONDS,
+    300 s; --lease none: no lease): once allocated, it expires and its units go back unless it
+    is renewed within the lease with `respool request heartbeat ID` or released. The command
+    itself does not heartbeat; to hold units for a command's whole run, use `respool run -- CMD`.
 
     Example:
 
@@ -179,39 +133,55 @@ def create(
         respool request create -s orchestrator:prod --gpu 8 --dry-run
         respool request create -s orchestrator:prod --gpu 2 --count 4 --gang
     """
-    settings = given(gpu_count=gpu, cpu_count=cpu, memory=memory)
-    body: dict[str, Any] = {"subject": subject, "preemptible": not non_preemptible}
-    body |= given(
+    many = count > 1 or gang
+    _check_combination(many=many, dry_run=dry_run, wait=wait)
+    body = request_body(
+        subject=subject,
         pool=pool,
-        settings=settings or None,
-        resources=parse_pairs(resource or [], "--resource") or None,
-        labels=parse_labels(label or []) or None,
+        gpu=gpu,
+        cpu=cpu,
+        memory=memory,
+        resource=resource,
+        label=label,
+        non_preemptible=non_preemptible,
         max_retries=max_retries,
-        lease_seconds=lease,
+        lease=lease,
         idempotency_key=idempotency_key,
         max_seconds=max_seconds,
     )
     if dry_run:
         _what_if(body, output, url, token)
-        return
-    if count > 1 or gang:
-        if wait is not None:
-            raise typer.BadParameter(
-                "--wait follows one request; leave it out", param_hint="--count"
-            )
+    elif many:
         _create_many(body, count, gang, output, url, token)
-        return
+    else:
+        _create_one(body, wait, keep_queued, output, url, token)
+
+
+def _check_combination(*, many: bool, dry_run: bool, wait: float | None) -> None:
+    """Refuse the options that follow one request when asked for several (exit 2)."""
+    if many and dry_run:
+        # A what-if answers for one request: for one member of a batch or gang it could say
+        # "would be allocated" where the batch itself would be rejected.
+        raise typer.BadParameter(
+            "a what-if is about one request; leave out --count and --gang", param_hint="--dry-run"
+        )
+    if many and wait is not None:
+        raise typer.BadParameter("--wait follows one request; leave it out", param_hint="--count")
+
+
+def _create_one(
+    body: RequestCreate,
+    wait: float | None,
+    keep_queued: bool,
+    output: OutputFormat,
+    url: str,
+    token: str | None,
+) -> None:
+    """Create one request, wait for its grant if asked, show it (exit 1 unless it went well)."""
     with connect_api(url, token) as api:
         req = api.call("POST", "/v1/requests", Request, body=body)
         if wait is not None and req.status == "queued":
-            try:
-                req = wait_until_not_queued(api, req, wait)
-            except KeyboardInterrupt:
-                req = _give_up(api, req, keep_queued, "interrupted")
-                _show(req, output)
-                raise typer.Exit(130) from None
-            if req.status == "queued":
-                req = _give_up(api, req, keep_queued, f"not allocated within {wait:g}s")
+            req = _wait_for_grant(api, req, wait, keep_queued, output)
     note(_outcome(req))
     _show(req, output)
     failed = req.status != "allocated" if wait is not None else req.status == "rejected"
@@ -219,7 +189,22 @@ def create(
         raise typer.Exit(1)
 
 
-def _what_if(body: dict[str, Any], output: OutputFormat, url: str, token: str | None) -> None:
+def _wait_for_grant(
+    api: Api, req: Request, wait: float, keep_queued: bool, output: OutputFormat
+) -> Request:
+    """``--wait``: the request once no longer queued; on timeout or Ctrl-C, given up."""
+    try:
+        req = wait_until_not_queued(api, req, wait)
+    except KeyboardInterrupt:
+        req = _give_up(api, req, keep_queued, "interrupted")
+        _show(req, output)
+        raise typer.Exit(130) from None
+    if req.status == "queued":
+        req = _give_up(api, req, keep_queued, f"not allocated within {wait:g}s")
+    return req
+
+
+def _what_if(body: RequestCreate, output: OutputFormat, url: str, token: str | None) -> None:
     """``create --dry-run``: POST /v1/requests?dry_run=true and show the answer."""
     with connect_api(url, token) as api:
         what = api.call("POST", "/v1/requests", WhatIf, body=body, params={"dry_run": "true"})
@@ -238,8 +223,16 @@ def would_preempt_lines(what: WhatIf) -> list[str]:
     ]
 
 
+def _members(body: RequestCreate, count: int) -> list[RequestCreate]:
+    """``count`` copies of ``body``; with an idempotency key K, member i gets the key K-i."""
+    key = body.idempotency_key
+    if key is None:
+        return [body] * count
+    return [msgspec.structs.replace(body, idempotency_key=f"{key}-{i}") for i in range(count)]
+
+
 def _create_many(
-    body: dict[str, Any],
+    body: RequestCreate,
     count: int,
     gang: bool,
     output: OutputFormat,
@@ -248,12 +241,8 @@ def _create_many(
 ) -> None:
     """``--count N``: N copies of ``body`` through ``POST /v1/requests/batch`` (exit 1 if any
     is rejected); with ``--gang`` one gang (``all_or_nothing``)."""
-    key = body.get("idempotency_key")
-    members = [
-        body if key is None else {**body, "idempotency_key": f"{key}-{i}"} for i in range(count)
-    ]
+    batch = RequestBatchCreate(members=_members(body, count), all_or_nothing=gang)
     with connect_api(url, token) as api:
-        batch = {"members": members, "all_or_nothing": gang}
         made = api.call("POST", "/v1/requests/batch", RequestBatch, body=batch).items
     tally = Counter(r.status for r in made)
     what = f"gang {made[0].gang_id}: " if gang and made else ""

@@ -10,7 +10,7 @@ from app.db.dsn import redact_dsn, resolve_database_url
 from app.db.migrate import migrate
 from app.logs import configure_logging
 from app.settings import Settings
-from cli.common import handle_errors, run_async
+from cli.database import handle_errors, run_async
 
 __all__ = ["serve"]
 

@@ -1,19 +1,16 @@
-"""Human views (rich) of pools, policies, requests, events and tokens."""
+"""Human views (rich) of pools, policies, requests and events."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
-from respool_client.wire import Eta
+from respool_client.durations import format_duration
+from respool_client.wire import Eta, Event, Policy, Pool, Request
 from rich import box
 from rich.console import Group, RenderableType
 from rich.table import Column, Table
 from rich.text import Text
-
-from app.db.queries import Event, Policy, Pool, Request
-from app.db.tokens import Token
-from app.durations import format_duration
 
 __all__ = [
     "events_table",
@@ -27,7 +24,6 @@ __all__ = [
     "requests_table",
     "short",
     "table",
-    "tokens_table",
     "usage_bar",
 ]
 
@@ -257,7 +253,8 @@ def request_header(r: Request) -> Group:
 
 
 def fmt_eta(eta: Eta | None) -> str:
-    """A queued request's ETA (SPEC §11.4): ``~2m (90%: within 5m)``, or why there is none."""
+    """A queued request's ETA, ``~2m (90%: within 5m)``, or why there is none (see
+    docs/scheduling.md)."""
     if eta is None:
         return "unknown (no hold history in its pools yet)"
     return f"~{_secs(eta.p50_seconds)} (90%: within {_secs(eta.p90_seconds)})"
@@ -296,19 +293,5 @@ def events_table(events: Sequence[Event]) -> Table:
             e.reason or "-",
             str(e.attempt),
             e.message or "",
-        )
-    return out
-
-
-def tokens_table(tokens: Sequence[Token]) -> Table:
-    out = table("ID", "NAME", "ROLE", "SUBJECTS", "CREATED", "REVOKED")
-    for t in tokens:
-        out.add_row(
-            str(t.id),
-            t.name,
-            t.role,
-            " ".join(t.subject_patterns or []) or "-",
-            fmt_time(t.created_at),
-            fmt_time(t.revoked_at),
         )
     return out

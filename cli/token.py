@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from typing import Annotated
 
 import msgspec
 import typer
+from rich.table import Table
 
 from app.db import tokens
 from app.db.tokens import Role, Token
-from cli.common import database, run_async
+from cli.database import database, run_async
 from cli.options import Output, OutputFormat
 from cli.output import emit, note
-from cli.tables import tokens_table
+from cli.tables import fmt_time, table
 
 app = typer.Typer(
     help="API tokens (admin, client, reader). Talks to the database, not to the API.",
@@ -110,3 +112,18 @@ def revoke(
     tok = run_async(_revoke(ref))
     note(f"revoked token {tok.name!r}")
     emit(tok, output, lambda: [tokens_table([tok])])
+
+
+def tokens_table(found: Sequence[Token]) -> Table:
+    """The tokens, one row each (never their secret)."""
+    out = table("ID", "NAME", "ROLE", "SUBJECTS", "CREATED", "REVOKED")
+    for t in found:
+        out.add_row(
+            str(t.id),
+            t.name,
+            t.role,
+            " ".join(t.subject_patterns or []) or "-",
+            fmt_time(t.created_at),
+            fmt_time(t.revoked_at),
+        )
+    return out

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 import pytest
+from respool_client.durations import format_duration, parse_duration
 
-from app.durations import format_duration, parse_duration
 from app.settings import Settings, SettingsError
 
 

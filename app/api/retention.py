@@ -13,11 +13,11 @@ from typing import Annotated
 import msgspec
 from litestar import Controller, post
 from litestar.datastructures import State
+from respool_client.durations import parse_duration
 
 from app.api.common import AnyRequest, StrictBody, db, decode_body
 from app.api.errors import ApiError, error_responses
 from app.db import ops as db_ops
-from app.durations import parse_duration
 
 __all__ = ["PruneBody", "PruneResult", "RetentionController"]
 

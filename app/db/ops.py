@@ -32,7 +32,7 @@ async def prune_older_than(db: Executor, seconds: float, *, limit: int | None = 
     """``prune_requests`` with ``before = now() - seconds`` on the database clock.
 
     This is what ``RESPOOL_RETENTION`` (``Settings.retention``, seconds) and
-    ``respool request prune --older-than 7d`` (``app.durations.parse_duration``) call.
+    ``respool request prune --older-than 7d`` (``respool_client.durations.parse_duration``) call.
     """
     if seconds < 0:
         raise ValueError(f"seconds must be >= 0, got {seconds!r}")

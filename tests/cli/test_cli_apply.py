@@ -237,8 +237,8 @@ async def test_apply_errors(cli: Cli, tmp_path: Path) -> None:
 
 
 async def test_apply_sets_and_resets_the_scheduling_fields(cli: Cli, tmp_path: Path) -> None:
-    """SPEC §11.1/§11.2 pool fields in a manifest: set, kept idempotent, exported, and back to
-    their defaults when the file leaves them out."""
+    """A pool's scheduling fields (starvation_seconds, ordering) in a manifest: set, kept
+    idempotent, exported, and back to their defaults when the file leaves them out."""
     fair = "pools:\n  - name: p\n    capacity: {gpu: 2}\n    starvation_seconds: null\n" \
         "    ordering: fair\n"  # fmt: skip
     await cli.json("apply", "-f", _write(tmp_path, fair))

@@ -51,6 +51,13 @@ def test_help_has_an_example(command: tuple[str, ...]) -> None:
     assert f"respool {' '.join(command)}" in example, text
 
 
+@pytest.mark.parametrize("command", [(), *COMMANDS], ids=lambda c: " ".join(c) or "respool")
+def test_help_cites_no_internal_spec(command: tuple[str, ...]) -> None:
+    """Help is for users: it points at the docs pages, never at the project's internal spec."""
+    text = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "200"}).stdout
+    assert "SPEC" not in text and "§" not in text, text
+
+
 def test_shell_completion() -> None:
     runner = CliRunner()
     assert "--install-completion" in runner.invoke(app, ["--help"]).stdout

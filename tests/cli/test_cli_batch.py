@@ -1,4 +1,4 @@
-"""``respool request create --count N``: one batch (SPEC §11.5), in queue order."""
+"""``respool request create --count N``: one batch, in queue order (docs/scheduling.md)."""
 
 from __future__ import annotations
 
@@ -56,3 +56,17 @@ async def test_create_count_gang(cli: Cli) -> None:
         "request", "create", "-s", "team:g", "--gpu", "3", "--count", "2", "--all-or-nothing"
     )
     assert big.exit_code == 1 and "2 rejected" in big.stderr
+
+
+async def test_dry_run_refuses_count_and_gang(cli: Cli) -> None:
+    """A what-if answers for one request: asked for a batch or a gang, the CLI refuses rather
+    than answer for one member what the real command would reject (4 x 3 GPUs on 8)."""
+    await cli.ok("pool", "create", "w", "-c", '{"gpu": 8}')
+    await cli.ok("pool", "attach-policy", "w", "team:w")
+    real = ["request", "create", "-s", "team:w", "--gpu", "3"]
+    for extra in (["--count", "4", "--gang"], ["--count", "4"], ["--gang"]):
+        err = failed(await cli.api(*real, *extra, "--dry-run"), 2)
+        assert "--dry-run" in err and ("--count" in err or "--gang" in err), err
+    assert await cli.json("request", "list", "--pool", "w") == []  # nothing was created
+    refused = await cli.api(*real, "--count", "4", "--gang")
+    assert refused.exit_code == 1 and "4 rejected" in refused.stderr  # what it would have hidden

@@ -1,4 +1,4 @@
-"""User mistakes (issue 13 item 6): one ``error:`` line, exit code 1, naming the flag as the user
+"""User mistakes: one ``error:`` line, exit code 1, naming the flag as the user
 typed it and a pool by its name, never "internal error" nor an id the user did not give."""
 
 from __future__ import annotations

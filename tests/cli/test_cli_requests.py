@@ -178,3 +178,18 @@ async def test_prune_older_than(cli: Cli) -> None:
 
     assert "duration" in failed(await cli.api("request", "prune", "--older-than", "soon"), code=2)
     assert "--older-than" in failed(await cli.api("request", "prune"), code=2)
+
+
+async def test_create_lease_values(module_cli: Cli) -> None:
+    """--lease: left out, the server's default; ``none``, no lease at all; a duration or a
+    number of seconds, that lease. Anything else is refused before anything is sent."""
+    cli = module_cli
+    await _pool(cli, "leases")
+    base = ["request", "create", "-s", "team:leases", "--gpu", "1"]
+    assert (await cli.json(*base))["lease_seconds"] == 300  # the server's default
+    assert (await cli.json(*base, "--lease", "none"))["lease_seconds"] is None
+    assert (await cli.json(*base, "--lease", "None"))["lease_seconds"] is None
+    assert (await cli.json(*base, "--lease", "5m"))["lease_seconds"] == 300
+    assert (await cli.json(*base, "--lease", "90"))["lease_seconds"] == 90
+    for bad in ("0", "1.5", "soon", ""):
+        assert "--lease" in failed(await cli.api(*base, "--lease", bad), 2)

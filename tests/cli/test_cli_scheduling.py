@@ -1,5 +1,5 @@
 """``respool pool create/update --starvation-seconds/--ordering``, ``request create --dry-run
---max-seconds`` and the ETA in ``request describe`` (SPEC §11)."""
+--max-seconds`` and the ETA in ``request describe`` (docs/scheduling.md)."""
 
 from __future__ import annotations
 

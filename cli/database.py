@@ -1,0 +1,71 @@
+"""Plumbing of the commands that talk to the database (db, token, serve, reconcile): a
+connection, running their coroutine, and their errors as one line. The HTTP commands never
+import this module, so they need nothing of the server package (``app``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Coroutine, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, TypeVar
+
+import asyncpg
+
+from app.db.connect import APP_CLI, connect
+from app.db.dsn import resolve_database_url
+from app.db.embedded import EmbeddedDatabaseError
+from app.db.errors import EngineError
+from app.db.migrate import MigrationError
+from app.settings import Settings, SettingsError
+from cli.common import KNOWN_ERRORS, describe_error, fail, user_message
+
+__all__ = ["DATABASE_ERRORS", "database", "describe_database_error", "handle_errors", "run_async"]
+
+T = TypeVar("T")
+
+DATABASE_ERRORS: tuple[type[BaseException], ...] = (
+    EngineError,  # bad input, not found, conflicts
+    SettingsError,
+    MigrationError,
+    EmbeddedDatabaseError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,  # includes ClientConfigurationError (bad DSN options)
+)
+
+
+def describe_database_error(exc: BaseException) -> str:
+    """``exc``, met while talking to the database, as one line."""
+    if isinstance(exc, EngineError):
+        return user_message(" ".join(exc.message.split()), exc.field)
+    text = describe_error(exc)
+    if isinstance(exc, OSError | TimeoutError) and not isinstance(exc, FileNotFoundError):
+        return f"cannot connect to the database: {text}"
+    if isinstance(exc, asyncpg.PostgresError):
+        return f"database: {text}"
+    return text
+
+
+@contextmanager
+def handle_errors() -> Iterator[None]:
+    """Convert known errors into ``error: ...`` on stderr and exit code 1 (no traceback)."""
+    try:
+        yield
+    except (*KNOWN_ERRORS, *DATABASE_ERRORS) as exc:
+        fail(describe_database_error(exc))
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run one coroutine for a command, with known errors reported as one line."""
+    with handle_errors():
+        return asyncio.run(coro)
+
+
+@asynccontextmanager
+async def database() -> AsyncIterator[asyncpg.Connection]:
+    """A connection to the configured database (RESPOOL_DATABASE_URL, else embedded)."""
+    dsn = resolve_database_url(Settings.from_env())
+    conn = await connect(dsn, application_name=APP_CLI)
+    try:
+        yield conn
+    finally:
+        await conn.close()

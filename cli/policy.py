@@ -1,0 +1,142 @@
+"""``respool pool attach-policy|detach-policy|list-policies``: the subject policies of pools.
+
+Registered under ``respool pool`` (see :mod:`cli.pool`); the command names stay the pool's.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from respool_client.wire import Policy
+
+from cli.api import Api, connect_api
+from cli.common import CliError, confirm, given
+from cli.maps import parse_map
+from cli.options import (
+    DEFAULT_URL,
+    MAP,
+    Description,
+    Force,
+    Output,
+    OutputFormat,
+    PoolRef,
+    Token,
+    Url,
+    Yes,
+)
+from cli.output import emit, note
+from cli.tables import policies_table
+
+__all__ = ["app"]
+
+app = typer.Typer()
+
+Subject = Annotated[str, typer.Argument(help="Workload component, e.g. orchestrator:prod.")]
+Priority = Annotated[
+    int | None, typer.Option("-p", "--priority", help="Higher is preferred (default 0).")
+]
+Reserved = Annotated[
+    dict[str, int] | None,
+    typer.Option(
+        "-r",
+        "--reserved",
+        parser=parse_map,
+        metavar=MAP,
+        help="Reserved share per key, JSON or YAML (merges on update; 0 removes a key).",
+    ),
+]
+Ceiling = Annotated[
+    dict[str, int] | None,
+    typer.Option(
+        "-l",
+        "--limit",
+        parser=parse_map,
+        metavar=MAP,
+        help="Hard ceiling per key, JSON or YAML (merges on update; 0 removes a key).",
+    ),
+]
+
+
+def find_policy(api: Api, pool: str, subject: str) -> Policy | None:
+    """The policy binding ``subject`` to ``pool`` (a pool ref), or None."""
+    found = api.call("GET", "/v1/policies", list[Policy], params={"pool": pool, "subject": subject})
+    return found[0] if found else None
+
+
+@app.command("attach-policy")
+def attach_policy(
+    pool: PoolRef,
+    subject: Subject,
+    priority: Priority = None,
+    reserved: Reserved = None,
+    limit: Ceiling = None,
+    description: Description = None,
+    output: Output = OutputFormat.table,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """Bind a subject to a pool, or update its existing policy there.
+
+    Example:
+
+        respool pool attach-policy training-gpus orchestrator:prod -p 10 -r '{"gpu": 4}'
+        respool pool attach-policy training-gpus orchestrator:dev -l '{gpu: 8, step_run: 4}'
+    """
+    fields = given(priority=priority, reserved=reserved, limit=limit, description=description)
+    with connect_api(url, token) as api:
+        existing = find_policy(api, pool, subject)
+        if existing is None:
+            body = {"subject": subject, "pool": pool, **fields}
+            policy = api.call("POST", "/v1/policies", Policy, body=body)
+            note(f"attached {subject} to pool {policy.pool}")
+        else:
+            policy = api.call("PATCH", f"/v1/policies/{existing.id}", Policy, body=fields)
+            note(f"updated the policy of {subject} on pool {policy.pool}")
+    emit(policy, output, lambda: [policies_table([policy])])
+
+
+@app.command("detach-policy")
+def detach_policy(
+    pool: PoolRef,
+    subject: Annotated[str, typer.Argument(help="The subject to detach.")],
+    yes: Yes = False,
+    force: Force = False,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """Remove a subject's policy from a pool (asks first unless --yes).
+
+    Example:
+
+        respool pool detach-policy training-gpus orchestrator:dev -y
+    """
+    with connect_api(url, token) as api:
+        policy = find_policy(api, pool, subject)
+        if policy is None:
+            raise CliError(f"subject {subject} has no policy on pool {pool}")
+        confirm(f"Detach {subject} from pool {policy.pool}?", yes=yes)
+        api.call("DELETE", f"/v1/policies/{policy.id}", params={"force": str(force).lower()})
+    note(f"detached {subject} from pool {policy.pool}")
+
+
+@app.command("list-policies")
+def list_policies(
+    pool: Annotated[str | None, typer.Argument(help="Only this pool (name, id or prefix).")] = None,
+    subject: Annotated[str | None, typer.Option("--subject", help="Only this subject.")] = None,
+    output: Output = OutputFormat.table,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """List policies with reserved, limit, used and borrowed units per key.
+
+    Example:
+
+        respool pool list-policies training-gpus
+        respool pool list-policies --subject orchestrator:prod -o json
+    """
+    with connect_api(url, token) as api:
+        policies = api.call(
+            "GET", "/v1/policies", list[Policy], params={"pool": pool, "subject": subject}
+        )
+    emit(policies, output, lambda: [policies_table(policies)])

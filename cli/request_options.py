@@ -1,0 +1,200 @@
+"""The options of a request body (``respool request create``), declared once as ``Annotated``
+types, and :func:`request_body`, which turns them into the wire type the API decodes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Annotated, TypeVar
+
+import typer
+from msgspec import UNSET, UnsetType
+from respool_client.durations import parse_duration
+from respool_client.wire import MAX_BATCH, RequestCreate, ResourceSettings
+
+from cli.maps import parse_decimal, parse_labels, parse_pairs
+
+__all__ = [
+    "Count",
+    "DryRun",
+    "Gang",
+    "KeepQueued",
+    "Wait",
+    "Cpu",
+    "Gpu",
+    "IdempotencyKey",
+    "Label",
+    "Lease",
+    "LeaseOption",
+    "MaxRetries",
+    "MaxSeconds",
+    "Memory",
+    "NonPreemptible",
+    "PoolChoice",
+    "Resource",
+    "Subject",
+    "parse_lease",
+    "request_body",
+]
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Lease:
+    """``--lease`` as given: a number of seconds, or None for no lease at all."""
+
+    seconds: int | None
+
+
+def parse_lease(text: str) -> Lease:
+    """``none`` → no lease; a duration (``5m``, ``1h30m``) or whole seconds (``90``) → it."""
+    if text.strip().lower() == "none":
+        return Lease(None)
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise typer.BadParameter(f"{exc}, or none for no lease") from None
+    if seconds < 1 or seconds != int(seconds):
+        raise typer.BadParameter(f"{text!r}: a lease is whole seconds, at least 1 (or none)")
+    return Lease(int(seconds))
+
+
+Subject = Annotated[str, typer.Option("--subject", "-s", help="Who asks, e.g. orchestrator:prod.")]
+PoolChoice = Annotated[
+    str | None,
+    typer.Option("--pool", help="Only this pool (default: every pool with a policy)."),
+]
+Gpu = Annotated[int | None, typer.Option("--gpu", min=0, help="GPUs (gpu).")]
+Cpu = Annotated[
+    Decimal | None,
+    typer.Option("--cpu", parser=parse_decimal, help="CPUs, e.g. 0.5 (mcpu = ceil(x*1000))."),
+]
+Memory = Annotated[
+    str | None, typer.Option("--memory", help="Memory, e.g. 8GB or 16GiB (memory_mb).")
+]
+Resource = Annotated[
+    list[str] | None,
+    typer.Option("--resource", "-r", help="Any key, KEY=N; repeat for more (tpu=2)."),
+]
+Label = Annotated[
+    list[str] | None, typer.Option("--label", help="KEY=VALUE label; repeat for more.")
+]
+NonPreemptible = Annotated[
+    bool,
+    typer.Option("--non-preemptible", help="Never preempted; must fit the reserved share."),
+]
+MaxRetries = Annotated[
+    int, typer.Option("--max-retries", min=0, help="Requeues after a preemption.")
+]
+LeaseOption = Annotated[
+    Lease | None,
+    typer.Option(
+        "--lease",
+        parser=parse_lease,
+        metavar="DURATION|none",
+        show_default=False,
+        help="Lease: seconds or a duration (90, 5m, 1h); none for no lease at all"
+        " (left out: the server's default).",
+    ),
+]
+IdempotencyKey = Annotated[
+    str | None, typer.Option("--idempotency-key", help="Retries with it get the same request.")
+]
+MaxSeconds = Annotated[
+    int | None,
+    typer.Option(
+        "--max-seconds",
+        min=1,
+        help="Hard runtime cap: expired this many seconds after the grant, heartbeats or not"
+        " (lets it backfill while a pool holds for a starving request).",
+    ),
+]
+
+
+# How create goes about it (not part of the body).
+DryRun = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run",
+        help="What would happen now to this one request: status, queue position, message,"
+        " ETA and what the reconciler would preempt for it. Nothing is created. Exit 1 if"
+        " it would be rejected. Not with --count or --gang.",
+    ),
+]
+
+Count = Annotated[
+    int,
+    typer.Option(
+        "--count",
+        min=1,
+        max=MAX_BATCH,
+        help="Create this many alike requests in one transaction (a batch, in queue order); "
+        "with --idempotency-key K, member i gets the key K-i.",
+    ),
+]
+
+Gang = Annotated[
+    bool,
+    typer.Option(
+        "--gang",
+        "--all-or-nothing",
+        help="With --count: the requests are a gang, granted all together in one pool or"
+        " not at all, and rejected, preempted, expired and cancelled together"
+        " (docs/scheduling.md).",
+    ),
+]
+
+Wait = Annotated[
+    float | None,
+    typer.Option(
+        "--wait",
+        min=0,
+        help="Wait up to this many seconds for the allocation, with a live status. "
+        "Exit code 0 only when allocated.",
+    ),
+]
+
+KeepQueued = Annotated[
+    bool,
+    typer.Option(
+        "--keep-queued", help="With --wait: leave it queued on timeout (default: cancel)."
+    ),
+]
+
+
+def request_body(
+    *,
+    subject: str,
+    pool: str | None = None,
+    gpu: int | None = None,
+    cpu: Decimal | None = None,
+    memory: str | None = None,
+    resource: list[str] | None = None,
+    label: list[str] | None = None,
+    non_preemptible: bool = False,
+    max_retries: int = 0,
+    lease: Lease | None = None,
+    idempotency_key: str | None = None,
+    max_seconds: int | None = None,
+) -> RequestCreate:
+    """The create body of these options (each parameter is the option of the same name)."""
+    settings = ResourceSettings(gpu_count=_set(gpu), cpu_count=_set(cpu), memory=_set(memory))
+    return RequestCreate(
+        subject=subject,
+        pool=pool,
+        settings=settings if settings.to_json() else None,
+        resources=parse_pairs(resource or [], "--resource") or None,
+        labels=parse_labels(label or []) or None,
+        preemptible=not non_preemptible,
+        max_retries=max_retries,
+        lease_seconds=UNSET if lease is None else lease.seconds,  # left out: server default
+        idempotency_key=idempotency_key,
+        max_seconds=max_seconds,
+    )
+
+
+def _set(value: T | None) -> T | UnsetType:
+    """An option left out (None) is a field left unset."""
+    return UNSET if value is None else value
