@@ -419,3 +419,24 @@ async def test_lease_none_asks_for_no_lease(live: Server, tmp_path: Path) -> Non
         assert code == 128 + signal.SIGTERM, err
     finally:
         _kill_leftovers(pids)
+
+
+async def test_api_unreachable_past_the_lease_stops_cmd(db_url: str, tmp_path: Path) -> None:
+    async with running_server(db_url) as server:
+        await _setup(server, grace=0)
+        proc = await _wrap(server, tmp_path, "polite", "--gpu", "1", "--lease", "3")
+        log = tmp_path / "log"
+        started = await _until(lambda: _first(log, "start"))
+    gone_at = time.time()  # the API is gone: no heartbeat gets through any more
+    try:
+        term = await _until(lambda: _first(log, "sigterm"), within=10)
+        assert term["at"] - gone_at < 3 + 1.5  # by the end of the lease (plus a heartbeat)
+        await _until(lambda: _not_running(started["pid"]), within=5)
+        assert "no heartbeat got through within the lease" in (tmp_path / "wrapper.err").read_text()
+    finally:
+        proc.kill()
+        await proc.wait()
+
+
+async def _not_running(pid: int) -> bool:
+    return not _running(pid)
