@@ -96,7 +96,8 @@ class _QueueLease:
                     self.request_id, self.attempt, within=every, lease_seconds=self.seconds
                 )
             except ApiError as exc:
-                if exc.status_code in (404, 409):  # gone / moved on: the wait loop sees it
+                if exc.status_code in (404, 409):  # gone / moved on: it set nothing
+                    self.in_doubt = False
                     return
                 log.warning("queue heartbeat for %s failed: %s", self.request_id, exc)
             except RespoolError as exc:

@@ -284,6 +284,7 @@ class _Runner:
             with contextlib.suppress(asyncio.CancelledError):
                 await hold
             group.close()
+            self.group = None
         code = group.proc.returncode
         assert code is not None
         while not changes.empty():

@@ -229,8 +229,8 @@ async def _status_is(server: Server, request_id: str, status: str) -> bool:
 # --- CMD's whole process group never outlives the grant, nor the wrapper ----------------------
 
 # CMD for the group tests: records "CMD_PID BACKGROUND_PID" in a file, then per MODE exits at
-# once leaving a `sleep` behind ("leave"), or waits for it ("wait"), ignoring SIGTERM itself
-# with "stubborn".
+# once leaving a `sleep` behind ("leave"), or waits for it ("wait"), ignoring SIGTERM and
+# SIGINT itself with "stubborn".
 GROUP_CMD = textwrap.dedent(
     """
     import os, signal, subprocess, sys, time
@@ -243,6 +243,7 @@ GROUP_CMD = textwrap.dedent(
         sys.exit(0)
     if mode == "stubborn":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     while True:
         time.sleep(0.05)
     """
@@ -440,3 +441,22 @@ async def test_api_unreachable_past_the_lease_stops_cmd(db_url: str, tmp_path: P
 
 async def _not_running(pid: int) -> bool:
     return not _running(pid)
+
+
+async def test_a_second_signal_kills_at_once(live: Server, tmp_path: Path) -> None:
+    await _setup(live, grace=0)
+    proc = await _wrap_group(live, tmp_path, "stubborn", "--gpu", "1", "--kill-after", "30")
+    pids = await _until(lambda: _pids(tmp_path))
+    try:
+        proc.send_signal(signal.SIGINT)
+        await asyncio.sleep(0.5)
+        assert _running(pids[0])  # the stubborn CMD ignores the first one (passed on as SIGINT)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        code, err = await _exit(proc, tmp_path)
+        assert code == 128 + signal.SIGINT, err
+        assert time.monotonic() - sent < 5  # not the 30 s of --kill-after
+        assert not any(_running(pid) for pid in pids)
+        assert (await _the_request(live))["status"] == "released"
+    finally:
+        _kill_leftovers(pids)
