@@ -110,12 +110,17 @@ class _QueueLease:
 
     async def restore(self, grant: Grant) -> None:
         """After the grant: give the allocation its own lease back if a queue heartbeat may
-        have shortened it (a request without a lease gets the longest one the API allows)."""
+        have shortened it. A request without a lease that got one that way gets the longest
+        lease the API allows (a lease cannot be taken away again)."""
         if not self.in_doubt:
             return
-        lease = None if grant.lease_seconds else MAX_LEASE
         with contextlib.suppress(RespoolError):
-            await self.rp.heartbeat(grant.request_id, grant.attempt, lease_seconds=lease)
+            if grant.lease_seconds:
+                await self.rp.heartbeat(grant.request_id, grant.attempt)
+                return
+            now = await self.rp.get_request(grant.request_id)
+            if now.attempt == grant.attempt and now.lease_expires_at is not None:
+                await self.rp.heartbeat(grant.request_id, grant.attempt, lease_seconds=MAX_LEASE)
 
 
 async def await_grant(

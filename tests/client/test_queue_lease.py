@@ -101,3 +101,30 @@ async def test_the_grant_keeps_its_own_lease_after_queue_heartbeats(live: Server
         )
         assert body["status"] == "allocated"
         assert left.total_seconds() > 500  # the request's 600 s lease, not the 1 s queue lease
+
+
+@pytest.mark.parametrize(("lease", "at_least"), [(600, 500), (None, 300 * 24 * 3600)])
+async def test_a_queue_heartbeat_that_landed_after_the_grant_is_undone(
+    live: Server, lease: int | None, at_least: int
+) -> None:
+    """The race the wait loop cannot rule out: its last queue heartbeat reached the request
+    just after the grant and set the allocation's lease to the queue lease (1 s here)."""
+    from respool_client._hold import _QueueLease
+    from respool_client.grant import Grant
+
+    await pool_with_policy(live.client, capacity={"gpu": 1})
+    async with AsyncRespool(live.url) as rp:
+        state = await rp.create_request("team", resources={"gpu": 1}, lease_seconds=lease)
+        assert state.status == "allocated"
+        late = await rp.heartbeat(state.id, state.attempt, lease_seconds=1)  # the late beat
+        assert late.lease_expires_at is not None
+        keeper = _QueueLease(rp, state, 1)
+        keeper.in_doubt = True  # it got no answer saying "queued"
+        await keeper.restore(Grant(state))
+    await asyncio.sleep(1.5)  # past the 1 s lease the late beat set
+    body = ok(await live.client.get(f"/v1/requests/{state.id}"))
+    assert body["status"] == "allocated"
+    left = datetime.fromisoformat(body["lease_expires_at"]) - datetime.fromisoformat(
+        body["updated_at"]
+    )
+    assert left.total_seconds() > at_least
