@@ -109,8 +109,9 @@ class ProcessGroup:
         return True
 
     def close(self) -> None:
-        """The group is gone (or was never started): let the guard go without killing."""
-        _close_guard(self._guard, b"done\n")
+        """Let the guard go: without killing when the group is gone; else (the wrapper is
+        leaving on an unexpected error) the guard SIGKILLs what is left of the group."""
+        _close_guard(self._guard, b"" if self.alive() else b"done\n")
 
 
 def _close_guard(guard: subprocess.Popen[bytes], last: bytes) -> None:
