@@ -9,6 +9,7 @@ from typing import Any
 
 import typer
 import yaml
+from respool_client.pairs import amounts, labels
 
 __all__ = ["parse_decimal", "parse_labels", "parse_map", "parse_pairs"]
 
@@ -39,32 +40,21 @@ def parse_map(text: str) -> dict[str, int]:
     return out
 
 
-def _split(pairs: Iterable[str], option: str) -> list[tuple[str, str]]:
-    out = []
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise typer.BadParameter(f"{pair!r}: expected KEY=VALUE", param_hint=option)
-        out.append((key.strip(), value.strip()))
-    return out
-
-
 def parse_pairs(pairs: Iterable[str], option: str) -> dict[str, int]:
-    """``["tpu=2", "licence_x=1"]`` → ``{"tpu": 2, "licence_x": 1}``."""
-    out: dict[str, int] = {}
-    for key, value in _split(pairs, option):
-        try:
-            out[key] = int(value)
-        except ValueError:
-            raise typer.BadParameter(
-                f"{key}={value}: the amount must be an integer", param_hint=option
-            ) from None
-    return out
+    """``["tpu=2", "licence_x=1"]`` → ``{"tpu": 2, "licence_x": 1}`` (the rule of
+    :mod:`respool_client.pairs`, shared with ``respool run``)."""
+    try:
+        return amounts(pairs)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint=option) from None
 
 
 def parse_labels(pairs: Iterable[str]) -> dict[str, str]:
     """``["run=nightly", "step=train"]`` → ``{"run": "nightly", "step": "train"}``."""
-    return dict(_split(pairs, "--label"))
+    try:
+        return labels(pairs)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--label") from None
 
 
 def parse_decimal(text: str) -> Decimal:

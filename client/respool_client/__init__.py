@@ -1,4 +1,4 @@
-"""respool-client: what a pipeline step needs to get its GPUs from respool (SPEC §10).
+"""respool-client: what a pipeline step needs to get its GPUs from respool (``docs/client.md``).
 
 ```python
 from respool_client import Respool, ResourceSettings

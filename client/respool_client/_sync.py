@@ -7,10 +7,11 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Coroutine, Iterator, Sequence
-from typing import Any, TypeVar, Unpack
+from typing import Any, TypeVar
 from uuid import UUID
 
-from respool_client._async import AsyncRespool, RequestFields
+from respool_client._async import AsyncRespool
+from respool_client._hold import acquire, finish, start_holding
 from respool_client.errors import RespoolError
 from respool_client.grant import Grant, OnPreempted
 from respool_client.wire import Request, RequestCreate, RequestPage
@@ -75,8 +76,9 @@ class Respool:
         """Same as :meth:`AsyncRespool.call`, blocking."""
         return self._run(self._async.call(method, path, **kw))
 
-    def create_request(self, subject: str, **kw: Any) -> Request:
-        return self._run(self._async.create_request(subject, **kw))
+    def create_request(self, subject: str, *, wait: float | None = None, **fields: Any) -> Request:
+        """Same as :meth:`AsyncRespool.create_request`, blocking."""
+        return self._run(self._async.create_request(subject, wait=wait, **fields))
 
     def create_many(
         self, members: Sequence[RequestCreate], *, all_or_nothing: bool = False
@@ -115,19 +117,21 @@ class Respool:
         timeout: float | None = None,
         heartbeat_interval: float | None = None,
         on_preempted: OnPreempted | None = None,
-        **fields: Unpack[RequestFields],
+        **fields: Any,
     ) -> Iterator[Grant]:
         """Same as :meth:`AsyncRespool.allocate`, blocking."""
         core = self._async
-        grant = self._run(core._acquire(subject, within=timeout, **fields))
+        grant = self._run(
+            acquire(core, subject, within=timeout, queue_lease=core.queue_lease, **fields)
+        )
 
         async def start() -> asyncio.Task[None]:
-            return core._start_holding(grant, heartbeat_interval, on_preempted)
+            return start_holding(core, grant, heartbeat_interval, on_preempted)
 
         beat = self._run(start())
         try:
             yield grant
         except BaseException:
-            self._run(core._finish(grant, beat, quiet=True))
+            self._run(finish(core, grant, beat, quiet=True))
             raise
-        self._run(core._finish(grant, beat, quiet=False))
+        self._run(finish(core, grant, beat, quiet=False))

@@ -1,18 +1,24 @@
-"""``respool run [options] -- CMD [ARGS...]``: run any command under an allocation (SPEC §10).
+"""``respool run [options] -- CMD [ARGS...]``: run any command under an allocation
+(``docs/client.md``, "respool run").
 
 It waits for the grant (on a TTY a live line with the queue position and what it waits for;
-otherwise one line per change on stderr), runs CMD in its own process group with
-``RESPOOL_REQUEST_ID``, ``RESPOOL_POOL``, ``RESPOOL_ATTEMPT`` and ``RESPOOL_RESOURCES`` (JSON) in
-its environment, heartbeats and long-polls the request while CMD runs, and:
+otherwise one line per change on stderr), heartbeating the queued request with a queue lease
+(``--queue-lease``) so that a wrapper killed while waiting gives its place up. It runs CMD in a
+process group of its own (:mod:`respool_client._group`) with ``RESPOOL_REQUEST_ID``,
+``RESPOOL_POOL``, ``RESPOOL_ATTEMPT`` and ``RESPOOL_RESOURCES`` (JSON) in its environment,
+heartbeats and long-polls the request while CMD runs, and:
 
 * on ``preempting`` sends SIGTERM to CMD's group, and SIGKILL at the grace deadline (or
   ``--kill-after`` seconds after the SIGTERM);
-* on ``preempted``, ``expired`` or ``cancelled`` (the units are gone) sends SIGTERM, and SIGKILL
-  ``--kill-after`` seconds later (default :data:`GONE_KILL_AFTER`);
-* when a preempted request was requeued (``--max-retries``), waits for the grant again and runs
-  CMD anew as the next attempt;
-* releases the request on every way out; SIGINT/SIGTERM to the wrapper are forwarded to CMD's
-  group and the request is released at once.
+* on ``preempted``, ``expired`` or ``cancelled`` (the units are gone), or when no heartbeat got
+  through within the lease, sends SIGTERM, and SIGKILL ``--kill-after`` seconds later (default
+  :data:`GONE_KILL_AFTER`);
+* when CMD exits, stops what it left in its group the same way;
+* on SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2 or SIGALRM sends SIGINT (for SIGINT) or
+  SIGTERM to CMD's group, and SIGKILL ``--kill-after`` seconds later (a second signal: at once);
+* releases the request only once no process of CMD's group is left; when a preempted request
+  was requeued (``--max-retries``), waits for the grant again and runs CMD anew as the next
+  attempt.
 
 Exit status: CMD's own (128 + N when a signal N ended it), or one of :data:`EXIT_CODES`.
 """
@@ -32,9 +38,13 @@ from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import TextIO, TypeVar
 
+from msgspec import UNSET, UnsetType
 from respool_client._async import AsyncRespool
+from respool_client._group import ProcessGroup
+from respool_client._hold import QUEUE_LEASE, await_grant, start_holding
 from respool_client.errors import AllocationTimeout, ApiError, Preempted, Rejected, RespoolError
 from respool_client.grant import Grant
+from respool_client.pairs import split_amount, split_pair
 from respool_client.wire import HOLDING, Request, ResourceSettings
 
 __all__ = ["EXIT_CODES", "build_parser", "main", "run"]
@@ -51,8 +61,19 @@ EXIT_CODES = {
     EXIT_TIMEOUT: "not allocated within --timeout",
     EXIT_PREEMPTED: "preempted, no retries left",
 }
-# Seconds CMD gets after SIGTERM when its units are already gone (no grace deadline).
+# Seconds CMD gets after SIGTERM when its units are already gone (no grace deadline), when it
+# exited leaving processes in its group, or when the wrapper got a signal.
 GONE_KILL_AFTER = 10.0
+# The signals that stop the wrapper (SIGINT is passed on as SIGINT, the others as SIGTERM).
+STOP_SIGNALS = (
+    signal.SIGHUP,
+    signal.SIGINT,
+    signal.SIGQUIT,
+    signal.SIGTERM,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGALRM,
+)
 
 
 def build_parser(prog: str = "respool run") -> argparse.ArgumentParser:
@@ -75,11 +96,15 @@ def build_parser(prog: str = "respool run") -> argparse.ArgumentParser:
     add("--gpu", type=_count, help="GPUs (gpu).")
     add("--cpu", type=_decimal, help="CPUs, e.g. 0.5 (mcpu = ceil(x*1000)).")
     add("--memory", help="Memory, e.g. 8GB or 16GiB (memory_mb).")
-    add("--resource", "-r", action="append", default=[], type=_pair, metavar="KEY=N",
+    add("--resource", "-r", action="append", default=[], type=_amount, metavar="KEY=N",
         help="Any key; repeat for more (tpu=2).")  # fmt: skip
     add("--non-preemptible", action="store_true", help="Never preempted; must fit reserved.")
     add("--max-retries", type=_count, default=0, help="Re-runs after a preemption (default 0).")
-    add("--lease", type=_positive_int, help="Lease seconds (default: the server's).")
+    add("--lease", type=_lease, default=UNSET, metavar="S|none",
+        help="Lease seconds, or none for no lease (default: the server's).")  # fmt: skip
+    add("--queue-lease", type=_positive_int, default=QUEUE_LEASE, metavar="S",
+        help="While waiting, heartbeat so that the request loses its queue place this many "
+        f"seconds after the wrapper died (default {QUEUE_LEASE}).")  # fmt: skip
     add("--timeout", type=_seconds, help="Give up waiting for the grant after this many seconds.")
     add("--kill-after", type=_seconds,
         help="SIGKILL this long after SIGTERM (default: at the grace deadline).")  # fmt: skip
@@ -141,9 +166,10 @@ class _Runner:
         self.args = args
         self.cmd = cmd
         self.status = _Status(sys.stderr)
-        self.proc: asyncio.subprocess.Process | None = None
+        self.group: ProcessGroup | None = None
         self.stop_signal: int | None = None
         self.stopping = asyncio.Event()
+        self.poked = asyncio.Event()  # kill_at changed: the attempt loop re-reads it
         self.term_sent = False
         self.kill_at: float | None = None  # monotonic time of the scheduled SIGKILL
         self.preempting = False  # this attempt's units are being (or were) taken away
@@ -151,30 +177,39 @@ class _Runner:
     # --- signals to CMD's process group ---
 
     def _signal(self, sig: int) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, sig)
+        if self.group is not None:
+            self.group.signal(sig)
 
-    def _terminate(self, kill_in: float, why: str) -> None:
-        """SIGTERM CMD's group now (once), SIGKILL it ``kill_in`` seconds from now at the latest."""
-        if self.proc is None or self.proc.returncode is not None:
+    def _kill_after(self) -> float:
+        return GONE_KILL_AFTER if self.args.kill_after is None else float(self.args.kill_after)
+
+    def _terminate(self, kill_in: float, why: str, sig: int = signal.SIGTERM) -> None:
+        """Send ``sig`` to CMD's group now (once), SIGKILL it ``kill_in`` seconds from now at
+        the latest."""
+        if self.group is None:
             return
         if not self.term_sent:
             self.term_sent = True
-            self.status.say(f"{why}: SIGTERM to CMD, SIGKILL in {max(kill_in, 0):.1f} s")
-            self._signal(signal.SIGTERM)
+            name = signal.Signals(sig).name
+            self.status.say(f"{why}: {name} to CMD's group, SIGKILL in {max(kill_in, 0):.1f} s")
+            self._signal(sig)
         at = time.monotonic() + max(kill_in, 0.0)
         if self.kill_at is None or at < self.kill_at:
             self.kill_at = at
+            self.poked.set()
 
     def _kill_due(self) -> bool:
         return self.kill_at is not None and time.monotonic() >= self.kill_at
 
     def _on_wrapper_signal(self, sig: int) -> None:
-        if self.stop_signal is None:
-            self.stop_signal = sig
-        self._signal(sig)
+        if self.stop_signal is not None:  # a second signal: no more grace
+            self.kill_at = time.monotonic()
+            self.poked.set()
+            return
+        self.stop_signal = sig
         self.stopping.set()
+        forward = signal.SIGINT if sig == signal.SIGINT else signal.SIGTERM
+        self._terminate(self._kill_after(), f"got {signal.Signals(sig).name}", forward)
 
     # --- the request ---
 
@@ -187,11 +222,19 @@ class _Runner:
     async def _wait_for_grant(self, state: Request, sent: float, started: float) -> Grant:
         deadline = None if self.args.timeout is None else started + self.args.timeout
         waiter = asyncio.create_task(
-            self.rp._await_grant(state, sent, started, deadline, on_wait=self.status.waiting)
+            await_grant(
+                self.rp,
+                state,
+                sent,
+                started,
+                deadline,
+                self.args.queue_lease,
+                on_wait=self.status.waiting,
+            )
         )
         stop = asyncio.create_task(self.stopping.wait())
         await asyncio.wait({waiter, stop}, return_when=asyncio.FIRST_COMPLETED)
-        if not waiter.done():  # the wrapper got SIGINT/SIGTERM: _await_grant cancels the request
+        if not waiter.done():  # the wrapper got a stop signal: await_grant cancels the request
             waiter.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await waiter
@@ -209,7 +252,8 @@ class _Runner:
         return (state.preempt_deadline - datetime.now(UTC)).total_seconds()
 
     async def _one_attempt(self, grant: Grant) -> tuple[int, Request | None]:
-        """Run CMD under ``grant``; its exit status and the last state seen of the request."""
+        """Run CMD under ``grant`` until no process of its group is left; CMD's exit status and
+        the last state seen of the request."""
         env = {
             **os.environ,
             "RESPOOL_REQUEST_ID": str(grant.request_id),
@@ -223,51 +267,83 @@ class _Runner:
             f"{json.dumps(grant.resources, sort_keys=True)}; running {self.cmd[0]}"
         )
         try:
-            self.proc = await asyncio.create_subprocess_exec(
-                *self.cmd, env=env, start_new_session=True
-            )
+            group = await ProcessGroup.start(self.cmd, env)
         except OSError as exc:
             self.status.say(f"cannot run {self.cmd[0]}: {exc}")
             return 127, None
-        last: Request | None = None
+        self.group = group
         changes: asyncio.Queue[Request] = asyncio.Queue()
-        hold = self.rp._start_holding(grant, None, None, on_change=changes.put_nowait)
-        exited = asyncio.create_task(self.proc.wait())
+        hold = start_holding(self.rp, grant, None, None, on_change=changes.put_nowait)
         if self.stop_signal is not None:  # a signal arrived while CMD was starting
-            self._signal(self.stop_signal)
+            forward = signal.SIGINT if self.stop_signal == signal.SIGINT else signal.SIGTERM
+            self._terminate(self._kill_after(), "stopping", forward)
         try:
-            while not exited.done():
-                got = asyncio.create_task(changes.get())
-                left = None if self.kill_at is None else max(0.0, self.kill_at - time.monotonic())
-                await asyncio.wait({exited, got}, timeout=left, return_when="FIRST_COMPLETED")
-                if got.done():
-                    last = got.result()
-                    self._react(grant, last)
-                else:
-                    got.cancel()
-                if self._kill_due():
-                    if not exited.done():
-                        self.status.say("grace over: SIGKILL to CMD")
-                    self._signal(signal.SIGKILL)
-                    self.kill_at = None
+            last = await self._until_group_gone(grant, group, changes)
         finally:
             hold.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await hold
-        code = exited.result()
+            group.close()
+            self.group = None
+        code = group.proc.returncode
+        assert code is not None
         while not changes.empty():
             last = changes.get_nowait()
         return (128 - code if code < 0 else code), last
+
+    async def _until_group_gone(
+        self, grant: Grant, group: ProcessGroup, changes: asyncio.Queue[Request]
+    ) -> Request | None:
+        """React to the request's changes until CMD exits, then stop what it left in its group
+        (SIGTERM, SIGKILL at the deadline) and return once no process of the group is left."""
+        last: Request | None = None
+        exited = asyncio.create_task(group.proc.wait())
+        leader_gone = False
+        while True:
+            if exited.done() and not leader_gone:
+                leader_gone = True
+                if group.alive():
+                    self._terminate(self._kill_after(), "CMD exited leaving processes behind")
+            if leader_gone and not group.alive():
+                return last
+            if grant.lease_lapsed and not self.term_sent:
+                self.preempting = True
+                self._terminate(self._kill_after(), "no heartbeat got through within the lease")
+            waits: list[float] = []
+            if self.kill_at is not None:
+                waits.append(max(0.0, self.kill_at - time.monotonic()))
+            if leader_gone:
+                waits.append(0.05)  # poll the rest of the group
+            elif grant._valid_until is not None and not self.term_sent:
+                waits.append(max(0.0, grant._valid_until - time.monotonic()) + 0.01)
+            got = asyncio.create_task(changes.get())
+            poke = asyncio.create_task(self.poked.wait())
+            pending = {got, poke} if leader_gone else {got, poke, exited}
+            await asyncio.wait(
+                pending, timeout=min(waits, default=None), return_when="FIRST_COMPLETED"
+            )
+            self.poked.clear()
+            poke.cancel()
+            if got.done():
+                last = got.result()
+                self._react(grant, last)
+            else:
+                got.cancel()
+            if self._kill_due():
+                if group.alive():
+                    self.status.say("grace over: SIGKILL to CMD's group")
+                self._signal(signal.SIGKILL)
+                self.kill_at = None
 
     def _react(self, grant: Grant, state: Request) -> None:
         if state.status != "released":
             self.preempting = True
         if state.attempt == grant.attempt and state.status == "preempting":
             self._terminate(self._kill_delay(state), f"preempting ({state.reason})")
-        elif state.attempt != grant.attempt or state.status not in HOLDING:
-            kill_in = GONE_KILL_AFTER if self.args.kill_after is None else self.args.kill_after
-            if state.status != "released":
-                self._terminate(kill_in, f"{state.status} ({state.reason})")
+        elif (state.attempt != grant.attempt or state.status not in HOLDING) and (
+            state.status != "released"
+        ):
+            self._terminate(self._kill_after(), f"{state.status} ({state.reason})")
 
     async def _release(self, grant: Grant, *, drop: bool = True) -> Request | None:
         """Release ``grant``'s attempt; the request's state after it (None: unknown).
@@ -290,18 +366,11 @@ class _Runner:
             self.status.say(f"could not release request {grant.request_id}: {exc}")
         return None
 
-    async def _release_on_signal(self, grant: Grant) -> None:
-        await self.stopping.wait()
-        self.status.say(f"got signal {self.stop_signal}: releasing request {grant.request_id}")
-        await self._release(grant)
-        kill_in = GONE_KILL_AFTER if self.args.kill_after is None else self.args.kill_after
-        self.term_sent = True  # the signal itself was forwarded
-        self.kill_at = time.monotonic() + kill_in
-
     async def run(self) -> int:
         a = self.args
         started = sent = time.monotonic()
         try:
+            # No ``wait`` on the create: the queue lease is set as soon as the request exists.
             state = await self.rp.create_request(
                 a.subject,
                 pool=a.pool,
@@ -311,17 +380,13 @@ class _Runner:
                 max_retries=a.max_retries,
                 lease_seconds=a.lease,
                 labels=dict(a.label) or None,
-                wait=min(a.timeout, 20.0) if a.timeout is not None else 20.0,
             )
             while True:
                 grant = await self._wait_for_grant(state, sent, started)
-                releaser = asyncio.create_task(self._release_on_signal(grant))
-                try:
-                    code, last = await self._one_attempt(grant)
-                finally:
-                    releaser.cancel()
+                code, last = await self._one_attempt(grant)
                 if self.stop_signal is not None:
                     await self._release(grant)
+                    self.status.say(f"stopped by signal {self.stop_signal}; released")
                     return 128 + self.stop_signal
                 held = last is None or (last.attempt == grant.attempt and last.status in HOLDING)
                 if held and not self.preempting:
@@ -362,20 +427,20 @@ class _Runner:
 
 
 class _Stopped(Exception):
-    """The wrapper was told to stop (SIGINT/SIGTERM) before CMD ran."""
+    """The wrapper was told to stop (a stop signal) before CMD ran."""
 
 
 async def run(args: argparse.Namespace, cmd: list[str]) -> int:
     """Run ``cmd`` under an allocation described by parsed ``args``; returns the exit status."""
     loop = asyncio.get_running_loop()
-    async with AsyncRespool(args.url, args.token) as rp:
+    async with AsyncRespool(args.url, args.token, queue_lease=args.queue_lease) as rp:
         runner = _Runner(rp, args, cmd)
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, runner._on_wrapper_signal, sig)
         try:
             return await runner.run()
         finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in STOP_SIGNALS:
                 loop.remove_signal_handler(sig)
 
 
@@ -419,18 +484,25 @@ def _decimal(text: str) -> Decimal:
     return _finite_non_negative(text, Decimal, "a number")
 
 
-def _pair(text: str) -> tuple[str, int]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=N, got {text!r}")
-    return key.strip(), _count(value.strip())
+def _amount(text: str) -> tuple[str, int]:
+    try:
+        return split_amount(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _label(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key, value
+    try:
+        return split_pair(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _lease(text: str) -> int | None | UnsetType:
+    """``--lease``: seconds (>= 1), or ``none``: no lease."""
+    if text.strip().lower() == "none":
+        return None
+    return _positive_int(text)
 
 
 if __name__ == "__main__":

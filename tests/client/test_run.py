@@ -1,15 +1,18 @@
-"""``respool run`` (SPEC §10) with real processes against a real server with its reconciler: the
-wrapper (``python -m respool_client.run``) runs a child that records, in a file, each start
-(with its RESPOOL_* environment) and each SIGTERM it gets."""
+"""``respool run`` (``docs/client.md``) with real processes against a real server with its
+reconciler: the wrapper (``python -m respool_client.run``) runs a child that records, in a file,
+each start (with its RESPOOL_* environment) and each SIGTERM it gets; the group tests run a CMD
+that leaves a ``sleep`` in its process group."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import sys
 import textwrap
+import time
 from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
@@ -221,3 +224,239 @@ async def _first(log: Path, event: str) -> dict[str, Any] | None:
 
 async def _status_is(server: Server, request_id: str, status: str) -> bool:
     return bool((await _request(server, request_id))["status"] == status)
+
+
+# --- CMD's whole process group never outlives the grant, nor the wrapper ----------------------
+
+# CMD for the group tests: records "CMD_PID BACKGROUND_PID" in a file, then per MODE exits at
+# once leaving a `sleep` behind ("leave"), or waits for it ("wait"), ignoring SIGTERM and
+# SIGINT itself with "stubborn".
+GROUP_CMD = textwrap.dedent(
+    """
+    import os, signal, subprocess, sys, time
+    pids, mode = sys.argv[1], sys.argv[2]
+    bg = subprocess.Popen(["sleep", "60"])
+    with open(pids + ".tmp", "w") as f:
+        f.write(f"{os.getpid()} {bg.pid}")
+    os.rename(pids + ".tmp", pids)
+    if mode == "leave":
+        sys.exit(0)
+    if mode == "stubborn":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while True:
+        time.sleep(0.05)
+    """
+)
+
+
+async def _wrap_group(
+    server: Server, tmp: Path, mode: str, *options: str
+) -> asyncio.subprocess.Process:
+    cmd = tmp / "cmd.py"
+    cmd.write_text(GROUP_CMD)
+    env = {**os.environ, "RESPOOL_URL": server.url, "RESPOOL_SUBJECT": "borrower"}
+    env.pop("RESPOOL_TOKEN", None)
+    with (tmp / "wrapper.err").open("wb") as err:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "respool_client.run", *options,
+            "--", sys.executable, str(cmd), str(tmp / "pids"), mode,
+            env=env, stdout=asyncio.subprocess.DEVNULL, stderr=err,
+        )  # fmt: skip
+
+
+async def _pids(tmp: Path) -> tuple[int, int] | None:
+    path = tmp / "pids"
+    if not path.exists():
+        return None
+    cmd_pid, bg_pid = path.read_text().split()
+    return int(cmd_pid), int(bg_pid)
+
+
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie (an orphan's reaper may be slow or absent)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+async def _the_request(server: Server) -> dict[str, Any]:
+    items = ok(await server.client.get("/v1/requests", params={"subject": "borrower"}))["items"]
+    assert len(items) == 1, items
+    body: dict[str, Any] = items[0]
+    return body
+
+
+async def _watch_release(
+    server: Server, proc: asyncio.subprocess.Process, pids: tuple[int, ...]
+) -> bool:
+    """Poll until the wrapper exits; whenever the request reads ``released``, no process of
+    CMD's group may be running (read the status first: a release must follow their end)."""
+    seen_released = False
+    while proc.returncode is None:
+        status = (await _the_request(server))["status"]
+        if status != "allocated":
+            running = [pid for pid in pids if _running(pid)]
+            assert not running, f"request {status} while CMD's group still runs: {running}"
+            seen_released = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), 0.02)
+    return seen_released
+
+
+def _kill_leftovers(pids: tuple[int, int] | None) -> None:
+    for pid in pids or ():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+async def test_cmd_leaving_children_they_are_stopped_before_the_release(
+    live: Server, tmp_path: Path
+) -> None:
+    await _setup(live, grace=0)
+    proc = await _wrap_group(live, tmp_path, "leave", "--gpu", "1")
+    pids = await _until(lambda: _pids(tmp_path))
+    try:
+        await _watch_release(live, proc, pids)
+        code, err = await _exit(proc, tmp_path)
+        assert code == 0, err
+        assert not _running(pids[1])
+        assert (await _the_request(live))["status"] == "released"
+    finally:
+        _kill_leftovers(pids)
+
+
+async def test_sigterm_cmd_ignoring_it_keeps_the_units_until_it_is_killed(
+    live: Server, tmp_path: Path
+) -> None:
+    await _setup(live, grace=0)
+    proc = await _wrap_group(live, tmp_path, "stubborn", "--gpu", "1", "--kill-after", "1")
+    pids = await _until(lambda: _pids(tmp_path))
+    try:
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        await _watch_release(live, proc, pids)
+        code, err = await _exit(proc, tmp_path)
+        assert code == 128 + signal.SIGTERM, err
+        assert time.monotonic() - sent >= 1  # the stubborn CMD got its --kill-after
+        assert "SIGKILL" in err
+        assert not any(_running(pid) for pid in pids)
+        assert (await _the_request(live))["status"] == "released"
+    finally:
+        _kill_leftovers(pids)
+
+
+@pytest.mark.parametrize(
+    "sig", [signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM]
+)
+async def test_every_stop_signal_stops_the_group_then_releases(
+    live: Server, tmp_path: Path, sig: signal.Signals
+) -> None:
+    await _setup(live, grace=0)
+    proc = await _wrap_group(live, tmp_path, "wait", "--gpu", "1")
+    pids = await _until(lambda: _pids(tmp_path))
+    try:
+        proc.send_signal(sig)
+        await _watch_release(live, proc, pids)
+        code, err = await _exit(proc, tmp_path)
+        assert code == 128 + sig, err
+        assert not any(_running(pid) for pid in pids)
+        assert (await _the_request(live))["status"] == "released"
+    finally:
+        _kill_leftovers(pids)
+
+
+async def test_sigkill_of_the_wrapper_kills_cmds_whole_group(live: Server, tmp_path: Path) -> None:
+    await _setup(live, grace=0)
+    proc = await _wrap_group(live, tmp_path, "wait", "--gpu", "1")
+    pids = await _until(lambda: _pids(tmp_path))
+    try:
+        proc.kill()
+        await proc.wait()
+
+        async def all_gone() -> bool:
+            return not any(_running(pid) for pid in pids)
+
+        await _until(all_gone, within=5)
+    finally:
+        _kill_leftovers(pids)
+
+
+async def test_wrapper_killed_while_queued_loses_its_place(live: Server, tmp_path: Path) -> None:
+    await _setup(live, grace=0)
+    holder = {"subject": "owner", "resources": {"gpu": 2}, "lease_seconds": None}
+    ok(await live.client.post("/v1/requests", json=holder), 201)
+    proc = await _wrap_group(live, tmp_path, "wait", "--gpu", "1", "--queue-lease", "2")
+
+    async def queued() -> bool:
+        items = ok(await live.client.get("/v1/requests", params={"subject": "borrower"}))["items"]
+        return bool(items and items[0]["status"] == "queued")
+
+    await _until(queued)
+    await asyncio.sleep(3)  # longer than the queue lease: the wrapper's heartbeats keep it
+    assert (await _the_request(live))["status"] == "queued"
+    proc.kill()
+    await proc.wait()
+
+    async def abandoned() -> bool:
+        body = await _the_request(live)
+        return bool((body["status"], body["reason"]) == ("cancelled", "abandoned"))
+
+    await _until(abandoned, within=8)
+    assert not (tmp_path / "pids").exists()  # CMD never ran
+
+
+async def test_lease_none_asks_for_no_lease(live: Server, tmp_path: Path) -> None:
+    await _setup(live, grace=0)
+    proc = await _wrap_group(live, tmp_path, "wait", "--gpu", "1", "--lease", "none")
+    pids = await _until(lambda: _pids(tmp_path))
+    try:
+        body = await _the_request(live)
+        assert body["lease_seconds"] is None and body["lease_expires_at"] is None
+        proc.send_signal(signal.SIGTERM)
+        code, err = await _exit(proc, tmp_path)
+        assert code == 128 + signal.SIGTERM, err
+    finally:
+        _kill_leftovers(pids)
+
+
+async def test_api_unreachable_past_the_lease_stops_cmd(db_url: str, tmp_path: Path) -> None:
+    async with running_server(db_url) as server:
+        await _setup(server, grace=0)
+        proc = await _wrap(server, tmp_path, "polite", "--gpu", "1", "--lease", "3")
+        log = tmp_path / "log"
+        started = await _until(lambda: _first(log, "start"))
+    gone_at = time.time()  # the API is gone: no heartbeat gets through any more
+    try:
+        term = await _until(lambda: _first(log, "sigterm"), within=10)
+        assert term["at"] - gone_at < 3 + 1.5  # by the end of the lease (plus a heartbeat)
+        await _until(lambda: _not_running(started["pid"]), within=5)
+        assert "no heartbeat got through within the lease" in (tmp_path / "wrapper.err").read_text()
+    finally:
+        proc.kill()
+        await proc.wait()
+
+
+async def _not_running(pid: int) -> bool:
+    return not _running(pid)
+
+
+async def test_a_second_signal_kills_at_once(live: Server, tmp_path: Path) -> None:
+    await _setup(live, grace=0)
+    proc = await _wrap_group(live, tmp_path, "stubborn", "--gpu", "1", "--kill-after", "30")
+    pids = await _until(lambda: _pids(tmp_path))
+    try:
+        proc.send_signal(signal.SIGINT)
+        await asyncio.sleep(0.5)
+        assert _running(pids[0])  # the stubborn CMD ignores the first one (passed on as SIGINT)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        code, err = await _exit(proc, tmp_path)
+        assert code == 128 + signal.SIGINT, err
+        assert time.monotonic() - sent < 5  # not the 30 s of --kill-after
+        assert not any(_running(pid) for pid in pids)
+        assert (await _the_request(live))["status"] == "released"
+    finally:
+        _kill_leftovers(pids)

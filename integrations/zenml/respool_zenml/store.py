@@ -161,10 +161,9 @@ class RespoolResourcePoolStore(ResourcePoolsSQLStoreInterface):
             "preemptible": req.reclaim_tolerance != ResourceRequestReclaimTolerance.NONE,
             "idempotency_key": str(req.step_run_id),
             "labels": self._labels(session, req),
-            "lease_seconds": (
-                _seconds_until(req.lease_expires_at) if req.lease_expires_at else None
-            ),
         }
+        if req.lease_expires_at:  # without an expiry: left out, so the server's default lease
+            body["lease_seconds"] = _seconds_until(req.lease_expires_at)
         if req.pool or req.pool_id:
             body["pool"] = req.pool or str(req.pool_id)
         doc = self.api.create_request(subject, **body)

@@ -1,0 +1,140 @@
+"""The HTTP transport of the client: one ``httpx.AsyncClient``, retries with backoff, and error
+answers turned into :class:`~respool_client.errors.ApiError`.
+
+Transient failures (connection errors, 502/503/504) are retried with exponential backoff and
+jitter for up to ``retry_for`` seconds; a create carries an idempotency key, so retrying it is
+safe, and a long-poll that loses its server (a restart) simply polls again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+import msgspec
+from respool_client.errors import ApiError, RespoolError
+from respool_client.wire import ErrorBody
+
+__all__ = ["Transport", "poll_timeout"]
+
+log = logging.getLogger("respool.client")
+
+TRANSIENT_STATUS = frozenset({502, 503, 504})
+
+_encoder = msgspec.json.Encoder(decimal_format="number")
+
+
+class Transport:
+    """The connection to one respool API: base URL, bearer token and retry settings."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        retry_for: float = 60.0,
+        backoff_base: float = 0.1,
+        backoff_max: float = 5.0,
+        request_timeout: float = 30.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.retry_for = retry_for
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self.request_timeout = request_timeout
+        self._headers = {"Accept": "application/json"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
+        self._transport = transport
+        self._http: httpx.AsyncClient | None = None
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+    def _client(self) -> httpx.AsyncClient:
+        if self._http is None:
+            self._http = httpx.AsyncClient(
+                base_url=self.url,
+                headers=self._headers,
+                timeout=self.request_timeout,
+                transport=self._transport,
+            )
+        return self._http
+
+    def _backoff(self, attempt: int) -> float:
+        """Exponential backoff with full jitter (at least a tenth of the step)."""
+        step = min(self.backoff_max, self.backoff_base * 2.0**attempt)
+        jitter: float = random.uniform(0.1, 1.0)  # noqa: S311 - jitter, not crypto
+        return step * jitter
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        body: Any = None,
+        http_timeout: float | None = None,
+        retry_for: float | None = None,
+    ) -> Any:
+        """Any API call, for what has no method of its own (the ``respool`` CLI): the decoded
+        JSON answer (None when empty). Transient failures are retried; raises :class:`ApiError`
+        for an error answer, and :class:`RespoolError` (its ``__cause__`` the last transport
+        error) when the server did not answer within ``retry_for`` seconds (default: the
+        client's; 0: one try); ``http_timeout``: seconds for each try (default: the client's
+        ``request_timeout``)."""
+        content = None if body is None else _encoder.encode(body)
+        headers = {"Content-Type": "application/json"} if content is not None else None
+        give_up = time.monotonic() + (self.retry_for if retry_for is None else retry_for)
+        tries = 0
+        cause: httpx.TransportError | None = None
+        while True:
+            problem: str
+            try:
+                resp = await self._client().request(
+                    method,
+                    path,
+                    params={k: v for k, v in (params or {}).items() if v is not None},
+                    content=content,
+                    headers=headers,
+                    timeout=http_timeout if http_timeout is not None else self.request_timeout,
+                )
+            except httpx.TransportError as exc:
+                problem, cause = f"{type(exc).__name__}: {exc}", exc
+            else:
+                if resp.status_code not in TRANSIENT_STATUS:
+                    return _parse(resp)
+                problem = f"HTTP {resp.status_code}"
+                if time.monotonic() >= give_up:
+                    return _parse(resp)  # raises ApiError
+            if time.monotonic() >= give_up:
+                raise RespoolError(
+                    f"{method} {path}: giving up after {tries + 1} tries: {problem}"
+                ) from cause
+            delay = min(self._backoff(tries), max(0.0, give_up - time.monotonic()))
+            log.info("%s %s: %s; retrying in %.2f s", method, path, problem, delay)
+            tries += 1
+            await asyncio.sleep(delay)
+
+
+def _parse(resp: httpx.Response) -> Any:
+    if resp.is_success:
+        return msgspec.json.decode(resp.content) if resp.content else None
+    try:
+        err = msgspec.json.decode(resp.content, type=ErrorBody)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        err = ErrorBody(resp.status_code, resp.text[:200] or resp.reason_phrase)
+    raise ApiError(resp.status_code, err.detail, err.field)
+
+
+def poll_timeout(wait: float | None) -> float | None:
+    """The HTTP timeout of a long-poll of ``wait`` seconds (the server answers by then)."""
+    return None if not wait else wait + 15.0

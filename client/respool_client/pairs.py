@@ -1,0 +1,40 @@
+"""``KEY=VALUE`` and ``KEY=N`` options, one parser for the ``respool`` CLI and ``respool run``.
+
+Spaces around the key and around the value are dropped (``"run = nightly"`` is
+``{"run": "nightly"}``), so a value cannot begin or end with a space; the key must not be empty.
+The amount of ``KEY=N`` is an integer; whether it is allowed (>= 0, a known key) is the
+server's to say, with the field it names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = ["amounts", "labels", "split_amount", "split_pair"]
+
+
+def split_pair(text: str) -> tuple[str, str]:
+    """``"run=nightly"`` → ``("run", "nightly")``; ``ValueError`` without ``=`` or a key."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"{text!r}: expected KEY=VALUE")
+    return key.strip(), value.strip()
+
+
+def split_amount(text: str) -> tuple[str, int]:
+    """``"tpu=2"`` → ``("tpu", 2)``; ``ValueError`` unless the amount is an integer."""
+    key, value = split_pair(text)
+    try:
+        return key, int(value)
+    except ValueError:
+        raise ValueError(f"{key}={value}: the amount must be an integer") from None
+
+
+def amounts(pairs: Iterable[str]) -> dict[str, int]:
+    """``["tpu=2", "licence_x=1"]`` → ``{"tpu": 2, "licence_x": 1}`` (a repeated key: the last)."""
+    return dict(split_amount(pair) for pair in pairs)
+
+
+def labels(pairs: Iterable[str]) -> dict[str, str]:
+    """``["run=nightly", "step=train"]`` → ``{"run": "nightly", "step": "train"}``."""
+    return dict(split_pair(pair) for pair in pairs)
