@@ -15,9 +15,9 @@ from typing import Annotated, Any
 import msgspec
 import typer
 import yaml
+from respool_client.wire import Policy, Pool
 
 from app.db.apply import Plan
-from app.db.queries import Policy, Pool
 from app.manifest import Manifest, current_manifest, duplicate_names
 from cli.api import Api, connect_api
 from cli.common import CliError, confirm

@@ -8,11 +8,10 @@ from typing import Annotated, Any
 
 import msgspec
 import typer
-from respool_client.wire import Ordering, Queueing
+from respool_client.wire import Ordering, Policy, Pool, Queueing, Request
 from rich.console import RenderableType
 from rich.text import Text
 
-from app.db.queries import Policy, Pool, Request
 from cli.api import Api, connect_api, segment
 from cli.common import CliError, confirm, given
 from cli.fetch import find_policy, list_requests

@@ -5,13 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
-from respool_client.wire import Eta
+from respool_client.wire import Eta, Event, Policy, Pool, Request
 from rich import box
 from rich.console import Group, RenderableType
 from rich.table import Column, Table
 from rich.text import Text
 
-from app.db.queries import Event, Policy, Pool, Request
 from app.db.tokens import Token
 from app.durations import format_duration
 

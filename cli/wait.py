@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 
-from app.db.queries import Request
+from respool_client.wire import Request
+
 from cli.api import Api
 from cli.output import console
 from cli.tables import fmt_eta
