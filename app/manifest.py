@@ -12,8 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import msgspec
-
-from app.db.queries import Policy, Pool
+from respool_client.wire import Policy, Pool
 
 __all__ = [
     "Change",
@@ -47,8 +46,8 @@ class PoolSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, k
     capacity: dict[str, int] = {}
     queueing: Literal["best_effort", "strict"] = "best_effort"
     preemption_grace_seconds: int = 0
-    starvation_seconds: int | None = 300  # SPEC §11.1: null turns the starvation guard off
-    ordering: Literal["fifo", "fair"] = "fifo"  # SPEC §11.2
+    starvation_seconds: int | None = 300  # null turns the starvation guard off (docs/scheduling.md)
+    ordering: Literal["fifo", "fair"] = "fifo"  # fair share: docs/scheduling.md
     policies: list[PolicySpec] = []
 
 

@@ -1,4 +1,4 @@
-"""Bearer-token auth for ``/v1`` (SPEC §6): who is calling, and may they do this?
+"""Bearer-token auth for ``/v1`` (docs/api.md): who is calling, and may they do this?
 
 * ``Authorization: Bearer <token>``. ``RESPOOL_ADMIN_TOKEN`` is an admin token compared in
   constant time; any other token is looked up by its sha256 (:mod:`app.db.tokens`) on every
@@ -33,7 +33,7 @@ from litestar.handlers.base import BaseRouteHandler
 from litestar.types import Scope
 
 from app import globs
-from app.api.edge import body_type_problem
+from app.api.body_type import body_type_problem
 from app.api.errors import ApiError
 from app.db import tokens
 from app.settings import Settings, SettingsError

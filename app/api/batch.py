@@ -9,13 +9,17 @@ import msgspec
 from litestar import Controller, Request, post
 from litestar.datastructures import State
 from msgspec import UNSET
-from respool_client.wire import RequestBatch, RequestBatchCreate
+from respool_client.wire import (
+    RequestBatch,
+    RequestBatchCreate,
+    RequestCreate,
+    ResourceSettings,
+)
 
 from app.api.auth import require_subject
 from app.api.common import AnyRequest, StrictBody, db, decode_body, settings
 from app.api.errors import ApiError, error_responses
 from app.api.numbers import decimal_paths, refuse_string_decimals_in
-from app.api.schemas import RequestCreate, ResourceSettings
 from app.db import batch as db_batch
 from app.logs import log_created
 

@@ -1,4 +1,4 @@
-"""Checks at the edge of the API, before routing reads a body (SPEC §6; docs/api.md "Open mode").
+"""Checks at the edge of the API, before routing reads a body (docs/api.md, open mode).
 
 * **Open mode** (``RESPOOL_AUTH=off``, or bootstrap: no token yet): any web page the operator
   visits could otherwise drive the API (a no-preflight ``fetch``, or DNS rebinding). So while
@@ -31,20 +31,17 @@ from litestar.types import (
     Scope,
     Send,
 )
+from respool_client.wire import ErrorBody
 
-from app.api.errors import ErrorBody
+from app.api.body_type import Headers, body_type_problem
 
 if TYPE_CHECKING:
     from app.api.auth import Authenticator
 
-__all__ = ["EdgeGuard", "body_type_problem", "is_loopback_host", "origin_problem"]
+__all__ = ["EdgeGuard", "is_loopback_host", "origin_problem"]
 
-_UNSAFE = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-_JSON = re.compile(r"^application/(?:[\w.+-]+\+)?json$")
 _LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "[::1]"})
 _PORT = re.compile(r"^[0-9]{1,5}$")
-
-Headers = dict[str, str]
 
 
 def _headers(scope: Scope) -> Headers:
@@ -88,26 +85,6 @@ def origin_problem(headers: Headers) -> str | None:
                 "RESPOOL_AUTH=off) cross-site requests are not accepted"
             )
     return None
-
-
-def body_type_problem(method: str, headers: Headers) -> str | None:
-    """Why a request's body type is refused (415), or None.
-
-    A request with a body must say ``Content-Type: application/json``; an unsafe method that
-    names another content type is refused even with an empty body.
-    """
-    if method not in _UNSAFE:
-        return None
-    ctype = headers.get("content-type")
-    has_body = headers.get("content-length", "0").strip() not in ("", "0") or (
-        "transfer-encoding" in headers
-    )
-    if ctype is None:
-        return "a request body must be sent as Content-Type: application/json" if has_body else None
-    media = ctype.split(";", 1)[0].strip().lower()
-    if _JSON.match(media):
-        return None
-    return f"unsupported Content-Type {media!r}: send application/json"
 
 
 def _wait_requested(scope: Scope) -> bool:

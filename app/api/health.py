@@ -13,9 +13,9 @@ import asyncpg
 from litestar import Controller, Response, get
 from litestar.datastructures import State
 from litestar.openapi.datastructures import ResponseSpec
+from respool_client.wire import Readiness
 
 from app.api.common import db, notifier
-from app.api.schemas import Readiness
 from app.db import migrate
 from app.db.connect import server_role
 

@@ -38,12 +38,13 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from respool_client.wire import Status
 
 from app import __version__
 from app.api.auth import AuthError
 from app.api.common import db, notifier, settings
 from app.db import metrics as db_metrics
-from app.db.queries import Executor, Status
+from app.db.executor import Executor
 
 __all__ = ["EventTally", "MetricsCache", "MetricsController", "WAIT_BUCKETS"]
 

@@ -8,12 +8,11 @@ import msgspec
 from litestar import Controller, get, patch, post
 from litestar.datastructures import State
 from litestar.params import FromPath, FromQuery, QueryParameter
+from respool_client.wire import Policy, PolicyCreate, PolicyUpdate
 
 from app.api.common import AnyRequest, StrictBody, db, decode_body, delete_by_ref, sent
 from app.api.errors import error_responses
-from app.api.schemas import PolicyCreate, PolicyUpdate
 from app.db import policies as db_policies
-from app.db.queries import Policy
 
 
 class PolicyController(Controller):

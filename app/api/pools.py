@@ -8,12 +8,11 @@ import msgspec
 from litestar import Controller, get, patch, post
 from litestar.datastructures import State
 from litestar.params import FromPath, QueryParameter
+from respool_client.wire import Pool, PoolCreate, PoolUpdate
 
 from app.api.common import AnyRequest, StrictBody, db, decode_body, delete_by_ref, sent
 from app.api.errors import error_responses
-from app.api.schemas import PoolCreate, PoolUpdate
 from app.db import pools as db_pools
-from app.db.queries import Pool
 
 
 class PoolController(Controller):

@@ -18,16 +18,14 @@ from litestar.enums import MediaType
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, FromQuery, QueryParameter
 from msgspec import UNSET
-from respool_client.wire import WhatIf
+from respool_client.wire import INT32_MAX, Event, RequestCreate, RequestPage, Status, WhatIf
+from respool_client.wire import Request as ResourceRequest
 
 from app.api.auth import listing_patterns, require_subject
 from app.api.common import AnyRequest, StrictBody, db, decode_body, notifier, settings
 from app.api.errors import ApiError, error_responses
 from app.api.reader import RequestReader, encode
-from app.api.schemas import INT32_MAX, RequestCreate, RequestPage
 from app.db import requests as db_requests
-from app.db.queries import Event, Status
-from app.db.queries import Request as ResourceRequest
 from app.db.requests import Seen
 from app.logs import log_created
 

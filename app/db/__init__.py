@@ -24,7 +24,8 @@ module                 queries                 what
 ``embedded``           ``embedded.sql``        the embedded server's database
 =====================  ======================  ================================================
 
-Also here: ``queries`` (the answer types: Pool, Policy, Request, Event, Created), ``named`` (the
-loader), ``errors`` (RPxxx → exceptions), ``dsn``, ``sqlfiles``. What is not database access
+Also here: ``executor`` (``Executor``, what every call runs on, and ``_as``, which reads an answer
+into a wire type of :mod:`respool_client.wire`), ``named`` (the loader), ``errors`` (RPxxx →
+exceptions), ``dsn``, ``sqlfiles``. What is not database access
 lives outside: manifest diffing in :mod:`app.manifest`, subject globs in :mod:`app.globs`.
 """

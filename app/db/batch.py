@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from respool_client.wire import Created, Request
+
 from app.db.errors import engine_errors
+from app.db.executor import Executor, _as
 from app.db.named import query
-from app.db.queries import Created, Executor, Request, _as
 
 __all__ = ["create_requests"]
 

@@ -10,6 +10,7 @@ from uuid import UUID
 
 import msgspec
 
+from app.db.executor import Executor
 from app.db.metrics import (
     PolicyRow,
     PoolKeyRow,
@@ -19,7 +20,6 @@ from app.db.metrics import (
     pool_key_rows,
 )
 from app.db.named import query
-from app.db.queries import Executor
 from app.db.reconcile import Violation, invariant_violations
 
 __all__ = ["DashboardData", "EventRow", "HoldingRow", "PoolRow", "QueueRow", "dashboard_data"]

@@ -15,8 +15,8 @@ from typing import cast
 import asyncpg
 import msgspec
 
+from app.db.executor import Executor, _as
 from app.db.named import query
-from app.db.queries import Executor, _as
 
 __all__ = [
     "PoolKeyRow",

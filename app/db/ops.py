@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from app.db.errors import engine_errors
+from app.db.executor import Executor
 from app.db.named import query
-from app.db.queries import Executor
 
 # --- retention -------------------------------------------------------------------------------
 

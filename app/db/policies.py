@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from respool_client.wire import Policy
+
 from app.db.errors import engine_errors
+from app.db.executor import Executor, _as
 from app.db.named import query
-from app.db.queries import Executor, Policy, _as
 
 
 @engine_errors

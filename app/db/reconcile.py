@@ -10,8 +10,8 @@ from uuid import UUID
 import msgspec
 
 from app.db.errors import engine_errors
+from app.db.executor import Executor
 from app.db.named import query
-from app.db.queries import Executor
 
 
 async def pool_ids(db: Executor) -> list[UUID]:

@@ -8,11 +8,11 @@ from typing import Any, NamedTuple, Required, TypedDict, Unpack
 from uuid import UUID
 
 import msgspec
-from respool_client.wire import WhatIf
+from respool_client.wire import Created, Event, Request, WhatIf
 
 from app.db.errors import engine_errors
+from app.db.executor import Executor, _as
 from app.db.named import query
-from app.db.queries import Created, Event, Executor, Request, _as
 
 
 class NewRequest(TypedDict, total=False):

@@ -18,8 +18,8 @@ from uuid import UUID
 import msgspec
 
 from app.db.errors import engine_errors
+from app.db.executor import Executor, _as
 from app.db.named import query
-from app.db.queries import Executor, _as
 
 __all__ = [
     "Role",

@@ -1,6 +1,6 @@
 """Small helpers shared by the engine rule tests (tests/engine/test_*.py).
 
-They go through the typed wrappers of :mod:`app.db.queries` (what the API uses) and read state
+They go through the typed wrappers of :mod:`app.db` (what the API uses) and read state
 back through the ops views (what an operator would check), never through private counters.
 """
 
@@ -13,10 +13,10 @@ from uuid import UUID
 
 import asyncpg
 import msgspec
+from respool_client import wire as q
 
 from app.db import policies as db_policies
 from app.db import pools as db_pools
-from app.db import queries as q
 from app.db import reconcile as db_reconcile
 from app.db import requests as db_requests
 from app.db.errors import translate

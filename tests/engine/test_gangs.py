@@ -12,13 +12,13 @@ from uuid import UUID
 import asyncpg
 import engine_support as es
 import pytest
+from respool_client.wire import Request
 
 from app.db import batch as db_batch
 from app.db import pools as db_pools
 from app.db import requests as db_requests
 from app.db.connect import APP_API, create_pool
 from app.db.errors import BadInput, IdempotencyMismatch
-from app.db.queries import Request
 from support.wait import wait_until
 
 

@@ -8,8 +8,8 @@ from typing import Any
 import asyncpg
 import pytest
 from engine_support import assert_healthy, mk_policy, mk_pool
+from respool_client import wire as q
 
-from app.db import queries as q
 from app.db import requests as db_requests
 from app.db.connect import APP_API, create_pool
 from app.db.errors import IdempotencyMismatch

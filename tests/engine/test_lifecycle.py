@@ -20,8 +20,8 @@ from engine_support import (
     queue,
     status,
 )
+from respool_client import wire as q
 
-from app.db import queries as q
 from app.db import requests as db_requests
 from app.db.errors import Conflict, NotFound
 

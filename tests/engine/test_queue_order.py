@@ -21,10 +21,10 @@ from engine_support import (
     status,
     statuses,
 )
+from respool_client import wire as q
 
 from app.db import policies as db_policies
 from app.db import pools as db_pools
-from app.db import queries as q
 from app.db import requests as db_requests
 
 

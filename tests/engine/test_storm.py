@@ -35,10 +35,10 @@ from uuid import UUID
 
 import asyncpg
 import pytest
+from respool_client import wire as q
 
 from app.db import policies as db_policies
 from app.db import pools as db_pools
-from app.db import queries as q
 from app.db import reconcile as db_reconcile
 from app.db import requests as db_requests
 from app.db.connect import APP_CLI, connect

@@ -1,0 +1,21 @@
+"""What the query modules run on, and how they read an answer.
+
+``Executor`` is a connection or a pool: every call of :mod:`app.db` takes either. ``_as`` reads
+the engine's JSON answer into one of the wire types of :mod:`respool_client.wire` (the types the
+API sends and the client reads), leniently, as the engine's ``jsonb`` gives it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import asyncpg
+import msgspec
+
+Executor = asyncpg.Connection | asyncpg.Pool
+
+T = TypeVar("T")
+
+
+def _as(kind: type[T], doc: Any) -> T:
+    return msgspec.convert(doc, kind, strict=False)
