@@ -1,6 +1,6 @@
 """``respool apply -f FILE`` and ``respool export``: pools and policies as a YAML file.
 
-The file format is :class:`app.manifest.Manifest` (docs/cli.md). ``apply`` sends it to
+The file format is :class:`respool_client.manifest.Manifest` (docs/cli.md). ``apply`` sends it to
 ``POST /v1/apply``, which plans and applies it in one transaction; ``--dry-run`` gets the same
 plan, with the engine's consequences, from a transaction that is rolled back.
 """
@@ -15,10 +15,9 @@ from typing import Annotated, Any
 import msgspec
 import typer
 import yaml
+from respool_client.manifest import Manifest, Plan, current_manifest, duplicate_names
 from respool_client.wire import Policy, Pool
 
-from app.db.apply import Plan
-from app.manifest import Manifest, current_manifest, duplicate_names
 from cli.api import Api, connect_api
 from cli.common import CliError, confirm
 from cli.options import DEFAULT_URL, Output, OutputFormat, Token, Url, Yes

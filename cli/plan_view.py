@@ -6,12 +6,11 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from respool_client.manifest import Change, Plan
 from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from app.db.apply import Plan
-from app.manifest import Change
 from cli.tables import short, table
 
 __all__ = ["plan_lines", "plan_summary"]

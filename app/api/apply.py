@@ -14,12 +14,12 @@ from litestar import Controller, post
 from litestar.connection import ASGIConnection
 from litestar.datastructures import State
 from litestar.handlers.base import BaseRouteHandler
+from respool_client.manifest import Manifest, Plan, duplicate_names
 
 from app.api.auth import AuthError, Principal
 from app.api.common import AnyRequest, StrictBody, db, decode_body
 from app.api.errors import ApiError
-from app.db.apply import Plan, apply_manifest
-from app.manifest import Manifest, duplicate_names
+from app.db.apply import apply_manifest
 
 __all__ = ["ApplyController", "ApplyRequest"]
 

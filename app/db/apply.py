@@ -1,4 +1,5 @@
-"""Apply a manifest (:mod:`app.manifest`) in one transaction, with the engine's consequences.
+"""Apply a manifest (:mod:`respool_client.manifest`) in one transaction, with the engine's
+consequences.
 
 :func:`apply_manifest` locks the pools involved, computes the changes, runs them through the
 engine's own functions (``respool.create_pool``, ``update_policy``...), lets the reconciler's
@@ -11,62 +12,25 @@ rolls everything back, so the plan is what the engine would really do, and nothi
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Literal
 from uuid import UUID
 
 import asyncpg
 import msgspec
+from respool_client.manifest import (
+    Change,
+    Consequence,
+    Manifest,
+    Overcommit,
+    Plan,
+    current_manifest,
+)
 
 from app.db import policies, pools, reconcile
 from app.db.errors import EngineError
 from app.db.named import query
-from app.manifest import (
-    Change,
-    Manifest,
-    changed,
-    current_manifest,
-    merge_map,
-    new_text,
-    new_value,
-    plan_changes,
-)
+from app.manifest import changed, merge_map, new_text, new_value, plan_changes
 
-__all__ = ["Consequence", "Overcommit", "Plan", "apply_manifest"]
-
-
-class Consequence(msgspec.Struct, frozen=True, kw_only=True):
-    """What the apply did to one request: ``path`` is every status it went through."""
-
-    request_id: UUID
-    subject: str
-    pool: str | None
-    from_status: str | None
-    to_status: str
-    path: list[str]
-    reason: str | None
-    message: str
-
-
-class Overcommit(msgspec.Struct, frozen=True, kw_only=True):
-    """Usage above a ceiling after the apply (left for the reconciler to preempt)."""
-
-    pool: str
-    subject: str | None
-    key: str
-    used: int
-    ceiling: int
-    kind: Literal["capacity", "limit"]
-
-
-class Plan(msgspec.Struct, frozen=True, kw_only=True):
-    """What an apply did (or, with ``dry_run``, would do): the changes, and the engine's
-    consequences, preemptions by ``respool.reconcile_pool`` included."""
-
-    dry_run: bool
-    applied: bool
-    changes: list[Change]
-    consequences: list[Consequence]
-    overcommitted: list[Overcommit]
+__all__ = ["apply_manifest"]
 
 
 class _Runner:

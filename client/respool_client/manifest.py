@@ -1,0 +1,156 @@
+"""The declarative file of ``respool apply`` / ``respool export`` and the plan the server answers.
+
+A manifest is the full desired state of the pools it names: a field left out means its default
+(``description: ""``, ``queueing: best_effort``, no reserved share...). Pools are matched by
+name, policies by (pool, subject). ``POST /v1/apply`` takes a manifest and answers a
+:class:`Plan`: the changes, field by field, and what the engine did about them (docs/cli.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Literal
+from uuid import UUID
+
+import msgspec
+from respool_client.wire import Policy, Pool
+
+__all__ = [
+    "Change",
+    "Consequence",
+    "FieldChange",
+    "Manifest",
+    "Overcommit",
+    "Plan",
+    "PolicySpec",
+    "PoolSpec",
+    "current_manifest",
+    "duplicate_names",
+]
+
+Action = Literal["create", "update", "delete"]
+Kind = Literal["pool", "policy"]
+
+
+class PolicySpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
+    subject: str
+    priority: int = 0
+    reserved: dict[str, int] = {}
+    limit: dict[str, int] = {}
+    description: str = ""
+
+
+class PoolSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
+    name: str
+    description: str = ""
+    capacity: dict[str, int] = {}
+    queueing: Literal["best_effort", "strict"] = "best_effort"
+    preemption_grace_seconds: int = 0
+    starvation_seconds: int | None = 300  # null turns the starvation guard off (docs/scheduling.md)
+    ordering: Literal["fifo", "fair"] = "fifo"  # fair share: docs/scheduling.md
+    policies: list[PolicySpec] = []
+
+
+class Manifest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    pools: list[PoolSpec] = []
+
+
+class FieldChange(msgspec.Struct, frozen=True):
+    """One field (``capacity.gpu``, ``queueing``...); ``None`` means absent."""
+
+    field: str
+    old: Any
+    new: Any
+
+
+class Change(msgspec.Struct, frozen=True, kw_only=True):
+    action: Action
+    kind: Kind
+    pool: str
+    subject: str | None = None
+    fields: list[FieldChange] = []
+
+    @property
+    def label(self) -> str:
+        return self.pool if self.subject is None else f"{self.pool}/{self.subject}"
+
+
+def current_manifest(pools: Iterable[Pool], policies: Iterable[Policy]) -> Manifest:
+    """The manifest that describes ``pools`` and their ``policies`` (what ``export`` writes)."""
+    by_pool: dict[str, list[PolicySpec]] = {}
+    for pol in sorted(policies, key=lambda p: (p.pool, p.subject)):
+        by_pool.setdefault(pol.pool, []).append(
+            PolicySpec(
+                subject=pol.subject,
+                priority=pol.priority,
+                reserved=dict(sorted(pol.reserved.items())),
+                limit=dict(sorted(pol.limit.items())),
+                description=pol.description,
+            )
+        )
+    return Manifest(
+        pools=[
+            PoolSpec(
+                name=p.name,
+                description=p.description,
+                capacity=dict(sorted(p.capacity.items())),
+                queueing=p.queueing,
+                preemption_grace_seconds=p.preemption_grace_seconds,
+                starvation_seconds=p.starvation_seconds,
+                ordering=p.ordering,
+                policies=by_pool.get(p.name, []),
+            )
+            for p in sorted(pools, key=lambda p: p.name)
+        ]
+    )
+
+
+def duplicate_names(manifest: Manifest) -> list[str]:
+    """Pools named twice, and subjects named twice in one pool (``pool/subject``)."""
+    dups: list[str] = []
+    seen: set[str] = set()
+    for pool in manifest.pools:
+        if pool.name in seen:
+            dups.append(pool.name)
+        seen.add(pool.name)
+        subjects: set[str] = set()
+        for pol in pool.policies:
+            if pol.subject in subjects:
+                dups.append(f"{pool.name}/{pol.subject}")
+            subjects.add(pol.subject)
+    return dups
+
+
+class Consequence(msgspec.Struct, frozen=True, kw_only=True):
+    """What the apply did to one request: ``path`` is every status it went through."""
+
+    request_id: UUID
+    subject: str
+    pool: str | None
+    from_status: str | None
+    to_status: str
+    path: list[str]
+    reason: str | None
+    message: str
+
+
+class Overcommit(msgspec.Struct, frozen=True, kw_only=True):
+    """Usage above a ceiling after the apply (left for the reconciler to preempt)."""
+
+    pool: str
+    subject: str | None
+    key: str
+    used: int
+    ceiling: int
+    kind: Literal["capacity", "limit"]
+
+
+class Plan(msgspec.Struct, frozen=True, kw_only=True):
+    """What an apply did (or, with ``dry_run``, would do): the changes, and the engine's
+    consequences, preemptions by ``respool.reconcile_pool`` included."""
+
+    dry_run: bool
+    applied: bool
+    changes: list[Change]
+    consequences: list[Consequence]
+    overcommitted: list[Overcommit]
