@@ -3,7 +3,7 @@
 ``python -m bench all`` runs every scenario against one durable PostgreSQL server in one run and
 writes the report; ``python -m bench <scenario>`` runs one and prints its figures as JSON;
 ``python -m bench wake`` is the stand-alone wake-latency benchmark (docs/api.md);
-``python -m bench eta`` measures the ETA accuracy on a replayed trace (SPEC §11.4).
+``python -m bench eta`` measures the ETA accuracy on a replayed trace (docs/scheduling.md, "ETA").
 """
 
 from __future__ import annotations

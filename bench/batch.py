@@ -1,4 +1,5 @@
-"""Scenario ``batch``: requests queued per second by batch create (SPEC §11.5).
+"""Scenario ``batch``: requests queued per second by batch create
+(docs/scheduling.md, "Batch create").
 
 A pool of one GPU held by one request, so every member queues (the costly case: each member
 gets a queue entry and an exact queue position). ``--batches`` batches of ``--batch-size``

@@ -1,6 +1,6 @@
 """``python -m bench dashboard``: the dashboard and the request list against the queue size.
 
-Issue 15, defect 2: the dashboard re-ran a pool's whole queue order once per queue entry, and
+Before it was fixed, the dashboard re-ran a pool's whole queue order once per queue entry, and
 ``GET /v1/requests`` recomputed each queued request's position on its own, so both grew with the
 square of the queue. This fills one pool (full, 64 holders) with ``--queued`` waiting requests in
 four shapes (the reconcile scenario's ``fill``, bulk copies) and times, from the client:
@@ -15,7 +15,7 @@ four shapes (the reconcile scenario's ``fill``, bulk copies) and times, from the
 
 The pool also gets 500 recorded holds (released requests of 60-600 s, created a day earlier, so
 they are on no page), so that every queued request within ``_eta_depth()`` of the head gets an ETA
-(SPEC §11.4) computed as in production, not skipped for want of history.
+(docs/scheduling.md, "ETA") computed as in production, not skipped for want of history.
 
 Target: each under 100 ms at 10,000 queued.
 """

@@ -1,5 +1,5 @@
-"""ETA accuracy (SPEC §11.4) on a replayed trace: how close is a queued request's ``eta`` to the
-wait it really had?
+"""ETA accuracy (docs/scheduling.md, "ETA") on a replayed trace: how close is a queued
+request's ``eta`` to the wait it really had?
 
 The trace is a seeded synthetic job stream (or a CSV given with ``--trace``: one job a line,
 ``arrival_seconds,gpu,hold_seconds``) replayed against one best_effort pool of 8 GPUs (default

@@ -1,4 +1,4 @@
-"""Scenario ``gang``: gangs (SPEC §11.6) per second, created and granted.
+"""Scenario ``gang``: gangs (docs/scheduling.md, "Gangs") per second, created and granted.
 
 Three figures, each through the engine (``respool.create_requests`` with all_or_nothing, one
 asyncpg connection, a fresh database each):
@@ -36,7 +36,7 @@ from bench.common import (
     report,
 )
 
-SUMMARY = "gangs/s created and granted (all_or_nothing batches, SPEC §11.6)"
+SUMMARY = "gangs/s created and granted (all_or_nothing batches)"
 
 PARTIAL = """
 SELECT count(*) FROM (

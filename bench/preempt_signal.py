@@ -1,4 +1,4 @@
-"""Preemption → SIGTERM latency of ``respool run`` (issue 14).
+"""Preemption → SIGTERM latency of ``respool run`` (docs/cli.md, ``respool run``).
 
 ``python -m bench.preempt_signal [--dsn ADMIN_DSN] [--rounds 20]``: one ``respool serve`` (with
 its reconciler) on a fresh database; per round, ``respool run --gpu 1 -- CHILD`` borrows the only

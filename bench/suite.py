@@ -224,7 +224,7 @@ def _mark(ok: bool | None) -> str:
 
 
 def targets(run: Run) -> list[tuple[str, str, bool | None]]:
-    """(target, measured, met) for every target of issue 7 that this run measured."""
+    """(target, measured, met) for every target (docs/benchmarks.md) that this run measured."""
     out: list[tuple[str, str, bool | None]] = []
     c = run.cycles
     eight = 8 if c and 8 in c.engine else (max(c.engine) if c and c.engine else None)

@@ -1,4 +1,5 @@
-"""SPEC §11.5 batch create: every member in one transaction, each exactly as a single create."""
+"""Batch create (docs/scheduling.md): every member in one transaction, each exactly as a
+single create."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 17 item 4: what one create → allocated → release cycle writes. One new row version of
+"""What one create → allocated → release cycle writes. One new row version of
 the request per status change, no queue entry for a request granted in its creating call, and
 the counters moved in one statement per table."""
 

@@ -1,5 +1,6 @@
-"""SPEC §11.4: a queued request's ``eta`` from the pool's recorded hold times and the queue ahead
-of it (its accuracy on a replayed trace is a benchmark: ``python -m bench eta``)."""
+"""ETA (docs/scheduling.md): a queued request's ``eta`` from the pool's recorded hold times
+and the queue ahead of it (its accuracy on a replayed trace is a benchmark:
+``python -m bench eta``)."""
 
 from __future__ import annotations
 

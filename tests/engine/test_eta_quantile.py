@@ -1,4 +1,5 @@
-"""SPEC §11.4: a holder ends at the quantile of the recorded holds longer than its age so far.
+"""ETA (docs/scheduling.md): a holder ends at the quantile of the recorded holds longer than
+its age so far.
 ``respool._quantile_above`` finds those holds by binary search; it must pick exactly what
 filtering and sorting them (``_quantile`` of ``{d - age : d > age}``) picks."""
 

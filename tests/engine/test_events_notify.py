@@ -1,6 +1,7 @@
 """Every status change leaves an event row, bumps `version` and sends a NOTIFY at commit, except
 the changes a create makes to its own request: nobody can wait for it before the create answers
-(issue 17 item 4), so those are in its history and its answer only."""
+(docs/engine.md, "No notification for a create's own changes"), so those are in its history
+and its answer only."""
 
 from __future__ import annotations
 

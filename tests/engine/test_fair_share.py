@@ -1,5 +1,6 @@
-"""SPEC §11.2: ``ordering: fair`` orders requests of equal priority and in-share class by their
-subject's dominant share in the pool (lowest first); ``fifo`` keeps queue time."""
+"""Fair share (docs/scheduling.md): ``ordering: fair`` orders requests of equal priority and
+in-share class by their subject's dominant share in the pool (lowest first);
+``fifo`` keeps queue time."""
 
 from __future__ import annotations
 

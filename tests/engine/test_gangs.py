@@ -1,4 +1,5 @@
-"""SPEC §11.6 gangs: an all_or_nothing batch is granted all together in one pool or not at all;
+"""Gangs (docs/scheduling.md): an all_or_nothing batch is granted all together in one pool or
+not at all;
 rejected, preempted, expired and cancelled together; one victim (or one beneficiary) of the sum."""
 
 from __future__ import annotations
@@ -273,7 +274,7 @@ async def test_grace_period_requeues_the_gang_once_every_member_left(
 async def test_cancelling_a_member_in_the_grace_period_grants_the_freed_units_at_once(
     conn: asyncpg.Connection,
 ) -> None:
-    """SPEC §4: a cancel triggers allocation in the same transaction; SPEC §11.6: cancelling one
+    """A cancel triggers allocation in the same transaction (docs/admission.md); cancelling one
     member cancels the member still holding, whose units go to the request they were for."""
     members, mine = await reclaimed_gang(conn)
     await db_requests.release_request(conn, members[0].id)  # requeued, waits for its gang
@@ -301,10 +302,10 @@ async def _waiting_or_done(
 async def test_reconcilers_of_two_candidate_pools_abandon_a_gang_without_deadlock(
     db_url: str,
 ) -> None:
-    """Several reconcilers at once (SPEC §5): a queued gang waits in pools a and b; its members'
-    queue leases lapse; the pass of b and the pass of a each find a different member, while a
-    third transaction holds the third member. Both passes finish; a later pass abandons the
-    whole gang."""
+    """Several reconcilers at once (docs/preemption.md): a queued gang waits in pools a and b;
+    its members' queue leases lapse; the pass of b and the pass of a each find a different
+    member, while a third transaction holds the third member. Both passes finish; a later pass
+    abandons the whole gang."""
     connections = await create_pool(db_url, size=4, application_name=APP_API)
     conn, holder, *passes = [await connections.acquire() for _ in range(4)]
     try:

@@ -1,4 +1,4 @@
-"""SPEC §6: the same idempotency key from the same subject is the same request, also under races."""
+"""The same idempotency key from the same subject is the same request, also under races."""
 
 from __future__ import annotations
 

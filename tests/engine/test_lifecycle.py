@@ -1,4 +1,4 @@
-"""SPEC §4/§6: release, cancel, heartbeat (with fencing), delete, lease expiry."""
+"""Release, cancel, heartbeat (with fencing), delete, lease expiry."""
 
 from __future__ import annotations
 
@@ -215,7 +215,7 @@ async def test_stale_heartbeat_after_lapse_changes_nothing(db: asyncpg.Connectio
 async def test_delete_a_terminal_request_keeps_its_history(
     db: asyncpg.Connection, terminal: str
 ) -> None:
-    """SPEC §8: request_events is append-only; only retention removes history."""
+    """request_events is append-only (docs/ops.md); only retention removes history."""
     r = await make(db, terminal)
     assert (
         await db.fetchval("SELECT count(*) FROM respool.request_events WHERE request_id = $1", r.id)

@@ -1,4 +1,5 @@
-"""Model-based test: the SQL engine against a small pure-Python reference of SPEC §4.
+"""Model-based test: the SQL engine against a small pure-Python reference of the
+admission rules (docs/admission.md).
 
 A Hypothesis ``RuleBasedStateMachine`` creates single-pool requests, releases and cancels them,
 resizes capacities (never below the reserved sums or current usage), changes priorities, and
@@ -11,25 +12,25 @@ The model (this file only):
 * pools {key: capacity} with ``best_effort`` or ``strict`` queueing; soft keys (mcpu, memory_mb,
   step_run) are untracked when the pool has no capacity for them, other missing keys mean 0;
 * policies {subject, pool, priority, reserved, limit}; every request carries ``step_run: 1``;
-* rejection at creation (and when a resize makes a queued request unfittable) with the §4
+* rejection at creation (and when a resize makes a queued request unfittable) with the
   reasons in their order (pool_missing_key, exceeds_capacity, exceeds_limit, exceeds_reserved);
 * admission rules 1-3; queue order priority desc, in-share first, queue time (then id);
 * every trigger (create, release, cancel, resize, priority change) runs a full allocation pass of
   the pool: ``best_effort`` grants whatever fits in order, ``strict`` stops at the first request
   that does not fit (and a pool whose tracked ``step_run`` is full grants nothing);
-* SPEC §11.1 starvation guard (pools draw ``starvation_seconds`` None, 0, 2 or 300): in a
-  best_effort pass, the first request that does not fit is the head; once it has waited
+* the starvation guard, docs/scheduling.md (pools draw ``starvation_seconds`` None, 0, 2 or
+  300): in a best_effort pass, the first request that does not fit is the head; once it has waited
   ``starvation_seconds`` a request behind it is granted only if, for every tracked key both need,
   the free units left still cover the head's need, or if its ``max_seconds`` ends by the head's
   shadow time (the earliest deadline of capped allocations at which the head would fit);
   requests may carry ``max_seconds`` and the reconciler expires them at allocated_at + max_seconds
   (reason ``max_seconds``) right after lapsed leases;
-* SPEC §11.2 ``ordering: fair`` (drawn per pool): between the in-share flag and queue time, the
+* fair share, ``ordering: fair`` (drawn per pool): between the in-share flag and queue time, the
   subject's dominant share (max over the pool's keys of used / capacity), ascending.
 
-Reconciler (SPEC §5, grace period 0): requests may carry a lease (renewed by heartbeats) and
-retries; a ``reconcile`` rule runs ``respool.reconcile_pool`` at the machine's clock and the
-model mirrors its pass: lapsed leases expire, shrinks are enforced (SPEC §2/§3: all keys over at
+Reconciler (docs/preemption.md, grace period 0): requests may carry a lease (renewed by
+heartbeats) and retries; a ``reconcile`` rule runs ``respool.reconcile_pool`` at the machine's
+clock and the model mirrors its pass: lapsed leases expire, shrinks are enforced (all keys over at
 once, victim order, minimal set; a removed custom key is capacity 0), then the queue is walked
 for requests that only the pool's capacity blocks (reclaim when in share or non-preemptible,
 priority preemption for preemptible borrowers), victims chosen in victim order with the minimal
@@ -49,7 +50,7 @@ checking admission against the live counters.
 All examples share one database (Hypothesis runs many); each example starts by emptying it.
 Requests are created with an explicit, strictly increasing ``p_now`` so queue times are
 deterministic. ``RESPOOL_MODEL_TWIN=<twin in support.twins>`` installs a known-bad engine first
-(e.g. ``broken_shrink_twin``, the shrink enforcement bugs fixed by issue 12): the test must fail.
+(e.g. ``broken_shrink_twin``, the shrink enforcement bugs fixed earlier): the test must fail.
 """
 
 from __future__ import annotations
@@ -134,12 +135,12 @@ class MRequest:
     lease_expires: int | None = None  # machine clock, seconds
     allocated_at: int = 0
     max_seconds: int | None = None
-    queue_lease: tuple[int, int] | None = None  # (expires, attempt): SPEC §6, set while queued
+    queue_lease: tuple[int, int] | None = None  # (expires, attempt): queue lease, set while queued
 
 
 @dataclass
 class Hold:
-    """A best_effort pool holding free units for its head (SPEC §11.1)."""
+    """A best_effort pool holding free units for its head (starvation guard)."""
 
     head: MRequest
     need: dict[str, int]
@@ -154,7 +155,7 @@ class Model:
         self.grants: Counter[str] = Counter()  # grants by what triggered the pass
         self.now = 0  # the machine clock (seconds after CLOCK0) of the step being applied
         self.preempted: Counter[str] = Counter()  # preemptions by mode
-        self.holds = 0  # passes in which a pool held for its head (SPEC §11.1)
+        self.holds = 0  # passes in which a pool held for its head (starvation guard)
 
     # admission ---------------------------------------------------------------------------------
 
@@ -203,7 +204,7 @@ class Model:
         )
 
     def share(self, r: MRequest) -> float:
-        """The subject's dominant share in a fair pool (0 in a fifo pool), SPEC §11.2."""
+        """The subject's dominant share in a fair pool (0 in a fifo pool)."""
         pool, pol = self.pools[r.pool], self.policies[(r.subject, r.pool)]
         if pool.ordering != "fair":
             return 0.0
@@ -222,7 +223,7 @@ class Model:
             ),
         )
 
-    # the starvation guard (SPEC §11.1) ---------------------------------------------------------
+    # the starvation guard (docs/scheduling.md) -------------------------------------------------
 
     def free(self, pool: MPool) -> dict[str, int]:
         return {k: c - pool.used[k] for k, c in pool.capacity.items()}
@@ -465,7 +466,7 @@ class Model:
         )
 
     def shed(self, holders: list[MRequest], excess: dict[str, int], reason: str) -> None:
-        """SPEC §2/§3: walk the victim order until every key fits, then keep the set minimal."""
+        """Shrinks: walk the victim order until every key fits, then keep the set minimal."""
         chosen: list[MRequest] = []
         for v in self.victim_order(holders):
             if not any(n > 0 and excess.get(k, 0) > 0 for k, n in v.resources.items()):
@@ -511,7 +512,7 @@ class Model:
             ):
                 self._charge(r, -1)
                 r.status, r.reason, r.lease_expires = "expired", "lease_expired", None
-        for r in self.requests.values():  # step 1 too: lapsed queue leases (SPEC §6)
+        for r in self.requests.values():  # step 1 too: lapsed queue leases
             if (
                 r.pool == pool_name
                 and r.status == "queued"
@@ -914,7 +915,7 @@ class EngineMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def shrink(self, data: st.DataObject) -> None:
-        """SPEC §2/§3: usage above a capacity or limit, then one reconcile pass. Removes (or
+        """Shrinks: usage above a capacity or limit, then one reconcile pass. Removes (or
         re-adds) a custom key, or lowers several capacities, or several limits of one policy,
         at once; never below reserved sums or what non-preemptible work holds (that must fit)."""
         kind = data.draw(st.sampled_from(["key", "capacities", "limits"]), label="shrink")
@@ -932,7 +933,7 @@ class EngineMachine(RuleBasedStateMachine):
             if "tpu" not in mpool.capacity:
                 change = {"tpu": data.draw(st.integers(1, 3), label="tpu back")}
             elif self._reserved_sum(pool, "tpu") == 0:
-                change = {"tpu": 0}  # removed: capacity 0 for a custom key (§1)
+                change = {"tpu": 0}  # removed: capacity 0 for a custom key
             else:
                 kind = "capacities"
         if kind == "capacities":
@@ -1045,7 +1046,7 @@ def test_engine_matches_reference_model(db_url: str, examples: int, steps: int) 
     runner = LoopThread()
     conn = runner.run(connect(db_url, application_name=APP_CLI))
     if twin := os.environ.get("RESPOOL_MODEL_TWIN"):
-        # Prove the model catches a known-bad engine: e.g. broken_shrink_twin (issue 12).
+        # Prove the model catches a known-bad engine: e.g. broken_shrink_twin.
         runner.run(install_twin(conn, twin.removesuffix(".sql")))
     EngineMachine.runner = runner
     EngineMachine.conn = conn

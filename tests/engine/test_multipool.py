@@ -1,4 +1,5 @@
-"""SPEC §4 "Pool resolution": one request, several candidate pools, granted in exactly one."""
+"""Pool resolution (docs/admission.md): one request, several candidate pools, granted in
+exactly one."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SPEC §2-§3: pools and subject policies, their validations and their effect on requests."""
+"""Pools and subject policies, their validations and their effect on requests."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ AB2 = UUID("abcd2222-0000-4000-8000-000000000002")
 async def refs(conn: asyncpg.Connection) -> asyncpg.Connection:
     """One pool named abcd, then two whose ids share the prefix abcd (ids fixed for the test).
 
-    The name comes first: once an id starts with abcd, §2 refuses that name at creation.
+    The name comes first: once an id starts with abcd, create_pool refuses that name.
     """
     await mk_pool(conn, "abcd", {"gpu": 1})
     await conn.execute(
@@ -118,7 +118,7 @@ async def test_pool_refs(refs: asyncpg.Connection, ref: str, expected: UUID | st
 async def test_a_name_that_is_another_pools_id_prefix_is_ambiguous(
     refs: asyncpg.Connection,
 ) -> None:
-    # SPEC §2: never resolved silently; the error lists both.
+    # A ref is never resolved silently; the error lists both.
     with pytest.raises(BadInput) as err:
         await db_pools.get_pool(refs, "abcd")
     assert err.value.field == "pool"

@@ -1,5 +1,5 @@
-"""SPEC §5: the reconciler's preemption rules, as a scenario table in the style of Kueue's
-preemption tests, plus shrinks, retries, leases and grace periods.
+"""The reconciler's preemption rules (docs/preemption.md), as a scenario table in the style of
+Kueue's preemption tests, plus shrinks, retries, leases and grace periods.
 
 Every scenario builds a pool, its policies and the allocations already running (created in
 order, so the last one is the most recently allocated), adds the incoming requests, runs one
@@ -38,7 +38,7 @@ class Case:
     allocated: set[str]
     preempted: set[str] = field(default_factory=set)
     queued: set[str] = field(default_factory=set)
-    pool: dict[str, Any] = field(default_factory=dict)  # pool settings (SPEC §11)
+    pool: dict[str, Any] = field(default_factory=dict)  # pool settings (docs/scheduling.md)
 
 
 CASES: dict[str, Case] = {
@@ -129,8 +129,8 @@ CASES: dict[str, Case] = {
         running=[("z1", "z", 2, True), ("z2", "z", 2, True)],
         incoming=[("y1", "y", 2, True), ("x1", "x", 2, True)],
         allocated={"x1", "y1"}, preempted={"z1", "z2"}),
-    # SPEC §11.1: the pool holds for its head (big, waiting since starvation_seconds 0), yet the
-    # reconciler's rules are unchanged: prod reclaims its share, taking a GPU the head needs.
+    # Starvation guard: the pool holds for its head (big, waiting since starvation_seconds 0), yet
+    # the reconciler's rules are unchanged: prod reclaims its share, taking a GPU the head needs.
     "a starvation hold does not stop reclaim": Case(
         8, [("dev", 10, 0, None), ("big", 10, 0, None), ("prod", 0, 4, None)],
         running=[("d1", "dev", 4, True), ("d2", "dev", 4, True)],

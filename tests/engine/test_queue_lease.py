@@ -1,4 +1,4 @@
-"""SPEC §6 heartbeat: ``lease_seconds`` per heartbeat, and queue leases on queued requests.
+"""Heartbeat (docs/api.md): ``lease_seconds`` per heartbeat, and queue leases on queued requests.
 
 A heartbeat with ``lease_seconds=N`` extends an allocated request's lease to now + N (default: the
 request's ``lease_seconds``). On a queued request it sets a queue lease (now + N); a queued request

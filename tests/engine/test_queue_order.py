@@ -1,4 +1,4 @@
-"""SPEC §4 "Admission" and queue order; every trigger grants in the same transaction."""
+"""Admission and queue order (docs/admission.md); every trigger grants in the same transaction."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SPEC §8: respool_reader may SELECT the five ops views and nothing else."""
+"""respool_reader may SELECT the five ops views and nothing else."""
 
 from __future__ import annotations
 

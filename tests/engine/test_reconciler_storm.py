@@ -1,4 +1,4 @@
-"""SPEC §5: three reconcilers on the same pools during the concurrency storm of test_storm.py.
+"""Three reconcilers on the same pools during the concurrency storm of test_storm.py.
 
 The 64 storm workers now also ask for retries and 1-second leases (that only heartbeats keep
 alive), and three :class:`app.reconciler.Reconciler` loops, each on its own connection, reconcile

@@ -1,4 +1,4 @@
-"""SPEC §4 "Validation at creation": stored as `rejected` with a reason and a message."""
+"""Rejections at creation (docs/admission.md): stored as `rejected` with a reason and a message."""
 
 from __future__ import annotations
 

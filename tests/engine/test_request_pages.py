@@ -1,6 +1,6 @@
-"""Issue 15, defect 2: a page of requests (``list_requests``, ``GET /v1/requests``) shows every
-request exactly as a read of that request alone does (SPEC §4 queue position and blocker message,
-§11.1 starvation hold, §5 earmarks, §11.4 ETA), while computing each pool once for the whole page.
+"""A page of requests (``list_requests``, ``GET /v1/requests``) shows every
+request exactly as a read of that request alone does (queue position and blocker message,
+starvation hold, earmarks, ETA), while computing each pool once for the whole page.
 
 The queue is mixed: several pools (best_effort with a starvation hold, strict, one with a
 preemption grace period and its earmark), several shapes, requests queued in more than one pool,
@@ -149,7 +149,7 @@ async def test_a_page_shows_each_request_as_its_own_read_does(
 async def test_queued_gang_members_on_a_page_read_as_their_own_reads(
     mixed: asyncpg.Connection,
 ) -> None:
-    """SPEC §11.6: a gang waits as one request of the members' sum at its first member's place;
+    """A gang waits as one request of the members' sum at its first member's place;
     each member's position, message and ETA on a page are what its own read says."""
     conn = mixed
     members = [{"subject": "small", "pool": "a", "resources": {"gpu": 2}}] * 3
@@ -195,7 +195,7 @@ async def test_the_api_list_and_single_reads_agree(mixed: asyncpg.Connection) ->
 async def test_many_requests_read_at_once_agree_with_single_reads(
     mixed: asyncpg.Connection,
 ) -> None:
-    """The long-polls' batched answer read (``get_requests``, issue 17 item 5): each request as
+    """The long-polls' batched answer read (``get_requests``): each request as
     its own read gives it, gang members included; unknown ids are left out."""
     conn = mixed
     members = [{"subject": "small", "pool": "a", "resources": {"gpu": 2}}] * 2

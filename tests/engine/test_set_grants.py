@@ -1,5 +1,5 @@
-"""Issue 17 item 3: a pass that grants many requests does it set-based, with the results SPEC §4
-prescribes for granting them one at a time in queue order."""
+"""A pass that grants many requests does it set-based, with the results the admission rules
+prescribe for granting them one at a time in queue order."""
 
 from __future__ import annotations
 

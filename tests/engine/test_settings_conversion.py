@@ -1,4 +1,4 @@
-"""SPEC §1: resource maps and the ResourceSettings conversion, done once, in SQL."""
+"""Resource maps and the ResourceSettings conversion, done once, in SQL."""
 
 from __future__ import annotations
 

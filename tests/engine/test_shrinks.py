@@ -1,5 +1,5 @@
-"""SPEC §2/§3 shrink enforcement (issue 12): key removal, several keys over at once, and the
-allocation a raised limit or reserved share triggers (§4).
+"""Shrink enforcement (docs/preemption.md): key removal, several keys over at once, and the
+allocation a raised limit or reserved share triggers (docs/admission.md).
 
 Each test reproduces one report verbatim, runs one reconcile pass and asserts who is preempted,
 then that every invariant holds again.
@@ -21,7 +21,7 @@ async def test_removing_a_custom_key_preempts_its_holders(conn: asyncpg.Connecti
     r = await mk_req(conn, "s", "a", resources={"lic": 1})
     assert r.status == "allocated"
     await db_pools.update_pool(conn, "a", capacity={"lic": 0})
-    # A missing row is capacity 0 for a custom key (§1): the holder is over it until preempted.
+    # A missing row is capacity 0 for a custom key: the holder is over it until preempted.
     assert [(v.invariant, v.key) for v in await db_reconcile.invariant_violations(conn)] == [
         ("I1", "lic")
     ]

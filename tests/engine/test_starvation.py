@@ -1,9 +1,9 @@
-"""SPEC §11.1: the starvation guard with EASY backfill, and max_seconds runtime caps.
+"""The starvation guard (docs/scheduling.md) with EASY backfill, and max_seconds runtime caps.
 
 Time is the test's own clock: every create, release and reconcile passes an explicit ``p_now``
-(SPEC functions take one), so "waited starvation_seconds" is exact and nothing sleeps. The clock
-starts two hours in the past, so a read at the real ``now()`` (a request's message) sees every
-hold the test's clock has started.
+(the engine's functions take one), so "waited starvation_seconds" is exact and nothing sleeps.
+The clock starts two hours in the past, so a read at the real ``now()`` (a request's message)
+sees every hold the test's clock has started.
 """
 
 from __future__ import annotations

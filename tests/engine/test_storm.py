@@ -10,7 +10,7 @@ current usage. An auditor reads one REPEATABLE READ snapshot every 100 ms and ch
 A few workers also shrink ``storm-g5`` below its usage (``_shrink``: remove the custom key
 ``lic``, lower two capacities or two limits at once) and reconcile it in the same transaction,
 then check there that no I1/I2 is left and every victim was needed (a minimal set); the broken
-shrink twin (``support.twins``: the enforcement bugs fixed by issue 12) must fail both checks.
+shrink twin (``support.twins``: the enforcement bugs fixed earlier) must fail both checks.
 
 Deadlocks (40P01) and RP500 (InvariantBroken) are counted and must be 0; expected engine
 answers (Conflict from fencing, IdempotencyMismatch) are fine; anything else fails the test.
@@ -237,7 +237,7 @@ async def _resize(conn: asyncpg.Connection, st: Storm, rng: random.Random) -> st
 
 # Victims of this transaction's shrink pass that were not needed: with its units back, none of
 # the keys it holds would be over its capacity (capacity_shrink) or its subject's limit
-# (limit_shrink). SPEC §2/§3 want a minimal set. One shrink per transaction, and everything fit
+# (limit_shrink). Shrinks want a minimal set. One shrink per transaction, and everything fit
 # before it (the previous shrink was enforced in its own transaction), so the check is exact.
 _UNNEEDED_VICTIMS = """
 SELECT e.reason || ' ' || r.subject || ' ' || r.resources::text
@@ -265,7 +265,7 @@ SELECT coalesce(sum((r.resources ->> $2)::bigint), 0) FROM respool.requests r
 
 
 async def _shrink(conn: asyncpg.Connection, st: Storm, rng: random.Random) -> str:
-    """SPEC §2/§3: take the shrink pool below its usage and enforce it in the same transaction.
+    """Shrinks: take the shrink pool below its usage and enforce it in the same transaction.
     First grow it back (gpu 10, lic 3; SHRINK_SUBJECT's limits gpu 4, step_run 5) and add two
     fill requests of SHRINK_SUBJECT, then remove the custom key lic, or lower gpu and lic at
     once, or lower SHRINK_SUBJECT's limits on gpu and step_run at once; never below reserved
@@ -519,7 +519,7 @@ async def test_broken_twin_is_caught(db_url: str) -> None:
 
 @pytest.mark.slow
 async def test_broken_shrink_twin_is_caught(db_url: str) -> None:
-    """The storm against the shrink enforcement from before issue 12: the checks must object to
+    """The storm against the shrink enforcement from before its fix: the checks must object to
     both bugs (a removed custom key left allocated: I1; a multi-key pass preempting a victim it
     did not need)."""
     conn = await connect(db_url, application_name=APP_CLI)

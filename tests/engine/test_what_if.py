@@ -1,6 +1,6 @@
-"""SPEC §11.3: a what-if answers what a create would do now, from the real engine in a
-rolled-back transaction: the answer matches a real create and the reconciler's next pass, and
-no row, event or notification remains."""
+"""What-if (docs/scheduling.md): a what-if answers what a create would do now, from the real
+engine in a rolled-back transaction: the answer matches a real create and the reconciler's next
+pass, and no row, event or notification remains."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Fault tests (SPEC §5-§6 promises under crashes, kills, pauses and network faults).
+"""Fault tests (the reconciler's and the API's promises under crashes, kills, pauses and
+network faults).
 
 ``--faults-long`` (or ``RESPOOL_FAULTS=long``) selects the long mode; every test prints its
 figures, and the session's figures are repeated in the terminal summary.

@@ -8,7 +8,7 @@ one, and is frozen with SIGSTOP for twice its lease:
 * **requeue** (``max_retries=1``): the owner of the reservation reclaims the GPU, the step's
   request is requeued as attempt 2 and granted again while the step is still frozen. Every call
   of the stale attempt 1 (heartbeat, release, cancel with ``?attempt=1``) is 409 and changes
-  nothing (fencing, SPEC §6).
+  nothing (fencing, docs/api.md).
 
 In both, the step must not use the GPU after its allocation ended on the server, nor after the
 GPU was granted to someone else: ``double use`` = uses after the next holder's grant = 0.

@@ -1,4 +1,4 @@
-"""Issue 15: respool through a failover of a real HA cluster (Patroni + etcd, two PostgreSQL 15
+"""respool through a failover of a real HA cluster (Patroni + etcd, two PostgreSQL 15
 nodes on loopback, synchronous replication on; tests/faults/patroni.py).
 
 ``respool serve`` (API + reconciler) gets the multi-host DSN with
@@ -194,7 +194,7 @@ async def test_failover_under_load(ha: PatroniCluster, tmp_path: Path) -> None:
         "violations": len(auditor.violations),
         "readyz_node": readyz.get("node"),
     }
-    record("issue 15 HA failover (Patroni switchover, kill -9 postmaster)", **figures)
+    record("HA failover (Patroni switchover, kill -9 postmaster)", **figures)
     assert traffic.anomalies == [], traffic.anomalies[:10]
     assert transport_errors == {}, transport_errors  # the API never dropped a connection
     assert lost_grants == [] and lost_releases == []

@@ -1,4 +1,4 @@
-"""Issue 15, defect 6: an outage of respool itself must not expire healthy holders.
+"""An outage of respool itself must not expire healthy holders.
 
 Five holders heartbeat every second with a 5 s lease; the API (with its reconciler) is SIGKILLed
 and stays down 8 s, longer than the lease. After the restart every holder's first heartbeat must
@@ -96,7 +96,7 @@ async def test_api_outage_longer_than_the_lease_expires_no_holder(
     finally:
         server.close()
     record(
-        "defect 6: API down longer than the lease",
+        "outage: API down longer than the lease",
         holders=HOLDERS,
         lease_s=LEASE,
         down_s=round(downtime, 1),

@@ -38,7 +38,7 @@ from support.wait import wait_until
 
 pytestmark = pytest.mark.faults
 
-SERVES_AGAIN_BOUND = 10.0  # seconds after PostgreSQL is back (issue 8, row 1)
+SERVES_AGAIN_BOUND = 10.0  # seconds after PostgreSQL is back (docs/reliability.md, row 1)
 
 
 async def _probe_outage(client: httpx.AsyncClient, until: asyncio.Event) -> Counter[str]:

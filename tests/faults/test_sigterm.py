@@ -2,7 +2,7 @@
 
 A real ``respool serve`` process holds that many ``GET /v1/requests/{id}?wait=300`` on queued
 requests of a full pool. On SIGTERM it must answer every one of them (200 with the current,
-still queued state), reset none, and exit within a few seconds (SPEC §6).
+still queued state), reset none, and exit within a few seconds (docs/api.md).
 """
 
 from __future__ import annotations

@@ -106,7 +106,7 @@ def test_configmap_and_secret_hold_valid_settings() -> None:
     env = dict(_by_kind("ConfigMap")["respool-config"]["data"])
     env |= _by_kind("Secret")["respool-secrets"]["stringData"]
     assert all(k.startswith("RESPOOL_") for k in env)
-    with pytest.raises(SettingsError):  # the example token is refused (issue 15)
+    with pytest.raises(SettingsError):  # the example token is refused
         Settings.from_env(env)
     settings = Settings.from_env(env | {"RESPOOL_ADMIN_TOKEN": "t" * 32})  # the rest is valid
     assert settings.host == "0.0.0.0" and settings.auth_enabled and settings.admin_token
@@ -172,7 +172,7 @@ def test_env_example_covers_compose_and_is_valid() -> None:
     required = set(re.findall(r"\$\{([A-Z_]+):\?", text))
     assert required <= env.keys(), required - env.keys()
     settings = {k: v for k, v in env.items() if k.startswith("RESPOOL_")}
-    with pytest.raises(SettingsError):  # the example token is refused (issue 15)
+    with pytest.raises(SettingsError):  # the example token is refused
         Settings.from_env(settings)
     Settings.from_env(settings | {"RESPOOL_ADMIN_TOKEN": "t" * 32})
 

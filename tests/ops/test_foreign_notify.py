@@ -1,4 +1,4 @@
-"""Issue 15, defect 4: anyone who can connect may NOTIFY on respool's channels (PostgreSQL has no
+"""Anyone who can connect may NOTIFY on respool's channels (PostgreSQL has no
 privilege for it). A flood of foreign payloads must cost the service one rate-limited warning and
 bounded work: the API listener drops malformed payloads, the reconciler ignores ids of pools that
 do not exist and caps how many notified pools one burst can queue."""

@@ -1,4 +1,4 @@
-"""Issue 15, defect 2: reading the queue computes each pool's queue order once per read, never
+"""Reading the queue computes each pool's queue order once per read, never
 once per queued request. Asserted structurally, on the number of calls of the per-pool and
 per-entry SQL functions in the reading transaction (``track_functions = 'all'``), not on time;
 the times are in ``python -m bench dashboard``."""

@@ -1,6 +1,6 @@
-"""respool_reader (SPEC §8): SELECT on the views only, nothing else (42501), and
+"""respool_reader (docs/ops.md): SELECT on the views only, nothing else (42501), and
 ``respool db grant-reader ROLE`` for login roles. tests/engine/test_reader_role.py covers the five
-§8 views and the engine functions; this covers the reporting views, every base table, writes
+ops views and the engine functions; this covers the reporting views, every base table, writes
 through the views, and a real login role made by the CLI."""
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ async def test_grant_reader_refuses_the_service_role(db_url: str) -> None:
     assert code == 1 and "--statement-timeout" in out
 
 
-# --- issue 15: the reader is scoped to one database, with limits it cannot lift ---------------
+# --- the reader is scoped to one database, with limits it cannot lift ------------------------
 
 
 async def test_a_reader_of_one_database_cannot_read_another(

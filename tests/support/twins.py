@@ -7,10 +7,10 @@ can never drift from the engine it breaks. Install one only into a test's own da
 * ``broken_twin``: ``_blocker`` admits everything and ``_move_units`` charges the counters
   without its guards (any missing counter row is created), so the invariant auditor must report
   I1/I2.
-* ``broken_shrink_twin``: the two shrink-enforcement bugs fixed by issue 12 — a removed custom
-  key (capacity 0, SPEC §1) is never enforced, and ``_shed`` takes every victim its walk meets,
-  also after the excess is gone and one holding no key still over, and never drops the ones not
-  needed (not a minimal set).
+* ``broken_shrink_twin``: the two shrink-enforcement bugs fixed earlier — a removed custom
+  key (capacity 0: not a soft key) is never enforced, and ``_shed`` takes every victim its walk
+  meets, also after the excess is gone and one holding no key still over, and never drops the
+  ones not needed (not a minimal set).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""End to end with real ZenML (issue 18): a local ZenML server (OAuth2 auth on) whose resource-pool
-store is respool_zenml, a respool server, and dynamic pipelines asking for GPUs through
-``ResourceSettings``.
+"""End to end with real ZenML (docs/zenml.md): a local ZenML server (OAuth2 auth on) whose
+resource-pool store is respool_zenml, a respool server, and dynamic pipelines asking for GPUs
+through ``ResourceSettings``.
 
 Pool ``gpus`` has 1 GPU. ``orchestrator:default`` (ZenML's local orchestrator: inline steps,
 non-preemptible) holds a reserved share of 1; ``orchestrator:iso`` (a subprocess orchestrator:
