@@ -1,5 +1,5 @@
-"""The reconciler loop (SPEC §5). Python only schedules: each pass over one pool is one call of
-``respool.reconcile_pool`` in its own transaction, and every decision is made in SQL.
+"""The reconciler loop (docs/preemption.md). Python only schedules: each pass over one pool is
+one call of ``respool.reconcile_pool`` in its own transaction, and every decision is made in SQL.
 
 A pass over every pool runs each ``interval`` seconds (the polling backstop), and a pass over one
 pool runs at once when a ``respool_pool`` notification says that pool changed (a new queued

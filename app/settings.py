@@ -1,4 +1,4 @@
-"""Service configuration, read from ``RESPOOL_*`` environment variables (SPEC §9)."""
+"""Service configuration, read from ``RESPOOL_*`` environment variables (README)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The HTTP API (SPEC §6): ``create_app(settings)`` builds a Litestar application.
+"""The HTTP API (docs/api.md): ``create_app(settings)`` builds a Litestar application.
 
 Nothing is read at import time. The lifespan opens the asyncpg pool (``respool-api``) and the
 process's LISTEN connection (``respool-listener``, :mod:`app.notify`).

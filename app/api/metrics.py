@@ -212,7 +212,7 @@ class MetricsCache:
     """The database-derived part of a scrape, kept ``seconds`` (``RESPOOL_METRICS_CACHE_SECONDS``).
 
     One refresh at a time: concurrent scrapes of a stale cache wait for the same refresh
-    instead of each reading the database, so scrapers cannot add database load (issue 15).
+    instead of each reading the database, so scrapers cannot add database load.
     """
 
     def __init__(self, seconds: float) -> None:

@@ -1,5 +1,5 @@
 """uvicorn for the API: SIGTERM/SIGINT also answer every open long-poll at once; slow clients
-are timed out and connections are capped (issue 15, defect 9; docs/ops.md "Limits").
+are timed out and connections are capped (docs/ops.md "Limits").
 
 * :func:`guarded_protocol`: uvicorn's h11 protocol plus a header timeout (from a connection's
   first byte, or a request's, to the end of its headers) and a body timeout (from the end of the
@@ -205,7 +205,7 @@ def uvicorn_config(app: Litestar, settings: Settings, **overrides: Any) -> uvico
 
 
 class ApiServer(uvicorn.Server):
-    """uvicorn, plus: on SIGTERM/SIGINT answer every open long-poll at once (SPEC §6), so the
+    """uvicorn, plus: on SIGTERM/SIGINT answer every open long-poll at once (docs/api.md), so the
     graceful shutdown does not wait for waits to time out."""
 
     def __init__(self, config: uvicorn.Config, app: Litestar) -> None:

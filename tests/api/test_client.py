@@ -1,7 +1,7 @@
-"""The Python client (SPEC §10) against a real server and database: allocate/release, rejection,
-queueing, timeout, preemption signal, a server restart mid-wait, transient-error retries, and
-the async twin. The sync client blocks, so the tests run it in a worker thread (the server runs
-in the test's event loop)."""
+"""The Python client (docs/client.md) against a real server and database: allocate/release,
+rejection, queueing, timeout, preemption signal, a server restart mid-wait, transient-error
+retries, and the async twin. The sync client blocks, so the tests run it in a worker thread (the
+server runs in the test's event loop)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""SPEC §11.6 gangs through the API, the client and their filters: POST /v1/requests/batch with
-all_or_nothing, GET /v1/requests?gang_id=, create_many(all_or_nothing=True)."""
+"""Gangs (docs/scheduling.md) through the API, the client and their filters:
+POST /v1/requests/batch with all_or_nothing, GET /v1/requests?gang_id=,
+create_many(all_or_nothing=True)."""
 
 from __future__ import annotations
 

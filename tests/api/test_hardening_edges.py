@@ -1,5 +1,5 @@
-"""Hardening at the edges (issue 15): each test fails without its fix (docs/reliability.md,
-"Hardening"). SPEC §2 (names never shadow ids), §6 (open mode), §8 (append-only history)."""
+"""Hardening at the edges: each test fails without its fix (docs/reliability.md,
+"Hardening"): names never shadow ids, the open mode, append-only history."""
 
 from __future__ import annotations
 

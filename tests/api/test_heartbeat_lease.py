@@ -1,4 +1,4 @@
-"""SPEC §6: ``POST /v1/requests/{id}/heartbeat?lease_seconds=N`` and queue leases over HTTP."""
+"""Heartbeats (docs/api.md): ``POST /v1/requests/{id}/heartbeat?lease_seconds=N``, queue leases."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What a long-poll reads (SPEC "HTTP API": ``wait``/``version``): while it waits, only the
+"""What a long-poll reads (docs/api.md: ``wait``/``version``): while it waits, only the
 version and status; for the answer, the full document, encoded once and sent as it is, the same
 bytes a plain GET answers; 404 for an unknown id; no lost wake-up around the version read."""
 

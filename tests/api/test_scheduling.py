@@ -1,4 +1,4 @@
-"""SPEC §11 over HTTP: pool scheduling fields, max_seconds, ?dry_run=true and eta."""
+"""Scheduling (docs/scheduling.md) over HTTP: pool fields, max_seconds, dry_run, eta."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Issue 12 through the API and ``respool reconcile --once`` (SPEC §2/§3): removing a custom key
-preempts its holders, and a limit lowered on two keys preempts only the victims needed."""
+"""Shrinks through the API and ``respool reconcile --once`` (docs/preemption.md): removing a
+custom key preempts its holders, and a limit lowered on two keys preempts only the victims
+needed."""
 
 from __future__ import annotations
 
