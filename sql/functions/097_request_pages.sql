@@ -1,5 +1,5 @@
--- A page of queued requests read at once (issue 15, defect 2): their queue positions, the
--- sentence saying what blocks them and their ETA (SPEC §11.4), computed set-based: each involved
+-- A page of queued requests read at once: their queue positions, the
+-- sentence saying what blocks them and their ETA (docs/scheduling.md, ETA), computed set-based: each involved
 -- pool's queue positions, hold, earmark usage and ETA simulation once per pool, the blocker
 -- check once per (pool, policy, resources, preemptible) shape, never once per request. The
 -- answers are the ones respool._request_json gives for one request at a time
@@ -16,7 +16,7 @@ BEGIN
         SELECT r FROM respool.requests r WHERE r.id IN (SELECT unnest(p_ids)) AND r.status = 'queued'
     ), req AS MATERIALIZED (
         -- qid: the request that stands in the queues for it, its gang's stand-in for a gang
-        -- member (SPEC §11.6, respool._queued_as), with the gang's resources. Computed for the
+        -- member (docs/scheduling.md, gangs, respool._queued_as), with the gang's resources. Computed for the
         -- requests asked for only (the CTE above), not for every queued request of the table.
         SELECT (m.r).id, (x.q).id AS qid, (x.q).resources, (x.q).preemptible, (x.q).max_seconds,
                (x.q).earmark_pool_id, (m.r).gang_id
@@ -33,7 +33,7 @@ BEGIN
     ), pools AS MATERIALIZED (
         SELECT DISTINCT en.pool_id FROM entries en
     ), per_pool AS MATERIALIZED (
-        -- Once per pool: its hold (SPEC §11.1), free units and hold sentence when it holds, and
+        -- Once per pool: its hold (docs/scheduling.md, starvation guard), free units and hold sentence when it holds, and
         -- whether some queued request holds an earmark on it.
         SELECT x.pool_id, x.hold,
                CASE WHEN (x.hold).head_id IS NOT NULL THEN respool._free_units(x.pool_id) END AS free,
@@ -74,7 +74,7 @@ BEGIN
           FROM pools p
          CROSS JOIN LATERAL respool._queue_positions(p.pool_id, ARRAY(SELECT DISTINCT r.qid FROM req r)) o
     ), etas AS MATERIALIZED (
-        -- Each pool's ETA simulation once, for its first _eta_depth() requests (SPEC §11.4);
+        -- Each pool's ETA simulation once, for its first _eta_depth() requests (docs/scheduling.md, ETA);
         -- not at all in a pool where no request of the page is that far ahead.
         SELECT p.pool_id, x.request_id, x.p50_seconds, x.p90_seconds
           FROM pools p CROSS JOIN LATERAL respool._eta_pool(p.pool_id, p_now) x
