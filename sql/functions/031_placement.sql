@@ -87,6 +87,19 @@ END $$;
 COMMENT ON FUNCTION respool._fits_room_unbounded(jsonb, jsonb) IS
     'True when every key of p_need fits the room map {key: units}; a key the room map lacks is unbounded (free units of a pool: an untracked key). Read-only planners and the cheap first test of a pass.';
 
+CREATE OR REPLACE FUNCTION respool._fits_room_vector(p_need bigint[], p_room bigint[])
+RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    FOR j IN 1..coalesce(cardinality(p_need), 0) LOOP
+        IF p_need[j] > 0 AND p_need[j] > p_room[j] THEN
+            RETURN false;
+        END IF;
+    END LOOP;
+    RETURN true;
+END $$;
+COMMENT ON FUNCTION respool._fits_room_vector(bigint[], bigint[]) IS
+    'respool._fits_room_unbounded on unit vectors: p_need and p_room hold the units of the same keys (a pool''s tracked keys) by position; a key not in the vectors is unbounded. For the ETA simulation''s inner loop, which keeps units in arrays.';
+
 CREATE OR REPLACE FUNCTION respool._fits_room_zero(p_need jsonb, p_room jsonb)
 RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
 BEGIN

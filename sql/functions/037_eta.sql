@@ -72,7 +72,6 @@ DECLARE
     gp integer;
     i integer;
     j integer;
-    ok boolean;
 BEGIN
     IF cardinality(v_hist) = 0 THEN
         RETURN;  -- no history: no estimate
@@ -120,14 +119,7 @@ BEGIN
         <<entries>>
         FOR i IN 1..cardinality(e_id) LOOP
             LOOP
-                ok := true;
-                FOR j IN 1..nk LOOP
-                    IF e_units[(i - 1) * nk + j] > 0 AND e_units[(i - 1) * nk + j] > v_free[j] THEN
-                        ok := false;
-                        EXIT;
-                    END IF;
-                END LOOP;
-                EXIT WHEN ok;
+                EXIT WHEN respool._fits_room_vector(e_units[(i - 1) * nk + 1 : i * nk], v_free);
                 -- Free the next unit-holder to end: a real holder or a simulated grant.
                 IF hp <= cardinality(h_end) AND (gp > cardinality(g_end) OR h_end[hp] <= g_end[gp]) THEN
                     t := greatest(t, h_end[hp]);
