@@ -1,6 +1,6 @@
 -- A page of queued requests read at once: their queue positions, the
 -- sentence saying what blocks them and their ETA (docs/scheduling.md, ETA), computed set-based: each involved
--- pool's queue positions, hold, earmark usage and ETA simulation once per pool, the blocker
+-- pool's queue positions, hold and ETA simulation once per pool, the blocker
 -- check once per (pool, policy, resources, preemptible) shape, never once per request. The
 -- answers are the ones respool._request_json gives for one request at a time
 -- (tests/engine/test_request_pages.py).
@@ -47,21 +47,13 @@ BEGIN
                  WHERE b.earmark_pool_id = x.pool_id AND b.status = 'queued' LIMIT 1) IS NOT NULL
                    AS earmarks
           FROM (SELECT p.pool_id, respool._pool_hold(p.pool_id, p_now) AS hold FROM pools p OFFSET 0) x
-    ), usage AS MATERIALIZED (
-        -- Only in pools with earmarks. The request read is never an earmark holder of that pool
-        -- (that case has its own sentence), so _usage without an exception is what
-        -- respool._earmark_blocks computes for it.
-        SELECT pp.pool_id, u.key, u.bound, u.used, u.leaving, u.earmarked
-          FROM per_pool pp CROSS JOIN LATERAL respool._usage(pp.pool_id) u
-         WHERE pp.earmarks AND u.policy_id IS NULL AND u.bound IS NOT NULL
     ), shapes AS MATERIALIZED (
         -- Once per shape: admission rules 1-3 (_blocker), earmarks, backfill rule (a).
         SELECT s.pool_id, s.policy_id, s.resources, s.preemptible,
                respool._blocker(s.resources, s.preemptible, s.pool_id, s.policy_id) AS blocker,
-               pp.earmarks AND EXISTS (
-                   SELECT FROM jsonb_each_text(s.resources) x
-                     JOIN usage u ON u.pool_id = s.pool_id AND u.key = x.key
-                    WHERE u.used - u.leaving + u.earmarked + x.value::bigint > u.bound) AS earmark_blocks,
+               -- (only in pools with earmarks; the request read is never an earmark holder of
+               -- that pool, that case has its own sentence, so no request to leave out)
+               pp.earmarks AND NOT respool._leaves_earmarks(s.resources, s.pool_id, NULL, NULL) AS earmark_blocks,
                CASE WHEN (pp.hold).head_id IS NOT NULL
                     THEN respool._leaves_head_room(pp.hold, s.resources, pp.free) END AS head_room
           FROM (SELECT DISTINCT en.pool_id, en.policy_id, r.resources, r.preemptible
