@@ -187,7 +187,7 @@ BEGIN
     grace_ended := 0;
     IF respool.leases_may_lapse() THEN  -- not while respool looks down (072_outage_leases.sql)
         expired := respool._expire_pool(p_pool_id, p_now)
-                   + respool._abandon_queue_leases(p_pool_id, p_now);  -- queue leases (075)
+                   + respool._abandon_queue_leases(p_pool_id, p_now);  -- queue leases (043_leases.sql)
         grace_ended := respool._finish_grace(p_pool_id, p_now);
     END IF;
     -- A runtime cap (max_seconds) ends whatever the heartbeats, also right after an outage
