@@ -1,4 +1,4 @@
--- Addressing pools and policies by name, full id or a unique id prefix (SPEC §2).
+-- Addressing pools and policies by name, full id or a unique id prefix (docs/api.md).
 
 CREATE OR REPLACE FUNCTION respool._resolve_ref(p_kind text, p_ref text, p_ids uuid[], p_labels text[])
 RETURNS uuid LANGUAGE plpgsql AS $$
@@ -17,7 +17,7 @@ COMMENT ON FUNCTION respool._resolve_ref(text, text, uuid[], text[]) IS
 
 CREATE OR REPLACE FUNCTION respool.resolve_pool(p_ref text)
 RETURNS uuid LANGUAGE sql STABLE AS $$
-    -- A name match and an id-prefix match of another pool are ambiguous (SPEC §2), never
+    -- A name match and an id-prefix match of another pool are ambiguous (docs/api.md), never
     -- resolved silently: candidates are every pool matching either way.
     SELECT respool._resolve_ref('pool', p_ref, coalesce(array_agg(id ORDER BY name), '{}'),
                                 array_agg(name || ' (' || id || ')' ORDER BY name))

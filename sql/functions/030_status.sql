@@ -54,7 +54,7 @@ BEGIN
            finished_at = CASE WHEN respool._is_terminal(p_to) THEN p_now END,
            earmark_pool_id = CASE WHEN p_to = 'queued' THEN earmark_pool_id END,
            preempt_deadline = CASE WHEN p_to = 'preempting' THEN preempt_deadline END,
-           -- Leaving the holding statuses: respool._free has given the units back; the lease,
+           -- Leaving the holding statuses: respool._unplace has given the units back; the lease,
            -- runtime cap and non-preemptible charge go in this same row version.
            lease_expires_at = CASE WHEN p_to IN ('allocated', 'preempting') THEN lease_expires_at END,
            run_deadline = CASE WHEN p_to IN ('allocated', 'preempting') THEN run_deadline END,

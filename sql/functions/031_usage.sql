@@ -1,5 +1,5 @@
 -- Usage arithmetic: what a pool's counters mean once victims in their grace period and earmarks
--- are counted (SPEC §5), and free units for the cheap first admission test.
+-- are counted (docs/preemption.md), and free units for the cheap first test of a pass.
 
 CREATE OR REPLACE FUNCTION respool._usage(p_pool_id uuid, p_except uuid DEFAULT NULL)
 RETURNS TABLE (policy_id uuid, key text, bound bigint, reserved bigint, used bigint, leaving bigint,
@@ -20,7 +20,7 @@ BEGIN
           FROM respool.requests r CROSS JOIN LATERAL jsonb_each_text(r.resources) x
          WHERE r.pool_id = p_pool_id AND r.status = 'preempting'
         UNION ALL
-        -- (the queue entry's resources: a gang's entry holds its members' sum, SPEC §11.6)
+        -- (the queue entry's resources: a gang's entry holds its members' sum, docs/scheduling.md)
         SELECT NULL, x.key, x.value::bigint, false
           FROM respool.requests r
           JOIN respool.queue_entries e ON e.request_id = r.id AND e.pool_id = p_pool_id
@@ -51,36 +51,3 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION respool._free_units(uuid) IS 'Free units (capacity - used, may be negative after a shrink) per tracked key of a pool.';
 
-CREATE OR REPLACE FUNCTION respool._fits_free(p_resources jsonb, p_free jsonb)
-RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
-BEGIN
-    RETURN NOT EXISTS (SELECT FROM jsonb_each_text(p_resources) x
-                        WHERE p_free ? x.key AND x.value::bigint > (p_free ->> x.key)::bigint);
-END $$;
-COMMENT ON FUNCTION respool._fits_free(jsonb, jsonb) IS
-    'Admission rule 1 alone against a _free_units map (keys the map lacks are not checked): a cheap necessary condition before the full check.';
-
-CREATE OR REPLACE FUNCTION respool._take_units(p_map jsonb, p_units jsonb, p_sign integer)
-RETURNS jsonb LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
-BEGIN
-    RETURN (SELECT coalesce(jsonb_object_agg(m.key, m.value::bigint - p_sign * coalesce((p_units ->> m.key)::bigint, 0)), '{}')
-              FROM jsonb_each_text(p_map) m);
-END $$;
-COMMENT ON FUNCTION respool._take_units(jsonb, jsonb, integer) IS
-    'p_map {key: units} minus (p_sign 1) or plus (p_sign -1) the amounts p_units holds of the same keys; keys p_map lacks are ignored.';
-
-CREATE OR REPLACE FUNCTION respool._any_over(p_map jsonb)
-RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
-BEGIN
-    RETURN EXISTS (SELECT FROM jsonb_each_text(p_map) m WHERE m.value::bigint > 0);
-END $$;
-COMMENT ON FUNCTION respool._any_over(jsonb) IS 'True when some key of an excess/deficit map {key: units} is still positive.';
-
-CREATE OR REPLACE FUNCTION respool._holds_any(p_resources jsonb, p_map jsonb)
-RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
-BEGIN
-    RETURN EXISTS (SELECT FROM jsonb_each_text(p_resources) x
-                    WHERE x.value::bigint > 0 AND coalesce((p_map ->> x.key)::bigint, 0) > 0);
-END $$;
-COMMENT ON FUNCTION respool._holds_any(jsonb, jsonb) IS
-    'True when p_resources holds units of a key that is still positive in the map {key: units}: a victim that would help.';

@@ -1,61 +1,14 @@
--- Admission (SPEC §4): what blocks a queued request now, whether earmarks keep it waiting, and the
--- rejection table (can it ever fit a candidate pool).
-
-CREATE OR REPLACE FUNCTION respool._blocker(p_resources jsonb, p_preemptible boolean, p_pool_id uuid, p_policy_id uuid)
-RETURNS text LANGUAGE plpgsql STABLE AS $$
-BEGIN
-    -- PL/pgSQL, not SQL: PostgreSQL before 18 plans a SQL function's body on every call, and
-    -- this runs for every grant attempt and every read of a queued request.
-    RETURN (SELECT msg FROM (
-        SELECT k.key,
-               CASE
-                 WHEN c.cap IS NOT NULL AND k.need > 0 AND c.pool_used + k.need > c.cap THEN
-                     format('waiting for %s: pool %s/%s used, needs %s', k.key, c.pool_used, c.cap, k.need)
-                 WHEN pol."limit" IS NOT NULL AND c.subject_used + k.need > pol."limit" THEN
-                     format('waiting for %s: subject limit reached, %s/%s used, needs %s',
-                            k.key, c.subject_used, pol."limit", k.need)
-                 WHEN NOT p_preemptible AND c.cap IS NOT NULL AND k.need > 0
-                      AND coalesce(pol.np_used, 0) + k.need > coalesce(pol.reserved, 0) THEN
-                     format('waiting for %s: reserved share for non-preemptible work %s/%s used, needs %s',
-                            k.key, coalesce(pol.np_used, 0), coalesce(pol.reserved, 0), k.need)
-               END AS msg
-          FROM (SELECT x.key, x.value::bigint AS need FROM jsonb_each_text(p_resources) x
-                UNION ALL
-                SELECT l.key, 0 FROM respool.policy_resources l
-                 WHERE l.policy_id = p_policy_id AND l."limit" IS NOT NULL AND NOT p_resources ? l.key) k
-          LEFT JOIN respool.pool_resources pr ON pr.pool_id = p_pool_id AND pr.key = k.key
-          LEFT JOIN respool.policy_resources pol ON pol.policy_id = p_policy_id AND pol.key = k.key
-         CROSS JOIN LATERAL (SELECT respool._effective_capacity(k.key, pr.capacity) AS cap,
-                                    coalesce(pr.used, 0) AS pool_used,
-                                    coalesce(pol.used, 0) AS subject_used) c
-    ) checks
-    WHERE msg IS NOT NULL
-    ORDER BY key
-    LIMIT 1);
-END $$;
-COMMENT ON FUNCTION respool._blocker(jsonb, boolean, uuid, uuid) IS
-    'Admission rules 1-3 of SPEC §4 against the current counters: NULL when admissible, else what blocks it.';
+-- Admission (docs/admission.md): whether earmarks keep a queued request waiting, the public blocker,
+-- and the rejection table (can it ever fit a candidate pool). Whether it fits now is the placement
+-- seam's decision (031_placement.sql).
 
 CREATE OR REPLACE FUNCTION respool._earmark_blocks(p_request respool.requests, p_pool_id uuid)
 RETURNS boolean LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    -- Once every victim in its grace period has left (their units gone) and every earmarked
-    -- request has its units, would p_request still fit? Checked only while earmarks exist.
-    -- The two cheap tests first, as statements of their own: nearly always one of them ends it.
-    IF p_request.earmark_pool_id IS NOT DISTINCT FROM p_pool_id
-       OR NOT EXISTS (SELECT FROM respool.requests b
-                       WHERE b.earmark_pool_id = p_pool_id AND b.status = 'queued'
-                         AND b.id <> p_request.id) THEN
-        RETURN false;
-    END IF;
-    RETURN EXISTS (
-           SELECT FROM jsonb_each_text(p_request.resources) x
-             JOIN respool._usage(p_pool_id, p_request.id) u
-               ON u.policy_id IS NULL AND u.key = x.key AND u.bound IS NOT NULL
-            WHERE u.used - u.leaving + u.earmarked + x.value::bigint > u.bound);
+    RETURN NOT respool._leaves_earmarks(p_request.resources, p_pool_id, p_request.id, p_request.earmark_pool_id);
 END $$;
 COMMENT ON FUNCTION respool._earmark_blocks(respool.requests, uuid) IS
-    'True when granting p_request would take units earmarked for another request (units that victims in their grace period will free). Never true for the earmark holder itself.';
+    'True when granting p_request would take units earmarked for another request (units that victims in their grace period will free): the earmark rule of respool._fits (respool._leaves_earmarks), for explaining why a request waits. Never true for the earmark holder itself.';
 
 CREATE OR REPLACE FUNCTION respool._rejection(p_resources jsonb, p_preemptible boolean, p_pool_id uuid,
                                               p_policy_id uuid, OUT reason text, OUT message text)
@@ -90,7 +43,7 @@ BEGIN
     ) c ON true;
 END $$;
 COMMENT ON FUNCTION respool._rejection(jsonb, boolean, uuid, uuid) IS
-    'The §4 rejection table for one candidate pool: always one row, (NULL, NULL) when the request can ever fit there.';
+    'The rejection table (docs/admission.md) for one candidate pool: always one row, (NULL, NULL) when the request can ever fit there.';
 
 CREATE OR REPLACE FUNCTION respool.blocker(p_resources jsonb, p_preemptible boolean, p_pool_id uuid,
                                           p_policy_id uuid)
@@ -99,7 +52,7 @@ BEGIN
     RETURN respool._blocker(p_resources, p_preemptible, p_pool_id, p_policy_id);
 END $$;
 COMMENT ON FUNCTION respool.blocker(jsonb, boolean, uuid, uuid) IS
-    'Public explanation of why a request of these resources (preemptible or not) of the subject of policy p_policy_id would wait in pool p_pool_id now: NULL when admission rules 1-3 of SPEC §4 admit it, else one sentence naming the first blocking key (pool full, subject limit, reserved share for non-preemptible work). Read-only; does not look at earmarks.';
+    'Public explanation of why a request of these resources (preemptible or not) of the subject of policy p_policy_id would wait in pool p_pool_id now: NULL when admission rules 1-3 (docs/admission.md) admit it, else one sentence naming the first blocking key (pool full, subject limit, reserved share for non-preemptible work). Read-only; does not look at earmarks.';
 
 CREATE OR REPLACE FUNCTION respool._candidate_rejections(p_subject text, p_pool_ids uuid[], p_resources jsonb,
                                                          p_preemptible boolean)
@@ -107,7 +60,7 @@ RETURNS TABLE (policy_id uuid, pool_id uuid, pool_name text, reason text, messag
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     -- The one per-candidate rejection loop (create, requeue, reject): candidates in the order
-    -- SPEC §4 tries them (policy priority desc, pool name).
+    -- admission tries them (policy priority desc, pool name; docs/admission.md).
     RETURN QUERY
     SELECT p.id, p.pool_id, pl.name, rej.reason, rej.message
       FROM respool.policies p
@@ -117,4 +70,4 @@ BEGIN
      ORDER BY p.priority DESC, pl.name;
 END $$;
 COMMENT ON FUNCTION respool._candidate_rejections(text, uuid[], jsonb, boolean) IS
-    'Every candidate pool of a request (the subject''s policies on p_pool_ids), in candidate order, with its §4 rejection (reason and message NULL when the request can ever fit there). Read-only.';
+    'Every candidate pool of a request (the subject''s policies on p_pool_ids), in candidate order, with its rejection (docs/admission.md; reason and message NULL when the request can ever fit there). Read-only.';

@@ -1,4 +1,4 @@
--- Queue order (SPEC §4): priority desc, in-share first, queue time, id; computed shape by shape.
+-- Queue order (docs/admission.md): priority desc, in-share first, queue time, id; computed shape by shape.
 
 CREATE OR REPLACE FUNCTION respool._queue_groups(p_pool_id uuid, p_skip_earmarked boolean DEFAULT false)
 RETURNS TABLE (policy_id uuid, subject text, preemptible boolean, resources jsonb, priority integer,
@@ -28,7 +28,7 @@ LANGUAGE sql STABLE AS $$
       FROM shapes s
       JOIN respool.policies p ON p.id = s.policy_id
      CROSS JOIN tracked t
-     -- [SPEC §11.2] fair ordering: the subject's dominant share in the pool (max over tracked
+     -- fair share (docs/scheduling.md): fair ordering: the subject's dominant share in the pool (max over tracked
      -- keys of used / capacity), 0 for every shape in a fifo pool (no effect on the order).
      CROSS JOIN LATERAL (
             SELECT CASE WHEN t.fair THEN coalesce((
@@ -95,7 +95,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
      LIMIT p_limit
 $$;
 COMMENT ON FUNCTION respool._queue_top(uuid, integer) IS
-    'The first p_limit entries (NULL: all) of a pool''s queue in grant order (SPEC §4, §11.2: policy priority desc, in-share first, dominant share asc in fair pools, queue time, id) with their 1-based positions. Read-only; O(shapes * p_limit) index reads plus one sort of them, whatever the queue length.';
+    'The first p_limit entries (NULL: all) of a pool''s queue in grant order (docs/admission.md, docs/scheduling.md: policy priority desc, in-share first, dominant share asc in fair pools, queue time, id) with their 1-based positions. Read-only; O(shapes * p_limit) index reads plus one sort of them, whatever the queue length.';
 
 CREATE OR REPLACE FUNCTION respool._queue_order(p_pool_id uuid)
 RETURNS TABLE (request_id uuid, policy_id uuid, subject text, priority integer, in_share boolean,
@@ -104,7 +104,7 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     SELECT * FROM respool._queue_top(p_pool_id, NULL)
 $$;
 COMMENT ON FUNCTION respool._queue_order(uuid) IS
-    'A pool''s whole queue in grant order (SPEC §4, §11.2): policy priority desc, in-share first, dominant share asc (fair pools), queue time, id (respool._queue_top without a limit). Read-only; O(queue), for the respool.queue view and the positions of a page of requests (the engine itself works shape by shape).';
+    'A pool''s whole queue in grant order (docs/admission.md, docs/scheduling.md): policy priority desc, in-share first, dominant share asc (fair pools), queue time, id (respool._queue_top without a limit). Read-only; O(queue), for the respool.queue view and the positions of a page of requests (the engine itself works shape by shape).';
 
 CREATE OR REPLACE FUNCTION respool._queue_positions(p_pool_id uuid, p_request_ids uuid[])
 RETURNS TABLE (request_id uuid, "position" bigint)
@@ -173,7 +173,7 @@ BEGIN
     FOR g IN SELECT * FROM (SELECT q.*, count(*) OVER (PARTITION BY q.policy_id) AS policy_shapes
                               FROM respool._queue_groups(p_pool_id) q) q
               WHERE (q.priority, q.in_share, -q.share) >= (v_priority, v_in_share, -v_share) LOOP
-        -- [SPEC §11.2] the class is (priority, in-share, -dominant share); share is 0 in fifo pools.
+        -- fair share (docs/scheduling.md): the class is (priority, in-share, -dominant share); share is 0 in fifo pools.
         IF g.policy_shapes = 1 AND (g.priority, g.in_share, -g.share) > (v_priority, v_in_share, -v_share) THEN
             SELECT count(*) INTO n FROM respool.queue_entries e WHERE e.policy_id = g.policy_id;
         ELSIF g.policy_shapes = 1 THEN

@@ -1,63 +1,8 @@
--- Allocation: grant and free units under guarded counters, and the allocation pass of a pool.
+-- Allocation: grant queued requests through the placement seam (031_placement.sql: _fits, _place),
+-- set-based runs of one shape, and the allocation pass of a pool.
 -- Locking order everywhere: pool rows (id order) -> policy rows -> request rows.
 -- Queued requests are picked with FOR UPDATE SKIP LOCKED; capacity is read only from the
 -- counter rows of the locked pool, never inferred from skipped rows.
-
-CREATE OR REPLACE FUNCTION respool._move_units(p_pool_id uuid, p_policy_id uuid, p_units jsonb, p_np jsonb,
-                                               p_sign integer)
-RETURNS void LANGUAGE plpgsql AS $$
-DECLARE
-    v_keys integer := (SELECT count(*) FROM jsonb_object_keys(p_units));
-    v_moved text[];
-BEGIN
-    -- One guarded statement per table: a charge that would pass a capacity or a limit moves
-    -- fewer keys than it has and fails below instead of over-allocating.
-    WITH moved AS (
-        UPDATE respool.pool_resources pr SET used = pr.used + p_sign * x.value::bigint
-          FROM jsonb_each_text(p_units) x
-         WHERE pr.pool_id = p_pool_id AND pr.key = x.key
-           AND (p_sign < 0 OR pr.used + x.value::bigint <= pr.capacity
-                OR (pr.capacity IS NULL AND respool._is_soft_key(pr.key)))
-        RETURNING pr.key)
-    SELECT coalesce(array_agg(key), '{}') INTO v_moved FROM moved;
-    IF cardinality(v_moved) < v_keys THEN
-        -- Only a soft key the pool does not list may be charged without a counter: it gets an
-        -- untracked one.
-        IF p_sign < 0 OR EXISTS (SELECT FROM jsonb_object_keys(p_units) k(key)
-                                  WHERE k.key <> ALL (v_moved)
-                                    AND (NOT respool._is_soft_key(k.key)
-                                         OR EXISTS (SELECT FROM respool.pool_resources
-                                                     WHERE pool_id = p_pool_id AND key = k.key))) THEN
-            RAISE EXCEPTION 'moving % units % in pool % would pass its capacity or finds no counter',
-                p_sign, p_units, p_pool_id USING ERRCODE = 'RP500';
-        END IF;
-        INSERT INTO respool.pool_resources (pool_id, key, used)
-        SELECT p_pool_id, x.key, x.value::bigint FROM jsonb_each_text(p_units) x WHERE x.key <> ALL (v_moved);
-    END IF;
-    WITH moved AS (
-        UPDATE respool.policy_resources pol
-           SET used = pol.used + p_sign * x.value::bigint,
-               np_used = pol.np_used + p_sign * coalesce((p_np ->> x.key)::bigint, 0)
-          FROM jsonb_each_text(p_units) x
-         WHERE pol.policy_id = p_policy_id AND pol.key = x.key
-           AND (p_sign < 0 OR pol."limit" IS NULL OR pol.used + x.value::bigint <= pol."limit")
-        RETURNING pol.key)
-    SELECT coalesce(array_agg(key), '{}') INTO v_moved FROM moved;
-    IF cardinality(v_moved) < v_keys THEN
-        -- A key the policy has no counter for (no limit, no reservation) gets one.
-        IF p_sign < 0 OR EXISTS (SELECT FROM respool.policy_resources
-                                  WHERE policy_id = p_policy_id AND key IN (SELECT jsonb_object_keys(p_units))
-                                    AND key <> ALL (v_moved)) THEN
-            RAISE EXCEPTION 'moving % units % of policy % would pass its limit or finds no counter',
-                p_sign, p_units, p_policy_id USING ERRCODE = 'RP500';
-        END IF;
-        INSERT INTO respool.policy_resources (policy_id, key, used, np_used)
-        SELECT p_policy_id, x.key, x.value::bigint, coalesce((p_np ->> x.key)::bigint, 0)
-          FROM jsonb_each_text(p_units) x WHERE x.key <> ALL (v_moved);
-    END IF;
-END $$;
-COMMENT ON FUNCTION respool._move_units(uuid, uuid, jsonb, jsonb, integer) IS
-    'Charges (p_sign 1) or returns (p_sign -1) units {key: n} on a pool''s counters and one policy''s counters (p_np: the non-preemptible part), one statement per table. A charge is guarded (used + n <= capacity / limit) and raises RP500 rather than over-allocate; a soft key the pool does not list gets an untracked counter, a key the policy does not bound a plain one. CHECK used >= 0 catches a double return.';
 
 CREATE OR REPLACE FUNCTION respool._sum_units(p_maps jsonb[])
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
@@ -87,7 +32,7 @@ BEGIN
                                         FROM jsonb_each_text(r.resources) x WHERE x.key = ANY (v_tracked)) END,
                allocated_at = p_now, preempt_deadline = NULL, earmark_pool_id = NULL,
                lease_expires_at = p_now + make_interval(secs => r.lease_seconds),
-               run_deadline = p_now + make_interval(secs => r.max_seconds),  -- [SPEC §11.1] runtime cap
+               run_deadline = p_now + make_interval(secs => r.max_seconds),  -- runtime cap (max_seconds)
                status = 'allocated', reason = NULL, message = '', version = r.version + 1,
                updated_at = p_now, finished_at = NULL
          WHERE r.id = ANY (p_ids) AND r.status = 'queued'
@@ -97,29 +42,13 @@ BEGIN
         RAISE EXCEPTION 'granting % requests in pool %: only % of them were queued', cardinality(p_ids), p_pool_id,
             cardinality(v_granted) USING ERRCODE = 'RP500';
     END IF;
-    IF cardinality(v_granted) = 1 THEN
-        PERFORM respool._move_units(p_pool_id, p_policy_id, v_granted[1].resources, v_granted[1].np_charge, 1);
-    ELSE
-        PERFORM respool._move_units(p_pool_id, p_policy_id,
-                                    respool._sum_units(ARRAY(SELECT g.resources FROM unnest(v_granted) g)),
-                                    respool._sum_units(ARRAY(SELECT g.np_charge FROM unnest(v_granted) g)), 1);
-    END IF;
+    PERFORM respool._place(p_pool_id, p_policy_id, v_granted);
     DELETE FROM respool.queue_entries WHERE request_id = ANY (p_ids);
     PERFORM respool._record_events(v_granted, 'queued', p_now);
     RETURN cardinality(v_granted);
 END $$;
 COMMENT ON FUNCTION respool._grant_many(uuid[], uuid, uuid, timestamptz) IS
-    'Moves queued requests the caller has locked (in a pool it has locked, under one policy) to allocated, set-based: their counters charged in one guarded statement per table (RP500 on a would-be over-allocation), every queue left, leases and runtime caps (max_seconds) started, one row version, event and NOTIFY each. Returns how many (all of p_ids, else RP500).';
-
-CREATE OR REPLACE FUNCTION respool._free(p_request_id uuid)
-RETURNS void LANGUAGE plpgsql AS $$
-DECLARE
-    r respool.requests := (SELECT q FROM respool.requests q WHERE q.id = p_request_id);
-BEGIN
-    PERFORM respool._move_units(r.pool_id, r.policy_id, r.resources, r.np_charge, -1);
-END $$;
-COMMENT ON FUNCTION respool._free(uuid) IS
-    'Returns a holding request''s units to its pool and policy counters (CHECK used >= 0 catches double frees). The caller changes the status, which clears the lease, runtime cap and charge (respool._set_status).';
+    'Moves queued requests the caller has locked (in a pool it has locked, under one policy) to allocated, set-based: placed and charged by respool._place (one guarded statement per counter table, RP500 on a would-be over-allocation), every queue left, leases and runtime caps (max_seconds) started, one row version, event and NOTIFY each. Returns how many (all of p_ids, else RP500).';
 
 CREATE OR REPLACE FUNCTION respool._try_grant(p_request_id uuid, p_pool_id uuid, p_policy_id uuid, p_now timestamptz)
 RETURNS text LANGUAGE plpgsql AS $$
@@ -134,10 +63,9 @@ BEGIN
         RETURN 'gone';
     END IF;
     IF r.gang_id IS NOT NULL THEN
-        r := respool._queued_as(p_request_id);  -- [SPEC §11.6] the gang as one request of the sum
+        r := respool._queued_as(p_request_id);  -- the gang as one request of the sum (docs/scheduling.md)
     END IF;
-    IF respool._blocker(r.resources, r.preemptible, p_pool_id, p_policy_id) IS NOT NULL
-       OR respool._earmark_blocks(r, p_pool_id) THEN
+    IF NOT respool._fits(r.resources, r.preemptible, p_pool_id, p_policy_id, r.id, r.earmark_pool_id) THEN
         RETURN 'blocked';
     END IF;
     IF NOT respool._lock_queued(p_request_id) THEN
@@ -153,7 +81,7 @@ BEGIN
     RETURN 'granted';
 END $$;
 COMMENT ON FUNCTION respool._try_grant(uuid, uuid, uuid, timestamptz) IS
-    'Grants one queued request in a pool whose row the caller has locked, if admissible: granted | blocked | locked | gone. A gang''s queue entry grants every member together when their sum is admissible, or none (SPEC §11.6).';
+    'Grants one queued request in a pool whose row the caller has locked, if admissible: granted | blocked | locked | gone. A gang''s queue entry grants every member together when their sum fits (respool._fits), or none (docs/scheduling.md, gangs).';
 
 CREATE OR REPLACE FUNCTION respool._scale_units(p_units jsonb, p_times integer)
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
@@ -187,18 +115,17 @@ BEGIN
                AND (e.queued_at, e.request_id) >= (p_from_at, p_from_id)
                AND (p_before_at IS NULL OR (e.queued_at, e.request_id) < (p_before_at, p_before_id))) c
      WHERE c.plain;
-    -- How many of them fit together: admission (SPEC §4 rules 1-3, respool._blocker) is a set
-    -- of "used + need <= bound" tests, so k requests fit exactly when one request of k times
-    -- the shape's need does; the largest such k by bisection.
+    -- How many of them fit together: k requests of one shape fit exactly when one request of k
+    -- times the shape's need does (respool._fits); the largest such k by bisection.
     v_high := cardinality(v_run);
-    IF v_high < 2 OR respool._blocker(respool._scale_units(p_resources, 2), p_preemptible, p_pool_id, p_policy_id) IS NOT NULL THEN
+    IF v_high < 2 OR NOT respool._fits(respool._scale_units(p_resources, 2), p_preemptible, p_pool_id, p_policy_id) THEN
         RETURN '{}';  -- nothing to gain over the one-request path
     END IF;
     v_low := 2;
-    IF respool._blocker(respool._scale_units(p_resources, v_high), p_preemptible, p_pool_id, p_policy_id) IS NOT NULL THEN
+    IF NOT respool._fits(respool._scale_units(p_resources, v_high), p_preemptible, p_pool_id, p_policy_id) THEN
         WHILE v_high - v_low > 1 LOOP  -- invariant: v_low fits, v_high does not
             v_mid := (v_low + v_high) / 2;
-            IF respool._blocker(respool._scale_units(p_resources, v_mid), p_preemptible, p_pool_id, p_policy_id) IS NULL THEN
+            IF respool._fits(respool._scale_units(p_resources, v_mid), p_preemptible, p_pool_id, p_policy_id) THEN
                 v_low := v_mid;
             ELSE
                 v_high := v_mid;
@@ -231,7 +158,7 @@ DECLARE
     v_queueing text;
     v_starvation integer;
     v_free jsonb;
-    -- [SPEC §11.1] the starvation guard: the pass's head (first entry that stays blocked) and,
+    -- The starvation guard (docs/scheduling.md): the pass's head (first entry that stays blocked) and,
     -- once it has waited starvation_seconds, the hold for it.
     v_head_seen boolean := false;
     v_hold respool.pool_hold;
@@ -261,7 +188,7 @@ BEGIN
         RETURN 0;  -- gone, or nobody waits: the common case after a release
     END IF;
     -- Requests that victims in their grace period were preempted for come first: the units
-    -- those victims free are theirs (SPEC §5), whatever the queue order or queueing mode.
+    -- those victims free are theirs (docs/preemption.md, earmarks), whatever the queue order or queueing mode.
     FOR e IN SELECT r.id AS request_id, q.policy_id
                FROM respool.requests r
                JOIN respool.queue_entries q ON q.request_id = r.id AND q.pool_id = p_pool_id
@@ -304,9 +231,9 @@ BEGIN
         EXIT WHEN best IS NULL;
         -- Free units only shrink during a pass, and the limit and reserved-share rules only
         -- tighten: a shape that is blocked now stays blocked, whichever of its entries we try.
-        IF NOT respool._fits_free(g_resources[best], v_free) THEN
+        IF NOT respool._fits_room_unbounded(g_resources[best], v_free) THEN
             outcome := 'blocked';
-        -- [SPEC §11.1] while the pool holds for its head, an entry behind it must leave the head's
+        -- While the pool holds for its head, an entry behind it must leave the head's
         -- units free (a shape-wide test) or backfill: end by max_seconds before the shadow time
         -- (an entry-wide test: the shape's next entry that can is tried instead).
         ELSIF v_hold.head_id IS NOT NULL AND NOT g_backfill[best]
@@ -350,7 +277,7 @@ BEGIN
             EXIT WHEN (v_free ->> 'step_run')::bigint <= 0;
         ELSIF outcome = 'blocked' THEN  -- a shape blocked now stays blocked in this pass
             EXIT WHEN v_queueing = 'strict';
-            -- [SPEC §11.1] the first blocked entry is the head; hold for it once it waited enough.
+            -- The first blocked entry is the head; hold for it once it waited enough.
             IF NOT v_head_seen THEN
                 v_head_seen := true;
                 v_hold := respool._hold_for(p_pool_id, g_id[best], g_resources[best], g_at[best],
@@ -372,4 +299,4 @@ BEGIN
     RETURN granted;
 END $$;
 COMMENT ON FUNCTION respool.allocate_pool(uuid, timestamptz) IS
-    'Locks the pool and grants its queue: first the requests holding an earmark in it, then in queue order; best_effort grants every request that fits, strict stops at the first that does not (or is locked elsewhere). In best_effort, once the first blocked request (the head) has waited starvation_seconds, a request behind it is granted only if it leaves the head''s units free or backfills (max_seconds ends before the head''s shadow time), SPEC §11.1. Returns the number granted.';
+    'Locks the pool and grants its queue: first the requests holding an earmark in it, then in queue order; best_effort grants every request that fits, strict stops at the first that does not (or is locked elsewhere). In best_effort, once the first blocked request (the head) has waited starvation_seconds, a request behind it is granted only if it leaves the head''s units free or backfills (max_seconds ends before the head''s shadow time; docs/scheduling.md). Returns the number granted.';

@@ -1,5 +1,6 @@
 -- Entering and leaving queues: enqueue in every candidate pool that can ever fit, requeue after
 -- preemption, reject what can no longer fit anywhere.
+-- New requests: granted at once where nobody queues, else queued and tried in candidate order.
 
 CREATE OR REPLACE FUNCTION respool._enqueue(p_request_id uuid)
 RETURNS integer LANGUAGE plpgsql AS $$
@@ -31,7 +32,7 @@ BEGIN
                pool_name = CASE WHEN cardinality(candidate_pool_ids) = 1 THEN pool_name END
          WHERE id = p_request_id;
         IF r.gang_id IS NOT NULL THEN
-            -- [SPEC §11.6] queued again without entries; the gang queues as a whole once the
+            -- gangs (docs/scheduling.md): queued again without entries; the gang queues as a whole once the
             -- last member has given its units back (or is rejected as a whole).
             r := respool._set_status(p_request_id, 'queued', 'retry',
                                      format('requeued for attempt %s after preemption', r.attempt + 1), p_now);
@@ -47,7 +48,7 @@ BEGIN
     RETURN r;
 END $$;
 COMMENT ON FUNCTION respool._after_preemption(uuid, text, text, timestamptz) IS
-    'Marks a freed victim preempted and, while attempt <= max_retries, requeues it (attempt + 1, original queue time); a gang member is requeued with its gang, which queues once no member holds units (SPEC §11.6).';
+    'Marks a freed victim preempted and, while attempt <= max_retries, requeues it (attempt + 1, original queue time); a gang member is requeued with its gang, which queues once no member holds units (docs/scheduling.md, gangs).';
 
 CREATE OR REPLACE FUNCTION respool._reject_unfittable(p_request_id uuid, p_now timestamptz)
 RETURNS respool.requests LANGUAGE plpgsql AS $$
@@ -56,7 +57,7 @@ DECLARE
     v_reason text;
     v_messages text[];
 BEGIN
-    r := respool._queued_as(p_request_id);  -- [SPEC §11.6] a gang as one request of the sum
+    r := respool._queued_as(p_request_id);  -- gangs (docs/scheduling.md): a gang as one request of the sum
     SELECT coalesce((array_agg(c.reason ORDER BY c.n) FILTER (WHERE c.reason IS NOT NULL))[1], 'no_policy'),
            coalesce(array_agg(c.message ORDER BY c.n) FILTER (WHERE c.reason IS NOT NULL), '{}')
       INTO v_reason, v_messages
@@ -73,4 +74,49 @@ BEGIN
     RETURN r;
 END $$;
 COMMENT ON FUNCTION respool._reject_unfittable(uuid, timestamptz) IS
-    'Rejects a request that can no longer fit any candidate pool, with the first candidate''s reason and every candidate''s message; a gang is judged by its members'' sum and rejected whole (SPEC §11.6).';
+    'Rejects a request that can no longer fit any candidate pool, with the first candidate''s reason and every candidate''s message; a gang is judged by its members'' sum and rejected whole (docs/scheduling.md, gangs).';
+
+CREATE OR REPLACE FUNCTION respool._grant_at_once(p_request respool.requests, p_now timestamptz)
+RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    c record;
+BEGIN
+    SELECT p.pool_id, p.id AS policy_id INTO c
+      FROM respool.policies p JOIN respool.pools pl ON pl.id = p.pool_id
+     WHERE p.subject = p_request.subject AND p.pool_id = ANY (p_request.candidate_pool_ids)
+     ORDER BY p.priority DESC, pl.name LIMIT 1;
+    -- With an empty queue nothing is ahead of it, in either queueing mode, and no pool holds
+    -- for a starving head (a pool with a queue is left to respool._try_new).
+    RETURN FOUND AND NOT EXISTS (SELECT FROM respool.queue_entries WHERE pool_id = c.pool_id)
+           AND respool._try_grant(p_request.id, c.pool_id, c.policy_id, p_now) = 'granted';
+END $$;
+COMMENT ON FUNCTION respool._grant_at_once(respool.requests, timestamptz) IS
+    'A new request (not a gang member), its candidate pools locked by the caller and no queue entry yet: granted now in its first candidate pool when nobody queues there and the pool admits it, as respool._try_new would, without a queue entry written and deleted again. False (nothing changed) otherwise: the caller queues it (respool._try_new).';
+
+CREATE OR REPLACE FUNCTION respool._try_new(p_id uuid, p_now timestamptz)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    c record;
+BEGIN
+    FOR c IN SELECT e.pool_id, e.policy_id, pl.queueing
+               FROM respool.queue_entries e
+               JOIN respool.pools pl ON pl.id = e.pool_id
+               JOIN respool.policies p ON p.id = e.policy_id
+              WHERE e.request_id = p_id
+              ORDER BY p.priority DESC, pl.name LOOP
+        -- best_effort, no hold: every earlier request already had its chance, so only the new one can move.
+        -- starvation guard (docs/scheduling.md): while a best_effort pool holds for a starving head, the new request
+        -- may become the head (ending that hold) or be held back: a full pass decides.
+        IF c.queueing = 'strict' OR (respool._pool_hold(c.pool_id, p_now)).head_id IS NOT NULL THEN
+            PERFORM respool.allocate_pool(c.pool_id, p_now);
+        ELSE
+            PERFORM respool._try_grant(p_id, c.pool_id, c.policy_id, p_now);
+        END IF;
+        EXIT WHEN NOT EXISTS (SELECT FROM respool.requests WHERE id = p_id AND status = 'queued');
+    END LOOP;
+    -- Still waiting: the reconcilers decide at once whether it may preempt.
+    PERFORM respool._pool_changed(e.pool_id)
+       FROM respool.queue_entries e WHERE e.request_id = p_id;
+END $$;
+COMMENT ON FUNCTION respool._try_new(uuid, timestamptz) IS
+    'A newly queued request (or gang entry), its candidate pools locked by the caller: tried at once in candidate order (a full pass in strict pools and in pools holding for a starving head), and the reconcilers of the pools where it still waits are woken.';

@@ -1,4 +1,4 @@
--- Starvation guard with EASY backfill (SPEC §11.1) and runtime caps (max_seconds).
+-- Starvation guard with EASY backfill (docs/scheduling.md).
 -- A best_effort pool whose queue head has waited starvation_seconds holds free units for it: a
 -- request behind the head is granted only if it leaves the head's units free, or if its
 -- max_seconds ends before the head's shadow time (the earliest time the head fits when every
@@ -10,14 +10,14 @@ DECLARE
     v_free jsonb := respool._free_units(p_pool_id);
     a record;
 BEGIN
-    IF respool._fits_free(p_need, v_free) THEN
+    IF respool._fits_room_unbounded(p_need, v_free) THEN
         RETURN p_now;
     END IF;
     FOR a IN SELECT resources, run_deadline FROM respool.requests
               WHERE pool_id = p_pool_id AND status = 'allocated' AND run_deadline IS NOT NULL
               ORDER BY run_deadline, id LOOP
         v_free := respool._take_units(v_free, a.resources, -1);
-        IF respool._fits_free(p_need, v_free) THEN
+        IF respool._fits_room_unbounded(p_need, v_free) THEN
             RETURN greatest(a.run_deadline, p_now);
         END IF;
     END LOOP;
@@ -62,20 +62,21 @@ BEGIN
                              (SELECT starvation_seconds FROM respool.pools WHERE id = p_pool_id), p_now);
 END $$;
 COMMENT ON FUNCTION respool._pool_hold(uuid, timestamptz) IS
-    'The hold of a pool now, for the first request of its queue order (SPEC §11.1); NULL fields when the pool holds for nobody. Read-only; O(queue shapes).';
+    'The hold of a pool now, for the first request of its queue order (docs/scheduling.md); NULL fields when the pool holds for nobody. Read-only; O(queue shapes).';
 
 CREATE OR REPLACE FUNCTION respool._leaves_head_room(p_hold respool.pool_hold, p_resources jsonb, p_free jsonb)
 RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
     -- Rule (a): for every key the head needs that this request takes, the free units left after
     -- granting it still cover the head's need (a key it does not take costs the head nothing).
-    RETURN NOT EXISTS (
-        SELECT FROM jsonb_each_text(p_hold.need) n
-         WHERE coalesce((p_resources ->> n.key)::bigint, 0) > 0
-           AND coalesce((p_free ->> n.key)::bigint, 0) - (p_resources ->> n.key)::bigint < n.value::bigint);
+    -- (an untracked key, absent from p_free, leaves no room).
+    RETURN respool._fits_room_zero(
+        (SELECT coalesce(jsonb_object_agg(n.key, n.value), '{}') FROM jsonb_each(p_hold.need) n
+          WHERE coalesce((p_resources ->> n.key)::bigint, 0) > 0),
+        respool._take_units(p_free, p_resources, 1));
 END $$;
 COMMENT ON FUNCTION respool._leaves_head_room(respool.pool_hold, jsonb, jsonb) IS
-    'Backfill rule (a) of SPEC §11.1: granting p_resources out of the free units p_free leaves the held-for head''s need covered on every key both need.';
+    'Backfill rule (a) (docs/scheduling.md): granting p_resources out of the free units p_free leaves the held-for head''s need covered on every key both need.';
 
 CREATE OR REPLACE FUNCTION respool._ends_before_shadow(p_hold respool.pool_hold, p_max_seconds integer,
                                                        p_now timestamptz)
@@ -85,7 +86,7 @@ BEGIN
        AND p_now + make_interval(secs => p_max_seconds) <= p_hold.shadow;
 END $$;
 COMMENT ON FUNCTION respool._ends_before_shadow(respool.pool_hold, integer, timestamptz) IS
-    'Backfill rule (b) of SPEC §11.1: a request with max_seconds granted now ends by the head''s shadow time.';
+    'Backfill rule (b) (docs/scheduling.md): a request with max_seconds granted now ends by the head''s shadow time.';
 
 CREATE OR REPLACE FUNCTION respool._next_backfill(p_pool_id uuid, p_policy_id uuid, p_preemptible boolean,
                                                   p_resources jsonb, p_from_at timestamptz, p_from_id uuid,
@@ -101,7 +102,7 @@ BEGIN
      WHERE e.pool_id = p_pool_id AND e.policy_id = p_policy_id
        AND e.preemptible = p_preemptible AND e.resources = p_resources
        AND (e.queued_at, e.request_id) >= (p_from_at, p_from_id)
-       AND p_now + make_interval(secs => CASE WHEN r.gang_id IS NULL THEN r.max_seconds  -- [SPEC §11.6]
+       AND p_now + make_interval(secs => CASE WHEN r.gang_id IS NULL THEN r.max_seconds  -- a gang: as one request (docs/scheduling.md)
                                               ELSE (respool._queued_as(r.id)).max_seconds END) <= p_shadow
      ORDER BY e.queued_at, e.request_id LIMIT 1;
 END $$;
@@ -124,16 +125,4 @@ BEGIN
                   left(h.head_id::text, 8), h.waited_seconds);
 END $$;
 COMMENT ON FUNCTION respool._held_back(uuid, respool.requests, timestamptz, respool.pool_hold) IS
-    'NULL when the starvation guard lets a queued request be granted in a pool now (no hold, it is the head, rule (a) or (b) of SPEC §11.1); else the sentence saying for whom the pool holds. Read-only.';
-
-CREATE OR REPLACE FUNCTION respool._expire_max_seconds(p_pool_id uuid, p_now timestamptz)
-RETURNS integer LANGUAGE plpgsql AS $$
-BEGIN
-    RETURN (SELECT coalesce(sum(respool._expire_one(id, 'max_seconds',
-                                                    format('ran for its max_seconds (%s s)', max_seconds), p_now)), 0)
-              FROM (SELECT id, max_seconds FROM respool.requests
-                     WHERE pool_id = p_pool_id AND status = 'allocated' AND run_deadline <= p_now
-                     ORDER BY run_deadline, id FOR UPDATE SKIP LOCKED) due);
-END $$;
-COMMENT ON FUNCTION respool._expire_max_seconds(uuid, timestamptz) IS
-    'In a pool the caller has locked: allocated requests past allocated_at + max_seconds become expired (reason max_seconds; with the rest of their gang, SPEC §11.6), whatever their heartbeats, and their units are freed. A row locked by a concurrent heartbeat is left for the next pass.';
+    'NULL when the starvation guard lets a queued request be granted in a pool now (no hold, it is the head, rule (a) or (b), docs/scheduling.md); else the sentence saying for whom the pool holds. Read-only.';

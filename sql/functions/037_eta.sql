@@ -1,4 +1,4 @@
--- ETA of a queued request (SPEC §11.4): a small simulation of the pool from its recorded hold
+-- ETA of a queued request (docs/scheduling.md, ETA): a small simulation of the pool from its recorded hold
 -- times. Every holder ends at the q-quantile of the hold times longer than its age so far (capped
 -- by its max_seconds and grace deadlines); the requests ahead are granted in queue order as
 -- units free up, each holding for the q-quantile hold time (so simulated grants end in grant
@@ -42,7 +42,7 @@ COMMENT ON FUNCTION respool._hold_history(uuid) IS
 CREATE OR REPLACE FUNCTION respool._eta_depth()
 RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 100 $$;
 COMMENT ON FUNCTION respool._eta_depth() IS
-    'How deep in a queue an ETA is estimated (SPEC §11.4): requests further back get eta null, so a read of a queued request stays O(shapes + this), not O(queue).';
+    'How deep in a queue an ETA is estimated (docs/scheduling.md, ETA): requests further back get eta null, so a read of a queued request stays O(shapes + this), not O(queue).';
 
 CREATE OR REPLACE FUNCTION respool._eta_pool(p_pool_id uuid, p_now timestamptz, p_until uuid DEFAULT NULL)
 RETURNS TABLE (request_id uuid, p50_seconds bigint, p90_seconds bigint)
@@ -72,7 +72,6 @@ DECLARE
     gp integer;
     i integer;
     j integer;
-    ok boolean;
 BEGIN
     IF cardinality(v_hist) = 0 THEN
         RETURN;  -- no history: no estimate
@@ -86,7 +85,7 @@ BEGIN
            array_agg(u.n ORDER BY o.position, u.k)
       INTO e_id, e_units
       FROM respool._queue_top(p_pool_id, respool._eta_depth()) o
-      -- the entry's resources: a gang's entry holds its members' sum (SPEC §11.6)
+      -- the entry's resources: a gang's entry holds its members' sum (docs/scheduling.md, gangs)
       JOIN respool.queue_entries r ON r.pool_id = p_pool_id AND r.request_id = o.request_id
      CROSS JOIN LATERAL (SELECT k, coalesce((r.resources ->> v_keys[k])::bigint, 0) AS n
                            FROM generate_series(1, greatest(nk, 1)) k) u;
@@ -120,14 +119,7 @@ BEGIN
         <<entries>>
         FOR i IN 1..cardinality(e_id) LOOP
             LOOP
-                ok := true;
-                FOR j IN 1..nk LOOP
-                    IF e_units[(i - 1) * nk + j] > 0 AND e_units[(i - 1) * nk + j] > v_free[j] THEN
-                        ok := false;
-                        EXIT;
-                    END IF;
-                END LOOP;
-                EXIT WHEN ok;
+                EXIT WHEN respool._fits_room_vector(e_units[(i - 1) * nk + 1 : i * nk], v_free);
                 -- Free the next unit-holder to end: a real holder or a simulated grant.
                 IF hp <= cardinality(h_end) AND (gp > cardinality(g_end) OR h_end[hp] <= g_end[gp]) THEN
                     t := greatest(t, h_end[hp]);
@@ -164,7 +156,7 @@ BEGIN
     END LOOP;
 END $$;
 COMMENT ON FUNCTION respool._eta_pool(uuid, timestamptz, uuid) IS
-    'SPEC §11.4 for the first _eta_depth() requests of a pool queue (or up to p_until): per queued request, the simulated seconds from p_now until its units are free, at the median (p50) and the 90th percentile (p90) of the pool''s hold times: every holder ends at the quantile of the recorded holds longer than its age (capped by max_seconds and grace deadlines), the requests ahead are granted in queue order as units free up and hold for the quantile. No rows without history. Read-only; O(holders + shapes * depth) per pool.';
+    'docs/scheduling.md, ETA for the first _eta_depth() requests of a pool queue (or up to p_until): per queued request, the simulated seconds from p_now until its units are free, at the median (p50) and the 90th percentile (p90) of the pool''s hold times: every holder ends at the quantile of the recorded holds longer than its age (capped by max_seconds and grace deadlines), the requests ahead are granted in queue order as units free up and hold for the quantile. No rows without history. Read-only; O(holders + shapes * depth) per pool.';
 
 CREATE OR REPLACE FUNCTION respool._eta(p_pool_id uuid, p_request_id uuid, p_now timestamptz)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
@@ -174,7 +166,7 @@ BEGIN
              WHERE e.request_id = p_request_id);
 END $$;
 COMMENT ON FUNCTION respool._eta(uuid, uuid, timestamptz) IS
-    'SPEC §11.4: {p50_seconds, p90_seconds} estimated wait of a queued request in one pool (respool._eta_pool up to it), or NULL without history (or when it cannot fit as the pool stands). Read-only.';
+    'docs/scheduling.md, ETA: {p50_seconds, p90_seconds} estimated wait of a queued request in one pool (respool._eta_pool up to it), or NULL without history (or when it cannot fit as the pool stands). Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._request_eta(p_request_id uuid, p_now timestamptz)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$

@@ -1,4 +1,4 @@
--- Gangs (SPEC §11.6): the members of an all_or_nothing batch, granted all together or not at all.
+-- Gangs (docs/scheduling.md, gangs): the members of an all_or_nothing batch, granted all together or not at all.
 --
 -- A queued gang waits as ONE queue entry per candidate pool: its first member's (queue time, id),
 -- carrying the members' summed resources. The engine's queue machinery (queue order, admission,
@@ -82,7 +82,7 @@ BEGIN
                             WHERE m.gang_id = q.gang_id AND m.status = 'allocated' AND m.id < q.id));
 END $$;
 COMMENT ON FUNCTION respool._victim_units(uuid) IS
-    'The preemptible allocations of a pool as victim units (SPEC §5, §11.6): one row per request on its own, one per gang (its lowest-id allocated member, the members'' summed resources); preempting the unit''s request preempts its whole gang. Read-only.';
+    'The preemptible allocations of a pool as victim units (docs/preemption.md): one row per request on its own, one per gang (its lowest-id allocated member, the members'' summed resources); preempting the unit''s request preempts its whole gang. Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._gang_follow(p_member_id uuid, p_to text, p_reason text, p_verb text,
                                                 p_now timestamptz)
@@ -111,7 +111,7 @@ BEGIN
         ELSIF m.status = 'allocated' AND p_to = 'preempted' THEN
             PERFORM respool._preempt_member(m.id, p_reason, v_message, p_now);
         ELSIF p_to = 'cancelled' OR (p_to = 'expired' AND m.status = 'allocated') THEN
-            PERFORM respool._free(m.id);
+            PERFORM respool._unplace(m.id);
             PERFORM respool._set_status(m.id, p_to, p_reason, v_message, p_now);
         ELSE
             CONTINUE;  -- already being preempted: it ends as preempted on its own
@@ -121,7 +121,7 @@ BEGIN
     RETURN n;
 END $$;
 COMMENT ON FUNCTION respool._gang_follow(uuid, text, text, text, timestamptz) IS
-    'SPEC §11.6: after one member of a gang was preempted, expired, cancelled or rejected (p_to), does the same to every other member still holding or queued (queued ones are cancelled, or rejected), same reason, message "gang <id>: member <id> was <p_verb>". Holding members give their units back; the caller lets the queue move. Returns how many followed.';
+    'docs/scheduling.md, gangs: after one member of a gang was preempted, expired, cancelled or rejected (p_to), does the same to every other member still holding or queued (queued ones are cancelled, or rejected), same reason, message "gang <id>: member <id> was <p_verb>". Holding members give their units back; the caller lets the queue move. Returns how many followed.';
 
 CREATE OR REPLACE FUNCTION respool._gang_lockable(p_member_id uuid)
 RETURNS boolean LANGUAGE plpgsql AS $$
@@ -207,7 +207,7 @@ DECLARE
     m record;
     v_first uuid;
 BEGIN
-    -- A member rejected on its own (§4 table) rejects the whole gang.
+    -- A member rejected on its own (the rejection table, docs/admission.md) rejects the whole gang.
     SELECT * INTO rej FROM respool.requests WHERE gang_id = p_gang_id AND status = 'rejected'
      ORDER BY queued_at, id LIMIT 1;
     IF FOUND THEN
@@ -224,4 +224,4 @@ BEGIN
     END IF;
 END $$;
 COMMENT ON FUNCTION respool._gang_start(uuid, timestamptz) IS
-    'Right after a gang''s members were stored (SPEC §11.6): rejects them all when one was rejected, else queues the gang as one entry and grants it at once where the whole gang fits (all members in one pool, in this transaction). The caller holds the candidate pools'' locks.';
+    'Right after a gang''s members were stored (docs/scheduling.md, gangs): rejects them all when one was rejected, else queues the gang as one entry and grants it at once where the whole gang fits (all members in one pool, in this transaction). The caller holds the candidate pools'' locks.';

@@ -1,4 +1,4 @@
--- API tokens (SPEC §6 Auth): create, verify, list, revoke. Callers pass the sha256 hex of a
+-- API tokens (docs/api.md, leases Auth): create, verify, list, revoke. Callers pass the sha256 hex of a
 -- token, never the token itself, so the plaintext never reaches the database (or its logs).
 
 CREATE OR REPLACE FUNCTION respool.token_json(p_id uuid)

@@ -1,4 +1,4 @@
--- Retention (SPEC §9 RESPOOL_RETENTION, `respool request prune --older-than`): delete terminal
+-- Retention (RESPOOL_RETENTION, docs/ops.md; `respool request prune --older-than`): delete terminal
 -- requests and their history. Live requests (queued, allocated, preempting) are never touched.
 
 CREATE OR REPLACE FUNCTION respool.prune_requests(p_before timestamptz, p_limit integer DEFAULT NULL)

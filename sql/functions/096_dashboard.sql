@@ -1,4 +1,4 @@
--- The dashboard's queue (issue 15, defect 2): only each pool's queue head is read
+-- The dashboard's queue: only each pool's queue head is read
 -- (respool._queue_top: O(shapes * limit)), never the whole order and never once per entry: with
 -- 10,000 queued the per-entry way took seconds. (The positions of a page of requests are
 -- respool._queue_positions, sql/functions/033_queue_order.sql.)

@@ -1,6 +1,6 @@
--- A page of queued requests read at once (issue 15, defect 2): their queue positions, the
--- sentence saying what blocks them and their ETA (SPEC §11.4), computed set-based: each involved
--- pool's queue positions, hold, earmark usage and ETA simulation once per pool, the blocker
+-- A page of queued requests read at once: their queue positions, the
+-- sentence saying what blocks them and their ETA (docs/scheduling.md, ETA), computed set-based: each involved
+-- pool's queue positions, hold and ETA simulation once per pool, the blocker
 -- check once per (pool, policy, resources, preemptible) shape, never once per request. The
 -- answers are the ones respool._request_json gives for one request at a time
 -- (tests/engine/test_request_pages.py).
@@ -16,7 +16,7 @@ BEGIN
         SELECT r FROM respool.requests r WHERE r.id IN (SELECT unnest(p_ids)) AND r.status = 'queued'
     ), req AS MATERIALIZED (
         -- qid: the request that stands in the queues for it, its gang's stand-in for a gang
-        -- member (SPEC §11.6, respool._queued_as), with the gang's resources. Computed for the
+        -- member (docs/scheduling.md, gangs, respool._queued_as), with the gang's resources. Computed for the
         -- requests asked for only (the CTE above), not for every queued request of the table.
         SELECT (m.r).id, (x.q).id AS qid, (x.q).resources, (x.q).preemptible, (x.q).max_seconds,
                (x.q).earmark_pool_id, (m.r).gang_id
@@ -33,7 +33,7 @@ BEGIN
     ), pools AS MATERIALIZED (
         SELECT DISTINCT en.pool_id FROM entries en
     ), per_pool AS MATERIALIZED (
-        -- Once per pool: its hold (SPEC §11.1), free units and hold sentence when it holds, and
+        -- Once per pool: its hold (docs/scheduling.md, starvation guard), free units and hold sentence when it holds, and
         -- whether some queued request holds an earmark on it.
         SELECT x.pool_id, x.hold,
                CASE WHEN (x.hold).head_id IS NOT NULL THEN respool._free_units(x.pool_id) END AS free,
@@ -47,21 +47,13 @@ BEGIN
                  WHERE b.earmark_pool_id = x.pool_id AND b.status = 'queued' LIMIT 1) IS NOT NULL
                    AS earmarks
           FROM (SELECT p.pool_id, respool._pool_hold(p.pool_id, p_now) AS hold FROM pools p OFFSET 0) x
-    ), usage AS MATERIALIZED (
-        -- Only in pools with earmarks. The request read is never an earmark holder of that pool
-        -- (that case has its own sentence), so _usage without an exception is what
-        -- respool._earmark_blocks computes for it.
-        SELECT pp.pool_id, u.key, u.bound, u.used, u.leaving, u.earmarked
-          FROM per_pool pp CROSS JOIN LATERAL respool._usage(pp.pool_id) u
-         WHERE pp.earmarks AND u.policy_id IS NULL AND u.bound IS NOT NULL
     ), shapes AS MATERIALIZED (
         -- Once per shape: admission rules 1-3 (_blocker), earmarks, backfill rule (a).
         SELECT s.pool_id, s.policy_id, s.resources, s.preemptible,
                respool._blocker(s.resources, s.preemptible, s.pool_id, s.policy_id) AS blocker,
-               pp.earmarks AND EXISTS (
-                   SELECT FROM jsonb_each_text(s.resources) x
-                     JOIN usage u ON u.pool_id = s.pool_id AND u.key = x.key
-                    WHERE u.used - u.leaving + u.earmarked + x.value::bigint > u.bound) AS earmark_blocks,
+               -- (only in pools with earmarks; the request read is never an earmark holder of
+               -- that pool, that case has its own sentence, so no request to leave out)
+               pp.earmarks AND NOT respool._leaves_earmarks(s.resources, s.pool_id, NULL, NULL) AS earmark_blocks,
                CASE WHEN (pp.hold).head_id IS NOT NULL
                     THEN respool._leaves_head_room(pp.hold, s.resources, pp.free) END AS head_room
           FROM (SELECT DISTINCT en.pool_id, en.policy_id, r.resources, r.preemptible
@@ -74,7 +66,7 @@ BEGIN
           FROM pools p
          CROSS JOIN LATERAL respool._queue_positions(p.pool_id, ARRAY(SELECT DISTINCT r.qid FROM req r)) o
     ), etas AS MATERIALIZED (
-        -- Each pool's ETA simulation once, for its first _eta_depth() requests (SPEC §11.4);
+        -- Each pool's ETA simulation once, for its first _eta_depth() requests (docs/scheduling.md, ETA);
         -- not at all in a pool where no request of the page is that far ahead.
         SELECT p.pool_id, x.request_id, x.p50_seconds, x.p90_seconds
           FROM pools p CROSS JOIN LATERAL respool._eta_pool(p.pool_id, p_now) x

@@ -1,6 +1,6 @@
--- Many requests read at once: a page of the request list, the members of a batch (SPEC §11.5),
+-- Many requests read at once: a page of the request list, the members of a batch (docs/scheduling.md),
 -- the answers of many long-polls that end together (one release granting thousands, a wave of
--- waits timing out, shutdown; issue 17 item 5), with the queued ones' positions, messages and
+-- waits timing out, shutdown), with the queued ones' positions, messages and
 -- ETAs computed set-based (respool._queued_details), not one ETA simulation per request.
 
 CREATE OR REPLACE FUNCTION respool.request_docs(p_ids uuid[])

@@ -1,4 +1,4 @@
--- Policies (sql/functions/050_pools_policies.sql); each returns the policy as JSON.
+-- Policies (sql/functions/051_policies.sql); each returns the policy as JSON.
 
 -- create_policy --
 -- Create a policy for a subject on a pool.

@@ -1,4 +1,4 @@
--- Pools (sql/functions/050_pools_policies.sql); each returns the pool as JSON.
+-- Pools (sql/functions/050_pools.sql); each returns the pool as JSON.
 
 -- create_pool --
 -- Create a pool with every setting, the scheduling ones of SPEC §11 included; returns pool_json.

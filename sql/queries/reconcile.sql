@@ -1,4 +1,4 @@
--- What the reconciler runs (sql/functions/03*.sql, 070_reconcile.sql), and the
+-- What the reconciler runs (sql/functions/03*.sql, 070_victims.sql, 071_reconcile.sql), and the
 -- invariant check it and the dashboard read.
 
 -- pool_ids --

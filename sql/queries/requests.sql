@@ -1,4 +1,4 @@
--- Requests and their events (sql/functions/040_requests.sql).
+-- Requests and their events (sql/functions/040_requests.sql to 044_request_lists.sql).
 
 -- create_request --
 -- Create (or replay) a request; returns (created, request_json).

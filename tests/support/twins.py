@@ -8,9 +8,10 @@ can never drift from the engine it breaks. Install one only into a test's own da
   without its guards (any missing counter row is created), so the invariant auditor must report
   I1/I2.
 * ``broken_shrink_twin``: the two shrink-enforcement bugs fixed earlier — a removed custom
-  key (capacity 0: not a soft key) is never enforced, and ``_shed`` takes every victim its walk
-  meets, also after the excess is gone and one holding no key still over, and never drops the
-  ones not needed (not a minimal set).
+  key (capacity 0: not a soft key) is never enforced, and the minimal-victim routine
+  (``_minimal_victims``, which shrink enforcement shares with preemption) takes every victim its
+  walk meets, also after the excess is gone and one holding no key still over, and never drops
+  the ones not needed (not a minimal set).
 """
 
 from __future__ import annotations
@@ -55,10 +56,10 @@ TWINS: dict[str, list[tuple[str, list[tuple[str, str]]]]] = {
             ],
         ),
         (
-            "respool._shed(uuid, uuid, jsonb, text, text, timestamptz)",
+            "respool._minimal_victims(uuid[], uuid[], jsonb[], jsonb, jsonb, uuid)",
             [
-                ("CONTINUE WHEN NOT respool._holds_any(v.resources, excess);", "NULL;"),
-                ("EXIT WHEN NOT respool._any_over(excess);", "NULL;"),
+                ("CONTINUE WHEN NOT useful;", "NULL;"),
+                ("EXIT WHEN NOT respool._any_over(deficit);", "NULL;"),
                 ("IF NOT respool._holds_any(held[i],", "IF false AND respool._holds_any(held[i],"),
             ],
         ),

@@ -1,0 +1,213 @@
+-- Placement: the one seam every grant goes through (docs/engine.md, "The placement seam").
+--
+--   respool._fits     does a request fit what is free: admission rules 1-3 (docs/admission.md)
+--                     on the pool and policy counters, and the earmark rule (docs/preemption.md);
+--   respool._place    charges granted requests and records where they were placed;
+--   respool._unplace  gives a holding request's units back (every path that ends a holding).
+--
+-- Today a grant is placed in the pool as a whole: _place records no placement below the pool and
+-- _unplace has none to clear. Nodes and devices change the bodies of these three functions (and
+-- add their own file), not their callers. Read-only planners (what-if, ETA, the starvation guard,
+-- victim choice) test room maps with the _fits_room_* functions, each named by the rule it
+-- applies to a key the room map lacks.
+
+CREATE OR REPLACE FUNCTION respool._blocker(p_resources jsonb, p_preemptible boolean, p_pool_id uuid, p_policy_id uuid)
+RETURNS text LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- PL/pgSQL, not SQL: PostgreSQL before 18 plans a SQL function's body on every call, and
+    -- this runs for every grant attempt and every read of a queued request.
+    RETURN (SELECT msg FROM (
+        SELECT k.key,
+               CASE
+                 WHEN c.cap IS NOT NULL AND k.need > 0 AND c.pool_used + k.need > c.cap THEN
+                     format('waiting for %s: pool %s/%s used, needs %s', k.key, c.pool_used, c.cap, k.need)
+                 WHEN pol."limit" IS NOT NULL AND c.subject_used + k.need > pol."limit" THEN
+                     format('waiting for %s: subject limit reached, %s/%s used, needs %s',
+                            k.key, c.subject_used, pol."limit", k.need)
+                 WHEN NOT p_preemptible AND c.cap IS NOT NULL AND k.need > 0
+                      AND coalesce(pol.np_used, 0) + k.need > coalesce(pol.reserved, 0) THEN
+                     format('waiting for %s: reserved share for non-preemptible work %s/%s used, needs %s',
+                            k.key, coalesce(pol.np_used, 0), coalesce(pol.reserved, 0), k.need)
+               END AS msg
+          FROM (SELECT x.key, x.value::bigint AS need FROM jsonb_each_text(p_resources) x
+                UNION ALL
+                SELECT l.key, 0 FROM respool.policy_resources l
+                 WHERE l.policy_id = p_policy_id AND l."limit" IS NOT NULL AND NOT p_resources ? l.key) k
+          LEFT JOIN respool.pool_resources pr ON pr.pool_id = p_pool_id AND pr.key = k.key
+          LEFT JOIN respool.policy_resources pol ON pol.policy_id = p_policy_id AND pol.key = k.key
+         CROSS JOIN LATERAL (SELECT respool._effective_capacity(k.key, pr.capacity) AS cap,
+                                    coalesce(pr.used, 0) AS pool_used,
+                                    coalesce(pol.used, 0) AS subject_used) c
+    ) checks
+    WHERE msg IS NOT NULL
+    ORDER BY key
+    LIMIT 1);
+END $$;
+COMMENT ON FUNCTION respool._blocker(jsonb, boolean, uuid, uuid) IS
+    'Admission rules 1-3 (docs/admission.md) against the current counters of a pool and a policy: NULL when admissible, else one sentence naming the first blocking key. The rules of respool._fits; read-only.';
+
+CREATE OR REPLACE FUNCTION respool._leaves_earmarks(p_resources jsonb, p_pool_id uuid, p_request_id uuid,
+                                                    p_earmark_pool_id uuid)
+RETURNS boolean LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- Once every victim in its grace period has left (their units gone) and every earmarked
+    -- request has its units, would this request still fit? Checked only while earmarks exist.
+    -- The two cheap tests first, as statements of their own: nearly always one of them ends it.
+    IF p_earmark_pool_id IS NOT DISTINCT FROM p_pool_id
+       OR NOT EXISTS (SELECT FROM respool.requests b
+                       WHERE b.earmark_pool_id = p_pool_id AND b.status = 'queued'
+                         AND b.id IS DISTINCT FROM p_request_id) THEN
+        RETURN true;
+    END IF;
+    RETURN NOT EXISTS (
+           SELECT FROM jsonb_each_text(p_resources) x
+             JOIN respool._usage(p_pool_id, p_request_id) u
+               ON u.policy_id IS NULL AND u.key = x.key AND u.bound IS NOT NULL
+            WHERE u.used - u.leaving + u.earmarked + x.value::bigint > u.bound);
+END $$;
+COMMENT ON FUNCTION respool._leaves_earmarks(jsonb, uuid, uuid, uuid) IS
+    'The earmark rule (docs/preemption.md): true when granting p_resources in the pool to request p_request_id (NULL: a request not stored yet) leaves every unit earmarked for another request (units victims in their grace period will free) to it. Always true for the earmark holder itself (p_earmark_pool_id = p_pool_id) and while the pool has no earmarks. Read-only.';
+
+CREATE OR REPLACE FUNCTION respool._fits(p_resources jsonb, p_preemptible boolean, p_pool_id uuid, p_policy_id uuid,
+                                         p_request_id uuid DEFAULT NULL, p_earmark_pool_id uuid DEFAULT NULL)
+RETURNS boolean LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN respool._blocker(p_resources, p_preemptible, p_pool_id, p_policy_id) IS NULL
+           AND respool._leaves_earmarks(p_resources, p_pool_id, p_request_id, p_earmark_pool_id);
+END $$;
+COMMENT ON FUNCTION respool._fits(jsonb, boolean, uuid, uuid, uuid, uuid) IS
+    'THE fit decision of every grant: true when p_resources (preemptible or not) of the subject of policy p_policy_id fit what is free in pool p_pool_id now: admission rules 1-3 on the pool and policy counters (respool._blocker) and the earmark rule (respool._leaves_earmarks; p_request_id / p_earmark_pool_id: the request''s id and earmark, NULL for a request of that shape not stored yet). k requests of one shape fit together exactly when one of k times the need fits (every rule is "used + need <= bound"). Read-only; the caller holds the pool lock for the answer to stay true.';
+
+CREATE OR REPLACE FUNCTION respool._fits_room_unbounded(p_need jsonb, p_room jsonb)
+RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN NOT EXISTS (SELECT FROM jsonb_each_text(p_need) x
+                        WHERE p_room ? x.key AND x.value::bigint > (p_room ->> x.key)::bigint);
+END $$;
+COMMENT ON FUNCTION respool._fits_room_unbounded(jsonb, jsonb) IS
+    'True when every key of p_need fits the room map {key: units}; a key the room map lacks is unbounded (free units of a pool: an untracked key). Read-only planners and the cheap first test of a pass.';
+
+CREATE OR REPLACE FUNCTION respool._fits_room_vector(p_need bigint[], p_room bigint[])
+RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    FOR j IN 1..coalesce(cardinality(p_need), 0) LOOP
+        IF p_need[j] > 0 AND p_need[j] > p_room[j] THEN
+            RETURN false;
+        END IF;
+    END LOOP;
+    RETURN true;
+END $$;
+COMMENT ON FUNCTION respool._fits_room_vector(bigint[], bigint[]) IS
+    'respool._fits_room_unbounded on unit vectors: p_need and p_room hold the units of the same keys (a pool''s tracked keys) by position; a key not in the vectors is unbounded. For the ETA simulation''s inner loop, which keeps units in arrays.';
+
+CREATE OR REPLACE FUNCTION respool._fits_room_zero(p_need jsonb, p_room jsonb)
+RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN NOT EXISTS (SELECT FROM jsonb_each_text(p_need) x
+                        WHERE x.value::bigint > coalesce((p_room ->> x.key)::bigint, 0));
+END $$;
+COMMENT ON FUNCTION respool._fits_room_zero(jsonb, jsonb) IS
+    'True when every key of p_need fits the room map {key: units}; a key the room map lacks has room 0 (a reserved share the subject has no counter for).';
+
+CREATE OR REPLACE FUNCTION respool._fits_every_room(p_need jsonb, p_room jsonb)
+RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN NOT EXISTS (SELECT FROM jsonb_each_text(coalesce(p_room, '{}')) m
+                        WHERE coalesce((p_need ->> m.key)::bigint, 0) > m.value::bigint);
+END $$;
+COMMENT ON FUNCTION respool._fits_every_room(jsonb, jsonb) IS
+    'True when no key of the room map {key: units} is passed; a key p_need lacks needs 0, so a room already below 0 fails whatever the need (a limit binds even keys the request does not ask for). A key the room map lacks is unbounded.';
+
+CREATE OR REPLACE FUNCTION respool._take_units(p_map jsonb, p_units jsonb, p_sign integer)
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN (SELECT coalesce(jsonb_object_agg(m.key, m.value::bigint - p_sign * coalesce((p_units ->> m.key)::bigint, 0)), '{}')
+              FROM jsonb_each_text(p_map) m);
+END $$;
+COMMENT ON FUNCTION respool._take_units(jsonb, jsonb, integer) IS
+    'p_map {key: units} minus (p_sign 1) or plus (p_sign -1) the amounts p_units holds of the same keys; keys p_map lacks are ignored.';
+
+CREATE OR REPLACE FUNCTION respool._move_units(p_pool_id uuid, p_policy_id uuid, p_units jsonb, p_np jsonb,
+                                               p_sign integer)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_keys integer := (SELECT count(*) FROM jsonb_object_keys(p_units));
+    v_moved text[];
+BEGIN
+    -- One guarded statement per table: a charge that would pass a capacity or a limit moves
+    -- fewer keys than it has and fails below instead of over-allocating.
+    WITH moved AS (
+        UPDATE respool.pool_resources pr SET used = pr.used + p_sign * x.value::bigint
+          FROM jsonb_each_text(p_units) x
+         WHERE pr.pool_id = p_pool_id AND pr.key = x.key
+           AND (p_sign < 0 OR pr.used + x.value::bigint <= pr.capacity
+                OR (pr.capacity IS NULL AND respool._is_soft_key(pr.key)))
+        RETURNING pr.key)
+    SELECT coalesce(array_agg(key), '{}') INTO v_moved FROM moved;
+    IF cardinality(v_moved) < v_keys THEN
+        -- Only a soft key the pool does not list may be charged without a counter: it gets an
+        -- untracked one.
+        IF p_sign < 0 OR EXISTS (SELECT FROM jsonb_object_keys(p_units) k(key)
+                                  WHERE k.key <> ALL (v_moved)
+                                    AND (NOT respool._is_soft_key(k.key)
+                                         OR EXISTS (SELECT FROM respool.pool_resources
+                                                     WHERE pool_id = p_pool_id AND key = k.key))) THEN
+            RAISE EXCEPTION 'moving % units % in pool % would pass its capacity or finds no counter',
+                p_sign, p_units, p_pool_id USING ERRCODE = 'RP500';
+        END IF;
+        INSERT INTO respool.pool_resources (pool_id, key, used)
+        SELECT p_pool_id, x.key, x.value::bigint FROM jsonb_each_text(p_units) x WHERE x.key <> ALL (v_moved);
+    END IF;
+    WITH moved AS (
+        UPDATE respool.policy_resources pol
+           SET used = pol.used + p_sign * x.value::bigint,
+               np_used = pol.np_used + p_sign * coalesce((p_np ->> x.key)::bigint, 0)
+          FROM jsonb_each_text(p_units) x
+         WHERE pol.policy_id = p_policy_id AND pol.key = x.key
+           AND (p_sign < 0 OR pol."limit" IS NULL OR pol.used + x.value::bigint <= pol."limit")
+        RETURNING pol.key)
+    SELECT coalesce(array_agg(key), '{}') INTO v_moved FROM moved;
+    IF cardinality(v_moved) < v_keys THEN
+        -- A key the policy has no counter for (no limit, no reservation) gets one.
+        IF p_sign < 0 OR EXISTS (SELECT FROM respool.policy_resources
+                                  WHERE policy_id = p_policy_id AND key IN (SELECT jsonb_object_keys(p_units))
+                                    AND key <> ALL (v_moved)) THEN
+            RAISE EXCEPTION 'moving % units % of policy % would pass its limit or finds no counter',
+                p_sign, p_units, p_policy_id USING ERRCODE = 'RP500';
+        END IF;
+        INSERT INTO respool.policy_resources (policy_id, key, used, np_used)
+        SELECT p_policy_id, x.key, x.value::bigint, coalesce((p_np ->> x.key)::bigint, 0)
+          FROM jsonb_each_text(p_units) x WHERE x.key <> ALL (v_moved);
+    END IF;
+END $$;
+COMMENT ON FUNCTION respool._move_units(uuid, uuid, jsonb, jsonb, integer) IS
+    'Charges (p_sign 1) or returns (p_sign -1) units {key: n} on a pool''s counters and one policy''s counters (p_np: the non-preemptible part), one statement per table. A charge is guarded (used + n <= capacity / limit) and raises RP500 rather than over-allocate; a soft key the pool does not list gets an untracked counter, a key the policy does not bound a plain one. CHECK used >= 0 catches a double return.';
+
+CREATE OR REPLACE FUNCTION respool._place(p_pool_id uuid, p_policy_id uuid, p_granted respool.requests[])
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    -- The charge: one guarded statement per counter table for all of them.
+    IF cardinality(p_granted) = 1 THEN
+        PERFORM respool._move_units(p_pool_id, p_policy_id, p_granted[1].resources, p_granted[1].np_charge, 1);
+    ELSE
+        PERFORM respool._move_units(p_pool_id, p_policy_id,
+                                    respool._sum_units(ARRAY(SELECT g.resources FROM unnest(p_granted) g)),
+                                    respool._sum_units(ARRAY(SELECT g.np_charge FROM unnest(p_granted) g)), 1);
+    END IF;
+    -- The placement: a grant lives in the pool as a whole, so there is nothing below the pool
+    -- to record (a placement of NULL). A node feature records each request's node here.
+END $$;
+COMMENT ON FUNCTION respool._place(uuid, uuid, respool.requests[]) IS
+    'Places requests the caller has just moved to allocated (in a pool it has locked, under one policy): charges their resources (np_charge: the non-preemptible part) on the pool''s and the policy''s counters in one guarded statement per table, RP500 rather than over-allocate; and records where each was placed, today nowhere below the pool (a NULL placement). The caller checked respool._fits first. The counterpart is respool._unplace.';
+
+CREATE OR REPLACE FUNCTION respool._unplace(p_request_id uuid)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    r respool.requests := (SELECT q FROM respool.requests q WHERE q.id = p_request_id);
+BEGIN
+    PERFORM respool._move_units(r.pool_id, r.policy_id, r.resources, r.np_charge, -1);
+    -- No placement below the pool to clear (respool._place records none).
+END $$;
+COMMENT ON FUNCTION respool._unplace(uuid) IS
+    'Gives a holding request''s units back: returns them to its pool''s and policy''s counters (CHECK used >= 0 catches a double return) and clears its placement (none today). Every path that ends a holding goes through it: release, cancel, lease expiry, max_seconds, preemption, grace end, forced deletes. The caller changes the status, which clears the lease, runtime cap and charge (respool._set_status).';
+

@@ -1,0 +1,91 @@
+-- The request document: one request as the API shows it (status, position, blocker, ETA).
+
+DROP FUNCTION IF EXISTS respool._request_json(uuid, jsonb);
+
+CREATE OR REPLACE FUNCTION respool._request_doc(r respool.requests, p_position bigint, p_message text,
+                                                p_eta jsonb)
+RETURNS json LANGUAGE sql IMMUTABLE AS $$
+    -- json, not jsonb: built as text in one go (a page of 1,000 is aggregated with json_agg and
+    -- sent as it is; jsonb took three times as long to build and print).
+    SELECT json_build_object(
+        'id', r.id, 'subject', r.subject, 'pool', r.pool_name, 'pool_id', r.pool_id,
+        'policy_id', r.policy_id, 'resources', r.resources, 'preemptible', r.preemptible,
+        'priority', r.priority, 'status', r.status, 'reason', r.reason, 'message', coalesce(p_message, ''),
+        'queue_position', p_position, 'attempt', r.attempt, 'max_retries', r.max_retries,
+        'lease_seconds', r.lease_seconds, 'lease_expires_at', r.lease_expires_at,
+        'preempt_deadline', r.preempt_deadline, 'idempotency_key', r.idempotency_key,
+        'labels', r.labels, 'version', r.version, 'created_at', r.created_at,
+        'updated_at', r.updated_at, 'allocated_at', r.allocated_at, 'finished_at', r.finished_at,
+        'max_seconds', r.max_seconds, 'run_deadline', r.run_deadline, 'eta', p_eta, 'gang_id', r.gang_id)
+$$;
+COMMENT ON FUNCTION respool._request_doc(respool.requests, bigint, text, jsonb) IS
+    'The one JSON shape of a request as the API shows it, from its row and the computed queue position, message (NULL: empty) and ETA: shared by the one-request read (as jsonb) and the page read (json_agg), so both give the same document.';
+
+CREATE OR REPLACE FUNCTION respool._request_json(p_id uuid)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    r respool.requests;
+    q respool.requests;
+    v_position bigint;
+    v_message text;
+    v_pools integer;
+    v_eta jsonb;
+BEGIN
+    SELECT * INTO r FROM respool.requests WHERE id = p_id;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    v_message := r.message;
+    IF r.status = 'queued' THEN
+        -- gangs (docs/scheduling.md): a gang member waits as its gang: the entries of the gang's stand-in.
+        q := CASE WHEN r.gang_id IS NULL THEN r ELSE respool._queued_as(r.id) END;
+        -- One request on its own: positions by counting what is ahead (_queue_position), the ETA
+        -- simulation stopped at it. respool._queued_details gives the same for a page at once.
+        SELECT count(*) INTO v_pools FROM respool.queue_entries WHERE request_id = q.id;
+        SELECT min(o.position),
+               string_agg(CASE WHEN v_pools > 1 THEN pl.name || ': ' ELSE '' END
+                          || CASE WHEN q.earmark_pool_id = e.pool_id
+                                  THEN 'preempted units are being released for it'
+                                  ELSE coalesce(respool._blocker(e.resources, e.preemptible, e.pool_id, e.policy_id),
+                                                CASE WHEN respool._earmark_blocks(q, e.pool_id)
+                                                     THEN 'waiting: freed units are earmarked for a request that preempted others'
+                                                     -- starvation guard (docs/scheduling.md): the starvation guard holds it back
+                                                     ELSE coalesce(respool._held_back(e.pool_id, q, now()),
+                                                                   'fits, waiting for its turn') END) END
+                          || CASE WHEN o.position > 1 THEN format('; %s ahead', o.position - 1) ELSE '' END,
+                          ' | ' ORDER BY p.priority DESC, pl.name)
+          INTO v_position, v_message
+          FROM respool.queue_entries e
+          JOIN respool.pools pl ON pl.id = e.pool_id
+          JOIN respool.policies p ON p.id = e.policy_id
+         CROSS JOIN LATERAL (SELECT respool._queue_position(e.pool_id, q.id) AS position OFFSET 0) o
+         WHERE e.request_id = q.id;
+        v_eta := respool._request_eta(q.id, now());  -- docs/scheduling.md, ETA
+        IF r.gang_id IS NOT NULL THEN
+            v_message := format('gang %s: ', r.gang_id)
+                         || coalesce(v_message, 'waiting until every member has given its units back');
+        END IF;
+    END IF;
+    RETURN respool._request_doc(r, v_position, v_message, v_eta)::jsonb;
+END $$;
+COMMENT ON FUNCTION respool._request_json(uuid) IS
+    'A request as the API shows it; for a queued one, its best queue position, what blocks it (or the starvation hold) and its ETA, computed now for this request alone (for a gang member: its gang''s, docs/scheduling.md, gangs).';
+
+CREATE OR REPLACE FUNCTION respool.request_json(p_id uuid)
+RETURNS jsonb LANGUAGE sql STABLE AS $$
+    SELECT respool._request_json(p_id)
+$$;
+COMMENT ON FUNCTION respool.request_json(uuid) IS
+    'A request as the API shows it; for a queued one, its best queue position, what blocks it (or the starvation hold) and its ETA, computed now.';
+
+CREATE OR REPLACE FUNCTION respool.get_request(p_id uuid)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    doc jsonb := respool.request_json(p_id);
+BEGIN
+    IF doc IS NULL THEN
+        PERFORM respool._fail('RP404', 'id', format('request %s not found', p_id));
+    END IF;
+    RETURN doc;
+END $$;
+COMMENT ON FUNCTION respool.get_request(uuid) IS 'One request (RP404 when unknown).';

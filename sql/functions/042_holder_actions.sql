@@ -1,0 +1,137 @@
+-- What a request's holder does to it: release, cancel, delete; and the one way a request leaves
+-- the queue or gives its units back (respool._leave_queue, respool._end_holding).
+
+CREATE OR REPLACE FUNCTION respool._lock_request(p_id uuid, p_attempt integer)
+RETURNS respool.requests LANGUAGE plpgsql AS $$
+DECLARE
+    r respool.requests;
+BEGIN
+    SELECT * INTO r FROM respool.requests WHERE id = p_id;
+    IF NOT FOUND THEN
+        PERFORM respool._fail('RP404', 'id', format('request %s not found', p_id));
+    END IF;
+    PERFORM respool._lock_pools(r.candidate_pool_ids || r.pool_id);
+    SELECT * INTO r FROM respool.requests WHERE id = p_id FOR UPDATE;
+    IF p_attempt IS NOT NULL AND p_attempt <> r.attempt THEN
+        PERFORM respool._fail('RP409', 'attempt', format(
+            'stale attempt %s: request %s is on attempt %s', p_attempt, p_id, r.attempt));
+    END IF;
+    RETURN r;
+END $$;
+COMMENT ON FUNCTION respool._lock_request(uuid, integer) IS
+    'Locks a request''s candidate pools (id order) and then the request; RP404 if unknown, RP409 when p_attempt is stale (fencing).';
+
+CREATE OR REPLACE FUNCTION respool._leave_queue(p_id uuid, p_to text, p_reason text, p_message text, p_now timestamptz)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_pools uuid[];
+    v_held uuid[];
+    v_pool uuid;
+BEGIN
+    v_pools := respool._unqueue(p_id);
+    -- gangs (docs/scheduling.md): members of its gang still holding units (in a grace period, before the gang
+    -- is requeued) give them back when they follow: their pool is granted below (docs/admission.md).
+    v_held := ARRAY(SELECT DISTINCT m.pool_id FROM respool.requests m
+                     WHERE m.gang_id = (SELECT gang_id FROM respool.requests WHERE id = p_id)
+                       AND m.id <> p_id AND m.status IN ('allocated', 'preempting'));
+    PERFORM respool._set_status(p_id, p_to, p_reason, p_message, p_now);
+    PERFORM respool._gang_follow(p_id, p_to, p_reason, p_to, p_now);  -- gangs: docs/scheduling.md
+    -- In a strict pool the request may have been the head that blocked everyone else; in a
+    -- best_effort pool with the starvation guard, the head the pool held units for (docs/scheduling.md, starvation guard).
+    FOR v_pool IN SELECT id FROM respool.pools
+                   WHERE (id = ANY (v_pools) AND (queueing = 'strict' OR starvation_seconds IS NOT NULL))
+                      OR id = ANY (v_held)
+                   ORDER BY id LOOP
+        PERFORM respool.allocate_pool(v_pool, p_now);
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION respool._leave_queue(uuid, text, text, text, timestamptz) IS
+    'Takes a locked queued request (and the rest of its gang, docs/scheduling.md, gangs) out of every queue with a terminal status, then lets strict queues behind it move (and best_effort queues whose starvation hold it may have been), and grants in the pool where members of its gang gave units back.';
+
+CREATE OR REPLACE FUNCTION respool._unqueue(p_id uuid)
+RETURNS uuid[] LANGUAGE plpgsql AS $$
+DECLARE
+    v_pools uuid[];
+BEGIN
+    WITH gone AS (
+        DELETE FROM respool.queue_entries e
+         WHERE e.request_id = p_id
+            OR e.request_id IN (SELECT m.id FROM respool.requests m JOIN respool.requests r ON r.gang_id = m.gang_id
+                                 WHERE r.id = p_id)
+        RETURNING e.pool_id)
+    SELECT array_agg(DISTINCT pool_id) INTO v_pools FROM gone;
+    RETURN coalesce(v_pools, '{}');
+END $$;
+COMMENT ON FUNCTION respool._unqueue(uuid) IS
+    'Removes the queue entries of a request, and of its gang (whose one entry per pool may be another member''s); returns the pools it waited in.';
+
+CREATE OR REPLACE FUNCTION respool._end_holding(p_id uuid, p_to text, p_reason text, p_message text, p_now timestamptz)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    r respool.requests;
+BEGIN
+    SELECT * INTO r FROM respool.requests WHERE id = p_id;
+    PERFORM respool._unplace(p_id);
+    IF r.status = 'preempting' AND p_to <> 'cancelled' THEN
+        PERFORM respool._after_preemption(p_id, r.reason, r.message, p_now);
+    ELSE
+        PERFORM respool._set_status(p_id, p_to, p_reason, p_message, p_now);
+        IF p_to = 'cancelled' OR (p_to = 'expired' AND r.status = 'allocated') THEN
+            PERFORM respool._gang_follow(p_id, p_to, p_reason, p_to, p_now);  -- gangs: docs/scheduling.md
+        END IF;
+    END IF;
+    PERFORM respool.allocate_pool(r.pool_id, p_now);
+END $$;
+COMMENT ON FUNCTION respool._end_holding(uuid, text, text, text, timestamptz) IS
+    'Frees a locked allocated/preempting request, sets its final status (a preempting one becomes preempted; a cancelled or expired gang member takes the rest of its gang along, docs/scheduling.md, gangs), and grants what now fits in its pool.';
+
+CREATE OR REPLACE FUNCTION respool._end_request(p_id uuid, p_attempt integer, p_status text,
+                                                p_reason text, p_message text,
+                                                p_queued_reason text, p_queued_message text,
+                                                p_now timestamptz)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    r respool.requests := respool._lock_request(p_id, p_attempt);
+BEGIN
+    IF r.status IN ('allocated', 'preempting') THEN
+        PERFORM respool._end_holding(p_id, p_status, p_reason, p_message, p_now);
+    ELSIF r.status = 'queued' THEN
+        PERFORM respool._leave_queue(p_id, 'cancelled', p_queued_reason, p_queued_message, p_now);
+    END IF;
+    RETURN respool.request_json(p_id);
+END $$;
+COMMENT ON FUNCTION respool._end_request(uuid, integer, text, text, text, text, text, timestamptz) IS
+    'Release and cancel in one place: a holding request (attempt fenced) ends as p_status (preempting -> preempted) with its units freed and what fits granted; a queued one becomes cancelled with p_queued_reason; a terminal one is unchanged. Returns the request''s JSON.';
+
+CREATE OR REPLACE FUNCTION respool.release_request(p_id uuid, p_attempt integer DEFAULT NULL,
+                                                   p_now timestamptz DEFAULT now())
+RETURNS jsonb LANGUAGE sql AS $$
+    SELECT respool._end_request(p_id, p_attempt, 'released', NULL, '',
+                                'released_while_queued', 'released before it was allocated', p_now)
+$$;
+COMMENT ON FUNCTION respool.release_request(uuid, integer, timestamptz) IS
+    'allocated -> released (preempting -> preempted), queued -> cancelled, terminal unchanged; frees units and grants what fits in the same transaction.';
+
+CREATE OR REPLACE FUNCTION respool.cancel_request(p_id uuid, p_attempt integer DEFAULT NULL,
+                                                  p_now timestamptz DEFAULT now())
+RETURNS jsonb LANGUAGE sql AS $$
+    SELECT respool._end_request(p_id, p_attempt, 'cancelled', 'cancelled', 'cancelled by the client',
+                                'cancelled', 'cancelled by the client', p_now)
+$$;
+COMMENT ON FUNCTION respool.cancel_request(uuid, integer, timestamptz) IS
+    'queued/allocated/preempting -> cancelled (units freed, the queue moves); terminal unchanged.';
+
+CREATE OR REPLACE FUNCTION respool.delete_request(p_id uuid)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_status text;
+BEGIN
+    SELECT status INTO v_status FROM respool.requests WHERE id = p_id FOR UPDATE;
+    IF NOT FOUND THEN
+        PERFORM respool._fail('RP404', 'id', format('request %s not found', p_id));
+    ELSIF NOT respool._is_terminal(v_status) THEN
+        PERFORM respool._fail('RP409', 'status', format('request %s is %s; only terminal requests can be deleted', p_id, v_status));
+    END IF;
+    DELETE FROM respool.requests WHERE id = p_id;
+END $$;
+COMMENT ON FUNCTION respool.delete_request(uuid) IS 'Deletes a terminal request; its events stay (docs/api.md, append-only; only retention removes them); RP409 while it is queued or holds units.';

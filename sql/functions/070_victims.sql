@@ -1,0 +1,210 @@
+-- Victims (docs/preemption.md): which preemptible allocations go, and shrink enforcement.
+-- One minimal-set routine (respool._minimal_victims) serves both shrinks and preemption for the
+-- queue; victim order is lowest priority first, then most recently allocated, a gang one unit.
+
+CREATE OR REPLACE FUNCTION respool._any_over(p_map jsonb)
+RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN EXISTS (SELECT FROM jsonb_each_text(p_map) m WHERE m.value::bigint > 0);
+END $$;
+COMMENT ON FUNCTION respool._any_over(jsonb) IS 'True when some key of an excess/deficit map {key: units} is still positive.';
+
+CREATE OR REPLACE FUNCTION respool._holds_any(p_resources jsonb, p_map jsonb)
+RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN EXISTS (SELECT FROM jsonb_each_text(p_resources) x
+                    WHERE x.value::bigint > 0 AND coalesce((p_map ->> x.key)::bigint, 0) > 0);
+END $$;
+COMMENT ON FUNCTION respool._holds_any(jsonb, jsonb) IS
+    'True when p_resources holds units of a key that is still positive in the map {key: units}: a victim that would help.';
+CREATE OR REPLACE FUNCTION respool._minimal_victims(p_ids uuid[], p_policies uuid[], p_held jsonb[],
+                                                   p_deficit jsonb, p_over jsonb DEFAULT NULL,
+                                                   p_own_policy uuid DEFAULT NULL,
+                                                   OUT victims uuid[], OUT covered boolean)
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    deficit jsonb := p_deficit;  -- key -> units still missing / still over (> 0)
+    over jsonb := p_over;        -- "policy/key" -> units that policy holds above its reserved share
+    chosen uuid[] := '{}';
+    held jsonb[] := '{}';
+    i integer;
+    k text;
+    n bigint;
+    useful boolean;
+BEGIN
+    -- The walk, in victim order: a victim is useful when it holds a key still missing (and, with
+    -- p_over, its subject is above its reserved share of that key, or it is p_own_policy's own
+    -- work). A victim counts against every missing key it holds, so one taken for one key also
+    -- pays for the others.
+    FOR i IN 1..coalesce(cardinality(p_ids), 0) LOOP
+        EXIT WHEN NOT respool._any_over(deficit);
+        useful := false;
+        FOR k, n IN SELECT key, value::bigint FROM jsonb_each_text(p_held[i]) LOOP
+            IF n > 0 AND coalesce((deficit ->> k)::bigint, 0) > 0
+               AND (over IS NULL OR p_policies[i] = p_own_policy
+                    OR coalesce((over ->> (p_policies[i] || '/' || k))::bigint, 0) > 0) THEN
+                useful := true;
+            END IF;
+        END LOOP;
+        CONTINUE WHEN NOT useful;
+        chosen := chosen || p_ids[i];
+        held := held || p_held[i];
+        IF over IS NOT NULL THEN
+            FOR k, n IN SELECT key, value::bigint FROM jsonb_each_text(p_held[i]) WHERE deficit ? key LOOP
+                over := jsonb_set(over, ARRAY[p_policies[i] || '/' || k],
+                                  to_jsonb(coalesce((over ->> (p_policies[i] || '/' || k))::bigint, 0) - n));
+            END LOOP;
+        END IF;
+        deficit := respool._take_units(deficit, p_held[i], 1);
+    END LOOP;
+    covered := NOT respool._any_over(deficit);
+    -- Minimal set: put back, latest pick first, every victim that can be done without (with its
+    -- units back, no key it holds is missing again).
+    FOR i IN REVERSE cardinality(chosen)..1 LOOP
+        IF NOT respool._holds_any(held[i], respool._take_units(deficit, held[i], -1)) THEN
+            deficit := respool._take_units(deficit, held[i], -1);
+            chosen[i] := NULL;
+        END IF;
+    END LOOP;
+    victims := array_remove(chosen, NULL);
+END $$;
+COMMENT ON FUNCTION respool._minimal_victims(uuid[], uuid[], jsonb[], jsonb, jsonb, uuid) IS
+    'THE minimal-victim routine (shrink enforcement and preemption for the queue): walks the candidates (p_ids with their policies and held units, in victim order) taking each one that frees a key of p_deficit {key: units} still missing (with p_over {"policy/key": units above the reserved share}: only from a subject above its share of that key, or p_own_policy''s own work) until no key is missing, then drops every chosen victim whose removal is not needed, latest pick first. victims: the minimal set in pick order; covered: whether it covers the whole deficit (when not, victims is what the walk found useful). Read-only.';
+
+CREATE OR REPLACE FUNCTION respool._borrowers(p_pool_id uuid)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+    -- Only these subjects can lose work to reclaim or priority preemption.
+BEGIN
+    RETURN (SELECT coalesce(jsonb_object_agg(p.id, p.priority), '{}')
+      FROM respool.policies p
+     WHERE p.pool_id = p_pool_id
+       AND EXISTS (SELECT FROM respool.policy_resources pol JOIN respool.pool_resources pr
+                            ON pr.pool_id = p_pool_id AND pr.key = pol.key AND pr.capacity IS NOT NULL
+                    WHERE pol.policy_id = p.id AND pol.used > pol.reserved)
+       AND EXISTS (SELECT FROM respool.requests q
+                    WHERE q.pool_id = p_pool_id AND q.policy_id = p.id AND q.status = 'allocated'
+                      AND q.preemptible));
+END $$;
+COMMENT ON FUNCTION respool._borrowers(uuid) IS
+    '{policy id: priority} of the pool''s subjects that hold preemptible work and use more than their reserved share of a tracked key.';
+
+CREATE OR REPLACE FUNCTION respool._headroom(p_pool_id uuid, p_column text)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+    -- {policy id: {key: room}}: room under the limit (p_column 'limit') or under the reserved
+    -- share for non-preemptible work (p_column 'np').
+BEGIN
+    RETURN (SELECT coalesce(jsonb_object_agg(policy_id, room), '{}') FROM (
+        SELECT pol.policy_id,
+               jsonb_object_agg(pol.key, CASE p_column WHEN 'limit' THEN pol."limit" - pol.used
+                                                       ELSE pol.reserved - pol.np_used END) AS room
+          FROM respool.policy_resources pol JOIN respool.policies p ON p.id = pol.policy_id
+         WHERE p.pool_id = p_pool_id AND (p_column <> 'limit' OR pol."limit" IS NOT NULL)
+         GROUP BY pol.policy_id) x);
+END $$;
+COMMENT ON FUNCTION respool._headroom(uuid, text) IS
+    'Per policy of a pool and key: units left under its limit, or under its reserved share for non-preemptible work.';
+
+CREATE OR REPLACE FUNCTION respool._choose_victims(p_pool_id uuid, p_request respool.requests, p_policy_id uuid,
+                                                   p_mode text)
+RETURNS uuid[] LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_priority integer := (SELECT priority FROM respool.policies WHERE id = p_policy_id);
+    deficit jsonb;   -- tracked key -> units still missing for p_request (> 0: missing)
+    over jsonb;      -- "policy/key" -> units that policy holds above its reserved share
+    v_ids uuid[];
+    v_policies uuid[];
+    v_held jsonb[];
+    m record;
+BEGIN
+    SELECT jsonb_object_agg(x.key, u.used - u.leaving + u.earmarked + x.value::bigint - u.bound) INTO deficit
+      FROM jsonb_each_text(p_request.resources) x
+      JOIN respool._usage(p_pool_id, p_request.id) u
+        ON u.policy_id IS NULL AND u.key = x.key AND u.bound IS NOT NULL;
+    IF deficit IS NULL OR NOT respool._any_over(deficit) THEN
+        RETURN '{}';  -- fits already: nothing to preempt
+    END IF;
+    SELECT coalesce(jsonb_object_agg(u.policy_id || '/' || u.key, u.used - u.leaving - u.reserved), '{}')
+      INTO over
+      FROM respool._usage(p_pool_id) u
+     WHERE u.policy_id IS NOT NULL AND deficit ? u.key;
+
+    -- Victim order: the requester's own subject first (a non-preemptible request reclaiming its
+    -- own preemptible work), then lowest priority, then most recently allocated; a gang is one unit.
+    SELECT array_agg(u.id ORDER BY (u.policy_id = p_policy_id) DESC, u.priority, u.allocated_at DESC, u.id DESC),
+           array_agg(u.policy_id ORDER BY (u.policy_id = p_policy_id) DESC, u.priority, u.allocated_at DESC, u.id DESC),
+           array_agg(u.resources ORDER BY (u.policy_id = p_policy_id) DESC, u.priority, u.allocated_at DESC, u.id DESC)
+      INTO v_ids, v_policies, v_held
+      FROM respool._victim_units(p_pool_id) u
+     WHERE CASE p_mode
+             WHEN 'reclaim' THEN u.policy_id <> p_policy_id OR NOT p_request.preemptible
+             ELSE u.priority < v_priority AND u.policy_id <> p_policy_id END;
+    m := respool._minimal_victims(v_ids, v_policies, v_held, deficit, over, p_policy_id);
+    IF NOT m.covered THEN
+        RETURN NULL;  -- even every eligible victim would not make room: preempt nobody
+    END IF;
+    RETURN m.victims;
+END $$;
+COMMENT ON FUNCTION respool._choose_victims(uuid, respool.requests, uuid, text) IS
+    'The victim set for a queued request blocked by pool capacity (docs/preemption.md): reclaim takes other subjects'' preemptible allocations above their reserved share (and, for a non-preemptible request, its own subject''s preemptible work first); priority takes strictly lower-priority borrowers. Victim order: lowest priority, then most recently allocated; the walk stops once the request fits and unneeded victims are dropped (respool._minimal_victims). {} when it already fits, NULL when no set makes it fit.';
+
+CREATE OR REPLACE FUNCTION respool._shed(p_pool_id uuid, p_policy_id uuid, p_excess jsonb,
+                                         p_reason text, p_message text, p_now timestamptz)
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    v_ids uuid[];
+    v_policies uuid[];
+    v_held jsonb[];
+    v_victims uuid[];
+    v_id uuid;
+BEGIN
+    -- Victim order: lowest priority, then most recently allocated; a gang is one unit.
+    SELECT array_agg(u.id ORDER BY u.priority, u.allocated_at DESC, u.id DESC),
+           array_agg(u.policy_id ORDER BY u.priority, u.allocated_at DESC, u.id DESC),
+           array_agg(u.resources ORDER BY u.priority, u.allocated_at DESC, u.id DESC)
+      INTO v_ids, v_policies, v_held
+      FROM respool._victim_units(p_pool_id) u
+     WHERE p_policy_id IS NULL OR u.policy_id = p_policy_id;
+    v_victims := (respool._minimal_victims(v_ids, v_policies, v_held, p_excess)).victims;
+    FOREACH v_id IN ARRAY v_victims LOOP
+        PERFORM respool._preempt(v_id, p_reason, p_message, p_now);
+    END LOOP;
+    RETURN cardinality(v_victims);
+END $$;
+COMMENT ON FUNCTION respool._shed(uuid, uuid, jsonb, text, text, timestamptz) IS
+    'Preempts preemptible allocations (of one policy, or of the whole pool) until no key of p_excess {key: units over} is over any more: victim order lowest priority, then most recently allocated; a minimal set (respool._minimal_victims). Returns how many; when even all of them do not suffice, all of them go.';
+
+CREATE OR REPLACE FUNCTION respool._enforce_shrinks(p_pool_id uuid, p_now timestamptz)
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    v_excess jsonb;
+    v_message text;
+    pol record;
+    n integer := 0;
+BEGIN
+    -- Capacity (I1), every key at once: usage above a shrunk capacity, not counting victims
+    -- already leaving. A custom key removed from the pool has capacity 0 (docs/admission.md), so its
+    -- holders go; a removed soft key is untracked (bound NULL) and sheds nothing.
+    SELECT jsonb_object_agg(u.key, u.used - u.leaving - u.bound),
+           'preempted: pool capacity of ' || string_agg(format('%s shrank to %s', u.key, u.bound), ', ' ORDER BY u.key)
+      INTO v_excess, v_message
+      FROM respool._usage(p_pool_id) u
+     WHERE u.policy_id IS NULL AND u.bound IS NOT NULL AND u.used - u.leaving > u.bound;
+    IF v_excess IS NOT NULL THEN
+        n := n + respool._shed(p_pool_id, NULL::uuid, v_excess, 'capacity_shrink', v_message, p_now);
+    END IF;
+    -- Limits (I2), per subject and every limited key at once, read after the capacity victims left.
+    FOR pol IN SELECT p.id, p.subject FROM respool.policies p WHERE p.pool_id = p_pool_id
+                ORDER BY p.subject LOOP
+        SELECT jsonb_object_agg(u.key, u.used - u.leaving - u.bound),
+               format('preempted: the limit of %s on ', pol.subject)
+               || string_agg(format('%s was lowered to %s', u.key, u.bound), ', ' ORDER BY u.key)
+          INTO v_excess, v_message
+          FROM respool._usage(p_pool_id) u
+         WHERE u.policy_id = pol.id AND u.bound IS NOT NULL AND u.used - u.leaving > u.bound;
+        CONTINUE WHEN v_excess IS NULL;
+        n := n + respool._shed(p_pool_id, pol.id, v_excess, 'limit_shrink', v_message, p_now);
+    END LOOP;
+    RETURN n;
+END $$;
+COMMENT ON FUNCTION respool._enforce_shrinks(uuid, timestamptz) IS
+    'Step 2: preempts allocations until usage fits every shrunk capacity (a removed custom key is capacity 0) and every lowered limit of the pool, all keys at once, with a minimal victim set (victims in their grace period already count as gone). Returns how many were preempted.';

@@ -1,0 +1,203 @@
+-- The reconciler (docs/preemption.md): one pass per pool, in one transaction, under the pool's row lock.
+-- Passes of several reconcilers share the pools with FOR NO KEY UPDATE SKIP LOCKED; a victim changes
+-- status only under its pool's lock, so it is never preempted twice.
+--
+-- Units held by victims in their grace period (`preempting`) count as already gone, and units
+-- earmarked for the requests they were preempted for count as already taken: respool._usage
+-- (031_usage.sql) does that arithmetic. Without a grace period both are zero. Victim choice and
+-- shrink enforcement are in 070_victims.sql.
+
+CREATE OR REPLACE FUNCTION respool._preempt_member(p_victim_id uuid, p_reason text, p_message text, p_now timestamptz)
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    r respool.requests;
+    v_grace integer;
+BEGIN
+    -- The caller holds the pool lock, so only a heartbeat can hold this row, briefly: wait for it.
+    SELECT * INTO r FROM respool.requests WHERE id = p_victim_id FOR UPDATE;
+    IF r.status <> 'allocated' OR NOT r.preemptible THEN
+        RAISE EXCEPTION 'request % cannot be preempted: it is % (preemptible %)', p_victim_id, r.status, r.preemptible
+            USING ERRCODE = 'RP500';
+    END IF;
+    SELECT preemption_grace_seconds INTO v_grace FROM respool.pools WHERE id = r.pool_id;
+    IF v_grace > 0 THEN
+        UPDATE respool.requests SET preempt_deadline = p_now + make_interval(secs => v_grace)
+         WHERE id = p_victim_id;
+        PERFORM respool._set_status(p_victim_id, 'preempting', p_reason,
+                                    p_message || format('; release within %s s', v_grace), p_now);
+        RETURN 'preempting';
+    END IF;
+    PERFORM respool._unplace(p_victim_id);
+    RETURN (respool._after_preemption(p_victim_id, p_reason, p_message, p_now)).status;
+END $$;
+COMMENT ON FUNCTION respool._preempt_member(uuid, text, text, timestamptz) IS
+    'Preempts one allocated, preemptible request of a pool the caller has locked: with a grace period it goes to preempting and keeps its units until release or deadline; without, its units are freed and it becomes preempted (or queued again while retries are left). Returns the new status.';
+
+CREATE OR REPLACE FUNCTION respool._preempt(p_victim_id uuid, p_reason text, p_message text, p_now timestamptz)
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    v_status text := respool._preempt_member(p_victim_id, p_reason, p_message, p_now);
+BEGIN
+    -- The rest of its gang goes too (docs/scheduling.md, gangs); the message keeps the cause (what-if reads it).
+    PERFORM respool._gang_follow(p_victim_id, 'preempted', p_reason, 'preempted; ' || p_message, p_now);
+    RETURN v_status;
+END $$;
+COMMENT ON FUNCTION respool._preempt(uuid, text, text, timestamptz) IS
+    'Preempts one victim unit: the request (respool._preempt_member) and, for a gang member, every other member still holding (docs/scheduling.md, gangs). Returns the victim''s new status.';
+
+CREATE OR REPLACE FUNCTION respool._finish_grace(p_pool_id uuid, p_now timestamptz)
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    v_id uuid;
+    n integer := 0;
+BEGIN
+    FOR v_id IN SELECT id FROM respool.requests
+                 WHERE pool_id = p_pool_id AND status = 'preempting' AND preempt_deadline <= p_now
+                 ORDER BY preempt_deadline, id FOR UPDATE LOOP
+        PERFORM respool._unplace(v_id);
+        PERFORM respool._after_preemption(v_id, 'grace_expired',
+                                          'preempted: the grace period ended before the client released', p_now);
+        n := n + 1;
+    END LOOP;
+    RETURN n;
+END $$;
+COMMENT ON FUNCTION respool._finish_grace(uuid, timestamptz) IS
+    'Victims whose grace deadline passed lose their units and become preempted (or requeued); the units go to the earmark holders first.';
+
+CREATE OR REPLACE FUNCTION respool._preempt_for_queue(p_pool_id uuid, p_now timestamptz,
+                                                      OUT preempted integer, OUT allocated integer,
+                                                      OUT rejected integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_queueing text := (SELECT queueing FROM respool.pools WHERE id = p_pool_id);
+    v_free jsonb;        -- effective free units per tracked key
+    v_limits jsonb;      -- policy -> key -> room under the limit
+    v_np jsonb;          -- policy -> tracked key -> room for non-preemptible work
+    v_borrowers jsonb;   -- policy -> priority, for subjects that can lose work
+    v_own jsonb;         -- policy -> true, for subjects holding preemptible work
+    v_failed text[] := '{}';  -- shapes no victim set can help, until something changes
+    v_changed boolean := false;
+    v_strict_blocked boolean := false;
+    v_mode text;
+    v_shape text;
+    v_victims uuid[];
+    v_victim uuid;
+    e record;
+BEGIN
+    preempted := 0; allocated := 0; rejected := 0;
+    IF NOT EXISTS (SELECT FROM respool.requests
+                    WHERE pool_id = p_pool_id AND status = 'allocated' AND preemptible) THEN
+        RETURN;  -- nothing preemptible is held in the pool
+    END IF;
+    <<refresh>>
+    LOOP
+        SELECT coalesce(jsonb_object_agg(u.key, u.bound - (u.used - u.leaving + u.earmarked)), '{}') INTO v_free
+          FROM respool._usage(p_pool_id) u
+         WHERE u.policy_id IS NULL AND u.bound IS NOT NULL;
+        v_limits := respool._headroom(p_pool_id, 'limit');
+        v_np := respool._headroom(p_pool_id, 'np');
+        v_borrowers := respool._borrowers(p_pool_id);
+        SELECT coalesce(jsonb_object_agg(DISTINCT policy_id, true), '{}') INTO v_own
+          FROM respool.requests WHERE pool_id = p_pool_id AND status = 'allocated' AND preemptible;
+        EXIT refresh WHEN v_borrowers = '{}' AND v_own = '{}';
+        v_changed := false;
+        v_strict_blocked := false;
+        -- Candidates, filtered in one query: rule 1 blocks them (counting units already leaving),
+        -- rules 2 and 3 admit them, and some subject could lose work to them: for reclaim
+        -- (in share, or non-preemptible) another borrower or, for non-preemptible work, its own
+        -- preemptible work; for priority (a preemptible borrower) a lower-priority borrower.
+        -- One candidate per shape (respool._queue_groups): entries of a shape pass the same
+        -- filters and get the same victim set, so its first entry without an earmark stands for
+        -- it, and the shapes' first entries in queue order are the queue order of the candidates.
+        FOR e IN SELECT q.*, m.mode
+                   FROM respool._queue_groups(p_pool_id, true) q
+                  CROSS JOIN LATERAL (SELECT CASE WHEN q.in_share OR NOT q.preemptible THEN 'reclaim'
+                                                  ELSE 'priority' END AS mode) m
+                  WHERE NOT respool._fits_room_unbounded(q.resources, v_free)
+                    AND respool._fits_every_room(q.resources, v_limits -> q.policy_id::text)
+                    AND (q.preemptible OR respool._fits_room_zero(
+                            (SELECT jsonb_object_agg(x.key, x.value) FROM jsonb_each(q.resources) x
+                              WHERE v_free ? x.key), v_np -> q.policy_id::text))
+                    AND CASE m.mode
+                          WHEN 'reclaim' THEN (NOT q.preemptible AND v_own ? q.policy_id::text)
+                                              OR EXISTS (SELECT FROM jsonb_object_keys(v_borrowers) b
+                                                          WHERE b <> q.policy_id::text)
+                          ELSE EXISTS (SELECT FROM jsonb_each_text(v_borrowers) b
+                                        WHERE b.key <> q.policy_id::text AND b.value::integer < q.priority)
+                        END
+                  ORDER BY q.priority DESC, q.in_share DESC, q.share, q.queued_at, q.request_id LOOP
+            v_mode := e.mode;
+            -- In a strict pool, once a request could not be helped, only reclaim (the reserved
+            -- share guarantee) still acts for the requests behind it.
+            CONTINUE WHEN v_strict_blocked AND v_mode = 'priority';
+            v_shape := concat_ws('|', e.policy_id, v_mode, e.preemptible, e.resources);
+            CONTINUE WHEN v_shape = ANY (v_failed);
+            -- A gang's entry stands for the gang: one request of the members' sum
+            v_victims := respool._choose_victims(p_pool_id, respool._queued_as(e.request_id), e.policy_id, v_mode);
+            IF v_victims IS NULL THEN
+                v_failed := v_failed || v_shape;
+                v_strict_blocked := v_queueing = 'strict';
+                CONTINUE;
+            END IF;
+            CONTINUE WHEN cardinality(v_victims) = 0;  -- fits already: step 4 grants it in order
+            -- Lock the requester before touching any victim; another pool's pass may hold it.
+            CONTINUE WHEN NOT respool._lock_queued(e.request_id);
+            FOREACH v_victim IN ARRAY v_victims LOOP
+                IF respool._preempt(v_victim, v_mode,
+                                    format('preempted (%s) for request %s of %s', v_mode, e.request_id, e.subject),
+                                    p_now) = 'rejected' THEN
+                    rejected := rejected + 1;
+                END IF;
+                preempted := preempted + 1;
+            END LOOP;
+            IF respool._try_grant(e.request_id, p_pool_id, e.policy_id, p_now) = 'granted' THEN
+                allocated := allocated + 1;
+            ELSIF EXISTS (SELECT FROM respool.requests WHERE pool_id = p_pool_id AND status = 'preempting') THEN
+                -- Victims in their grace period still hold the units: keep them for this request.
+                UPDATE respool.requests SET earmark_pool_id = p_pool_id WHERE id = e.request_id;
+            ELSE
+                RAISE EXCEPTION 'request % does not fit after preempting %', e.request_id, v_victims
+                    USING ERRCODE = 'RP500';
+            END IF;
+            v_changed := true;
+            v_failed := '{}';
+            EXIT;  -- the queue order, free units and borrowers changed: read them again
+        END LOOP;
+        EXIT refresh WHEN NOT v_changed;
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION respool._preempt_for_queue(uuid, timestamptz) IS
+    'Step 3, in queue order: for each queued request that only the pool''s capacity blocks, reclaim (in share) or priority preemption (preemptible borrower); the victims'' units go to it in the same transaction (granted now, or earmarked until a grace period ends). No victim set, no preemption.';
+
+CREATE OR REPLACE FUNCTION respool.reconcile_pool(p_pool_id uuid, p_now timestamptz DEFAULT now())
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_name text;
+    expired integer;
+    grace_ended integer;
+    shed integer;
+    q record;
+    granted integer;
+BEGIN
+    SELECT name INTO v_name FROM respool.pools WHERE id = p_pool_id FOR NO KEY UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN NULL;  -- gone, or another transaction (a reconciler, an API call) holds it
+    END IF;
+    expired := 0;
+    grace_ended := 0;
+    IF respool.leases_may_lapse() THEN  -- not while respool looks down (072_outage_leases.sql)
+        expired := respool._expire_pool(p_pool_id, p_now)
+                   + respool._abandon_queue_leases(p_pool_id, p_now);  -- queue leases (043_leases.sql)
+        grace_ended := respool._finish_grace(p_pool_id, p_now);
+    END IF;
+    -- A runtime cap (max_seconds) ends whatever the heartbeats, also right after an outage
+    expired := expired + respool._expire_max_seconds(p_pool_id, p_now);
+    shed := respool._enforce_shrinks(p_pool_id, p_now);
+    q := respool._preempt_for_queue(p_pool_id, p_now);
+    granted := respool.allocate_pool(p_pool_id, p_now);
+    RETURN jsonb_build_object('pool', v_name, 'expired', expired, 'grace_ended', grace_ended,
+                              'preempted', shed + q.preempted, 'allocated', q.allocated + granted,
+                              'rejected', q.rejected);
+END $$;
+COMMENT ON FUNCTION respool.reconcile_pool(uuid, timestamptz) IS
+    'One reconciler pass over one pool in the caller''s transaction (docs/preemption.md): expire lapsed leases, runtime caps (max_seconds) and grace periods, enforce shrunk capacities and limits, preempt for queued requests with a right to run, grant what fits. Returns {pool, expired, grace_ended, preempted, allocated, rejected}, or NULL when the pool is locked elsewhere (skip it: SKIP LOCKED) or gone.';
