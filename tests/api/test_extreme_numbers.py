@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from respool_client.wire import MAX_AMOUNT
 
+from app.db.connect import APP_CLI, connect
 from support.http import error, ok
 from support.server import Server
 
@@ -104,3 +105,39 @@ async def test_the_largest_amounts_keep_views_dashboard_and_metrics_working(
         if line.startswith("respool_pool_queued_demand{") and 'key="memory_mb"' in line
     ]
     assert demand == [2.0 * MAX_AMOUNT], demand
+
+
+async def test_queued_amounts_beyond_int64_in_total_keep_reads_working(
+    server: Server, db_url: str
+) -> None:
+    """Rows stored before amounts were bounded (a database upgraded from a version that took
+    2^63-1) sum beyond int64: the views, the dashboard and the metrics still add them up."""
+    c = server.client
+    ok(await c.post("/v1/pools", json={"name": "p", "capacity": {"gpu": 1}}), 201)
+    ok(await c.post("/v1/policies", json={"subject": "a", "pool": "p"}), 201)
+    held = ok(await c.post("/v1/requests", json={"subject": "a", "resources": {"gpu": 1}}), 201)
+    assert held["status"] == "allocated"
+    for _ in range(2):
+        body = {"subject": "a", "resources": {"gpu": 1, "memory_mb": 1}}
+        assert ok(await c.post("/v1/requests", json=body), 201)["status"] == "queued"
+    conn = await connect(db_url, application_name=APP_CLI)
+    try:
+        await conn.execute(
+            "UPDATE respool.queue_entries SET resources = resources || $1::text::jsonb",
+            '{"memory_mb": 9223372036854775807}',
+        )
+        demand = await conn.fetchval(
+            "SELECT queued_demand FROM respool.pool_usage WHERE key = 'memory_mb'"
+        )
+        assert demand == 2 * (2**63 - 1)
+    finally:
+        await conn.close()
+    assert ok(await c.get("/v1/dashboard"))
+    metrics = (await c.get("/metrics")).text
+    assert "respool_database_up 1" in metrics
+    demand_lines = [
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("respool_pool_queued_demand{") and 'key="memory_mb"' in line
+    ]
+    assert demand_lines == [2.0 * (2**63 - 1)]
