@@ -20,7 +20,7 @@ from litestar.exceptions import HTTPException, SerializationException, Validatio
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.types import ExceptionHandlersMap
 from litestar.utils.scope.state import ScopeState
-from respool_client.wire import ErrorBody
+from respool_client.wire import INT64_MAX, ErrorBody
 
 from app.db.connect import is_dead_connection
 from app.db.errors import EngineError
@@ -72,7 +72,7 @@ def _clean_path(path: str | None) -> str | None:
 # --- numbers no field can take ----------------------------------------------------------------
 # The largest magnitude any numeric field takes (an int64 column); the most digits a number may
 # carry (PostgreSQL's numeric, and Python's int parsing, refuse far fewer than JSON allows).
-_LARGEST = Decimal(2**63 - 1)
+_LARGEST = Decimal(INT64_MAX)
 _MOST_DIGITS = 1000
 # A body can only hold such a number if it has a run of 19 digits or a 3-digit exponent:
 # a cheap test that spares ordinary bodies a second parse.
