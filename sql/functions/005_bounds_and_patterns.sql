@@ -8,6 +8,11 @@ RETURNS bigint LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 100000000000000
 COMMENT ON FUNCTION respool._max_amount() IS
     'The largest amount, capacity, reservation or limit of one key (10^15): exact in every JSON client (below 2^53), and 9,223 of them sum within bigint, so usage and demand sums cannot overflow.';
 
+CREATE OR REPLACE FUNCTION respool._max_total()
+RETURNS bigint LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 4611686018427387904::bigint $$;
+COMMENT ON FUNCTION respool._max_total() IS
+    'The ceiling of a usage counter that no capacity or limit bounds (an untracked soft key of a pool, a key a policy does not limit): 2^62, so that counter + one amount (<= _max_amount()) never overflows bigint.';
+
 CREATE OR REPLACE FUNCTION respool._max_keys()
 RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 64 $$;
 COMMENT ON FUNCTION respool._max_keys() IS 'The most keys of one resource map or label map.';
