@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 from respool_client.durations import parse_duration
+from respool_client.wire import INT32_MAX
 
 from app.db import ops as db_ops
 from app.db.errors import EngineError
@@ -116,6 +117,6 @@ def grant_reader_cmd(
         timeout_ms = round(parse_duration(statement_timeout) * 1000)
     except ValueError as exc:
         fail(f"--statement-timeout: {exc}")
-    if timeout_ms < 1 or timeout_ms > 2**31 - 1:
+    if timeout_ms < 1 or timeout_ms > INT32_MAX:
         fail("--statement-timeout: must be between 1ms and about 24 days")
     typer.echo(run_async(_grant_reader(role, timeout_ms, create, revoke)))

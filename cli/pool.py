@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import msgspec
 import typer
-from respool_client.wire import Ordering, Policy, Pool, Queueing, Request
+from respool_client.wire import MAX_SECONDS, Ordering, Policy, Pool, Queueing, Request
 from rich.console import RenderableType
 from rich.text import Text
 
@@ -77,9 +77,9 @@ OFF = "off"
 def parse_starvation(text: str) -> str:
     """``--starvation-seconds``: a whole number of seconds >= 0, or ``off``."""
     value = text.strip().lower()
-    if value == OFF or (value.isdigit() and int(value) <= 31_536_000):
+    if value == OFF or (value.isdigit() and int(value) <= MAX_SECONDS):
         return value
-    raise typer.BadParameter("give seconds (0 to 31536000) or 'off'")
+    raise typer.BadParameter(f"give seconds (0 to {MAX_SECONDS}) or 'off'")
 
 
 Starvation = Annotated[

@@ -12,7 +12,7 @@ from litestar.params import JSONBody, SkipValidation
 from msgspec import UNSET
 
 from app.api.errors import error_responses, validation_error
-from app.api.numbers import refuse_string_decimals
+from app.api.numbers import refuse_extreme_numbers, refuse_string_decimals
 from app.notify import Notifier
 from app.settings import Settings
 
@@ -58,6 +58,7 @@ async def decode_body(request: Request[Any, Any, Any], kind: type[T]) -> T:
     ``Decimal`` exactly as written in the JSON text.
     """
     raw = await request.body()
+    refuse_extreme_numbers(raw)  # 1e400, 10^30, 5000 digits: 400 naming the field
     try:
         body = msgspec.json.decode(raw or b"{}", type=kind, strict=True)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:

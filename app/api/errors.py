@@ -7,22 +7,32 @@ unexpected becomes a generic 500 (the traceback goes to the server log only).
 
 from __future__ import annotations
 
+import json
 import logging
 import re
+from decimal import Decimal
 from typing import Any
 
 import asyncpg
 import msgspec
 from litestar import Request, Response
-from litestar.exceptions import HTTPException, ValidationException
+from litestar.exceptions import HTTPException, SerializationException, ValidationException
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.types import ExceptionHandlersMap
-from respool_client.wire import ErrorBody
+from litestar.utils.scope.state import ScopeState
+from respool_client.wire import INT64_MAX, ErrorBody
 
 from app.db.connect import is_dead_connection
 from app.db.errors import EngineError
 
-__all__ = ["ApiError", "ErrorBody", "error_responses", "exception_handlers", "validation_error"]
+__all__ = [
+    "ApiError",
+    "ErrorBody",
+    "error_responses",
+    "exception_handlers",
+    "extreme_number_error",
+    "validation_error",
+]
 
 log = logging.getLogger("respool.api")
 
@@ -57,6 +67,60 @@ def _clean_path(path: str | None) -> str | None:
     # "capacity[...]" is a value of a map (msgspec does not say which key); "[0]" an index.
     path = path.replace("[...]", "")
     return re.sub(r"\[(\d+)\]", r".\1", path) or None
+
+
+# --- numbers no field can take ----------------------------------------------------------------
+# The largest magnitude any numeric field takes (an int64 column); the most digits a number may
+# carry (PostgreSQL's numeric, and Python's int parsing, refuse far fewer than JSON allows).
+_LARGEST = Decimal(INT64_MAX)
+_MOST_DIGITS = 1000
+# A body can only hold such a number if it has a run of 19 digits or a 3-digit exponent:
+# a cheap test that spares ordinary bodies a second parse.
+_MAYBE_EXTREME = re.compile(rb"[0-9]{19}|[eE][+-]?[0-9]{3}")
+
+
+def _extreme(value: Decimal) -> str | None:
+    """Why ``value`` is a number no field can take, or None."""
+    if not value.is_finite() or abs(value) > _LARGEST:
+        return "is too large a number"
+    if len(value.as_tuple().digits) > _MOST_DIGITS or value.adjusted() < -_MOST_DIGITS:
+        return f"has more than {_MOST_DIGITS} digits"
+    return None
+
+
+def _first_extreme(doc: Any, path: str) -> tuple[str, str] | None:
+    if isinstance(doc, Decimal):
+        why = _extreme(doc)
+        return (path, why) if why else None
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            found = _first_extreme(value, f"{path}.{key}" if path else str(key))
+            if found:
+                return found
+    elif isinstance(doc, list):
+        for i, value in enumerate(doc):
+            found = _first_extreme(value, f"{path}[{i}]")
+            if found:
+                return found
+    return None
+
+
+def extreme_number_error(raw: bytes) -> ApiError | None:
+    """A 400 naming the first field of the JSON body ``raw`` that holds a number no field can
+    take (beyond ±(2^63-1), or more than 1000 digits): ``members[2].resources.gpu``. None when
+    there is none, or when ``raw`` is not JSON (the decoder's own error says so)."""
+    if not _MAYBE_EXTREME.search(raw):
+        return None
+    try:
+        doc = json.loads(raw, parse_float=Decimal, parse_int=Decimal)
+    except ValueError:
+        return None
+    found = _first_extreme(doc, "")
+    if found is None:
+        return None
+    field, why = found
+    name = field or "the body"
+    return ApiError(400, f"{name} {why}", field or None)
 
 
 def validation_error(exc: msgspec.ValidationError | msgspec.DecodeError) -> ApiError:
@@ -106,7 +170,13 @@ def _validation(_: Request[Any, Any, Any], exc: ValidationException) -> Response
     return _respond(400, detail, field)
 
 
-def _http(_: Request[Any, Any, Any], exc: HTTPException) -> Response[ErrorBody]:
+def _http(request: Request[Any, Any, Any], exc: HTTPException) -> Response[ErrorBody]:
+    if isinstance(exc.__cause__, SerializationException):
+        # Litestar could not even parse the body (1e400, an integer of thousands of digits):
+        # name the field from the body it read (cached in the connection's state).
+        raw = ScopeState.from_scope(request.scope).body
+        if isinstance(raw, bytes) and (extreme := extreme_number_error(raw)) is not None:
+            return _respond(400, extreme.detail, extreme.field)
     # Keep the exception's headers: a 405 must carry ``Allow`` (RFC 9110).
     return _respond(exc.status_code, exc.detail, headers=dict(exc.headers or {}) or None)
 
@@ -136,7 +206,7 @@ _DATABASE_DOWN: tuple[type[BaseException], ...] = (
 
 
 def _database_down(request: Request[Any, Any, Any], exc: Exception) -> Response[ErrorBody]:
-    """503 with ``Retry-After``: a transient outage, never a 500 (SPEC §6)."""
+    """503 with ``Retry-After``: a transient outage, never a 500 (docs/api.md, "Errors")."""
     log.warning(
         "%s %s: database unavailable: %s: %s",
         request.method,

@@ -1,4 +1,4 @@
-"""Strings are not numbers (issue 15, defect 12).
+"""Numbers are numbers, within range (docs/api.md, "Numbers and bounds").
 
 msgspec decodes a ``Decimal`` from a JSON number *or* a JSON string, even with ``strict=True``,
 so ``settings.cpu_count: "1"`` would pass. :func:`refuse_string_decimals` finds every
@@ -13,9 +13,16 @@ from typing import Any
 import msgspec
 from msgspec import inspect
 
-from app.api.errors import ApiError
+from app.api.errors import ApiError, extreme_number_error
 
-__all__ = ["decimal_paths", "refuse_string_decimals"]
+__all__ = ["decimal_paths", "refuse_extreme_numbers", "refuse_string_decimals"]
+
+
+def refuse_extreme_numbers(raw: bytes) -> None:
+    """400 naming the field when the body ``raw`` holds a number no field can take (beyond
+    ±(2^63-1) or with more than 1000 digits), before any decoder or the database meets it."""
+    if (error := extreme_number_error(raw)) is not None:
+        raise error
 
 
 def _bare(t: inspect.Type) -> inspect.Type:

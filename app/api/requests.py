@@ -18,7 +18,16 @@ from litestar.enums import MediaType
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, FromQuery, QueryParameter
 from msgspec import UNSET
-from respool_client.wire import INT32_MAX, Event, RequestCreate, RequestPage, Status, WhatIf
+from respool_client.wire import (
+    INT32_MAX,
+    MAX_BATCH,
+    MAX_SECONDS,
+    Event,
+    RequestCreate,
+    RequestPage,
+    Status,
+    WhatIf,
+)
 from respool_client.wire import Request as ResourceRequest
 
 from app.api.auth import listing_patterns, require_subject
@@ -57,7 +66,7 @@ _LeaseSeconds = Annotated[
     int | None,
     QueryParameter(
         ge=1,
-        le=31_536_000,  # the bound of LeaseSeconds (app.api.schemas)
+        le=MAX_SECONDS,  # the bound of LeaseSeconds (app.api.schemas)
         description="Seconds from now the lease (queued: the queue lease) runs; default: the"
         " request's lease_seconds",
     ),
@@ -222,7 +231,7 @@ class RequestController(Controller):
         gang_id: Annotated[
             UUID | None, QueryParameter(description="Only the members of this gang (SPEC §11.6)")
         ] = None,
-        limit: Annotated[int, QueryParameter(ge=1, le=1000, description="Page size")] = 100,
+        limit: Annotated[int, QueryParameter(ge=1, le=MAX_BATCH, description="Page size")] = 100,
         cursor: Annotated[
             str | None, QueryParameter(description="next_cursor of the last page")
         ] = None,

@@ -14,6 +14,7 @@ import msgspec
 from litestar import Controller, post
 from litestar.datastructures import State
 from respool_client.durations import parse_duration
+from respool_client.wire import INT32_MAX
 
 from app.api.common import AnyRequest, StrictBody, db, decode_body
 from app.api.errors import ApiError, error_responses
@@ -29,7 +30,7 @@ class PruneBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """``older_than``: a duration such as ``7d``, ``12h``, ``1h30m`` or a number of seconds."""
 
     older_than: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
-    limit: Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)] | None = None
+    limit: Annotated[int, msgspec.Meta(ge=1, le=INT32_MAX)] | None = None
 
 
 class PruneResult(msgspec.Struct, kw_only=True):

@@ -10,7 +10,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from datetime import datetime
-from typing import cast
+from decimal import Decimal
+from typing import Any, cast
 
 import asyncpg
 import msgspec
@@ -44,10 +45,15 @@ class PoolKeyRow(msgspec.Struct, frozen=True):
     queued_demand: int
 
 
+def _whole(row: asyncpg.Record) -> dict[str, Any]:
+    """A row whose numeric sums (Decimals: a total of many amounts may pass 2^63) are ints."""
+    return {k: int(v) if isinstance(v, Decimal) else v for k, v in row.items()}
+
+
 async def pool_key_rows(db: Executor) -> list[PoolKeyRow]:
     """Per pool and key: ``respool.pool_usage`` plus reserved/borrowed sums of policy_usage."""
     rows = await db.fetch(query("pool_key_rows"))
-    return _as(list[PoolKeyRow], [dict(r) for r in rows])
+    return _as(list[PoolKeyRow], [_whole(r) for r in rows])
 
 
 class PolicyRow(msgspec.Struct, frozen=True):
@@ -64,7 +70,7 @@ class PolicyRow(msgspec.Struct, frozen=True):
 
 async def policy_rows(db: Executor) -> list[PolicyRow]:
     rows = await db.fetch(query("policy_rows"))
-    return _as(list[PolicyRow], [dict(r) for r in rows])
+    return _as(list[PolicyRow], [_whole(r) for r in rows])
 
 
 async def queue_stats(db: Executor) -> dict[str, tuple[int, float]]:

@@ -236,16 +236,32 @@ class Readiness(msgspec.Struct, kw_only=True):
 # beyond its column type); the bounds are the engine's (sql/functions). Strings and resource
 # maps are validated by the engine, which names the offending key; they are only declared.
 
+# One name per bound and pattern; their SQL twins are the functions of
+# sql/functions/005_bounds_and_patterns.sql (respool._max_amount() ...), and
+# tests/client/test_wire_agrees_with_sql.py proves both agree.
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
+# The largest amount of one key (capacity, reserved, limit, request): exact in every JSON client
+# (below 2^53), and 9,223 of them sum within int64, so no usage or demand sum overflows.
+MAX_AMOUNT = 10**15
+MAX_KEYS = 64  # keys of one resource map or label map
+MAX_SECONDS = 31_536_000  # one year: the longest lease, run cap or starvation guard
+MAX_GRACE_SECONDS = 86_400  # one day: the longest preemption grace
+MAX_RETRIES = 1000
+MAX_BATCH = 1000  # members of one batch create; also the largest page of a request list
+KEY_PATTERN = "^[a-z][a-z0-9_]{0,62}$"
+POOL_NAME_PATTERN = "^[a-z0-9][a-z0-9._-]{0,62}$"
+SUBJECT_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,127}$"
+# settings.memory: group 1 the number, group 2 the unit.
+MEMORY_PATTERN = "^\\s*([0-9]+(?:\\.[0-9]+)?)\\s*(KB|MB|GB|TB|PB|KiB|MiB|GiB|TiB|PiB)\\s*$"
 
 Priority = Annotated[int, Meta(ge=-(2**31), le=INT32_MAX)]
-GraceSeconds = Annotated[int, Meta(ge=0, le=86_400)]
-MaxRetries = Annotated[int, Meta(ge=0, le=1000)]
-LeaseSeconds = Annotated[int, Meta(ge=1, le=31_536_000)]
-MaxSeconds = Annotated[int, Meta(ge=1, le=31_536_000)]
-StarvationSeconds = Annotated[int, Meta(ge=0, le=31_536_000)]
-Count = Annotated[int, Meta(ge=0, le=INT64_MAX)]
+GraceSeconds = Annotated[int, Meta(ge=0, le=MAX_GRACE_SECONDS)]
+MaxRetries = Annotated[int, Meta(ge=0, le=MAX_RETRIES)]
+LeaseSeconds = Annotated[int, Meta(ge=1, le=MAX_SECONDS)]
+MaxSeconds = Annotated[int, Meta(ge=1, le=MAX_SECONDS)]
+StarvationSeconds = Annotated[int, Meta(ge=0, le=MAX_SECONDS)]
+Count = Annotated[int, Meta(ge=0, le=MAX_AMOUNT)]
 
 _NO_NUL = "^[^\\u0000]*$"  # PostgreSQL text cannot hold NUL characters
 
@@ -256,16 +272,16 @@ def _declare(**schema: Any) -> Meta:
 
 
 _AMOUNTS = _declare(
-    property_names={"pattern": "^[a-z][a-z0-9_]{0,62}$"},
-    additional_properties={"type": "integer", "minimum": 0, "maximum": INT64_MAX},
-    max_properties=64,
+    property_names={"pattern": KEY_PATTERN},
+    additional_properties={"type": "integer", "minimum": 0, "maximum": MAX_AMOUNT},
+    max_properties=MAX_KEYS,
 )
 _DESCRIPTION = _declare(max_length=2000, pattern=_NO_NUL)
 Amounts = Annotated[dict[str, int], _AMOUNTS]
-PoolName = Annotated[str, _declare(pattern="^[a-z0-9][a-z0-9._-]{0,62}$")]
-Subject = Annotated[str, _declare(pattern="^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,127}$")]
+PoolName = Annotated[str, _declare(pattern=POOL_NAME_PATTERN)]
+Subject = Annotated[str, _declare(pattern=SUBJECT_PATTERN)]
 Description = Annotated[str, _DESCRIPTION]
-_MEMORY = "^\\s*[0-9]+(\\.[0-9]+)?\\s*(KB|MB|GB|TB|PB|KiB|MiB|GiB|TiB|PiB)\\s*$"
+_MEMORY = MEMORY_PATTERN
 
 
 class _Body(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -322,7 +338,8 @@ class ResourceSettings(_Body):
 
     gpu_count: Count | UnsetType = UNSET
     cpu_count: Annotated[
-        Decimal | UnsetType, _declare(one_of=[{"type": "number", "minimum": 0}])
+        Decimal | UnsetType,
+        _declare(one_of=[{"type": "number", "minimum": 0, "maximum": MAX_AMOUNT // 1000}]),
     ] = UNSET
     memory: Annotated[str | UnsetType, _declare(pattern=_MEMORY)] = UNSET
     pool_resources: Annotated[dict[str, int] | UnsetType, _AMOUNTS] = UNSET
@@ -377,14 +394,11 @@ class RequestCreate(_Body):
     labels: Annotated[
         dict[str, str] | None,
         _declare(
-            max_properties=64,
+            max_properties=MAX_KEYS,
             property_names={"minLength": 1, "maxLength": 128, "pattern": _NO_NUL},
             additional_properties={"type": "string", "maxLength": 1024, "pattern": _NO_NUL},
         ),
     ] = None
-
-
-MAX_BATCH = 1000
 
 
 class RequestBatchCreate(_Body):

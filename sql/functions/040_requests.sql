@@ -9,7 +9,7 @@ BEGIN
     IF respool._absent_object(p_labels, 'labels', 'labels must be an object of string: string') THEN
         RETURN '{}';
     END IF;
-    IF (SELECT count(*) FROM jsonb_object_keys(p_labels)) > 64 THEN
+    IF (SELECT count(*) FROM jsonb_object_keys(p_labels)) > respool._max_keys() THEN
         PERFORM respool._fail('RP400', 'labels', 'labels has more than 64 entries');
     END IF;
     SELECT x.key INTO v_bad FROM jsonb_each(p_labels) x
@@ -67,17 +67,17 @@ DECLARE
     r respool.requests;
     c record;
 BEGIN
-    IF p_subject IS NULL OR p_subject !~ '^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,127}$' THEN
-        PERFORM respool._fail('RP400', 'subject', 'subject must match ^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,127}$');
+    IF p_subject IS NULL OR p_subject !~ respool._subject_pattern() THEN
+        PERFORM respool._fail('RP400', 'subject', 'subject must match ' || respool._subject_pattern());
     END IF;
-    IF p_max_retries IS NULL OR p_max_retries NOT BETWEEN 0 AND 1000 THEN
-        PERFORM respool._fail('RP400', 'max_retries', 'max_retries must be an integer between 0 and 1000');
+    IF p_max_retries IS NULL OR p_max_retries NOT BETWEEN 0 AND respool._max_retries() THEN
+        PERFORM respool._fail('RP400', 'max_retries', 'max_retries must be an integer between 0 and ' || respool._max_retries());
     END IF;
-    IF p_lease_seconds IS NOT NULL AND p_lease_seconds NOT BETWEEN 1 AND 31536000 THEN
-        PERFORM respool._fail('RP400', 'lease_seconds', 'lease_seconds must be between 1 and 31536000 (or null for no lease)');
+    IF p_lease_seconds IS NOT NULL AND p_lease_seconds NOT BETWEEN 1 AND respool._max_seconds() THEN
+        PERFORM respool._fail('RP400', 'lease_seconds', format('lease_seconds must be between 1 and %s (or null for no lease)', respool._max_seconds()));
     END IF;
-    IF p_max_seconds IS NOT NULL AND p_max_seconds NOT BETWEEN 1 AND 31536000 THEN
-        PERFORM respool._fail('RP400', 'max_seconds', 'max_seconds must be between 1 and 31536000 (or null for no cap)');
+    IF p_max_seconds IS NOT NULL AND p_max_seconds NOT BETWEEN 1 AND respool._max_seconds() THEN
+        PERFORM respool._fail('RP400', 'max_seconds', format('max_seconds must be between 1 and %s (or null for no cap)', respool._max_seconds()));
     END IF;
     IF p_idempotency_key IS NOT NULL AND length(p_idempotency_key) NOT BETWEEN 1 AND 200 THEN
         PERFORM respool._fail('RP400', 'idempotency_key', 'idempotency_key must have 1 to 200 characters');

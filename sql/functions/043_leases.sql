@@ -13,8 +13,8 @@ DECLARE
     r respool.requests;
     v_seconds integer;
 BEGIN
-    IF p_lease_seconds IS NOT NULL AND p_lease_seconds NOT BETWEEN 1 AND 31536000 THEN
-        PERFORM respool._fail('RP400', 'lease_seconds', 'lease_seconds must be between 1 and 31536000');
+    IF p_lease_seconds IS NOT NULL AND p_lease_seconds NOT BETWEEN 1 AND respool._max_seconds() THEN
+        PERFORM respool._fail('RP400', 'lease_seconds', 'lease_seconds must be between 1 and ' || respool._max_seconds());
     END IF;
     SELECT * INTO r FROM respool.requests WHERE id = p_id;
     IF FOUND AND r.status = 'allocated' AND r.lease_expires_at <= p_now

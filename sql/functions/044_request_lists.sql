@@ -10,8 +10,8 @@ RETURNS json LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_pool_id uuid;
 BEGIN
-    IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 1000 THEN
-        PERFORM respool._fail('RP400', 'limit', 'limit must be between 1 and 1000');
+    IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND respool._max_batch() THEN
+        PERFORM respool._fail('RP400', 'limit', 'limit must be between 1 and ' || respool._max_batch());
     END IF;
     IF p_status IS NOT NULL AND p_status NOT IN ('queued', 'allocated', 'preempting', 'released', 'preempted',
                                                  'expired', 'cancelled', 'rejected') THEN

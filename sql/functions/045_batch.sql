@@ -7,7 +7,7 @@ BEGIN
         RETURN NULL;
     END IF;
     IF jsonb_typeof(p_value) <> 'number' OR p_value::numeric <> trunc(p_value::numeric)
-       OR p_value::numeric NOT BETWEEN -2147483648 AND 2147483647 THEN
+       OR p_value::numeric NOT BETWEEN -respool._int32_max() - 1 AND respool._int32_max() THEN
         PERFORM respool._fail('RP400', p_field, format('%s must be an integer', p_field));
     END IF;
     RETURN p_value::integer;
@@ -105,11 +105,11 @@ BEGIN
         PERFORM respool._fail('RP400', 'members', 'members must be an array of request create bodies');
     END IF;
     v_count := jsonb_array_length(p_members);
-    IF v_count NOT BETWEEN 1 AND 1000 THEN
-        PERFORM respool._fail('RP400', 'members', format('a batch has 1 to 1000 members, got %s', v_count));
+    IF v_count NOT BETWEEN 1 AND respool._max_batch() THEN
+        PERFORM respool._fail('RP400', 'members', format('a batch has 1 to %s members, got %s', respool._max_batch(), v_count));
     END IF;
-    IF p_default_lease_seconds IS NOT NULL AND p_default_lease_seconds NOT BETWEEN 1 AND 31536000 THEN
-        PERFORM respool._fail('RP400', 'default_lease_seconds', 'default_lease_seconds must be between 1 and 31536000');
+    IF p_default_lease_seconds IS NOT NULL AND p_default_lease_seconds NOT BETWEEN 1 AND respool._max_seconds() THEN
+        PERFORM respool._fail('RP400', 'default_lease_seconds', 'default_lease_seconds must be between 1 and ' || respool._max_seconds());
     END IF;
 
     BEGIN

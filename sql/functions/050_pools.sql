@@ -32,9 +32,9 @@ CREATE OR REPLACE FUNCTION respool._pool_settings(p_description text, p_queueing
                                                   p_starvation integer DEFAULT NULL, p_ordering text DEFAULT NULL)
 RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    IF p_starvation IS NOT NULL AND p_starvation NOT BETWEEN 0 AND 31536000 THEN
+    IF p_starvation IS NOT NULL AND p_starvation NOT BETWEEN 0 AND respool._max_seconds() THEN
         PERFORM respool._fail('RP400', 'starvation_seconds',
-                              'starvation_seconds must be between 0 and 31536000 (or null for off)');
+                              format('starvation_seconds must be between 0 and %s (or null for off)', respool._max_seconds()));
     END IF;
     IF p_ordering IS NOT NULL AND p_ordering NOT IN ('fifo', 'fair') THEN
         PERFORM respool._fail('RP400', 'ordering', 'ordering must be fifo or fair');
@@ -45,8 +45,8 @@ BEGIN
     IF p_queueing IS NOT NULL AND p_queueing NOT IN ('best_effort', 'strict') THEN
         PERFORM respool._fail('RP400', 'queueing', 'queueing must be best_effort or strict');
     END IF;
-    IF p_grace IS NOT NULL AND p_grace NOT BETWEEN 0 AND 86400 THEN
-        PERFORM respool._fail('RP400', 'preemption_grace_seconds', 'preemption_grace_seconds must be between 0 and 86400');
+    IF p_grace IS NOT NULL AND p_grace NOT BETWEEN 0 AND respool._max_grace_seconds() THEN
+        PERFORM respool._fail('RP400', 'preemption_grace_seconds', 'preemption_grace_seconds must be between 0 and ' || respool._max_grace_seconds());
     END IF;
 END $$;
 COMMENT ON FUNCTION respool._pool_settings(text, text, integer, integer, text) IS 'Validates the scalar pool fields (RP400 naming the field).';
@@ -185,8 +185,8 @@ DECLARE
     v_id uuid;
     v_capacity jsonb := respool._resource_map(p_capacity, 'capacity');
 BEGIN
-    IF p_name IS NULL OR p_name !~ '^[a-z0-9][a-z0-9._-]{0,62}$' THEN
-        PERFORM respool._fail('RP400', 'name', 'name must match ^[a-z0-9][a-z0-9._-]{0,62}$');
+    IF p_name IS NULL OR p_name !~ respool._pool_name_pattern() THEN
+        PERFORM respool._fail('RP400', 'name', 'name must match ' || respool._pool_name_pattern());
     END IF;
     -- docs/api.md: a name must not shadow an id (a UUID, or an existing pool's id prefix).
     IF p_name ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$' THEN

@@ -103,8 +103,8 @@ DECLARE
     v_reserved jsonb := respool._resource_map(p_reserved, 'reserved');
     v_limit jsonb := respool._resource_map(p_limit, 'limit');
 BEGIN
-    IF p_subject IS NULL OR p_subject !~ '^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,127}$' THEN
-        PERFORM respool._fail('RP400', 'subject', 'subject must match ^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,127}$');
+    IF p_subject IS NULL OR p_subject !~ respool._subject_pattern() THEN
+        PERFORM respool._fail('RP400', 'subject', 'subject must match ' || respool._subject_pattern());
     END IF;
     IF p_pool IS NULL THEN
         PERFORM respool._fail('RP400', 'pool', 'pool is required');

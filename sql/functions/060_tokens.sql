@@ -17,7 +17,7 @@ DECLARE
     v_id uuid;
     v_pattern text;
 BEGIN
-    IF p_name IS NULL OR p_name !~ '^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,127}$' THEN
+    IF p_name IS NULL OR p_name !~ respool._subject_pattern() THEN
         PERFORM respool._fail('RP400', 'name', 'name must be 1-128 characters of A-Z a-z 0-9 _ . : / @ -, starting with a letter or digit');
     END IF;
     IF p_role IS NULL OR p_role NOT IN ('admin', 'client', 'reader') THEN

@@ -5,10 +5,10 @@
 SELECT status, count(*) AS n FROM respool.requests GROUP BY status;
 
 -- pool_key_rows --
--- Per pool and key: respool.pool_usage plus the policies' reserved and borrowed sums.
-SELECT u.pool, u.key, u.capacity::bigint, u.allocated::bigint, u.free::bigint,
-       u.queued_demand::bigint, coalesce(p.reserved, 0)::bigint AS reserved,
-       coalesce(p.borrowed, 0)::bigint AS borrowed
+-- Per pool and key: respool.pool_usage plus the policies' reserved and borrowed sums; sums stay
+-- numeric (no total of many amounts can overflow).
+SELECT u.pool, u.key, u.capacity, u.allocated, u.free, u.queued_demand,
+       coalesce(p.reserved, 0) AS reserved, coalesce(p.borrowed, 0) AS borrowed
   FROM respool.pool_usage u
   LEFT JOIN (SELECT pool, key, sum(reserved) AS reserved, sum(borrowed) AS borrowed
                FROM respool.policy_usage GROUP BY pool, key) p

@@ -1,4 +1,5 @@
--- Views for operations (SPEC §8), readable by respool_reader (SELECT on views only).
+-- Views for operations (docs/ops.md), readable by respool_reader (SELECT on views only).
+-- Sums of amounts are numeric: a view never fails on a total, however many rows add up.
 
 CREATE VIEW respool.pool_usage AS
 SELECT pl.name AS pool, k.key,
@@ -14,7 +15,7 @@ SELECT pl.name AS pool, k.key,
         SELECT coalesce(pr.key, d.key) AS key, pr.capacity, pr.used, d.demand
           FROM (SELECT p.key, p.capacity, p.used FROM respool.pool_resources p WHERE p.pool_id = pl.id) pr
           FULL JOIN (
-                SELECT x.key, sum(x.value::bigint * s.n) AS demand
+                SELECT x.key, sum(x.value::numeric * s.n) AS demand
                   FROM (SELECT e.resources, count(*) AS n FROM respool.queue_entries e
                          WHERE e.pool_id = pl.id GROUP BY e.resources) s
                  CROSS JOIN LATERAL jsonb_each_text(s.resources) x
@@ -49,7 +50,7 @@ SELECT pl.name AS pool, q.position, q.request_id, q.subject, qe.resources, r.pre
                CROSS JOIN LATERAL respool._eta_pool(p2.id, now()) e) eta  -- one simulation per pool
          ON eta.pool_id = pl.id AND eta.request_id = q.request_id;
 COMMENT ON VIEW respool.queue IS
-    'One row per (pool, waiting request), in grant order; held_for: the head the pool holds free units for (SPEC §11.1), held_message when that hold keeps this row back; eta_*: its ETA in this pool (SPEC §11.4); gang_id: a gang waits as one row, its first member''s, holding its members'' summed resources (SPEC §11.6).';
+    'One row per (pool, waiting request), in grant order; held_for: the head the pool holds free units for (docs/scheduling.md, starvation guard), held_message when that hold keeps this row back; eta_*: its ETA in this pool (docs/scheduling.md, ETA); gang_id: a gang waits as one row, its first member''s, holding its members'' summed resources (docs/scheduling.md, gangs).';
 
 CREATE VIEW respool.request_events AS
 SELECT request_id, at, from_status, to_status, reason, attempt, message
@@ -58,8 +59,8 @@ COMMENT ON VIEW respool.request_events IS 'Append-only history of request status
 
 CREATE VIEW respool.invariant_violations AS
 WITH held AS (
-    SELECT r.pool_id, r.policy_id, x.key, x.value::bigint AS amount,
-           coalesce((r.np_charge ->> x.key)::bigint, 0) AS np_amount
+    SELECT r.pool_id, r.policy_id, x.key, x.value::numeric AS amount,
+           coalesce((r.np_charge ->> x.key)::numeric, 0) AS np_amount
       FROM respool.requests r CROSS JOIN LATERAL jsonb_each_text(r.resources) x
      WHERE r.status IN ('allocated', 'preempting')
 ), pool_sums AS (
@@ -104,7 +105,7 @@ SELECT 'I4', NULL, p.subject, s.key, format('policy counter missing, held sum %s
   FROM policy_sums s LEFT JOIN respool.policies p ON p.id = s.policy_id
  WHERE NOT EXISTS (SELECT FROM respool.policy_resources c WHERE c.policy_id = s.policy_id AND c.key = s.key);
 COMMENT ON VIEW respool.invariant_violations IS
-    'One row per broken invariant I1-I4 of SPEC §5, computed from the requests that hold units; empty when healthy. I1/I2 may show briefly after a shrink, until the reconciler acts.';
+    'One row per broken invariant I1-I4 (docs/preemption.md, invariants), computed from the requests that hold units; empty when healthy. I1/I2 may show briefly after a shrink, until the reconciler acts.';
 
 GRANT USAGE ON SCHEMA respool TO respool_reader;
 GRANT SELECT ON respool.pool_usage, respool.policy_usage, respool.queue, respool.request_events,

@@ -1,13 +1,17 @@
 """The wire vocabulary (respool_client.wire) and the migrated database agree: the status list
 is the CHECK constraint of ``respool.requests.status``; the reason codes are the literals the
 engine's functions pass in a reason position (read from ``pg_proc`` of the migrated database,
-so a new code in SQL without its twin in Python, or the reverse, fails here)."""
+so a new code in SQL without its twin in Python, or the reverse, fails here); the bounds and
+patterns of input values are the same constants on both sides, and match the same values."""
 
 from __future__ import annotations
 
 import re
 
 import asyncpg
+import msgspec
+import pytest
+from respool_client import wire
 from respool_client.wire import REASONS, STATUSES
 
 # Where the engine (sql/functions) writes a reason code as a literal.
@@ -54,3 +58,72 @@ async def test_reason_codes_are_the_engines(conn: asyncpg.Connection) -> None:
     assert in_sql == REASONS, (
         f"only in SQL: {sorted(in_sql - REASONS)}; only in Python: {sorted(REASONS - in_sql)}"
     )
+
+
+# Each constant of respool_client.wire and the SQL function that is its twin.
+_TWINS = {
+    "MAX_AMOUNT": "_max_amount",
+    "MAX_KEYS": "_max_keys",
+    "MAX_SECONDS": "_max_seconds",
+    "MAX_GRACE_SECONDS": "_max_grace_seconds",
+    "MAX_RETRIES": "_max_retries",
+    "MAX_BATCH": "_max_batch",
+    "INT32_MAX": "_int32_max",
+    "KEY_PATTERN": "_key_pattern",
+    "POOL_NAME_PATTERN": "_pool_name_pattern",
+    "SUBJECT_PATTERN": "_subject_pattern",
+    "MEMORY_PATTERN": "_memory_pattern",
+}
+
+
+@pytest.mark.parametrize(("constant", "function"), sorted(_TWINS.items()))
+async def test_bounds_and_patterns_are_the_engines(
+    conn: asyncpg.Connection, constant: str, function: str
+) -> None:
+    assert await conn.fetchval(f"SELECT respool.{function}()") == getattr(wire, constant)
+
+
+async def test_no_check_writes_a_bound_or_pattern_itself(conn: asyncpg.Connection) -> None:
+    """Every engine check goes through the named bounds: no function body but its own repeats
+    a bound or pattern as a literal."""
+    literals = {str(getattr(wire, c)) for c in _TWINS} - {"64", "1000"}  # too common as text
+    sources = await conn.fetch(
+        "SELECT p.proname, p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+        " WHERE n.nspname = 'respool'"
+    )
+    found = [
+        (row["proname"], literal)
+        for row in sources
+        for literal in literals
+        if literal in row["prosrc"] and row["proname"] not in _TWINS.values()
+    ]
+    assert found == []
+
+
+@pytest.mark.parametrize(
+    ("pattern", "function", "values"),
+    [
+        ("KEY_PATTERN", "_key_pattern", ["gpu", "a" * 63, "a" * 64, "Gpu", "1x", "x-y", ""]),
+        ("POOL_NAME_PATTERN", "_pool_name_pattern", ["p", "0a.b-c_d", "-a", "A", "a" * 64]),
+        ("SUBJECT_PATTERN", "_subject_pattern", ["team", "a/b@c:d", "_a", "a b", "a" * 129]),
+        ("MEMORY_PATTERN", "_memory_pattern", ["8GB", " 1.5 GiB ", "1gb", "1.GB", "8", "GB"]),
+    ],
+)
+async def test_patterns_match_the_same_values(
+    conn: asyncpg.Connection, pattern: str, function: str, values: list[str]
+) -> None:
+    python = [re.search(getattr(wire, pattern), v) is not None for v in values]
+    sql = [await conn.fetchval(f"SELECT $1 ~ respool.{function}()", v) for v in values]
+    assert sql == python, values
+    assert True in python and False in python
+
+
+async def test_the_amount_bound_is_where_both_refuse(conn: asyncpg.Connection) -> None:
+    """The engine takes MAX_AMOUNT and refuses one more, as the declared schema does."""
+    top = wire.MAX_AMOUNT
+    assert await conn.fetchval("SELECT respool._amount($1::text::jsonb, 'x')", str(top)) == top
+    with pytest.raises(asyncpg.PostgresError, match="x must be an integer between 0 and"):
+        await conn.fetchval("SELECT respool._amount($1::text::jsonb, 'x')", str(top + 1))
+    msgspec.json.decode(b'{"gpu_count": %d}' % top, type=wire.ResourceSettings)
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.json.decode(b'{"gpu_count": %d}' % (top + 1), type=wire.ResourceSettings)

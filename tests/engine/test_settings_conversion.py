@@ -135,7 +135,8 @@ async def test_bad_settings(mconn: asyncpg.Connection, settings: str, field: str
         ('{"tpu": 4}', '{"pool_resources": {"tpu": 1}}', {"tpu": 1, "step_run": 1}),
         # a typed settings field of 0 wins too, and the zero is then dropped
         ('{"gpu": 3}', '{"gpu_count": 0}', {"step_run": 1}),
-        ('{"gpu": 9223372036854775807}', None, {"gpu": 9223372036854775807, "step_run": 1}),
+        # the largest amount (respool_client.wire.MAX_AMOUNT) is kept as is
+        ('{"gpu": 1000000000000000}', None, {"gpu": 1000000000000000, "step_run": 1}),
     ],
 )
 async def test_build_resources(
@@ -253,6 +254,7 @@ async def test_decimals_reach_sql_as_json_numbers(mconn: asyncpg.Connection, val
         ({"resources": {"gpu": -1}}, "resources.gpu"),
         ({"resources": {"gpu": 0.5}}, "resources.gpu"),
         ({"resources": {"gpu": 2**63}}, "resources.gpu"),
+        ({"resources": {"gpu": 10**15 + 1}}, "resources.gpu"),  # beyond MAX_AMOUNT
         ({"resources": {"bad key": 1}}, "resources.bad key"),
         ({"settings": {"memory": "4gb"}}, "settings.memory"),
         ({"settings": {"gpu": 1}}, "settings.gpu"),

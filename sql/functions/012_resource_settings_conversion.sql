@@ -1,0 +1,100 @@
+-- The ResourceSettings conversion (docs/admission.md, "ResourceSettings conversion"): settings
+-- {gpu_count, cpu_count, memory, pool_resources} become resources {gpu, mcpu, memory_mb, ...},
+-- server side, so every client agrees; build_resources merges them with raw resources.
+
+CREATE OR REPLACE FUNCTION respool._memory_mb(p_memory jsonb)
+RETURNS bigint LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    m text[];
+    bytes numeric;
+BEGIN
+    IF jsonb_typeof(p_memory) <> 'string' THEN
+        PERFORM respool._fail('RP400', 'settings.memory', 'settings.memory must be a string like "8GB" or "16GiB"');
+    END IF;
+    m := regexp_match(p_memory #>> '{}', respool._memory_pattern());
+    IF m IS NULL THEN
+        PERFORM respool._fail('RP400', 'settings.memory', format(
+            'settings.memory %s is not <number><unit> with unit KB MB GB TB PB KiB MiB GiB TiB PiB',
+            left(p_memory::text, 70)));
+    END IF;
+    -- More than 24 integer digits is beyond the bound in any unit (10^24 KB = 10^21 MB), and
+    -- would overflow numeric past 131072 digits: refuse it before the cast.
+    IF length(split_part(ltrim(m[1], '0'), '.', 1)) > 24 THEN
+        PERFORM respool._fail('RP400', 'settings.memory', format(
+            'settings.memory is too large (at most %s MB)', respool._max_amount()));
+    END IF;
+    IF length(m[1]) > 1000 THEN  -- numeric takes at most 16383 decimal places
+        PERFORM respool._fail('RP400', 'settings.memory', 'settings.memory has more than 1000 digits');
+    END IF;
+    bytes := m[1]::numeric * CASE m[2]
+        WHEN 'KB' THEN 1e3 WHEN 'MB' THEN 1e6 WHEN 'GB' THEN 1e9 WHEN 'TB' THEN 1e12 WHEN 'PB' THEN 1e15
+        WHEN 'KiB' THEN 1024::numeric WHEN 'MiB' THEN 1024::numeric ^ 2 WHEN 'GiB' THEN 1024::numeric ^ 3
+        WHEN 'TiB' THEN 1024::numeric ^ 4 ELSE 1024::numeric ^ 5 END;
+    IF ceil(bytes / 1e6) > respool._max_amount() THEN
+        PERFORM respool._fail('RP400', 'settings.memory', format(
+            'settings.memory is too large (at most %s MB)', respool._max_amount()));
+    END IF;
+    RETURN ceil(bytes / 1e6)::bigint;
+END $$;
+COMMENT ON FUNCTION respool._memory_mb(jsonb) IS
+    'Parses "<number><unit>" (KB..PB powers of 1000, KiB..PiB powers of 1024) into ceil(bytes / 1,000,000) MB, at most _max_amount(); RP400 naming settings.memory otherwise.';
+
+CREATE OR REPLACE FUNCTION respool.settings_to_resources(p_settings jsonb)
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    k text;
+    cpu numeric;
+    result jsonb;
+BEGIN
+    IF respool._absent_object(p_settings, 'settings', 'settings must be an object') THEN
+        RETURN '{}';
+    END IF;
+    FOR k IN SELECT jsonb_object_keys(p_settings) LOOP
+        IF k NOT IN ('gpu_count', 'cpu_count', 'memory', 'pool_resources') THEN
+            PERFORM respool._fail('RP400', 'settings.' || left(k, 70), format(
+                'settings.%s is not a ResourceSettings field (gpu_count, cpu_count, memory, pool_resources)',
+                left(k, 70)));
+        END IF;
+    END LOOP;
+    result := respool._resource_map(p_settings -> 'pool_resources', 'settings.pool_resources');
+    IF p_settings ? 'gpu_count' AND p_settings -> 'gpu_count' <> 'null'::jsonb THEN
+        result := result || jsonb_build_object('gpu', respool._amount(p_settings -> 'gpu_count', 'settings.gpu_count'));
+    END IF;
+    IF p_settings ? 'cpu_count' AND p_settings -> 'cpu_count' <> 'null'::jsonb THEN
+        IF jsonb_typeof(p_settings -> 'cpu_count') <> 'number' OR (p_settings ->> 'cpu_count')::numeric < 0 THEN
+            PERFORM respool._fail('RP400', 'settings.cpu_count', 'settings.cpu_count must be a number >= 0');
+        END IF;
+        -- jsonb keeps the decimal as written, so 8.05 * 1000 is exactly 8050.
+        cpu := ceil((p_settings ->> 'cpu_count')::numeric * 1000);
+        IF cpu > respool._max_amount() THEN
+            PERFORM respool._fail('RP400', 'settings.cpu_count', format(
+                'settings.cpu_count is too large (at most %s CPUs)', respool._max_amount() / 1000));
+        END IF;
+        result := result || jsonb_build_object('mcpu', cpu::bigint);
+    END IF;
+    IF p_settings ? 'memory' AND p_settings -> 'memory' <> 'null'::jsonb THEN
+        result := result || jsonb_build_object('memory_mb', respool._memory_mb(p_settings -> 'memory'));
+    END IF;
+    RETURN result;
+END $$;
+COMMENT ON FUNCTION respool.settings_to_resources(jsonb) IS
+    'The one ResourceSettings conversion (docs/admission.md, "ResourceSettings conversion"): gpu_count -> gpu, cpu_count -> mcpu (decimal ceil), memory -> memory_mb; typed fields override pool_resources.';
+
+CREATE OR REPLACE FUNCTION respool.build_resources(p_resources jsonb, p_settings jsonb)
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    merged jsonb;
+BEGIN
+    IF (p_resources IS NOT NULL AND p_resources ? 'step_run')
+       OR (p_settings IS NOT NULL AND jsonb_typeof(p_settings) = 'object'
+           AND jsonb_typeof(p_settings -> 'pool_resources') = 'object'
+           AND p_settings -> 'pool_resources' ? 'step_run') THEN
+        PERFORM respool._fail('RP400', 'resources.step_run', 'step_run is added by the server (always 1); do not send it');
+    END IF;
+    merged := respool._resource_map(p_resources, 'resources') || respool.settings_to_resources(p_settings);
+    SELECT coalesce(jsonb_object_agg(key, value), '{}') INTO merged
+      FROM jsonb_each(merged) WHERE value <> '0'::jsonb;
+    RETURN merged || '{"step_run": 1}'::jsonb;
+END $$;
+COMMENT ON FUNCTION respool.build_resources(jsonb, jsonb) IS
+    'Final request map: resources merged with converted settings (settings win), zeros dropped, step_run: 1 added; RP400 if the client sent step_run.';
