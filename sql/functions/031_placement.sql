@@ -28,6 +28,11 @@ BEGIN
                       AND coalesce(pol.np_used, 0) + k.need > coalesce(pol.reserved, 0) THEN
                      format('waiting for %s: reserved share for non-preemptible work %s/%s used, needs %s',
                             k.key, coalesce(pol.np_used, 0), coalesce(pol.reserved, 0), k.need)
+                 -- A counter nothing bounds still has a ceiling, so that no sum overflows.
+                 WHEN k.need > 0 AND ((c.cap IS NULL AND c.pool_used + k.need > respool._max_total())
+                                      OR (pol."limit" IS NULL AND c.subject_used + k.need > respool._max_total())) THEN
+                     format('waiting for %s: %s units are held, the most one counter can hold is %s',
+                            k.key, greatest(c.pool_used, c.subject_used), respool._max_total())
                END AS msg
           FROM (SELECT x.key, x.value::bigint AS need FROM jsonb_each_text(p_resources) x
                 UNION ALL
@@ -141,7 +146,8 @@ BEGIN
           FROM jsonb_each_text(p_units) x
          WHERE pr.pool_id = p_pool_id AND pr.key = x.key
            AND (p_sign < 0 OR pr.used + x.value::bigint <= pr.capacity
-                OR (pr.capacity IS NULL AND respool._is_soft_key(pr.key)))
+                OR (pr.capacity IS NULL AND respool._is_soft_key(pr.key)
+                    AND pr.used + x.value::bigint <= respool._max_total()))
         RETURNING pr.key)
     SELECT coalesce(array_agg(key), '{}') INTO v_moved FROM moved;
     IF cardinality(v_moved) < v_keys THEN
@@ -164,7 +170,7 @@ BEGIN
                np_used = pol.np_used + p_sign * coalesce((p_np ->> x.key)::bigint, 0)
           FROM jsonb_each_text(p_units) x
          WHERE pol.policy_id = p_policy_id AND pol.key = x.key
-           AND (p_sign < 0 OR pol."limit" IS NULL OR pol.used + x.value::bigint <= pol."limit")
+           AND (p_sign < 0 OR pol.used + x.value::bigint <= coalesce(pol."limit", respool._max_total()))
         RETURNING pol.key)
     SELECT coalesce(array_agg(key), '{}') INTO v_moved FROM moved;
     IF cardinality(v_moved) < v_keys THEN
@@ -181,7 +187,7 @@ BEGIN
     END IF;
 END $$;
 COMMENT ON FUNCTION respool._move_units(uuid, uuid, jsonb, jsonb, integer) IS
-    'Charges (p_sign 1) or returns (p_sign -1) units {key: n} on a pool''s counters and one policy''s counters (p_np: the non-preemptible part), one statement per table. A charge is guarded (used + n <= capacity / limit) and raises RP500 rather than over-allocate; a soft key the pool does not list gets an untracked counter, a key the policy does not bound a plain one. CHECK used >= 0 catches a double return.';
+    'Charges (p_sign 1) or returns (p_sign -1) units {key: n} on a pool''s counters and one policy''s counters (p_np: the non-preemptible part), one statement per table. A charge is guarded (used + n <= capacity / limit, or respool._max_total() for a counter nothing else bounds) and raises RP500 rather than over-allocate; a soft key the pool does not list gets an untracked counter, a key the policy does not bound a plain one. CHECK used >= 0 catches a double return.';
 
 CREATE OR REPLACE FUNCTION respool._place(p_pool_id uuid, p_policy_id uuid, p_granted respool.requests[])
 RETURNS void LANGUAGE plpgsql AS $$

@@ -16,7 +16,7 @@ Deadlocks (40P01) and RP500 (InvariantBroken) are counted and must be 0; expecte
 answers (Conflict from fencing, IdempotencyMismatch) are fine; anything else fails the test.
 
 The broken twin runs the same storm (preemptible traffic only) against a database where
-``respool._blocker`` admits everything and ``respool._grant`` has no guards (``support.twins``,
+``respool._blocker`` admits everything and ``respool._move_units`` has no guards (``support.twins``,
 built from the real functions): the auditor must then report I1/I2 violations, which proves the
 checker can fail.
 """
