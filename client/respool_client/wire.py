@@ -174,10 +174,12 @@ class Request(msgspec.Struct, frozen=True):
 
 
 class Victim(msgspec.Struct, frozen=True):
-    """An allocation the reconciler would preempt (``WhatIf.would_preempt``)."""
+    """An allocation the reconciler would preempt (``WhatIf.would_preempt``). For a client
+    token, ``id`` and ``subject`` are null when the allocation belongs to a subject outside the
+    token's patterns (it sees the pool and the resources only)."""
 
-    id: UUID
-    subject: str
+    id: UUID | None
+    subject: str | None
     pool: str | None
     resources: dict[str, int]
 

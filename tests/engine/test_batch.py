@@ -96,7 +96,7 @@ async def test_each_member_validated_and_rejected_on_its_own(conn: asyncpg.Conne
 async def test_idempotency_per_member(conn: asyncpg.Connection) -> None:
     await mk_pool_s(conn, {"gpu": 4})
     single = await db_requests.create_request(
-        conn, subject="S", pool="p", resources={"gpu": 1}, idempotency_key="a"
+        conn, {"subject": "S", "pool": "p", "resources": {"gpu": 1}, "idempotency_key": "a"}
     )
     members = [
         one_gpu(idempotency_key="a"),
@@ -142,7 +142,7 @@ async def test_a_bad_member_refuses_the_whole_batch(
 ) -> None:
     await mk_pool_s(conn, {"gpu": 4})
     await db_requests.create_request(
-        conn, subject="S", pool="p", resources={"gpu": 1}, idempotency_key="k"
+        conn, {"subject": "S", "pool": "p", "resources": {"gpu": 1}, "idempotency_key": "k"}
     )
     before = await count(conn)
     with pytest.raises(error) as caught:
@@ -196,7 +196,7 @@ async def test_multi_pool_members_and_concurrent_batches(db_url: str) -> None:
         async def single(k: int) -> None:
             for _ in range(10):
                 made = await db_requests.create_request(
-                    pool, subject="S", pool="bc"[k % 2], resources={"gpu": 2}
+                    pool, {"subject": "S", "pool": "bc"[k % 2], "resources": {"gpu": 2}}
                 )
                 await db_requests.release_request(pool, made.request.id)
 
