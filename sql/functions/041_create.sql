@@ -66,54 +66,54 @@ COMMENT ON FUNCTION respool._body_int(jsonb, text, integer, integer, text) IS
 CREATE OR REPLACE FUNCTION respool._create_body(p_body jsonb, p_default_lease_seconds integer)
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
-    k text;
-    v jsonb;
+    v_unknown jsonb;
 BEGIN
     IF p_body IS NULL OR jsonb_typeof(p_body) <> 'object' THEN
         PERFORM respool._fail('RP400', '', 'a create body must be a JSON object');
     END IF;
-    FOR k, v IN SELECT * FROM jsonb_each(p_body) LOOP
-        CASE k
-            WHEN 'subject' THEN
-                IF jsonb_typeof(v) <> 'string' OR (v #>> '{}') !~ '^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,127}$' THEN
-                    PERFORM respool._fail('RP400', k, 'subject must match ^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,127}$');
-                END IF;
-            WHEN 'pool' THEN
-                IF jsonb_typeof(v) NOT IN ('string', 'null') THEN
-                    PERFORM respool._fail('RP400', k, 'pool must be a string or null');
-                END IF;
-            WHEN 'idempotency_key' THEN
-                IF jsonb_typeof(v) = 'string' AND length(v #>> '{}') NOT BETWEEN 1 AND 200
-                   OR jsonb_typeof(v) NOT IN ('string', 'null') THEN
-                    PERFORM respool._fail('RP400', k, 'idempotency_key must have 1 to 200 characters');
-                END IF;
-            WHEN 'resources', 'settings', 'labels' THEN
-                -- their contents: respool.build_resources and respool._labels, naming the key
-                IF jsonb_typeof(v) NOT IN ('object', 'null') THEN
-                    PERFORM respool._fail('RP400', k, format('%s must be an object or null', k));
-                END IF;
-            WHEN 'preemptible' THEN
-                IF jsonb_typeof(v) <> 'boolean' THEN
-                    PERFORM respool._fail('RP400', k, 'preemptible must be true or false');
-                END IF;
-            WHEN 'max_retries' THEN
-                IF v = 'null'::jsonb THEN
-                    PERFORM respool._fail('RP400', k, 'max_retries must be an integer between 0 and 1000');
-                END IF;
-                PERFORM respool._body_int(v, k, 0, 1000, 'max_retries must be an integer between 0 and 1000');
-            WHEN 'lease_seconds' THEN
-                PERFORM respool._body_int(v, k, 1, 31536000,
-                                          'lease_seconds must be between 1 and 31536000 (or null for no lease)');
-            WHEN 'max_seconds' THEN
-                PERFORM respool._body_int(v, k, 1, 31536000,
-                                          'max_seconds must be between 1 and 31536000 (or null for no cap)');
-            ELSE
-                PERFORM respool._fail('RP400', left(k, 70), format('unknown field %L', left(k, 70)));
-        END CASE;
-    END LOOP;
+    v_unknown := p_body - ARRAY['subject', 'pool', 'resources', 'settings', 'preemptible', 'max_retries',
+                                'max_seconds', 'lease_seconds', 'idempotency_key', 'labels'];
+    IF v_unknown <> '{}' THEN
+        PERFORM respool._fail('RP400', left(k, 70), format('unknown field %L', left(k, 70)))
+           FROM (SELECT min(k) AS k FROM jsonb_object_keys(v_unknown) k) first;
+    END IF;
     IF NOT p_body ? 'subject' THEN
         PERFORM respool._fail('RP400', 'subject', 'subject is required');
     END IF;
+    IF jsonb_typeof(p_body -> 'subject') <> 'string'
+       OR (p_body ->> 'subject') !~ '^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,127}$' THEN
+        PERFORM respool._fail('RP400', 'subject', 'subject must match ^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,127}$');
+    END IF;
+    IF jsonb_typeof(p_body -> 'pool') NOT IN ('string', 'null') THEN
+        PERFORM respool._fail('RP400', 'pool', 'pool must be a string or null');
+    END IF;
+    IF jsonb_typeof(p_body -> 'idempotency_key') NOT IN ('string', 'null')
+       OR length(p_body ->> 'idempotency_key') NOT BETWEEN 1 AND 200 THEN
+        PERFORM respool._fail('RP400', 'idempotency_key', 'idempotency_key must have 1 to 200 characters');
+    END IF;
+    -- The contents of resources, settings and labels: respool.build_resources and
+    -- respool._labels check them, naming the key.
+    IF jsonb_typeof(p_body -> 'resources') NOT IN ('object', 'null') THEN
+        PERFORM respool._fail('RP400', 'resources', 'resources must be an object or null');
+    END IF;
+    IF jsonb_typeof(p_body -> 'settings') NOT IN ('object', 'null') THEN
+        PERFORM respool._fail('RP400', 'settings', 'settings must be an object or null');
+    END IF;
+    IF jsonb_typeof(p_body -> 'labels') NOT IN ('object', 'null') THEN
+        PERFORM respool._fail('RP400', 'labels', 'labels must be an object or null');
+    END IF;
+    IF jsonb_typeof(p_body -> 'preemptible') <> 'boolean' THEN
+        PERFORM respool._fail('RP400', 'preemptible', 'preemptible must be true or false');
+    END IF;
+    IF p_body -> 'max_retries' = 'null' THEN
+        PERFORM respool._fail('RP400', 'max_retries', 'max_retries must be an integer between 0 and 1000');
+    END IF;
+    PERFORM respool._body_int(p_body -> 'max_retries', 'max_retries', 0, 1000,
+                              'max_retries must be an integer between 0 and 1000');
+    PERFORM respool._body_int(p_body -> 'lease_seconds', 'lease_seconds', 1, 31536000,
+                              'lease_seconds must be between 1 and 31536000 (or null for no lease)');
+    PERFORM respool._body_int(p_body -> 'max_seconds', 'max_seconds', 1, 31536000,
+                              'max_seconds must be between 1 and 31536000 (or null for no cap)');
     -- The server's defaults, in this one place: absent lease_seconds is the server's default
     -- lease (explicit null: no lease).
     RETURN jsonb_build_object('preemptible', true, 'max_retries', 0, 'lease_seconds', p_default_lease_seconds)
@@ -274,6 +274,7 @@ DECLARE
     v_count integer;
     v_at integer := 0;
     v_bodies jsonb[] := '{}';
+    v_keys bigint[] := '{}';
     m jsonb;
     v_state text;
     v_message text;
@@ -300,14 +301,18 @@ BEGIN
         -- before any work.
         FOR i IN 0 .. v_count - 1 LOOP
             v_at := i;  -- (a FOR variable is not visible in the handler below)
-            v_bodies := v_bodies || respool._create_body(p_members -> i, p_default_lease_seconds);
+            m := respool._create_body(p_members -> i, p_default_lease_seconds);
+            v_bodies := v_bodies || m;
+            IF m ->> 'idempotency_key' IS NOT NULL THEN
+                v_keys := v_keys || hashtextextended((m ->> 'subject') || E'\n' || (m ->> 'idempotency_key'), 0);
+            END IF;
         END LOOP;
-        -- Idempotency keys claimed in one global order (the order of their lock keys): two
-        -- batches naming the same keys in another order wait for each other instead of each
-        -- holding one key the other needs (a deadlock when no pool lock orders them).
-        PERFORM pg_advisory_xact_lock(k)
-           FROM (SELECT DISTINCT hashtextextended((b ->> 'subject') || E'\n' || (b ->> 'idempotency_key'), 0) AS k
-                   FROM unnest(v_bodies) b WHERE b ->> 'idempotency_key' IS NOT NULL ORDER BY 1) keys;
+        IF cardinality(v_keys) > 0 THEN
+            -- Idempotency keys claimed in one global order (the order of their lock keys): two
+            -- batches naming the same keys in another order wait for each other instead of each
+            -- holding one key the other needs (a deadlock when no pool lock orders them).
+            PERFORM pg_advisory_xact_lock(k) FROM (SELECT DISTINCT unnest(v_keys) AS k ORDER BY 1) keys;
+        END IF;
         IF v_count > 1 THEN
             -- Every pool any member's subject may use, locked up front in id order: each member
             -- then locks a subset it already holds, so members that name different pools never
@@ -332,7 +337,7 @@ BEGIN
             -- Member i is queued i microseconds after member 0: queue time then keeps member
             -- order among members that are otherwise alike (ids are random).
             SELECT * INTO c FROM respool._create_one(v_bodies[i + 1], p_now + make_interval(secs => i / 1000000.0),
-                                                      v_gang, false);
+                                                      v_gang, v_count = 1 AND v_gang IS NULL);
             v_ids := v_ids || (c.request ->> 'id')::uuid;
             v_created := v_created || c.created;
             IF v_gang IS NOT NULL THEN
@@ -355,6 +360,11 @@ BEGIN
                 PERFORM respool._fail('RP422', 'idempotency_key',
                     'these idempotency keys were used by requests that do not make up one gang of these members');
             END IF;
+        END IF;
+        IF v_count = 1 AND v_gang IS NULL THEN
+            -- One member (a single create): its document is the one respool._create_one built.
+            RETURN QUERY SELECT 0, c.created, c.request;
+            RETURN;
         END IF;
         -- Every member as it stands once the batch is done, its document built with the others'
         -- (positions and ETAs once per pool, respool.request_docs).
