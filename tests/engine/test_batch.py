@@ -21,7 +21,7 @@ from engine_support import (
 
 from app.db import batch as db_batch
 from app.db import requests as db_requests
-from app.db.connect import APP_API, create_pool
+from app.db.connect import APP_API, connect, create_pool
 from app.db.errors import BadInput, IdempotencyMismatch, NotFound
 
 
@@ -209,3 +209,34 @@ async def test_multi_pool_members_and_concurrent_batches(db_url: str) -> None:
             assert await count(c) == 4 * 5 * 4 + 2 * 10
     finally:
         await pool.close()
+
+
+# The engine itself, without the data layer (which runs a deadlocked call again).
+BATCH_SQL = "SELECT member, created, request FROM respool.create_requests($1)"
+
+
+async def test_batches_naming_the_same_keys_in_another_order_do_not_deadlock(
+    db_url: str,
+) -> None:
+    """Two batches with the same idempotency keys in opposite orders, at once, on real
+    connections, for subjects without a policy (no pool lock orders them): the keys are
+    claimed in one global order, so one waits for the other and both answer the same
+    requests; the database never has to break a deadlock."""
+    a = await connect(db_url, application_name=APP_API)
+    b = await connect(db_url, application_name=APP_API)
+    try:
+        for rnd in range(24):
+            keys = [f"r{rnd}-k{i}" for i in range(12)]
+            members = [{"subject": "nobody", "idempotency_key": k} for k in keys]
+            calls = (
+                a.fetch(BATCH_SQL, members),
+                b.fetch(BATCH_SQL, members[::-1]),
+            )
+            first, second = await asyncio.wait_for(asyncio.gather(*calls), 60)
+            by_key = {r["request"]["idempotency_key"]: r["request"]["id"] for r in first}
+            again = {r["request"]["idempotency_key"]: r["request"]["id"] for r in second}
+            assert by_key == again and len(by_key) == 12
+            assert {r["request"]["status"] for r in first} == {"rejected"}
+    finally:
+        await a.close()
+        await b.close()
