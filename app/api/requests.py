@@ -51,7 +51,7 @@ _Attempt = Annotated[
 _DryRun = Annotated[
     bool,
     QueryParameter(
-        description="What-if (SPEC §11.3): answer 200 with what a create would do now"
+        description="What-if: answer 200 with what a create would do now"
         " (plus would_preempt), from the real engine in a rolled-back transaction; nothing is kept"
     ),
 ]
@@ -226,7 +226,8 @@ class RequestController(Controller):
         subject: FromQuery[str | None] = None,
         status: FromQuery[Status | None] = None,
         gang_id: Annotated[
-            UUID | None, QueryParameter(description="Only the members of this gang (SPEC §11.6)")
+            UUID | None,
+            QueryParameter(description="Only the members of this gang (an all_or_nothing batch)"),
         ] = None,
         limit: Annotated[int, QueryParameter(ge=1, le=1000, description="Page size")] = 100,
         cursor: Annotated[

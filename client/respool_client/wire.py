@@ -185,7 +185,7 @@ class Victim(msgspec.Struct, frozen=True):
 
 
 class WhatIf(Request, frozen=True):
-    """``POST /v1/requests?dry_run=true`` (SPEC §11.3): the request as a create would answer
+    """``POST /v1/requests?dry_run=true`` (docs/api.md): the request as a create would answer
     it now, never stored, plus the allocations the reconciler's next pass would preempt for it."""
 
     would_preempt: list[Victim] = []
@@ -364,13 +364,17 @@ def _as_decimal(value: object) -> Decimal:
 
 
 class RequestCreate(_Body):
+    """A create body (``POST /v1/requests``, and each batch member). The server sends it to
+    the engine as the client wrote it; the engine checks it and fills the defaults declared
+    here (``respool._create_body``; tests/engine/test_create_defaults.py proves they agree)."""
+
     subject: Subject
     pool: Annotated[str | None, _declare(pattern=_NO_NUL)] = None
     resources: Annotated[dict[str, int] | None, _AMOUNTS] = None
     settings: ResourceSettings | None = None
     preemptible: bool = True
     max_retries: MaxRetries = 0
-    max_seconds: MaxSeconds | None = None  # SPEC §11.1: hard runtime cap
+    max_seconds: MaxSeconds | None = None  # a hard runtime cap (docs/scheduling.md)
     # Absent: the server's default lease (RESPOOL_DEFAULT_LEASE_SECONDS); explicit null: none.
     lease_seconds: LeaseSeconds | None | UnsetType = UNSET
     idempotency_key: Annotated[
@@ -390,10 +394,11 @@ MAX_BATCH = 1000
 
 
 class RequestBatchCreate(_Body):
-    """``POST /v1/requests/batch`` (SPEC §11.5): 1 to 1,000 create bodies, one transaction."""
+    """``POST /v1/requests/batch`` (docs/api.md): 1 to 1,000 create bodies, one transaction."""
 
     members: Annotated[list[RequestCreate], Meta(min_length=1, max_length=MAX_BATCH)]
-    # SPEC §11.6 gangs: one subject, pool, preemptible and max_retries; granted all or none.
+    # A gang (docs/scheduling.md): one subject, pool, preemptible and max_retries; granted all
+    # or none.
     all_or_nothing: bool = False
 
 
