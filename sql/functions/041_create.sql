@@ -1,8 +1,9 @@
 -- Creating requests: one create body, as a JSON document, from the HTTP edge to the engine.
--- A single create is a batch of one (respool.create_request calls respool._create_members like
--- respool.create_requests does), and what-if takes the same document. The body's fields and
--- types are enforced here, in respool._create_body, and nowhere else on the server; its
--- defaults are filled there too. See docs/api.md ("Create a request", "Batch create").
+-- A single create is a batch of one: respool.create_request and every member of
+-- respool.create_requests go through the same steps (respool._create_body checks the body's
+-- fields and types, the only place on the server that does, and fills its defaults;
+-- respool._claim_keys; respool._create_one), and what-if takes the same document.
+-- See docs/api.md ("One create body, one path", "Batch create").
 
 DROP FUNCTION IF EXISTS respool.create_request(text, text, jsonb, jsonb, boolean, integer, integer, text, jsonb,
                                                timestamptz, integer, uuid, boolean);
@@ -14,19 +15,20 @@ DROP FUNCTION IF EXISTS respool._batch_member_int(jsonb, text);
 CREATE OR REPLACE FUNCTION respool._labels(p_labels jsonb)
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
+    v_count bigint;
     v_bad text;
 BEGIN
     IF respool._absent_object(p_labels, 'labels', 'labels must be an object of string: string') THEN
         RETURN '{}';
     END IF;
-    IF (SELECT count(*) FROM jsonb_object_keys(p_labels)) > 64 THEN
+    -- One pass over the entries: how many, and the first bad one.
+    SELECT count(*), min(x.key) FILTER (WHERE jsonb_typeof(x.value) <> 'string' OR length(x.key) NOT BETWEEN 1 AND 128
+                                              OR length(x.value #>> '{}') > 1024)
+      INTO v_count, v_bad FROM jsonb_each(p_labels) x;
+    IF v_count > 64 THEN
         PERFORM respool._fail('RP400', 'labels', 'labels has more than 64 entries');
     END IF;
-    SELECT x.key INTO v_bad FROM jsonb_each(p_labels) x
-     WHERE jsonb_typeof(x.value) <> 'string' OR length(x.key) NOT BETWEEN 1 AND 128
-        OR length(x.value #>> '{}') > 1024
-     LIMIT 1;
-    IF FOUND THEN
+    IF v_bad IS NOT NULL THEN
         PERFORM respool._fail('RP400', 'labels.' || left(v_bad, 70),
             'labels must map names of 1-128 chars to strings of at most 1024 chars');
     END IF;
@@ -105,15 +107,18 @@ BEGIN
     IF jsonb_typeof(p_body -> 'preemptible') <> 'boolean' THEN
         PERFORM respool._fail('RP400', 'preemptible', 'preemptible must be true or false');
     END IF;
-    IF p_body -> 'max_retries' = 'null' THEN
+    IF p_body ? 'max_retries' AND (p_body -> 'max_retries' = 'null' OR respool._body_int(
+           p_body -> 'max_retries', 'max_retries', 0, 1000, 'max_retries must be an integer between 0 and 1000') IS NULL) THEN
         PERFORM respool._fail('RP400', 'max_retries', 'max_retries must be an integer between 0 and 1000');
     END IF;
-    PERFORM respool._body_int(p_body -> 'max_retries', 'max_retries', 0, 1000,
-                              'max_retries must be an integer between 0 and 1000');
-    PERFORM respool._body_int(p_body -> 'lease_seconds', 'lease_seconds', 1, 31536000,
-                              'lease_seconds must be between 1 and 31536000 (or null for no lease)');
-    PERFORM respool._body_int(p_body -> 'max_seconds', 'max_seconds', 1, 31536000,
-                              'max_seconds must be between 1 and 31536000 (or null for no cap)');
+    IF p_body ? 'lease_seconds' THEN
+        PERFORM respool._body_int(p_body -> 'lease_seconds', 'lease_seconds', 1, 31536000,
+                                  'lease_seconds must be between 1 and 31536000 (or null for no lease)');
+    END IF;
+    IF p_body ? 'max_seconds' THEN
+        PERFORM respool._body_int(p_body -> 'max_seconds', 'max_seconds', 1, 31536000,
+                                  'max_seconds must be between 1 and 31536000 (or null for no cap)');
+    END IF;
     -- The server's defaults, in this one place: absent lease_seconds is the server's default
     -- lease (explicit null: no lease).
     RETURN jsonb_build_object('preemptible', true, 'max_retries', 0, 'lease_seconds', p_default_lease_seconds)
@@ -237,6 +242,19 @@ END $$;
 COMMENT ON FUNCTION respool._create_one(jsonb, timestamptz, uuid, boolean) IS
     'Creates one request from a body respool._create_body checked and completed: converts resources/settings and labels, claims the idempotency key (the same request on a retry, RP422 on another body), resolves candidate pools, locks them in id order and validates against each while holding the locks, stores a rejection or queues it, then tries to grant it at once in candidate order (unless a best_effort pool holds for a starving head, docs/scheduling.md). The request''s own status changes in this call are recorded as events but not notified (nobody can wait for it yet; the answer carries them). With p_gang_id the request is stored as a member of that gang, without queue entries and without a grant: respool._gang_start decides for the whole gang. p_answer false: a new request answers {"id"} only.';
 
+CREATE OR REPLACE FUNCTION respool._claim_keys(p_bodies jsonb[])
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    -- Only when a body names a key: a create without one takes no lock here.
+    IF EXISTS (SELECT FROM unnest(p_bodies) b WHERE b ->> 'idempotency_key' IS NOT NULL) THEN
+        PERFORM pg_advisory_xact_lock(k)
+           FROM (SELECT DISTINCT hashtextextended((b ->> 'subject') || E'\n' || (b ->> 'idempotency_key'), 0) AS k
+                   FROM unnest(p_bodies) b WHERE b ->> 'idempotency_key' IS NOT NULL ORDER BY 1) keys;
+    END IF;
+END $$;
+COMMENT ON FUNCTION respool._claim_keys(jsonb[]) IS
+    'Claims the idempotency keys of checked create bodies for this transaction in one global order (a transaction advisory lock per subject and key, in lock-key order), before any request is inserted: two creates or batches naming the same keys in another order wait for each other instead of each holding a key the other needs (a deadlock when no pool lock orders them).';
+
 CREATE OR REPLACE FUNCTION respool._gang_member_check(p_first jsonb, p_member jsonb, p_first_pool uuid)
 RETURNS void LANGUAGE plpgsql STABLE AS $$
 BEGIN
@@ -262,19 +280,17 @@ END $$;
 COMMENT ON FUNCTION respool._gang_member_check(jsonb, jsonb, uuid) IS
     'A gang member (a body respool._create_body completed) names the subject of member 0, a pool that resolves to member 0''s (or none when member 0 names none), and member 0''s preemptible and max_retries; RP400 naming the field otherwise (RP404/RP400 for a bad pool ref). See docs/scheduling.md (gangs).';
 
-CREATE OR REPLACE FUNCTION respool._create_members(
+CREATE OR REPLACE FUNCTION respool.create_requests(
     p_members jsonb,
-    p_all_or_nothing boolean,
-    p_default_lease_seconds integer,
-    p_now timestamptz,
-    p_name_members boolean)
+    p_all_or_nothing boolean DEFAULT false,
+    p_default_lease_seconds integer DEFAULT NULL,
+    p_now timestamptz DEFAULT now())
 RETURNS TABLE (member integer, created boolean, request jsonb)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_count integer;
     v_at integer := 0;
     v_bodies jsonb[] := '{}';
-    v_keys bigint[] := '{}';
     m jsonb;
     v_state text;
     v_message text;
@@ -301,18 +317,9 @@ BEGIN
         -- before any work.
         FOR i IN 0 .. v_count - 1 LOOP
             v_at := i;  -- (a FOR variable is not visible in the handler below)
-            m := respool._create_body(p_members -> i, p_default_lease_seconds);
-            v_bodies := v_bodies || m;
-            IF m ->> 'idempotency_key' IS NOT NULL THEN
-                v_keys := v_keys || hashtextextended((m ->> 'subject') || E'\n' || (m ->> 'idempotency_key'), 0);
-            END IF;
+            v_bodies := v_bodies || respool._create_body(p_members -> i, p_default_lease_seconds);
         END LOOP;
-        IF cardinality(v_keys) > 0 THEN
-            -- Idempotency keys claimed in one global order (the order of their lock keys): two
-            -- batches naming the same keys in another order wait for each other instead of each
-            -- holding one key the other needs (a deadlock when no pool lock orders them).
-            PERFORM pg_advisory_xact_lock(k) FROM (SELECT DISTINCT unnest(v_keys) AS k ORDER BY 1) keys;
-        END IF;
+        PERFORM respool._claim_keys(v_bodies);
         IF v_count > 1 THEN
             -- Every pool any member's subject may use, locked up front in id order: each member
             -- then locks a subset it already holds, so members that name different pools never
@@ -337,7 +344,7 @@ BEGIN
             -- Member i is queued i microseconds after member 0: queue time then keeps member
             -- order among members that are otherwise alike (ids are random).
             SELECT * INTO c FROM respool._create_one(v_bodies[i + 1], p_now + make_interval(secs => i / 1000000.0),
-                                                      v_gang, v_count = 1 AND v_gang IS NULL);
+                                                      v_gang, false);
             v_ids := v_ids || (c.request ->> 'id')::uuid;
             v_created := v_created || c.created;
             IF v_gang IS NOT NULL THEN
@@ -361,11 +368,6 @@ BEGIN
                     'these idempotency keys were used by requests that do not make up one gang of these members');
             END IF;
         END IF;
-        IF v_count = 1 AND v_gang IS NULL THEN
-            -- One member (a single create): its document is the one respool._create_one built.
-            RETURN QUERY SELECT 0, c.created, c.request;
-            RETURN;
-        END IF;
         -- Every member as it stands once the batch is done, its document built with the others'
         -- (positions and ETAs once per pool, respool.request_docs).
         RETURN QUERY SELECT (x.n - 1)::integer, v_created[x.n], d.doc::jsonb
@@ -374,7 +376,7 @@ BEGIN
                       ORDER BY x.n;
     EXCEPTION WHEN OTHERS THEN
         GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT, v_column = COLUMN_NAME;
-        IF NOT p_name_members OR v_state NOT IN ('RP400', 'RP404', 'RP409', 'RP422') THEN
+        IF v_state NOT IN ('RP400', 'RP404', 'RP409', 'RP422') THEN
             RAISE;
         END IF;
         -- The whole batch is refused (everything above is rolled back); the error names the member.
@@ -383,20 +385,8 @@ BEGIN
                   COLUMN = format('members[%s]', v_at) || CASE WHEN coalesce(v_column, '') = '' THEN '' ELSE '.' || v_column END;
     END;
 END $$;
-COMMENT ON FUNCTION respool._create_members(jsonb, boolean, integer, timestamptz, boolean) IS
-    'The one create path (docs/api.md, docs/scheduling.md): 1 to 1000 create bodies in one transaction, each checked and completed by respool._create_body before any work (absent lease_seconds: p_default_lease_seconds), their idempotency keys claimed in one global order (no deadlock between batches naming the same keys in another order), then each created by respool._create_one in member order, member i queued i microseconds after member 0 so queue order follows member order. Any member error refuses the whole batch, creating nothing; with p_name_members the error keeps its SQLSTATE and names members[i].<field>, without it the error is raised as it is (a single create). Each answer is the member''s state once the whole batch is done. With p_all_or_nothing the members are a gang: same subject, pool, preemptible and max_retries (RP400 naming the field), one gang_id, rejected together, granted together in one pool or not at all; a retry whose idempotency keys name exactly the members of one gang answers that gang (RP422 otherwise). One row per member, in member order.';
-
-CREATE OR REPLACE FUNCTION respool.create_requests(
-    p_members jsonb,
-    p_all_or_nothing boolean DEFAULT false,
-    p_default_lease_seconds integer DEFAULT NULL,
-    p_now timestamptz DEFAULT now())
-RETURNS TABLE (member integer, created boolean, request jsonb)
-LANGUAGE sql AS $$
-    SELECT * FROM respool._create_members(p_members, p_all_or_nothing, p_default_lease_seconds, p_now, true)
-$$;
 COMMENT ON FUNCTION respool.create_requests(jsonb, boolean, integer, timestamptz) IS
-    'Batch create (docs/api.md "Batch create"): p_members is a JSON array of 1 to 1000 create bodies, each created exactly as respool.create_request creates one (the same respool._create_members), in one transaction; any member error refuses the whole batch with the same SQLSTATE, naming members[i].<field>. A member without lease_seconds gets p_default_lease_seconds. With p_all_or_nothing the members are a gang. One row per member, in member order.';
+    'Batch create (docs/api.md "Batch create"): p_members is a JSON array of 1 to 1000 create bodies, created in one transaction by the steps of a single create (respool.create_request), member by member: every body checked and completed by respool._create_body before any work (absent lease_seconds: p_default_lease_seconds), their idempotency keys claimed in one global order (respool._claim_keys), the pools of every member''s subject locked in id order, then each created by respool._create_one in member order, member i queued i microseconds after member 0 so queue order follows member order. Any member error refuses the whole batch, creating nothing: the same SQLSTATE, naming members[i].<field>. Each answer is the member''s state once the whole batch is done. With p_all_or_nothing the members are a gang (docs/scheduling.md): same subject, pool, preemptible and max_retries (RP400 naming the field), one gang_id, rejected together, granted together in one pool or not at all; a retry whose idempotency keys name exactly the members of one gang answers that gang (RP422 otherwise). One row per member, in member order.';
 
 CREATE OR REPLACE FUNCTION respool.create_request(
     p_body jsonb,
@@ -404,12 +394,19 @@ CREATE OR REPLACE FUNCTION respool.create_request(
     p_now timestamptz DEFAULT now(),
     OUT created boolean,
     OUT request jsonb)
-LANGUAGE sql AS $$
-    SELECT m.created, m.request
-      FROM respool._create_members(jsonb_build_array(p_body), false, p_default_lease_seconds, p_now, false) m
-$$;
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_body jsonb := respool._create_body(p_body, p_default_lease_seconds);
+BEGIN
+    -- A batch of one: the steps of respool.create_requests for its one member (a single member
+    -- needs no pool locks up front, no gang, and its answer is the document its create built).
+    IF v_body ->> 'idempotency_key' IS NOT NULL THEN
+        PERFORM respool._claim_keys(ARRAY[v_body]);
+    END IF;
+    SELECT c.created, c.request INTO created, request FROM respool._create_one(v_body, p_now, NULL, true) c;
+END $$;
 COMMENT ON FUNCTION respool.create_request(jsonb, integer, timestamptz) IS
-    'Creates (or replays, by idempotency key) one request from its create body, a JSON document with the fields of POST /v1/requests (docs/api.md): a batch of one through respool._create_members, so a body is checked and answered exactly as a batch member is (the same SQLSTATE; the field named without the members[0]. prefix). Absent lease_seconds: p_default_lease_seconds (NULL: no lease). Returns created (false for a replay) and the request''s document.';
+    'Creates (or replays, by idempotency key) one request from its create body, a JSON document with the fields of POST /v1/requests (docs/api.md): a batch of one, by the same steps as a member of respool.create_requests (respool._create_body checks it and fills its defaults, respool._claim_keys, respool._create_one), so a body is refused exactly as a batch member is (the same SQLSTATE and field, without the members[i]. prefix). Absent lease_seconds: p_default_lease_seconds (NULL: no lease). Returns created (false for a replay) and the request''s document.';
 
 CREATE OR REPLACE FUNCTION respool.what_if_request(
     p_body jsonb,
