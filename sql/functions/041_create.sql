@@ -1,8 +1,9 @@
 -- Creating requests: one create body, as a JSON document, from the HTTP edge to the engine.
--- A single create is a batch of one: respool.create_request and every member of
--- respool.create_requests go through the same steps (respool._create_body checks the body's
--- fields and types, the only place on the server that does, and fills its defaults;
--- respool._claim_keys; respool._create_one), and what-if takes the same document.
+-- One function creates a request from that document, alone or as a batch member:
+-- respool.create_request (respool.create_requests checks every member first, claims their
+-- keys in one order, then calls it per member); respool._create_body, which it calls, is the
+-- one place on the server that checks the body's fields and types and fills its defaults.
+-- What-if takes the same document.
 -- See docs/api.md ("One create body, one path", "Batch create").
 
 DROP FUNCTION IF EXISTS respool.create_request(text, text, jsonb, jsonb, boolean, integer, integer, text, jsonb,
@@ -127,22 +128,24 @@ END $$;
 COMMENT ON FUNCTION respool._create_body(jsonb, integer) IS
     'The one check of a create body''s fields and types (the fields of the wire type RequestCreate: subject, pool, resources, settings, preemptible, max_retries, max_seconds, lease_seconds, idempotency_key, labels; RP400 naming the field, also for an unknown one) and the one place its defaults are filled: preemptible true, max_retries 0, lease_seconds p_default_lease_seconds when absent. Values inside resources, settings and labels are checked where they are converted.';
 
-CREATE OR REPLACE FUNCTION respool._create_one(
+CREATE OR REPLACE FUNCTION respool.create_request(
     p_body jsonb,
-    p_now timestamptz,
-    p_gang_id uuid,
-    p_answer boolean,
+    p_default_lease_seconds integer DEFAULT NULL,
+    p_now timestamptz DEFAULT now(),
+    p_gang_id uuid DEFAULT NULL,
+    p_answer boolean DEFAULT true,
     OUT created boolean,
     OUT request jsonb)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_subject text := p_body ->> 'subject';
-    v_pool_ref text := p_body ->> 'pool';
-    v_preemptible boolean := (p_body ->> 'preemptible')::boolean;
-    v_max_retries integer := (p_body ->> 'max_retries')::integer;
-    v_lease_seconds integer := (p_body ->> 'lease_seconds')::integer;
-    v_max_seconds integer := (p_body ->> 'max_seconds')::integer;
-    v_key text := p_body ->> 'idempotency_key';
+    v_in jsonb := respool._create_body(p_body, p_default_lease_seconds);
+    v_subject text := v_in ->> 'subject';
+    v_pool_ref text := v_in ->> 'pool';
+    v_preemptible boolean := (v_in ->> 'preemptible')::boolean;
+    v_max_retries integer := (v_in ->> 'max_retries')::integer;
+    v_lease_seconds integer := (v_in ->> 'lease_seconds')::integer;
+    v_max_seconds integer := (v_in ->> 'max_seconds')::integer;
+    v_key text := v_in ->> 'idempotency_key';
     v_resources jsonb;
     v_labels jsonb;
     v_body jsonb;
@@ -155,8 +158,8 @@ DECLARE
     r respool.requests;
     c record;
 BEGIN
-    v_resources := respool.build_resources(nullif(p_body -> 'resources', 'null'), nullif(p_body -> 'settings', 'null'));
-    v_labels := respool._labels(p_body -> 'labels');
+    v_resources := respool.build_resources(nullif(v_in -> 'resources', 'null'), nullif(v_in -> 'settings', 'null'));
+    v_labels := respool._labels(v_in -> 'labels');
     -- What an idempotent retry must repeat (max_seconds only when set, so bodies stored before
     -- it existed still compare equal).
     v_body := jsonb_build_object('pool', v_pool_ref, 'resources', v_resources, 'preemptible', v_preemptible,
@@ -165,6 +168,7 @@ BEGIN
                       ELSE '{}' END;
 
     IF v_key IS NOT NULL THEN
+        PERFORM respool._claim_keys(ARRAY[v_in]);  -- (a batch claimed them all already, in order)
         SELECT * INTO r FROM respool.requests WHERE subject = v_subject AND idempotency_key = v_key;
         IF FOUND THEN
             created := false;
@@ -239,8 +243,8 @@ BEGIN
     created := true;
     request := CASE WHEN p_answer THEN respool.request_json(r.id) ELSE jsonb_build_object('id', r.id) END;
 END $$;
-COMMENT ON FUNCTION respool._create_one(jsonb, timestamptz, uuid, boolean) IS
-    'Creates one request from a body respool._create_body checked and completed: converts resources/settings and labels, claims the idempotency key (the same request on a retry, RP422 on another body), resolves candidate pools, locks them in id order and validates against each while holding the locks, stores a rejection or queues it, then tries to grant it at once in candidate order (unless a best_effort pool holds for a starving head, docs/scheduling.md). The request''s own status changes in this call are recorded as events but not notified (nobody can wait for it yet; the answer carries them). With p_gang_id the request is stored as a member of that gang, without queue entries and without a grant: respool._gang_start decides for the whole gang. p_answer false: a new request answers {"id"} only.';
+COMMENT ON FUNCTION respool.create_request(jsonb, integer, timestamptz, uuid, boolean) IS
+    'Creates (or replays, by idempotency key) one request from its create body, a JSON document with the fields of POST /v1/requests (docs/api.md); a single create and every member of a batch (respool.create_requests) are created by this function, so a body is refused alike in both (the same SQLSTATE and field; a batch adds the members[i]. prefix). Checks the body and fills its defaults (respool._create_body; absent lease_seconds: p_default_lease_seconds, NULL: no lease), converts resources/settings and labels, claims the idempotency key (respool._claim_keys; the same request on a retry, RP422 on another body), resolves candidate pools, locks them in id order and validates against each while holding the locks, stores a rejection or queues it, then tries to grant it at once in candidate order (unless a best_effort pool holds for a starving head, docs/scheduling.md). The request''s own status changes in this call are recorded as events but not notified (nobody can wait for it yet; the answer carries them). With p_gang_id (a batch with all_or_nothing) the request is stored as a member of that gang, without queue entries and without a grant: respool._gang_start decides for the whole gang. p_answer false: a new request answers {"id"} only (a batch builds its members'' documents at once). Returns created (false for a replay) and the request''s document.';
 
 CREATE OR REPLACE FUNCTION respool._claim_keys(p_bodies jsonb[])
 RETURNS void LANGUAGE plpgsql AS $$
@@ -343,8 +347,8 @@ BEGIN
             v_at := i;
             -- Member i is queued i microseconds after member 0: queue time then keeps member
             -- order among members that are otherwise alike (ids are random).
-            SELECT * INTO c FROM respool._create_one(v_bodies[i + 1], p_now + make_interval(secs => i / 1000000.0),
-                                                      v_gang, false);
+            SELECT * INTO c FROM respool.create_request(v_bodies[i + 1], p_default_lease_seconds,
+                                                         p_now + make_interval(secs => i / 1000000.0), v_gang, false);
             v_ids := v_ids || (c.request ->> 'id')::uuid;
             v_created := v_created || c.created;
             IF v_gang IS NOT NULL THEN
@@ -386,27 +390,7 @@ BEGIN
     END;
 END $$;
 COMMENT ON FUNCTION respool.create_requests(jsonb, boolean, integer, timestamptz) IS
-    'Batch create (docs/api.md "Batch create"): p_members is a JSON array of 1 to 1000 create bodies, created in one transaction by the steps of a single create (respool.create_request), member by member: every body checked and completed by respool._create_body before any work (absent lease_seconds: p_default_lease_seconds), their idempotency keys claimed in one global order (respool._claim_keys), the pools of every member''s subject locked in id order, then each created by respool._create_one in member order, member i queued i microseconds after member 0 so queue order follows member order. Any member error refuses the whole batch, creating nothing: the same SQLSTATE, naming members[i].<field>. Each answer is the member''s state once the whole batch is done. With p_all_or_nothing the members are a gang (docs/scheduling.md): same subject, pool, preemptible and max_retries (RP400 naming the field), one gang_id, rejected together, granted together in one pool or not at all; a retry whose idempotency keys name exactly the members of one gang answers that gang (RP422 otherwise). One row per member, in member order.';
-
-CREATE OR REPLACE FUNCTION respool.create_request(
-    p_body jsonb,
-    p_default_lease_seconds integer DEFAULT NULL,
-    p_now timestamptz DEFAULT now(),
-    OUT created boolean,
-    OUT request jsonb)
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_body jsonb := respool._create_body(p_body, p_default_lease_seconds);
-BEGIN
-    -- A batch of one: the steps of respool.create_requests for its one member (a single member
-    -- needs no pool locks up front, no gang, and its answer is the document its create built).
-    IF v_body ->> 'idempotency_key' IS NOT NULL THEN
-        PERFORM respool._claim_keys(ARRAY[v_body]);
-    END IF;
-    SELECT c.created, c.request INTO created, request FROM respool._create_one(v_body, p_now, NULL, true) c;
-END $$;
-COMMENT ON FUNCTION respool.create_request(jsonb, integer, timestamptz) IS
-    'Creates (or replays, by idempotency key) one request from its create body, a JSON document with the fields of POST /v1/requests (docs/api.md): a batch of one, by the same steps as a member of respool.create_requests (respool._create_body checks it and fills its defaults, respool._claim_keys, respool._create_one), so a body is refused exactly as a batch member is (the same SQLSTATE and field, without the members[i]. prefix). Absent lease_seconds: p_default_lease_seconds (NULL: no lease). Returns created (false for a replay) and the request''s document.';
+    'Batch create (docs/api.md "Batch create"): p_members is a JSON array of 1 to 1000 create bodies, created in one transaction, each by respool.create_request exactly as a single create: every body checked and completed by respool._create_body before any work (absent lease_seconds: p_default_lease_seconds), their idempotency keys claimed in one global order (respool._claim_keys), the pools of every member''s subject locked in id order, then each created by respool.create_request in member order, member i queued i microseconds after member 0 so queue order follows member order. Any member error refuses the whole batch, creating nothing: the same SQLSTATE, naming members[i].<field>. Each answer is the member''s state once the whole batch is done. With p_all_or_nothing the members are a gang (docs/scheduling.md): same subject, pool, preemptible and max_retries (RP400 naming the field), one gang_id, rejected together, granted together in one pool or not at all; a retry whose idempotency keys name exactly the members of one gang answers that gang (RP422 otherwise). One row per member, in member order.';
 
 CREATE OR REPLACE FUNCTION respool.what_if_request(
     p_body jsonb,
