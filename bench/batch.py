@@ -54,8 +54,8 @@ async def _setup(conn: asyncpg.Connection) -> None:
     await conn.execute("SELECT respool.create_pool(p_name => 'b', p_capacity => $1)", {"gpu": 1})
     await conn.execute("SELECT respool.create_policy(p_subject => 'b', p_pool => 'b')")
     await conn.execute(
-        "SELECT created FROM respool.create_request(p_subject => 'b', p_pool => 'b',"
-        " p_resources => $1)",
+        "SELECT created FROM respool.create_request(jsonb_build_object('subject', 'b',"
+        " 'pool', 'b', 'resources', $1::jsonb))",
         {"gpu": 1},
     )
 

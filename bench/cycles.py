@@ -43,9 +43,9 @@ NOTIFY_SQL = (
 )
 ENGINE_SQL = """\\set s random(1, :subjects)
 \\set p random(1, :pools)
-SELECT c.request->>'id' AS rid FROM respool.create_request(p_subject => 'bench-s' || :s::text,
-    p_pool => 'bench-p' || :p::text, p_resources => '{"gpu": 1}'::jsonb,
-    p_lease_seconds => 300) c \\gset
+SELECT c.request->>'id' AS rid FROM respool.create_request(jsonb_build_object(
+    'subject', 'bench-s' || :s::text, 'pool', 'bench-p' || :p::text,
+    'resources', '{"gpu": 1}'::jsonb, 'lease_seconds', 300)) c \\gset
 SELECT respool.release_request(p_id => :rid::uuid) IS NOT NULL;
 """
 

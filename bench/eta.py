@@ -39,8 +39,8 @@ CAPACITY = 8
 CLOCK0 = datetime(2030, 1, 1, tzinfo=UTC)
 
 CREATE = (
-    "SELECT request FROM respool.create_request(p_subject => 'team', p_pool => 'p',"
-    " p_resources => $1, p_lease_seconds => NULL, p_now => $2)"
+    "SELECT request FROM respool.create_request(jsonb_build_object('subject', 'team',"
+    " 'pool', 'p', 'resources', $1::jsonb, 'lease_seconds', NULL), p_now => $2)"
 )
 ETA = "SELECT respool._eta($1, $2, $3)"
 RELEASE = "SELECT respool.release_request(p_id => $1, p_now => $2)"

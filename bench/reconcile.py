@@ -70,8 +70,8 @@ async def _create(
 ) -> tuple[uuid.UUID, str]:
     row = await conn.fetchrow(
         "SELECT (r.request ->> 'id')::uuid, r.request ->> 'status'"
-        "  FROM respool.create_request(p_subject => $1, p_pool => $2, p_resources => $3,"
-        "                              p_lease_seconds => 3600) r",
+        "  FROM respool.create_request(jsonb_build_object('subject', $1::text, 'pool', $2::text,"
+        "                              'resources', $3::jsonb, 'lease_seconds', 3600)) r",
         subject,
         pool,
         {"gpu": gpu},

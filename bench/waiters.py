@@ -83,8 +83,8 @@ async def _create_waiters(conn: asyncpg.Connection, n: int, batch: int = 250) ->
     while len(ids) < n:
         k = min(batch, n - len(ids))
         rows = await conn.fetch(
-            "SELECT ((respool.create_request(p_subject => 'w', p_pool => 'wide',"
-            "        p_resources => '{\"gpu\": 1}', p_lease_seconds => NULL)"
+            "SELECT ((respool.create_request("
+            '        \'{"subject": "w", "pool": "wide", "resources": {"gpu": 1}}\')'
             "       ).request ->> 'id')::uuid"
             "  FROM generate_series(1, $1)",
             k,
@@ -105,8 +105,8 @@ async def measure(dsn: str, waiters: int, capacity: int, max_wait: int = 600) ->
         )
         await conn.execute("SELECT respool.create_policy(p_subject => 'w', p_pool => 'wide')")
         holder = await conn.fetchval(
-            "SELECT ((respool.create_request(p_subject => 'w', p_pool => 'wide',"
-            "         p_resources => $1, p_lease_seconds => NULL)).request ->> 'id')::uuid",
+            "SELECT ((respool.create_request(jsonb_build_object('subject', 'w', 'pool', 'wide',"
+            "         'resources', $1::jsonb))).request ->> 'id')::uuid",
             {"gpu": capacity},
         )
         started = time.perf_counter()

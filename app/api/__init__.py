@@ -30,6 +30,7 @@ from app.api.metrics import EventTally, MetricsCache, MetricsController
 from app.api.openapi import ClosedStructSchemaPlugin, answer_options
 from app.api.policies import PolicyController
 from app.api.pools import PoolController
+from app.api.query_params import known_query_params
 from app.api.requests import RequestController
 from app.api.retention import RetentionController
 from app.db.connect import APP_API, create_pool
@@ -119,7 +120,7 @@ def create_app(
             ApplyController,
         ],
         lifespan=[lifespan],
-        guards=[auth_guard],
+        guards=[auth_guard, known_query_params],
         middleware=[
             DefineMiddleware(
                 EdgeGuard,

@@ -1,4 +1,4 @@
-"""``POST /v1/requests/batch`` (SPEC §11.5): up to 1,000 create bodies in one transaction."""
+"""``POST /v1/requests/batch``: up to 1,000 create bodies in one transaction (docs/api.md)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,10 @@ from typing import Any
 import msgspec
 from litestar import Controller, Request, post
 from litestar.datastructures import State
-from msgspec import UNSET
 from respool_client.wire import (
     RequestBatch,
     RequestBatchCreate,
     RequestCreate,
-    ResourceSettings,
 )
 
 from app.api.auth import require_subject
@@ -49,17 +47,10 @@ async def _decode(request: Request[Any, Any, Any]) -> RequestBatchCreate:
     return body
 
 
-def _member(body: RequestCreate) -> dict[str, Any]:
-    """A member as the engine's create_requests takes it: every field that is set (a field
-    the engine does not know is refused there, never dropped); no ``lease_seconds`` key means
-    the server's default lease."""
-    out: dict[str, Any] = {}
-    for name in body.__struct_fields__:
-        value = getattr(body, name)
-        if value is UNSET:
-            continue
-        out[name] = value.to_json() if isinstance(value, ResourceSettings) else value
-    return out
+class _Members(msgspec.Struct):
+    """The members of a batch body as the client sent them (JSON text), for the engine."""
+
+    members: msgspec.Raw
 
 
 class BatchController(Controller):
@@ -69,14 +60,14 @@ class BatchController(Controller):
     @post(
         "/",
         status_code=201,
-        summary="Create 1 to 1,000 requests in one transaction (SPEC §11.5)",
+        summary="Create 1 to 1,000 requests in one transaction",
         description=(
             "Each member is created exactly as a single create would be (its own validation, "
             "rejection, idempotency key, and grant where it fits), in member order, which is "
             "also their queue order. A malformed member refuses the whole batch (4xx naming "
             "members[i].field) and nothing is created. Members with an idempotency key that "
             "was already used answer the earlier request. With all_or_nothing the members are a "
-            "gang (SPEC §11.6): they must name the same subject, pool, preemptible and "
+            "gang (docs/scheduling.md): they must name the same subject, pool, preemptible and "
             "max_retries (else 400 naming members[i].field); they share a gang_id, are granted "
             "all together in one pool or not at all, and are rejected, preempted, expired and "
             "cancelled together."
@@ -89,9 +80,12 @@ class BatchController(Controller):
         body = await _decode(request)
         for member in body.members:
             require_subject(request, member.subject)  # every member's subject, before any work
+        # The members go to the engine whole, as the client sent them (now known to be
+        # well-formed): the engine fills the defaults, as for a single create.
+        members = msgspec.json.decode(await request.body(), type=_Members).members
         made = await db_batch.create_requests(
             db(state),
-            [_member(m) for m in body.members],
+            members,
             all_or_nothing=body.all_or_nothing,
             default_lease_seconds=settings(state).default_lease_seconds,
         )

@@ -202,6 +202,9 @@ _DATABASE_DOWN: tuple[type[BaseException], ...] = (
     # HA: no host of a multi-host DSN is the primary yet, or a write reached a standby.
     asyncpg.exceptions.TargetServerAttributeNotMatched,
     asyncpg.ReadOnlySQLTransactionError,
+    # A deadlock or serialization failure that went on after the data layer's retries
+    # (app.db.errors.engine_errors): nothing was kept; the same call may well succeed.
+    asyncpg.TransactionRollbackError,
 )
 
 

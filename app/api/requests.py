@@ -17,7 +17,6 @@ from litestar.datastructures import State
 from litestar.enums import MediaType
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, FromQuery, QueryParameter
-from msgspec import UNSET
 from respool_client.wire import (
     INT32_MAX,
     MAX_BATCH,
@@ -30,7 +29,8 @@ from respool_client.wire import (
 )
 from respool_client.wire import Request as ResourceRequest
 
-from app.api.auth import listing_patterns, require_subject
+from app import globs
+from app.api.auth import listing_patterns, principal_of, require_subject
 from app.api.common import AnyRequest, StrictBody, db, decode_body, notifier, settings
 from app.api.errors import ApiError, error_responses
 from app.api.reader import RequestReader, encode
@@ -58,7 +58,7 @@ _Attempt = Annotated[
 _DryRun = Annotated[
     bool,
     QueryParameter(
-        description="What-if (SPEC §11.3): answer 200 with what a create would do now"
+        description="What-if: answer 200 with what a create would do now"
         " (plus would_preempt), from the real engine in a rolled-back transaction; nothing is kept"
     ),
 ]
@@ -149,6 +149,23 @@ def _reader(state: State, pool: asyncpg.Pool) -> RequestReader:
     return reader
 
 
+def visible_to(request: AnyRequest, what: WhatIf) -> WhatIf:
+    """A what-if as the caller may see it: a client token learns the id and subject only of
+    victims whose subject its patterns cover (like ``GET`` of that id); of the others, the pool
+    and the resources."""
+    p = principal_of(request)
+    if p.role != "client":
+        return what
+    patterns = p.subject_patterns or ()
+    victims = [
+        v
+        if v.subject is not None and globs.subject_matches(v.subject, patterns)
+        else msgspec.structs.replace(v, id=None, subject=None)
+        for v in what.would_preempt
+    ]
+    return msgspec.structs.replace(what, would_preempt=victims)
+
+
 def _capped(state: State, wait: float | None) -> float:
     if not wait:
         return 0.0
@@ -183,34 +200,21 @@ class RequestController(Controller):
     ) -> Response[ResourceRequest]:  # a dry run answers a WhatIf, a Request subclass
         body = await decode_body(request, RequestCreate)
         require_subject(request, body.subject)
-        lease = body.lease_seconds
-        if lease is UNSET:
-            lease = settings(state).default_lease_seconds
-        # The same mapping a batch member sends (app.api.batch): set fields only.
-        resource_settings = None if body.settings is None else body.settings.to_json()
+        # The body goes to the engine whole, as the client sent it (now known to be well-formed):
+        # the engine fills the defaults (an absent lease_seconds: the server's default lease).
+        document = msgspec.Raw(await request.body())
+        lease = settings(state).default_lease_seconds
         pool = db(state)
-        hub = notifier(state)
-        fields: dict[str, Any] = {
-            "subject": body.subject,
-            "pool": body.pool,
-            "resources": body.resources,
-            "settings": resource_settings,
-            "preemptible": body.preemptible,
-            "max_retries": body.max_retries,
-            "lease_seconds": lease,
-            "idempotency_key": body.idempotency_key,
-            "labels": body.labels,
-            "max_seconds": body.max_seconds,
-        }
         if dry_run:
-            return Response(await db_requests.what_if_request(pool, **fields), status_code=200)
-        created = await db_requests.create_request(pool, **fields)
+            what = await db_requests.what_if_request(pool, document, default_lease_seconds=lease)
+            return Response(visible_to(request, what), status_code=200)
+        created = await db_requests.create_request(pool, document, default_lease_seconds=lease)
         req = created.request
         if created.created:
             log_created(req)  # the engine does not notify a create's own changes
         status_code = 201 if created.created else 200
         seconds = _capped(state, wait)
-        if seconds > 0 and req.status == "queued" and not hub.closing:
+        if seconds > 0 and req.status == "queued" and not notifier(state).closing:
             # The grant may have been committed before we registered: wait_for reads first.
             answer = await wait_for(state, req.id, seconds, lambda s: s.status != "queued")
             return _encoded(answer, status_code)
@@ -229,7 +233,8 @@ class RequestController(Controller):
         subject: FromQuery[str | None] = None,
         status: FromQuery[Status | None] = None,
         gang_id: Annotated[
-            UUID | None, QueryParameter(description="Only the members of this gang (SPEC §11.6)")
+            UUID | None,
+            QueryParameter(description="Only the members of this gang (an all_or_nothing batch)"),
         ] = None,
         limit: Annotated[int, QueryParameter(ge=1, le=MAX_BATCH, description="Page size")] = 100,
         cursor: Annotated[

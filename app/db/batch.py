@@ -1,10 +1,11 @@
-"""Batch create (``sql/queries/batch.sql``, SPEC §11.5): many requests in one transaction."""
+"""Batch create (``sql/queries/batch.sql``): many requests in one transaction."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import msgspec
 from respool_client.wire import Created, Request
 
 from app.db.errors import engine_errors
@@ -17,12 +18,13 @@ __all__ = ["create_requests"]
 @engine_errors
 async def create_requests(
     db: Executor,
-    members: Sequence[Mapping[str, Any]],
+    members: msgspec.Raw | Sequence[Mapping[str, Any]],
     *,
     all_or_nothing: bool = False,
     default_lease_seconds: int | None = None,
 ) -> list[Created]:
-    """Create (or replay) every member, each a create body, in member order.
+    """Create (or replay) every member, each a create body, in member order (``members``: the
+    JSON array as the client sent it, or a sequence of mappings).
 
     A member without a ``lease_seconds`` key gets ``default_lease_seconds`` (an explicit None:
     no lease). Any bad member refuses the whole batch: the engine error names
@@ -30,7 +32,9 @@ async def create_requests(
     """
     rows = await db.fetch(
         query("create_requests"),
-        [dict(m) if isinstance(m, Mapping) else m for m in members],  # the engine checks shapes
+        members
+        if isinstance(members, msgspec.Raw)
+        else [dict(m) if isinstance(m, Mapping) else m for m in members],  # the engine checks
         all_or_nothing,
         default_lease_seconds,
     )

@@ -15,6 +15,7 @@ __all__ = [
     "IdempotencyMismatch",
     "InvariantBroken",
     "NotFound",
+    "TRANSIENT",
     "engine_errors",
     "translate",
 ]
@@ -73,17 +74,41 @@ def translate(exc: asyncpg.PostgresError) -> EngineError | None:
     return kind(str(exc.args[0]) if exc.args else str(exc), getattr(exc, "column_name", None))
 
 
+# A transaction the database rolled back to break a conflict (deadlock, serialization failure,
+# SQLSTATE class 40): nothing of it was kept, so running it again is safe, and usually succeeds.
+TRANSIENT: tuple[type[asyncpg.PostgresError], ...] = (asyncpg.TransactionRollbackError,)
+# How many times a data-layer call runs when the database rolls it back that way; after the
+# last, the error goes up (the API answers 503 with Retry-After, app.api.errors).
+ATTEMPTS = 3
+
+
+def _retriable(db: object) -> bool:
+    """Whether a call on ``db`` ran in a transaction of its own (so it can run again): a pool
+    hands it a fresh connection; a connection outside a caller's transaction autocommits."""
+    if isinstance(db, asyncpg.Pool):
+        return True
+    return isinstance(db, asyncpg.Connection) and not db.is_in_transaction()
+
+
 def engine_errors(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
-    """Decorate a data-layer call: engine errors (RP4xx, RP500) become :class:`EngineError`s."""
+    """Decorate a data-layer call: engine errors (RP4xx, RP500) become :class:`EngineError`s;
+    a transaction the database rolled back to break a deadlock or a serialization conflict
+    runs again, up to :data:`ATTEMPTS` times in all, when it was the call's own transaction."""
 
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
-        try:
-            return await fn(*args, **kwargs)
-        except asyncpg.PostgresError as exc:
-            mapped = translate(exc)
-            if mapped is None:
-                raise
-            raise mapped from exc
+        attempt = 1
+        while True:
+            try:
+                return await fn(*args, **kwargs)
+            except TRANSIENT:
+                if attempt >= ATTEMPTS or not args or not _retriable(args[0]):
+                    raise
+                attempt += 1
+            except asyncpg.PostgresError as exc:
+                mapped = translate(exc)
+                if mapped is None:
+                    raise
+                raise mapped from exc
 
     return wrapper

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, NamedTuple, Required, TypedDict, Unpack
+from typing import Any, NamedTuple
 from uuid import UUID
 
 import msgspec
@@ -14,62 +14,35 @@ from app.db.errors import engine_errors
 from app.db.executor import Executor, _as
 from app.db.named import query
 
-
-class NewRequest(TypedDict, total=False):
-    """The fields of a new request, shared by :func:`create_request` and :func:`what_if_request`."""
-
-    subject: Required[str]
-    pool: str | None
-    resources: Mapping[str, Any] | None
-    settings: Mapping[str, Any] | None
-    preemptible: bool
-    max_retries: int
-    lease_seconds: int | None
-    idempotency_key: str | None
-    labels: Mapping[str, str] | None
-    max_seconds: int | None
+# A create body as the engine takes it: the JSON text the client sent (msgspec.Raw, after the
+# edge decoded it strictly), or a mapping of its fields. Its fields are checked, and its
+# defaults filled, by the engine (respool._create_body), not here.
+Body = msgspec.Raw | Mapping[str, Any]
 
 
-def _new_request_args(
-    *,
-    subject: str,
-    pool: str | None = None,
-    resources: Mapping[str, Any] | None = None,
-    settings: Mapping[str, Any] | None = None,
-    preemptible: bool = True,
-    max_retries: int = 0,
-    lease_seconds: int | None = None,
-    idempotency_key: str | None = None,
-    labels: Mapping[str, str] | None = None,
-    max_seconds: int | None = None,
-) -> tuple[Any, ...]:
-    """The positional arguments ($1..$10) of the ``create_request``/``what_if_request`` queries."""
-    return (
-        subject,
-        pool,
-        None if resources is None else dict(resources),
-        None if settings is None else dict(settings),
-        preemptible,
-        max_retries,
-        lease_seconds,
-        idempotency_key,
-        None if labels is None else dict(labels),
-        max_seconds,
-    )
+def _document(body: Body) -> msgspec.Raw | dict[str, Any]:
+    return body if isinstance(body, msgspec.Raw) else dict(body)
 
 
 @engine_errors
-async def create_request(db: Executor, **fields: Unpack[NewRequest]) -> Created:
-    """Create (or replay) a request; ``settings`` is ResourceSettings, converted in SQL."""
-    row = await db.fetchrow(query("create_request"), *_new_request_args(**fields))
+async def create_request(
+    db: Executor, body: Body, *, default_lease_seconds: int | None = None
+) -> Created:
+    """Create (or replay) a request from its create body; an absent ``lease_seconds`` is
+    ``default_lease_seconds`` (None: no lease). A batch of one in the engine."""
+    row = await db.fetchrow(query("create_request"), _document(body), default_lease_seconds)
     assert row is not None
     return Created(created=row["created"], request=_as(Request, row["request"]))
 
 
 @engine_errors
-async def what_if_request(db: Executor, **fields: Unpack[NewRequest]) -> WhatIf:
-    """What a create would answer now, plus ``would_preempt`` (SPEC §11.3); nothing is kept."""
-    return _as(WhatIf, await db.fetchval(query("what_if_request"), *_new_request_args(**fields)))
+async def what_if_request(
+    db: Executor, body: Body, *, default_lease_seconds: int | None = None
+) -> WhatIf:
+    """What a create of ``body`` would answer now, plus ``would_preempt`` (docs/scheduling.md,
+    what-if); nothing is kept."""
+    doc = await db.fetchval(query("what_if_request"), _document(body), default_lease_seconds)
+    return _as(WhatIf, doc)
 
 
 # A request's JSON text straight into the Struct: no intermediate dict (the hot path of every
@@ -121,7 +94,7 @@ async def list_requests(
     gang_id: UUID | None = None,
 ) -> list[Request]:
     """Newest first; ``before`` is the (created_at, id) of the last row of the previous page;
-    ``gang_id``: the members of one gang (SPEC §11.6)."""
+    ``gang_id``: the members of one gang."""
     text = await db.fetchval(
         query("list_requests"),
         pool,

@@ -174,16 +174,18 @@ class Request(msgspec.Struct, frozen=True):
 
 
 class Victim(msgspec.Struct, frozen=True):
-    """An allocation the reconciler would preempt (``WhatIf.would_preempt``)."""
+    """An allocation the reconciler would preempt (``WhatIf.would_preempt``). For a client
+    token, ``id`` and ``subject`` are null when the allocation belongs to a subject outside the
+    token's patterns (it sees the pool and the resources only)."""
 
-    id: UUID
-    subject: str
+    id: UUID | None
+    subject: str | None
     pool: str | None
     resources: dict[str, int]
 
 
 class WhatIf(Request, frozen=True):
-    """``POST /v1/requests?dry_run=true`` (SPEC §11.3): the request as a create would answer
+    """``POST /v1/requests?dry_run=true`` (docs/api.md): the request as a create would answer
     it now, never stored, plus the allocations the reconciler's next pass would preempt for it."""
 
     would_preempt: list[Victim] = []
@@ -379,13 +381,17 @@ def _as_decimal(value: object) -> Decimal:
 
 
 class RequestCreate(_Body):
+    """A create body (``POST /v1/requests``, and each batch member). The server sends it to
+    the engine as the client wrote it; the engine checks it and fills the defaults declared
+    here (``respool._create_body``; tests/engine/test_create_defaults.py proves they agree)."""
+
     subject: Subject
     pool: Annotated[str | None, _declare(pattern=_NO_NUL)] = None
     resources: Annotated[dict[str, int] | None, _AMOUNTS] = None
     settings: ResourceSettings | None = None
     preemptible: bool = True
     max_retries: MaxRetries = 0
-    max_seconds: MaxSeconds | None = None  # SPEC §11.1: hard runtime cap
+    max_seconds: MaxSeconds | None = None  # a hard runtime cap (docs/scheduling.md)
     # Absent: the server's default lease (RESPOOL_DEFAULT_LEASE_SECONDS); explicit null: none.
     lease_seconds: LeaseSeconds | None | UnsetType = UNSET
     idempotency_key: Annotated[
@@ -402,10 +408,11 @@ class RequestCreate(_Body):
 
 
 class RequestBatchCreate(_Body):
-    """``POST /v1/requests/batch`` (SPEC §11.5): 1 to 1,000 create bodies, one transaction."""
+    """``POST /v1/requests/batch`` (docs/api.md): 1 to 1,000 create bodies, one transaction."""
 
     members: Annotated[list[RequestCreate], Meta(min_length=1, max_length=MAX_BATCH)]
-    # SPEC §11.6 gangs: one subject, pool, preemptible and max_retries; granted all or none.
+    # A gang (docs/scheduling.md): one subject, pool, preemptible and max_retries; granted all
+    # or none.
     all_or_nothing: bool = False
 
 

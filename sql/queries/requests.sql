@@ -1,11 +1,13 @@
--- Requests and their events (sql/functions/040_requests.sql to 044_request_lists.sql).
+-- Requests and their events (sql/functions/040_create.sql to 044_request_lists.sql).
 
 -- create_request --
--- Create (or replay) a request; returns (created, request_json).
-SELECT created, request
-FROM respool.create_request(p_subject => $1, p_pool => $2, p_resources => $3, p_settings => $4,
-                            p_preemptible => $5, p_max_retries => $6, p_lease_seconds => $7,
-                            p_idempotency_key => $8, p_labels => $9, p_max_seconds => $10);
+-- Create (or replay) one request from its create body ($1, a JSON document; an absent
+-- lease_seconds is $2 seconds): a batch of one. Returns (created, request).
+SELECT created, request FROM respool.create_request(p_body => $1, p_default_lease_seconds => $2);
+
+-- what_if_request --
+-- What a create of the same body would answer now, plus would_preempt; nothing is kept.
+SELECT respool.what_if_request(p_body => $1, p_default_lease_seconds => $2);
 
 -- get_request --
 -- One request as JSON text (RP404 when there is none).
@@ -35,7 +37,7 @@ SELECT respool.release_request(p_id => $1, p_attempt => $2);
 SELECT respool.cancel_request(p_id => $1, p_attempt => $2);
 
 -- heartbeat_request --
--- Heartbeat (SPEC §6): extend an allocated request's lease, or set a queued request's queue
+-- Heartbeat: extend an allocated request's lease, or set a queued request's queue
 -- lease, to now + $3 seconds (NULL: the request's lease_seconds); $2 fences a stale attempt.
 SELECT respool.heartbeat_request(p_id => $1, p_attempt => $2, p_lease_seconds => $3);
 

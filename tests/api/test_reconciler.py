@@ -112,9 +112,15 @@ async def test_standalone_reconciler_logs_its_state_changes(
         await conn.execute(
             "SELECT respool.create_policy('prod', 'p', p_reserved => '{\"gpu\": 2}')"
         )
-        await conn.execute("SELECT respool.create_request('dev', 'p', '{\"gpu\": 2}')")
+        await conn.execute(
+            "SELECT respool.create_request("
+            '\'{"subject": "dev", "pool": "p", "resources": {"gpu": 2}}\')'
+        )
         with caplog.at_level(logging.INFO, logger="respool.state"):
-            await conn.execute("SELECT respool.create_request('prod', 'p', '{\"gpu\": 2}')")
+            await conn.execute(
+                "SELECT respool.create_request("
+                '\'{"subject": "prod", "pool": "p", "resources": {"gpu": 2}}\')'
+            )
             for _ in range(200):  # bounded: up to 10 s
                 if any("-> preempted" in r.getMessage() for r in caplog.records):
                     break

@@ -51,7 +51,7 @@ async def mk_req(
     conn: asyncpg.Connection, subject: str, pool: str | None = None, **kw: Any
 ) -> q.Request:
     """Create a request and return it (asserting it is a new one)."""
-    made = await db_requests.create_request(conn, subject=subject, pool=pool, **kw)
+    made = await db_requests.create_request(conn, dict(subject=subject, pool=pool, **kw))
     assert made.created
     return made.request
 
@@ -216,8 +216,9 @@ async def create_at(
     """create_request with a chosen clock (the wrapper always uses the database's); the
     request's JSON document."""
     doc: dict[str, Any] = await conn.fetchval(
-        "SELECT request FROM respool.create_request(p_subject => $1, p_pool => $2,"
-        " p_resources => $3, p_preemptible => $4, p_max_seconds => $5, p_now => $6)",
+        "SELECT request FROM respool.create_request(jsonb_build_object('subject', $1::text,"
+        " 'pool', $2::text, 'resources', $3::jsonb, 'preemptible', $4::boolean,"
+        " 'max_seconds', $5::integer), p_now => $6)",
         subject,
         pool,
         resources,

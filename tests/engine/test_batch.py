@@ -22,7 +22,7 @@ from engine_support import (
 
 from app.db import batch as db_batch
 from app.db import requests as db_requests
-from app.db.connect import APP_API, create_pool
+from app.db.connect import APP_API, connect, create_pool
 from app.db.errors import BadInput, IdempotencyMismatch, NotFound
 
 
@@ -97,7 +97,7 @@ async def test_each_member_validated_and_rejected_on_its_own(conn: asyncpg.Conne
 async def test_idempotency_per_member(conn: asyncpg.Connection) -> None:
     await mk_pool_s(conn, {"gpu": 4})
     single = await db_requests.create_request(
-        conn, subject="S", pool="p", resources={"gpu": 1}, idempotency_key="a"
+        conn, {"subject": "S", "pool": "p", "resources": {"gpu": 1}, "idempotency_key": "a"}
     )
     members = [
         one_gpu(idempotency_key="a"),
@@ -143,7 +143,7 @@ async def test_a_bad_member_refuses_the_whole_batch(
 ) -> None:
     await mk_pool_s(conn, {"gpu": 4})
     await db_requests.create_request(
-        conn, subject="S", pool="p", resources={"gpu": 1}, idempotency_key="k"
+        conn, {"subject": "S", "pool": "p", "resources": {"gpu": 1}, "idempotency_key": "k"}
     )
     before = await count(conn)
     with pytest.raises(error) as caught:
@@ -197,7 +197,7 @@ async def test_multi_pool_members_and_concurrent_batches(db_url: str) -> None:
         async def single(k: int) -> None:
             for _ in range(10):
                 made = await db_requests.create_request(
-                    pool, subject="S", pool="bc"[k % 2], resources={"gpu": 2}
+                    pool, {"subject": "S", "pool": "bc"[k % 2], "resources": {"gpu": 2}}
                 )
                 await db_requests.release_request(pool, made.request.id)
 
@@ -210,3 +210,34 @@ async def test_multi_pool_members_and_concurrent_batches(db_url: str) -> None:
             assert await count(c) == 4 * 5 * 4 + 2 * 10
     finally:
         await pool.close()
+
+
+# The engine itself, without the data layer (which runs a deadlocked call again).
+BATCH_SQL = "SELECT member, created, request FROM respool.create_requests($1)"
+
+
+async def test_batches_naming_the_same_keys_in_another_order_do_not_deadlock(
+    db_url: str,
+) -> None:
+    """Two batches with the same idempotency keys in opposite orders, at once, on real
+    connections, for subjects without a policy (no pool lock orders them): the keys are
+    claimed in one global order, so one waits for the other and both answer the same
+    requests; the database never has to break a deadlock."""
+    a = await connect(db_url, application_name=APP_API)
+    b = await connect(db_url, application_name=APP_API)
+    try:
+        for rnd in range(24):
+            keys = [f"r{rnd}-k{i}" for i in range(12)]
+            members = [{"subject": "nobody", "idempotency_key": k} for k in keys]
+            calls = (
+                a.fetch(BATCH_SQL, members),
+                b.fetch(BATCH_SQL, members[::-1]),
+            )
+            first, second = await asyncio.wait_for(asyncio.gather(*calls), 60)
+            by_key = {r["request"]["idempotency_key"]: r["request"]["id"] for r in first}
+            again = {r["request"]["idempotency_key"]: r["request"]["id"] for r in second}
+            assert by_key == again and len(by_key) == 12
+            assert {r["request"]["status"] for r in first} == {"rejected"}
+    finally:
+        await a.close()
+        await b.close()

@@ -68,8 +68,8 @@ async def test_eta_with_several_tracked_keys(conn: asyncpg.Connection) -> None:
         await release_at(conn, r, start + timedelta(seconds=200 * i + 100))
     await create(conn, 1, now - timedelta(seconds=50))  # holds the GPU, 50 s of ~100 left
     tpu = await conn.fetchval(
-        "SELECT request FROM respool.create_request(p_subject => 's', p_pool => 'p',"
-        " p_resources => '{\"tpu\": 1}', p_now => $1)",
+        "SELECT request FROM respool.create_request("
+        '\'{"subject": "s", "pool": "p", "resources": {"tpu": 1}}\', p_now => $1)',
         now - timedelta(seconds=40),
     )
     assert tpu["status"] == "allocated"

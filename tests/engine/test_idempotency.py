@@ -33,20 +33,22 @@ BODY: dict[str, Any] = {
 
 
 async def test_same_key_same_body_is_the_same_request(db: asyncpg.Connection) -> None:
-    first = await db_requests.create_request(db, subject="S", idempotency_key="k1", **BODY)
-    again = await db_requests.create_request(db, subject="S", idempotency_key="k1", **BODY)
+    first = await db_requests.create_request(db, dict(subject="S", idempotency_key="k1", **BODY))
+    again = await db_requests.create_request(db, dict(subject="S", idempotency_key="k1", **BODY))
     assert (first.created, again.created) == (True, False)
     assert again.request.id == first.request.id
     assert again.request.status == "allocated" and again.request.idempotency_key == "k1"
     # settings that convert to the same final map are the same body
     same = await db_requests.create_request(
         db,
-        subject="S",
-        idempotency_key="k1",
-        pool="p",
-        settings={"gpu_count": 1},
-        labels={"run": "r1"},
-        lease_seconds=60,
+        {
+            "subject": "S",
+            "idempotency_key": "k1",
+            "pool": "p",
+            "settings": {"gpu_count": 1},
+            "labels": {"run": "r1"},
+            "lease_seconds": 60,
+        },
     )
     assert (same.created, same.request.id) == (False, first.request.id)
     assert await db.fetchval("SELECT count(*) FROM respool.requests") == 1
@@ -54,9 +56,9 @@ async def test_same_key_same_body_is_the_same_request(db: asyncpg.Connection) ->
 
 
 async def test_replay_returns_the_current_state(db: asyncpg.Connection) -> None:
-    first = await db_requests.create_request(db, subject="S", idempotency_key="k1", **BODY)
+    first = await db_requests.create_request(db, dict(subject="S", idempotency_key="k1", **BODY))
     await db_requests.release_request(db, first.request.id)
-    again = await db_requests.create_request(db, subject="S", idempotency_key="k1", **BODY)
+    again = await db_requests.create_request(db, dict(subject="S", idempotency_key="k1", **BODY))
     assert (again.created, again.request.id, again.request.status) == (
         False,
         first.request.id,
@@ -66,8 +68,8 @@ async def test_replay_returns_the_current_state(db: asyncpg.Connection) -> None:
 
 async def test_a_rejected_request_replays_too(db: asyncpg.Connection) -> None:
     body = {**BODY, "resources": {"gpu": 9}}
-    first = await db_requests.create_request(db, subject="S", idempotency_key="big", **body)
-    again = await db_requests.create_request(db, subject="S", idempotency_key="big", **body)
+    first = await db_requests.create_request(db, dict(subject="S", idempotency_key="big", **body))
+    again = await db_requests.create_request(db, dict(subject="S", idempotency_key="big", **body))
     assert first.request.status == "rejected"
     assert (again.created, again.request.id) == (False, first.request.id)
 
@@ -89,10 +91,10 @@ async def test_a_rejected_request_replays_too(db: asyncpg.Connection) -> None:
 async def test_same_key_other_body_is_a_mismatch(
     db: asyncpg.Connection, change: dict[str, Any]
 ) -> None:
-    first = await db_requests.create_request(db, subject="S", idempotency_key="k1", **BODY)
+    first = await db_requests.create_request(db, dict(subject="S", idempotency_key="k1", **BODY))
     with pytest.raises(IdempotencyMismatch) as err:
         await db_requests.create_request(
-            db, subject="S", idempotency_key="k1", **{**BODY, **change}
+            db, dict(subject="S", idempotency_key="k1", **{**BODY, **change})
         )
     assert err.value.status_code == 422
     assert err.value.field == "idempotency_key"
@@ -101,16 +103,16 @@ async def test_same_key_other_body_is_a_mismatch(
 
 
 async def test_same_key_other_subject_is_another_request(db: asyncpg.Connection) -> None:
-    s = await db_requests.create_request(db, subject="S", idempotency_key="shared", **BODY)
-    t = await db_requests.create_request(db, subject="T", idempotency_key="shared", **BODY)
+    s = await db_requests.create_request(db, dict(subject="S", idempotency_key="shared", **BODY))
+    t = await db_requests.create_request(db, dict(subject="T", idempotency_key="shared", **BODY))
     assert s.created and t.created
     assert s.request.id != t.request.id
     assert (s.request.subject, t.request.subject) == ("S", "T")
 
 
 async def test_no_key_means_a_new_request_each_time(db: asyncpg.Connection) -> None:
-    a = await db_requests.create_request(db, subject="S", **BODY)
-    b = await db_requests.create_request(db, subject="S", **BODY)
+    a = await db_requests.create_request(db, dict(subject="S", **BODY))
+    b = await db_requests.create_request(db, dict(subject="S", **BODY))
     assert a.created and b.created and a.request.id != b.request.id
 
 
@@ -129,7 +131,7 @@ async def test_concurrent_duplicates_create_one_request(
             async def create(c: asyncpg.Connection) -> q.Created:
                 await start.wait()
                 return await db_requests.create_request(
-                    c, subject="S", idempotency_key="race", **body
+                    c, dict(subject="S", idempotency_key="race", **body)
                 )
 
             tasks = [asyncio.create_task(create(c)) for c in conns]

@@ -779,9 +779,10 @@ class EngineMachine(RuleBasedStateMachine):
         now = self.now()
         row = self.runner.run(
             self.conn.fetchrow(
-                "SELECT created, request FROM respool.create_request(p_subject => $1, p_pool => $2,"
-                " p_resources => $3, p_preemptible => $4, p_now => $5, p_lease_seconds => $6,"
-                " p_max_retries => $7, p_max_seconds => $8)",
+                "SELECT created, request FROM respool.create_request(jsonb_build_object("
+                "'subject', $1::text, 'pool', $2::text, 'resources', $3::jsonb,"
+                " 'preemptible', $4::boolean, 'lease_seconds', $6::integer,"
+                " 'max_retries', $7::integer, 'max_seconds', $8::integer), p_now => $5)",
                 subject,
                 pool,
                 resources,

@@ -282,7 +282,7 @@ async def test_delete_pool(conn: asyncpg.Connection) -> None:
     assert await conn.fetchval("SELECT count(*) FROM respool.pool_usage WHERE pool = 'p'") == 0
     # a new request naming it: the pool is gone
     with pytest.raises(NotFound):
-        await db_requests.create_request(conn, subject="S", pool="p")
+        await db_requests.create_request(conn, {"subject": "S", "pool": "p"})
     await assert_healthy(conn)
 
 

@@ -65,7 +65,7 @@ async def test_reader_cannot_read_base_tables(reader: asyncpg.Connection, table:
     [
         "SELECT respool.create_pool(p_name => 'x', p_capacity => '{\"gpu\": 1}')",
         "SELECT respool.update_pool(p_ref => 'p', p_capacity => '{\"gpu\": 2}')",
-        "SELECT respool.create_request(p_subject => 'S', p_pool => 'p')",
+        'SELECT respool.create_request(\'{"subject": "S", "pool": "p"}\')',
         "SELECT respool.delete_pool(p_ref => 'p', p_force => true)",
         "SELECT respool.allocate_pool((SELECT '00000000-0000-0000-0000-000000000000'::uuid))",
         "SELECT respool.list_pools()",

@@ -129,7 +129,7 @@ async def test_admissible_requests_are_granted(
 
 async def test_unknown_pool_is_not_found_and_not_stored(db: asyncpg.Connection) -> None:
     with pytest.raises(NotFound) as err:
-        await db_requests.create_request(db, subject="team", pool="nope")
+        await db_requests.create_request(db, {"subject": "team", "pool": "nope"})
     assert "nope" in err.value.message
     assert await db.fetchval("SELECT count(*) FROM respool.requests") == 0
 

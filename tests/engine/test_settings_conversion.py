@@ -269,7 +269,7 @@ async def test_malformed_create_is_not_stored(
     open_pool: asyncpg.Connection, kwargs: dict[str, Any], field: str
 ) -> None:
     with pytest.raises(BadInput) as err:
-        await db_requests.create_request(open_pool, subject="team", pool="p", **kwargs)
+        await db_requests.create_request(open_pool, dict(subject="team", pool="p", **kwargs))
     assert err.value.field == field
     assert err.value.status_code == 400
     assert await open_pool.fetchval("SELECT count(*) FROM respool.requests") == 0
@@ -277,5 +277,5 @@ async def test_malformed_create_is_not_stored(
 
 async def test_bad_subject_is_bad_input(open_pool: asyncpg.Connection) -> None:
     with pytest.raises(BadInput) as err:
-        await db_requests.create_request(open_pool, subject="-bad subject", pool="p")
+        await db_requests.create_request(open_pool, {"subject": "-bad subject", "pool": "p"})
     assert err.value.field == "subject"

@@ -166,10 +166,10 @@ async def test_max_seconds_must_be_positive(conn: asyncpg.Connection) -> None:
     await setup(conn, None)
     with pytest.raises(BadInput) as err:
         await db_requests.create_request(
-            conn, subject="small", pool="p", resources={"gpu": 1}, max_seconds=0
+            conn, {"subject": "small", "pool": "p", "resources": {"gpu": 1}, "max_seconds": 0}
         )
     assert err.value.field == "max_seconds"
     made = await db_requests.create_request(
-        conn, subject="small", pool="p", resources={"gpu": 1}, max_seconds=30
+        conn, {"subject": "small", "pool": "p", "resources": {"gpu": 1}, "max_seconds": 30}
     )
     assert (made.request.max_seconds, made.request.run_deadline is not None) == (30, True)

@@ -178,14 +178,16 @@ async def _create(conn: asyncpg.Connection, st: Storm, rng: random.Random) -> st
         body = _random_body(rng, st.preemptible_only)
     created = await db_requests.create_request(
         conn,
-        subject=body["subject"],
-        pool=body["pool"],
-        resources=body["resources"],
-        preemptible=body["preemptible"],
-        lease_seconds=_lease(st, rng),
-        max_retries=rng.randint(0, 2) if st.retries_and_short_leases and key is None else 0,
-        idempotency_key=key,
-        labels={"storm": "1"},
+        {
+            "subject": body["subject"],
+            "pool": body["pool"],
+            "resources": body["resources"],
+            "preemptible": body["preemptible"],
+            "lease_seconds": _lease(st, rng),
+            "max_retries": rng.randint(0, 2) if st.retries_and_short_leases and key is None else 0,
+            "idempotency_key": key,
+            "labels": {"storm": "1"},
+        },
     )
     _track(st, created.request)
     return "create" if created.created else "create_replay"
@@ -284,11 +286,13 @@ async def _shrink(conn: asyncpg.Connection, st: Storm, rng: random.Random) -> st
         for resources in ({"gpu": 1, "lic": 1}, {"gpu": 1}):
             created = await db_requests.create_request(
                 conn,
-                subject=SHRINK_SUBJECT,
-                pool=SHRINK_POOL,
-                resources=resources,
-                lease_seconds=600,
-                labels={"storm": "fill"},
+                {
+                    "subject": SHRINK_SUBJECT,
+                    "pool": SHRINK_POOL,
+                    "resources": resources,
+                    "lease_seconds": 600,
+                    "labels": {"storm": "fill"},
+                },
             )
             made.append(created.request)
         kind = rng.choice(["key", "capacities", "limits"])

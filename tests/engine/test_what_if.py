@@ -56,7 +56,7 @@ async def test_what_if_matches_the_real_create_and_leaves_nothing(
         )
     before = await conn.fetchrow(COUNT_ROWS)
 
-    what = await db_requests.what_if_request(conn, pool="p", **body)
+    what = await db_requests.what_if_request(conn, dict(pool="p", **body))
     # Notifications arrive in commit order: once a later sentinel is heard, any NOTIFY of the
     # what-if would have been heard before it.
     await conn.execute("SELECT pg_notify('respool_pool', 'sentinel')")
@@ -65,7 +65,7 @@ async def test_what_if_matches_the_real_create_and_leaves_nothing(
     assert heard == ["sentinel"]
     await listener.close()
 
-    real = (await db_requests.create_request(conn, pool="p", **body)).request
+    real = (await db_requests.create_request(conn, dict(pool="p", **body))).request
     assert what.status == real.status == expected_status
     assert (what.pool, what.queue_position, what.reason, what.message, what.resources) == (
         real.pool,
@@ -95,5 +95,7 @@ async def test_what_if_matches_the_real_create_and_leaves_nothing(
 async def test_what_if_input_errors_are_those_of_a_create(conn: asyncpg.Connection) -> None:
     await _setup(conn)
     with pytest.raises(BadInput) as err:
-        await db_requests.what_if_request(conn, subject="owner", pool="p", resources={"gpu": -1})
+        await db_requests.what_if_request(
+            conn, {"subject": "owner", "pool": "p", "resources": {"gpu": -1}}
+        )
     assert err.value.field is not None and err.value.field.startswith("resources")

@@ -113,8 +113,8 @@ async def test_stale_liveness_stops_expiry_and_gives_the_gap_back(conn: asyncpg.
     await conn.execute("SELECT respool.create_pool(p_name => 'q', p_capacity => '{\"gpu\": 2}')")
     await conn.execute("SELECT respool.create_policy(p_subject => 's', p_pool => 'q')")
     await conn.execute(
-        "SELECT respool.create_request(p_subject => 's', p_pool => 'q',"
-        " p_resources => '{\"gpu\": 1}', p_lease_seconds => 5)"
+        'SELECT respool.create_request(\'{"subject": "s", "pool": "q",'
+        ' "resources": {"gpu": 1}, "lease_seconds": 5}\')'
     )
     rid = await conn.fetchval("SELECT id FROM respool.requests WHERE status = 'allocated'")
     pool_id = await conn.fetchval("SELECT id FROM respool.pools WHERE name = 'q'")

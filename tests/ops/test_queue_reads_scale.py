@@ -27,10 +27,12 @@ async def tracked(conn: asyncpg.Connection) -> AsyncIterator[asyncpg.Connection]
         await db_pools.create_pool(conn, name=pool, capacity={"gpu": 1})
         for subject in ("a", "b"):
             await db_policies.create_policy(conn, subject=subject, pool=pool)
-        await db_requests.create_request(conn, subject="a", pool=pool, resources={"gpu": 1})
+        await db_requests.create_request(
+            conn, {"subject": "a", "pool": pool, "resources": {"gpu": 1}}
+        )
         for i in range(QUEUED):
             await db_requests.create_request(
-                conn, subject="ab"[i % 2], pool=pool, resources={"gpu": 1}
+                conn, {"subject": "ab"[i % 2], "pool": pool, "resources": {"gpu": 1}}
             )
     assert await conn.fetchval("SELECT count(*) FROM respool.queue_entries") == QUEUED * 2
     await conn.execute("SET track_functions = 'all'")

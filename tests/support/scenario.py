@@ -49,8 +49,9 @@ async def _create(
     lease_seconds: int | None = None,
 ) -> UUID:
     rid: UUID = await conn.fetchval(
-        "SELECT (request ->> 'id')::uuid FROM respool.create_request(p_subject => $1,"
-        " p_pool => $2, p_resources => $3, p_now => coalesce($4, now()), p_lease_seconds => $5)",
+        "SELECT (request ->> 'id')::uuid FROM respool.create_request(jsonb_build_object("
+        "'subject', $1::text, 'pool', $2::text, 'resources', $3::jsonb,"
+        " 'lease_seconds', $5::integer), p_now => coalesce($4, now()))",
         subject,
         pool,
         resources,

@@ -1,0 +1,436 @@
+-- Creating requests: one create body, as a JSON document, from the HTTP edge to the engine.
+-- One function creates a request from that document, alone or as a batch member:
+-- respool.create_request (respool.create_requests checks every member first, claims their
+-- keys in one order, then calls it per member); respool._create_body, which it calls, is the
+-- one place on the server that checks the body's fields and types and fills its defaults.
+-- What-if takes the same document.
+-- See docs/api.md ("One create body, one path", "Batch create").
+
+DROP FUNCTION IF EXISTS respool.create_request(text, text, jsonb, jsonb, boolean, integer, integer, text, jsonb,
+                                               timestamptz, integer, uuid, boolean);
+DROP FUNCTION IF EXISTS respool.what_if_request(text, text, jsonb, jsonb, boolean, integer, integer, text, jsonb,
+                                                integer, timestamptz);
+DROP FUNCTION IF EXISTS respool._batch_member_check(jsonb);
+DROP FUNCTION IF EXISTS respool._batch_member_int(jsonb, text);
+
+CREATE OR REPLACE FUNCTION respool._labels(p_labels jsonb)
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_count bigint;
+    v_bad text;
+BEGIN
+    IF respool._absent_object(p_labels, 'labels', 'labels must be an object of string: string') THEN
+        RETURN '{}';
+    END IF;
+    -- One pass over the entries: how many, and the first bad one.
+    SELECT count(*), min(x.key) FILTER (WHERE jsonb_typeof(x.value) <> 'string' OR length(x.key) NOT BETWEEN 1 AND 128
+                                              OR length(x.value #>> '{}') > 1024)
+      INTO v_count, v_bad FROM jsonb_each(p_labels) x;
+    IF v_count > respool._max_keys() THEN
+        PERFORM respool._fail('RP400', 'labels', 'labels has more than ' || respool._max_keys() || ' entries');
+    END IF;
+    IF v_bad IS NOT NULL THEN
+        PERFORM respool._fail('RP400', 'labels.' || left(v_bad, 70),
+            'labels must map names of 1-128 chars to strings of at most 1024 chars');
+    END IF;
+    RETURN p_labels;
+END $$;
+COMMENT ON FUNCTION respool._labels(jsonb) IS 'Validates labels: at most 64 string entries, bounded lengths.';
+
+CREATE OR REPLACE FUNCTION respool._replay(p_existing respool.requests, p_body jsonb)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF p_existing.request_body IS DISTINCT FROM p_body THEN
+        PERFORM respool._fail('RP422', 'idempotency_key', format(
+            'idempotency_key %L was already used by request %s with a different body',
+            p_existing.idempotency_key, p_existing.id));
+    END IF;
+    RETURN respool.request_json(p_existing.id);
+END $$;
+COMMENT ON FUNCTION respool._replay(respool.requests, jsonb) IS
+    'An idempotent retry: the existing request when the body matches, RP422 otherwise.';
+
+CREATE OR REPLACE FUNCTION respool._body_int(p_value jsonb, p_field text, p_low integer, p_high integer,
+                                             p_message text)
+RETURNS integer LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_value IS NULL OR p_value = 'null'::jsonb THEN
+        RETURN NULL;
+    END IF;
+    IF jsonb_typeof(p_value) <> 'number' OR p_value::numeric <> trunc(p_value::numeric)
+       OR p_value::numeric NOT BETWEEN p_low AND p_high THEN
+        PERFORM respool._fail('RP400', p_field, p_message);
+    END IF;
+    RETURN p_value::integer;
+END $$;
+COMMENT ON FUNCTION respool._body_int(jsonb, text, integer, integer, text) IS
+    'One integer field of a create body: NULL for absent or JSON null, the integer when it is a JSON integer between p_low and p_high, RP400 naming p_field with p_message otherwise.';
+
+CREATE OR REPLACE FUNCTION respool._create_body(p_body jsonb, p_default_lease_seconds integer)
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_unknown jsonb;
+BEGIN
+    IF p_body IS NULL OR jsonb_typeof(p_body) <> 'object' THEN
+        PERFORM respool._fail('RP400', '', 'a create body must be a JSON object');
+    END IF;
+    v_unknown := p_body - ARRAY['subject', 'pool', 'resources', 'settings', 'preemptible', 'max_retries',
+                                'max_seconds', 'lease_seconds', 'idempotency_key', 'labels'];
+    IF v_unknown <> '{}' THEN
+        PERFORM respool._fail('RP400', left(k, 70), format('unknown field %L', left(k, 70)))
+           FROM (SELECT min(k) AS k FROM jsonb_object_keys(v_unknown) k) first;
+    END IF;
+    IF NOT p_body ? 'subject' THEN
+        PERFORM respool._fail('RP400', 'subject', 'subject is required');
+    END IF;
+    IF jsonb_typeof(p_body -> 'subject') <> 'string'
+       OR (p_body ->> 'subject') !~ respool._subject_pattern() THEN
+        PERFORM respool._fail('RP400', 'subject', 'subject must match ' || respool._subject_pattern());
+    END IF;
+    IF jsonb_typeof(p_body -> 'pool') NOT IN ('string', 'null') THEN
+        PERFORM respool._fail('RP400', 'pool', 'pool must be a string or null');
+    END IF;
+    IF jsonb_typeof(p_body -> 'idempotency_key') NOT IN ('string', 'null')
+       OR length(p_body ->> 'idempotency_key') NOT BETWEEN 1 AND 200 THEN
+        PERFORM respool._fail('RP400', 'idempotency_key', 'idempotency_key must have 1 to 200 characters');
+    END IF;
+    -- The contents of resources, settings and labels: respool.build_resources and
+    -- respool._labels check them, naming the key.
+    IF jsonb_typeof(p_body -> 'resources') NOT IN ('object', 'null') THEN
+        PERFORM respool._fail('RP400', 'resources', 'resources must be an object or null');
+    END IF;
+    IF jsonb_typeof(p_body -> 'settings') NOT IN ('object', 'null') THEN
+        PERFORM respool._fail('RP400', 'settings', 'settings must be an object or null');
+    END IF;
+    IF jsonb_typeof(p_body -> 'labels') NOT IN ('object', 'null') THEN
+        PERFORM respool._fail('RP400', 'labels', 'labels must be an object or null');
+    END IF;
+    IF jsonb_typeof(p_body -> 'preemptible') <> 'boolean' THEN
+        PERFORM respool._fail('RP400', 'preemptible', 'preemptible must be true or false');
+    END IF;
+    IF p_body ? 'max_retries' AND (p_body -> 'max_retries' = 'null' OR respool._body_int(
+           p_body -> 'max_retries', 'max_retries', 0, respool._max_retries(),
+           'max_retries must be an integer between 0 and ' || respool._max_retries()) IS NULL) THEN
+        PERFORM respool._fail('RP400', 'max_retries', 'max_retries must be an integer between 0 and ' || respool._max_retries());
+    END IF;
+    IF p_body ? 'lease_seconds' THEN
+        PERFORM respool._body_int(p_body -> 'lease_seconds', 'lease_seconds', 1, respool._max_seconds(),
+                                  format('lease_seconds must be between 1 and %s (or null for no lease)', respool._max_seconds()));
+    END IF;
+    IF p_body ? 'max_seconds' THEN
+        PERFORM respool._body_int(p_body -> 'max_seconds', 'max_seconds', 1, respool._max_seconds(),
+                                  format('max_seconds must be between 1 and %s (or null for no cap)', respool._max_seconds()));
+    END IF;
+    -- The server's defaults, in this one place: absent lease_seconds is the server's default
+    -- lease (explicit null: no lease).
+    RETURN jsonb_build_object('preemptible', true, 'max_retries', 0, 'lease_seconds', p_default_lease_seconds)
+           || p_body;
+END $$;
+COMMENT ON FUNCTION respool._create_body(jsonb, integer) IS
+    'The one check of a create body''s fields and types (the fields of the wire type RequestCreate: subject, pool, resources, settings, preemptible, max_retries, max_seconds, lease_seconds, idempotency_key, labels; RP400 naming the field, also for an unknown one) and the one place its defaults are filled: preemptible true, max_retries 0, lease_seconds p_default_lease_seconds when absent. Values inside resources, settings and labels are checked where they are converted.';
+
+CREATE OR REPLACE FUNCTION respool.create_request(
+    p_body jsonb,
+    p_default_lease_seconds integer DEFAULT NULL,
+    p_now timestamptz DEFAULT now(),
+    p_gang_id uuid DEFAULT NULL,
+    p_answer boolean DEFAULT true,
+    OUT created boolean,
+    OUT request jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_in jsonb := respool._create_body(p_body, p_default_lease_seconds);
+    v_subject text := v_in ->> 'subject';
+    v_pool_ref text := v_in ->> 'pool';
+    v_preemptible boolean := (v_in ->> 'preemptible')::boolean;
+    v_max_retries integer := (v_in ->> 'max_retries')::integer;
+    v_lease_seconds integer := (v_in ->> 'lease_seconds')::integer;
+    v_max_seconds integer := (v_in ->> 'max_seconds')::integer;
+    v_key text := v_in ->> 'idempotency_key';
+    v_resources jsonb;
+    v_labels jsonb;
+    v_body jsonb;
+    v_pool_id uuid;
+    v_all uuid[];
+    v_ok uuid[] := '{}';
+    v_first_reason text;
+    v_messages text[] := '{}';
+    v_names text[] := '{}';
+    r respool.requests;
+    c record;
+BEGIN
+    v_resources := respool.build_resources(nullif(v_in -> 'resources', 'null'), nullif(v_in -> 'settings', 'null'));
+    v_labels := respool._labels(v_in -> 'labels');
+    -- What an idempotent retry must repeat (max_seconds only when set, so bodies stored before
+    -- it existed still compare equal).
+    v_body := jsonb_build_object('pool', v_pool_ref, 'resources', v_resources, 'preemptible', v_preemptible,
+                                 'max_retries', v_max_retries, 'lease_seconds', v_lease_seconds, 'labels', v_labels)
+              || CASE WHEN v_max_seconds IS NOT NULL THEN jsonb_build_object('max_seconds', v_max_seconds)
+                      ELSE '{}' END;
+
+    IF v_key IS NOT NULL THEN
+        PERFORM respool._claim_keys(ARRAY[v_in]);  -- (a batch claimed them all already, in order)
+        SELECT * INTO r FROM respool.requests WHERE subject = v_subject AND idempotency_key = v_key;
+        IF FOUND THEN
+            created := false;
+            request := respool._replay(r, v_body);
+            RETURN;
+        END IF;
+    END IF;
+
+    IF v_pool_ref IS NOT NULL THEN
+        v_pool_id := respool.resolve_pool(v_pool_ref);
+    END IF;
+    SELECT array_agg(pool_id ORDER BY pool_id) INTO v_all
+      FROM respool.policies WHERE subject = v_subject AND (v_pool_id IS NULL OR pool_id = v_pool_id);
+    v_all := coalesce(v_all, '{}');
+    -- Validate under the pool locks, so a concurrent capacity or policy change cannot slip between.
+    PERFORM respool._lock_pools(v_all);
+    FOR c IN SELECT * FROM respool._candidate_rejections(v_subject, v_all, v_resources, v_preemptible) LOOP
+        v_names := v_names || c.pool_name;
+        IF c.reason IS NULL THEN
+            v_ok := v_ok || c.pool_id;
+        ELSE
+            v_first_reason := coalesce(v_first_reason, c.reason);
+            v_messages := v_messages || c.message;
+        END IF;
+    END LOOP;
+    IF cardinality(v_names) = 0 THEN
+        v_first_reason := 'no_policy';
+        v_messages := ARRAY[CASE WHEN v_pool_ref IS NULL
+                                 THEN format('subject %s has no policy on any pool', v_subject)
+                                 ELSE format('subject %s has no policy on pool %s', v_subject, v_pool_ref) END];
+    END IF;
+
+    INSERT INTO respool.requests (subject, pool_ref, pool_id, pool_name, candidate_pool_ids, resources,
+                                  preemptible, priority, status, reason, message, max_retries, lease_seconds,
+                                  max_seconds, idempotency_key, request_body, labels, queued_at, created_at, updated_at,
+                                  finished_at, gang_id)
+    VALUES (v_subject, v_pool_ref,
+            CASE WHEN cardinality(v_all) = 1 THEN v_all[1] ELSE v_pool_id END,
+            CASE WHEN cardinality(v_names) = 1 THEN v_names[1]
+                 WHEN v_pool_id IS NOT NULL THEN (SELECT name FROM respool.pools WHERE id = v_pool_id) END,
+            v_ok, v_resources, v_preemptible,
+            coalesce((SELECT max(priority) FROM respool.policies
+                       WHERE subject = v_subject AND pool_id = ANY (v_all)), 0),
+            CASE WHEN cardinality(v_ok) = 0 THEN 'rejected' ELSE 'queued' END,
+            CASE WHEN cardinality(v_ok) = 0 THEN v_first_reason END,
+            CASE WHEN cardinality(v_ok) = 0 THEN array_to_string(v_messages, '; ') ELSE '' END,
+            v_max_retries, v_lease_seconds, v_max_seconds, v_key, v_body, v_labels, p_now, p_now, p_now,
+            CASE WHEN cardinality(v_ok) = 0 THEN p_now END, p_gang_id)
+    ON CONFLICT ON CONSTRAINT idempotency DO NOTHING
+    RETURNING * INTO r;
+    IF NOT FOUND THEN
+        -- A concurrent create with the same key committed first; ON CONFLICT waited for it.
+        SELECT * INTO r FROM respool.requests WHERE subject = v_subject AND idempotency_key = v_key;
+        created := false;
+        request := respool._replay(r, v_body);
+        RETURN;
+    END IF;
+    -- Until this call answers, nobody knows the request: its own changes are not notified.
+    PERFORM set_config('respool.unannounced', r.id::text, true);
+    PERFORM respool._record_event(r, NULL, p_now);
+
+    -- A gang member waits for its gang (respool._gang_start queues and grants it; docs/scheduling.md).
+    IF r.status = 'queued' AND p_gang_id IS NULL AND NOT respool._grant_at_once(r, p_now) THEN
+        -- Its queue entries: one per candidate that the checks above admitted (v_ok), under
+        -- the same pool locks (what respool._enqueue would find, without checking again).
+        INSERT INTO respool.queue_entries (pool_id, request_id, policy_id, queued_at, resources, preemptible)
+        SELECT p.pool_id, r.id, p.id, r.queued_at, r.resources, r.preemptible
+          FROM respool.policies p WHERE p.subject = r.subject AND p.pool_id = ANY (v_ok);
+        PERFORM respool._try_new(r.id, p_now);
+    END IF;
+    PERFORM set_config('respool.unannounced', '', true);
+    created := true;
+    request := CASE WHEN p_answer THEN respool.request_json(r.id) ELSE jsonb_build_object('id', r.id) END;
+END $$;
+COMMENT ON FUNCTION respool.create_request(jsonb, integer, timestamptz, uuid, boolean) IS
+    'Creates (or replays, by idempotency key) one request from its create body, a JSON document with the fields of POST /v1/requests (docs/api.md); a single create and every member of a batch (respool.create_requests) are created by this function, so a body is refused alike in both (the same SQLSTATE and field; a batch adds the members[i]. prefix). Checks the body and fills its defaults (respool._create_body; absent lease_seconds: p_default_lease_seconds, NULL: no lease), converts resources/settings and labels, claims the idempotency key (respool._claim_keys; the same request on a retry, RP422 on another body), resolves candidate pools, locks them in id order and validates against each while holding the locks, stores a rejection or queues it, then tries to grant it at once in candidate order (unless a best_effort pool holds for a starving head, docs/scheduling.md). The request''s own status changes in this call are recorded as events but not notified (nobody can wait for it yet; the answer carries them). With p_gang_id (a batch with all_or_nothing) the request is stored as a member of that gang, without queue entries and without a grant: respool._gang_start decides for the whole gang. p_answer false: a new request answers {"id"} only (a batch builds its members'' documents at once). Returns created (false for a replay) and the request''s document.';
+
+CREATE OR REPLACE FUNCTION respool._claim_keys(p_bodies jsonb[])
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    -- Only when a body names a key: a create without one takes no lock here.
+    IF EXISTS (SELECT FROM unnest(p_bodies) b WHERE b ->> 'idempotency_key' IS NOT NULL) THEN
+        PERFORM pg_advisory_xact_lock(k)
+           FROM (SELECT DISTINCT hashtextextended((b ->> 'subject') || E'\n' || (b ->> 'idempotency_key'), 0) AS k
+                   FROM unnest(p_bodies) b WHERE b ->> 'idempotency_key' IS NOT NULL ORDER BY 1) keys;
+    END IF;
+END $$;
+COMMENT ON FUNCTION respool._claim_keys(jsonb[]) IS
+    'Claims the idempotency keys of checked create bodies for this transaction in one global order (a transaction advisory lock per subject and key, in lock-key order), before any request is inserted: two creates or batches naming the same keys in another order wait for each other instead of each holding a key the other needs (a deadlock when no pool lock orders them).';
+
+CREATE OR REPLACE FUNCTION respool._gang_member_check(p_first jsonb, p_member jsonb, p_first_pool uuid)
+RETURNS void LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF p_member ->> 'subject' IS DISTINCT FROM p_first ->> 'subject' THEN
+        PERFORM respool._fail('RP400', 'subject', format(
+            'every member of a gang (all_or_nothing) names the same subject: member 0 names %s', p_first ->> 'subject'));
+    END IF;
+    IF (CASE WHEN p_member ->> 'pool' IS NOT NULL THEN respool.resolve_pool(p_member ->> 'pool') END)
+       IS DISTINCT FROM p_first_pool THEN
+        PERFORM respool._fail('RP400', 'pool', format(
+            'every member of a gang (all_or_nothing) resolves to the same candidate pools: member 0 names pool %s',
+            coalesce(p_first ->> 'pool', 'none')));
+    END IF;
+    IF p_member -> 'preemptible' IS DISTINCT FROM p_first -> 'preemptible' THEN
+        PERFORM respool._fail('RP400', 'preemptible',
+            'every member of a gang (all_or_nothing) has the same preemptible flag as member 0');
+    END IF;
+    IF (p_member ->> 'max_retries')::integer IS DISTINCT FROM (p_first ->> 'max_retries')::integer THEN
+        PERFORM respool._fail('RP400', 'max_retries',
+            'every member of a gang (all_or_nothing) has the same max_retries as member 0 (the gang is requeued whole)');
+    END IF;
+END $$;
+COMMENT ON FUNCTION respool._gang_member_check(jsonb, jsonb, uuid) IS
+    'A gang member (a body respool._create_body completed) names the subject of member 0, a pool that resolves to member 0''s (or none when member 0 names none), and member 0''s preemptible and max_retries; RP400 naming the field otherwise (RP404/RP400 for a bad pool ref). See docs/scheduling.md (gangs).';
+
+CREATE OR REPLACE FUNCTION respool.create_requests(
+    p_members jsonb,
+    p_all_or_nothing boolean DEFAULT false,
+    p_default_lease_seconds integer DEFAULT NULL,
+    p_now timestamptz DEFAULT now())
+RETURNS TABLE (member integer, created boolean, request jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_count integer;
+    v_at integer := 0;
+    v_bodies jsonb[] := '{}';
+    m jsonb;
+    v_state text;
+    v_message text;
+    v_column text;
+    v_gang uuid;       -- all_or_nothing: the members' gang
+    v_pool uuid;
+    v_ids uuid[] := '{}';
+    v_created boolean[] := '{}';
+    c record;
+BEGIN
+    IF p_members IS NULL OR jsonb_typeof(p_members) <> 'array' THEN
+        PERFORM respool._fail('RP400', 'members', 'members must be an array of request create bodies');
+    END IF;
+    v_count := jsonb_array_length(p_members);
+    IF v_count NOT BETWEEN 1 AND respool._max_batch() THEN
+        PERFORM respool._fail('RP400', 'members', format('a batch has 1 to %s members, got %s', respool._max_batch(), v_count));
+    END IF;
+    IF p_default_lease_seconds IS NOT NULL AND p_default_lease_seconds NOT BETWEEN 1 AND respool._max_seconds() THEN
+        PERFORM respool._fail('RP400', 'default_lease_seconds', 'default_lease_seconds must be between 1 and ' || respool._max_seconds());
+    END IF;
+
+    BEGIN
+        -- Every body checked and completed first, so a malformed member refuses the batch
+        -- before any work.
+        FOR i IN 0 .. v_count - 1 LOOP
+            v_at := i;  -- (a FOR variable is not visible in the handler below)
+            v_bodies := v_bodies || respool._create_body(p_members -> i, p_default_lease_seconds);
+        END LOOP;
+        PERFORM respool._claim_keys(v_bodies);
+        IF v_count > 1 THEN
+            -- Every pool any member's subject may use, locked up front in id order: each member
+            -- then locks a subset it already holds, so members that name different pools never
+            -- take pool locks out of the global order (no deadlock with other writers).
+            PERFORM respool._lock_pools(array(
+                SELECT DISTINCT p.pool_id FROM respool.policies p
+                 WHERE p.subject IN (SELECT b ->> 'subject' FROM unnest(v_bodies) b)));
+        END IF;
+        IF coalesce(p_all_or_nothing, false) THEN
+            -- A gang is one request in many parts: one subject, one pool (or none named, so the
+            -- same candidates), one preemptible flag and one retry budget for all.
+            m := v_bodies[1];
+            v_pool := CASE WHEN m ->> 'pool' IS NOT NULL THEN respool.resolve_pool(m ->> 'pool') END;
+            FOR i IN 1 .. v_count - 1 LOOP
+                v_at := i;
+                PERFORM respool._gang_member_check(m, v_bodies[i + 1], v_pool);
+            END LOOP;
+            v_gang := gen_random_uuid();
+        END IF;
+        FOR i IN 0 .. v_count - 1 LOOP
+            v_at := i;
+            -- Member i is queued i microseconds after member 0: queue time then keeps member
+            -- order among members that are otherwise alike (ids are random).
+            SELECT * INTO c FROM respool.create_request(v_bodies[i + 1], p_default_lease_seconds,
+                                                         p_now + make_interval(secs => i / 1000000.0), v_gang, false);
+            v_ids := v_ids || (c.request ->> 'id')::uuid;
+            v_created := v_created || c.created;
+            IF v_gang IS NOT NULL THEN
+                -- An idempotent retry of a gang answers that gang: every member a replay of it.
+                IF c.created IS DISTINCT FROM v_created[1]
+                   OR (NOT c.created AND (c.request ->> 'gang_id') IS DISTINCT FROM
+                                         (SELECT gang_id::text FROM respool.requests WHERE id = v_ids[1])) THEN
+                    PERFORM respool._fail('RP422', 'idempotency_key', format(
+                        'idempotency_key %L is used by request %s, which is not a member of the gang the other members make',
+                        v_bodies[i + 1] ->> 'idempotency_key', c.request ->> 'id'));
+                END IF;
+            END IF;
+        END LOOP;
+        IF v_gang IS NOT NULL THEN
+            v_at := 0;
+            IF v_created[1] THEN
+                PERFORM respool._gang_start(v_gang, p_now);
+            ELSIF (c.request ->> 'gang_id') IS NULL
+                  OR (SELECT count(*) FROM respool.requests WHERE gang_id = (c.request ->> 'gang_id')::uuid) <> v_count THEN
+                PERFORM respool._fail('RP422', 'idempotency_key',
+                    'these idempotency keys were used by requests that do not make up one gang of these members');
+            END IF;
+        END IF;
+        -- Every member as it stands once the batch is done, its document built with the others'
+        -- (positions and ETAs once per pool, respool.request_docs).
+        RETURN QUERY SELECT (x.n - 1)::integer, v_created[x.n], d.doc::jsonb
+                       FROM unnest(v_ids) WITH ORDINALITY x(id, n)
+                       JOIN respool.request_docs(v_ids) d ON d.id = x.id
+                      ORDER BY x.n;
+    EXCEPTION WHEN OTHERS THEN
+        GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT, v_column = COLUMN_NAME;
+        IF v_state NOT IN ('RP400', 'RP404', 'RP409', 'RP422') THEN
+            RAISE;
+        END IF;
+        -- The whole batch is refused (everything above is rolled back); the error names the member.
+        RAISE EXCEPTION '%', format('members[%s]: %s', v_at, v_message)
+            USING ERRCODE = v_state,
+                  COLUMN = format('members[%s]', v_at) || CASE WHEN coalesce(v_column, '') = '' THEN '' ELSE '.' || v_column END;
+    END;
+END $$;
+COMMENT ON FUNCTION respool.create_requests(jsonb, boolean, integer, timestamptz) IS
+    'Batch create (docs/api.md "Batch create"): p_members is a JSON array of 1 to 1000 create bodies, created in one transaction, each by respool.create_request exactly as a single create: every body checked and completed by respool._create_body before any work (absent lease_seconds: p_default_lease_seconds), their idempotency keys claimed in one global order (respool._claim_keys), the pools of every member''s subject locked in id order, then each created by respool.create_request in member order, member i queued i microseconds after member 0 so queue order follows member order. Any member error refuses the whole batch, creating nothing: the same SQLSTATE, naming members[i].<field>. Each answer is the member''s state once the whole batch is done. With p_all_or_nothing the members are a gang (docs/scheduling.md): same subject, pool, preemptible and max_retries (RP400 naming the field), one gang_id, rejected together, granted together in one pool or not at all; a retry whose idempotency keys name exactly the members of one gang answers that gang (RP422 otherwise). One row per member, in member order.';
+
+CREATE OR REPLACE FUNCTION respool.what_if_request(
+    p_body jsonb,
+    p_default_lease_seconds integer DEFAULT NULL,
+    p_now timestamptz DEFAULT now())
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_request jsonb;
+    v_victims jsonb := '[]';
+    v_last_event bigint;
+    v_pool uuid;
+    c record;
+BEGIN
+    BEGIN
+        SELECT * INTO c FROM respool.create_request(p_body, p_default_lease_seconds, p_now);
+        v_request := c.request;
+        IF c.created AND v_request ->> 'status' = 'queued' THEN
+            -- The reconciler's next pass over each of its candidate pools: who would it preempt
+            -- for this request? (Its pools are locked by the create already.)
+            v_last_event := coalesce((SELECT max(id) FROM respool.events), 0);
+            FOR v_pool IN SELECT e.pool_id FROM respool.queue_entries e
+                           WHERE e.request_id = (v_request ->> 'id')::uuid ORDER BY e.pool_id LOOP
+                CONTINUE WHEN NOT EXISTS (SELECT FROM respool.requests
+                                           WHERE id = (v_request ->> 'id')::uuid AND status = 'queued');
+                PERFORM respool.reconcile_pool(v_pool, p_now);
+            END LOOP;
+            SELECT coalesce(jsonb_agg(jsonb_build_object('id', r.id, 'subject', r.subject, 'pool', r.pool_name,
+                                                         'resources', r.resources)
+                                      ORDER BY ev.id), '[]')
+              INTO v_victims
+              FROM respool.events ev JOIN respool.requests r ON r.id = ev.request_id
+             WHERE ev.id > v_last_event AND ev.to_status IN ('preempting', 'preempted')
+               AND ev.message LIKE '%for request ' || (v_request ->> 'id') || ' %';
+        END IF;
+        RAISE EXCEPTION 'what-if: roll back' USING ERRCODE = 'RP299';
+    EXCEPTION WHEN SQLSTATE 'RP299' THEN
+        NULL;  -- rolled back: nothing of it remains
+    END;
+    RETURN v_request || jsonb_build_object('would_preempt', v_victims);
+END $$;
+COMMENT ON FUNCTION respool.what_if_request(jsonb, integer, timestamptz) IS
+    'What-if (docs/scheduling.md): what respool.create_request would answer now for the same create body (status, pool, queue position, message, reason, eta) plus would_preempt, the allocations (id, subject, pool, resources) the reconciler''s next pass would preempt for it; computed by the real create and reconcile in a rolled-back subtransaction: no row, event or NOTIFY remains. Input errors raise as for a create.';
