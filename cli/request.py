@@ -15,6 +15,7 @@ from respool_client.wire import (
     RequestBatch,
     RequestBatchCreate,
     RequestCreate,
+    Victim,
     WhatIf,
 )
 
@@ -219,8 +220,15 @@ def would_preempt_lines(what: WhatIf) -> list[str]:
     if not what.would_preempt:
         return ["Would preempt: nothing"]
     return ["Would preempt:"] + [
-        f"  {v.id} of {v.subject} in {v.pool}: {fmt_map(v.resources)}" for v in what.would_preempt
+        f"  {_victim_name(v)} in {v.pool}: {fmt_map(v.resources)}" for v in what.would_preempt
     ]
+
+
+def _victim_name(victim: Victim) -> str:
+    """A victim as the token may see it: another subject's request shows no id or subject."""
+    if victim.id is None:
+        return "an allocation of another subject"
+    return f"{victim.id} of {victim.subject}"
 
 
 def _members(body: RequestCreate, count: int) -> list[RequestCreate]:

@@ -10,9 +10,10 @@ __all__ = ["run"]
 
 
 def run(ctx: typer.Context) -> None:
-    """Run CMD under an allocation: wait, run, SIGTERM on preemption, re-run, release.
+    """Run CMD under an allocation: wait, run, stop CMD's whole group, re-run, release.
 
     Options: --subject, --pool, --gpu, --cpu, --memory, --resource KEY=N, --non-preemptible,
-    --max-retries, --lease, --timeout, --kill-after; `respool run --help` lists them all.
+    --max-retries, --lease (none: no lease), --queue-lease, --timeout, --kill-after;
+    `respool run --help` lists them all, docs/client.md says what happens to CMD's processes.
     """
     raise typer.Exit(run_main(list(ctx.args)))

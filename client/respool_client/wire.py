@@ -66,7 +66,7 @@ TERMINAL: frozenset[str] = frozenset({"released", "rejected", "cancelled", "expi
 HOLDING: frozenset[str] = frozenset({"allocated", "preempting"})
 
 Reason = Literal[
-    # rejected at creation, or later when it can never fit (SPEC §4)
+    # rejected at creation, or later when it can never fit (docs/admission.md)
     "no_policy",
     "pool_missing_key",
     "exceeds_capacity",
@@ -77,11 +77,11 @@ Reason = Literal[
     "released_while_queued",
     "pool_deleted",
     "policy_deleted",
-    "abandoned",  # a queued request whose queue lease lapsed (SPEC §6 heartbeat)
+    "abandoned",  # a queued request whose queue lease lapsed (docs/api.md)
     # expired
     "lease_expired",
     "max_seconds",
-    # preempting / preempted (SPEC §5), and queued again for the next attempt
+    # preempting / preempted (docs/preemption.md), and queued again for the next attempt
     "reclaim",
     "priority",
     "capacity_shrink",
@@ -108,7 +108,7 @@ class Pool(msgspec.Struct, frozen=True):
     queued: int
     created_at: datetime
     updated_at: datetime
-    # SPEC §11.1 / §11.2 (defaults so an older server's answer still decodes)
+    # starvation guard, fair share (defaults so an older server's answer still decodes)
     starvation_seconds: int | None = 300
     ordering: Ordering = "fifo"
 
@@ -129,14 +129,14 @@ class Policy(msgspec.Struct, frozen=True):
 
 
 class Eta(msgspec.Struct, frozen=True):
-    """Estimated wait of a queued request from now until its grant (SPEC §11.4)."""
+    """Estimated wait of a queued request from now until its grant (docs/scheduling.md)."""
 
     p50_seconds: int
     p90_seconds: int
 
 
 class Request(msgspec.Struct, frozen=True):
-    """A resource request (SPEC §4). ``reason`` is one of :data:`REASONS` or null."""
+    """A resource request (docs/admission.md). ``reason`` is one of :data:`REASONS` or null."""
 
     id: UUID
     subject: str
@@ -162,11 +162,11 @@ class Request(msgspec.Struct, frozen=True):
     updated_at: datetime
     allocated_at: datetime | None
     finished_at: datetime | None
-    # SPEC §11 (defaults so an older server's answer still decodes)
+    # scheduling fields (defaults so an older server's answer still decodes)
     max_seconds: int | None = None
     run_deadline: datetime | None = None
     eta: Eta | None = None
-    gang_id: UUID | None = None  # SPEC §11.6: the members of one all_or_nothing batch
+    gang_id: UUID | None = None  # the members of one all_or_nothing batch (a gang)
 
     @property
     def terminal(self) -> bool:
@@ -296,7 +296,7 @@ class PoolCreate(_Body):
     description: Description = ""
     queueing: Queueing = "best_effort"
     preemption_grace_seconds: GraceSeconds = 0
-    # SPEC §11.1: null turns the starvation guard off
+    # null turns the starvation guard off (docs/scheduling.md)
     starvation_seconds: StarvationSeconds | None = 300
     ordering: Ordering = "fifo"
 
@@ -331,7 +331,8 @@ class PolicyUpdate(_Body):
 
 
 class ResourceSettings(_Body):
-    """SPEC §1 settings; the engine turns them into resources (``build_resources``).
+    """ResourceSettings (docs/admission.md); the engine turns them into resources
+    (``build_resources``).
 
     ``cpu_count`` travels as a JSON number with its decimal text preserved: the server decodes
     it as a Decimal from the number as written; a caller may pass an int, a float (sent as its

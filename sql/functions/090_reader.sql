@@ -1,5 +1,5 @@
 -- The reader role of this database, and `respool db grant-reader ROLE` (docs/ops.md).
--- Issue 15: the ops views are granted to a NOLOGIN role of this database only,
+-- The ops views are granted to a NOLOGIN role of this database only,
 -- respool.reader_role() (migration 0010), never to the cluster-wide respool_reader; a login role
 -- reads them by being a member. Its limits are set on the member (settings of a role are not
 -- inherited): a connection limit, temp_file_limit (superuser-only, so the member cannot lift

@@ -3,5 +3,6 @@
 SHOW unix_socket_permissions;
 
 -- private_socket --
--- Later starts of the embedded server create its socket for the owner only (issue 15, defect 13).
+-- Later starts of the embedded server create its socket for the owner only: the
+-- server trusts every local connection, so only its owner may reach it.
 ALTER SYSTEM SET unix_socket_permissions = '0700';

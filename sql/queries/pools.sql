@@ -1,7 +1,7 @@
 -- Pools (sql/functions/050_pools.sql); each returns the pool as JSON.
 
 -- create_pool --
--- Create a pool with every setting, the scheduling ones of SPEC §11 included; returns pool_json.
+-- Create a pool with every setting, the scheduling ones included; returns pool_json.
 SELECT respool.create_pool(p_name => $1, p_capacity => $2, p_description => $3, p_queueing => $4,
                            p_preemption_grace_seconds => $5, p_starvation_seconds => $6,
                            p_ordering => $7);

@@ -136,7 +136,8 @@ async def assert_healthy(conn: asyncpg.Connection) -> None:
     )
     assert [dict(b) for b in bad] == []
     # A queued request is in at least one queue (a gang member: through its gang's one entry,
-    # SPEC §11.6, unless a member still holds units after a preemption); any other is in none.
+    # docs/scheduling.md, unless a member still holds units after a preemption); any other is in
+    # none.
     stray = await conn.fetch(
         """
         SELECT r.id, r.status FROM respool.requests r
@@ -155,8 +156,8 @@ async def assert_healthy(conn: asyncpg.Connection) -> None:
 
 
 async def partial_gangs(conn: asyncpg.Connection) -> list[dict[str, Any]]:
-    """Gangs caught partly granted (SPEC §11.6): a member allocated while another is queued, or
-    members holding units with different grant times or pools. Empty when all is well."""
+    """Gangs caught partly granted (docs/scheduling.md): a member allocated while another is
+    queued, or members holding units with different grant times or pools. Empty when all is well."""
     rows = await conn.fetch(
         """
         SELECT gang_id,
