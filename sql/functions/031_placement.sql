@@ -51,6 +51,31 @@ END $$;
 COMMENT ON FUNCTION respool._blocker(jsonb, boolean, uuid, uuid) IS
     'Admission rules 1-3 (docs/admission.md) against the current counters of a pool and a policy: NULL when admissible, else one sentence naming the first blocking key. The rules of respool._fits; read-only.';
 
+CREATE OR REPLACE FUNCTION respool._deficit(p_resources jsonb, p_pool_id uuid, p_request_id uuid)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT jsonb_object_agg(x.key, u.used - u.leaving + u.earmarked + x.value::bigint - u.bound)
+              FROM jsonb_each_text(p_resources) x
+              JOIN respool._usage(p_pool_id, p_request_id) u
+                ON u.policy_id IS NULL AND u.key = x.key AND u.bound IS NOT NULL);
+END $$;
+COMMENT ON FUNCTION respool._deficit(jsonb, uuid, uuid) IS
+    'What preemption must free for a need to fit the pool (the reconciler''s side of respool._fits): {tracked key: used - leaving + earmarked + need - capacity} (> 0: units missing), victims in their grace period counted as gone and units earmarked for requests other than p_request_id as taken; NULL when the need has no tracked key. Read-only.';
+
+CREATE OR REPLACE FUNCTION respool._excess(p_pool_id uuid, p_policy_id uuid)
+RETURNS TABLE (key text, over bigint, bound bigint)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN QUERY
+    SELECT u.key, u.used - u.leaving - u.bound, u.bound
+      FROM respool._usage(p_pool_id) u
+     WHERE u.policy_id IS NOT DISTINCT FROM p_policy_id AND u.bound IS NOT NULL
+       AND u.used - u.leaving > u.bound
+     ORDER BY u.key;
+END $$;
+COMMENT ON FUNCTION respool._excess(uuid, uuid) IS
+    'The keys on which holders exceed a bound after a shrink (p_policy_id NULL: the pool''s capacities, a removed custom key counting as capacity 0; else that policy''s limits): units over and the bound, victims in their grace period counted as gone. Empty when everything fits. Read-only.';
+
 CREATE OR REPLACE FUNCTION respool._leaves_earmarks(p_resources jsonb, p_pool_id uuid, p_request_id uuid,
                                                     p_earmark_pool_id uuid)
 RETURNS boolean LANGUAGE plpgsql STABLE AS $$

@@ -116,10 +116,7 @@ DECLARE
     v_held jsonb[];
     m record;
 BEGIN
-    SELECT jsonb_object_agg(x.key, u.used - u.leaving + u.earmarked + x.value::bigint - u.bound) INTO deficit
-      FROM jsonb_each_text(p_request.resources) x
-      JOIN respool._usage(p_pool_id, p_request.id) u
-        ON u.policy_id IS NULL AND u.key = x.key AND u.bound IS NOT NULL;
+    deficit := respool._deficit(p_request.resources, p_pool_id, p_request.id);
     IF deficit IS NULL OR NOT respool._any_over(deficit) THEN
         RETURN '{}';  -- fits already: nothing to preempt
     END IF;
@@ -184,23 +181,21 @@ BEGIN
     -- Capacity (I1), every key at once: usage above a shrunk capacity, not counting victims
     -- already leaving. A custom key removed from the pool has capacity 0 (docs/admission.md), so its
     -- holders go; a removed soft key is untracked (bound NULL) and sheds nothing.
-    SELECT jsonb_object_agg(u.key, u.used - u.leaving - u.bound),
-           'preempted: pool capacity of ' || string_agg(format('%s shrank to %s', u.key, u.bound), ', ' ORDER BY u.key)
+    SELECT jsonb_object_agg(x.key, x.over),
+           'preempted: pool capacity of ' || string_agg(format('%s shrank to %s', x.key, x.bound), ', ' ORDER BY x.key)
       INTO v_excess, v_message
-      FROM respool._usage(p_pool_id) u
-     WHERE u.policy_id IS NULL AND u.bound IS NOT NULL AND u.used - u.leaving > u.bound;
+      FROM respool._excess(p_pool_id, NULL) x;
     IF v_excess IS NOT NULL THEN
         n := n + respool._shed(p_pool_id, NULL::uuid, v_excess, 'capacity_shrink', v_message, p_now);
     END IF;
     -- Limits (I2), per subject and every limited key at once, read after the capacity victims left.
     FOR pol IN SELECT p.id, p.subject FROM respool.policies p WHERE p.pool_id = p_pool_id
                 ORDER BY p.subject LOOP
-        SELECT jsonb_object_agg(u.key, u.used - u.leaving - u.bound),
+        SELECT jsonb_object_agg(x.key, x.over),
                format('preempted: the limit of %s on ', pol.subject)
-               || string_agg(format('%s was lowered to %s', u.key, u.bound), ', ' ORDER BY u.key)
+               || string_agg(format('%s was lowered to %s', x.key, x.bound), ', ' ORDER BY x.key)
           INTO v_excess, v_message
-          FROM respool._usage(p_pool_id) u
-         WHERE u.policy_id = pol.id AND u.bound IS NOT NULL AND u.used - u.leaving > u.bound;
+          FROM respool._excess(p_pool_id, pol.id) x;
         CONTINUE WHEN v_excess IS NULL;
         n := n + respool._shed(p_pool_id, pol.id, v_excess, 'limit_shrink', v_message, p_now);
     END LOOP;
