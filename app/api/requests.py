@@ -66,9 +66,19 @@ _LeaseSeconds = Annotated[
     int | None,
     QueryParameter(
         ge=1,
-        le=MAX_SECONDS,  # the bound of LeaseSeconds (app.api.schemas)
+        le=MAX_SECONDS,
         description="Seconds from now the lease (queued: the queue lease) runs; default: the"
         " request's lease_seconds",
+    ),
+]
+_QueueLeaseSeconds = Annotated[
+    int | None,
+    QueryParameter(
+        ge=1,
+        le=MAX_SECONDS,
+        description="Queued only: seconds from now the queue lease runs (default: as"
+        " lease_seconds). An allocated request keeps its own lease length, so a waiting client"
+        " whose heartbeat crosses the grant never shortens the allocation's lease",
     ),
 ]
 _ACTION_ERRORS = error_responses(400, 404, 409)
@@ -301,9 +311,14 @@ class RequestController(Controller):
         request_id: FromPath[UUID],
         attempt: _Attempt = None,
         lease_seconds: _LeaseSeconds = None,
+        queue_lease_seconds: _QueueLeaseSeconds = None,
     ) -> ResourceRequest:
         return await db_requests.heartbeat_request(
-            db(state), request_id, attempt=attempt, lease_seconds=lease_seconds
+            db(state),
+            request_id,
+            attempt=attempt,
+            lease_seconds=lease_seconds,
+            queue_lease_seconds=queue_lease_seconds,
         )
 
     @post(

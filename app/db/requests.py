@@ -126,10 +126,13 @@ async def heartbeat_request(
     *,
     attempt: int | None = None,
     lease_seconds: int | None = None,
+    queue_lease_seconds: int | None = None,
 ) -> Request:
-    """Extend the lease (queued: set the queue lease) to now + ``lease_seconds`` (default:
-    the request's own ``lease_seconds``)."""
-    doc = await db.fetchval(query("heartbeat_request"), request_id, attempt, lease_seconds)
+    """Extend the lease to now + ``lease_seconds`` (default: the request's own); queued: set
+    the queue lease to now + ``queue_lease_seconds`` (default: the same length)."""
+    doc = await db.fetchval(
+        query("heartbeat_request"), request_id, attempt, lease_seconds, queue_lease_seconds
+    )
     return _as(Request, doc)
 
 

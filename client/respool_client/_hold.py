@@ -3,7 +3,7 @@ watch the request while it is held, and release at the end.
 
 * :func:`acquire` creates the request with a fresh idempotency key and :func:`await_grant`
   long-polls it until it is no longer queued. While it waits it heartbeats the queued request
-  with ``?lease_seconds=<queue lease>`` every third of that lease, so a waiter that died
+  with ``?queue_lease_seconds=<queue lease>`` every third of that lease, so a waiter that died
   (SIGKILL, OOM, a lost machine) gives its queue place up within about the queue lease (the
   server cancels it with reason ``abandoned``).
 * :func:`start_holding` heartbeats the granted attempt (``?attempt=``) on a fixed schedule and
@@ -46,7 +46,6 @@ DEFAULT_HEARTBEAT = 30.0  # no lease: heartbeats only report the status (the wat
 MAX_HEARTBEAT = 30.0
 POLL_WAIT = 20.0  # per long-poll; the server caps it anyway (RESPOOL_MAX_WAIT, default 25 s)
 QUEUE_LEASE = 30  # seconds a waiter that stopped heartbeating keeps its queue place
-MAX_LEASE = 31_536_000  # the longest lease the API accepts (a year)
 
 # Called with every new state of a request (``respool run`` acts on them).
 OnChange = Callable[[Request], Awaitable[None] | None]
@@ -77,50 +76,32 @@ async def acquire(
 
 
 class _QueueLease:
-    """Heartbeats a queued request with ``?lease_seconds=seconds`` every third of that, for as
-    long as its client waits. ``in_doubt``: the last heartbeat may have reached the request
-    after it was granted (no answer yet, or an answer that was not ``queued``), and so may have
-    set the allocation's lease to ``seconds``."""
+    """Heartbeats a queued request with ``?queue_lease_seconds=seconds`` every third of that,
+    for as long as its client waits. A heartbeat that reaches the request just after its grant
+    renews the allocation with the request's own lease: the queue lease length never applies
+    to an allocation."""
 
     def __init__(self, rp: RequestVerbs, state: Request, seconds: int) -> None:
         self.rp, self.request_id, self.attempt = rp, state.id, state.attempt
         self.seconds = seconds
-        self.in_doubt = False
 
     async def keep(self) -> None:
         every = self.seconds / 3
         while True:
-            self.in_doubt = True
             try:
                 state = await self.rp.heartbeat(
-                    self.request_id, self.attempt, within=every, lease_seconds=self.seconds
+                    self.request_id, self.attempt, within=every, queue_lease_seconds=self.seconds
                 )
             except ApiError as exc:
-                if exc.status_code in (404, 409):  # gone / moved on: it set nothing
-                    self.in_doubt = False
+                if exc.status_code in (404, 409):  # gone, or moved on to another attempt
                     return
                 log.warning("queue heartbeat for %s failed: %s", self.request_id, exc)
             except RespoolError as exc:
                 log.warning("queue heartbeat for %s failed: %s", self.request_id, exc)
             else:
-                self.in_doubt = state.status != "queued"
-                if self.in_doubt:
+                if state.status != "queued":
                     return
             await asyncio.sleep(every)
-
-    async def restore(self, grant: Grant) -> None:
-        """After the grant: give the allocation its own lease back if a queue heartbeat may
-        have shortened it. A request without a lease that got one that way gets the longest
-        lease the API allows (a lease cannot be taken away again)."""
-        if not self.in_doubt:
-            return
-        with contextlib.suppress(RespoolError):
-            if grant.lease_seconds:
-                await self.rp.heartbeat(grant.request_id, grant.attempt)
-                return
-            now = await self.rp.get_request(grant.request_id)
-            if now.attempt == grant.attempt and now.lease_expires_at is not None:
-                await self.rp.heartbeat(grant.request_id, grant.attempt, lease_seconds=MAX_LEASE)
 
 
 async def await_grant(
@@ -159,8 +140,6 @@ async def await_grant(
                 await beats
     if state.status in HOLDING:
         grant = Grant(state, sent_at=sent)
-        if keeper is not None:
-            await keeper.restore(grant)
         if state.status == "preempting":
             grant._preempted.set()
         return grant

@@ -97,8 +97,16 @@ class Respool:
         attempt: int | None = None,
         *,
         lease_seconds: int | None = None,
+        queue_lease_seconds: int | None = None,
     ) -> Request:
-        return self._run(self._async.heartbeat(request_id, attempt, lease_seconds=lease_seconds))
+        return self._run(
+            self._async.heartbeat(
+                request_id,
+                attempt,
+                lease_seconds=lease_seconds,
+                queue_lease_seconds=queue_lease_seconds,
+            )
+        )
 
     def list_requests(self, **filters: Any) -> RequestPage:
         return self._run(self._async.list_requests(**filters))

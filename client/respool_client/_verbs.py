@@ -105,13 +105,20 @@ class RequestVerbs(Transport):
         *,
         within: float | None = None,
         lease_seconds: int | None = None,
+        queue_lease_seconds: int | None = None,
     ) -> Request:
-        """Extend the lease (queued: set the queue lease) to now + ``lease_seconds`` (default:
-        the request's); ``within``: give up (retries included) after this many seconds."""
+        """Extend the lease to now + ``lease_seconds`` (default: the request's); queued: set the
+        queue lease to now + ``queue_lease_seconds`` (default: the same length), which an
+        allocated request ignores; ``within``: give up (retries included) after this many
+        seconds."""
         return await self._request(
             "POST",
             f"/v1/requests/{request_id}/heartbeat",
-            params={"attempt": attempt, "lease_seconds": lease_seconds},
+            params={
+                "attempt": attempt,
+                "lease_seconds": lease_seconds,
+                "queue_lease_seconds": queue_lease_seconds,
+            },
             retry_for=within,
             http_timeout=None if within is None else min(self.request_timeout, max(within, 1.0)),
         )

@@ -5,9 +5,11 @@
 -- The signature grew p_lease_seconds (0008), last so that positional calls keep working: drop
 -- the old one, or calls by name would be ambiguous.
 DROP FUNCTION IF EXISTS respool.heartbeat_request(uuid, integer, timestamptz);
+DROP FUNCTION IF EXISTS respool.heartbeat_request(uuid, integer, timestamptz, integer);
 CREATE OR REPLACE FUNCTION respool.heartbeat_request(p_id uuid, p_attempt integer DEFAULT NULL,
                                                      p_now timestamptz DEFAULT now(),
-                                                     p_lease_seconds integer DEFAULT NULL)
+                                                     p_lease_seconds integer DEFAULT NULL,
+                                                     p_queue_lease_seconds integer DEFAULT NULL)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     r respool.requests;
@@ -15,6 +17,10 @@ DECLARE
 BEGIN
     IF p_lease_seconds IS NOT NULL AND p_lease_seconds NOT BETWEEN 1 AND respool._max_seconds() THEN
         PERFORM respool._fail('RP400', 'lease_seconds', 'lease_seconds must be between 1 and ' || respool._max_seconds());
+    END IF;
+    IF p_queue_lease_seconds IS NOT NULL AND p_queue_lease_seconds NOT BETWEEN 1 AND respool._max_seconds() THEN
+        PERFORM respool._fail('RP400', 'queue_lease_seconds',
+                              'queue_lease_seconds must be between 1 and ' || respool._max_seconds());
     END IF;
     SELECT * INTO r FROM respool.requests WHERE id = p_id;
     IF FOUND AND r.status = 'allocated' AND r.lease_expires_at <= p_now
@@ -50,16 +56,16 @@ BEGIN
                     'stale attempt %s: request %s is on attempt %s', p_attempt, p_id, r.attempt));
             END IF;
         END IF;
-    ELSIF r.status = 'queued' AND v_seconds IS NOT NULL THEN
+    ELSIF r.status = 'queued' AND coalesce(p_queue_lease_seconds, v_seconds) IS NOT NULL THEN
         -- The queue lease lives in its own row (0008): the request row stays unlocked.
         INSERT INTO respool.queue_leases AS l (request_id, attempt, expires_at)
-        VALUES (p_id, r.attempt, p_now + make_interval(secs => v_seconds))
+        VALUES (p_id, r.attempt, p_now + make_interval(secs => coalesce(p_queue_lease_seconds, v_seconds)))
         ON CONFLICT (request_id) DO UPDATE SET attempt = excluded.attempt, expires_at = excluded.expires_at;
     END IF;
     RETURN respool.request_json(p_id);
 END $$;
-COMMENT ON FUNCTION respool.heartbeat_request(uuid, integer, timestamptz, integer) IS
-    'Heartbeat (docs/api.md, leases). Allocated: the lease becomes now + p_lease_seconds (default: the request''s lease_seconds), locking only the request row; a lapsed lease is expired instead, never revived. Queued: sets the queue lease (respool.queue_leases) to now + that many seconds without locking the request; when it lapses the reconciler cancels the request (abandoned). RP400 for a bad p_lease_seconds, RP409 for a stale p_attempt; returns the request so a preempted step learns it.';
+COMMENT ON FUNCTION respool.heartbeat_request(uuid, integer, timestamptz, integer, integer) IS
+    'Heartbeat (docs/api.md). Allocated: the lease becomes now + p_lease_seconds (default: the request''s lease_seconds; none when it has none), locking only the request row; a lapsed lease is expired instead, never revived; p_queue_lease_seconds changes nothing here. Queued: sets the queue lease (respool.queue_leases) to now + p_queue_lease_seconds (default: the lease length above) without locking the request; when it lapses the reconciler cancels the request (abandoned). A waiting client sends p_queue_lease_seconds alone, so a heartbeat that arrives just after the grant renews the allocation with its own lease, never the short queue lease. RP400 for a bad length, RP409 for a stale p_attempt; returns the request so a preempted step learns it.';
 
 CREATE OR REPLACE FUNCTION respool._expire_one(p_id uuid, p_reason text, p_message text, p_now timestamptz)
 RETURNS integer LANGUAGE plpgsql AS $$

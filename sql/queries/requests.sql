@@ -37,9 +37,11 @@ SELECT respool.release_request(p_id => $1, p_attempt => $2);
 SELECT respool.cancel_request(p_id => $1, p_attempt => $2);
 
 -- heartbeat_request --
--- Heartbeat: extend an allocated request's lease, or set a queued request's queue
--- lease, to now + $3 seconds (NULL: the request's lease_seconds); $2 fences a stale attempt.
-SELECT respool.heartbeat_request(p_id => $1, p_attempt => $2, p_lease_seconds => $3);
+-- Heartbeat: extend an allocated request's lease to now + $3 seconds (NULL: the request's
+-- lease_seconds), or set a queued request's queue lease to now + $4 seconds (NULL: the same as
+-- the lease); $2 fences a stale attempt.
+SELECT respool.heartbeat_request(p_id => $1, p_attempt => $2, p_lease_seconds => $3,
+                                 p_queue_lease_seconds => $4);
 
 -- delete_request --
 -- Delete a terminal request (its events stay: history is append-only).
