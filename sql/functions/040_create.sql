@@ -129,17 +129,16 @@ END $$;
 COMMENT ON FUNCTION respool._create_body(jsonb, integer) IS
     'The one check of a create body''s fields and types (the fields of the wire type RequestCreate: subject, pool, resources, settings, preemptible, max_retries, max_seconds, lease_seconds, idempotency_key, labels; RP400 naming the field, also for an unknown one) and the one place its defaults are filled: preemptible true, max_retries 0, lease_seconds p_default_lease_seconds when absent. Values inside resources, settings and labels are checked where they are converted.';
 
-CREATE OR REPLACE FUNCTION respool.create_request(
-    p_body jsonb,
-    p_default_lease_seconds integer DEFAULT NULL,
-    p_now timestamptz DEFAULT now(),
-    p_gang_id uuid DEFAULT NULL,
-    p_answer boolean DEFAULT true,
+CREATE OR REPLACE FUNCTION respool._create_checked(
+    p_checked jsonb,
+    p_now timestamptz,
+    p_gang_id uuid,
+    p_answer boolean,
     OUT created boolean,
     OUT request jsonb)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_in jsonb := respool._create_body(p_body, p_default_lease_seconds);
+    v_in jsonb := p_checked;
     v_subject text := v_in ->> 'subject';
     v_pool_ref text := v_in ->> 'pool';
     v_preemptible boolean := (v_in ->> 'preemptible')::boolean;
@@ -243,6 +242,23 @@ BEGIN
     PERFORM set_config('respool.unannounced', '', true);
     created := true;
     request := CASE WHEN p_answer THEN respool.request_json(r.id) ELSE jsonb_build_object('id', r.id) END;
+END $$;
+COMMENT ON FUNCTION respool._create_checked(jsonb, timestamptz, uuid, boolean) IS
+    'respool.create_request after its body check: p_checked is a body respool._create_body has checked and completed (a batch checks every member first and hands each over here, so no member is checked twice). Everything else create_request says holds here.';
+
+CREATE OR REPLACE FUNCTION respool.create_request(
+    p_body jsonb,
+    p_default_lease_seconds integer DEFAULT NULL,
+    p_now timestamptz DEFAULT now(),
+    p_gang_id uuid DEFAULT NULL,
+    p_answer boolean DEFAULT true,
+    OUT created boolean,
+    OUT request jsonb)
+LANGUAGE plpgsql AS $$
+BEGIN
+    SELECT c.created, c.request INTO created, request
+      FROM respool._create_checked(respool._create_body(p_body, p_default_lease_seconds), p_now, p_gang_id,
+                                   p_answer) c;
 END $$;
 COMMENT ON FUNCTION respool.create_request(jsonb, integer, timestamptz, uuid, boolean) IS
     'Creates (or replays, by idempotency key) one request from its create body, a JSON document with the fields of POST /v1/requests (docs/api.md); a single create and every member of a batch (respool.create_requests) are created by this function, so a body is refused alike in both (the same SQLSTATE and field; a batch adds the members[i]. prefix). Checks the body and fills its defaults (respool._create_body; absent lease_seconds: p_default_lease_seconds, NULL: no lease), converts resources/settings and labels, claims the idempotency key (respool._claim_keys; the same request on a retry, RP422 on another body), resolves candidate pools, locks them in id order and validates against each while holding the locks, stores a rejection or queues it, then tries to grant it at once in candidate order (unless a best_effort pool holds for a starving head, docs/scheduling.md). The request''s own status changes in this call are recorded as events but not notified (nobody can wait for it yet; the answer carries them). With p_gang_id (a batch with all_or_nothing) the request is stored as a member of that gang, without queue entries and without a grant: respool._gang_start decides for the whole gang. p_answer false: a new request answers {"id"} only (a batch builds its members'' documents at once). Returns created (false for a replay) and the request''s document.';
@@ -348,8 +364,8 @@ BEGIN
             v_at := i;
             -- Member i is queued i microseconds after member 0: queue time then keeps member
             -- order among members that are otherwise alike (ids are random).
-            SELECT * INTO c FROM respool.create_request(v_bodies[i + 1], p_default_lease_seconds,
-                                                         p_now + make_interval(secs => i / 1000000.0), v_gang, false);
+            SELECT * INTO c FROM respool._create_checked(v_bodies[i + 1],
+                                                          p_now + make_interval(secs => i / 1000000.0), v_gang, false);
             v_ids := v_ids || (c.request ->> 'id')::uuid;
             v_created := v_created || c.created;
             IF v_gang IS NOT NULL THEN
