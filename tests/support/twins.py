@@ -30,7 +30,8 @@ TWINS: dict[str, list[tuple[str, list[tuple[str, str]]]]] = {
             [
                 (
                     "\n           AND (p_sign < 0 OR pr.used + x.value::bigint <= pr.capacity"
-                    "\n                OR (pr.capacity IS NULL AND respool._is_soft_key(pr.key)))",
+                    "\n                OR (pr.capacity IS NULL AND respool._is_soft_key(pr.key)"
+                    "\n                    AND pr.used + x.value::bigint <= respool._max_total()))",
                     "",
                 ),
                 (
@@ -38,8 +39,8 @@ TWINS: dict[str, list[tuple[str, list[tuple[str, str]]]]] = {
                     "IF false AND EXISTS (SELECT FROM jsonb_object_keys(p_units) k(key)",
                 ),
                 (
-                    '\n           AND (p_sign < 0 OR pol."limit" IS NULL'
-                    ' OR pol.used + x.value::bigint <= pol."limit")',
+                    "\n           AND (p_sign < 0 OR pol.used + x.value::bigint"
+                    ' <= coalesce(pol."limit", respool._max_total()))',
                     "",
                 ),
             ],
@@ -47,11 +48,11 @@ TWINS: dict[str, list[tuple[str, list[tuple[str, str]]]]] = {
     ],
     "broken_shrink_twin": [
         (
-            "respool._enforce_shrinks(uuid, timestamptz)",
+            "respool._excess(uuid, uuid)",
             [
                 (
-                    "WHERE u.policy_id IS NULL AND u.bound IS NOT NULL",
-                    "WHERE u.policy_id IS NULL AND u.bound > 0",
+                    "AND u.bound IS NOT NULL",
+                    "AND u.bound > 0",
                 )
             ],
         ),
