@@ -9,8 +9,7 @@ import msgspec
 import pytest
 from respool_client import ApiError, AsyncRespool, RequestCreate, Respool
 
-from app.db import tokens
-from app.db.connect import APP_CLI, connect
+from support.db import client_token
 from support.http import error, ok, pool_with_policy, team_gpu
 from support.server import Server, running_server
 
@@ -122,13 +121,7 @@ async def test_a_thousand_members(server: Server) -> None:
 
 
 async def test_every_member_subject_must_be_allowed(db_url: str) -> None:
-    conn = await connect(db_url, application_name=APP_CLI)
-    try:
-        token, _ = await tokens.create_token(
-            conn, name="ci", role="client", subject_patterns=["team-a:*"]
-        )
-    finally:
-        await conn.close()
+    token = await client_token(db_url, "team-a:*")
     admin = "rp_batch-admin-token-0123456789abcdef"
     async with running_server(db_url, auth="on", admin_token=admin) as server:
         c = server.client

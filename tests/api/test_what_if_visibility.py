@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from app.db import tokens
-from app.db.connect import APP_CLI, connect
+from support.db import client_token
 from support.http import error, ok
 from support.server import running_server
 
@@ -11,13 +10,7 @@ from support.server import running_server
 async def test_a_client_what_if_shows_only_its_own_victims_by_id(db_url: str) -> None:
     """A client token's what-if names a victim (id, subject) only when the token may read
     that request; of another subject's allocation it learns the pool and the resources."""
-    conn = await connect(db_url, application_name=APP_CLI)
-    try:
-        token, _ = await tokens.create_token(
-            conn, name="owner-ci", role="client", subject_patterns=["owner:*"]
-        )
-    finally:
-        await conn.close()
+    token = await client_token(db_url, "owner:*")
     admin = "rp_whatif-admin-token-0123456789abcdef"
     async with running_server(db_url, auth="on", admin_token=admin) as server:
         c = server.client

@@ -113,6 +113,16 @@ async def issue_tokens(dsn: str) -> dict[str, str]:
     return {"admin": admin, "client": client, "reader": reader, "revoked": revoked}
 
 
+async def client_token(dsn: str, *patterns: str) -> str:
+    """A new client token for subjects matching ``patterns``, made in the database as
+    ``respool token create`` makes it; its text."""
+    async with direct(dsn) as conn:
+        text, _ = await tokens.create_token(
+            conn, name=new_name("client"), role="client", subject_patterns=list(patterns)
+        )
+    return text
+
+
 _dropper: concurrent.futures.ThreadPoolExecutor | None = None
 _drops: list[concurrent.futures.Future[None]] = []
 
