@@ -251,6 +251,8 @@ MAX_SECONDS = 31_536_000  # one year: the longest lease, run cap or starvation g
 MAX_GRACE_SECONDS = 86_400  # one day: the longest preemption grace
 MAX_RETRIES = 1000
 MAX_BATCH = 1000  # members of one batch create; also the largest page of a request list
+MAX_KEY_LENGTH = 200  # characters of an idempotency_key
+MAX_DESCRIPTION = 2000  # characters of a pool's or policy's description
 KEY_PATTERN = "^[a-z][a-z0-9_]{0,62}$"
 POOL_NAME_PATTERN = "^[a-z0-9][a-z0-9._-]{0,62}$"
 SUBJECT_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,127}$"
@@ -278,7 +280,7 @@ _AMOUNTS = _declare(
     additional_properties={"type": "integer", "minimum": 0, "maximum": MAX_AMOUNT},
     max_properties=MAX_KEYS,
 )
-_DESCRIPTION = _declare(max_length=2000, pattern=_NO_NUL)
+_DESCRIPTION = _declare(max_length=MAX_DESCRIPTION, pattern=_NO_NUL)
 Amounts = Annotated[dict[str, int], _AMOUNTS]
 PoolName = Annotated[str, _declare(pattern=POOL_NAME_PATTERN)]
 Subject = Annotated[str, _declare(pattern=SUBJECT_PATTERN)]
@@ -396,7 +398,7 @@ class RequestCreate(_Body):
     # Absent: the server's default lease (RESPOOL_DEFAULT_LEASE_SECONDS); explicit null: none.
     lease_seconds: LeaseSeconds | None | UnsetType = UNSET
     idempotency_key: Annotated[
-        str | None, _declare(min_length=1, max_length=200, pattern=_NO_NUL)
+        str | None, _declare(min_length=1, max_length=MAX_KEY_LENGTH, pattern=_NO_NUL)
     ] = None
     labels: Annotated[
         dict[str, str] | None,

@@ -53,6 +53,14 @@ CREATE OR REPLACE FUNCTION respool._max_batch()
 RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 1000 $$;
 COMMENT ON FUNCTION respool._max_batch() IS 'The most members of one batch create, and the largest page of a request list.';
 
+CREATE OR REPLACE FUNCTION respool._max_key_length()
+RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 200 $$;
+COMMENT ON FUNCTION respool._max_key_length() IS 'The longest idempotency_key, in characters (the table''s CHECK says the same).';
+
+CREATE OR REPLACE FUNCTION respool._max_description()
+RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 2000 $$;
+COMMENT ON FUNCTION respool._max_description() IS 'The longest description of a pool or policy, in characters.';
+
 CREATE OR REPLACE FUNCTION respool._int32_max()
 RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 2147483647 $$;
 COMMENT ON FUNCTION respool._int32_max() IS 'The largest integer column value (priority, attempt): 2^31-1; the smallest is -2^31.';

@@ -91,8 +91,9 @@ BEGIN
         PERFORM respool._fail('RP400', 'pool', 'pool must be a string or null');
     END IF;
     IF jsonb_typeof(p_body -> 'idempotency_key') NOT IN ('string', 'null')
-       OR length(p_body ->> 'idempotency_key') NOT BETWEEN 1 AND 200 THEN
-        PERFORM respool._fail('RP400', 'idempotency_key', 'idempotency_key must have 1 to 200 characters');
+       OR length(p_body ->> 'idempotency_key') NOT BETWEEN 1 AND respool._max_key_length() THEN
+        PERFORM respool._fail('RP400', 'idempotency_key',
+                              format('idempotency_key must have 1 to %s characters', respool._max_key_length()));
     END IF;
     -- The contents of resources, settings and labels: respool.build_resources and
     -- respool._labels check them, naming the key.

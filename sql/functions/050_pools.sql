@@ -39,8 +39,9 @@ BEGIN
     IF p_ordering IS NOT NULL AND p_ordering NOT IN ('fifo', 'fair') THEN
         PERFORM respool._fail('RP400', 'ordering', 'ordering must be fifo or fair');
     END IF;
-    IF p_description IS NOT NULL AND length(p_description) > 2000 THEN
-        PERFORM respool._fail('RP400', 'description', 'description must be at most 2000 characters');
+    IF p_description IS NOT NULL AND length(p_description) > respool._max_description() THEN
+        PERFORM respool._fail('RP400', 'description',
+                              format('description must be at most %s characters', respool._max_description()));
     END IF;
     IF p_queueing IS NOT NULL AND p_queueing NOT IN ('best_effort', 'strict') THEN
         PERFORM respool._fail('RP400', 'queueing', 'queueing must be best_effort or strict');

@@ -68,6 +68,8 @@ _TWINS = {
     "MAX_GRACE_SECONDS": "_max_grace_seconds",
     "MAX_RETRIES": "_max_retries",
     "MAX_BATCH": "_max_batch",
+    "MAX_KEY_LENGTH": "_max_key_length",
+    "MAX_DESCRIPTION": "_max_description",
     "INT32_MAX": "_int32_max",
     "KEY_PATTERN": "_key_pattern",
     "POOL_NAME_PATTERN": "_pool_name_pattern",
@@ -95,7 +97,8 @@ async def test_no_check_writes_a_bound_or_pattern_itself(conn: asyncpg.Connectio
         (row["proname"], literal)
         for row in sources
         for literal in literals
-        if literal in row["prosrc"] and row["proname"] not in _TWINS.values()
+        if re.search(rf"(?<![0-9]){re.escape(literal)}(?![0-9])", row["prosrc"])
+        and row["proname"] not in _TWINS.values()
     ]
     assert found == []
 
