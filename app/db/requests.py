@@ -29,7 +29,8 @@ async def create_request(
     db: Executor, body: Body, *, default_lease_seconds: int | None = None
 ) -> Created:
     """Create (or replay) a request from its create body; an absent ``lease_seconds`` is
-    ``default_lease_seconds`` (None: no lease). A batch of one in the engine."""
+    ``default_lease_seconds`` (None: no lease). The engine makes it as it makes a batch
+    member, so a body is refused alike in both."""
     row = await db.fetchrow(query("create_request"), _document(body), default_lease_seconds)
     assert row is not None
     return Created(created=row["created"], request=_as(Request, row["request"]))
