@@ -31,6 +31,13 @@ __all__ = [
     "STATUSES",
     "TERMINAL",
     "Created",
+    "NodeAllocation",
+    "Node",
+    "NodeCreate",
+    "NodeState",
+    "NodeUpdate",
+    "Placement",
+    "PlacementMode",
     "ErrorBody",
     "Eta",
     "Event",
@@ -72,6 +79,7 @@ Reason = Literal[
     "exceeds_capacity",
     "exceeds_limit",
     "exceeds_reserved",
+    "no_fitting_node",  # a pool with nodes: no node matching the selector could ever hold it
     # cancelled
     "cancelled",
     "released_while_queued",
@@ -87,12 +95,16 @@ Reason = Literal[
     "capacity_shrink",
     "limit_shrink",
     "grace_expired",
+    "node_drain",  # its node is draining (docs/placement.md)
+    "node_removed",  # its node was deleted or moved to another pool with force
     "retry",
 ]
 REASONS: frozenset[str] = frozenset(get_args(Reason))
 
 Queueing = Literal["best_effort", "strict"]
 Ordering = Literal["fifo", "fair"]
+PlacementMode = Literal["pack", "spread"]
+NodeState = Literal["active", "cordoned", "draining"]
 
 # --- answers ---------------------------------------------------------------------------------
 
@@ -111,6 +123,41 @@ class Pool(msgspec.Struct, frozen=True):
     # starvation guard, fair share (defaults so an older server's answer still decodes)
     starvation_seconds: int | None = 300
     ordering: Ordering = "fifo"
+    placement: PlacementMode = "pack"  # pools with nodes (docs/placement.md)
+    nodes: int = 0  # how many nodes back the pool; 0: abstract units
+
+
+class Placement(msgspec.Struct, frozen=True):
+    """Where an allocation runs in a pool with nodes: the node, its labels and the device ids
+    held per key (docs/placement.md)."""
+
+    node: str
+    labels: dict[str, str]
+    devices: dict[str, list[str]]
+
+
+class NodeAllocation(msgspec.Struct, frozen=True):
+    """A request holding units on a node."""
+
+    request_id: UUID
+    subject: str
+    status: Status
+    resources: dict[str, int]  # the units charged on this node
+    devices: dict[str, list[str]]
+
+
+class Node(msgspec.Struct, frozen=True):
+    id: UUID
+    name: str
+    pool: str | None  # null: registered, in no pool
+    labels: dict[str, str]
+    capacity: dict[str, int]
+    devices: dict[str, list[str]]  # per key with named devices, in list order
+    state: NodeState
+    usage: dict[str, int]  # allocated units per key
+    allocations: list[NodeAllocation]
+    created_at: datetime
+    updated_at: datetime
 
 
 class Policy(msgspec.Struct, frozen=True):
@@ -167,6 +214,8 @@ class Request(msgspec.Struct, frozen=True):
     run_deadline: datetime | None = None
     eta: Eta | None = None
     gang_id: UUID | None = None  # the members of one all_or_nothing batch (a gang)
+    node_selector: dict[str, str] = {}  # labels its node must carry (docs/placement.md)
+    placement: Placement | None = None  # allocated or preempting in a pool with nodes
 
     @property
     def terminal(self) -> bool:
@@ -256,6 +305,11 @@ MAX_DESCRIPTION = 2000  # characters of a pool's or policy's description
 KEY_PATTERN = "^[a-z][a-z0-9_]{0,62}$"
 POOL_NAME_PATTERN = "^[a-z0-9][a-z0-9._-]{0,62}$"
 SUBJECT_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,127}$"
+NODE_NAME_PATTERN = POOL_NAME_PATTERN
+LABEL_KEY_PATTERN = "^[a-z0-9][a-z0-9._/-]{0,62}$"
+# A label value: up to 63 printable characters (no control characters).
+LABEL_VALUE_PATTERN = "^[^\\u0000-\\u001f\\u007f]{0,63}$"
+MAX_DEVICE_ID = 128  # characters of one device id (a GPU UUID or MIG id fits)
 # settings.memory: group 1 the number, group 2 the unit.
 MEMORY_PATTERN = "^\\s*([0-9]+(?:\\.[0-9]+)?)\\s*(KB|MB|GB|TB|PB|KiB|MiB|GiB|TiB|PiB)\\s*$"
 
@@ -285,6 +339,21 @@ Amounts = Annotated[dict[str, int], _AMOUNTS]
 PoolName = Annotated[str, _declare(pattern=POOL_NAME_PATTERN)]
 Subject = Annotated[str, _declare(pattern=SUBJECT_PATTERN)]
 Description = Annotated[str, _DESCRIPTION]
+_LABELS = _declare(
+    max_properties=MAX_KEYS,
+    property_names={"pattern": LABEL_KEY_PATTERN},
+    additional_properties={"type": "string", "pattern": LABEL_VALUE_PATTERN},
+)
+Labels = Annotated[dict[str, str], _LABELS]
+NodeName = Annotated[str, _declare(pattern=NODE_NAME_PATTERN)]
+_DEVICES = _declare(
+    max_properties=MAX_KEYS,
+    property_names={"pattern": KEY_PATTERN},
+    additional_properties={
+        "type": "array",
+        "items": {"type": "string", "minLength": 1, "maxLength": MAX_DEVICE_ID},
+    },
+)
 _MEMORY = MEMORY_PATTERN
 
 
@@ -301,6 +370,7 @@ class PoolCreate(_Body):
     # null turns the starvation guard off (docs/scheduling.md)
     starvation_seconds: StarvationSeconds | None = 300
     ordering: Ordering = "fifo"
+    placement: PlacementMode = "pack"
 
 
 class PoolUpdate(_Body):
@@ -312,6 +382,7 @@ class PoolUpdate(_Body):
     preemption_grace_seconds: GraceSeconds | UnsetType = UNSET
     starvation_seconds: StarvationSeconds | None | UnsetType = UNSET  # null: guard off
     ordering: Ordering | UnsetType = UNSET
+    placement: PlacementMode | UnsetType = UNSET
 
 
 class PolicyCreate(_Body):
@@ -348,6 +419,9 @@ class ResourceSettings(_Body):
     ] = UNSET
     memory: Annotated[str | UnsetType, _declare(pattern=_MEMORY)] = UNSET
     pool_resources: Annotated[dict[str, int] | UnsetType, _AMOUNTS] = UNSET
+    # node_selector["gpu-type"] / ["gpu-class"] (docs/placement.md)
+    gpu_type: Annotated[str | UnsetType, _declare(pattern=LABEL_VALUE_PATTERN)] = UNSET
+    gpu_class: Annotated[str | UnsetType, _declare(pattern=LABEL_VALUE_PATTERN)] = UNSET
 
     def __post_init__(self) -> None:
         for name in self.__struct_fields__:  # a caller's None means "not set"
@@ -408,6 +482,8 @@ class RequestCreate(_Body):
             additional_properties={"type": "string", "maxLength": 1024, "pattern": _NO_NUL},
         ),
     ] = None
+    # Labels its node must carry, all of them (docs/placement.md); "node" is the node's name.
+    node_selector: Annotated[dict[str, str] | None, _LABELS] = None
 
 
 class RequestBatchCreate(_Body):
@@ -417,9 +493,36 @@ class RequestBatchCreate(_Body):
     # A gang (docs/scheduling.md): one subject, pool, preemptible and max_retries; granted all
     # or none.
     all_or_nothing: bool = False
+    # A gang with every member on a different node (docs/placement.md); needs all_or_nothing.
+    distinct_nodes: bool = False
 
 
 class RequestBatch(msgspec.Struct, kw_only=True):
     """The answer of a batch create: the members' requests, in member order."""
 
     items: list[Request]
+
+
+class NodeCreate(_Body):
+    """``POST /v1/nodes`` (docs/placement.md). A key listed in ``devices`` has as many units as
+    ids (``capacity`` may leave it out, or must agree)."""
+
+    name: NodeName
+    pool: Annotated[str | None, _declare(pattern=_NO_NUL)] = None
+    labels: Labels = {}
+    capacity: Amounts = {}
+    devices: Annotated[dict[str, list[str]], _DEVICES] = {}
+    state: NodeState = "active"
+
+
+class NodeUpdate(_Body):
+    """``PATCH /v1/nodes/{name}``: absent fields stay. ``labels`` merge (a null value removes
+    the label); ``capacity`` merges (0 removes a key); ``devices`` replace the list of each key
+    given (null: the key's units become anonymous); ``pool`` moves the node (null: out of any
+    pool; refused while it holds allocations unless ``?force=true``)."""
+
+    pool: Annotated[str | None | UnsetType, _declare(pattern=_NO_NUL)] = UNSET
+    labels: Annotated[dict[str, str | None] | UnsetType, _LABELS] = UNSET
+    capacity: Annotated[dict[str, int] | UnsetType, _AMOUNTS] = UNSET
+    devices: Annotated[dict[str, list[str] | None] | UnsetType, _DEVICES] = UNSET
+    state: NodeState | UnsetType = UNSET
