@@ -8,14 +8,6 @@
 
 -- --- validation (pure) -------------------------------------------------------------------------
 
-CREATE OR REPLACE FUNCTION respool._label_key_pattern()
-RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT '^[a-z0-9][a-z0-9._/-]{0,62}$' $$;
-COMMENT ON FUNCTION respool._label_key_pattern() IS 'The regular expression of a node label key.';
-
-CREATE OR REPLACE FUNCTION respool._max_label_value()
-RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 63 $$;
-COMMENT ON FUNCTION respool._max_label_value() IS 'The longest node label value, in characters.';
-
 CREATE OR REPLACE FUNCTION respool._max_device_id()
 RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 128 $$;
 COMMENT ON FUNCTION respool._max_device_id() IS 'The longest device id, in characters (a GPU UUID or a MIG id fits).';
@@ -62,9 +54,9 @@ BEGIN
         IF jsonb_typeof(v) <> 'string' THEN
             PERFORM respool._fail('RP400', 'labels.' || k, format('labels.%s must be a string', k));
         END IF;
-        IF length(v #>> '{}') > respool._max_label_value() OR (v #>> '{}') ~ '[\x01-\x1f\x7f]' THEN
+        IF (v #>> '{}') !~ respool._label_value_pattern() THEN
             PERFORM respool._fail('RP400', 'labels.' || k, format(
-                'labels.%s must be at most %s printable characters', k, respool._max_label_value()));
+                'labels.%s must be at most 63 printable characters', k));
         END IF;
     END LOOP;
     RETURN p_labels;
