@@ -560,6 +560,7 @@ DECLARE
     v_node respool.nodes;
     v_target record;
     v_held integer;
+    v_reason text := 'node_removed';
     k text;
     v jsonb;
 BEGIN
@@ -602,7 +603,7 @@ BEGIN
                     'node %s holds %s allocations in pool %s; move it with force to preempt them',
                     v_node.name, v_held, (SELECT name FROM respool.pools WHERE id = v_node.pool_id)));
             END IF;
-            PERFORM respool._node_evict_all(v_node.id, 'node_removed', format(
+            PERFORM respool._node_evict_all(v_node.id, v_reason, format(
                 'node %s was moved out of pool %s', v_node.name,
                 (SELECT name FROM respool.pools WHERE id = v_node.pool_id)), p_now);
         END IF;
@@ -630,12 +631,13 @@ DECLARE
     v_node respool.nodes := respool._lock_node(p_name, NULL);
     v_held integer := respool._node_holders(v_node.id);
     v_pool text := (SELECT name FROM respool.pools WHERE id = v_node.pool_id);
+    v_reason text := 'node_removed';
 BEGIN
     IF v_held > 0 AND NOT coalesce(p_force, false) THEN
         PERFORM respool._fail('RP409', 'force', format(
             'node %s holds %s allocations in pool %s; delete with force to preempt them', v_node.name, v_held, v_pool));
     END IF;
-    PERFORM respool._node_evict_all(v_node.id, 'node_removed',
+    PERFORM respool._node_evict_all(v_node.id, v_reason,
                                     format('node %s was removed from pool %s', v_node.name, v_pool), p_now);
     DELETE FROM respool.nodes WHERE id = v_node.id;
     PERFORM respool._settle_node_pools(ARRAY[v_node.pool_id], p_now);
