@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["amounts", "labels", "split_amount", "split_pair"]
+__all__ = ["NODE_LABEL", "amounts", "labels", "selector", "split_amount", "split_pair"]
+
+# The built-in label every node carries: its name (docs/placement.md).
+NODE_LABEL = "node"
 
 
 def split_pair(text: str) -> tuple[str, str]:
@@ -38,3 +41,21 @@ def amounts(pairs: Iterable[str]) -> dict[str, int]:
 def labels(pairs: Iterable[str]) -> dict[str, str]:
     """``["run=nightly", "step=train"]`` → ``{"run": "nightly", "step": "train"}``."""
     return dict(split_pair(pair) for pair in pairs)
+
+
+def selector(pairs: Iterable[str], node: str | None = None) -> dict[str, str]:
+    """A node selector (docs/placement.md): ``["gpu-type=A100-80G"]`` →
+    ``{"gpu-type": "A100-80G"}``; ``node`` (``--node NAME``) is the pair ``node=NAME``. Every
+    pair must match the node's labels, so one label asked with two values is refused, as is
+    ``--node`` with another ``node=`` pair. Whether a label key is valid is the server's to say."""
+    out: dict[str, str] = {}
+    given = [split_pair(pair) for pair in pairs]
+    if node is not None:
+        given.append((NODE_LABEL, node.strip()))
+    for key, value in given:
+        if key in out and out[key] != value:
+            raise ValueError(
+                f"{key}: asked for {out[key]!r} and {value!r}; a node has one value per label"
+            )
+        out[key] = value
+    return out
