@@ -8,9 +8,19 @@ server's to say, with the field it names.
 
 from __future__ import annotations
 
+import re
+import socket
 from collections.abc import Iterable
 
-__all__ = ["NODE_LABEL", "amounts", "labels", "selector", "split_amount", "split_pair"]
+__all__ = [
+    "NODE_LABEL",
+    "amounts",
+    "host_node_name",
+    "labels",
+    "selector",
+    "split_amount",
+    "split_pair",
+]
 
 # The built-in label every node carries: its name (docs/placement.md).
 NODE_LABEL = "node"
@@ -59,3 +69,18 @@ def selector(pairs: Iterable[str], node: str | None = None) -> dict[str, str]:
             )
         out[key] = value
     return out
+
+
+_NOT_NAME = re.compile(r"[^a-z0-9._-]+")
+
+
+def host_node_name(hostname: str | None = None) -> str:
+    """The node name of a machine (``respool node register`` and ``respool run --here`` agree on
+    it): its hostname (default: this machine's) in lower case, every run of characters outside
+    ``[a-z0-9._-]`` turned into ``-``, leading ``.``/``_``/``-`` dropped, at most 63 characters
+    (the node-name pattern). ``GPU-Box_01.Lab`` → ``gpu-box_01.lab``."""
+    raw = socket.gethostname() if hostname is None else hostname
+    name = _NOT_NAME.sub("-", raw.strip().lower()).lstrip("._-")[:63]
+    if not name:
+        raise ValueError(f"hostname {raw!r} gives no node name; pass one")
+    return name
