@@ -1,8 +1,12 @@
 -- Applying a manifest in one transaction (app/db/apply.py).
 
 -- apply_pools_to_lock --
--- Ids of the existing pools an apply may touch: those named in $1, or all when $2 (prune).
-SELECT id FROM respool.pools WHERE $2 OR name = ANY ($1::text[]) ORDER BY id;
+-- Ids of the existing pools an apply may touch: those named in $1, those the nodes named in $3
+-- are in now, or all when $2 (prune).
+SELECT id FROM respool.pools
+ WHERE $2 OR name = ANY ($1::text[])
+    OR id IN (SELECT pool_id FROM respool.nodes WHERE name = ANY ($3::text[]))
+ ORDER BY id;
 
 -- lock_pools --
 -- Lock these pools in id order until the transaction ends.
@@ -35,3 +39,19 @@ SELECT pool, subject, key, used, "limit", 'limit'
   FROM respool.policy_usage
  WHERE pool = ANY ($1::text[]) AND "limit" IS NOT NULL AND used > "limit"
  ORDER BY pool, subject NULLS FIRST, key;
+
+-- apply_list_nodes --
+-- Every node as the wire Node, by name (sql/functions/052_nodes.sql).
+SELECT respool.list_nodes();
+
+-- apply_create_node --
+-- Create a node from a manifest's node ($1: name, pool, labels, capacity, devices, state).
+SELECT respool.create_node(p_body => $1::jsonb);
+
+-- apply_update_node --
+-- Update node $1 with the merge body $2; $3 (force) lets a move out of its pool preempt.
+SELECT respool.update_node(p_name => $1, p_body => $2::jsonb, p_force => $3);
+
+-- apply_delete_node --
+-- Delete node $1; $2 (force) preempts what it holds instead of refusing.
+SELECT respool.delete_node(p_name => $1, p_force => $2);
