@@ -12,8 +12,7 @@ changes.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable
 from uuid import UUID
 
 import asyncpg
@@ -26,37 +25,13 @@ from respool_client.manifest import (
     Plan,
     current_manifest,
 )
-from respool_client.wire import Node
 
-from app.db import policies, pools, reconcile
-from app.db.errors import EngineError, engine_errors
-from app.db.executor import _as
+from app.db import nodes, policies, pools, reconcile
+from app.db.errors import EngineError
 from app.db.named import query
 from app.manifest import changed, merge_map, new_text, new_value, node_patch, plan_changes
 
 __all__ = ["apply_manifest"]
-
-
-@engine_errors
-async def _list_nodes(conn: asyncpg.Connection) -> list[Node]:
-    return _as(list[Node], await conn.fetchval(query("apply_list_nodes")))
-
-
-@engine_errors
-async def _create_node(conn: asyncpg.Connection, body: Mapping[str, Any]) -> None:
-    await conn.fetchval(query("apply_create_node"), dict(body))
-
-
-@engine_errors
-async def _update_node(
-    conn: asyncpg.Connection, name: str, body: Mapping[str, Any], force: bool
-) -> None:
-    await conn.fetchval(query("apply_update_node"), name, dict(body), force)
-
-
-@engine_errors
-async def _delete_node(conn: asyncpg.Connection, name: str, force: bool) -> None:
-    await conn.execute(query("apply_delete_node"), name, force)
 
 
 class _Runner:
@@ -71,7 +46,7 @@ class _Runner:
     ) -> None:
         self.conn = conn
         self.specs = {p.name: p for p in manifest.pools}
-        self.nodes = {n.name: n for n in manifest.nodes or []}
+        self.node_specs = {n.name: n for n in manifest.nodes or []}
         self.policy_ids = policy_ids
         self.force = force
 
@@ -140,13 +115,13 @@ class _Runner:
         return c.node
 
     async def _delete_node(self, c: Change) -> None:
-        await _delete_node(self.conn, self._node(c), self.force)
+        await nodes.delete_node(self.conn, self._node(c), force=self.force)
 
     async def _update_node(self, c: Change) -> None:
-        await _update_node(self.conn, self._node(c), node_patch(c.fields), self.force)
+        await nodes.update_node(self.conn, self._node(c), node_patch(c.fields), force=self.force)
 
     async def _create_node(self, c: Change) -> None:
-        await _create_node(self.conn, msgspec.to_builtins(self.nodes[self._node(c)]))
+        await nodes.create_node(self.conn, msgspec.to_builtins(self.node_specs[self._node(c)]))
 
     async def _update_policy(self, c: Change) -> None:
         reserved = merge_map(c.fields, "reserved", only="raised")
@@ -248,7 +223,7 @@ async def apply_manifest(
         after_event = int(await conn.fetchval(query("last_event_id")))
         have_pools = await pools.list_pools(conn)
         have_policies = await policies.list_policies(conn)
-        have_nodes = await _list_nodes(conn) if manifest.nodes is not None else []
+        have_nodes = await nodes.list_nodes(conn) if manifest.nodes is not None else []
         current = current_manifest(have_pools, have_policies, have_nodes)
         changes = plan_changes(current, manifest, prune=prune)
         ids = {f"{p.pool}/{p.subject}": p.id for p in have_policies}

@@ -40,18 +40,3 @@ SELECT pool, subject, key, used, "limit", 'limit'
  WHERE pool = ANY ($1::text[]) AND "limit" IS NOT NULL AND used > "limit"
  ORDER BY pool, subject NULLS FIRST, key;
 
--- apply_list_nodes --
--- Every node as the wire Node, by name (sql/functions/052_nodes.sql).
-SELECT respool.list_nodes();
-
--- apply_create_node --
--- Create a node from a manifest's node ($1: name, pool, labels, capacity, devices, state).
-SELECT respool.create_node(p_body => $1::jsonb);
-
--- apply_update_node --
--- Update node $1 with the merge body $2; $3 (force) lets a move out of its pool preempt.
-SELECT respool.update_node(p_name => $1, p_body => $2::jsonb, p_force => $3);
-
--- apply_delete_node --
--- Delete node $1; $2 (force) preempts what it holds instead of refusing.
-SELECT respool.delete_node(p_name => $1, p_force => $2);
