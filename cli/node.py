@@ -352,7 +352,7 @@ def _label_changes(
             )
         if key == POOL_LABEL:
             pool = (value,)
-        else:
+        elif old != value:
             labels[key] = value
     return labels, pool
 

@@ -325,7 +325,7 @@ async def test_export_writes_nodes_and_applies_back_to_nothing(cli: Cli, tmp_pat
     # no node at all: export leaves `nodes:` out, and so the file leaves nodes alone
     await cli.ok("apply", "-f", "-", "--prune", "--yes", input="pools: []\nnodes: []\n")
     assert await cli.json("node", "list") == []
-    assert "nodes" not in (await cli.ok("export")).stdout
+    assert "\nnodes:" not in (await cli.ok("export")).stdout
 
 
 async def test_dry_run_plans_node_changes(cli: Cli, tmp_path: Path) -> None:

@@ -8,6 +8,11 @@ from support.cli import Cli, failed
 GPUS_8 = "gpu=0,1,2,3,4,5,6,7"
 
 
+def _row(table: str, first: str) -> list[str]:
+    """The cells of the table row whose first cell is ``first``."""
+    return next(cells for line in table.splitlines() if (cells := line.split())[:1] == [first])
+
+
 async def _boxes(cli: Cli) -> None:
     """Pool boxes backed by gpu-01 (8 named GPUs, A100) and gpu-02 (4 anonymous, H100), a
     policy for orchestrator:prod, and an abstract pool flat."""
@@ -38,10 +43,8 @@ async def test_add_list_describe(cli: Cli) -> None:
     table = (await cli.ok("node", "list")).stdout
     header = table.splitlines()[0].split()
     assert header == ["NAME", "POOL", "STATE", "GPU", "TPU", "MCPU", "LABELS"]
-    row = next(line for line in table.splitlines() if line.startswith("gpu-01")).split()
-    assert row == ["gpu-01", "boxes", "active", "0/8", "-", "0/64000", "gpu-type=A100-80G"]
-    loose = next(line for line in table.splitlines() if line.startswith("loose")).split()
-    assert loose == ["loose", "-", "active", "-", "0/1", "-", "-"]
+    assert _row(table, "gpu-01") == ["gpu-01", "boxes", "active", "0/8", "-", "0/64000", "gpu-type=A100-80G"]
+    assert _row(table, "loose") == ["loose", "-", "active", "-", "0/1", "-", "-"]
 
     assert [n["name"] for n in await cli.json("node", "list", "--pool", "boxes")] == ["gpu-01"]
     described = await cli.json("node", "describe", "gpu-01")
@@ -119,9 +122,7 @@ async def test_pool_views_show_nodes(cli: Cli) -> None:
     assert pools["boxes"]["capacity"]["gpu"] == 12
     table = (await cli.ok("pool", "list")).stdout
     assert table.splitlines()[0].split()[:6] == ["NAME", "ID", "USED", "/", "TOTAL", "NODES"]
-    boxes = next(line for line in table.splitlines() if line.startswith("boxes"))
-    flat = next(line for line in table.splitlines() if line.startswith("flat"))
-    assert " 2 " in boxes and " - " in flat
+    assert _row(table, "boxes")[5] == "2" and _row(table, "flat")[5] == "-"
 
     described = await cli.json("pool", "describe", "boxes")
     assert [n["name"] for n in described["nodes"]] == ["gpu-01", "gpu-02"]
