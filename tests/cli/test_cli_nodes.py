@@ -43,7 +43,15 @@ async def test_add_list_describe(cli: Cli) -> None:
     table = (await cli.ok("node", "list")).stdout
     header = table.splitlines()[0].split()
     assert header == ["NAME", "POOL", "STATE", "GPU", "TPU", "MCPU", "LABELS"]
-    assert _row(table, "gpu-01") == ["gpu-01", "boxes", "active", "0/8", "-", "0/64000", "gpu-type=A100-80G"]
+    assert _row(table, "gpu-01") == [
+        "gpu-01",
+        "boxes",
+        "active",
+        "0/8",
+        "-",
+        "0/64000",
+        "gpu-type=A100-80G",
+    ]
     assert _row(table, "loose") == ["loose", "-", "active", "-", "0/1", "-", "-"]
 
     assert [n["name"] for n in await cli.json("node", "list", "--pool", "boxes")] == ["gpu-01"]
