@@ -221,8 +221,9 @@ def register(
         bool,
         typer.Option(
             "--detect",
-            help="Find GPUs with nvidia-smi (ids: GPU indices, or MIG UUIDs; a gpu-type label)"
-            " and mcpu, memory_mb from the OS.",
+            help="Find GPUs with nvidia-smi and mcpu, memory_mb from the OS. The gpu device ids"
+            " are the GPU indices (what CUDA_VISIBLE_DEVICES takes), or on a MIG machine the MIG"
+            " UUIDs (a MIG instance has no index); a gpu-type label from the product name.",
         ),
     ] = False,
     capacity: Capacity = None,
