@@ -78,6 +78,15 @@ def _os_units() -> tuple[int, int]:
     return cpus * 1000, kib * 1024 // 1_000_000
 
 
+def test_the_node_name_of_a_host() -> None:
+    """Lower case; other characters made '-'; no leading '.', '_' or '-'; 63 characters."""
+    assert host_node_name("GPU-Box_07.Lab") == "gpu-box_07.lab"
+    assert host_node_name("My Workstation (2)") == "my-workstation-2-"
+    assert host_node_name("-x" + "a" * 80) == "x" + "a" * 62
+    with pytest.raises(ValueError, match="no node name"):
+        host_node_name("...")
+
+
 def test_gpu_type_is_the_product_name_without_the_vendor() -> None:
     assert gpu_type("NVIDIA A100-SXM4-80GB") == "A100-SXM4-80GB"
     assert gpu_type("NVIDIA H100 80GB HBM3") == "H100-80GB-HBM3"
