@@ -10,12 +10,14 @@ from typing import Any
 
 import asyncpg
 import pytest
-from engine_support import assert_healthy, events, get, mk_policy, mk_pool, mk_req
+from engine_support import assert_healthy, events, get, mk_policy, mk_pool, mk_req, reconcile
 
+from app.db import batch as db_batch
 from app.db import nodes as db_nodes
 from app.db import pools as db_pools
 from app.db.errors import BadInput, Conflict, NotFound
 from support.db import direct
+from support.wait import wait_until
 
 
 async def node_pool(conn: asyncpg.Connection, name: str = "gpus", **kw: Any) -> None:
@@ -299,7 +301,16 @@ async def test_two_nodes_join_one_pool_at_once(conn: asyncpg.Connection, db_url:
         second = asyncio.ensure_future(
             db_nodes.create_node(other, {"name": "b", "pool": "gpus", "capacity": {"gpu": 8}})
         )
-        await asyncio.sleep(0.2)  # let it reach the pool lock (the outcome does not depend on it)
+        other_pid = other.get_server_pid()
+
+        async def second_waits_for_the_pool() -> bool:
+            return bool(
+                await conn.fetchval(
+                    "SELECT EXISTS (SELECT FROM pg_locks WHERE pid = $1 AND NOT granted)", other_pid
+                )
+            )
+
+        await wait_until(second_waits_for_the_pool, "the second join to wait for the pool lock")
         await tx.commit()
         await second
     assert await capacity(conn) == {"gpu": 16}
@@ -411,4 +422,103 @@ async def test_growth_grants_what_now_fits(conn: asyncpg.Connection) -> None:
     assert (held.status, waiting.status) == ("allocated", "queued")
     await db_nodes.update_node(conn, "a", {"devices": {"gpu": ["0", "1", "2", "3"]}})
     assert (await get(conn, waiting.id)).status == "allocated"
+    await assert_healthy(conn)
+
+
+async def test_drain_lets_the_reconciler_preempt_preemptible_holders(
+    conn: asyncpg.Connection,
+) -> None:
+    await mk_pool(conn, "gpus", {})
+    await mk_policy(conn, "S", "gpus", reserved={"gpu": 0})
+    await eight_gpus(conn, "a")
+    await mk_policy(conn, "NP", "gpus", reserved={"gpu": 1})
+    soft = await mk_req(conn, "S", "gpus", resources={"gpu": 2})
+    firm = await mk_req(conn, "NP", "gpus", resources={"gpu": 1}, preemptible=False)
+    drained = await db_nodes.set_node_state(conn, "a", "draining")
+    assert drained.state == "draining" and len(drained.allocations) == 2  # nothing at once
+    await reconcile(conn, "gpus")
+    lost = await get(conn, soft.id)
+    assert (lost.status, lost.reason) == ("preempted", "node_drain")
+    assert (await get(conn, firm.id)).status == "allocated"  # finishes on its own
+    await assert_healthy(conn)
+
+
+async def test_anonymous_shrink_is_left_to_the_reconciler(conn: asyncpg.Connection) -> None:
+    await node_pool(conn)
+    await db_nodes.create_node(conn, {"name": "a", "pool": "gpus", "capacity": {"gpu": 8}})
+    big = await mk_req(conn, "S", "gpus", resources={"gpu": 4})
+    small = await mk_req(conn, "S", "gpus", resources={"gpu": 2})
+    node = await db_nodes.update_node(conn, "a", {"capacity": {"gpu": 4}})
+    assert node.capacity == {"gpu": 4} and node.usage == {"gpu": 6}  # nobody preempted yet
+    assert await capacity(conn) == {"gpu": 4}
+    await reconcile(conn, "gpus")
+    assert [r.status for r in (await get(conn, big.id), await get(conn, small.id))] == [
+        "allocated",
+        "preempted",
+    ]  # the minimal set: the 2-GPU holder is enough
+    assert (await db_nodes.get_node(conn, "a")).usage == {"gpu": 4}
+    await assert_healthy(conn)
+
+
+async def test_removed_key_preempts_its_holders_and_a_soft_key_only_stops_counting(
+    conn: asyncpg.Connection,
+) -> None:
+    await node_pool(conn)
+    await db_nodes.create_node(
+        conn, {"name": "a", "pool": "gpus", "capacity": {"gpu": 4, "tpu": 2, "mcpu": 8000}}
+    )
+    tpu = await mk_req(conn, "S", "gpus", resources={"tpu": 1, "mcpu": 1000})
+    gpu = await mk_req(conn, "S", "gpus", resources={"gpu": 1, "mcpu": 1000})
+    node = await db_nodes.update_node(conn, "a", {"capacity": {"tpu": 0, "mcpu": 0}})
+    assert node.capacity == {"gpu": 4} and node.usage == {"gpu": 1}
+    lost = await get(conn, tpu.id)
+    assert (lost.status, lost.reason) == ("preempted", "capacity_shrink")
+    assert "tpu" in lost.message
+    assert (await get(conn, gpu.id)).status == "allocated"  # mcpu is untracked now, not gone
+    assert [a.resources for a in node.allocations] == [{"gpu": 1}]
+    node = await db_nodes.update_node(conn, "a", {"capacity": {"mcpu": 4000}})
+    assert node.usage == {"gpu": 1, "mcpu": 1000}  # tracked again: its holder is charged
+    await assert_healthy(conn)
+
+
+async def test_naming_devices_gives_holders_the_first_ids(conn: asyncpg.Connection) -> None:
+    await node_pool(conn)
+    await db_nodes.create_node(conn, {"name": "a", "pool": "gpus", "capacity": {"gpu": 4}})
+    r = await mk_req(conn, "S", "gpus", resources={"gpu": 2})
+    node = await db_nodes.update_node(conn, "a", {"devices": {"gpu": ["a", "b", "c", "d"]}})
+    assert node.allocations[0].devices == {"gpu": ["a", "b"]}
+    nxt = await mk_req(conn, "S", "gpus", resources={"gpu": 2})
+    assert nxt.placement is not None and nxt.placement.devices == {"gpu": ["c", "d"]}
+    assert (await get(conn, r.id)).status == "allocated"
+    await assert_healthy(conn)
+
+
+async def test_queued_request_that_no_node_can_hold_any_more_is_rejected(
+    conn: asyncpg.Connection,
+) -> None:
+    await node_pool(conn)
+    await eight_gpus(conn, "a", state="cordoned", labels={"gpu-type": "H100"})
+    await eight_gpus(conn, "b")
+    r = await mk_req(conn, "S", "gpus", resources={"gpu": 1}, node_selector={"gpu-type": "H100"})
+    assert r.status == "queued"  # its only node is cordoned: it waits
+    await db_nodes.delete_node(conn, "a")
+    gone = await get(conn, r.id)
+    assert (gone.status, gone.reason) == ("rejected", "no_fitting_node")
+
+
+async def test_forced_removal_takes_the_whole_gang(conn: asyncpg.Connection) -> None:
+    await node_pool(conn)
+    await eight_gpus(conn, "a")
+    await eight_gpus(conn, "b")
+    made = await db_batch.create_requests(
+        conn,
+        [{"subject": "S", "pool": "gpus", "resources": {"gpu": 4}} for _ in range(2)],
+        all_or_nothing=True,
+        distinct_nodes=True,
+    )
+    members = [m.request for m in made]
+    assert sorted(m.placement.node for m in members if m.placement) == ["a", "b"]
+    await db_nodes.delete_node(conn, "a", force=True)
+    assert {(await get(conn, m.id)).status for m in members} == {"preempted"}
+    assert (await db_nodes.get_node(conn, "b")).allocations == []
     await assert_healthy(conn)
