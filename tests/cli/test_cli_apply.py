@@ -421,3 +421,15 @@ async def test_apply_node_errors(cli: Cli, tmp_path: Path) -> None:
     err = failed(await cli.api("apply", "-f", "-", input=mismatch))
     assert err.startswith("node a:") and "devices.gpu" in err
     assert await cli.json("node", "list") == []
+
+
+async def test_an_abstract_pool_becomes_a_pool_of_nodes(cli: Cli, tmp_path: Path) -> None:
+    """The file drops the pool's own capacity and lists a node in it: the hand-set capacity is
+    cleared before the node joins, and the pool's capacity becomes the node's."""
+    await cli.ok("apply", "-f", _write(tmp_path, "pools:\n  - name: p\n    capacity: {gpu: 8}\n"))
+    nodes = "pools:\n  - name: p\nnodes:\n  - name: n1\n    pool: p\n    capacity: {gpu: 4}\n"
+    plan = await cli.json("apply", "-f", _write(tmp_path, nodes, "nodes.yaml"))
+    assert _summary(plan) == [("update", "pool", "p"), ("create", "node", "p")]
+    pool = (await cli.json("pool", "describe", "p"))["pool"]
+    assert (pool["capacity"], pool["nodes"]) == ({"gpu": 4}, 1)
+    assert (await cli.json("apply", "-f", _write(tmp_path, nodes, "nodes.yaml")))["changes"] == []
