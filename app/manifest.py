@@ -1,4 +1,4 @@
-"""The diff of a manifest (``respool apply``) against the current pools and policies.
+"""The diff of a manifest (``respool apply``) against the current pools, policies and nodes.
 
 The manifest's types are the client distribution's (:mod:`respool_client.manifest`).
 :func:`plan_changes` is pure: it compares the current state with the manifest and returns the
@@ -11,9 +11,24 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal
 
 import msgspec
-from respool_client.manifest import Change, FieldChange, Manifest, PolicySpec, PoolSpec
+from respool_client.manifest import (
+    Change,
+    FieldChange,
+    Manifest,
+    NodeSpec,
+    PolicySpec,
+    PoolSpec,
+    node_capacity,
+)
 
-__all__ = ["changed", "merge_map", "new_text", "new_value", "plan_changes"]
+__all__ = [
+    "changed",
+    "merge_map",
+    "node_patch",
+    "new_text",
+    "new_value",
+    "plan_changes",
+]
 
 
 def _map_changes(name: str, old: Mapping[str, int], new: Mapping[str, int]) -> list[FieldChange]:
@@ -43,6 +58,7 @@ _POOL_SCALARS = (
     "preemption_grace_seconds",
     "starvation_seconds",
     "ordering",
+    "placement",
 )
 _POLICY_SCALARS = ("priority", "description")
 _EMPTY_POOL = PoolSpec(name="")
@@ -94,9 +110,79 @@ def _policy_changes(
     return changes
 
 
+def _text_map_changes(
+    name: str, old: Mapping[str, object], new: Mapping[str, object]
+) -> list[FieldChange]:
+    """Per-key changes of a map of labels or device lists (``None``: absent)."""
+    return [
+        FieldChange(f"{name}.{key}", old.get(key), new.get(key))
+        for key in sorted(set(old) | set(new))
+        if old.get(key) != new.get(key)
+    ]
+
+
+_EMPTY_NODE = NodeSpec(name="")
+
+
+def _node_fields(old: NodeSpec, new: NodeSpec) -> list[FieldChange]:
+    return (
+        _scalar_changes(old, new, ("pool", "state"))
+        + _text_map_changes("labels", old.labels, new.labels)
+        + _map_changes("capacity", node_capacity(old), node_capacity(new))
+        + _text_map_changes("devices", old.devices, new.devices)
+    )
+
+
+def _node_changes(current: Manifest, desired: Manifest, prune: bool) -> list[Change]:
+    """Node creations and updates in manifest order; with ``prune``, deletions of the nodes it
+    does not name. None when the manifest leaves nodes alone (``nodes`` null)."""
+    if desired.nodes is None:
+        return []
+    have = {n.name: n for n in current.nodes or []}
+    changes: list[Change] = []
+    for spec in desired.nodes:
+        old = have.get(spec.name)
+        pool = spec.pool or ""
+        if old is None:
+            fields = _node_fields(_EMPTY_NODE, spec)
+            changes.append(
+                Change(action="create", kind="node", pool=pool, node=spec.name, fields=fields)
+            )
+        elif fields := _node_fields(old, spec):
+            changes.append(
+                Change(action="update", kind="node", pool=pool, node=spec.name, fields=fields)
+            )
+    if prune:
+        wanted = {n.name for n in desired.nodes}
+        changes.extend(
+            Change(action="delete", kind="node", pool=n.pool or "", node=n.name)
+            for n in current.nodes or []
+            if n.name not in wanted
+        )
+    return changes
+
+
+def node_patch(fields: Iterable[FieldChange]) -> dict[str, object]:
+    """A node update's changes as an ``update_node`` body: ``pool``/``state`` as they are,
+    ``labels`` (null removes), ``capacity`` (0 removes) and ``devices`` (null: the key's units
+    become anonymous) as merges."""
+    body: dict[str, object] = {}
+    maps: dict[str, dict[str, object]] = {}
+    for f in fields:
+        head, _, key = f.field.partition(".")
+        if not key:
+            body[head] = f.new
+        elif head == "capacity":
+            maps.setdefault(head, {})[key] = 0 if f.new is None else f.new
+        else:
+            maps.setdefault(head, {})[key] = f.new
+    return body | maps
+
+
 def plan_changes(current: Manifest, desired: Manifest, *, prune: bool = False) -> list[Change]:
     """What turns ``current`` into ``desired``: pools in manifest order, each followed by its
-    policies; with ``prune``, deletions of pools and policies the manifest does not name."""
+    policies, then nodes; with ``prune``, deletions of pools, policies and (when the manifest
+    has ``nodes``) nodes the manifest does not name."""
     have = {p.name: p for p in current.pools}
     wanted = {p.name for p in desired.pools}
     changes: list[Change] = []
@@ -116,7 +202,7 @@ def plan_changes(current: Manifest, desired: Manifest, *, prune: bool = False) -
                 continue
             changes.extend(_policy_changes(old.name, old.policies, [], prune=True))
             changes.append(Change(action="delete", kind="pool", pool=old.name))
-    return changes
+    return changes + _node_changes(current, desired, prune)
 
 
 def merge_map(

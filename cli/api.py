@@ -37,6 +37,7 @@ class Api:
         # What the user calls the pools and policies this command has seen, by id: errors name
         # them so, never by id.
         self._names: dict[str, str] = {}
+        self.last_status: int | None = None  # of the last API error answer
 
     @overload
     def call(
@@ -75,11 +76,13 @@ class Api:
         """``method path`` with a JSON ``body``; the answer decoded as ``kind`` (None: ignored).
 
         One try: a person at a terminal would rather hear at once that the API is away."""
+        self.last_status = None
         try:
             data = self._client.call(
                 method, path, params=params, body=body, http_timeout=timeout, retry_for=0
             )
         except ApiError as exc:
+            self.last_status = exc.status_code
             raise CliError(self._named(_error_text(exc))) from None
         except RespoolError as exc:
             raise CliError(self._unreachable(exc)) from None
@@ -91,6 +94,16 @@ class Api:
             raise CliError(f"unexpected answer from {self.url}{path}: {exc}") from None
         self._learn(result)
         return result
+
+    def find(self, path: str, kind: type[T]) -> T | None:
+        """``GET path`` decoded as ``kind``, or None when the API answers 404 (a node that is
+        not registered yet)."""
+        try:
+            return self.call("GET", path, kind)
+        except CliError:
+            if self.last_status == 404:
+                return None
+            raise
 
     def _unreachable(self, exc: RespoolError) -> str:
         cause = exc.__cause__

@@ -1,4 +1,4 @@
-"""``respool apply -f FILE`` and ``respool export``: pools and policies as a YAML file.
+"""``respool apply -f FILE`` and ``respool export``: pools, policies and nodes as a YAML file.
 
 The file format is :class:`respool_client.manifest.Manifest` (docs/cli.md). ``apply`` sends it to
 ``POST /v1/apply``, which plans and applies it in one transaction; ``--dry-run`` gets the same
@@ -15,8 +15,14 @@ from typing import Annotated, Any
 import msgspec
 import typer
 import yaml
-from respool_client.manifest import Manifest, Plan, current_manifest, duplicate_names
-from respool_client.wire import Policy, Pool
+from respool_client.manifest import (
+    Manifest,
+    Plan,
+    current_manifest,
+    duplicate_names,
+    duplicate_nodes,
+)
+from respool_client.wire import Node, Policy, Pool
 
 from cli.api import Api, connect_api
 from cli.common import CliError, confirm
@@ -64,11 +70,21 @@ def load_manifest(path: str) -> Manifest:
     dups = duplicate_names(manifest)
     if dups:
         raise CliError(f"{name}: named more than once: {', '.join(dups)}")
+    nodes = duplicate_nodes(manifest)
+    if nodes:
+        raise CliError(f"{name}: nodes named more than once: {', '.join(nodes)}")
     return manifest
 
 
 def _post(api: Api, manifest: Manifest, *, prune: bool, dry_run: bool, force: bool) -> Plan:
-    body = {"pools": manifest.pools, "prune": prune, "dry_run": dry_run, "force": force}
+    body: dict[str, Any] = {
+        "pools": manifest.pools,
+        "prune": prune,
+        "dry_run": dry_run,
+        "force": force,
+    }
+    if manifest.nodes is not None:  # left out: the file leaves nodes alone
+        body["nodes"] = manifest.nodes
     return api.call("POST", "/v1/apply", Plan, body=body, timeout=120)
 
 
@@ -80,8 +96,11 @@ def _confirm_deletions(plan: Plan, path: str) -> None:
     if path == "-":
         raise CliError("--prune would delete; with -f - (stdin is the file) confirm with --yes")
     print_parts(console(stderr=True), plan_lines(plan))
-    pools = sum(1 for c in deletions if c.kind == "pool")
-    confirm(f"Delete {pools} pools and {len(deletions) - pools} policies not in {path}?", yes=False)
+    n = {k: sum(1 for c in deletions if c.kind == k) for k in ("pool", "policy", "node")}
+    what = f"{n['pool']} pools and {n['policy']} policies"
+    if n["node"]:
+        what = f"{n['pool']} pools, {n['policy']} policies and {n['node']} nodes"
+    confirm(f"Delete {what} not in {path}?", yes=False)
 
 
 def apply(
@@ -95,23 +114,30 @@ def apply(
     prune: Annotated[
         bool,
         typer.Option(
-            "--prune", help="Delete pools and policies not in the file (asks unless --yes)."
+            "--prune",
+            help="Delete pools and policies not in the file, and nodes when the file has"
+            " `nodes:` (asks unless --yes).",
         ),
     ] = False,
     force: Annotated[
         bool,
-        typer.Option("--force", help="Let deletions cancel the requests of what they delete."),
+        typer.Option(
+            "--force",
+            help="Let deletions cancel the requests of what they delete, and a node's"
+            " deletion or move preempt what it holds.",
+        ),
     ] = False,
     yes: Yes = False,
     output: Output = OutputFormat.table,
     url: Url = DEFAULT_URL,
     token: Token = None,
 ) -> None:
-    """Make pools and policies match a file, in one transaction; idempotent.
+    """Make pools, policies and nodes match a file, in one transaction; idempotent.
 
-    Pools are matched by name and policies by (pool, subject); a field left out takes its
-    default. With --dry-run the real engine runs the change in a transaction that is rolled
-    back, and reports which requests would be granted, rejected or preempted.
+    Pools are matched by name, policies by (pool, subject) and nodes by name; a field left out
+    takes its default. A file without `nodes:` leaves nodes alone. With --dry-run the real
+    engine runs the change in a transaction that is rolled back, and reports which requests
+    would be granted, rejected or preempted.
 
     Example:
 
@@ -134,7 +160,7 @@ def export(
     url: Url = DEFAULT_URL,
     token: Token = None,
 ) -> None:
-    """Write every pool and policy in the format `respool apply` reads.
+    """Write every pool, policy and node in the format `respool apply` reads.
 
     Example:
 
@@ -144,9 +170,12 @@ def export(
     with connect_api(url, token) as api:
         pools = api.call("GET", "/v1/pools", list[Pool])
         policies = api.call("GET", "/v1/policies", list[Policy])
-    manifest = current_manifest(pools, policies)
+        nodes = api.call("GET", "/v1/nodes", list[Node])
+    doc = msgspec.to_builtins(current_manifest(pools, policies, nodes))
+    if not doc["nodes"]:
+        del doc["nodes"]  # no node: a file that leaves nodes alone
     if output is ExportFormat.json:
-        typer.echo(to_json(manifest))
+        typer.echo(to_json(doc))
     else:
-        typer.echo("# respool pools and policies: `respool apply -f FILE` restores them")
-        typer.echo(to_yaml(manifest), nl=False)
+        typer.echo("# respool pools, policies and nodes: `respool apply -f FILE` restores them")
+        typer.echo(to_yaml(doc), nl=False)

@@ -1,4 +1,4 @@
-"""``respool`` command: one Typer sub-app per noun (pool, request, token, db), plus apply,
+"""``respool`` command: one Typer sub-app per noun (pool, node, request, token, db), plus apply,
 export, serve and reconcile."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from importlib.metadata import version
 
 import typer
 
-from cli import db, pool, request, token
+from cli import db, node, pool, request, token
 from cli.apply import apply, export
 from cli.common import KNOWN_ERRORS, describe_error
 from cli.group import RespoolGroup
@@ -26,6 +26,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(pool.app, name="pool")
+app.add_typer(node.app, name="node")
 app.add_typer(request.app, name="request")
 app.command("apply")(apply)
 app.command("export")(export)

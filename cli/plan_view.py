@@ -21,14 +21,14 @@ _SIGN = {"create": ("+", "green"), "update": ("~", "yellow"), "delete": ("-", "r
 def _value(value: Any) -> str:
     if value is None:
         return "(none)"
-    if isinstance(value, str):
+    if isinstance(value, str | list | dict):
         return json.dumps(value)
     return str(value)
 
 
 def plan_summary(plan: Plan) -> str:
     if not plan.changes:
-        return "No changes: the pools and policies match the file."
+        return "No changes: the pools, policies and nodes match the file."
     n = {a: sum(1 for c in plan.changes if c.action == a) for a in _SIGN}
     if plan.dry_run:
         return f"Plan: {n['create']} to create, {n['update']} to update, {n['delete']} to delete."
@@ -38,6 +38,8 @@ def plan_summary(plan: Plan) -> str:
 def _change(c: Change) -> Text:
     sign, style = _SIGN[c.action]
     text = Text(f"{sign} {c.kind} {c.label}", style=f"bold {style}")
+    if c.kind == "node" and c.pool and not any(f.field == "pool" for f in c.fields):
+        text.append(f" (pool {c.pool})", style=style)
     for f in c.fields:
         if c.action == "create":
             text.append(f"\n      {f.field}: {_value(f.new)}")

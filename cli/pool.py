@@ -8,7 +8,16 @@ from typing import Annotated, Any
 
 import msgspec
 import typer
-from respool_client.wire import MAX_SECONDS, Ordering, Policy, Pool, Queueing, Request
+from respool_client.wire import (
+    MAX_SECONDS,
+    Node,
+    Ordering,
+    PlacementMode,
+    Policy,
+    Pool,
+    Queueing,
+    Request,
+)
 from rich.console import RenderableType
 from rich.text import Text
 
@@ -31,6 +40,8 @@ from cli.options import (
 )
 from cli.output import emit, note
 from cli.tables import (
+    nodes_table,
+    placed_table,
     policies_table,
     pool_header,
     pool_keys_table,
@@ -99,6 +110,15 @@ OrderingOpt = Annotated[
     ),
 ]
 
+PlacementOpt = Annotated[
+    PlacementMode | None,
+    typer.Option(
+        "--placement",
+        help="Pools with nodes: pack fills the busiest node that fits (keeps whole machines"
+        " free), spread the emptiest. Default pack.",
+    ),
+]
+
 
 def _pool_fields(
     description: str | None,
@@ -106,6 +126,7 @@ def _pool_fields(
     grace: int | None,
     starvation: str | None,
     ordering: Ordering | None,
+    placement: PlacementMode | None,
 ) -> dict[str, Any]:
     """The pool fields the user gave (create and update), as the API names them."""
     body = given(
@@ -113,6 +134,7 @@ def _pool_fields(
         queueing=queueing,
         preemption_grace_seconds=grace,
         ordering=ordering,
+        placement=placement,
     )
     if starvation is not None:  # off is sent as null: the guard is off (docs/scheduling.md)
         body["starvation_seconds"] = None if starvation == OFF else int(starvation)
@@ -120,12 +142,15 @@ def _pool_fields(
 
 
 class PoolDescription(msgspec.Struct, kw_only=True):
-    """``pool describe`` as data: the pool, its policies, its queue and its holders."""
+    """``pool describe`` as data: the pool, its policies, its queue and its holders, and the
+    nodes that back it (empty for a pool of abstract units; each holder's ``placement`` says
+    where it runs)."""
 
     pool: Pool
     policies: list[Policy]
     queue: list[Request]
     active: list[Request]
+    nodes: list[Node] = []
 
 
 def _pool_view(pool: Pool) -> list[RenderableType]:
@@ -135,6 +160,13 @@ def _pool_view(pool: Pool) -> list[RenderableType]:
 def _queue(api: Api, pool: str, limit: int) -> list[Request]:
     queued = list_requests(api, pool=pool, status="queued", limit=limit)
     return sorted(queued, key=lambda r: (r.queue_position or 0, r.created_at))
+
+
+def _nodes(api: Api, pool: Pool) -> list[Node]:
+    """The nodes of ``pool`` (none asked for when it has none)."""
+    if not pool.nodes:
+        return []
+    return api.call("GET", "/v1/nodes", list[Node], params={"pool": pool.name})
 
 
 def _active(api: Api, pool: str, limit: int) -> list[Request]:
@@ -154,18 +186,23 @@ def create(
     grace: Grace = None,
     starvation: Starvation = None,
     ordering: OrderingOpt = None,
+    placement: PlacementOpt = None,
     output: Output = OutputFormat.table,
     url: Url = DEFAULT_URL,
     token: Token = None,
 ) -> None:
     """Create a pool of capacity.
 
+    A pool meant for nodes is created without --capacity: its capacity is the sum of its
+    nodes' (`respool node add NAME --pool POOL ...`).
+
     Example:
 
         respool pool create training-gpus -c '{"gpu": 8, "step_run": 32}' -d "Shared GPUs"
+        respool pool create gpu-boxes --placement spread
     """
     body: dict[str, Any] = {"name": name, "capacity": capacity or {}}
-    body |= _pool_fields(description, queueing, grace, starvation, ordering)
+    body |= _pool_fields(description, queueing, grace, starvation, ordering, placement)
     with connect_api(url, token) as api:
         pool = api.call("POST", "/v1/pools", Pool, body=body)
     note(f"created pool {pool.name} ({pool.id})")
@@ -178,7 +215,7 @@ def list_(
     url: Url = DEFAULT_URL,
     token: Token = None,
 ) -> None:
-    """List pools: used vs total per key and the number of queued requests.
+    """List pools: used vs total per key, nodes and the number of queued requests.
 
     Example:
 
@@ -198,7 +235,8 @@ def describe(
     url: Url = DEFAULT_URL,
     token: Token = None,
 ) -> None:
-    """Show a pool: capacity and usage, its policies, its queue and what holds its units.
+    """Show a pool: capacity and usage, its policies, its queue and what holds its units;
+    for a pool with nodes, its nodes and the requests running on each.
 
     Example:
 
@@ -212,21 +250,27 @@ def describe(
             policies=api.call("GET", "/v1/policies", list[Policy], params={"pool": str(pool.id)}),
             queue=_queue(api, str(pool.id), limit),
             active=_active(api, str(pool.id), limit),
+            nodes=_nodes(api, pool),
         )
 
     def table() -> Iterable[RenderableType]:
         yield from _pool_view(pool)
         yield Text()
         yield policies_table(data.policies, title="Policies", show_pool=False)
+        if data.nodes:
+            yield Text()
+            yield nodes_table(data.nodes, show_pool=False, title=f"Nodes ({len(data.nodes)})")
         for title, found, view in (
             ("Queue", data.queue, "queued"),
             ("Holding", data.active, "active"),
         ):
             yield Text()
-            if found:
-                yield requests_table(found, view=view, title=f"{title} ({len(found)})")
-            else:
+            if not found:
                 yield Text(f"{title}: none", style="bold")
+            elif view == "active" and data.nodes:
+                yield placed_table(found, title=f"Running on its nodes ({len(found)})")
+            else:
+                yield requests_table(found, view=view, title=f"{title} ({len(found)})")
 
     emit(data, output, table)
 
@@ -240,6 +284,7 @@ def update(
     grace: Grace = None,
     starvation: Starvation = None,
     ordering: OrderingOpt = None,
+    placement: PlacementOpt = None,
     output: Output = OutputFormat.table,
     url: Url = DEFAULT_URL,
     token: Token = None,
@@ -255,11 +300,11 @@ def update(
         respool pool update training-gpus --starvation-seconds 600 --ordering fair
     """
     body: dict[str, Any] = {} if capacity is None else {"capacity": capacity}
-    body |= _pool_fields(description, queueing, grace, starvation, ordering)
+    body |= _pool_fields(description, queueing, grace, starvation, ordering, placement)
     if not body:
         raise typer.BadParameter(
             "nothing to update: give --capacity, --description, --queueing, --grace,"
-            " --starvation-seconds or --ordering"
+            " --starvation-seconds, --ordering or --placement"
         )
     with connect_api(url, token) as api:
         pool = api.call("PATCH", f"/v1/pools/{segment(ref)}", Pool, body=body)

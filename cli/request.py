@@ -36,9 +36,11 @@ from cli.request_options import (
     MaxRetries,
     MaxSeconds,
     Memory,
+    NodeChoice,
     NonPreemptible,
     PoolChoice,
     Resource,
+    Selector,
     Subject,
     Wait,
     request_body,
@@ -111,6 +113,8 @@ def create(
     lease: LeaseOption = None,
     idempotency_key: IdempotencyKey = None,
     max_seconds: MaxSeconds = None,
+    select: Selector = None,
+    node: NodeChoice = None,
     dry_run: DryRun = False,
     count: Count = 1,
     gang: Gang = False,
@@ -133,6 +137,7 @@ def create(
         respool request create -s orchestrator:dev --pool training-gpus -r tpu=1 --non-preemptible
         respool request create -s orchestrator:prod --gpu 8 --dry-run
         respool request create -s orchestrator:prod --gpu 2 --count 4 --gang
+        respool request create -s orchestrator:prod --gpu 4 --selector gpu-type=A100-80G
     """
     many = count > 1 or gang
     _check_combination(many=many, dry_run=dry_run, wait=wait)
@@ -149,6 +154,8 @@ def create(
         lease=lease,
         idempotency_key=idempotency_key,
         max_seconds=max_seconds,
+        select=select,
+        node=node,
     )
     if dry_run:
         _what_if(body, output, url, token)

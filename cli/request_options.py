@@ -10,6 +10,7 @@ from typing import Annotated, TypeVar
 import typer
 from msgspec import UNSET, UnsetType
 from respool_client.durations import parse_duration
+from respool_client.pairs import selector
 from respool_client.wire import MAX_BATCH, RequestCreate, ResourceSettings
 
 from cli.maps import parse_decimal, parse_labels, parse_pairs
@@ -29,9 +30,11 @@ __all__ = [
     "MaxRetries",
     "MaxSeconds",
     "Memory",
+    "NodeChoice",
     "NonPreemptible",
     "PoolChoice",
     "Resource",
+    "Selector",
     "Subject",
     "parse_lease",
     "request_body",
@@ -80,6 +83,19 @@ Resource = Annotated[
 ]
 Label = Annotated[
     list[str] | None, typer.Option("--label", help="KEY=VALUE label; repeat for more.")
+]
+Selector = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--selector",
+        metavar="KEY=VALUE",
+        help="Only a node with this label, e.g. gpu-type=A100-80G; repeat: all of them"
+        " (pools with nodes).",
+    ),
+]
+NodeChoice = Annotated[
+    str | None,
+    typer.Option("--node", help="Only this node (the selector node=NAME)."),
 ]
 NonPreemptible = Annotated[
     bool,
@@ -178,8 +194,11 @@ def request_body(
     lease: Lease | None = None,
     idempotency_key: str | None = None,
     max_seconds: int | None = None,
+    select: list[str] | None = None,
+    node: str | None = None,
 ) -> RequestCreate:
-    """The create body of these options (each parameter is the option of the same name)."""
+    """The create body of these options (each parameter is the option of the same name;
+    ``select`` is ``--selector``)."""
     settings = ResourceSettings(gpu_count=_set(gpu), cpu_count=_set(cpu), memory=_set(memory))
     return RequestCreate(
         subject=subject,
@@ -192,7 +211,15 @@ def request_body(
         lease_seconds=UNSET if lease is None else lease.seconds,  # left out: server default
         idempotency_key=idempotency_key,
         max_seconds=max_seconds,
+        node_selector=_selector(select or [], node) or None,
     )
+
+
+def _selector(pairs: list[str], node: str | None) -> dict[str, str]:
+    try:
+        return selector(pairs, node)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--selector") from None
 
 
 def _set(value: T | None) -> T | UnsetType:

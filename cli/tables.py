@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
 from respool_client.durations import format_duration
-from respool_client.wire import Eta, Event, Policy, Pool, Request
+from respool_client.wire import Eta, Event, Node, Policy, Pool, Request
 from rich import box
 from rich.console import Group, RenderableType
 from rich.table import Column, Table
@@ -14,8 +14,15 @@ from rich.text import Text
 
 __all__ = [
     "events_table",
+    "fmt_devices",
     "fmt_map",
     "fmt_time",
+    "node_allocations_table",
+    "node_devices_table",
+    "node_header",
+    "node_keys_table",
+    "nodes_table",
+    "placed_table",
     "policies_table",
     "pool_header",
     "pool_keys_table",
@@ -116,10 +123,135 @@ def table(*headers: str, title: str | None = None) -> Table:
 
 
 def pools_table(pools: Sequence[Pool]) -> Table:
-    out = table("NAME", "ID", "USED / TOTAL", "QUEUED", "QUEUEING", "DESCRIPTION")
+    """NODES: how many nodes back a pool; ``-`` for a pool of abstract units."""
+    out = table("NAME", "ID", "USED / TOTAL", "NODES", "QUEUED", "QUEUEING", "DESCRIPTION")
     for p in pools:
         out.add_row(
-            p.name, short(p.id), _usage_cell(p), str(p.queued), p.queueing, p.description or ""
+            p.name,
+            short(p.id),
+            _usage_cell(p),
+            str(p.nodes) if p.nodes else "-",
+            str(p.queued),
+            p.queueing,
+            p.description or "",
+        )
+    return out
+
+
+# --- nodes (docs/cli.md, "Nodes") ---------------------------------------------------------------
+
+
+def _key_order(keys: Iterable[str]) -> list[str]:
+    """Device-like keys first (gpu, then the custom ones), then the soft keys, each by name."""
+    return sorted(set(keys), key=lambda k: (k in SOFT_KEYS, k != "gpu", k))
+
+
+def _node_keys(node: Node) -> list[str]:
+    return _key_order(set(node.capacity) | {k for k, v in node.usage.items() if v})
+
+
+def _used_of(node: Node, key: str) -> str:
+    """``2/8`` on a node that tracks ``key``; ``-`` when it does not."""
+    if key not in node.capacity:
+        used = node.usage.get(key, 0)
+        return f"{used} (untracked)" if used else "-"
+    return f"{node.usage.get(key, 0)}/{node.capacity[key]}"
+
+
+def _state_text(state: str) -> Text:
+    return Text(state, style={"active": "green", "cordoned": "yellow"}.get(state, "red"))
+
+
+def nodes_table(
+    nodes: Sequence[Node], *, show_pool: bool = True, title: str | None = None
+) -> Table:
+    """NAME POOL STATE, one USED/TOTAL column per key any node has, LABELS."""
+    keys = _key_order(k for n in nodes for k in _node_keys(n))
+    headers = ["NAME", "POOL", "STATE", *(k.upper() for k in keys), "LABELS"]
+    if not show_pool:
+        headers.remove("POOL")
+    out = table(*headers, title=title)
+    for n in nodes:
+        cells: list[RenderableType] = [n.name, n.pool or "-", _state_text(n.state)]
+        if not show_pool:
+            del cells[1]
+        cells += [_used_of(n, k) for k in keys]
+        cells.append(fmt_labels(n.labels))
+        out.add_row(*cells)
+    return out
+
+
+def node_header(node: Node) -> Table:
+    return _fields(
+        [
+            ("Node", node.name),
+            ("ID", node.id),
+            ("Pool", node.pool or "- (in no pool)"),
+            ("State", _state_text(node.state)),
+            ("Labels", fmt_labels(node.labels)),
+            ("Created", fmt_time(node.created_at)),
+            ("Updated", fmt_time(node.updated_at)),
+        ]
+    )
+
+
+def node_keys_table(node: Node) -> Table:
+    out = table("KEY", "CAPACITY", "USED", "FREE", "USAGE", "DEVICES", title="Capacity")
+    for key in _node_keys(node):
+        used, total = node.usage.get(key, 0), node.capacity.get(key)
+        out.add_row(
+            key,
+            "untracked" if total is None else str(total),
+            str(used),
+            "-" if total is None else str(total - used),
+            usage_bar(used, total),
+            str(len(node.devices[key])) if key in node.devices else "anonymous",
+        )
+    return out
+
+
+def node_devices_table(node: Node) -> Table:
+    """Every named device in list order, and who holds it (``-``: free)."""
+    holders: dict[tuple[str, str], tuple[str, str]] = {}
+    for a in node.allocations:
+        for key, ids in a.devices.items():
+            for device in ids:
+                holders[(key, device)] = (short(a.request_id), a.subject)
+    out = table("KEY", "DEVICE", "HOLDER", "SUBJECT", title="Devices")
+    for key in _key_order(node.devices):
+        for device in node.devices[key]:
+            holder, subject = holders.get((key, device), ("-", "-"))
+            out.add_row(key, device, holder, subject)
+    return out
+
+
+def fmt_devices(devices: Mapping[str, Sequence[str]]) -> str:
+    """``{"gpu": ["2", "3"]}`` → ``gpu=2,3``; none → ``-``."""
+    return " ".join(f"{k}={','.join(v)}" for k, v in sorted(devices.items()) if v) or "-"
+
+
+def node_allocations_table(node: Node) -> Table:
+    out = table("REQUEST", "SUBJECT", "STATUS", "RESOURCES", "DEVICES", title="Allocations")
+    for a in node.allocations:
+        out.add_row(
+            short(a.request_id), a.subject, a.status, fmt_map(a.resources), fmt_devices(a.devices)
+        )
+    return out
+
+
+def placed_table(requests: Sequence[Request], *, title: str | None = None) -> Table:
+    """Requests with their node and devices (``pool describe`` of a pool with nodes)."""
+    out = table("NODE", "ID", "SUBJECT", "STATUS", "RESOURCES", "DEVICES", "HELD", title=title)
+    rows = sorted(requests, key=lambda r: (r.placement.node if r.placement else "", str(r.id)))
+    for r in rows:
+        out.add_row(
+            r.placement.node if r.placement else "-",
+            short(r.id),
+            r.subject,
+            r.status,
+            fmt_map(r.resources),
+            fmt_devices(r.placement.devices) if r.placement else "-",
+            _age(r.allocated_at),
         )
     return out
 
@@ -146,6 +278,8 @@ def pool_header(pool: Pool) -> Table:
                 "off" if pool.starvation_seconds is None else f"{pool.starvation_seconds}s",
             ),
             ("Ordering", pool.ordering),
+            ("Nodes", pool.nodes or "- (abstract units)"),
+            ("Placement", pool.placement),
             ("Queued", pool.queued),
             ("Created", fmt_time(pool.created_at)),
             ("Updated", fmt_time(pool.updated_at)),
@@ -246,6 +380,11 @@ def request_header(r: Request) -> Group:
     ]
     if r.max_seconds is not None:
         rows.insert(-3, ("Max runtime", f"{r.max_seconds}s (until {fmt_time(r.run_deadline)})"))
+    if r.node_selector:
+        rows.insert(-4, ("Node selector", fmt_labels(r.node_selector)))
+    if r.placement is not None:
+        where = f"node {r.placement.node}, devices {fmt_devices(r.placement.devices)}"
+        rows.insert(-4, ("Placement", where))
     if r.queue_position is not None:
         rows.insert(4, ("Queue position", r.queue_position))
         rows.insert(5, ("ETA", fmt_eta(r.eta)))

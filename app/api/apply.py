@@ -1,4 +1,4 @@
-"""``POST /v1/apply``: declarative pools and policies in one transaction (admin only).
+"""``POST /v1/apply``: declarative pools, policies and nodes in one transaction (admin only).
 
 With ``dry_run`` the whole apply runs, including the engine's grants, rejections and the
 reconciler's preemptions, and is then rolled back: the answer is the plan and
@@ -14,7 +14,7 @@ from litestar import Controller, post
 from litestar.connection import ASGIConnection
 from litestar.datastructures import State
 from litestar.handlers.base import BaseRouteHandler
-from respool_client.manifest import Manifest, Plan, duplicate_names
+from respool_client.manifest import Manifest, Plan, duplicate_names, duplicate_nodes
 
 from app.api.auth import AuthError, Principal
 from app.api.common import AnyRequest, StrictBody, db, decode_body
@@ -51,7 +51,10 @@ class ApplyController(Controller):
         dups = duplicate_names(body)
         if dups:
             raise ApiError(400, "pools: named more than once: " + ", ".join(dups), "pools")
-        manifest = Manifest(pools=body.pools)
+        nodes = duplicate_nodes(body)
+        if nodes:
+            raise ApiError(400, "nodes: named more than once: " + ", ".join(nodes), "nodes")
+        manifest = Manifest(pools=body.pools, nodes=body.nodes)
         async with db(state).acquire() as conn:
             # A pool connection proxy behaves as the connection it wraps.
             return await apply_manifest(

@@ -2,11 +2,12 @@
 consequences.
 
 :func:`apply_manifest` locks the pools involved, computes the changes, runs them through the
-engine's own functions (``respool.create_pool``, ``update_policy``...), lets the reconciler's
-pass act on every touched pool when ``respool.reconcile_pool`` exists, and reads back what the
-engine did to requests: the events written inside the transaction (grants, rejections,
-preemptions, cancellations) and any usage still above a capacity or limit. A dry run then
-rolls everything back, so the plan is what the engine would really do, and nothing changes.
+engine's own functions (``respool.create_pool``, ``update_policy``, ``create_node``...), lets
+the reconciler's pass act on every touched pool when ``respool.reconcile_pool`` exists, and
+reads back what the engine did to requests: the events written inside the transaction (grants,
+rejections, preemptions, cancellations) and any usage still above a capacity or limit. A dry
+run then rolls everything back, so the plan is what the engine would really do, and nothing
+changes.
 """
 
 from __future__ import annotations
@@ -25,23 +26,27 @@ from respool_client.manifest import (
     current_manifest,
 )
 
-from app.db import policies, pools, reconcile
+from app.db import nodes, policies, pools, reconcile
 from app.db.errors import EngineError
 from app.db.named import query
-from app.manifest import changed, merge_map, new_text, new_value, plan_changes
+from app.manifest import changed, merge_map, new_text, new_value, node_patch, plan_changes
 
 __all__ = ["apply_manifest"]
 
 
 class _Runner:
     """Runs the changes in an order the engine accepts: deletions and lowered reservations
-    first (they free reserved shares), then pools, then policy updates and creations."""
+    first (they free reserved shares), then pools, then nodes (a node joins a pool that
+    exists, after a pool update that cleared a hand-set capacity), then pool deletions (after
+    their nodes moved away), then policy updates and creations (a reservation fits the
+    capacity the nodes brought)."""
 
     def __init__(
         self, conn: asyncpg.Connection, manifest: Manifest, policy_ids: dict[str, UUID], force: bool
     ) -> None:
         self.conn = conn
         self.specs = {p.name: p for p in manifest.pools}
+        self.node_specs = {n.name: n for n in manifest.nodes or []}
         self.policy_ids = policy_ids
         self.force = force
 
@@ -49,9 +54,12 @@ class _Runner:
         steps: tuple[tuple[str, str, Callable[[Change], Awaitable[None]]], ...] = (
             ("delete", "policy", self._delete_policy),
             ("update", "policy", self._lower_reserved),
-            ("delete", "pool", self._delete_pool),
+            ("delete", "node", self._delete_node),
             ("create", "pool", self._create_pool),
             ("update", "pool", self._update_pool),
+            ("update", "node", self._update_node),
+            ("create", "node", self._create_node),
+            ("delete", "pool", self._delete_pool),
             ("update", "policy", self._update_policy),
             ("create", "policy", self._create_policy),
         )
@@ -99,7 +107,21 @@ class _Runner:
             starvation_seconds=starvation if isinstance(starvation, int) else None,
             starvation_off=changed(c.fields, "starvation_seconds") and starvation is None,
             ordering=new_text(c.fields, "ordering"),
+            placement=new_text(c.fields, "placement"),
         )
+
+    def _node(self, c: Change) -> str:
+        assert c.node is not None  # a node's change names it
+        return c.node
+
+    async def _delete_node(self, c: Change) -> None:
+        await nodes.delete_node(self.conn, self._node(c), force=self.force)
+
+    async def _update_node(self, c: Change) -> None:
+        await nodes.update_node(self.conn, self._node(c), node_patch(c.fields), force=self.force)
+
+    async def _create_node(self, c: Change) -> None:
+        await nodes.create_node(self.conn, msgspec.to_builtins(self.node_specs[self._node(c)]))
 
     async def _update_policy(self, c: Change) -> None:
         reserved = merge_map(c.fields, "reserved", only="raised")
@@ -159,11 +181,27 @@ async def _reconcile(conn: asyncpg.Connection, pool_names: list[str]) -> None:
 
 
 async def _lock(conn: asyncpg.Connection, manifest: Manifest, prune: bool) -> list[UUID]:
-    """Lock (in id order) every existing pool the apply may touch; returns their ids."""
-    names = [p.name for p in manifest.pools]
-    ids = [r["id"] for r in await conn.fetch(query("apply_pools_to_lock"), names, prune)]
+    """Lock (in id order) every existing pool the apply may touch: those it names, the pools
+    its nodes join and the pools they are in now (all of them with ``prune``); returns their
+    ids."""
+    nodes = manifest.nodes or []
+    names = [p.name for p in manifest.pools] + [n.pool for n in nodes if n.pool]
+    node_names = [n.name for n in nodes]
+    rows = await conn.fetch(query("apply_pools_to_lock"), names, prune, node_names)
+    ids = [r["id"] for r in rows]
     await conn.execute(query("lock_pools"), ids)
     return ids
+
+
+def _touched(changes: list[Change]) -> list[str]:
+    """The pools that remain after the changes and that a change touched: a node's old and
+    new pool included."""
+    deleted = {c.pool for c in changes if c.kind == "pool" and c.action == "delete"}
+    names = {c.pool for c in changes}
+    for c in changes:
+        if c.kind == "node":
+            names |= {str(f.old) for f in c.fields if f.field == "pool" and f.old}
+    return sorted(names - deleted - {""})
 
 
 async def apply_manifest(
@@ -174,9 +212,10 @@ async def apply_manifest(
     dry_run: bool = False,
     force: bool = False,
 ) -> Plan:
-    """Make the pools and policies match ``manifest`` in one transaction (rolled back when
-    ``dry_run``). ``prune`` deletes pools and policies the manifest does not name; ``force``
-    lets those deletions cancel live requests (else the engine refuses with 409)."""
+    """Make the pools, policies and nodes match ``manifest`` in one transaction (rolled back
+    when ``dry_run``). ``prune`` deletes pools, policies and (when the manifest has ``nodes``)
+    nodes the manifest does not name; ``force`` lets those deletions cancel live requests, and
+    a node's deletion or move preempt what it holds (else the engine refuses with 409)."""
     tx = conn.transaction()
     await tx.start()
     try:
@@ -184,12 +223,12 @@ async def apply_manifest(
         after_event = int(await conn.fetchval(query("last_event_id")))
         have_pools = await pools.list_pools(conn)
         have_policies = await policies.list_policies(conn)
-        changes = plan_changes(current_manifest(have_pools, have_policies), manifest, prune=prune)
+        have_nodes = await nodes.list_nodes(conn) if manifest.nodes is not None else []
+        current = current_manifest(have_pools, have_policies, have_nodes)
+        changes = plan_changes(current, manifest, prune=prune)
         ids = {f"{p.pool}/{p.subject}": p.id for p in have_policies}
         await _Runner(conn, manifest, ids, force).run(changes)
-        touched = sorted(
-            {c.pool for c in changes if not (c.kind == "pool" and c.action == "delete")}
-        )
+        touched = _touched(changes)
         if changes:
             await _reconcile(conn, touched)
         plan = Plan(

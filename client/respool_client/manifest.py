@@ -1,9 +1,14 @@
 """The declarative file of ``respool apply`` / ``respool export`` and the plan the server answers.
 
-A manifest is the full desired state of the pools it names: a field left out means its default
-(``description: ""``, ``queueing: best_effort``, no reserved share...). Pools are matched by
-name, policies by (pool, subject). ``POST /v1/apply`` takes a manifest and answers a
-:class:`Plan`: the changes, field by field, and what the engine did about them (docs/cli.md).
+A manifest is the full desired state of the pools and nodes it names: a field left out means
+its default (``description: ""``, ``queueing: best_effort``, no reserved share, no label...).
+Pools are matched by name, policies by (pool, subject), nodes by name. ``POST /v1/apply`` takes
+a manifest and answers a :class:`Plan`: the changes, field by field, and what the engine did
+about them (docs/cli.md).
+
+``nodes`` left out (null) means the file does not manage nodes: none is created, changed or
+pruned. A pool with nodes has no capacity of its own (it is the sum of its nodes'), so its
+``capacity`` is left out.
 """
 
 from __future__ import annotations
@@ -13,23 +18,26 @@ from typing import Any, Literal
 from uuid import UUID
 
 import msgspec
-from respool_client.wire import Policy, Pool
+from respool_client.wire import Node, Policy, Pool
 
 __all__ = [
     "Change",
     "Consequence",
     "FieldChange",
     "Manifest",
+    "NodeSpec",
     "Overcommit",
     "Plan",
     "PolicySpec",
     "PoolSpec",
     "current_manifest",
     "duplicate_names",
+    "duplicate_nodes",
+    "node_capacity",
 ]
 
 Action = Literal["create", "update", "delete"]
-Kind = Literal["pool", "policy"]
+Kind = Literal["pool", "policy", "node"]
 
 
 class PolicySpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
@@ -48,11 +56,25 @@ class PoolSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, k
     preemption_grace_seconds: int = 0
     starvation_seconds: int | None = 300  # null turns the starvation guard off (docs/scheduling.md)
     ordering: Literal["fifo", "fair"] = "fifo"  # fair share: docs/scheduling.md
+    placement: Literal["pack", "spread"] = "pack"  # pools with nodes: docs/placement.md
     policies: list[PolicySpec] = []
+
+
+class NodeSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
+    """A node (docs/placement.md). A key listed in ``devices`` may be left out of ``capacity``:
+    its units are its ids."""
+
+    name: str
+    pool: str | None = None  # null: registered, in no pool
+    labels: dict[str, str] = {}
+    capacity: dict[str, int] = {}
+    devices: dict[str, list[str]] = {}
+    state: Literal["active", "cordoned", "draining"] = "active"
 
 
 class Manifest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     pools: list[PoolSpec] = []
+    nodes: list[NodeSpec] | None = None  # null: the file leaves nodes alone
 
 
 class FieldChange(msgspec.Struct, frozen=True):
@@ -64,19 +86,44 @@ class FieldChange(msgspec.Struct, frozen=True):
 
 
 class Change(msgspec.Struct, frozen=True, kw_only=True):
+    """One thing to create, update or delete. A node's change names it in ``node``; its
+    ``pool`` is the node's pool after the change (before, for a deletion), ``""`` for none."""
+
     action: Action
     kind: Kind
     pool: str
     subject: str | None = None
+    node: str | None = None
     fields: list[FieldChange] = []
 
     @property
     def label(self) -> str:
+        if self.kind == "node":
+            return self.node or ""
         return self.pool if self.subject is None else f"{self.pool}/{self.subject}"
 
 
-def current_manifest(pools: Iterable[Pool], policies: Iterable[Policy]) -> Manifest:
-    """The manifest that describes ``pools`` and their ``policies`` (what ``export`` writes)."""
+def node_capacity(spec: NodeSpec) -> dict[str, int]:
+    """``spec.capacity`` with each key of ``devices`` it leaves out (its units: its ids)."""
+    return {k: len(v) for k, v in spec.devices.items()} | spec.capacity
+
+
+def _node_spec(n: Node) -> NodeSpec:
+    return NodeSpec(
+        name=n.name,
+        pool=n.pool,
+        labels=dict(sorted(n.labels.items())),
+        capacity=dict(sorted(n.capacity.items())),
+        devices={k: list(v) for k, v in sorted(n.devices.items())},
+        state=n.state,
+    )
+
+
+def current_manifest(
+    pools: Iterable[Pool], policies: Iterable[Policy], nodes: Iterable[Node] = ()
+) -> Manifest:
+    """The manifest that describes ``pools``, their ``policies`` and ``nodes`` (what ``export``
+    writes). A pool with nodes is written without capacity: it is the sum of its nodes'."""
     by_pool: dict[str, list[PolicySpec]] = {}
     for pol in sorted(policies, key=lambda p: (p.pool, p.subject)):
         by_pool.setdefault(pol.pool, []).append(
@@ -93,15 +140,17 @@ def current_manifest(pools: Iterable[Pool], policies: Iterable[Policy]) -> Manif
             PoolSpec(
                 name=p.name,
                 description=p.description,
-                capacity=dict(sorted(p.capacity.items())),
+                capacity={} if p.nodes else dict(sorted(p.capacity.items())),
                 queueing=p.queueing,
                 preemption_grace_seconds=p.preemption_grace_seconds,
                 starvation_seconds=p.starvation_seconds,
                 ordering=p.ordering,
+                placement=p.placement,
                 policies=by_pool.get(p.name, []),
             )
             for p in sorted(pools, key=lambda p: p.name)
-        ]
+        ],
+        nodes=[_node_spec(n) for n in sorted(nodes, key=lambda n: n.name)],
     )
 
 
@@ -118,6 +167,17 @@ def duplicate_names(manifest: Manifest) -> list[str]:
             if pol.subject in subjects:
                 dups.append(f"{pool.name}/{pol.subject}")
             subjects.add(pol.subject)
+    return dups
+
+
+def duplicate_nodes(manifest: Manifest) -> list[str]:
+    """Nodes named twice."""
+    seen: set[str] = set()
+    dups: list[str] = []
+    for node in manifest.nodes or []:
+        if node.name in seen:
+            dups.append(node.name)
+        seen.add(node.name)
     return dups
 
 

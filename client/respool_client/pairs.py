@@ -8,9 +8,22 @@ server's to say, with the field it names.
 
 from __future__ import annotations
 
+import re
+import socket
 from collections.abc import Iterable
 
-__all__ = ["amounts", "labels", "split_amount", "split_pair"]
+__all__ = [
+    "NODE_LABEL",
+    "amounts",
+    "host_node_name",
+    "labels",
+    "selector",
+    "split_amount",
+    "split_pair",
+]
+
+# The built-in label every node carries: its name (docs/placement.md).
+NODE_LABEL = "node"
 
 
 def split_pair(text: str) -> tuple[str, str]:
@@ -38,3 +51,36 @@ def amounts(pairs: Iterable[str]) -> dict[str, int]:
 def labels(pairs: Iterable[str]) -> dict[str, str]:
     """``["run=nightly", "step=train"]`` → ``{"run": "nightly", "step": "train"}``."""
     return dict(split_pair(pair) for pair in pairs)
+
+
+def selector(pairs: Iterable[str], node: str | None = None) -> dict[str, str]:
+    """A node selector (docs/placement.md): ``["gpu-type=A100-80G"]`` →
+    ``{"gpu-type": "A100-80G"}``; ``node`` (``--node NAME``) is the pair ``node=NAME``. Every
+    pair must match the node's labels, so one label asked with two values is refused, as is
+    ``--node`` with another ``node=`` pair. Whether a label key is valid is the server's to say."""
+    out: dict[str, str] = {}
+    given = [split_pair(pair) for pair in pairs]
+    if node is not None:
+        given.append((NODE_LABEL, node.strip()))
+    for key, value in given:
+        if key in out and out[key] != value:
+            raise ValueError(
+                f"{key}: asked for {out[key]!r} and {value!r}; a node has one value per label"
+            )
+        out[key] = value
+    return out
+
+
+_NOT_NAME = re.compile(r"[^a-z0-9._-]+")
+
+
+def host_node_name(hostname: str | None = None) -> str:
+    """The node name of a machine (``respool node register`` and ``respool run --here`` agree on
+    it): its hostname (default: this machine's) in lower case, every run of characters outside
+    ``[a-z0-9._-]`` turned into ``-``, leading ``.``/``_``/``-`` dropped, at most 63 characters
+    (the node-name pattern). ``GPU-Box_01.Lab`` → ``gpu-box_01.lab``."""
+    raw = socket.gethostname() if hostname is None else hostname
+    name = _NOT_NAME.sub("-", raw.strip().lower()).lstrip("._-")[:63]
+    if not name:
+        raise ValueError(f"hostname {raw!r} gives no node name; pass one")
+    return name

@@ -1,8 +1,12 @@
 -- Applying a manifest in one transaction (app/db/apply.py).
 
 -- apply_pools_to_lock --
--- Ids of the existing pools an apply may touch: those named in $1, or all when $2 (prune).
-SELECT id FROM respool.pools WHERE $2 OR name = ANY ($1::text[]) ORDER BY id;
+-- Ids of the existing pools an apply may touch: those named in $1, those the nodes named in $3
+-- are in now, or all when $2 (prune).
+SELECT id FROM respool.pools
+ WHERE $2 OR name = ANY ($1::text[])
+    OR id IN (SELECT pool_id FROM respool.nodes WHERE name = ANY ($3::text[]))
+ ORDER BY id;
 
 -- lock_pools --
 -- Lock these pools in id order until the transaction ends.
@@ -35,3 +39,4 @@ SELECT pool, subject, key, used, "limit", 'limit'
   FROM respool.policy_usage
  WHERE pool = ANY ($1::text[]) AND "limit" IS NOT NULL AND used > "limit"
  ORDER BY pool, subject NULLS FIRST, key;
+

@@ -252,3 +252,184 @@ async def test_apply_sets_and_resets_the_scheduling_fields(cli: Cli, tmp_path: P
     assert _summary(plan) == [("update", "pool", "p")]
     pool = (await cli.json("pool", "describe", "p"))["pool"]
     assert (pool["starvation_seconds"], pool["ordering"]) == (300, "fifo")
+
+
+NODES = """
+pools:
+  - name: boxes
+    placement: spread
+    policies:
+      - subject: orchestrator:prod
+        reserved: {gpu: 2}
+nodes:
+  - name: gpu-01
+    pool: boxes
+    labels: {gpu-type: A100-80G, zone: eu-1}
+    capacity: {mcpu: 8000}
+    devices: {gpu: ["0", "1", "2", "3"]}
+  - name: gpu-02
+    pool: boxes
+    capacity: {gpu: 2}
+  - name: spare
+"""
+SPARE = "  - name: spare\n"
+
+
+def _nodes(plan: dict[str, object]) -> list[tuple[str, str]]:
+    changes = plan["changes"]
+    assert isinstance(changes, list)
+    return [(c["action"], c["node"]) for c in changes if c["kind"] == "node"]
+
+
+async def test_apply_creates_nodes_and_is_idempotent(cli: Cli, tmp_path: Path) -> None:
+    path = _write(tmp_path, NODES.replace(SPARE, SPARE + "    capacity: {mcpu: 1000}\n"))
+    plan = await cli.json("apply", "-f", path)
+    assert plan["applied"] is True
+    assert _summary(plan) == [
+        ("create", "pool", "boxes"),
+        ("create", "policy", "boxes/orchestrator:prod"),
+        ("create", "node", "boxes"),
+        ("create", "node", "boxes"),
+        ("create", "node", ""),
+    ]
+    assert _nodes(plan) == [("create", "gpu-01"), ("create", "gpu-02"), ("create", "spare")]
+    created = {f["field"]: f["new"] for f in plan["changes"][2]["fields"]}
+    # a key listed in devices has as many units as ids
+    assert created["capacity.gpu"] == 4 and created["devices.gpu"] == ["0", "1", "2", "3"]
+
+    # the pool's capacity is its nodes' sum; its placement is the file's
+    pool = (await cli.json("pool", "describe", "boxes"))["pool"]
+    assert pool["capacity"] == {"gpu": 6, "mcpu": 8000}
+    assert (pool["placement"], pool["nodes"]) == ("spread", 2)
+    node = await cli.json("node", "describe", "gpu-01")
+    assert node["devices"] == {"gpu": ["0", "1", "2", "3"]}
+    assert node["labels"] == {"gpu-type": "A100-80G", "zone": "eu-1"}
+    assert (await cli.json("node", "describe", "spare"))["pool"] is None
+
+    again = await cli.json("apply", "-f", path)
+    assert again["changes"] == [] and again["applied"] is False
+    assert "No changes" in (await cli.ok("apply", "-f", path)).stdout
+
+
+async def test_export_writes_nodes_and_applies_back_to_nothing(cli: Cli, tmp_path: Path) -> None:
+    await cli.ok("apply", "-f", _write(tmp_path, NODES.replace(SPARE, "")))
+    await cli.ok("node", "cordon", "gpu-02")
+    exported = (await cli.ok("export")).stdout
+    assert "nodes:" in exported and "name: gpu-01" in exported and "state: cordoned" in exported
+    assert "placement: spread" in exported
+    boxes = exported.split("name: boxes")[1].split("policies:")[0]
+    assert "capacity" not in boxes  # a pool with nodes has no capacity of its own
+    plan = await cli.json("apply", "-f", "-", "--dry-run", "--prune", input=exported)
+    assert plan["changes"] == []
+
+    # no node at all: export leaves `nodes:` out, and so the file leaves nodes alone
+    await cli.ok("apply", "-f", "-", "--prune", "--yes", input="pools: []\nnodes: []\n")
+    assert await cli.json("node", "list") == []
+    assert "\nnodes:" not in (await cli.ok("export")).stdout
+
+
+async def test_dry_run_plans_node_changes(cli: Cli, tmp_path: Path) -> None:
+    await cli.ok("apply", "-f", _write(tmp_path, NODES))
+    changed = (
+        NODES.replace("zone: eu-1", "zone: eu-2")
+        .replace('devices: {gpu: ["0", "1", "2", "3"]}', 'devices: {gpu: ["0", "1"]}')
+        .replace("    capacity: {gpu: 2}\n", "    capacity: {gpu: 2}\n    state: draining\n")
+        .replace(SPARE, SPARE + "    pool: boxes\n    capacity: {tpu: 1}\n")
+    )
+    path = _write(tmp_path, changed, "v2.yaml")
+    plan = await cli.json("apply", "-f", path, "--dry-run")
+    fields = {
+        (c["node"], f["field"]): (f["old"], f["new"])
+        for c in plan["changes"]
+        if c["kind"] == "node"
+        for f in c["fields"]
+    }
+    assert fields == {
+        ("gpu-01", "labels.zone"): ("eu-1", "eu-2"),
+        ("gpu-01", "capacity.gpu"): (4, 2),
+        ("gpu-01", "devices.gpu"): (["0", "1", "2", "3"], ["0", "1"]),
+        ("gpu-02", "state"): ("active", "draining"),
+        ("spare", "pool"): (None, "boxes"),
+        ("spare", "capacity.tpu"): (None, 1),
+    }
+    text = (await cli.ok("apply", "-f", path, "--dry-run")).stdout
+    assert "~ node gpu-01 (pool boxes)" in text and 'labels.zone: "eu-1" → "eu-2"' in text
+    assert "~ node spare" in text and 'pool: (none) → "boxes"' in text
+    # nothing changed
+    assert (await cli.json("node", "describe", "gpu-01"))["labels"]["zone"] == "eu-1"
+    assert (await cli.json("node", "describe", "spare"))["pool"] is None
+
+    await cli.ok("apply", "-f", path)
+    node = await cli.json("node", "describe", "gpu-01")
+    assert node["devices"] == {"gpu": ["0", "1"]} and node["capacity"]["gpu"] == 2
+    assert (await cli.json("node", "describe", "gpu-02"))["state"] == "draining"
+    pool = (await cli.json("pool", "describe", "boxes"))["pool"]
+    assert pool["capacity"] == {"gpu": 4, "mcpu": 8000, "tpu": 1} and pool["nodes"] == 3
+    assert (await cli.json("apply", "-f", path))["changes"] == []
+
+    # labels the file leaves out are removed: the file is the node's whole state
+    plan = await cli.json("apply", "-f", _write(tmp_path, changed.replace(", zone: eu-2", "")))
+    assert [f["field"] for c in plan["changes"] for f in c["fields"]] == ["labels.zone"]
+    assert (await cli.json("node", "describe", "gpu-01"))["labels"] == {"gpu-type": "A100-80G"}
+
+
+async def test_prune_deletes_nodes_only_when_the_file_has_nodes(cli: Cli, tmp_path: Path) -> None:
+    await cli.ok("apply", "-f", _write(tmp_path, NODES))
+    pools_only = NODES.split("nodes:")[0]
+    plan = await cli.json("apply", "-f", _write(tmp_path, pools_only, "p.yaml"), "--prune", "--yes")
+    assert plan["changes"] == []  # no `nodes:`: nodes are not the file's business
+    assert len(await cli.json("node", "list")) == 3
+
+    without_spare = _write(tmp_path, NODES.replace(SPARE, ""), "n.yaml")
+    refused = await cli.api("apply", "-f", without_spare, "--prune", input="n\n")
+    assert refused.exit_code == 1
+    assert "- node spare" in refused.stderr and "and 1 nodes" in refused.stderr
+    plan = await cli.json("apply", "-f", without_spare, "--prune", "--yes")
+    assert _nodes(plan) == [("delete", "spare")]
+    assert [n["name"] for n in await cli.json("node", "list")] == ["gpu-01", "gpu-02"]
+
+
+async def test_moving_a_busy_node_needs_force(cli: Cli, tmp_path: Path) -> None:
+    await cli.ok("apply", "-f", _write(tmp_path, NODES))
+    req = await cli.json(
+        "request", "create", "-s", "orchestrator:prod", "--gpu", "4", "--node", "gpu-01"
+    )
+    assert req["status"] == "allocated" and req["placement"]["node"] == "gpu-01"
+    moved = _write(tmp_path, NODES.replace("    pool: boxes\n    labels", "    labels"), "m.yaml")
+    err = failed(await cli.api("apply", "-f", moved))
+    assert err.startswith("node gpu-01:") and "force" in err
+    assert (await cli.json("node", "describe", "gpu-01"))["pool"] == "boxes"  # rolled back
+
+    plan = await cli.json("apply", "-f", moved, "--dry-run", "--force")
+    assert {c["request_id"]: c["reason"] for c in plan["consequences"]} == {
+        req["id"]: "node_removed"
+    }
+    plan = await cli.json("apply", "-f", moved, "--force")
+    assert (await cli.json("request", "describe", req["id"]))["status"] == "preempted"
+    assert (await cli.json("node", "describe", "gpu-01"))["pool"] is None
+
+
+async def test_apply_node_errors(cli: Cli, tmp_path: Path) -> None:
+    dup = failed(await cli.api("apply", "-f", "-", input="nodes: [{name: a}, {name: a}]"))
+    assert "nodes named more than once: a" in dup
+    unknown = failed(await cli.api("apply", "-f", "-", input="nodes: [{name: a, gpus: 1}]"))
+    assert "gpus" in unknown
+    bad_label = "nodes:\n  - name: a\n    capacity: {gpu: 1}\n    labels: {Bad Key: x}\n"
+    err = failed(await cli.api("apply", "-f", "-", input=bad_label))
+    assert err.startswith("node a:") and "label" in err
+    mismatch = "nodes:\n  - name: a\n    capacity: {gpu: 3}\n    devices: {gpu: ['0', '1']}\n"
+    err = failed(await cli.api("apply", "-f", "-", input=mismatch))
+    assert err.startswith("node a:") and "devices.gpu" in err
+    assert await cli.json("node", "list") == []
+
+
+async def test_an_abstract_pool_becomes_a_pool_of_nodes(cli: Cli, tmp_path: Path) -> None:
+    """The file drops the pool's own capacity and lists a node in it: the hand-set capacity is
+    cleared before the node joins, and the pool's capacity becomes the node's."""
+    await cli.ok("apply", "-f", _write(tmp_path, "pools:\n  - name: p\n    capacity: {gpu: 8}\n"))
+    nodes = "pools:\n  - name: p\nnodes:\n  - name: n1\n    pool: p\n    capacity: {gpu: 4}\n"
+    plan = await cli.json("apply", "-f", _write(tmp_path, nodes, "nodes.yaml"))
+    assert _summary(plan) == [("update", "pool", "p"), ("create", "node", "p")]
+    pool = (await cli.json("pool", "describe", "p"))["pool"]
+    assert (pool["capacity"], pool["nodes"]) == ({"gpu": 4}, 1)
+    assert (await cli.json("apply", "-f", _write(tmp_path, nodes, "nodes.yaml")))["changes"] == []

@@ -1,0 +1,487 @@
+"""``respool node ...``: the machines behind pools (docs/cli.md, "Nodes"; docs/placement.md).
+
+The shapes are kubectl's and gpuctl's: ``node label NAME k=v k-`` with ``--overwrite``, the
+label ``pool`` moves a node between pools, ``cordon``/``uncordon``/``drain``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Annotated, Any
+
+import typer
+from respool_client.pairs import host_node_name, selector, split_pair
+from respool_client.wire import Node
+from rich.console import RenderableType
+from rich.text import Text
+
+from cli.api import Api, connect_api, segment
+from cli.common import CliError, confirm
+from cli.detect import GPU_TYPE_LABEL, Machine, detect
+from cli.maps import parse_labels, parse_map
+from cli.options import DEFAULT_URL, MAP, Output, OutputFormat, Token, Url, Yes
+from cli.output import emit, note
+from cli.tables import (
+    node_allocations_table,
+    node_devices_table,
+    node_header,
+    node_keys_table,
+    nodes_table,
+)
+
+__all__ = ["POOL_LABEL", "app", "parse_devices", "parse_selector"]
+
+app = typer.Typer(
+    help="Nodes: the machines behind a pool, their devices, labels and state.",
+    no_args_is_help=True,
+)
+
+# ``node label NAME pool=P`` moves the node to pool P, as gpuctl's pool label does.
+POOL_LABEL = "pool"
+
+NodeName = Annotated[str, typer.Argument(help="The node's name.")]
+PoolOpt = Annotated[
+    str | None, typer.Option("--pool", help="The pool it backs (name, id or id prefix).")
+]
+Capacity = Annotated[
+    dict[str, int] | None,
+    typer.Option(
+        "-c",
+        "--capacity",
+        parser=parse_map,
+        metavar=MAP,
+        help="""Units per key, JSON or YAML: '{"gpu": 8, "mcpu": 64000}'. A key given by"""
+        " --devices may be left out (its units are its ids).",
+    ),
+]
+Devices = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--devices",
+        metavar="KEY=ID,ID,...",
+        help="Named devices of a key in order, e.g. gpu=0,1,2,3 (GPU indices, UUIDs or MIG"
+        " ids: what CUDA_VISIBLE_DEVICES takes); repeat for another key.",
+    ),
+]
+Labels = Annotated[
+    list[str] | None,
+    typer.Option("--label", "-l", metavar="KEY=VALUE", help="A label, e.g. gpu-type=A100-80G."),
+]
+Selector = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--selector", metavar="KEY=VALUE", help="Only nodes with this label; repeat: all of them."
+    ),
+]
+NodeForce = Annotated[
+    bool,
+    typer.Option(
+        "--force", help="Even while it holds allocations: they are preempted (node_removed)."
+    ),
+]
+
+
+def parse_devices(items: Iterable[str]) -> dict[str, list[str]]:
+    """``["gpu=0,1", "nic=a"]`` → ``{"gpu": ["0", "1"], "nic": ["a"]}``; ids trimmed, each key
+    once, no empty or repeated id (the server checks the key and the id lengths)."""
+    out: dict[str, list[str]] = {}
+    for item in items:
+        try:
+            key, value = split_pair(item)
+        except ValueError:
+            raise typer.BadParameter(
+                f"{item!r}: expected KEY=ID,ID,... (gpu=0,1,2,3)", param_hint="--devices"
+            ) from None
+        ids = [d.strip() for d in value.split(",")]
+        if key in out:
+            raise typer.BadParameter(f"{key}: given twice", param_hint="--devices")
+        if not value or any(not d for d in ids):
+            raise typer.BadParameter(
+                f"{key}: an empty device id in {value!r}", param_hint="--devices"
+            )
+        repeated = sorted({d for d in ids if ids.count(d) > 1})
+        if repeated:
+            raise typer.BadParameter(
+                f"{key}: device {', '.join(repeated)} listed twice", param_hint="--devices"
+            )
+        out[key] = ids
+    return out
+
+
+def parse_selector(items: Iterable[str], node: str | None = None) -> dict[str, str]:
+    """``--selector k=v`` (repeatable) and ``--node NAME`` as one node selector."""
+    try:
+        return selector(items, node)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--selector") from None
+
+
+def _node_view(node: Node) -> list[RenderableType]:
+    parts: list[RenderableType] = [node_header(node), Text(), node_keys_table(node)]
+    if node.devices:
+        parts += [Text(), node_devices_table(node)]
+    parts.append(Text())
+    if node.allocations:
+        parts.append(node_allocations_table(node))
+    else:
+        parts.append(Text("Allocations: none", style="bold"))
+    return parts
+
+
+def _path(name: str) -> str:
+    return f"/v1/nodes/{segment(name)}"
+
+
+def _body(
+    *,
+    pool: str | None,
+    capacity: dict[str, int] | None,
+    devices: dict[str, list[str]],
+    labels: dict[str, str],
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"capacity": capacity or {}, "devices": devices, "labels": labels}
+    if pool is not None:
+        body["pool"] = pool
+    return body
+
+
+@app.command("add")
+def add(
+    name: Annotated[
+        str, typer.Argument(help="Node name: lower-case letters, digits, '.', '_' and '-'.")
+    ],
+    pool: PoolOpt = None,
+    capacity: Capacity = None,
+    devices: Devices = None,
+    label: Labels = None,
+    output: Output = OutputFormat.table,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """Add a node (a machine) to respool, in a pool or in none.
+
+    A pool backed by nodes has their summed capacity; every allocation in it is placed on one
+    node and, for a key with --devices, on named devices.
+
+    Example:
+
+        respool node add gpu-01 --pool training -c '{"gpu": 8, "mcpu": 64000}' \\
+            --devices gpu=0,1,2,3,4,5,6,7 --label gpu-type=A100-80G
+    """
+    named = parse_devices(devices or [])
+    if not capacity and not named:
+        raise typer.BadParameter("give the node's units: -c '{\"gpu\": 8}' or --devices gpu=0,1")
+    body = {"name": name} | _body(
+        pool=pool, capacity=capacity, devices=named, labels=parse_labels(label or [])
+    )
+    with connect_api(url, token) as api:
+        node = api.call("POST", "/v1/nodes", Node, body=body)
+    note(f"added node {node.name}" + (f" to pool {node.pool}" if node.pool else " (in no pool)"))
+    emit(node, output, lambda: _node_view(node))
+
+
+def _registration(
+    api: Api,
+    name: str,
+    *,
+    pool: str | None,
+    capacity: dict[str, int],
+    devices: dict[str, list[str]],
+    labels: dict[str, str],
+    detected: bool,
+) -> tuple[Node, bool]:
+    """Create the node, or make an existing one match what was found (keys and device lists
+    it no longer has are removed; other labels stay). Returns (node, created)."""
+    old = api.find(_path(name), Node)
+    if old is None:
+        body = {"name": name} | _body(pool=pool, capacity=capacity, devices=devices, labels=labels)
+        return api.call("POST", "/v1/nodes", Node, body=body), True
+    patch: dict[str, Any] = {
+        "capacity": {k: 0 for k in old.capacity if k not in capacity} | capacity,
+        "devices": {k: None for k in old.devices if k not in devices} | devices,
+    }
+    new_labels: dict[str, str | None] = dict(labels)
+    if detected and GPU_TYPE_LABEL in old.labels and GPU_TYPE_LABEL not in labels:
+        new_labels[GPU_TYPE_LABEL] = None  # its GPUs are gone
+    if new_labels:
+        patch["labels"] = new_labels
+    if pool is not None:
+        patch["pool"] = pool
+    return api.call("PATCH", _path(name), Node, body=patch), False
+
+
+@app.command("register")
+def register(
+    pool: PoolOpt = None,
+    name: Annotated[
+        str | None,
+        typer.Option("--name", help="The node's name (default: this machine's hostname)."),
+    ] = None,
+    detect_: Annotated[
+        bool,
+        typer.Option(
+            "--detect",
+            help="Find GPUs with nvidia-smi and mcpu, memory_mb from the OS. The gpu device ids"
+            " are the GPU indices (what CUDA_VISIBLE_DEVICES takes), or on a MIG machine the MIG"
+            " UUIDs (a MIG instance has no index); a gpu-type label from the product name.",
+        ),
+    ] = False,
+    capacity: Capacity = None,
+    devices: Devices = None,
+    label: Labels = None,
+    output: Output = OutputFormat.table,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """Register this machine as a node; registering it again updates it.
+
+    The name defaults to the hostname, lower-cased, other characters made '-' (the name
+    `respool run --here` uses). Without --detect, give the capacity with -c (and --devices).
+    With --detect, -c, --devices and --label add to or override what was found. Without a
+    working nvidia-smi the machine is registered with no GPU, and the command says so.
+
+    Example:
+
+        respool node register --pool training --detect
+        respool node register --name cpu-07 -c '{"mcpu": 32000, "memory_mb": 128000}'
+    """
+    try:
+        node_name = name if name is not None else host_node_name()
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--name") from None
+    found = detect() if detect_ else Machine()
+    for line in found.notes:
+        note(line)
+    given = parse_devices(devices or [])
+    named = found.devices | given
+    units = found.capacity | (capacity or {})
+    for key, ids in given.items():
+        if capacity is None or key not in capacity:
+            units[key] = len(ids)  # a key listed by --devices has as many units as ids
+    if not units and not named:
+        raise typer.BadParameter(
+            "give the machine's units with -c '{\"gpu\": 8}', or let --detect find them",
+            param_hint="--capacity",
+        )
+    labels = found.labels | parse_labels(label or [])
+    with connect_api(url, token) as api:
+        node, created = _registration(
+            api,
+            node_name,
+            pool=pool,
+            capacity=units,
+            devices=named,
+            labels=labels,
+            detected=detect_,
+        )
+    where = f" in pool {node.pool}" if node.pool else " (in no pool)"
+    note(f"{'registered' if created else 'updated'} node {node.name}{where}")
+    emit(node, output, lambda: _node_view(node))
+
+
+@app.command("list")
+def list_(
+    pool: PoolOpt = None,
+    select: Selector = None,
+    output: Output = OutputFormat.table,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """List nodes: pool, state, used/total per key and labels.
+
+    Example:
+
+        respool node list --pool training
+        respool node list --selector gpu-type=A100-80G -o json
+    """
+    wanted = parse_selector(select or [])
+    params: dict[str, Any] = {"pool": pool}
+    if wanted:
+        params["selector"] = [f"{k}={v}" for k, v in wanted.items()]
+    with connect_api(url, token) as api:
+        nodes = api.call("GET", "/v1/nodes", list[Node], params=params)
+    emit(nodes, output, lambda: [nodes_table(nodes)])
+
+
+@app.command("describe")
+def describe(
+    name: NodeName,
+    output: Output = OutputFormat.table,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """Show a node: capacity and usage per key, its devices and who holds each.
+
+    Example:
+
+        respool node describe gpu-01
+    """
+    with connect_api(url, token) as api:
+        node = api.call("GET", _path(name), Node)
+    emit(node, output, lambda: _node_view(node))
+
+
+def _label_changes(
+    node: Node, items: Sequence[str], overwrite: bool
+) -> tuple[dict[str, str | None], tuple[str | None] | None]:
+    """kubectl's rule: ``k=v`` sets, ``k-`` removes; changing a label that has another value
+    needs ``overwrite``. Returns (label changes, (new pool,) or None when the pool stays)."""
+    labels: dict[str, str | None] = {}
+    pool: tuple[str | None] | None = None
+    for item in items:
+        if "=" not in item and item.endswith("-") and len(item) > 1:
+            key = item[:-1].strip()
+            if key == POOL_LABEL:
+                pool = (None,)
+            elif key in node.labels:
+                labels[key] = None
+            else:
+                note(f"label {key!r} not found on node {node.name}")
+            continue
+        try:
+            key, value = split_pair(item)
+        except ValueError:
+            raise typer.BadParameter(
+                f"{item!r}: expected KEY=VALUE to set a label or KEY- to remove one",
+                param_hint="LABELS",
+            ) from None
+        old = node.pool if key == POOL_LABEL else node.labels.get(key)
+        if old is not None and old != value and not overwrite:
+            raise CliError(
+                f"label {key!r} of node {node.name} already has the value {old!r}; "
+                "pass --overwrite to change it"
+            )
+        if key == POOL_LABEL:
+            pool = (value,)
+        elif old != value:
+            labels[key] = value
+    return labels, pool
+
+
+@app.command("label")
+def label(
+    name: NodeName,
+    changes: Annotated[
+        list[str],
+        typer.Argument(
+            metavar="LABELS...",
+            help="KEY=VALUE sets a label, KEY- removes it; pool=P moves the node to pool P,"
+            " pool- takes it out of its pool.",
+        ),
+    ],
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Let KEY=VALUE change a label that has a value.")
+    ] = False,
+    force: NodeForce = False,
+    output: Output = OutputFormat.table,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """Set or remove a node's labels (kubectl's rules); the label pool moves it.
+
+    Moving a node out of its pool (pool=Q, pool-) is refused while it holds allocations,
+    unless --force preempts them. The label node is built in: it is the node's name.
+
+    Example:
+
+        respool node label gpu-01 gpu-type=A100-80G zone=eu-1
+        respool node label gpu-01 zone=eu-2 --overwrite
+        respool node label gpu-01 zone-
+        respool node label gpu-01 pool=inference --overwrite
+    """
+    with connect_api(url, token) as api:
+        node = api.call("GET", _path(name), Node)
+        labels, pool = _label_changes(node, changes, overwrite)
+        body: dict[str, Any] = {}
+        if labels:
+            body["labels"] = labels
+        if pool is not None and pool[0] != node.pool:
+            body["pool"] = pool[0]
+        if body:
+            node = api.call(
+                "PATCH", _path(name), Node, body=body, params={"force": str(force).lower()}
+            )
+            note(f"labelled node {node.name}")
+        else:
+            note(f"node {node.name} already has these labels")
+    emit(node, output, lambda: _node_view(node))
+
+
+def _set_state(verb: str, name: str, output: OutputFormat, url: str, token: str | None) -> None:
+    with connect_api(url, token) as api:
+        node = api.call("POST", f"{_path(name)}/{verb}", Node)
+    note(f"node {node.name} is {node.state}")
+    emit(node, output, lambda: _node_view(node))
+
+
+@app.command("cordon")
+def cordon(
+    name: NodeName,
+    output: Output = OutputFormat.table,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """Take no new grants on the node; what it holds stays.
+
+    Example:
+
+        respool node cordon gpu-01
+    """
+    _set_state("cordon", name, output, url, token)
+
+
+@app.command("uncordon")
+def uncordon(
+    name: NodeName,
+    output: Output = OutputFormat.table,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """Make the node active again: it takes grants.
+
+    Example:
+
+        respool node uncordon gpu-01
+    """
+    _set_state("uncordon", name, output, url, token)
+
+
+@app.command("drain")
+def drain(
+    name: NodeName,
+    output: Output = OutputFormat.table,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """Cordon the node and preempt its preemptible holders (with the pool's grace);
+    non-preemptible ones finish on their own.
+
+    Example:
+
+        respool node drain gpu-01
+    """
+    _set_state("drain", name, output, url, token)
+
+
+@app.command("delete")
+def delete(
+    name: NodeName,
+    yes: Yes = False,
+    force: NodeForce = False,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """Delete a node (asks first unless --yes); its pool loses its capacity.
+
+    Refused while it holds allocations, unless --force preempts them.
+
+    Example:
+
+        respool node delete gpu-01 --yes
+    """
+    with connect_api(url, token) as api:
+        node = api.call("GET", _path(name), Node)
+        where = f" from pool {node.pool}" if node.pool else ""
+        confirm(f"Delete node {node.name}{where}?", yes=yes)
+        api.call("DELETE", _path(node.name), params={"force": str(force).lower()})
+    note(f"deleted node {node.name}")
