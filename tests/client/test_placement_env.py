@@ -19,6 +19,8 @@ import pytest
 from respool_client import AsyncRespool, Grant, Rejected, Request, Respool, allocated
 from respool_client.run import here, host_node_name, node_selector
 
+from app.db import nodes
+from app.db.connect import APP_CLI, connect
 from support.http import ok
 from support.server import Server, running_server
 
@@ -170,16 +172,26 @@ async def live(db_url: str) -> AsyncIterator[Server]:
         yield srv
 
 
+async def _add_node(server: Server, **body: Any) -> None:
+    """Register a node through the node SQL API (app/db/nodes.py; ``POST /v1/nodes`` calls the
+    same function)."""
+    conn = await connect(server.db_url, application_name=APP_CLI)
+    try:
+        await nodes.create_node(conn, body)
+    finally:
+        await conn.close()
+
+
 async def _node_pool(server: Server) -> None:
     ok(await server.client.post("/v1/pools", json={"name": "a100s", "capacity": {}}), 201)
-    node = {
-        "name": "box-1",
-        "pool": "a100s",
-        "labels": {"gpu-type": "A100-80G", "gpu-class": "a100"},
-        "capacity": {"gpu": 2},
-        "devices": {"gpu": GPU_UUIDS},
-    }
-    ok(await server.client.post("/v1/nodes", json=node), 201)
+    await _add_node(
+        server,
+        name="box-1",
+        pool="a100s",
+        labels={"gpu-type": "A100-80G", "gpu-class": "a100"},
+        capacity={"gpu": 2},
+        devices={"gpu": GPU_UUIDS},
+    )
     policy = {"subject": "team", "pool": "a100s", "reserved": {"gpu": 0}}
     ok(await server.client.post("/v1/policies", json=policy), 201)
 

@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from app.db import nodes
+from app.db.connect import APP_CLI, connect
 from support.http import ok
 from support.server import Server, running_server
 
@@ -473,13 +475,22 @@ async def test_a_second_signal_kills_at_once(live: Server, tmp_path: Path) -> No
 EIGHT = [str(i) for i in range(8)]
 
 
-async def _node_pool(server: Server, *nodes: tuple[str, list[str]]) -> None:
-    """Pool p backed by ``nodes`` (name, gpu device ids); borrower has no reserved share."""
+async def _add_node(server: Server, **body: Any) -> None:
+    """Register a node through the node SQL API (app/db/nodes.py; ``POST /v1/nodes`` calls the
+    same function)."""
+    conn = await connect(server.db_url, application_name=APP_CLI)
+    try:
+        await nodes.create_node(conn, body)
+    finally:
+        await conn.close()
+
+
+async def _node_pool(server: Server, *machines: tuple[str, list[str]]) -> None:
+    """Pool p backed by ``machines`` (name, gpu device ids); borrower has no reserved share."""
     ok(await server.client.post("/v1/pools", json={"name": "p", "capacity": {}}), 201)
-    for name, gpus in nodes:
-        node = {"name": name, "pool": "p", "labels": {"gpu-type": "A100-80G"},
-                "capacity": {"gpu": len(gpus)}, "devices": {"gpu": gpus}}  # fmt: skip
-        ok(await server.client.post("/v1/nodes", json=node), 201)
+    for name, gpus in machines:
+        await _add_node(server, name=name, pool="p", labels={"gpu-type": "A100-80G"},
+                        capacity={"gpu": len(gpus)}, devices={"gpu": gpus})  # fmt: skip
     body = {"subject": "borrower", "pool": "p", "reserved": {"gpu": 0}}
     ok(await server.client.post("/v1/policies", json=body), 201)
 
