@@ -485,14 +485,19 @@ async def _add_node(server: Server, **body: Any) -> None:
         await conn.close()
 
 
-async def _node_pool(server: Server, *machines: tuple[str, list[str]]) -> None:
-    """Pool p backed by ``machines`` (name, gpu device ids); borrower has no reserved share."""
-    ok(await server.client.post("/v1/pools", json={"name": "p", "capacity": {}}), 201)
+async def _node_pool(
+    server: Server, *machines: tuple[str, list[str]], owner: int = 0, grace: int = 0
+) -> None:
+    """Pool p backed by ``machines`` (name, gpu device ids); borrower has no reserved share,
+    owner reserves ``owner`` GPUs."""
+    pool = {"name": "p", "capacity": {}, "preemption_grace_seconds": grace}
+    ok(await server.client.post("/v1/pools", json=pool), 201)
     for name, gpus in machines:
         await _add_node(server, name=name, pool="p", labels={"gpu-type": "A100-80G"},
                         capacity={"gpu": len(gpus)}, devices={"gpu": gpus})  # fmt: skip
-    body = {"subject": "borrower", "pool": "p", "reserved": {"gpu": 0}}
-    ok(await server.client.post("/v1/policies", json=body), 201)
+    for subject, reserved in (("borrower", 0), ("owner", owner)):
+        body = {"subject": subject, "pool": "p", "reserved": {"gpu": reserved}}
+        ok(await server.client.post("/v1/policies", json=body), 201)
 
 
 async def _queued_in_p(server: Server) -> list[dict[str, Any]]:
@@ -579,3 +584,28 @@ async def test_a_pool_without_nodes_leaves_cuda_visible_devices_alone(
     proc.send_signal(signal.SIGTERM)
     code, err = await _exit(proc, tmp_path)
     assert code == 128 + signal.SIGTERM, err
+
+
+async def test_a_requeued_attempt_gets_the_env_of_its_new_placement(
+    live: Server, tmp_path: Path
+) -> None:
+    await _node_pool(live, ("box-1", ["0", "1"]), ("box-2", ["GPU-b0", "GPU-b1"]), owner=2,
+                     grace=20)  # fmt: skip
+    proc = await _wrap(live, tmp_path, "retry", "--gpu", "2", "--max-retries", "1",
+                       "--selector", "gpu-type=A100-80G")  # fmt: skip
+    log = tmp_path / "log"
+    first = await _until(lambda: _first(log, "start"))
+    taken = first["node"]
+    other = "box-2" if taken == "box-1" else "box-1"
+    # The owner takes its share back on exactly that node: the borrower is preempted there,
+    # requeued, and its second attempt fits on the other node.
+    body = {"subject": "owner", "resources": {"gpu": 2}, "node_selector": {"node": taken}}
+    owner = ok(await live.client.post("/v1/requests", json=body), 201)
+    code, err = await _exit(proc, tmp_path)
+    assert code == 7, err  # the second run's own status
+    starts = [e for e in _events(log) if e["event"] == "start"]
+    assert [(s["attempt"], s["node"]) for s in starts] == [(1, taken), (2, other)]
+    devices = {"box-1": "0,1", "box-2": "GPU-b0,GPU-b1"}
+    assert [s["cuda"] for s in starts] == [devices[taken], devices[other]]
+    assert json.loads(starts[1]["devices"]) == {"gpu": devices[other].split(",")}
+    assert (await _request(live, owner["id"]))["placement"]["node"] == taken
