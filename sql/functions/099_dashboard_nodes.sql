@@ -1,4 +1,4 @@
--- The dashboard's nodes (docs/ops.md, "Dashboard"): every node of every pool with its state,
+-- The dashboard's nodes (docs/api.md, GET /v1/dashboard): every node of every pool with its state,
 -- labels, per-key used/capacity and its named devices with their holders, in one read.
 
 CREATE OR REPLACE FUNCTION respool.dashboard_nodes()
