@@ -19,8 +19,6 @@ import pytest
 from respool_client import AsyncRespool, Grant, Rejected, Request, Respool, allocated
 from respool_client.run import here, host_node_name, node_selector
 
-from app.db import nodes
-from app.db.connect import APP_CLI, connect
 from support.http import ok
 from support.server import Server, running_server
 
@@ -173,13 +171,8 @@ async def live(db_url: str) -> AsyncIterator[Server]:
 
 
 async def _add_node(server: Server, **body: Any) -> None:
-    """Register a node through the node SQL API (app/db/nodes.py; ``POST /v1/nodes`` calls the
-    same function)."""
-    conn = await connect(server.db_url, application_name=APP_CLI)
-    try:
-        await nodes.create_node(conn, body)
-    finally:
-        await conn.close()
+    """Register a node (``POST /v1/nodes``)."""
+    ok(await server.client.post("/v1/nodes", json=body), 201)
 
 
 async def _node_pool(server: Server) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from app.db import nodes, tokens
+from app.db import tokens
 from app.db.connect import APP_CLI, connect
 from support.server import Server, running_server
 
@@ -217,32 +217,11 @@ async def node_showcase(srv: Server) -> dict[str, Any]:
     await ok("POST", "/v1/pools", name="h100", capacity={})
     await ok("POST", "/v1/pools", name="cpu-batch", capacity={"mcpu": 32000})
     eight = [str(i) for i in range(8)]
-    # The node SQL API (app/db/nodes.py); POST /v1/nodes calls the same function.
-    conn = await connect(srv.db_url, application_name=APP_CLI)
-    try:
-        await nodes.create_node(
-            conn,
-            {
-                "name": "box-1",
-                "pool": "h100",
-                "labels": {"gpu-type": "H100-80G"},
-                "capacity": {"gpu": 8, "mcpu": 64000},
-                "devices": {"gpu": eight},
-            },
-        )
-        await nodes.create_node(
-            conn,
-            {
-                "name": "box-2",
-                "pool": "h100",
-                "labels": {"gpu-type": "H100-80G"},
-                "capacity": {"gpu": 4},
-                "devices": {"gpu": UUIDS},
-            },
-        )
-        await nodes.create_node(conn, {"name": "spare", "capacity": {"gpu": 1}})  # in no pool
-    finally:
-        await conn.close()
+    await ok("POST", "/v1/nodes", name="box-1", pool="h100", labels={"gpu-type": "H100-80G"},
+             capacity={"gpu": 8, "mcpu": 64000}, devices={"gpu": eight})  # fmt: skip
+    await ok("POST", "/v1/nodes", name="box-2", pool="h100", labels={"gpu-type": "H100-80G"},
+             capacity={"gpu": 4}, devices={"gpu": UUIDS})  # fmt: skip
+    await ok("POST", "/v1/nodes", name="spare", capacity={"gpu": 1})  # in no pool: not drawn
     for subject in ("research:alice", "research:bob"):
         await ok("POST", "/v1/policies", subject=subject, pool="h100")
     await ok("POST", "/v1/policies", subject="ci:nightly", pool="cpu-batch")

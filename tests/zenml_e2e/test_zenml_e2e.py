@@ -11,7 +11,6 @@ isolated, preemptible steps) may borrow; ``orchestrator:free`` has no policy.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -19,8 +18,6 @@ from typing import Any
 
 import pytest
 
-from app.db import nodes
-from app.db.connect import APP_CLI, connect
 from zenml_e2e.harness import Servers, running, zenml_available
 
 pytestmark = [pytest.mark.zenml, pytest.mark.timeout(1800)]
@@ -41,25 +38,16 @@ def zen(module_db_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         )
         servers.rp("POST", "/v1/policies", json={"subject": "orchestrator:iso", "pool": "gpus"})
         servers.rp("POST", "/v1/pools", json={"name": "a100s", "capacity": {}})
-        asyncio.run(_add_nodes(module_db_url))
+        for name, cls, device in (("box-a", "a100", "GPU-a"), ("box-h", "h100", "GPU-h")):
+            node = {"name": name, "pool": "a100s", "labels": {"gpu-class": cls},
+                    "capacity": {"gpu": 1}, "devices": {"gpu": [device]}}  # fmt: skip
+            servers.rp("POST", "/v1/nodes", json=node)
         servers.rp(
             "POST",
             "/v1/policies",
             json={"subject": "orchestrator:nodes", "pool": "a100s", "reserved": {"gpu": 2}},
         )
         yield servers
-
-
-async def _add_nodes(db_url: str) -> None:
-    """The node SQL API (app/db/nodes.py; POST /v1/nodes calls the same function)."""
-    conn = await connect(db_url, application_name=APP_CLI)
-    try:
-        for name, cls, device in (("box-a", "a100", "GPU-a"), ("box-h", "h100", "GPU-h")):
-            body = {"name": name, "pool": "a100s", "labels": {"gpu-class": cls},
-                    "capacity": {"gpu": 1}, "devices": {"gpu": [device]}}  # fmt: skip
-            await nodes.create_node(conn, body)
-    finally:
-        await conn.close()
 
 
 def _spans(steps: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
