@@ -13,7 +13,8 @@ def run(ctx: typer.Context) -> None:
     """Run CMD under an allocation: wait, run, stop CMD's whole group, re-run, release.
 
     Options: --subject, --pool, --gpu, --cpu, --memory, --resource KEY=N, --non-preemptible,
-    --max-retries, --lease (none: no lease), --queue-lease, --timeout, --kill-after;
+    --max-retries, --lease (none: no lease), --queue-lease, --timeout, --kill-after,
+    --selector LABEL=VALUE, --node NAME, --here;
     `respool run --help` lists them all, docs/client.md says what happens to CMD's processes.
     """
     raise typer.Exit(run_main(list(ctx.args)))

@@ -54,8 +54,9 @@ class DashboardController(Controller):
 
     @get(
         "/v1/dashboard",
-        summary="Everything the dashboard shows: pools with usage per key, the queue with what "
-        "each request waits for, current holders, recent events, invariant violations",
+        summary="Everything the dashboard shows: pools with usage per key and their nodes (per "
+        "device its holder), the queue with what each request waits for, current holders, "
+        "recent events, invariant violations",
         responses=error_responses(),
     )
     async def data(self, state: State, request: Request[Any, Any, Any]) -> DashboardData:

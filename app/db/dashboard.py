@@ -22,7 +22,44 @@ from app.db.metrics import (
 from app.db.named import query
 from app.db.reconcile import Violation, invariant_violations
 
-__all__ = ["DashboardData", "EventRow", "HoldingRow", "PoolRow", "QueueRow", "dashboard_data"]
+__all__ = [
+    "DashboardData",
+    "DeviceRow",
+    "EventRow",
+    "HoldingRow",
+    "NodeKeyRow",
+    "NodeRow",
+    "PoolRow",
+    "QueueRow",
+    "dashboard_data",
+]
+
+
+class NodeKeyRow(msgspec.Struct, frozen=True):
+    """One key of a node: its units allocated (``used``) out of ``capacity``; ``named``: the
+    key has device ids (drawn one cell per device), else anonymous units (drawn as a bar)."""
+
+    key: str
+    capacity: int
+    used: int
+    named: bool
+
+
+class DeviceRow(msgspec.Struct, frozen=True):
+    """One named device of a node, in list order, and the request holding it (null: free)."""
+
+    key: str
+    device: str
+    request_id: UUID | None
+    subject: str | None
+
+
+class NodeRow(msgspec.Struct, frozen=True):
+    name: str
+    state: str
+    labels: dict[str, str]
+    keys: list[NodeKeyRow]
+    devices: list[DeviceRow]
 
 
 class PoolRow(msgspec.Struct, frozen=True):
@@ -33,6 +70,8 @@ class PoolRow(msgspec.Struct, frozen=True):
     policies: list[PolicyRow]
     queued: int
     holding: int
+    # The machines backing the pool (docs/placement.md); empty: a pool of abstract units.
+    nodes: list[NodeRow] = []
 
 
 class QueueRow(msgspec.Struct, frozen=True):
@@ -103,6 +142,7 @@ async def dashboard_data(
             query("dashboard_events"),
             events_limit,
         )
+        nodes = await conn.fetch(query("dashboard_nodes"))
         violations = await invariant_violations(conn)
     by_pool_keys: dict[str, list[PoolKeyRow]] = {}
     for k in keys:
@@ -110,6 +150,10 @@ async def dashboard_data(
     by_pool_policies: dict[str, list[PolicyRow]] = {}
     for p in policies:
         by_pool_policies.setdefault(p.pool, []).append(p)
+    by_pool_nodes: dict[str, list[NodeRow]] = {}
+    for n in nodes:
+        row = msgspec.convert({k: n[k] for k in NodeRow.__struct_fields__}, NodeRow)
+        by_pool_nodes.setdefault(n["pool"], []).append(row)
     return DashboardData(
         now=now,
         pools=[
@@ -121,6 +165,7 @@ async def dashboard_data(
                 policies=by_pool_policies.get(p["name"], []),
                 queued=int(p["queued"]),
                 holding=int(p["holding"]),
+                nodes=by_pool_nodes.get(p["name"], []),
             )
             for p in pools
         ],

@@ -9,6 +9,7 @@ with Respool(url, token) as rp:
                      timeout=3600) as grant:      # blocks until allocated
         ...                                       # heartbeats run in the background
         if grant.preempted: ...
+        os.environ.update(grant.env())            # on a node: CUDA_VISIBLE_DEVICES too
 ```
 
 Dependencies: httpx and msgspec only. The wire types of the HTTP API are in
@@ -24,6 +25,7 @@ from respool_client.wire import (
     REASONS,
     STATUSES,
     TERMINAL,
+    Placement,
     Request,
     RequestCreate,
     ResourceSettings,
@@ -40,6 +42,7 @@ __all__ = [
     "AsyncRespool",
     "Grant",
     "OnPreempted",
+    "Placement",
     "Preempted",
     "Rejected",
     "Request",

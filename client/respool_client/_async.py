@@ -57,7 +57,10 @@ class AsyncRespool(RequestVerbs):
         """Wait for an allocation, hold it (heartbeats) for the block, release it on exit.
 
         ``fields``: those of :meth:`create_request` (a misspelt one is a ``TypeError``); left
-        out, the server's default; ``lease_seconds=None``: no lease."""
+        out, the server's default; ``lease_seconds=None``: no lease; ``node_selector={"gpu-type":
+        "A100-80G"}``: only nodes with these labels (``"node"``: the node's name), in a pool with
+        nodes. The grant's :attr:`~respool_client.Grant.placement` says where it runs and
+        :meth:`~respool_client.Grant.env` gives the step's variables (``CUDA_VISIBLE_DEVICES``)."""
         grant = await acquire(self, subject, within=timeout, queue_lease=self.queue_lease, **fields)
         beat = start_holding(self, grant, heartbeat_interval, on_preempted)
         try:

@@ -28,7 +28,7 @@ def new_request(subject: str, **fields: Any) -> RequestCreate:
 
     A field left out takes the server's default; ``lease_seconds=None`` is an explicit null on
     the wire: no lease (leaving it out means the server's default lease)."""
-    for name in ("resources", "labels"):
+    for name in ("resources", "labels", "node_selector"):
         value = fields.get(name)
         if isinstance(value, Mapping) and not isinstance(value, dict):
             fields[name] = dict(value)
@@ -51,9 +51,9 @@ class RequestVerbs(Transport):
 
         ``fields`` are those of :class:`~respool_client.wire.RequestCreate` (``pool``,
         ``resources``, ``settings``, ``preemptible``, ``max_retries``, ``max_seconds``,
-        ``lease_seconds``, ``idempotency_key``, ``labels``): left out, the server's default;
-        ``lease_seconds=None`` asks for no lease. ``wait``: answer once the request is no longer
-        queued, or after that many seconds."""
+        ``lease_seconds``, ``idempotency_key``, ``labels``, ``node_selector``): left out, the
+        server's default; ``lease_seconds=None`` asks for no lease. ``wait``: answer once the
+        request is no longer queued, or after that many seconds."""
         return await self._request(
             "POST",
             "/v1/requests",

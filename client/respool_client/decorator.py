@@ -1,8 +1,10 @@
 """``@allocated(...)``: run a Python step (sync or async) under an allocation.
 
 ```python
-@allocated(subject="orchestrator:prod", settings=ResourceSettings(gpu_count=2))
+@allocated(subject="orchestrator:prod", settings=ResourceSettings(gpu_count=2),
+           node_selector={"gpu-class": "a100"})
 def train(data, grant):          # ``grant`` is passed when the function takes that parameter
+    os.environ.update(grant.env())   # CUDA_VISIBLE_DEVICES: the GPUs placed for this call
     ...
 ```
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -9,9 +10,38 @@ from datetime import datetime
 from uuid import UUID
 
 from respool_client.errors import Preempted
-from respool_client.wire import Request
+from respool_client.wire import Placement, Request
 
-__all__ = ["Grant", "OnPreempted"]
+__all__ = ["Grant", "OnPreempted", "step_env"]
+
+# The device key whose ids become CUDA_VISIBLE_DEVICES.
+GPU_KEY = "gpu"
+
+
+def step_env(state: Request) -> dict[str, str]:
+    """The environment of a step that holds ``state``'s allocation (``docs/client.md``, "The
+    step's environment"): ``RESPOOL_REQUEST_ID``, ``RESPOOL_POOL``, ``RESPOOL_ATTEMPT``,
+    ``RESPOOL_RESOURCES`` (JSON); when the allocation is placed on a node (a pool with nodes),
+    ``RESPOOL_NODE`` (the node's name) and ``RESPOOL_DEVICES`` (JSON ``{key: [ids]}``, ``{}``
+    without named devices); and when gpu devices were placed, ``CUDA_VISIBLE_DEVICES``: their
+    ids joined by commas in the order given (indices, GPU UUIDs and MIG ids work as they are).
+
+    A variable left out here is not the grant's to set: ``respool run`` passes the caller's
+    value through (e.g. ``CUDA_VISIBLE_DEVICES`` in a pool without nodes)."""
+    env = {
+        "RESPOOL_REQUEST_ID": str(state.id),
+        "RESPOOL_POOL": state.pool or "",
+        "RESPOOL_ATTEMPT": str(state.attempt),
+        "RESPOOL_RESOURCES": json.dumps(dict(state.resources), sort_keys=True),
+    }
+    placed = state.placement
+    if placed is not None:
+        env["RESPOOL_NODE"] = placed.node
+        env["RESPOOL_DEVICES"] = json.dumps(placed.devices, sort_keys=True)
+        gpus = placed.devices.get(GPU_KEY)
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+    return env
 
 
 class Grant:
@@ -36,10 +66,23 @@ class Grant:
         # When the units will be taken by force (``preempting``): stop before then.
         self.deadline: datetime | None = state.preempt_deadline
         self.version: int = state.version
+        # Where it runs in a pool with nodes: node, its labels, device ids per key; else None.
+        self.placement: Placement | None = state.placement
+        self._env = step_env(state)
         self._preempted = threading.Event()
         self._valid_until: float | None = None
         if sent_at is not None:
             self._renewed(sent_at)
+
+    def env(self) -> dict[str, str]:
+        """The variables a step holding this grant runs with (a fresh dict each call):
+        ``RESPOOL_REQUEST_ID``, ``RESPOOL_POOL``, ``RESPOOL_ATTEMPT``, ``RESPOOL_RESOURCES``,
+        and, placed on a node, ``RESPOOL_NODE``, ``RESPOOL_DEVICES`` and (gpu devices placed)
+        ``CUDA_VISIBLE_DEVICES``: the same that ``respool run`` sets for its command.
+
+        ``os.environ.update(grant.env())`` before starting CUDA makes the process use only
+        its own GPUs."""
+        return dict(self._env)
 
     def _update(self, state: Request) -> None:
         """Take the status, reason, message and deadline of a newer answer about the request."""
@@ -77,7 +120,8 @@ class Grant:
     def __repr__(self) -> str:
         return (
             f"Grant(request_id={self.request_id}, pool={self.pool!r}, resources={self.resources}, "
-            f"attempt={self.attempt}, preempted={self.preempted})"
+            f"attempt={self.attempt}, node={self.placement and self.placement.node!r}, "
+            f"preempted={self.preempted})"
         )
 
 

@@ -4,9 +4,11 @@
 It waits for the grant (on a TTY a live line with the queue position and what it waits for;
 otherwise one line per change on stderr), heartbeating the queued request with a queue lease
 (``--queue-lease``) so that a wrapper killed while waiting gives its place up. It runs CMD in a
-process group of its own (:mod:`respool_client._group`) with ``RESPOOL_REQUEST_ID``,
-``RESPOOL_POOL``, ``RESPOOL_ATTEMPT`` and ``RESPOOL_RESOURCES`` (JSON) in its environment,
-heartbeats and long-polls the request while CMD runs, and:
+process group of its own (:mod:`respool_client._group`) with the grant's variables in its
+environment (:func:`respool_client.grant.step_env`: ``RESPOOL_REQUEST_ID``, ``RESPOOL_POOL``,
+``RESPOOL_ATTEMPT``, ``RESPOOL_RESOURCES``, and on a node ``RESPOOL_NODE``, ``RESPOOL_DEVICES``,
+``CUDA_VISIBLE_DEVICES``; rebuilt for every attempt, which may land elsewhere), heartbeats and
+long-polls the request while CMD runs, and:
 
 * on ``preempting`` sends SIGTERM to CMD's group, and SIGKILL at the grace deadline (or
   ``--kill-after`` seconds after the SIGTERM);
@@ -30,7 +32,9 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -45,9 +49,9 @@ from respool_client._hold import QUEUE_LEASE, await_grant, start_holding
 from respool_client.errors import AllocationTimeout, ApiError, Preempted, Rejected, RespoolError
 from respool_client.grant import Grant
 from respool_client.pairs import split_amount, split_pair
-from respool_client.wire import HOLDING, Request, ResourceSettings
+from respool_client.wire import HOLDING, NODE_NAME_PATTERN, Request, ResourceSettings
 
-__all__ = ["EXIT_CODES", "build_parser", "main", "run"]
+__all__ = ["EXIT_CODES", "build_parser", "here", "host_node_name", "main", "node_selector", "run"]
 
 EXIT_USAGE = 2
 EXIT_API = 69  # the server could not be reached or refused the call (EX_UNAVAILABLE)
@@ -81,7 +85,8 @@ def build_parser(prog: str = "respool run") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Run CMD under a respool allocation: wait for the grant, run CMD with "
-        "RESPOOL_REQUEST_ID/POOL/ATTEMPT/RESOURCES set, stop it when preempted, release on exit.",
+        "RESPOOL_REQUEST_ID/POOL/ATTEMPT/RESOURCES set (placed on a node: also RESPOOL_NODE, "
+        "RESPOOL_DEVICES and CUDA_VISIBLE_DEVICES), stop it when preempted, release on exit.",
         epilog=f"Exit status: CMD's own, or {codes}.\n\nExample:\n  {prog} --subject "
         "orchestrator:prod --pool gpus --gpu 2 --max-retries 1 -- python train.py",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -110,6 +115,13 @@ def build_parser(prog: str = "respool run") -> argparse.ArgumentParser:
         help="SIGKILL this long after SIGTERM (default: at the grace deadline).")  # fmt: skip
     add("--label", action="append", default=[], type=_label, metavar="KEY=VALUE",
         help="A label of the request; repeat for more.")  # fmt: skip
+    add("--selector", action="append", default=[], type=_label, metavar="LABEL=VALUE",
+        help="Only a node with this label (pools with nodes); repeat for more, all must match "
+        "(gpu-type=A100-80G).")  # fmt: skip
+    add("--node", metavar="NAME", help="Only this node (the selector node=NAME).")
+    add("--here", action="store_true",
+        help="Only the node this runs on: RESPOOL_NODE, else this machine's hostname in lower "
+        "case.")  # fmt: skip
     add("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     return parser
 
@@ -125,6 +137,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "respool run") -> int:
         parser.error("no command to run: respool run [options] -- CMD [ARGS...]")
     if not args.subject:
         parser.error("--subject (or RESPOOL_SUBJECT) is required")
+    try:
+        args.node_selector = node_selector(args.selector, args.node, args.here)
+    except ValueError as exc:
+        parser.error(str(exc))
     try:
         return asyncio.run(run(args, cmd))
     except KeyboardInterrupt:
@@ -254,17 +270,18 @@ class _Runner:
     async def _one_attempt(self, grant: Grant) -> tuple[int, Request | None]:
         """Run CMD under ``grant`` until no process of its group is left; CMD's exit status and
         the last state seen of the request."""
-        env = {
-            **os.environ,
-            "RESPOOL_REQUEST_ID": str(grant.request_id),
-            "RESPOOL_POOL": grant.pool or "",
-            "RESPOOL_ATTEMPT": str(grant.attempt),
-            "RESPOOL_RESOURCES": json.dumps(grant.resources, sort_keys=True),
-        }
+        # This attempt's grant, not the first one's: a requeued attempt may run elsewhere.
+        env = {**os.environ, **grant.env()}
         self.term_sent, self.kill_at, self.preempting = False, None, False
+        where = ""
+        if grant.placement is not None:
+            devices = " ".join(
+                f"{key}={','.join(ids)}" for key, ids in sorted(grant.placement.devices.items())
+            )
+            where = f" on node {grant.placement.node}" + (f" ({devices})" if devices else "")
         self.status.say(
-            f"request {grant.request_id} attempt {grant.attempt}: allocated in {grant.pool}: "
-            f"{json.dumps(grant.resources, sort_keys=True)}; running {self.cmd[0]}"
+            f"request {grant.request_id} attempt {grant.attempt}: allocated in {grant.pool}"
+            f"{where}: {json.dumps(grant.resources, sort_keys=True)}; running {self.cmd[0]}"
         )
         try:
             group = await ProcessGroup.start(self.cmd, env)
@@ -380,6 +397,7 @@ class _Runner:
                 max_retries=a.max_retries,
                 lease_seconds=a.lease,
                 labels=dict(a.label) or None,
+                node_selector=getattr(a, "node_selector", None) or None,
             )
             while True:
                 grant = await self._wait_for_grant(state, sent, started)
@@ -442,6 +460,48 @@ async def run(args: argparse.Namespace, cmd: list[str]) -> int:
         finally:
             for sig in STOP_SIGNALS:
                 loop.remove_signal_handler(sig)
+
+
+# --- where to run ----------------------------------------------------------------------------
+
+_NODE_NAME = re.compile(NODE_NAME_PATTERN)
+
+
+def host_node_name(hostname: str | None = None) -> str:
+    """This machine's node name: its hostname (``socket.gethostname()``) made to fit the node
+    name pattern: lower case, each run of other characters than ``a-z0-9._-`` one ``-``, no
+    leading ``.``, ``_`` or ``-``, at most 63 characters (``GPU-Box_07.Lab`` →
+    ``gpu-box_07.lab``). ``ValueError`` when nothing is left."""
+    host = socket.gethostname() if hostname is None else hostname
+    name = re.sub(r"[^a-z0-9._-]+", "-", host.strip().lower()).lstrip("._-")[:63]
+    if not _NODE_NAME.match(name):
+        raise ValueError(f"hostname {host!r} gives no node name; use --node NAME")
+    return name
+
+
+def here(environ: dict[str, str] | None = None) -> str:
+    """The node ``--here`` means: ``RESPOOL_NODE`` when set (not empty), else
+    :func:`host_node_name`."""
+    env = os.environ if environ is None else environ
+    return env.get("RESPOOL_NODE", "").strip() or host_node_name()
+
+
+def node_selector(
+    pairs: Sequence[tuple[str, str]], node: str | None, at_here: bool
+) -> dict[str, str]:
+    """The request's ``node_selector`` from ``--selector`` pairs, ``--node`` and ``--here``
+    (both name the built-in label ``node``); ``ValueError`` when they disagree."""
+    selector = dict(pairs)
+    if node is not None and at_here:
+        raise ValueError("--node and --here both name the node: give one")
+    named = here() if at_here else node
+    if named is not None:
+        given = selector.get("node")
+        if given is not None and given != named:
+            option = "--here" if at_here else "--node"
+            raise ValueError(f"--selector node={given} and {option} ({named}) disagree")
+        selector["node"] = named
+    return selector
 
 
 # --- option types ----------------------------------------------------------------------------

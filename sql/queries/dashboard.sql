@@ -29,3 +29,8 @@ SELECT e.id, e.at, e.request_id, r.subject, r.pool_name AS pool, e.from_status,
   FROM respool.events e JOIN respool.requests r ON r.id = e.request_id
  ORDER BY e.id DESC
  LIMIT $1;
+
+-- dashboard_nodes --
+-- Every node of every pool with per-key used/capacity and its devices' holders.
+SELECT pool, name, state, labels, keys, devices
+  FROM respool.dashboard_nodes();

@@ -39,7 +39,9 @@ CHILD = textwrap.dedent(
             f.write(json.dumps(line) + "\\n")
     attempt = int(os.environ["RESPOOL_ATTEMPT"])
     record("start", attempt=attempt, request=os.environ["RESPOOL_REQUEST_ID"],
-           pool=os.environ["RESPOOL_POOL"], resources=json.loads(os.environ["RESPOOL_RESOURCES"]))
+           pool=os.environ["RESPOOL_POOL"], resources=json.loads(os.environ["RESPOOL_RESOURCES"]),
+           node=os.environ.get("RESPOOL_NODE"), devices=os.environ.get("RESPOOL_DEVICES"),
+           cuda=os.environ.get("CUDA_VISIBLE_DEVICES"))
     if mode == "retry" and attempt == 2:
         sys.exit(7)
     def on_term(signum, frame):
@@ -83,11 +85,15 @@ async def _setup(server: Server, *, grace: int, gpus: int = 2) -> None:
         ok(await server.client.post("/v1/policies", json=body), 201)
 
 
-async def _wrap(server: Server, tmp: Path, mode: str, *options: str) -> asyncio.subprocess.Process:
+async def _wrap(
+    server: Server, tmp: Path, mode: str, *options: str, env_extra: dict[str, str] | None = None
+) -> asyncio.subprocess.Process:
+    os.makedirs(tmp, exist_ok=True)
     child = tmp / "child.py"
     child.write_text(CHILD)
     env = {**os.environ, "RESPOOL_URL": server.url, "RESPOOL_SUBJECT": "borrower"}
     env.pop("RESPOOL_TOKEN", None)
+    env.update(env_extra or {})
     # Output to a file, not a pipe: an orphaned CMD (the wrapper killed) would hold a pipe open.
     with (tmp / "wrapper.err").open("wb") as err:
         return await asyncio.create_subprocess_exec(
@@ -460,3 +466,139 @@ async def test_a_second_signal_kills_at_once(live: Server, tmp_path: Path) -> No
         assert (await _the_request(live))["status"] == "released"
     finally:
         _kill_leftovers(pids)
+
+
+# --- pools backed by nodes: the wrapper sets RESPOOL_NODE, RESPOOL_DEVICES, CUDA_VISIBLE_DEVICES --
+
+EIGHT = [str(i) for i in range(8)]
+
+
+async def _add_node(server: Server, **body: Any) -> None:
+    """Register a node (``POST /v1/nodes``)."""
+    ok(await server.client.post("/v1/nodes", json=body), 201)
+
+
+async def _node_pool(
+    server: Server, *machines: tuple[str, list[str]], owner: int = 0, grace: int = 0
+) -> None:
+    """Pool p backed by ``machines`` (name, gpu device ids); borrower has no reserved share,
+    owner reserves ``owner`` GPUs."""
+    pool = {"name": "p", "capacity": {}, "preemption_grace_seconds": grace}
+    ok(await server.client.post("/v1/pools", json=pool), 201)
+    for name, gpus in machines:
+        await _add_node(server, name=name, pool="p", labels={"gpu-type": "A100-80G"},
+                        capacity={"gpu": len(gpus)}, devices={"gpu": gpus})  # fmt: skip
+    for subject, reserved in (("borrower", 0), ("owner", owner)):
+        body = {"subject": subject, "pool": "p", "reserved": {"gpu": reserved}}
+        ok(await server.client.post("/v1/policies", json=body), 201)
+
+
+async def _queued_in_p(server: Server) -> list[dict[str, Any]]:
+    page = ok(await server.client.get("/v1/requests", params={"pool": "p", "status": "queued"}))
+    items: list[dict[str, Any]] = page["items"]
+    return items
+
+
+async def test_two_runs_on_one_8_gpu_node_see_disjoint_gpus(live: Server, tmp_path: Path) -> None:
+    await _node_pool(live, ("box-1", EIGHT))
+    # An inherited CUDA_VISIBLE_DEVICES is overwritten by the placed devices.
+    inherited = {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
+    a = await _wrap(live, tmp_path / "a", "polite", "--gpu", "4", env_extra=inherited)
+    b = await _wrap(live, tmp_path / "b", "polite", "--gpu", "4", env_extra=inherited)
+    started_a = await _until(lambda: _first(tmp_path / "a" / "log", "start"))
+    started_b = await _until(lambda: _first(tmp_path / "b" / "log", "start"))
+    gpus_a, gpus_b = started_a["cuda"].split(","), started_b["cuda"].split(",")
+    assert len(gpus_a) == len(gpus_b) == 4
+    assert set(gpus_a).isdisjoint(gpus_b)
+    assert sorted(gpus_a + gpus_b, key=int) == EIGHT
+    for started, gpus in ((started_a, gpus_a), (started_b, gpus_b)):
+        assert started["node"] == "box-1"
+        assert json.loads(started["devices"]) == {"gpu": gpus}
+        placement = (await _request(live, started["request"]))["placement"]
+        assert placement["node"] == "box-1" and placement["devices"] == {"gpu": gpus}
+
+    # A third run of 4 GPUs waits: the node has none left.
+    c = await _wrap(live, tmp_path / "c", "polite", "--gpu", "4")
+    queued = await _until(lambda: _queued_in_p(live))
+    assert len(queued) == 1
+    assert await _first(tmp_path / "c" / "log", "start") is None
+
+    # One ends: the third runs, on the GPUs it left.
+    a.send_signal(signal.SIGTERM)
+    code, err = await _exit(a, tmp_path / "a")
+    assert code == 128 + signal.SIGTERM, err
+    started_c = await _until(lambda: _first(tmp_path / "c" / "log", "start"))
+    assert started_c["request"] == queued[0]["id"]
+    assert set(started_c["cuda"].split(",")) == set(gpus_a)
+    assert started_c["node"] == "box-1"
+    for proc, tmp in ((b, tmp_path / "b"), (c, tmp_path / "c")):
+        proc.send_signal(signal.SIGTERM)
+        code, err = await _exit(proc, tmp)
+        assert code == 128 + signal.SIGTERM, err
+
+
+async def test_here_and_node_choose_the_node(live: Server, tmp_path: Path) -> None:
+    await _node_pool(live, ("box-1", ["0", "1"]), ("box-2", ["GPU-aaaa", "MIG-bbbb"]))
+    # --here: the node named by RESPOOL_NODE.
+    proc = await _wrap(live, tmp_path / "here", "polite", "--gpu", "2", "--here",
+                       env_extra={"RESPOOL_NODE": "box-2"})  # fmt: skip
+    started = await _until(lambda: _first(tmp_path / "here" / "log", "start"))
+    assert started["node"] == "box-2"
+    assert started["cuda"] == "GPU-aaaa,MIG-bbbb"  # UUIDs and MIG ids as given
+    answer = await _request(live, started["request"])
+    assert answer["node_selector"] == {"node": "box-2"}
+    proc.send_signal(signal.SIGTERM)
+    await _exit(proc, tmp_path / "here")
+    # --node and --selector: both must match.
+    proc = await _wrap(live, tmp_path / "node", "polite", "--gpu", "1", "--node", "box-1",
+                       "--selector", "gpu-type=A100-80G")  # fmt: skip
+    started = await _until(lambda: _first(tmp_path / "node" / "log", "start"))
+    assert started["node"] == "box-1" and started["cuda"] == "0"
+    proc.send_signal(signal.SIGTERM)
+    await _exit(proc, tmp_path / "node")
+    # A selector that no node of the pool matches: rejected (no_fitting_node), CMD never runs.
+    proc = await _wrap(live, tmp_path / "none", "polite", "--gpu", "1", "--selector",
+                       "gpu-type=H100")  # fmt: skip
+    code, err = await _exit(proc, tmp_path / "none")
+    assert code == EXIT_REJECTED, err
+    assert "no_fitting_node" in err
+    assert not (tmp_path / "none" / "log").exists()
+
+
+async def test_a_pool_without_nodes_leaves_cuda_visible_devices_alone(
+    live: Server, tmp_path: Path
+) -> None:
+    await _setup(live, grace=0)
+    proc = await _wrap(live, tmp_path, "polite", "--gpu", "1",
+                       env_extra={"CUDA_VISIBLE_DEVICES": "3"})  # fmt: skip
+    started = await _until(lambda: _first(tmp_path / "log", "start"))
+    assert started["cuda"] == "3"
+    assert started["node"] is None and started["devices"] is None
+    proc.send_signal(signal.SIGTERM)
+    code, err = await _exit(proc, tmp_path)
+    assert code == 128 + signal.SIGTERM, err
+
+
+async def test_a_requeued_attempt_gets_the_env_of_its_new_placement(
+    live: Server, tmp_path: Path
+) -> None:
+    await _node_pool(live, ("box-1", ["0", "1"]), ("box-2", ["GPU-b0", "GPU-b1"]), owner=2,
+                     grace=20)  # fmt: skip
+    proc = await _wrap(live, tmp_path, "retry", "--gpu", "2", "--max-retries", "1",
+                       "--selector", "gpu-type=A100-80G")  # fmt: skip
+    log = tmp_path / "log"
+    first = await _until(lambda: _first(log, "start"))
+    taken = first["node"]
+    other = "box-2" if taken == "box-1" else "box-1"
+    # The owner takes its share back on exactly that node: the borrower is preempted there,
+    # requeued, and its second attempt fits on the other node.
+    body = {"subject": "owner", "resources": {"gpu": 2}, "node_selector": {"node": taken}}
+    owner = ok(await live.client.post("/v1/requests", json=body), 201)
+    code, err = await _exit(proc, tmp_path)
+    assert code == 7, err  # the second run's own status
+    starts = [e for e in _events(log) if e["event"] == "start"]
+    assert [(s["attempt"], s["node"]) for s in starts] == [(1, taken), (2, other)]
+    devices = {"box-1": "0,1", "box-2": "GPU-b0,GPU-b1"}
+    assert [s["cuda"] for s in starts] == [devices[taken], devices[other]]
+    assert json.loads(starts[1]["devices"]) == {"gpu": devices[other].split(",")}
+    assert (await _request(live, owner["id"]))["placement"]["node"] == taken

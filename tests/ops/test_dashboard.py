@@ -197,3 +197,132 @@ async def test_chromium_renders_pools_queue_and_events(live: Server, tmp_path: P
     if os.environ.get("RESPOOL_UPDATE_SCREENSHOT"):
         DOCS_SHOT.parent.mkdir(parents=True, exist_ok=True)
         DOCS_SHOT.write_bytes(data)
+
+
+# --- a pool backed by nodes: one cell per device, coloured by its holder ----------------------
+
+UUIDS = [f"GPU-{i:08x}-aaaa-bbbb-cccc-000000000000" for i in range(4)]
+
+
+async def node_showcase(srv: Server) -> dict[str, Any]:
+    """Pool h100 backed by two nodes (8 GPUs "0".."7" with anonymous mcpu; 4 GPUs by UUID),
+    three holders, and the abstract pool cpu-batch beside it."""
+    c = srv.client
+
+    async def ok(method: str, url: str, **body: Any) -> Any:
+        r = await c.request(method, url, json=body or None)
+        assert r.is_success, r.text
+        return r.json() if r.content else None
+
+    await ok("POST", "/v1/pools", name="h100", capacity={})
+    await ok("POST", "/v1/pools", name="cpu-batch", capacity={"mcpu": 32000})
+    eight = [str(i) for i in range(8)]
+    await ok("POST", "/v1/nodes", name="box-1", pool="h100", labels={"gpu-type": "H100-80G"},
+             capacity={"gpu": 8, "mcpu": 64000}, devices={"gpu": eight})  # fmt: skip
+    await ok("POST", "/v1/nodes", name="box-2", pool="h100", labels={"gpu-type": "H100-80G"},
+             capacity={"gpu": 4}, devices={"gpu": UUIDS})  # fmt: skip
+    await ok("POST", "/v1/nodes", name="spare", capacity={"gpu": 1})  # in no pool: not drawn
+    for subject in ("research:alice", "research:bob"):
+        await ok("POST", "/v1/policies", subject=subject, pool="h100")
+    await ok("POST", "/v1/policies", subject="ci:nightly", pool="cpu-batch")
+    held = [
+        await ok("POST", "/v1/requests", subject="research:alice", pool="h100",
+                 resources={"gpu": 3, "mcpu": 8000}),
+        await ok("POST", "/v1/requests", subject="research:bob", pool="h100",
+                 node_selector={"node": "box-1"}, resources={"gpu": 2}),
+        await ok("POST", "/v1/requests", subject="research:bob", pool="h100",
+                 node_selector={"node": "box-2"}, resources={"gpu": 1}),
+    ]  # fmt: skip
+    await ok("POST", "/v1/requests", subject="ci:nightly", pool="cpu-batch",
+             resources={"mcpu": 1000})  # fmt: skip
+    for r in held:
+        assert r["status"] == "allocated" and r["placement"] is not None, r
+    return {r["id"]: r for r in held}
+
+
+@pytest.fixture
+async def node_live(db_url: str) -> AsyncIterator[tuple[Server, dict[str, Any]]]:
+    async with running_server(db_url) as srv:
+        held = await node_showcase(srv)
+        yield srv, held
+
+
+def _expected_cells(held: dict[str, Any]) -> dict[tuple[str, str], str]:
+    """(node, device) → holder request id, from the requests' own placement."""
+    out: dict[tuple[str, str], str] = {}
+    for rid, r in held.items():
+        for device in r["placement"]["devices"].get("gpu", []):
+            out[(r["placement"]["node"], device)] = rid
+    return out
+
+
+async def test_dashboard_data_has_each_pools_nodes(
+    node_live: tuple[Server, dict[str, Any]],
+) -> None:
+    srv, held = node_live
+    data = (await srv.client.get("/v1/dashboard")).json()
+    pools = {p["name"]: p for p in data["pools"]}
+    assert pools["cpu-batch"]["nodes"] == []  # abstract units: as before
+    nodes = {n["name"]: n for n in pools["h100"]["nodes"]}
+    assert set(nodes) == {"box-1", "box-2"}  # "spare" is in no pool
+    box1 = nodes["box-1"]
+    assert box1["state"] == "active" and box1["labels"] == {"gpu-type": "H100-80G"}
+    keys = {k["key"]: k for k in box1["keys"]}
+    assert keys["gpu"]["capacity"] == 8 and keys["gpu"]["named"] is True
+    assert keys["mcpu"]["capacity"] == 64000 and keys["mcpu"]["named"] is False
+    assert [d["device"] for d in box1["devices"]] == [str(i) for i in range(8)]  # list order
+    assert [d["device"] for d in nodes["box-2"]["devices"]] == UUIDS
+    cells = {
+        (n, d["device"]): d["request_id"] for n, node in nodes.items() for d in node["devices"]
+    }
+    assert {k: v for k, v in cells.items() if v} == _expected_cells(held)
+    for node in nodes.values():
+        used = sum(1 for d in node["devices"] if d["request_id"])
+        assert next(k for k in node["keys"] if k["key"] == "gpu")["used"] == used
+        for d in node["devices"]:
+            if d["request_id"]:
+                assert d["subject"] == held[d["request_id"]]["subject"]
+            else:
+                assert d["subject"] is None
+
+
+@needs_chromium
+@pytest.mark.slow  # a headless browser
+async def test_chromium_draws_one_cell_per_device_coloured_by_holder(
+    node_live: tuple[Server, dict[str, Any]], tmp_path: Path
+) -> None:
+    srv, held = node_live
+    url = srv.url + "/"
+    dom = (
+        await _chromium(tmp_path / "dom", "--virtual-time-budget=5000", "--dump-dom", url)
+    ).decode()
+    assert 'data-ready="1"' in dom, dom[:2000]
+    assert 'data-node="box-1"' in dom and 'data-node="box-2"' in dom
+    assert 'data-node="spare"' not in dom
+    cells = re.findall(r'<div class="cell(?: held)?" data-device="([^"]+)"([^>]*)>', dom)
+    assert len(cells) == 8 + 4  # one cell per device of the pool's nodes
+    expected = {device: rid for (_, device), rid in _expected_cells(held).items()}
+    drawn = {}
+    colours: dict[str, set[str]] = {}
+    for device, rest in cells:
+        holder = re.search(r'data-holder="([^"]+)"', rest)
+        if holder is None:
+            assert "free" in rest and "background" not in rest
+            continue
+        rid = drawn[device] = holder.group(1)
+        # The title names the holder (subject and request id); the colour is the holder's.
+        assert held[rid]["subject"] in rest and rid[:8] in rest
+        colour = re.search(r"background:\s*(hsl\([^)]*\)|rgb\([^)]*\))", rest)
+        assert colour is not None, rest
+        colours.setdefault(rid, set()).add(colour.group(1))
+    assert drawn == expected
+    # A stable colour per holder: the same on each of its cells.
+    assert all(len(c) == 1 for c in colours.values()) and len(colours) == len(held)
+    # The pool without nodes is drawn as before: no node list in its card.
+    abstract_card = dom.split('data-pool="cpu-batch"')[1].split('data-pool="h100"')[0]
+    assert 'class="nodes"' not in abstract_card and 'class="cell' not in abstract_card
+    await _chromium(
+        tmp_path / "shot", "--virtual-time-budget=5000", "--window-size=1440,900",
+        f"--screenshot={tmp_path / 'nodes.png'}", url,
+    )  # fmt: skip
+    assert (tmp_path / "nodes.png").read_bytes().startswith(b"\x89PNG")

@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "integrations" / "z
 
 from respool_zenml.mapping import (  # type: ignore[import-not-found]  # noqa: E402  (sys.path above)
     UnsupportedDemand,
+    demands_to_node_selector,
     demands_to_resources,
     status_reason,
     subject_for,
@@ -57,7 +58,7 @@ def test_settings_demands_become_respool_keys() -> None:
         (D(1, kind="memory", unit="GiB"), ("memory_mb", 1074)),
         (D(16, kind="memory", unit="GiB"), ("memory_mb", 17180)),
         (D(1500, kind="memory", unit="KB"), ("memory_mb", 2)),
-        (D(2, kind="gpu", class_name="A100-80GB"), ("gpu_a100_80gb", 2)),
+        (D(2, kind="gpu", class_name="A100-80GB"), ("gpu", 2)),  # the class selects the node
         (D(3, kind="tpu"), ("tpu", 3)),
     ],
 )
@@ -72,8 +73,8 @@ def test_same_key_adds_up() -> None:
 @pytest.mark.parametrize(
     "demand",
     [
-        D(1, kind="gpu", resource_selector={"vendor": "nvidia"}),
         D(1, resource="Bad-Name"),
+        D(1, resource_selector={"gpu-type": "A100-80G"}),  # a selector names no key
         D(1, kind="cpu", unit="cores"),
         D(1, kind="memory", unit="GB2"),
         D(1, resource="step_run"),
@@ -84,6 +85,55 @@ def test_what_respool_cannot_express_is_refused_clearly(demand: D) -> None:
     with pytest.raises(UnsupportedDemand) as info:
         demands_to_resources([demand])
     assert str(info.value)
+
+
+def test_gpu_class_selects_the_gpu_class_label() -> None:
+    # ResourceSettings(gpu_count=2, gpu_class="a100"): ZenML's demand kind=gpu, class a100.
+    demands = [D(2, kind="gpu", class_name="a100"), D(8, kind="memory", unit="GB")]
+    assert demands_to_resources(demands) == {"gpu": 2, "memory_mb": 8000}
+    assert demands_to_node_selector(demands) == {"gpu-class": "a100"}
+
+
+def test_flat_selectors_become_node_labels() -> None:
+    demands = [
+        D(4, kind="gpu", class_selector={"gpu-type": "A100-80G", "nvlink": True}),
+        D(1, resource="licence_x", resource_selector={"zone": "b", "rack": 7}),
+        D(2, kind="cpu", class_selector={"gpu-type": "A100-80G"}),  # the same pair again
+    ]
+    assert demands_to_resources(demands) == {"gpu": 4, "licence_x": 1, "mcpu": 2000}
+    assert demands_to_node_selector(demands) == {
+        "gpu-type": "A100-80G",
+        "nvlink": "true",
+        "zone": "b",
+        "rack": "7",
+    }
+    assert demands_to_node_selector([D(1, kind="gpu")]) == {}
+
+
+@pytest.mark.parametrize(
+    ("demands", "message"),
+    [
+        ([D(1, kind="gpu", class_selector={"gpu-type": ["A100", "H100"]})], "equality"),
+        ([D(1, kind="gpu", class_selector={"memory": {"gte": 80}})], "equality"),
+        ([D(1, kind="gpu", class_selector={"memory": 80.5})], "equality"),
+        ([D(1, kind="gpu", resource_selector={"zone": None})], "equality"),
+        ([D(1, kind="gpu", class_selector={"GPU Type": "a100"})], "node label name"),
+        ([D(1, kind="gpu", class_selector={"gpu-type": "x" * 64})], "63"),
+        (
+            [D(1, kind="gpu", class_name="a100", class_selector={"gpu-class": "h100"})],
+            "contradicts",
+        ),
+        (
+            [D(1, kind="gpu", class_name="a100"), D(1, kind="gpu", class_name="h100")],
+            "one node",
+        ),
+    ],
+)
+def test_selectors_respool_cannot_express_are_refused_clearly(
+    demands: list[D], message: str
+) -> None:
+    with pytest.raises(UnsupportedDemand, match=message):
+        demands_to_node_selector(demands)
 
 
 def test_subject_is_type_and_name() -> None:

@@ -5,6 +5,8 @@ through ``ResourceSettings``.
 Pool ``gpus`` has 1 GPU. ``orchestrator:default`` (ZenML's local orchestrator: inline steps,
 non-preemptible) holds a reserved share of 1; ``orchestrator:iso`` (a subprocess orchestrator:
 isolated, preemptible steps) may borrow; ``orchestrator:free`` has no policy.
+``orchestrator:nodes`` has a policy only on pool ``a100s``, backed by two nodes of one GPU each:
+``box-a`` (``gpu-class=a100``) and ``box-h`` (``gpu-class=h100``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,16 @@ def zen(module_db_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             json={"subject": "orchestrator:default", "pool": "gpus", "reserved": {"gpu": 1}},
         )
         servers.rp("POST", "/v1/policies", json={"subject": "orchestrator:iso", "pool": "gpus"})
+        servers.rp("POST", "/v1/pools", json={"name": "a100s", "capacity": {}})
+        for name, cls, device in (("box-a", "a100", "GPU-a"), ("box-h", "h100", "GPU-h")):
+            node = {"name": name, "pool": "a100s", "labels": {"gpu-class": cls},
+                    "capacity": {"gpu": 1}, "devices": {"gpu": [device]}}  # fmt: skip
+            servers.rp("POST", "/v1/nodes", json=node)
+        servers.rp(
+            "POST",
+            "/v1/policies",
+            json={"subject": "orchestrator:nodes", "pool": "a100s", "reserved": {"gpu": 2}},
+        )
         yield servers
 
 
@@ -125,3 +137,25 @@ def test_preempted_isolated_step_is_interrupted_by_zenml(zen: Servers) -> None:
     gone = zen.rp("GET", f"/v1/requests/{held['id']}")
     assert (gone["status"], gone["reason"]) == ("preempted", "reclaim")
     zen.rp("POST", f"/v1/requests/{owner['id']}/release")
+
+
+def test_gpu_class_steps_run_on_the_nodes_of_that_class(zen: Servers) -> None:
+    # Two steps with ResourceSettings(gpu_count=1, gpu_class="a100"): one a100 GPU in the pool,
+    # so they run one after the other on box-a, although box-h's GPU is free.
+    result = zen.drive("run", "pair", "nodes", "1", "2", "a100")
+    assert result["status"] == "completed", result["output"][-3000:]
+    spans = _spans(result["step_log"])
+    (a0, a1), (b0, b1) = sorted(spans.values())
+    assert a1 <= b0, f"the steps overlapped: {spans}"
+    reqs = zen.requests_of_run(result["run"])
+    assert [r["node_selector"] for r in reqs] == [{"gpu-class": "a100"}] * 2
+    assert [(r["pool"], r["status"]) for r in reqs] == [("a100s", "released")] * 2
+
+
+def test_a_gpu_class_no_node_has_fails_the_step_with_no_fitting_node(zen: Servers) -> None:
+    result = zen.drive("run", "one", "nodes", "1", "0", "v100")
+    assert result["status"] == "failed"
+    assert "no_fitting_node" in result["output"], result["output"][-3000:]
+    assert result["step_log"] == []
+    (req,) = zen.requests_of_run(result["run"])
+    assert (req["status"], req["reason"]) == ("rejected", "no_fitting_node")

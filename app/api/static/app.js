@@ -64,6 +64,61 @@ function keyBlock(k) {
   return block;
 }
 
+// A stable colour per request id (the same holder keeps its colour across polls and nodes).
+function holderColour(id) {
+  let h = 0;
+  for (const ch of id) h = (h * 31 + ch.charCodeAt(0)) >>> 0;
+  return "hsl(" + (h % 360) + ", 62%, " + (46 + (h >>> 9) % 14) + "%)";
+}
+
+function holderName(d) { return d.subject + " (" + shortId(d.request_id) + ")"; }
+
+// One node of a pool: a row of cells per key with named devices (one cell per device, coloured
+// by its holder), a bar per key of anonymous units, and a legend naming each holder.
+function nodeBlock(node) {
+  const held = node.keys.filter((k) => k.key !== "step_run");
+  const box = el("div", { class: "node", "data-node": node.name, "data-state": node.state },
+    el("div", { class: "node-head" },
+      el("b", {}, node.name),
+      node.state !== "active" ? el("span", { class: "tag node-" + node.state }, node.state) : null,
+      el("span", { class: "node-labels" }, Object.entries(node.labels).map(([k, v]) => k + "=" + v).join(" "))));
+  const holders = new Map();
+  for (const k of held) {
+    const line = el("div", { class: "node-key", "data-key": k.key },
+      el("span", { class: "node-key-name" }, k.key + " " + k.used + "/" + k.capacity));
+    if (k.named) {
+      const cells = el("div", { class: "cells" });
+      for (const d of node.devices.filter((x) => x.key === k.key)) {
+        const attrs = { class: "cell" + (d.request_id ? " held" : ""), "data-device": d.device };
+        if (d.request_id) {
+          attrs["data-holder"] = d.request_id;
+          attrs.style = "background:" + holderColour(d.request_id);
+          attrs.title = k.key + " " + d.device + ": " + holderName(d);
+          holders.set(d.request_id, d);
+        } else {
+          attrs.title = k.key + " " + d.device + ": free";
+        }
+        cells.append(el("div", attrs));
+      }
+      line.append(cells);
+    } else {
+      const pct = k.capacity ? (100 * Math.min(k.used, k.capacity) / k.capacity).toFixed(2) + "%" : "0%";
+      line.append(el("div", { class: "bar node-bar", title: k.key + ": " + k.used + "/" + k.capacity + " (units without device ids)" },
+        el("div", { class: "seg inshare", style: "width:" + pct })));
+    }
+    box.append(line);
+  }
+  if (holders.size > 0) {
+    const legend = el("div", { class: "legend holders" });
+    for (const [id, d] of holders) {
+      legend.append(el("span", { class: "holder", "data-holder": id, title: id },
+        el("i", { style: "background:" + holderColour(id) }), holderName(d)));
+    }
+    box.append(legend);
+  }
+  return box;
+}
+
 function policyTable(pool) {
   const bySubject = new Map();
   for (const p of pool.policies) {
@@ -94,6 +149,12 @@ function renderPools(pools) {
     const keys = pool.keys.filter((k) => k.capacity !== null || k.allocated > 0 || k.queued_demand > 0);
     for (const k of keys) card.append(keyBlock(k));
     card.append(el("div", { class: "legend" }, el("i", { style: "background:var(--inshare)" }), "in share", el("i", { style: "background:var(--borrowed)" }), "borrowed", el("i", { style: "background:var(--reserved);width:2px" }), "reserved"));
+    const nodes = pool.nodes || [];
+    if (nodes.length > 0) {
+      const list = el("div", { class: "nodes" }, el("div", { class: "nodes-title" }, nodes.length + (nodes.length === 1 ? " node" : " nodes")));
+      for (const node of nodes) list.append(nodeBlock(node));
+      card.append(list);
+    }
     card.append(policyTable(pool));
     box.append(card);
   }

@@ -4,13 +4,20 @@
 ZenML                          respool
 =============================  ==============================================================
 ``component_ids[0]``           subject ``<component type>:<component name>``
-demand ``kind="gpu"``          ``gpu`` (with a ``class``: ``gpu_<class>``)
+demand ``kind="gpu"``          ``gpu``; with a ``class`` (``gpu_class``):
+                               ``node_selector["gpu-class"] = <class>``
 demand ``kind="cpu"``          ``mcpu`` (unit ``CPU`` × 1000, unit ``mCPU`` as is)
 demand ``kind="memory"``       ``memory_mb`` (``ceil(bytes / 1_000_000)``)
 demand ``resource="x"``        custom key ``x`` (a demand with only ``kind="x"``: ``x`` too)
+``class_selector``,            ``node_selector`` pairs: each key is a node label of the same
+``resource_selector``          name, each value its text (``True`` → ``"true"``, ``80`` →
+                               ``"80"``); flat equality only
 ``reclaim_tolerance: none``    ``preemptible: false`` (``coordinated``/``any``: ``true``)
 ``step_run_id``                ``idempotency_key``
 =============================  ==============================================================
+
+A respool request is placed on one node, so the selectors of all of a request's demands make
+one ``node_selector``: two demands asking one label for different values are refused.
 """
 
 from __future__ import annotations
@@ -22,6 +29,11 @@ from typing import Any, Protocol
 
 KEY = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 SUBJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,127}$")
+# A node label (docs/placement.md): its key, and a value of up to 63 printable characters.
+LABEL_KEY = re.compile(r"^[a-z0-9][a-z0-9._/-]{0,62}$")
+LABEL_VALUE = re.compile(r"^[^\x00-\x1f\x7f]{0,63}$")
+# The node label a gpu demand's class (ResourceSettings.gpu_class) selects.
+GPU_CLASS_LABEL = "gpu-class"
 
 # ZenML's ByteUnit values and what they are in bytes.
 BYTE_UNITS: Mapping[str, int] = {
@@ -66,7 +78,8 @@ RESPOOL_STATUSES: Mapping[str, tuple[str, ...]] = {
 
 
 class UnsupportedDemand(ValueError):
-    """A ZenML demand that respool cannot express (selectors, unknown units, bad names)."""
+    """A ZenML demand that respool cannot express (non-flat selectors, unknown units, bad
+    names)."""
 
 
 class Demand(Protocol):
@@ -101,12 +114,8 @@ def _key(name: str, what: str) -> str:
 
 
 def demand_to_resource(demand: Demand) -> tuple[str, int]:
-    """One demand as one respool ``(key, amount)``."""
-    if demand.resource_selector or demand.class_selector:
-        raise UnsupportedDemand(
-            "resource_selector and class_selector are not supported by respool: name the"
-            " resource (ResourceSettings(resources={'key': n})) or use gpu_count/cpu_count/memory"
-        )
+    """One demand as one respool ``(key, amount)``; where it must run is
+    :func:`demand_to_selector`'s."""
     quantity = int(demand.quantity)
     if demand.resource:
         if demand.class_name:
@@ -114,9 +123,6 @@ def demand_to_resource(demand: Demand) -> tuple[str, int]:
         return _key(demand.resource, "resource"), quantity
     kind = demand.kind
     if kind == "gpu":
-        if demand.class_name:
-            cls = re.sub(r"[^a-z0-9_]", "_", demand.class_name.lower())
-            return _key(f"gpu_{cls}", "gpu class"), quantity
         return "gpu", quantity
     if kind == "cpu":
         unit = demand.unit or "CPU"
@@ -134,7 +140,62 @@ def demand_to_resource(demand: Demand) -> tuple[str, int]:
         if demand.unit or demand.class_name:
             raise UnsupportedDemand(f"kind {kind!r}: units and classes are only read for gpu/cpu")
         return _key(kind, "kind"), quantity
-    raise UnsupportedDemand("a demand needs a resource name or a kind")
+    raise UnsupportedDemand(
+        "a demand needs a resource name or a kind (respool reads a selector as the labels of "
+        "the node, not as a way to find the resource)"
+    )
+
+
+def _label_value(field: str, label: str, value: object) -> str:
+    """A flat selector value as a label value: a string as is, an int as its digits, a bool as
+    ``true``/``false``; anything else (lists, maps, operators, floats, null) is refused."""
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, int):
+        text = str(value)
+    elif isinstance(value, str):
+        text = value
+    else:
+        raise UnsupportedDemand(
+            f"{field}[{label!r}] = {value!r}: respool selects nodes by equality on labels only;"
+            " give a string, int or bool (no lists, operators or nested maps)"
+        )
+    if not LABEL_VALUE.match(text):
+        raise UnsupportedDemand(
+            f"{field}[{label!r}]: a node label value has at most 63 printable characters"
+        )
+    return text
+
+
+def demand_to_selector(demand: Demand) -> dict[str, str]:
+    """The node labels one demand asks for: its gpu class as ``gpu-class``, and its
+    ``class_selector`` and ``resource_selector`` pairs as labels of the same name."""
+    selector: dict[str, str] = {}
+
+    def add(field: str, label: str, value: object) -> None:
+        if not isinstance(label, str) or not LABEL_KEY.match(label):
+            raise UnsupportedDemand(
+                f"{field}: {label!r} is not a node label name (^[a-z0-9][a-z0-9._/-]{{0,62}}$)"
+            )
+        text = _label_value(field, label, value)
+        if selector.get(label, text) != text:
+            raise UnsupportedDemand(
+                f"{field}[{label!r}] = {text!r} contradicts {label}={selector[label]!r} of the"
+                " same demand"
+            )
+        selector[label] = text
+
+    if demand.class_name and demand.kind == "gpu" and not demand.resource:
+        add("gpu_class", GPU_CLASS_LABEL, demand.class_name)
+    for field in ("class_selector", "resource_selector"):
+        pairs = getattr(demand, field)
+        if pairs is None:
+            continue
+        if not isinstance(pairs, Mapping):
+            raise UnsupportedDemand(f"{field} must be a map of node label to value")
+        for label, value in pairs.items():
+            add(field, label, value)
+    return selector
 
 
 def demands_to_resources(demands: Iterable[Demand]) -> dict[str, int]:
@@ -146,6 +207,21 @@ def demands_to_resources(demands: Iterable[Demand]) -> dict[str, int]:
             raise UnsupportedDemand("step_run is added by respool to every request")
         resources[key] = resources.get(key, 0) + amount
     return {k: v for k, v in resources.items() if v > 0}
+
+
+def demands_to_node_selector(demands: Iterable[Demand]) -> dict[str, str]:
+    """The respool ``node_selector`` of a ZenML request: the labels every demand asks for
+    (a request runs on one node, so they must agree)."""
+    selector: dict[str, str] = {}
+    for demand in demands:
+        for label, value in demand_to_selector(demand).items():
+            if selector.get(label, value) != value:
+                raise UnsupportedDemand(
+                    f"two demands ask node label {label!r} for {selector[label]!r} and {value!r}:"
+                    " a respool request runs on one node"
+                )
+            selector[label] = value
+    return selector
 
 
 def zenml_status(status: str, reason: str | None) -> str:

@@ -45,7 +45,9 @@ from zenml.zen_stores.schemas import (
 )
 
 from respool_zenml.mapping import (
+    GPU_CLASS_LABEL,
     RESPOOL_STATUSES,
+    demands_to_node_selector,
     demands_to_resources,
     status_reason,
     subject_for,
@@ -87,14 +89,18 @@ def _seconds_until(expires_at: datetime) -> int:
     return max(1, math.ceil((aware - datetime.now(UTC)).total_seconds()))
 
 
-def _demands(resources: dict[str, int]) -> list[ResourceRequestDemand]:
-    """respool's resources as ZenML demands (the inverse of the mapping, in respool units)."""
+def _demands(
+    resources: dict[str, int], node_selector: dict[str, str] | None = None
+) -> list[ResourceRequestDemand]:
+    """respool's resources as ZenML demands (the inverse of the mapping, in respool units); the
+    gpu demand carries the ``gpu-class`` the request selects as its class."""
     out: list[ResourceRequestDemand] = []
+    gpu_class = (node_selector or {}).get(GPU_CLASS_LABEL)
     for key, amount in sorted(resources.items()):
         if key == "step_run" or amount <= 0:
             continue
         if key == "gpu":
-            out.append(ResourceRequestDemand(kind="gpu", quantity=amount))
+            out.append(ResourceRequestDemand(kind="gpu", quantity=amount, class_name=gpu_class))
         elif key == "mcpu":
             out.append(ResourceRequestDemand(kind="cpu", quantity=amount, unit="mCPU"))
         elif key == "memory_mb":
@@ -158,6 +164,8 @@ class RespoolResourcePoolStore(ResourcePoolsSQLStoreInterface):
         resources = demands_to_resources(req.demands)
         body: dict[str, Any] = {
             "resources": resources,
+            # gpu_class, class_selector and resource_selector: the labels of the node to run on
+            "node_selector": demands_to_node_selector(req.demands) or None,
             "preemptible": req.reclaim_tolerance != ResourceRequestReclaimTolerance.NONE,
             "idempotency_key": str(req.step_run_id),
             "labels": self._labels(session, req),
@@ -353,7 +361,7 @@ class RespoolResourcePoolStore(ResourcePoolsSQLStoreInterface):
             pipeline_run_name=labels.get("run"),
             pool_id=_uuid(doc.get("pool_id")),
             pool_name=doc.get("pool"),
-            demands=_demands(doc.get("resources") or {}),
+            demands=_demands(doc.get("resources") or {}, doc.get("node_selector")),
             status=status,
             runtime_state=runtime_state or ResourceRequestRuntimeState.UNKNOWN,
             reclaim_tolerance=ResourceRequestReclaimTolerance(tolerance),

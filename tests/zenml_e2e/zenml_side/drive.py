@@ -1,9 +1,10 @@
 """The ZenML side of tests/zenml_e2e/test_zenml_e2e.py and bench/zenml_handoff.py (ZenML's venv).
 
-``python drive.py setup`` registers the stacks; ``python drive.py run KIND STACK GPUS HOLD``
-runs one dynamic pipeline on STACK and prints one JSON line: the run's name and status, the
-error if it failed, and each step's start and end as the step itself saw them.
-KIND: ``pair`` (two steps competing for GPUS each) or ``one`` (a single step).
+``python drive.py setup`` registers the stacks; ``python drive.py run KIND STACK GPUS HOLD
+[GPU_CLASS]`` runs one dynamic pipeline on STACK and prints one JSON line: the run's name and
+status, the error if it failed, and each step's start and end as the step itself saw them.
+KIND: ``pair`` (two steps competing for GPUS each) or ``one`` (a single step); GPU_CLASS: the
+steps' ``ResourceSettings.gpu_class``.
 """
 
 from __future__ import annotations
@@ -35,16 +36,21 @@ def work(tag: str, hold: float) -> str:
     return tag
 
 
-def settings(gpus: int, isolated: bool) -> dict[str, ResourceSettings]:
+def settings(gpus: int, isolated: bool, gpu_class: str | None) -> dict[str, ResourceSettings]:
     if isolated:  # explicit: a preemptible (borrowing) isolated step
         tolerance = ResourceRequestReclaimTolerance.ANY
-        return {"resources": ResourceSettings(gpu_count=gpus, reclaim_tolerance=tolerance)}
-    return {"resources": ResourceSettings(gpu_count=gpus)}  # inline: ZenML makes it `none`
+        return {
+            "resources": ResourceSettings(
+                gpu_count=gpus, gpu_class=gpu_class, reclaim_tolerance=tolerance
+            )
+        }
+    # inline: ZenML makes it `none`
+    return {"resources": ResourceSettings(gpu_count=gpus, gpu_class=gpu_class)}
 
 
 @pipeline(dynamic=True, enable_cache=False)
-def pair(gpus: int, hold: float, isolated: bool) -> None:
-    s = work.with_options(settings=settings(gpus, isolated))
+def pair(gpus: int, hold: float, isolated: bool, gpu_class: str | None = None) -> None:
+    s = work.with_options(settings=settings(gpus, isolated, gpu_class))
     a = s.submit("a", hold)
     b = s.submit("b", hold)
     a.load()
@@ -52,8 +58,8 @@ def pair(gpus: int, hold: float, isolated: bool) -> None:
 
 
 @pipeline(dynamic=True, enable_cache=False)
-def one(gpus: int, hold: float, isolated: bool) -> None:
-    work.with_options(settings=settings(gpus, isolated))("a", hold)
+def one(gpus: int, hold: float, isolated: bool, gpu_class: str | None = None) -> None:
+    work.with_options(settings=settings(gpus, isolated, gpu_class))("a", hold)
 
 
 def setup() -> None:
@@ -62,7 +68,8 @@ def setup() -> None:
         source="isolated.SubprocessOrchestratorFlavor",
         component_type=StackComponentType.ORCHESTRATOR,
     )
-    for name, flavor in (("iso", "subprocess"), ("free", "local")):
+    # "nodes": a local orchestrator whose subject has a policy on the pool backed by nodes only.
+    for name, flavor in (("iso", "subprocess"), ("free", "local"), ("nodes", "local")):
         c.create_stack_component(
             name=name,
             flavor=flavor,
@@ -79,14 +86,14 @@ def setup() -> None:
     print(json.dumps({"ok": True}))
 
 
-def run(kind: str, stack: str, gpus: int, hold: float) -> None:
+def run(kind: str, stack: str, gpus: int, hold: float, gpu_class: str | None = None) -> None:
     c = Client()
     c.activate_stack(stack)
     chosen = {"pair": pair, "one": one}[kind]
     out: dict[str, object] = {"error": None}
     try:
         r = chosen.with_options(run_name=f"{kind}-{stack}-{time.time_ns()}")(
-            gpus=gpus, hold=hold, isolated=stack == "iso"
+            gpus=gpus, hold=hold, isolated=stack == "iso", gpu_class=gpu_class
         )
         out["run"] = r.name if r is not None else None
     except Exception as exc:  # the test asserts on the message
@@ -104,4 +111,5 @@ if __name__ == "__main__":
     if sys.argv[1] == "setup":
         setup()
     else:
-        run(sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]))
+        gpu_class = sys.argv[6] if len(sys.argv) > 6 else None
+        run(sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), gpu_class)
