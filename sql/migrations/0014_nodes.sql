@@ -27,8 +27,12 @@ CREATE TABLE respool.node_resources (
     key      text NOT NULL CHECK (key ~ '^[a-z][a-z0-9_]{0,62}$'),
     capacity bigint NOT NULL CHECK (capacity > 0),
     used     bigint NOT NULL DEFAULT 0 CHECK (used >= 0),
-    PRIMARY KEY (node_id, key)
+    devices  bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (node_id, key),
+    CONSTRAINT devices_name_every_unit CHECK (devices = 0 OR devices = capacity)
 );
+COMMENT ON COLUMN respool.node_resources.devices IS
+    'How many named devices (respool.node_devices) the key has: 0 for anonymous units, else exactly capacity.';
 COMMENT ON TABLE respool.node_resources IS
     'Capacity and allocated units per node and key; a key the node lacks is untracked for soft keys, 0 for others. used may pass capacity only after a shrink, until the reconciler preempts (I5).';
 
