@@ -21,10 +21,11 @@ from support.db import assert_refused
 HOLDING = ("a", "b", "c")
 
 
-async def _request(conn: asyncpg.Connection, pool: str, gpu: int) -> UUID:
+async def _request(conn: asyncpg.Connection, pool: str, gpu: int, mcpu: int = 0) -> UUID:
+    resources = {"gpu": gpu} | ({"mcpu": mcpu} if mcpu else {})
     made = await conn.fetchval(
         "SELECT (respool.create_request($1)).request",
-        {"subject": "S", "pool": pool, "resources": {"gpu": gpu}},
+        {"subject": "S", "pool": pool, "resources": resources},
     )
     assert made["status"] == "allocated"
     return UUID(made["id"])
@@ -48,10 +49,12 @@ async def _node(
     )
     for key, cap in capacity.items():
         await conn.execute(
-            "INSERT INTO respool.node_resources (node_id, key, capacity) VALUES ($1, $2, $3)",
+            "INSERT INTO respool.node_resources (node_id, key, capacity, devices)"
+            " VALUES ($1, $2, $3, $4)",
             node_id,
             key,
             cap,
+            len(devices.get(key, [])),
         )
     for key, ids in devices.items():
         for pos, device in enumerate(ids):
@@ -67,20 +70,21 @@ async def _node(
 
 
 async def _place(
-    conn: asyncpg.Connection, request: UUID, node: UUID, gpu: int, devices: list[str]
+    conn: asyncpg.Connection, request: UUID, node: UUID, units: dict[str, int], devices: list[str]
 ) -> None:
     await conn.execute(
         "INSERT INTO respool.placements (request_id, node_id, resources) VALUES ($1, $2, $3)",
         request,
         node,
-        {"gpu": gpu},
+        units,
     )
-    await conn.execute(
-        "UPDATE respool.node_resources SET used = used + $3 WHERE node_id = $1 AND key = $2",
-        node,
-        "gpu",
-        gpu,
-    )
+    for key, n in units.items():
+        await conn.execute(
+            "UPDATE respool.node_resources SET used = used + $3 WHERE node_id = $1 AND key = $2",
+            node,
+            key,
+            n,
+        )
     await conn.execute(
         "UPDATE respool.node_devices SET holder_id = $1"
         " WHERE node_id = $2 AND key = 'gpu' AND device = ANY($3::text[])",
@@ -94,9 +98,10 @@ async def _place(
 async def ids(db_url: str) -> dict[str, UUID]:
     """A healthy placed state.
 
-    Pool ``gpus`` (gpu 16): node n1 (active; gpu devices "0".."7", mcpu 64000) holds a on
-    0-3 and b on 4-5; node n2 (cordoned; gpu "0".."7") holds c on 0-2. Node n3 is in no pool
-    (4 anonymous gpu). Pool ``other`` has node n4. Request d was released.
+    Pool ``gpus`` (gpu 16): node n1 (active; gpu devices "0".."7", mcpu 64000) holds a
+    (4 gpu on 0-3, 2000 mcpu) and b (2 gpu on 4-5); node n2 (cordoned; gpu "0".."7") holds c
+    on 0-2. Node n3 is in no pool (4 anonymous gpu). Pool ``other`` has node n4. Request d was
+    released.
     """
     conn = await connect(db_url, application_name=APP_CLI)
     try:
@@ -106,17 +111,17 @@ async def ids(db_url: str) -> dict[str, UUID]:
                            {"gpu": 8})  # fmt: skip
         for pool in ("gpus", "other"):
             await conn.execute("SELECT respool.create_policy(p_subject => 'S', p_pool => $1)", pool)
-        sizes = {"a": 4, "b": 2, "c": 3, "d": 1}
-        out = {name: await _request(conn, "gpus", gpu) for name, gpu in sizes.items()}
+        sizes = {"a": (4, 2000), "b": (2, 0), "c": (3, 0), "d": (1, 0)}
+        out = {name: await _request(conn, "gpus", *size) for name, size in sizes.items()}
         await conn.execute("SELECT respool.release_request(p_id => $1)", out["d"])
         eight = [str(i) for i in range(8)]
         out["n1"] = await _node(conn, "n1", "gpus", {"gpu": 8, "mcpu": 64000}, {"gpu": eight})
         out["n2"] = await _node(conn, "n2", "gpus", {"gpu": 8}, {"gpu": eight}, "cordoned")
         out["n3"] = await _node(conn, "n3", None, {"gpu": 4}, {})
         out["n4"] = await _node(conn, "n4", "other", {"gpu": 8}, {})
-        await _place(conn, out["a"], out["n1"], 4, ["0", "1", "2", "3"])
-        await _place(conn, out["b"], out["n1"], 2, ["4", "5"])
-        await _place(conn, out["c"], out["n2"], 3, ["0", "1", "2"])
+        await _place(conn, out["a"], out["n1"], {"gpu": 4, "mcpu": 2000}, ["0", "1", "2", "3"])
+        await _place(conn, out["b"], out["n1"], {"gpu": 2}, ["4", "5"])
+        await _place(conn, out["c"], out["n2"], {"gpu": 3}, ["0", "1", "2"])
         return out
     finally:
         await conn.close()
@@ -143,7 +148,7 @@ async def test_node_usage_is_one_row_per_node_and_key(db: asyncpg.Connection) ->
     rows = await db.fetch("SELECT * FROM respool.node_usage")
     assert [tuple(r) for r in rows] == [
         ("gpus", "n1", "active", "gpu", 8, 6, 2),
-        ("gpus", "n1", "active", "mcpu", 64000, 0, 64000),
+        ("gpus", "n1", "active", "mcpu", 64000, 2000, 62000),
         ("gpus", "n2", "cordoned", "gpu", 8, 3, 5),
         ("other", "n4", "active", "gpu", 8, 0, 8),
         (None, "n3", "active", "gpu", 4, 0, 4),  # in no pool: last
@@ -153,11 +158,11 @@ async def test_node_usage_is_one_row_per_node_and_key(db: asyncpg.Connection) ->
 
 async def test_node_usage_free_goes_negative_after_a_shrink(db: asyncpg.Connection) -> None:
     await db.execute(
-        "UPDATE respool.node_resources SET capacity = 5"
-        " WHERE key = 'gpu' AND node_id = (SELECT id FROM respool.nodes WHERE name = 'n1')"
+        "UPDATE respool.node_resources SET capacity = 1500"
+        " WHERE key = 'mcpu' AND node_id = (SELECT id FROM respool.nodes WHERE name = 'n1')"
     )
-    row = await db.fetchrow("SELECT * FROM respool.node_usage WHERE node = 'n1' AND key = 'gpu'")
-    assert (row["capacity"], row["allocated"], row["free"]) == (5, 6, -1)
+    row = await db.fetchrow("SELECT * FROM respool.node_usage WHERE node = 'n1' AND key = 'mcpu'")
+    assert (row["capacity"], row["allocated"], row["free"]) == (1500, 2000, -500)
 
 
 async def test_device_holders_is_one_row_per_device(
@@ -201,8 +206,8 @@ Row = tuple[str, str | None, str | None, str | None, str]
 BREAKS: list[tuple[str, list[str], list[Row]]] = [
     (
         "node capacity below what is placed on it",
-        ["UPDATE respool.node_resources SET capacity = 5 WHERE node_id = {n1} AND key = 'gpu'"],
-        [("I5", "gpus", None, "gpu", "node n1: allocated 6 > capacity 5")],
+        ["UPDATE respool.node_resources SET capacity = 1500 WHERE node_id = {n1} AND key = 'mcpu'"],
+        [("I5", "gpus", None, "mcpu", "node n1: allocated 2000 > capacity 1500")],
     ),
     (
         "a placed key the node lacks (not soft: capacity 0)",
@@ -221,9 +226,12 @@ BREAKS: list[tuple[str, list[str], list[Row]]] = [
         [("I4", "gpus", None, "gpu", "node n1: counter 5 <> placed sum 6")],
     ),
     (
-        "node counter of a key nothing holds",
-        ["UPDATE respool.node_resources SET used = 7 WHERE node_id = {n1} AND key = 'mcpu'"],
-        [("I4", "gpus", None, "mcpu", "node n1: counter 7 <> placed sum 0")],
+        "node counter of a node in no pool that holds nothing",
+        [
+            "UPDATE respool.node_resources SET used = 2 WHERE key = 'gpu'"
+            " AND node_id = (SELECT id FROM respool.nodes WHERE name = 'n3')"
+        ],
+        [("I4", None, None, "gpu", "node n3: counter 2 <> placed sum 0")],
     ),
     (
         "a placed soft key the node does not track",
@@ -304,14 +312,16 @@ async def test_each_broken_fact_shows_its_row(
 async def test_metrics_count_and_the_reconciler_reads_node_rows(db: asyncpg.Connection) -> None:
     """The existing readers of the view take the new rows as they are (same columns)."""
     await db.execute(
-        _fill("UPDATE respool.node_resources SET capacity = 5 WHERE node_id = {n1} AND key = 'gpu'")
+        _fill(
+            "UPDATE respool.node_resources SET capacity = 1 WHERE node_id = {n1} AND key = 'mcpu'"
+        )
     )
     from app.db import metrics as db_metrics
     from app.db import reconcile as db_reconcile
 
     assert await db_metrics.invariant_violation_counts(db) == {"I5": 1}
     [v] = await db_reconcile.invariant_violations(db)
-    assert (v.invariant, v.pool, v.key) == ("I5", "gpus", "gpu")
+    assert (v.invariant, v.pool, v.key) == ("I5", "gpus", "mcpu")
 
 
 async def test_the_reader_role_reads_the_node_views_only(db: asyncpg.Connection) -> None:
@@ -325,3 +335,39 @@ async def test_the_reader_role_reads_the_node_views_only(db: asyncpg.Connection)
             await assert_refused(db, f"SELECT * FROM respool.{table} LIMIT 1")  # noqa: S608
     finally:
         await db.execute("RESET ROLE")
+
+
+async def test_the_views_follow_the_engine_placing_requests(db_url: str) -> None:
+    """Granted through the engine: two 4-GPU requests on one 8-GPU node hold disjoint devices,
+    a third waits; after a release it gets the freed devices. No violation at any step."""
+    conn = await connect(db_url, application_name=APP_CLI)
+    try:
+        await conn.execute("SELECT respool.create_pool(p_name => 'box', p_capacity => $1)",
+                           {"gpu": 8})  # fmt: skip
+        await conn.execute("SELECT respool.create_policy(p_subject => 'S', p_pool => 'box')")
+        await _node(conn, "box1", "box", {"gpu": 8}, {"gpu": [str(i) for i in range(8)]})
+        a, b = await _request(conn, "box", 4), await _request(conn, "box", 4)
+        made = await conn.fetchval(
+            "SELECT (respool.create_request($1)).request",
+            {"subject": "S", "pool": "box", "resources": {"gpu": 4}},
+        )
+        assert made["status"] == "queued"
+        holders = await conn.fetch(
+            "SELECT device, request_id FROM respool.device_holders WHERE node = 'box1'"
+        )
+        by_holder = {h: {r["device"] for r in holders if r["request_id"] == h} for h in (a, b)}
+        assert len(by_holder[a]) == len(by_holder[b]) == 4
+        assert by_holder[a] | by_holder[b] == {str(i) for i in range(8)}
+        usage = await conn.fetchrow("SELECT * FROM respool.node_usage WHERE node = 'box1'")
+        assert (usage["allocated"], usage["free"]) == (8, 0)
+        assert await violations(conn) == []
+
+        await conn.execute("SELECT respool.release_request(p_id => $1)", a)
+        c = UUID(made["id"])
+        holders = await conn.fetch(
+            "SELECT device FROM respool.device_holders WHERE node = 'box1' AND request_id = $1", c
+        )
+        assert {r["device"] for r in holders} == by_holder[a]
+        assert await violations(conn) == []
+    finally:
+        await conn.close()
