@@ -186,7 +186,7 @@ SELECT 'I7', npl.name, r.subject, NULL,
   LEFT JOIN respool.requests r ON r.id = p.request_id
  WHERE r.status IS NULL OR r.status NOT IN ('allocated', 'preempting');
 COMMENT ON VIEW respool.invariant_violations IS
-    'One row per broken invariant I1-I7 (docs/preemption.md and docs/placement.md, invariants), computed from the requests that hold units and their placements; empty when healthy. I1/I2/I5 may show briefly after a shrink, until the reconciler acts. Node rows name the node in detail; pool is the node''s pool (I4, I5, I6) or the request''s (I7).';
+    'One row per broken invariant I1-I7 (docs/ops.md, invariant violations; docs/placement.md), computed from the requests that hold units and their placements; empty when healthy. I1/I2/I5 may show briefly after a shrink, until the reconciler acts. Node rows name the node in detail; pool is the node''s pool (I4, I5, I6) or the request''s (I7).';
 
 GRANT USAGE ON SCHEMA respool TO respool_reader;
 GRANT SELECT ON respool.pool_usage, respool.policy_usage, respool.queue, respool.request_events,
