@@ -16,7 +16,7 @@ import asyncpg
 import pytest
 
 from app.db.connect import APP_CLI, connect
-from support.db import assert_refused
+from support.db import assert_refused, reconcile
 
 HOLDING = ("a", "b", "c")
 
@@ -369,5 +369,39 @@ async def test_the_views_follow_the_engine_placing_requests(db_url: str) -> None
         )
         assert {r["device"] for r in holders} == by_holder[a]
         assert await violations(conn) == []
+    finally:
+        await conn.close()
+
+
+async def test_a_node_shrink_shows_i5_until_the_reconciler_preempts(db_url: str) -> None:
+    """An anonymous key shrunk below what its holders use is I5 (and I1: the pool's capacity is
+    the nodes' sum) until one reconciler pass preempts on that node; then the view is empty."""
+    conn = await connect(db_url, application_name=APP_CLI)
+    try:
+        await conn.execute("SELECT respool.create_pool(p_name => 'anon')")
+        await conn.execute("SELECT respool.create_policy(p_subject => 'S', p_pool => 'anon')")
+        await conn.execute(
+            "SELECT respool.create_node($1)", {"name": "a1", "pool": "anon", "capacity": {"gpu": 8}}
+        )
+        held = [await _request(conn, "anon", 4), await _request(conn, "anon", 4)]
+        await conn.execute("SELECT respool.update_node('a1', $1)", {"capacity": {"gpu": 6}})
+        got = await violations(conn)
+        assert [g[:4] for g in got] == [
+            ("I1", "anon", None, "gpu"),
+            ("I5", "anon", None, "gpu"),
+        ]
+        assert "node a1: allocated 8 > capacity 6" in got[1][4]
+        usage = await conn.fetchrow("SELECT * FROM respool.node_usage WHERE node = 'a1'")
+        assert (usage["capacity"], usage["allocated"], usage["free"]) == (6, 8, -2)
+
+        await reconcile(conn, "anon")
+        assert await violations(conn) == []
+        statuses = await conn.fetch(
+            "SELECT status, reason FROM respool.requests WHERE id = ANY($1::uuid[])", held
+        )
+        assert sorted((r["status"], r["reason"]) for r in statuses) == [
+            ("allocated", None),
+            ("preempted", "capacity_shrink"),
+        ]
     finally:
         await conn.close()
