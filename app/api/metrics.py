@@ -7,6 +7,7 @@ Two kinds of numbers:
 * **State gauges**, read from the ops views (:class:`MetricsCache`: at most once per
   ``RESPOOL_METRICS_CACHE_SECONDS``, default 5 s, however many scrapers): capacity,
   allocated, free, reserved, borrowed and queued demand per pool and key; usage per policy;
+  capacity, allocated and free per node and key, and each node's state (docs/placement.md);
   queue length and oldest wait per pool; stored requests per status; invariant violations.
   Every replica reports the same values: aggregate with ``max``, not ``sum``.
 * **Event counters** (:class:`EventTally`): preemptions by pool and reason, requests by final
@@ -38,7 +39,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from respool_client.wire import Status
+from respool_client.wire import NodeState, Status
 
 from app import __version__
 from app.api.auth import AuthError
@@ -55,7 +56,8 @@ STATUSES: tuple[Status, ...] = (
     "rejected",
 )  # fmt: skip
 FINAL_STATUSES = ("released", "preempted", "expired", "cancelled", "rejected")
-INVARIANTS = ("I1", "I2", "I3", "I4")
+INVARIANTS = ("I1", "I2", "I3", "I4", "I5", "I6", "I7")
+NODE_STATES: tuple[NodeState, ...] = ("active", "cordoned", "draining")
 
 # Seconds from entering the queue to the grant: sub-second grants up to day-long waits.
 WAIT_BUCKETS = (
@@ -154,6 +156,16 @@ _POOL_KEY_GAUGES = (
         "Units asked for by queued requests, per pool and key",
     ),
 )
+# Per node and key (a node in no pool has pool=""), from respool.node_usage.
+_NODE_KEY_GAUGES = (
+    ("capacity", "respool_node_capacity", "Capacity per node and key it tracks"),
+    ("allocated", "respool_node_allocated", "Units placed on a node, per key"),
+    (
+        "free",
+        "respool_node_free",
+        "Node capacity minus allocated, per key (below 0 after a shrink until the reconciler acts)",
+    ),
+)
 _POLICY_GAUGES = (
     ("used", "respool_policy_used", "Units a subject holds in a pool"),
     ("reserved", "respool_policy_reserved", "A subject's reserved share"),
@@ -177,6 +189,14 @@ async def _state_gauges(registry: CollectorRegistry, pool: asyncpg.Pool) -> None
     per_policy = [
         (f, gauge(name, doc, "pool", "subject", "key")) for f, name, doc in _POLICY_GAUGES
     ]
+    per_node = [(f, gauge(name, doc, "pool", "node", "key")) for f, name, doc in _NODE_KEY_GAUGES]
+    node_state = gauge(
+        "respool_node_state",
+        "1 for a node's current state (active, cordoned, draining), 0 for the others",
+        "pool",
+        "node",
+        "state",
+    )
     q_len = gauge("respool_queue_length", "Requests waiting in a pool's queue", "pool")
     q_oldest = gauge(
         "respool_queue_oldest_wait_seconds",
@@ -195,6 +215,11 @@ async def _state_gauges(registry: CollectorRegistry, pool: asyncpg.Pool) -> None
         _set_fields(per_key, row, row.pool, row.key)
     for p in await db_metrics.policy_rows(pool):
         _set_fields(per_policy, p, p.pool, p.subject, p.key)
+    for nk in await db_metrics.node_key_rows(pool):
+        _set_fields(per_node, nk, nk.pool or "", nk.node, nk.key)
+    for ns in await db_metrics.node_states(pool):
+        for state in NODE_STATES:
+            node_state.labels(ns.pool or "", ns.node, state).set(1 if ns.state == state else 0)
     stats = await db_metrics.queue_stats(pool)
     for name in sorted({row.pool for row in keys} | set(stats)):
         n, oldest = stats.get(name, (0, 0.0))

@@ -1,5 +1,6 @@
-"""Metrics reads (``sql/queries/metrics.sql``): usage per pool, key and policy, queues,
-request counts, invariant violations, and the events since the last scrape.
+"""Metrics reads (``sql/queries/metrics.sql``): usage per pool, key and policy, usage and
+state per node, queues, request counts, invariant violations, and the events since the last
+scrape.
 
 The reads go through the ops views where those have what is needed, and read base tables
 only for what the views do not carry.
@@ -20,12 +21,16 @@ from app.db.executor import Executor, _as
 from app.db.named import query
 
 __all__ = [
+    "NodeKeyRow",
+    "NodeStateRow",
     "PoolKeyRow",
     "PolicyRow",
     "TallyRow",
     "connection",
     "database_now",
     "invariant_violation_counts",
+    "node_key_rows",
+    "node_states",
     "policy_rows",
     "pool_key_rows",
     "queue_stats",
@@ -54,6 +59,36 @@ async def pool_key_rows(db: Executor) -> list[PoolKeyRow]:
     """Per pool and key: ``respool.pool_usage`` plus reserved/borrowed sums of policy_usage."""
     rows = await db.fetch(query("pool_key_rows"))
     return _as(list[PoolKeyRow], [_whole(r) for r in rows])
+
+
+class NodeKeyRow(msgspec.Struct, frozen=True):
+    """One node and key it tracks (docs/placement.md)."""
+
+    pool: str | None  # None: a node in no pool
+    node: str
+    state: str
+    key: str
+    capacity: int
+    allocated: int  # the node's counter
+    free: int  # capacity - allocated: negative after a shrink until the reconciler acts
+
+
+async def node_key_rows(db: Executor) -> list[NodeKeyRow]:
+    """Per node and key: ``respool.node_usage``."""
+    rows = await db.fetch(query("node_key_rows"))
+    return _as(list[NodeKeyRow], [_whole(r) for r in rows])
+
+
+class NodeStateRow(msgspec.Struct, frozen=True):
+    pool: str | None
+    node: str
+    state: str
+
+
+async def node_states(db: Executor) -> list[NodeStateRow]:
+    """Every node (with or without capacity rows), its pool and state."""
+    rows = await db.fetch(query("node_states"))
+    return _as(list[NodeStateRow], [dict(r) for r in rows])
 
 
 class PolicyRow(msgspec.Struct, frozen=True):

@@ -22,6 +22,16 @@ SELECT pool, subject, key, priority, reserved::bigint, "limit"::bigint, used::bi
   FROM respool.policy_usage
  ORDER BY pool, subject, key;
 
+-- node_key_rows --
+-- Per node and key it tracks: respool.node_usage (pool NULL: a node in no pool).
+SELECT pool, node, state, key, capacity, allocated, free FROM respool.node_usage;
+
+-- node_states --
+-- Every node with its pool and state, keys or not (respool.node_usage has a row per key only).
+SELECT pl.name AS pool, n.name AS node, n.state
+  FROM respool.nodes n LEFT JOIN respool.pools pl ON pl.id = n.pool_id
+ ORDER BY n.name;
+
 -- queue_stats --
 -- Per pool with a queue: waiting requests and how long the oldest has waited.
 SELECT pool, count(*) AS n, max(waiting_seconds) AS oldest FROM respool.queue GROUP BY pool;

@@ -67,6 +67,20 @@ WITH held AS (
     SELECT pool_id, key, sum(amount) AS used FROM held GROUP BY pool_id, key
 ), policy_sums AS (
     SELECT policy_id, key, sum(amount) AS used, sum(np_amount) AS np_used FROM held GROUP BY policy_id, key
+), placed AS (
+    -- Placements of holding requests (docs/placement.md): the units charged on their node.
+    SELECT p.request_id, p.node_id, p.resources, r.pool_id, r.subject, r.status
+      FROM respool.placements p JOIN respool.requests r ON r.id = p.request_id
+     WHERE r.status IN ('allocated', 'preempting')
+), node_sums AS (
+    SELECT pd.node_id, x.key, sum(x.value::numeric) AS used
+      FROM placed pd CROSS JOIN LATERAL jsonb_each_text(pd.resources) x
+     GROUP BY pd.node_id, x.key
+), device_keys AS (
+    SELECT DISTINCT node_id, key FROM respool.node_devices
+), held_devices AS (
+    SELECT node_id, key, holder_id, count(*) AS n FROM respool.node_devices
+     WHERE holder_id IS NOT NULL GROUP BY node_id, key, holder_id
 )
 SELECT 'I1' AS invariant, pl.name AS pool, NULL::text AS subject, s.key,
        format('allocated %s > capacity %s', s.used, respool._effective_capacity(s.key, c.capacity)) AS detail
@@ -103,9 +117,76 @@ SELECT 'I4', pl.name, p.subject, c.key,
 UNION ALL
 SELECT 'I4', NULL, p.subject, s.key, format('policy counter missing, held sum %s', s.used)
   FROM policy_sums s LEFT JOIN respool.policies p ON p.id = s.policy_id
- WHERE NOT EXISTS (SELECT FROM respool.policy_resources c WHERE c.policy_id = s.policy_id AND c.key = s.key);
+ WHERE NOT EXISTS (SELECT FROM respool.policy_resources c WHERE c.policy_id = s.policy_id AND c.key = s.key)
+-- Nodes (docs/placement.md, invariants). pool: the node's pool; the node is named in detail.
+UNION ALL
+SELECT 'I5', pl.name, NULL, s.key,
+       format('node %s: allocated %s > capacity %s', n.name, s.used,
+              respool._effective_capacity(s.key, nr.capacity))
+  FROM node_sums s JOIN respool.nodes n ON n.id = s.node_id
+  LEFT JOIN respool.pools pl ON pl.id = n.pool_id
+  LEFT JOIN respool.node_resources nr ON nr.node_id = s.node_id AND nr.key = s.key
+ WHERE s.used > respool._effective_capacity(s.key, nr.capacity)
+UNION ALL
+SELECT 'I4', pl.name, NULL, nr.key,
+       format('node %s: counter %s <> placed sum %s', n.name, nr.used, coalesce(s.used, 0))
+  FROM respool.node_resources nr JOIN respool.nodes n ON n.id = nr.node_id
+  LEFT JOIN respool.pools pl ON pl.id = n.pool_id
+  LEFT JOIN node_sums s ON s.node_id = nr.node_id AND s.key = nr.key
+ WHERE nr.used <> coalesce(s.used, 0)
+UNION ALL
+SELECT 'I4', pl.name, NULL, s.key, format('node %s: counter missing, placed sum %s', n.name, s.used)
+  FROM node_sums s JOIN respool.nodes n ON n.id = s.node_id
+  LEFT JOIN respool.pools pl ON pl.id = n.pool_id
+ WHERE NOT EXISTS (SELECT FROM respool.node_resources nr WHERE nr.node_id = s.node_id AND nr.key = s.key)
+UNION ALL
+SELECT 'I6', pl.name, r.subject, d.key,
+       format('node %s: device %s held by request %s, %s', n.name, d.device, d.holder_id,
+              CASE WHEN r.id IS NULL THEN 'which does not exist'
+                   WHEN r.status NOT IN ('allocated', 'preempting') THEN 'which is ' || r.status
+                   WHEN p.request_id IS NULL THEN 'which is not placed'
+                   ELSE 'which is placed on node ' || coalesce(pn.name, '?') END)
+  FROM respool.node_devices d JOIN respool.nodes n ON n.id = d.node_id
+  LEFT JOIN respool.pools pl ON pl.id = n.pool_id
+  LEFT JOIN respool.requests r ON r.id = d.holder_id
+  LEFT JOIN respool.placements p ON p.request_id = d.holder_id
+  LEFT JOIN respool.nodes pn ON pn.id = p.node_id
+ WHERE d.holder_id IS NOT NULL
+   AND NOT coalesce(r.status IN ('allocated', 'preempting') AND p.node_id = d.node_id, false)
+UNION ALL
+SELECT 'I6', pl.name, pd.subject, k.key,
+       format('node %s: request %s holds %s %s devices, placed units %s', n.name, pd.request_id,
+              coalesce(h.n, 0), k.key, coalesce((pd.resources ->> k.key)::numeric, 0))
+  FROM placed pd JOIN device_keys k ON k.node_id = pd.node_id
+  JOIN respool.nodes n ON n.id = pd.node_id
+  LEFT JOIN respool.pools pl ON pl.id = n.pool_id
+  LEFT JOIN held_devices h ON h.node_id = pd.node_id AND h.key = k.key AND h.holder_id = pd.request_id
+ WHERE coalesce(h.n, 0) <> coalesce((pd.resources ->> k.key)::numeric, 0)
+UNION ALL
+SELECT 'I7', pl.name, r.subject, NULL, format('request %s (%s) is not placed on a node', r.id, r.status)
+  FROM respool.requests r JOIN respool.pools pl ON pl.id = r.pool_id
+ WHERE r.status IN ('allocated', 'preempting')
+   AND EXISTS (SELECT FROM respool.nodes n WHERE n.pool_id = r.pool_id)
+   AND NOT EXISTS (SELECT FROM respool.placements p WHERE p.request_id = r.id)
+UNION ALL
+SELECT 'I7', pl.name, pd.subject, NULL,
+       format('request %s is placed on node %s, %s', pd.request_id, n.name,
+              CASE WHEN n.pool_id IS NULL THEN 'which is in no pool'
+                   ELSE 'of pool ' || coalesce(npl.name, '?') END)
+  FROM placed pd JOIN respool.nodes n ON n.id = pd.node_id
+  LEFT JOIN respool.pools pl ON pl.id = pd.pool_id
+  LEFT JOIN respool.pools npl ON npl.id = n.pool_id
+ WHERE n.pool_id IS DISTINCT FROM pd.pool_id
+UNION ALL
+SELECT 'I7', npl.name, r.subject, NULL,
+       format('request %s is %s but still placed on node %s', p.request_id,
+              coalesce(r.status, 'gone'), n.name)
+  FROM respool.placements p JOIN respool.nodes n ON n.id = p.node_id
+  LEFT JOIN respool.pools npl ON npl.id = n.pool_id
+  LEFT JOIN respool.requests r ON r.id = p.request_id
+ WHERE r.status IS NULL OR r.status NOT IN ('allocated', 'preempting');
 COMMENT ON VIEW respool.invariant_violations IS
-    'One row per broken invariant I1-I4 (docs/preemption.md, invariants), computed from the requests that hold units; empty when healthy. I1/I2 may show briefly after a shrink, until the reconciler acts.';
+    'One row per broken invariant I1-I7 (docs/ops.md, invariant violations; docs/placement.md), computed from the requests that hold units and their placements; empty when healthy. I1/I2/I5 may show briefly after a shrink, until the reconciler acts. Node rows name the node in detail; pool is the node''s pool (I4, I5, I6) or the request''s (I7).';
 
 GRANT USAGE ON SCHEMA respool TO respool_reader;
 GRANT SELECT ON respool.pool_usage, respool.policy_usage, respool.queue, respool.request_events,
