@@ -32,9 +32,7 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -48,8 +46,8 @@ from respool_client._group import ProcessGroup
 from respool_client._hold import QUEUE_LEASE, await_grant, start_holding
 from respool_client.errors import AllocationTimeout, ApiError, Preempted, Rejected, RespoolError
 from respool_client.grant import Grant
-from respool_client.pairs import split_amount, split_pair
-from respool_client.wire import HOLDING, NODE_NAME_PATTERN, Request, ResourceSettings
+from respool_client.pairs import host_node_name, split_amount, split_pair
+from respool_client.wire import HOLDING, Request, ResourceSettings
 
 __all__ = ["EXIT_CODES", "build_parser", "here", "host_node_name", "main", "node_selector", "run"]
 
@@ -464,24 +462,10 @@ async def run(args: argparse.Namespace, cmd: list[str]) -> int:
 
 # --- where to run ----------------------------------------------------------------------------
 
-_NODE_NAME = re.compile(NODE_NAME_PATTERN)
-
-
-def host_node_name(hostname: str | None = None) -> str:
-    """This machine's node name: its hostname (``socket.gethostname()``) made to fit the node
-    name pattern: lower case, each run of other characters than ``a-z0-9._-`` one ``-``, no
-    leading ``.``, ``_`` or ``-``, at most 63 characters (``GPU-Box_07.Lab`` →
-    ``gpu-box_07.lab``). ``ValueError`` when nothing is left."""
-    host = socket.gethostname() if hostname is None else hostname
-    name = re.sub(r"[^a-z0-9._-]+", "-", host.strip().lower()).lstrip("._-")[:63]
-    if not _NODE_NAME.match(name):
-        raise ValueError(f"hostname {host!r} gives no node name; use --node NAME")
-    return name
-
 
 def here(environ: dict[str, str] | None = None) -> str:
     """The node ``--here`` means: ``RESPOOL_NODE`` when set (not empty), else
-    :func:`host_node_name`."""
+    :func:`respool_client.pairs.host_node_name`."""
     env = os.environ if environ is None else environ
     return env.get("RESPOOL_NODE", "").strip() or host_node_name()
 
