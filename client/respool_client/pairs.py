@@ -82,5 +82,5 @@ def host_node_name(hostname: str | None = None) -> str:
     raw = socket.gethostname() if hostname is None else hostname
     name = _NOT_NAME.sub("-", raw.strip().lower()).lstrip("._-")[:63]
     if not name:
-        raise ValueError(f"hostname {raw!r} gives no node name; pass one")
+        raise ValueError(f"hostname {raw!r} gives no node name: name the node (--node, --name)")
     return name
