@@ -540,11 +540,13 @@ async def test_a_pool_without_nodes_places_nothing(env: Env) -> None:
 
 # --- concurrency -----------------------------------------------------------------------------
 
-# Per node and key: the counter equals the units its placements charge; per device key the
-# held devices equal the units charged. Every placement is of a holding request in the node's
-# pool, and every holding request of a pool with nodes is placed.
-COUNTERS_MATCH_SQL = """
-SELECT 'node counter ' || n.name || '/' || nr.key || ': used ' || nr.used || ' <> placed '
+# The node invariants (docs/placement.md), each row starting with its name: I4 (node counters
+# equal the units their placements charge), I5 (per node and key, placed units <= capacity), I6
+# (a device held by one allocation only: each placement holds exactly as many devices of a named
+# key as it was charged, and a held device's holder is placed on that node), I7 (every holding
+# request of a pool with nodes is placed on a node of that pool, and only holding requests are).
+NODE_INVARIANTS_SQL = """
+SELECT 'I4 node counter ' || n.name || '/' || nr.key || ': used ' || nr.used || ' <> placed '
        || coalesce(s.placed, 0)
   FROM respool.node_resources nr JOIN respool.nodes n ON n.id = nr.node_id
   LEFT JOIN (SELECT pl.node_id, x.key, sum(x.value::bigint) AS placed
@@ -552,7 +554,15 @@ SELECT 'node counter ' || n.name || '/' || nr.key || ': used ' || nr.used || ' <
               GROUP BY 1, 2) s ON s.node_id = nr.node_id AND s.key = nr.key
  WHERE nr.used <> coalesce(s.placed, 0)
 UNION ALL
-SELECT 'devices of ' || pl.request_id || ' ' || x.key || ': held ' || count(d.device)
+SELECT 'I5 node ' || n.name || '/' || nr.key || ': placed ' || s.placed || ' > capacity '
+       || nr.capacity
+  FROM respool.node_resources nr JOIN respool.nodes n ON n.id = nr.node_id
+  JOIN (SELECT pl.node_id, x.key, sum(x.value::bigint) AS placed
+          FROM respool.placements pl CROSS JOIN LATERAL jsonb_each_text(pl.resources) x
+         GROUP BY 1, 2) s ON s.node_id = nr.node_id AND s.key = nr.key
+ WHERE s.placed > nr.capacity
+UNION ALL
+SELECT 'I6 devices of ' || pl.request_id || ' ' || x.key || ': holds ' || count(d.device)
        || ' <> placed ' || x.value
   FROM respool.placements pl CROSS JOIN LATERAL jsonb_each_text(pl.resources) x
   JOIN respool.node_resources nr ON nr.node_id = pl.node_id AND nr.key = x.key AND nr.devices > 0
@@ -561,26 +571,22 @@ SELECT 'devices of ' || pl.request_id || ' ' || x.key || ': held ' || count(d.de
  GROUP BY pl.request_id, x.key, x.value
 HAVING count(d.device) <> x.value::bigint
 UNION ALL
-SELECT 'device held by a request not placed there: ' || d.device
+SELECT 'I6 device ' || d.key || ' ' || d.device || ' held by a request not placed there'
   FROM respool.node_devices d
  WHERE d.holder_id IS NOT NULL
    AND NOT EXISTS (SELECT FROM respool.placements pl
                     WHERE pl.request_id = d.holder_id AND pl.node_id = d.node_id)
 UNION ALL
-SELECT 'placement of a request not holding in the node''s pool: ' || pl.request_id
+SELECT 'I7 placement of a request not holding in the node''s pool: ' || pl.request_id
   FROM respool.placements pl JOIN respool.nodes n ON n.id = pl.node_id
   JOIN respool.requests r ON r.id = pl.request_id
  WHERE r.status NOT IN ('allocated', 'preempting') OR r.pool_id IS DISTINCT FROM n.pool_id
 UNION ALL
-SELECT 'holding request not placed: ' || r.id
+SELECT 'I7 holding request not placed: ' || r.id
   FROM respool.requests r
  WHERE r.status IN ('allocated', 'preempting')
    AND EXISTS (SELECT FROM respool.nodes n WHERE n.pool_id = r.pool_id)
    AND NOT EXISTS (SELECT FROM respool.placements pl WHERE pl.request_id = r.id)
-UNION ALL
-SELECT 'node over capacity ' || n.name || '/' || nr.key
-  FROM respool.node_resources nr JOIN respool.nodes n ON n.id = nr.node_id
- WHERE nr.used > nr.capacity
 """
 
 
@@ -638,7 +644,7 @@ async def test_concurrent_creates_and_releases_never_share_a_device(
         try:
             while not stop.is_set():
                 async with c.transaction(isolation="repeatable_read", readonly=True):
-                    found += [r[0] for r in await c.fetch(COUNTERS_MATCH_SQL)]
+                    found += [r[0] for r in await c.fetch(NODE_INVARIANTS_SQL)]
                 await asyncio.sleep(0)
         finally:
             await c.close()
@@ -649,7 +655,7 @@ async def test_concurrent_creates_and_releases_never_share_a_device(
     await asyncio.gather(*(worker(seed) for seed in range(workers)))
     stop.set()
     assert await audit == []
-    assert [r[0] for r in await env.conn.fetch(COUNTERS_MATCH_SQL)] == []
+    assert [r[0] for r in await env.conn.fetch(NODE_INVARIANTS_SQL)] == []
     assert seen  # grants did happen
     # Every worker cancelled what it still had: nothing is left on any node.
     assert await env.conn.fetchval("SELECT coalesce(sum(used), 0) FROM respool.node_resources") == 0
