@@ -359,6 +359,22 @@ async def test_no_fitting_node_rejections(env: Env) -> None:
     assert await env.where(e) == ("n1", GPUS8)
 
 
+async def test_no_node_could_hold_every_key_at_once_is_rejected(env: Env) -> None:
+    """Each key fits some node, but no node could hold all of them at once: the request could
+    never run (it never spans nodes), so it is rejected, not left waiting forever."""
+    await _one_pool(env)
+    await env.node("gpu-box", "gpus", capacity={"mcpu": 8000}, gpus=["0", "1", "2", "3"])
+    await env.node("cpu-box", "gpus", capacity={"mcpu": 16000})
+    a = await env.req("s", "gpus", {"gpu": 1, "mcpu": 9000})
+    assert (a["status"], a["reason"]) == ("rejected", "no_fitting_node")
+    b = await env.req("s", "gpus", {"gpu": 1, "mcpu": 8000})
+    assert await env.where(b) == ("gpu-box", ["0"])
+    # distinct_nodes: two matching nodes, but only one could hold a member.
+    member = {"subject": "s", "pool": "gpus", "resources": {"gpu": 1}}
+    docs = await env.gang([member] * 2, distinct=True)
+    assert [(d["status"], d["reason"]) for d in docs] == [("rejected", "no_fitting_node")] * 2
+
+
 async def test_a_request_never_spans_nodes(env: Env) -> None:
     await _one_pool(env)
     await env.node("n1", "gpus", gpus=GPUS8)
