@@ -249,6 +249,19 @@ async def test_tie_on_device_keys_is_broken_by_free_units_over_all_keys(
     assert (await env.where(a) or ("?",))[0] == expected
 
 
+async def test_choice_looks_at_what_a_node_is_left_with(env: Env) -> None:
+    """Nodes may name devices for a key or not: the choice compares what each node is left
+    with once the request is placed, not what is free before."""
+    await _one_pool(env, "spread")
+    await env.node("named", "gpus", capacity={"mcpu": 4000}, gpus=["a", "b"])
+    await env.node("plain", "gpus", capacity={"mcpu": 4000, "gpu": 2})  # anonymous gpus
+    a = await env.req("s", "gpus", {"gpu": 1})  # left with: named 1 device unit, plain none
+    assert await env.where(a) == ("named", ["a"])
+    # Left with: named 0 device units, plain none (ties); over all keys named 0, plain 1.
+    b = await env.req("s", "gpus", {"gpu": 1})
+    assert await env.where(b) == ("plain", [])
+
+
 async def test_full_tie_goes_to_the_node_name(env: Env) -> None:
     await _one_pool(env, "pack")
     await env.node("n2", "gpus", gpus=["0", "1"])
