@@ -17,9 +17,10 @@ The model (this file only):
 * rejection at creation, in order: the pool table (pool_missing_key, exceeds_capacity,
   exceeds_reserved: every policy reserves 0 here), then ``no_fitting_node`` when no node of the
   pool in any state could ever hold the request (none matches its selector, or none could hold
-  all its amounts at once even empty); a gang member by member, then with ``distinct_nodes`` as
-  many matching nodes that could hold a member as members, then the table on the members' sum
-  (they fit together or never); a rejection of one member rejects the gang;
+  all its amounts at once even empty); a gang member by member, then the table on the members'
+  sum (they fit together or never), then with ``distinct_nodes`` as many matching nodes that
+  could hold a member as members (the order of these last two: the engine's, the contract names
+  none); a rejection of one member rejects the gang;
 * a node change (join, capacity) rejects queued requests that can never fit any more, then
   grants what fits; a cordon or drain grants nothing new there; an uncordon grants what fits;
 * admission: the pool rule on tracked keys (a gang: the members' sum), and an ``active`` node
@@ -198,12 +199,14 @@ class Model:
                 return reason
             if not matching or not any(n.could_hold(r.resources) for n in matching):
                 return "no_fitting_node"
-        if first.distinct and sum(n.could_hold(first.resources) for n in matching) < len(members):
-            return "no_fitting_node"
         total: Counter[str] = Counter()
         for r in members:
             total.update(r.resources)
-        return self.table(total, first.preemptible)
+        if reason := self.table(total, first.preemptible):
+            return reason
+        if first.distinct and sum(n.could_hold(first.resources) for n in matching) < len(members):
+            return "no_fitting_node"
+        return None
 
     # placement
 
@@ -435,7 +438,7 @@ def shape_st(draw: st.DrawFn) -> tuple[str, dict[str, int], bool, dict[str, str]
     subject = draw(st.sampled_from(SUBJECTS))
     resources = {
         "gpu": draw(st.sampled_from([0, 1, 1, 1, 1, 2, 2, 2, 3, 5])),
-        "mcpu": draw(st.sampled_from([0, 0, 0, 500, 2000, 4000, 9000])),
+        "mcpu": draw(st.sampled_from([0, 0, 500, 1000, 2000, 2000, 4000, 9000])),
     }
     resources = {k: n for k, n in resources.items() if n}
     if not resources:
