@@ -17,6 +17,7 @@ from app.db import nodes as db_nodes
 from app.db import pools as db_pools
 from app.db.errors import BadInput, Conflict, NotFound
 from support.db import direct
+from support.wait import wait_until
 
 
 async def node_pool(conn: asyncpg.Connection, name: str = "gpus", **kw: Any) -> None:
@@ -300,7 +301,16 @@ async def test_two_nodes_join_one_pool_at_once(conn: asyncpg.Connection, db_url:
         second = asyncio.ensure_future(
             db_nodes.create_node(other, {"name": "b", "pool": "gpus", "capacity": {"gpu": 8}})
         )
-        await asyncio.sleep(0.2)  # let it reach the pool lock (the outcome does not depend on it)
+        other_pid = other.get_server_pid()
+
+        async def second_waits_for_the_pool() -> bool:
+            return bool(
+                await conn.fetchval(
+                    "SELECT EXISTS (SELECT FROM pg_locks WHERE pid = $1 AND NOT granted)", other_pid
+                )
+            )
+
+        await wait_until(second_waits_for_the_pool, "the second join to wait for the pool lock")
         await tx.commit()
         await second
     assert await capacity(conn) == {"gpu": 16}
