@@ -346,15 +346,19 @@ BEGIN
         HAVING bool_and(nr.key IS NULL OR nr.used + v_need[array_position(v_keys, nr.key)] <= nr.capacity)
            AND count(nr.key) FILTER (WHERE NOT respool._is_soft_key(nr.key)) = v_hard
            AND (NOT v_earmarks OR respool._node_leaves_earmarks(n.id, p_resources, p_request_id))
+         -- What the node is left with once the request is placed (docs/placement.md): nodes
+         -- differ in which keys they name devices for, so free-now would order them otherwise.
          ORDER BY n.id IS NOT DISTINCT FROM v_mine DESC,
                   CASE WHEN v_spread THEN -1 ELSE 1 END
-                  * coalesce(sum(nr.capacity - nr.used) FILTER (WHERE nr.devices > 0), 0),
-                  CASE WHEN v_spread THEN -1 ELSE 1 END * coalesce(sum(nr.capacity - nr.used), 0),
+                  * coalesce(sum(nr.capacity - nr.used - v_need[array_position(v_keys, nr.key)])
+                             FILTER (WHERE nr.devices > 0), 0),
+                  CASE WHEN v_spread THEN -1 ELSE 1 END
+                  * coalesce(sum(nr.capacity - nr.used - v_need[array_position(v_keys, nr.key)]), 0),
                   n.name
          LIMIT 1);
 END $$;
 COMMENT ON FUNCTION respool._node_for(uuid, jsonb, jsonb, uuid, uuid[]) IS
-    'The node a grant of p_resources goes to in a pool with nodes (docs/placement.md), NULL when none fits now: an active node of the pool, not in p_exclude, matching the selector, where every key of the request fits (node used + need <= node capacity; a soft key the node lacks is unbounded, any other key it lacks has room 0) and that leaves units earmarked on it for other requests to them. The node earmarked for p_request_id first; then the pool''s placement: pack takes the node with the fewest free units of the request''s device keys, then the fewest free units over its keys, then the name; spread the most. Read-only; the caller holds the pool lock.';
+    'The node a grant of p_resources goes to in a pool with nodes (docs/placement.md), NULL when none fits now: an active node of the pool, not in p_exclude, matching the selector, where every key of the request fits (node used + need <= node capacity; a soft key the node lacks is unbounded, any other key it lacks has room 0) and that leaves units earmarked on it for other requests to them. The node earmarked for p_request_id first; then the pool''s placement: pack takes the node left with the fewest free units of the request''s device keys (keys the node names devices for) once it is placed, then the fewest left over its keys, then the name; spread the most. Read-only; the caller holds the pool lock.';
 
 CREATE OR REPLACE FUNCTION respool._node_leaves_earmarks(p_node_id uuid, p_resources jsonb, p_request_id uuid)
 RETURNS boolean LANGUAGE plpgsql STABLE AS $$

@@ -10,6 +10,17 @@ END $$;
 COMMENT ON FUNCTION respool._earmark_blocks(respool.requests, uuid) IS
     'True when granting p_request would take units earmarked for another request (units that victims in their grace period will free): the earmark rule of respool._fits (respool._leaves_earmarks), for explaining why a request waits. Never true for the earmark holder itself.';
 
+CREATE OR REPLACE FUNCTION respool._node_could_hold(p_node_id uuid, p_need jsonb)
+RETURNS boolean LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN NOT EXISTS (SELECT FROM jsonb_each_text(p_need) x
+                         LEFT JOIN respool.node_resources nr ON nr.node_id = p_node_id AND nr.key = x.key
+                        WHERE CASE WHEN nr.key IS NULL THEN NOT respool._is_soft_key(x.key)
+                                   ELSE x.value::bigint > nr.capacity END);
+END $$;
+COMMENT ON FUNCTION respool._node_could_hold(uuid, jsonb) IS
+    'True when the node, empty, could hold every key of p_need at once (a soft key it lacks is unbounded, any other key it lacks has room 0): whatever its state and usage now. Read-only.';
+
 CREATE OR REPLACE FUNCTION respool._node_rejection(p_pool_id uuid, p_resources jsonb, p_selector jsonb,
                                                    p_request_id uuid, OUT reason text, OUT message text)
 LANGUAGE plpgsql STABLE AS $$
@@ -57,14 +68,30 @@ BEGIN
         reason := 'no_fitting_node';
         message := format('%s: needs %s on one node, the largest matching node of pool %s has %s',
                           v_bad.key, v_bad.need, v_pool, v_bad.largest);
-    ELSIF v_distinct AND v_matching < cardinality(v_needs) THEN
-        reason := 'no_fitting_node';
-        message := format('a gang of %s members on distinct nodes: pool %s has %s matching nodes',
-                          cardinality(v_needs), v_pool, v_matching);
+    ELSE
+        -- Each key fitting some matching node is not enough: one node must hold every key of a
+        -- need at once (a request never spans nodes). With distinct_nodes, count the matching
+        -- nodes that could hold a member even empty.
+        SELECT count(*) INTO v_matching FROM respool.nodes n
+         WHERE n.pool_id = p_pool_id AND respool._node_matches(n.name, n.labels, p_selector)
+           AND EXISTS (SELECT FROM unnest(v_needs) need_map WHERE respool._node_could_hold(n.id, need_map));
+        IF EXISTS (SELECT FROM unnest(v_needs) need_map
+                    WHERE NOT EXISTS (SELECT FROM respool.nodes n
+                                       WHERE n.pool_id = p_pool_id
+                                         AND respool._node_matches(n.name, n.labels, p_selector)
+                                         AND respool._node_could_hold(n.id, need_map))) THEN
+            reason := 'no_fitting_node';
+            message := format('each key fits some matching node of pool %s, but no node could hold all of them at once',
+                              v_pool);
+        ELSIF v_distinct AND v_matching < cardinality(v_needs) THEN
+            reason := 'no_fitting_node';
+            message := format('a gang of %s members on distinct nodes: pool %s has %s matching nodes that could hold a member',
+                              cardinality(v_needs), v_pool, v_matching);
+        END IF;
     END IF;
 END $$;
 COMMENT ON FUNCTION respool._node_rejection(uuid, jsonb, jsonb, uuid) IS
-    'The node rule of the rejection table (docs/placement.md): in a pool with nodes, no_fitting_node when no node of the pool in any state could ever hold the request: none matches the selector, or an amount exceeds the capacity of every matching node (a non-soft key a node lacks counts as 0); a gang (p_request_id a member) is judged member by member, and with distinct_nodes needs as many matching nodes as members. (NULL, NULL) otherwise and in a pool without nodes. Read-only.';
+    'The node rule of the rejection table (docs/placement.md): in a pool with nodes, no_fitting_node when no node of the pool in any state could ever hold the request: none matches the selector, or no matching node could hold all its amounts at once even empty (an amount above the node capacity of a key, or a non-soft key the node lacks: respool._node_could_hold); a gang (p_request_id a member) is judged member by member, and with distinct_nodes needs as many matching nodes that could hold a member as members. (NULL, NULL) otherwise and in a pool without nodes. Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._rejection(p_resources jsonb, p_preemptible boolean, p_pool_id uuid,
                                               p_policy_id uuid, p_selector jsonb DEFAULT '{}',

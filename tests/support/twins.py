@@ -12,6 +12,10 @@ can never drift from the engine it breaks. Install one only into a test's own da
   (``_minimal_victims``, which shrink enforcement shares with preemption) takes every victim its
   walk meets, also after the excess is gone and one holding no key still over, and never drops
   the ones not needed (not a minimal set).
+* ``broken_device_twin``: ``_place_on_node`` takes a node's devices by list position without
+  looking at their holders (the ``holder_id IS NULL`` tests go), so a grant can take a device an
+  allocation on that node already holds: two allocations placed on one device (the second
+  overwrites the first's holder), which the node auditors must report (I6).
 """
 
 from __future__ import annotations
@@ -62,6 +66,21 @@ TWINS: dict[str, list[tuple[str, list[tuple[str, str]]]]] = {
                 ("CONTINUE WHEN NOT useful;", "NULL;"),
                 ("EXIT WHEN NOT respool._any_over(deficit);", "NULL;"),
                 ("IF NOT respool._holds_any(held[i],", "IF false AND respool._holds_any(held[i],"),
+            ],
+        ),
+    ],
+    "broken_device_twin": [
+        (
+            "respool._place_on_node(respool.requests, uuid)",
+            [
+                (
+                    "WHERE d.node_id = p_node_id AND d.holder_id IS NULL AND v_units ? d.key",
+                    "WHERE d.node_id = p_node_id AND v_units ? d.key",
+                ),
+                (
+                    "AND t.device = w.device AND t.holder_id IS NULL;",
+                    "AND t.device = w.device;",
+                ),
             ],
         ),
     ],

@@ -1,0 +1,772 @@
+"""Model-based test of pools backed by nodes: the SQL engine against a small pure-Python
+reference of placement (docs/placement.md), written from the contract's words.
+
+A Hypothesis ``RuleBasedStateMachine`` drives one pool with nodes (``pack`` or ``spread``,
+``best_effort`` or ``strict``): creates requests (with node selectors, the built-in ``node``
+label, some that no node could ever hold, some non-preemptible that exceed the reserved share of
+0), creates gangs (with and without ``distinct_nodes``), releases and cancels, joins nodes (with
+device ids, or with anonymous gpu units), shrinks and grows a node's anonymous ``mcpu``, cordons,
+drains and uncordons nodes, and runs reconciler passes. After every step the engine's statuses
+(with reasons), each holder's node and gpu device ids, the node and pool counters must equal the
+model's, and the node invariants (``test_placement.NODE_INVARIANTS_SQL``: I4 on nodes, I5, I6,
+I7) and ``respool.invariant_violations`` must be empty.
+
+The model (this file only):
+* pool capacity per key is the sum over its nodes in any state; a soft key no node has is
+  untracked, any other key no node has is capacity 0; requests carry ``step_run: 1``;
+* rejection at creation, in order: the pool table (pool_missing_key, exceeds_capacity,
+  exceeds_reserved: every policy reserves 0 here), then ``no_fitting_node`` when no node of the
+  pool in any state could ever hold the request (none matches its selector, or none could hold
+  all its amounts at once even empty); a gang member by member, then the table on the members'
+  sum (they fit together or never), then with ``distinct_nodes`` as many matching nodes that
+  could hold a member as members (the order of these last two: the engine's, the contract names
+  none); a rejection of one member rejects the gang;
+* a node change (join, capacity) rejects queued requests that can never fit any more, then
+  grants what fits; a cordon or drain grants nothing new there; an uncordon grants what fits;
+* admission: the pool rule on tracked keys (a gang: the members' sum), and an ``active`` node
+  matching the selector where every key of the request the node tracks fits
+  (``used + need <= capacity``; a soft key the node lacks is unbounded, any other key it lacks
+  has no room); a gang is placed member by member in member order, each on the node the rule
+  chooses (with ``distinct_nodes`` never on a node an earlier member took), all or none;
+* node choice, in the contract's words: ``pack`` takes the fitting node *left with* the fewest
+  free units of the request's device keys (keys with device ids on that node), then the fewest
+  free units over the request's keys the node tracks, then the name; ``spread`` the most, then the
+  name; devices: the first free ids in the node's list order;
+* queue order: queue time (every policy has one priority and no reserved share), a gang at its
+  first member's place; ``best_effort`` grants every entry that fits, in order; ``strict`` stops
+  at the first that does not; every trigger (create, release, cancel, node change) runs a pass;
+* reconcile (grace period 0): nodes in name order, first a shrunk node sheds the minimal set of
+  its holders (victim order: most recently allocated first, ties by the higher id, a gang one
+  unit named by its lowest member id holding its members' units on that node; walk until nothing
+  is over, then put back every victim not needed, latest pick first), then a draining node loses
+  every holder (all are preemptible here); a gang member's preemption takes its whole gang
+  (reason alike); then a pass. Nothing else preempts here: one priority, no reserved shares.
+
+All examples share one database; each starts by emptying it. Every call carries an explicit
+``p_now`` one second after the previous one. ``RESPOOL_MODEL_TWIN=<twin>`` installs a known-bad
+engine first (e.g. ``broken_device_twin``): the test must then fail.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, ClassVar
+
+import asyncpg
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from test_model import LoopThread
+from test_placement import NODE_INVARIANTS_SQL
+
+from app.db.connect import APP_CLI, connect
+from support.twins import install_twin
+
+SOFT_KEYS = frozenset({"mcpu", "memory_mb", "step_run"})
+CLOCK0 = datetime(2032, 1, 1, tzinfo=UTC)
+POOL = "np"
+SUBJECTS = ("s1", "s2")
+TABLE_RANK = {"pool_missing_key": 1, "exceeds_capacity": 2, "exceeds_reserved": 4}
+
+# Nodes that may join: name -> (labels, capacity of anonymous keys, gpu device ids or None).
+# n1..n3 join at the start; n4 (device ids) and n5 (anonymous gpu units) join later.
+JOINERS: dict[str, tuple[dict[str, str], dict[str, int], list[str] | None]] = {
+    "n1": ({"gpu-type": "A100"}, {"mcpu": 8000}, ["3", "1", "0", "2"]),
+    "n2": ({"gpu-type": "L4"}, {"mcpu": 4000}, ["a", "b"]),
+    "n3": ({}, {"mcpu": 16000}, None),
+    "n4": ({"gpu-type": "A100"}, {"mcpu": 4000}, ["g0", "g1"]),
+    "n5": ({"gpu-type": "L4"}, {"mcpu": 8000, "gpu": 2}, None),
+}
+SELECTORS: list[dict[str, str]] = [
+    {},
+    {},
+    {},
+    {},
+    {},
+    {},
+    {"gpu-type": "A100"},
+    {"gpu-type": "L4"},
+    {"gpu-type": "H100"},  # no node has it
+    {"node": "n1"},
+    {"node": "n3"},
+    {"node": "n4"},  # before n4 joins: no node matches
+]
+
+
+# --- the reference model -----------------------------------------------------------------------
+
+
+@dataclass
+class MNode:
+    name: str
+    labels: dict[str, str]
+    capacity: dict[str, int]
+    devices: dict[str, list[str]]  # key -> ids in list order
+    state: str = "active"
+    used: Counter[str] = field(default_factory=Counter)
+    holder: dict[str, str] = field(default_factory=dict)  # "key/device" -> request id
+
+    def matches(self, selector: dict[str, str]) -> bool:
+        labels = self.labels | {"node": self.name}
+        return all(labels.get(k) == v for k, v in selector.items())
+
+    def could_hold(self, need: dict[str, int], used: Counter[str] | None = None) -> bool:
+        """Every key of ``need`` fits (with ``used``: now; without: on the empty node)."""
+        for key, n in need.items():
+            if key in self.capacity:
+                if (used[key] if used is not None else 0) + n > self.capacity[key]:
+                    return False
+            elif key not in SOFT_KEYS:
+                return False
+        return True
+
+    def left(self, need: dict[str, int], device_keys: bool) -> int:
+        """Free units left after placing ``need``: over its device keys, or its tracked keys."""
+        return sum(
+            self.capacity[k] - self.used[k] - n
+            for k, n in need.items()
+            if k in self.capacity and (not device_keys or k in self.devices)
+        )
+
+
+@dataclass
+class MRequest:
+    id: str
+    seq: int
+    subject: str
+    resources: dict[str, int]
+    preemptible: bool
+    selector: dict[str, str]
+    queued_at: tuple[int, int]  # (clock, member index)
+    status: str = "queued"
+    reason: str | None = None
+    gang: str | None = None
+    distinct: bool = False
+    node: str | None = None
+    devices: list[str] = field(default_factory=list)
+    allocated_at: int = 0
+
+
+class Model:
+    def __init__(self, placement: str, queueing: str) -> None:
+        self.placement = placement
+        self.queueing = queueing
+        self.nodes: dict[str, MNode] = {}
+        self.requests: dict[str, MRequest] = {}
+        self.pool_used: Counter[str] = Counter()
+        self.now = 0
+        self.stats: Counter[str] = Counter()
+
+    # capacity and rejection
+
+    def pool_cap(self, key: str) -> int | None:
+        having = [n.capacity[key] for n in self.nodes.values() if key in n.capacity]
+        if having:
+            return sum(having)
+        return None if key in SOFT_KEYS else 0
+
+    def table(self, need: dict[str, int], preemptible: bool) -> str | None:
+        """The pool's rejection table: the first reason by rank, then key."""
+        found: list[tuple[int, str, str]] = []
+        for key, n in need.items():
+            cap = self.pool_cap(key)
+            if cap == 0:
+                found.append((1, key, "pool_missing_key"))
+            elif cap is not None and n > cap:
+                found.append((2, key, "exceeds_capacity"))
+            if not preemptible and cap is not None:  # reserved 0 everywhere
+                found.append((4, key, "exceeds_reserved"))
+        return min(found)[2] if found else None
+
+    def rejection(self, members: list[MRequest]) -> str | None:
+        """Why a request (or a gang) can never fit: each member on its own (the table, then the
+        node rule), then a gang's members together (they fit together or never)."""
+        first = members[0]
+        matching = [n for n in self.nodes.values() if n.matches(first.selector)]
+        for r in members:
+            if reason := self.table(r.resources, r.preemptible):
+                return reason
+            if not matching or not any(n.could_hold(r.resources) for n in matching):
+                return "no_fitting_node"
+        total: Counter[str] = Counter()
+        for r in members:
+            total.update(r.resources)
+        if reason := self.table(total, first.preemptible):
+            return reason
+        if first.distinct and sum(n.could_hold(first.resources) for n in matching) < len(members):
+            return "no_fitting_node"
+        return None
+
+    # placement
+
+    def choose(self, r: MRequest, exclude: set[str]) -> MNode | None:
+        fitting = [
+            n
+            for n in self.nodes.values()
+            if n.state == "active"
+            and n.name not in exclude
+            and n.matches(r.selector)
+            and n.could_hold(r.resources, n.used)
+        ]
+        if not fitting:
+            return None
+        sign = 1 if self.placement == "pack" else -1
+        return min(
+            fitting,
+            key=lambda n: (
+                sign * n.left(r.resources, True),
+                sign * n.left(r.resources, False),
+                n.name,
+            ),
+        )
+
+    def place(self, r: MRequest, node: MNode) -> None:
+        r.node = node.name
+        r.devices = []
+        for key, n in r.resources.items():
+            if key in node.capacity:
+                node.used[key] += n
+            if key in node.devices:
+                free = [d for d in node.devices[key] if f"{key}/{d}" not in node.holder]
+                for d in free[:n]:
+                    node.holder[f"{key}/{d}"] = r.id
+                if key == "gpu":
+                    r.devices = free[:n]
+
+    def unplace(self, r: MRequest) -> None:
+        for key, n in r.resources.items():
+            self.pool_used[key] -= n
+        node = self.nodes[r.node] if r.node else None
+        if node is not None:
+            for key, n in r.resources.items():
+                if key in node.capacity:
+                    node.used[key] -= n
+            for slot in [s for s, h in node.holder.items() if h == r.id]:
+                del node.holder[slot]
+        r.node = None
+        r.devices = []
+
+    def entries(self) -> list[list[MRequest]]:
+        """Queue entries in queue order: a single request, or a gang's queued members."""
+        out: dict[str, list[MRequest]] = {}
+        for r in sorted(self.requests.values(), key=lambda r: (r.queued_at, r.id)):
+            if r.status == "queued":
+                out.setdefault(r.gang or r.id, []).append(r)
+        return list(out.values())
+
+    def try_grant(self, members: list[MRequest]) -> bool:
+        need: Counter[str] = Counter()
+        for r in members:
+            need.update(r.resources)
+        for key, n in need.items():
+            cap = self.pool_cap(key)
+            if cap is not None and self.pool_used[key] + n > cap:
+                return False
+        chosen: list[tuple[MRequest, MNode]] = []
+        taken: set[str] = set()
+        saved = {name: (Counter(n.used), dict(n.holder)) for name, n in self.nodes.items()}
+        for r in members:
+            node = self.choose(r, taken if r.distinct else set())
+            if node is None:
+                for name, (used, holder) in saved.items():  # all or none
+                    self.nodes[name].used, self.nodes[name].holder = used, holder
+                for r2, _ in chosen:
+                    r2.node, r2.devices = None, []
+                return False
+            self.place(r, node)
+            chosen.append((r, node))
+            taken.add(node.name)
+        for r in members:
+            r.status = "allocated"
+            r.allocated_at = self.now
+        self.pool_used.update(need)
+        self.stats["granted_gang" if len(members) > 1 else "granted"] += 1
+        return True
+
+    def allocate(self) -> None:
+        for members in self.entries():
+            if not self.try_grant(members) and self.queueing == "strict":
+                break
+
+    def revalidate(self) -> None:
+        for members in self.entries():
+            reason = self.rejection(members)
+            if reason is not None:
+                for r in members:
+                    r.status, r.reason = "rejected", reason
+                self.stats["rejected_later"] += 1
+
+    def settle(self) -> None:
+        self.revalidate()
+        self.allocate()
+
+    # lifecycle
+
+    def create(self, members: list[MRequest]) -> None:
+        for r in members:
+            self.requests[r.id] = r
+        reason = self.rejection(members)
+        if reason is not None:
+            for r in members:
+                r.status, r.reason = "rejected", reason
+            self.stats[f"rejected_{reason}"] += 1
+            return
+        self.allocate()
+
+    def finish(self, r: MRequest, status: str) -> None:
+        """release / cancel: a gang member's cancel takes its gang along; a release does not."""
+        targets = [r]
+        if status == "cancelled" and r.gang:
+            targets = [
+                m
+                for m in self.requests.values()
+                if m.gang == r.gang and m.status in ("queued", "allocated")
+            ]
+        for m in targets:
+            if m.status == "allocated":
+                self.unplace(m)
+            m.status, m.reason = status, ("cancelled" if status == "cancelled" else None)
+        self.allocate()
+
+    def preempt(self, r: MRequest, reason: str) -> None:
+        targets = [r]
+        if r.gang:
+            targets = [
+                m
+                for m in self.requests.values()
+                if m.gang == r.gang and m.status in ("queued", "allocated")
+            ]
+        for m in targets:
+            if m.status == "allocated":
+                self.unplace(m)
+            m.status, m.reason = "preempted", reason
+        self.stats[f"preempted_{reason}"] += 1
+
+    def units_on(self, node: MNode) -> list[tuple[MRequest, dict[str, int]]]:
+        """Victim units placed on a node, in victim order: (unit, units it holds there)."""
+        units: dict[str, tuple[MRequest, Counter[str]]] = {}
+        for r in self.requests.values():
+            if r.status != "allocated" or r.node != node.name:
+                continue
+            if r.gang:
+                lowest = min(
+                    m.id
+                    for m in self.requests.values()
+                    if m.gang == r.gang and m.status == "allocated"
+                )
+                key = lowest
+            else:
+                key = r.id
+            unit = units.setdefault(key, (self.requests[key], Counter()))
+            unit[1].update({k: n for k, n in r.resources.items() if k in node.capacity})
+        ordered = sorted(units.values(), key=lambda u: (u[0].allocated_at, u[0].id), reverse=True)
+        return [(u, dict(held)) for u, held in ordered]
+
+    def shed(self, node: MNode) -> None:
+        """A shrunk node: the minimal set of its holders, in victim order, that makes it fit."""
+        over = {k: node.used[k] - c for k, c in node.capacity.items() if node.used[k] > c}
+        if not over:
+            return
+        chosen: list[tuple[MRequest, dict[str, int]]] = []
+        for unit, held in self.units_on(node):
+            if not any(v > 0 for v in over.values()):
+                break
+            if not any(n > 0 and over.get(k, 0) > 0 for k, n in held.items()):
+                continue  # frees nothing that is over
+            chosen.append((unit, held))
+            for k, n in held.items():
+                if k in over:
+                    over[k] -= n
+        keep = [True] * len(chosen)
+        for i in reversed(range(len(chosen))):  # put back what was not needed, latest first
+            held = chosen[i][1]
+            back = {k: over[k] + n for k, n in held.items() if k in over}
+            if not any(n > 0 and back.get(k, 0) > 0 for k, n in held.items()):
+                over.update(back)
+                keep[i] = False
+        for (unit, _), kept in zip(chosen, keep, strict=True):
+            if kept:
+                self.preempt(unit, "capacity_shrink")
+
+    def reconcile(self) -> None:
+        for name in sorted(self.nodes):
+            node = self.nodes[name]
+            self.shed(node)
+            if node.state == "draining":
+                for unit, _ in self.units_on(node):
+                    if unit.status == "allocated":
+                        self.preempt(unit, "node_drain")
+        self.allocate()
+
+
+# --- the machine -------------------------------------------------------------------------------
+
+_STATE_SQL = """
+SELECT jsonb_build_object(
+    'requests', coalesce((SELECT jsonb_object_agg(r.id::text, jsonb_build_array(
+                              r.status, r.reason, n.name,
+                              coalesce((SELECT jsonb_agg(d.device ORDER BY d.position)
+                                          FROM respool.node_devices d
+                                         WHERE d.holder_id = r.id AND d.key = 'gpu'), '[]')))
+                            FROM respool.requests r
+                            LEFT JOIN respool.placements pl ON pl.request_id = r.id
+                            LEFT JOIN respool.nodes n ON n.id = pl.node_id), '{}'),
+    'node_used', coalesce((SELECT jsonb_object_agg(n.name || '/' || nr.key, nr.used)
+                             FROM respool.node_resources nr
+                             JOIN respool.nodes n ON n.id = nr.node_id
+                            WHERE nr.used <> 0), '{}'),
+    'pool_used', coalesce((SELECT jsonb_object_agg(key, used) FROM respool.pool_resources
+                            WHERE used <> 0), '{}'),
+    'violations', coalesce((SELECT jsonb_agg(to_jsonb(v)) FROM respool.invariant_violations v),
+                           '[]'))
+"""
+
+
+@st.composite
+def shape_st(draw: st.DrawFn) -> tuple[str, dict[str, int], bool, dict[str, str]]:
+    subject = draw(st.sampled_from(SUBJECTS))
+    resources = {
+        "gpu": draw(st.sampled_from([0, 1, 1, 1, 1, 2, 2, 2, 3, 5])),
+        "mcpu": draw(st.sampled_from([0, 0, 500, 1000, 2000, 2000, 4000, 9000])),
+    }
+    resources = {k: n for k, n in resources.items() if n}
+    if not resources:
+        resources = {"gpu": 1}
+    preemptible = draw(st.sampled_from([True] * 7 + [False]))
+    return subject, resources, preemptible, draw(st.sampled_from(SELECTORS))
+
+
+class NodeMachine(RuleBasedStateMachine):
+    runner: ClassVar[LoopThread]
+    conn: ClassVar[asyncpg.Connection]
+    stats: ClassVar[Counter[str]] = Counter()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = Model("pack", "best_effort")
+        self.seq = 0
+        self.started = False
+        self.stats["examples"] += 1
+
+    def sql(self, query: str, *args: Any) -> Any:
+        return self.runner.run(self.conn.fetchval(query, *args))
+
+    def now(self) -> datetime:
+        self.seq += 1
+        self.model.now = self.seq
+        return CLOCK0 + timedelta(seconds=self.seq)
+
+    @initialize(
+        placement=st.sampled_from(["pack", "spread"]),
+        queueing=st.sampled_from(["best_effort", "best_effort", "strict"]),
+    )
+    def setup(self, placement: str, queueing: str) -> None:
+        self.runner.run(
+            self.conn.execute(
+                "DELETE FROM respool.events; DELETE FROM respool.queue_entries;"
+                " DELETE FROM respool.placements; DELETE FROM respool.nodes;"
+                " DELETE FROM respool.requests; DELETE FROM respool.policy_resources;"
+                " DELETE FROM respool.policies; DELETE FROM respool.pool_resources;"
+                " DELETE FROM respool.pools;"
+            )
+        )
+        self.model = Model(placement, queueing)
+        self.sql(
+            "SELECT respool.create_pool(p_name => $1, p_queueing => $2, p_placement => $3,"
+            " p_starvation_seconds => NULL, p_now => $4)",
+            POOL,
+            queueing,
+            placement,
+            self.now(),
+        )
+        for subject in SUBJECTS:
+            self.sql(
+                "SELECT respool.create_policy(p_subject => $1, p_pool => $2, p_now => $3)",
+                subject,
+                POOL,
+                self.now(),
+            )
+        for name in ("n1", "n2", "n3"):
+            self._join(name)
+        self.started = True
+
+    def _join(self, name: str) -> None:
+        labels, capacity, gpus = JOINERS[name]
+        body: dict[str, Any] = {"name": name, "pool": POOL, "labels": labels, "capacity": capacity}
+        if gpus is not None:
+            body["devices"] = {"gpu": gpus}
+        self.sql("SELECT respool.create_node($1, p_now => $2)", body, self.now())
+        cap = dict(capacity) | ({"gpu": len(gpus)} if gpus is not None else {})
+        self.model.nodes[name] = MNode(
+            name, dict(labels), cap, {"gpu": list(gpus)} if gpus is not None else {}
+        )
+        self.model.settle()
+
+    # rules ---------------------------------------------------------------------------------------
+
+    @rule(shape=shape_st())
+    def create(self, shape: tuple[str, dict[str, int], bool, dict[str, str]]) -> None:
+        self._create(*shape)
+
+    @rule(shape=shape_st())
+    def create_more(self, shape: tuple[str, dict[str, int], bool, dict[str, str]]) -> None:
+        self._create(*shape)
+
+    def _create(
+        self, subject: str, resources: dict[str, int], preemptible: bool, selector: dict[str, str]
+    ) -> None:
+        now = self.now()
+        body: dict[str, Any] = {
+            "subject": subject,
+            "pool": POOL,
+            "resources": resources,
+            "preemptible": preemptible,
+        }
+        if selector:
+            body["node_selector"] = selector
+        doc = self.sql("SELECT request FROM respool.create_request($1, p_now => $2)", body, now)
+        r = MRequest(
+            doc["id"],
+            self.seq,
+            subject,
+            resources | {"step_run": 1},
+            preemptible,
+            dict(selector),
+            (self.seq, 0),
+        )
+        self.model.create([r])
+        self.stats["create"] += 1
+
+    @rule(
+        subject=st.sampled_from(SUBJECTS),
+        size=st.integers(2, 3),
+        gpu=st.sampled_from([1, 1, 2, 3]),
+        mcpu=st.sampled_from([0, 0, 1000]),
+        distinct=st.booleans(),
+        selector=st.sampled_from([{}, {}, {"gpu-type": "A100"}, {"gpu-type": "L4"}]),
+    )
+    def create_gang(
+        self,
+        subject: str,
+        size: int,
+        gpu: int,
+        mcpu: int,
+        distinct: bool,
+        selector: dict[str, str],
+    ) -> None:
+        now = self.now()
+        resources = {"gpu": gpu} | ({"mcpu": mcpu} if mcpu else {})
+        body: dict[str, Any] = {"subject": subject, "pool": POOL, "resources": resources}
+        if selector:
+            body["node_selector"] = selector
+        rows = self.runner.run(
+            self.conn.fetch(
+                "SELECT member, request FROM respool.create_requests($1,"
+                " p_all_or_nothing => true, p_now => $2, p_distinct_nodes => $3) ORDER BY member",
+                [body] * size,
+                now,
+                distinct,
+            )
+        )
+        gang = rows[0]["request"]["gang_id"]
+        members = [
+            MRequest(
+                row["request"]["id"],
+                self.seq,
+                subject,
+                resources | {"step_run": 1},
+                True,
+                dict(selector),
+                (self.seq, i),
+                gang=gang,
+                distinct=distinct,
+            )
+            for i, row in enumerate(rows)
+        ]
+        self.model.create(members)
+        self.stats["create_gang"] += 1
+
+    def _pick(self, data: st.DataObject, statuses: tuple[str, ...]) -> MRequest:
+        ids = sorted(
+            (r for r in self.model.requests.values() if r.status in statuses),
+            key=lambda r: (r.seq, r.queued_at),
+        )
+        return data.draw(st.sampled_from(ids))
+
+    @precondition(lambda self: any(r.status == "allocated" for r in self.model.requests.values()))
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        self._release(data)
+
+    @precondition(lambda self: any(r.status == "allocated" for r in self.model.requests.values()))
+    @rule(data=st.data())
+    def release_more(self, data: st.DataObject) -> None:
+        self._release(data)
+
+    def _release(self, data: st.DataObject) -> None:
+        r = self._pick(data, ("allocated",))
+        self.sql("SELECT respool.release_request(p_id => $1, p_now => $2)", r.id, self.now())
+        self.model.finish(r, "released")
+        self.stats["release"] += 1
+
+    @precondition(
+        lambda self: any(r.status in ("queued", "allocated") for r in self.model.requests.values())
+    )
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        r = self._pick(data, ("queued", "allocated"))
+        self.sql("SELECT respool.cancel_request(p_id => $1, p_now => $2)", r.id, self.now())
+        self.model.finish(r, "cancelled")
+        self.stats["cancel"] += 1
+
+    @precondition(lambda self: self.started and len(self.model.nodes) < len(JOINERS))
+    @rule(data=st.data())
+    def join_node(self, data: st.DataObject) -> None:
+        name = data.draw(st.sampled_from(sorted(set(JOINERS) - set(self.model.nodes))))
+        self._join(name)
+        self.stats["join"] += 1
+
+    @precondition(lambda self: self.started)
+    @rule(
+        data=st.data(),
+        mcpu=st.sampled_from([1000, 2000, 4000, 8000, 16000]),
+        reconcile=st.booleans(),
+    )
+    def resize_node(self, data: st.DataObject, mcpu: int, reconcile: bool) -> None:
+        """A node's anonymous mcpu shrinks or grows; the shrink is enforced by a reconciler
+        pass (here at once, or at the next reconcile rule)."""
+        name = data.draw(st.sampled_from(sorted(self.model.nodes)))
+        self.sql(
+            "SELECT respool.update_node($1, $2, p_now => $3)",
+            name,
+            {"capacity": {"mcpu": mcpu}},
+            self.now(),
+        )
+        self.model.nodes[name].capacity["mcpu"] = mcpu
+        self.model.settle()
+        self.stats["resize"] += 1
+        if reconcile:
+            self.reconcile()
+
+    @precondition(lambda self: self.started)
+    @rule(data=st.data(), state=st.sampled_from(["cordoned", "draining", "active", "active"]))
+    def set_state(self, data: st.DataObject, state: str) -> None:
+        name = data.draw(st.sampled_from(sorted(self.model.nodes)))
+        self.sql("SELECT respool.set_node_state($1, $2, p_now => $3)", name, state, self.now())
+        node = self.model.nodes[name]
+        changed = node.state != state
+        node.state = state
+        if changed:
+            self.model.settle()
+        self.stats[f"state_{state}"] += 1
+
+    @precondition(lambda self: self.started)
+    @rule()
+    def reconcile(self) -> None:
+        self.sql(
+            "SELECT respool.reconcile_pool((SELECT id FROM respool.pools WHERE name = $1), $2)",
+            POOL,
+            self.now(),
+        )
+        self.model.reconcile()
+        self.stats["reconcile"] += 1
+
+    # comparison ----------------------------------------------------------------------------------
+
+    def teardown(self) -> None:
+        self.stats.update(self.model.stats)
+
+    @invariant()
+    def engine_matches_model(self) -> None:
+        if not self.started:
+            return
+        self.stats["checks"] += 1
+        state = self.sql(_STATE_SQL)
+        model = {
+            r.id: [r.status, r.reason, r.node, r.devices] for r in self.model.requests.values()
+        }
+        assert state["requests"] == model, self._diff(state["requests"], model)
+        node_used = {
+            f"{n.name}/{k}": u for n in self.model.nodes.values() for k, u in n.used.items() if u
+        }
+        assert state["node_used"] == node_used
+        assert state["pool_used"] == {k: u for k, u in self.model.pool_used.items() if u}
+        assert state["violations"] == []
+        node_violations = self.runner.run(self.conn.fetch(NODE_INVARIANTS_SQL))
+        over_ok = {  # a shrink not enforced yet (I5 holds within one reconcile interval)
+            n.name
+            for n in self.model.nodes.values()
+            if any(n.used[k] > c for k, c in n.capacity.items())
+        }
+        assert [
+            v[0]
+            for v in node_violations
+            if not (v[0].startswith("I5 node ") and v[0].split()[2].split("/")[0] in over_ok)
+        ] == []
+
+    def _diff(self, engine: dict[str, Any], model: dict[str, Any]) -> str:
+        lines = [
+            f"placement {self.model.placement}, queueing {self.model.queueing}; nodes: "
+            + "; ".join(
+                f"{n.name} {n.state} cap {n.capacity} used {dict(n.used)} labels {n.labels}"
+                for n in self.model.nodes.values()
+            )
+        ]
+        for r in sorted(self.model.requests.values(), key=lambda r: (r.seq, r.queued_at)):
+            mark = "  " if engine.get(r.id) == model.get(r.id) else "!!"
+            lines.append(
+                f"{mark} #{r.seq}.{r.queued_at[1]} {r.subject} {r.resources} pre={r.preemptible}"
+                f" sel={r.selector} gang={'yes' if r.gang else 'no'}"
+                f"{'/distinct' if r.distinct else ''}:"
+                f" engine {engine.get(r.id)} model {model.get(r.id)}"
+            )
+        return "\n".join(lines)
+
+
+# "quick" keeps the model in the quick loop (`pytest -m "not slow"`); "full" runs many more
+# examples and is ``slow``. On a failure Hypothesis shrinks (every attempt replays its steps
+# against the database), so allow for that before pytest-timeout steps in.
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(
+    ("examples", "steps"),
+    [
+        pytest.param(8, 20, id="quick"),
+        pytest.param(100, 40, id="full", marks=pytest.mark.slow),
+    ],
+)
+def test_engine_matches_node_model(db_url: str, examples: int, steps: int) -> None:
+    runner = LoopThread()
+    conn = runner.run(connect(db_url, application_name=APP_CLI))
+    if twin := os.environ.get("RESPOOL_MODEL_TWIN"):
+        runner.run(install_twin(conn, twin.removesuffix(".sql")))
+    NodeMachine.runner = runner
+    NodeMachine.conn = conn
+    NodeMachine.stats = Counter()
+    started = datetime.now(UTC)
+    try:
+        run_state_machine_as_test(
+            NodeMachine,
+            settings=settings(
+                max_examples=examples,
+                stateful_step_count=steps,
+                deadline=None,
+                database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+            ),
+        )
+    finally:
+        runner.run(conn.close())
+        runner.close()
+    seconds = (datetime.now(UTC) - started).total_seconds()
+    print(f"\nnode model test: {dict(NodeMachine.stats)} in {seconds:.1f}s")
