@@ -70,7 +70,8 @@ class BatchController(Controller):
             "gang (docs/scheduling.md): they must name the same subject, pool, preemptible and "
             "max_retries (else 400 naming members[i].field); they share a gang_id, are granted "
             "all together in one pool or not at all, and are rejected, preempted, expired and "
-            "cancelled together."
+            "cancelled together. With distinct_nodes (a gang in a pool with nodes) every member "
+            "is placed on a different node (docs/placement.md)."
         ),
         responses=error_responses(400, 403, 404, 422),
     )
@@ -88,6 +89,7 @@ class BatchController(Controller):
             members,
             all_or_nothing=body.all_or_nothing,
             default_lease_seconds=settings(state).default_lease_seconds,
+            distinct_nodes=body.distinct_nodes,
         )
         for m in made:
             if m.created:

@@ -22,13 +22,15 @@ async def create_requests(
     *,
     all_or_nothing: bool = False,
     default_lease_seconds: int | None = None,
+    distinct_nodes: bool = False,
 ) -> list[Created]:
     """Create (or replay) every member, each a create body, in member order (``members``: the
     JSON array as the client sent it, or a sequence of mappings).
 
     A member without a ``lease_seconds`` key gets ``default_lease_seconds`` (an explicit None:
     no lease). Any bad member refuses the whole batch: the engine error names
-    ``members[i].<field>`` and nothing is created.
+    ``members[i].<field>`` and nothing is created. ``distinct_nodes`` (a gang only): every
+    member on a different node.
     """
     rows = await db.fetch(
         query("create_requests"),
@@ -37,5 +39,6 @@ async def create_requests(
         else [dict(m) if isinstance(m, Mapping) else m for m in members],  # the engine checks
         all_or_nothing,
         default_lease_seconds,
+        distinct_nodes,
     )
     return [Created(created=r["created"], request=_as(Request, r["request"])) for r in rows]

@@ -63,6 +63,7 @@ _BY_SQLSTATE: dict[str, type[EngineError]] = {
     "RP409": Conflict,
     "RP422": IdempotencyMismatch,
     "RP500": InvariantBroken,
+    "RP501": InvariantBroken,  # a grant found no node to place it on (docs/placement.md)
 }
 
 

@@ -64,3 +64,11 @@ COMMENT ON FUNCTION respool._max_description() IS 'The longest description of a 
 CREATE OR REPLACE FUNCTION respool._int32_max()
 RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 2147483647 $$;
 COMMENT ON FUNCTION respool._int32_max() IS 'The largest integer column value (priority, attempt): 2^31-1; the smallest is -2^31.';
+
+CREATE OR REPLACE FUNCTION respool._label_key_pattern()
+RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT '^[a-z0-9][a-z0-9._/-]{0,62}$' $$;
+COMMENT ON FUNCTION respool._label_key_pattern() IS 'A node label''s name (docs/placement.md), e.g. gpu-type.';
+
+CREATE OR REPLACE FUNCTION respool._label_value_pattern()
+RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT '^[^\x01-\x1f\x7f]{0,63}$' $$;
+COMMENT ON FUNCTION respool._label_value_pattern() IS 'A node label''s value: at most 63 printable characters (no control characters).';

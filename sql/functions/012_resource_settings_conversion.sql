@@ -50,9 +50,9 @@ BEGIN
         RETURN '{}';
     END IF;
     FOR k IN SELECT jsonb_object_keys(p_settings) LOOP
-        IF k NOT IN ('gpu_count', 'cpu_count', 'memory', 'pool_resources') THEN
+        IF k NOT IN ('gpu_count', 'cpu_count', 'memory', 'pool_resources', 'gpu_type', 'gpu_class') THEN
             PERFORM respool._fail('RP400', 'settings.' || left(k, 70), format(
-                'settings.%s is not a ResourceSettings field (gpu_count, cpu_count, memory, pool_resources)',
+                'settings.%s is not a ResourceSettings field (gpu_count, cpu_count, memory, pool_resources, gpu_type, gpu_class)',
                 left(k, 70)));
         END IF;
     END LOOP;
@@ -78,7 +78,49 @@ BEGIN
     RETURN result;
 END $$;
 COMMENT ON FUNCTION respool.settings_to_resources(jsonb) IS
-    'The one ResourceSettings conversion (docs/admission.md, "ResourceSettings conversion"): gpu_count -> gpu, cpu_count -> mcpu (decimal ceil), memory -> memory_mb; typed fields override pool_resources.';
+    'The one ResourceSettings conversion (docs/admission.md, "ResourceSettings conversion"): gpu_count -> gpu, cpu_count -> mcpu (decimal ceil), memory -> memory_mb; typed fields override pool_resources. gpu_type and gpu_class are node labels, not resources (respool.build_node_selector).';
+
+CREATE OR REPLACE FUNCTION respool._selector(p_selector jsonb, p_field text)
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_bad text;
+BEGIN
+    IF respool._absent_object(p_selector, p_field, p_field || ' must be an object of label: value') THEN
+        RETURN '{}';
+    END IF;
+    IF (SELECT count(*) FROM jsonb_object_keys(p_selector)) > respool._max_keys() THEN
+        PERFORM respool._fail('RP400', p_field, format('%s has more than %s labels', p_field, respool._max_keys()));
+    END IF;
+    SELECT min(x.key) INTO v_bad FROM jsonb_each(p_selector) x
+     WHERE x.key !~ respool._label_key_pattern() OR jsonb_typeof(x.value) <> 'string'
+        OR (x.value #>> '{}') !~ respool._label_value_pattern();
+    IF v_bad IS NOT NULL THEN
+        PERFORM respool._fail('RP400', p_field || '.' || left(v_bad, 70), format(
+            '%s must map labels matching %s to values of at most 63 printable characters', p_field,
+            respool._label_key_pattern()));
+    END IF;
+    RETURN p_selector;
+END $$;
+COMMENT ON FUNCTION respool._selector(jsonb, text) IS
+    'Validates a node selector {label: value} (label keys as node labels, values of at most 63 printable characters, at most _max_keys() pairs); RP400 naming p_field.label otherwise. NULL or JSON null: {}.';
+
+CREATE OR REPLACE FUNCTION respool.build_node_selector(p_selector jsonb, p_settings jsonb)
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_typed jsonb := '{}';
+BEGIN
+    IF p_settings IS NOT NULL AND jsonb_typeof(p_settings) = 'object' THEN
+        SELECT coalesce(jsonb_object_agg(CASE f.field WHEN 'gpu_type' THEN 'gpu-type' ELSE 'gpu-class' END,
+                                         p_settings -> f.field), '{}')
+          INTO v_typed
+          FROM unnest(ARRAY['gpu_type', 'gpu_class']) f(field)
+         WHERE p_settings ? f.field AND p_settings -> f.field <> 'null'::jsonb;
+        PERFORM respool._selector(v_typed, 'settings');
+    END IF;
+    RETURN respool._selector(p_selector, 'node_selector') || v_typed;
+END $$;
+COMMENT ON FUNCTION respool.build_node_selector(jsonb, jsonb) IS
+    'A request''s final node selector (docs/placement.md): node_selector merged with the settings gpu_type -> label gpu-type and gpu_class -> label gpu-class (settings win, as the typed settings fields do for resources); {} when none. RP400 naming the field for a bad label or value.';
 
 CREATE OR REPLACE FUNCTION respool.build_resources(p_resources jsonb, p_settings jsonb)
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$

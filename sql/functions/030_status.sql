@@ -53,6 +53,7 @@ BEGIN
            version = version + 1, updated_at = p_now,
            finished_at = CASE WHEN respool._is_terminal(p_to) THEN p_now END,
            earmark_pool_id = CASE WHEN p_to = 'queued' THEN earmark_pool_id END,
+           earmark_node_id = CASE WHEN p_to = 'queued' THEN earmark_node_id END,
            preempt_deadline = CASE WHEN p_to = 'preempting' THEN preempt_deadline END,
            -- Leaving the holding statuses: respool._unplace has given the units back; the lease,
            -- runtime cap and non-preemptible charge go in this same row version.

@@ -5,9 +5,9 @@
 --   respool._place    charges granted requests and records where they were placed;
 --   respool._unplace  gives a holding request's units back (every path that ends a holding).
 --
--- Today a grant is placed in the pool as a whole: _place records no placement below the pool and
--- _unplace has none to clear. Nodes and devices change the bodies of these three functions (and
--- add their own file), not their callers. Read-only planners (what-if, ETA, the starvation guard,
+-- In a pool without nodes a grant is placed in the pool as a whole. In a pool backed by nodes
+-- (docs/placement.md) _fits also needs a node that fits, _place puts each grant on one node and
+-- its devices, _unplace gives them back. Read-only planners (what-if, ETA, the starvation guard,
 -- victim choice) test room maps with the _fits_room_* functions, each named by the rule it
 -- applies to a key the room map lacks.
 
@@ -99,14 +99,17 @@ COMMENT ON FUNCTION respool._leaves_earmarks(jsonb, uuid, uuid, uuid) IS
     'The earmark rule (docs/preemption.md): true when granting p_resources in the pool to request p_request_id (NULL: a request not stored yet) leaves every unit earmarked for another request (units victims in their grace period will free) to it. Always true for the earmark holder itself (p_earmark_pool_id = p_pool_id) and while the pool has no earmarks. Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._fits(p_resources jsonb, p_preemptible boolean, p_pool_id uuid, p_policy_id uuid,
-                                         p_request_id uuid DEFAULT NULL, p_earmark_pool_id uuid DEFAULT NULL)
+                                         p_request_id uuid DEFAULT NULL, p_earmark_pool_id uuid DEFAULT NULL,
+                                         p_selector jsonb DEFAULT '{}')
 RETURNS boolean LANGUAGE plpgsql STABLE AS $$
 BEGIN
     RETURN respool._blocker(p_resources, p_preemptible, p_pool_id, p_policy_id) IS NULL
-           AND respool._leaves_earmarks(p_resources, p_pool_id, p_request_id, p_earmark_pool_id);
+           AND respool._leaves_earmarks(p_resources, p_pool_id, p_request_id, p_earmark_pool_id)
+           AND (p_selector IS NULL OR NOT respool._pool_has_nodes(p_pool_id)
+                OR respool._node_for(p_pool_id, p_resources, p_selector, p_request_id) IS NOT NULL);
 END $$;
-COMMENT ON FUNCTION respool._fits(jsonb, boolean, uuid, uuid, uuid, uuid) IS
-    'THE fit decision of every grant: true when p_resources (preemptible or not) of the subject of policy p_policy_id fit what is free in pool p_pool_id now: admission rules 1-3 on the pool and policy counters (respool._blocker) and the earmark rule (respool._leaves_earmarks; p_request_id / p_earmark_pool_id: the request''s id and earmark, NULL for a request of that shape not stored yet). k requests of one shape fit together exactly when one of k times the need fits (every rule is "used + need <= bound"). Read-only; the caller holds the pool lock for the answer to stay true.';
+COMMENT ON FUNCTION respool._fits(jsonb, boolean, uuid, uuid, uuid, uuid, jsonb) IS
+    'THE fit decision of every grant: true when p_resources (preemptible or not) of the subject of policy p_policy_id fit what is free in pool p_pool_id now: admission rules 1-3 on the pool and policy counters (respool._blocker), the earmark rule (respool._leaves_earmarks; p_request_id / p_earmark_pool_id: the request''s id and earmark, NULL for a request of that shape not stored yet) and, in a pool with nodes, an active node matching p_selector with room for it (respool._node_for; p_selector NULL: the caller places a gang member by member itself). Without nodes, k requests of one shape fit together exactly when one of k times the need fits (every rule is "used + need <= bound"); with nodes, respool._node_slots bounds them. Read-only; the caller holds the pool lock for the answer to stay true.';
 
 CREATE OR REPLACE FUNCTION respool._fits_room_unbounded(p_need jsonb, p_room jsonb)
 RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
@@ -216,6 +219,10 @@ COMMENT ON FUNCTION respool._move_units(uuid, uuid, jsonb, jsonb, integer) IS
 
 CREATE OR REPLACE FUNCTION respool._place(p_pool_id uuid, p_policy_id uuid, p_granted respool.requests[])
 RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    g respool.requests;
+    v_node uuid;
+    v_gang_nodes uuid[] := '{}';
 BEGIN
     -- The charge: one guarded statement per counter table for all of them.
     IF cardinality(p_granted) = 1 THEN
@@ -225,20 +232,188 @@ BEGIN
                                     respool._sum_units(ARRAY(SELECT g.resources FROM unnest(p_granted) g)),
                                     respool._sum_units(ARRAY(SELECT g.np_charge FROM unnest(p_granted) g)), 1);
     END IF;
-    -- The placement: a grant lives in the pool as a whole, so there is nothing below the pool
-    -- to record (a placement of NULL). A node feature records each request's node here.
+    IF NOT respool._pool_has_nodes(p_pool_id) THEN
+        RETURN;  -- placed in the pool as a whole: nothing below the pool to record
+    END IF;
+    -- The placement: one node each, in grant order (a gang member by member; with distinct_nodes
+    -- never on a node another member of the same grant took).
+    FOREACH g IN ARRAY p_granted LOOP
+        v_node := respool._node_for(p_pool_id, g.resources, g.node_selector, g.id,
+                                    CASE WHEN g.distinct_nodes THEN v_gang_nodes ELSE '{}' END);
+        IF v_node IS NULL THEN
+            RAISE EXCEPTION 'request % fits no node of pool % now', g.id, p_pool_id USING ERRCODE = 'RP501';
+        END IF;
+        PERFORM respool._place_on_node(g, v_node);
+        v_gang_nodes := v_gang_nodes || v_node;
+    END LOOP;
 END $$;
 COMMENT ON FUNCTION respool._place(uuid, uuid, respool.requests[]) IS
-    'Places requests the caller has just moved to allocated (in a pool it has locked, under one policy): charges their resources (np_charge: the non-preemptible part) on the pool''s and the policy''s counters in one guarded statement per table, RP500 rather than over-allocate; and records where each was placed, today nowhere below the pool (a NULL placement). The caller checked respool._fits first. The counterpart is respool._unplace.';
+    'Places requests the caller has just moved to allocated (in a pool it has locked, under one policy): charges their resources (np_charge: the non-preemptible part) on the pool''s and the policy''s counters in one guarded statement per table, RP500 rather than over-allocate; in a pool with nodes puts each, in order, on the node respool._node_for chooses and its first free devices (respool._place_on_node; gang members with distinct_nodes on different nodes), RP501 when one fits no node (a gang that cannot be placed member by member: the caller''s subtransaction takes it back). The caller checked respool._fits first. The counterpart is respool._unplace.';
 
 CREATE OR REPLACE FUNCTION respool._unplace(p_request_id uuid)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     r respool.requests := (SELECT q FROM respool.requests q WHERE q.id = p_request_id);
+    v_node uuid;
+    v_units jsonb;
 BEGIN
     PERFORM respool._move_units(r.pool_id, r.policy_id, r.resources, r.np_charge, -1);
-    -- No placement below the pool to clear (respool._place records none).
+    DELETE FROM respool.placements WHERE request_id = p_request_id RETURNING node_id, resources INTO v_node, v_units;
+    IF FOUND THEN
+        UPDATE respool.node_resources nr SET used = nr.used - x.value::bigint
+          FROM jsonb_each_text(v_units) x
+         WHERE nr.node_id = v_node AND nr.key = x.key;
+        UPDATE respool.node_devices SET holder_id = NULL WHERE holder_id = p_request_id;
+    END IF;
 END $$;
 COMMENT ON FUNCTION respool._unplace(uuid) IS
-    'Gives a holding request''s units back: returns them to its pool''s and policy''s counters (CHECK used >= 0 catches a double return) and clears its placement (none today). Every path that ends a holding goes through it: release, cancel, lease expiry, max_seconds, preemption, grace end, forced deletes. The caller changes the status, which clears the lease, runtime cap and charge (respool._set_status).';
+    'Gives a holding request''s units back: returns them to its pool''s and policy''s counters and, when it was placed on a node, to the node''s counters and devices, and removes its placement (CHECK used >= 0 catches a double return). Every path that ends a holding goes through it: release, cancel, lease expiry, max_seconds, preemption, grace end, forced deletes and node removal. The caller changes the status, which clears the lease, runtime cap and charge (respool._set_status).';
 
+-- Nodes (docs/placement.md). In a pool backed by nodes every grant is also placed on one active node
+-- that matches the request's node_selector and has room for every key of the request it tracks
+-- (a soft key a node lacks is unbounded there, any other key it lacks has room 0), and on the
+-- first free device ids of each key with named devices. The pool's counters keep every rule of
+-- an abstract pool; the node counters add the node rule. Everything below reads only counters
+-- that change under the pool's row lock, which every caller holds.
+
+CREATE OR REPLACE FUNCTION respool._pool_has_nodes(p_pool_id uuid)
+RETURNS boolean LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN EXISTS (SELECT FROM respool.nodes WHERE pool_id = p_pool_id);
+END $$;
+COMMENT ON FUNCTION respool._pool_has_nodes(uuid) IS
+    'True when the pool is backed by nodes (any state): its grants are placed on nodes (docs/placement.md). One index probe.';
+
+CREATE OR REPLACE FUNCTION respool._node_matches(p_name text, p_labels jsonb, p_selector jsonb)
+RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN p_selector IS NULL OR p_selector = '{}'
+        OR (p_labels || jsonb_build_object('node', p_name)) @> p_selector;
+END $$;
+COMMENT ON FUNCTION respool._node_matches(text, jsonb, jsonb) IS
+    'True when a node (name, labels) carries every label of the selector {label: value}; the built-in label node is its name. An empty or NULL selector matches every node.';
+
+CREATE OR REPLACE FUNCTION respool._node_for(p_pool_id uuid, p_resources jsonb, p_selector jsonb,
+                                             p_request_id uuid DEFAULT NULL, p_exclude uuid[] DEFAULT '{}')
+RETURNS uuid LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_spread boolean;
+    v_mine uuid;
+    v_earmarks boolean;
+BEGIN
+    SELECT placement = 'spread' INTO v_spread FROM respool.pools WHERE id = p_pool_id;
+    IF p_request_id IS NOT NULL THEN
+        SELECT earmark_node_id INTO v_mine FROM respool.requests WHERE id = p_request_id;
+    END IF;
+    -- Units that victims in their grace period free on a node are kept for the request they were
+    -- preempted for (docs/preemption.md): others get a node's room net of them.
+    v_earmarks := EXISTS (SELECT FROM respool.requests b
+                           WHERE b.earmark_pool_id = p_pool_id AND b.status = 'queued'
+                             AND b.earmark_node_id IS NOT NULL AND b.id IS DISTINCT FROM p_request_id);
+    RETURN (
+        SELECT n.id
+          FROM respool.nodes n
+         CROSS JOIN LATERAL (
+                SELECT bool_and(CASE WHEN nr.key IS NULL THEN respool._is_soft_key(x.key)
+                                     ELSE nr.used + x.value::bigint <= nr.capacity END) AS fits,
+                       coalesce(sum(nr.capacity - nr.used) FILTER (WHERE nr.devices > 0), 0) AS device_free,
+                       coalesce(sum(nr.capacity - nr.used), 0) AS free
+                  FROM jsonb_each_text(p_resources) x
+                  LEFT JOIN respool.node_resources nr ON nr.node_id = n.id AND nr.key = x.key) f
+         WHERE n.pool_id = p_pool_id AND n.state = 'active' AND n.id <> ALL (p_exclude)
+           AND respool._node_matches(n.name, n.labels, p_selector) AND f.fits
+           AND (NOT v_earmarks OR respool._node_leaves_earmarks(n.id, p_resources, p_request_id))
+         ORDER BY n.id IS NOT DISTINCT FROM v_mine DESC,
+                  CASE WHEN v_spread THEN -f.device_free ELSE f.device_free END,
+                  CASE WHEN v_spread THEN -f.free ELSE f.free END,
+                  n.name
+         LIMIT 1);
+END $$;
+COMMENT ON FUNCTION respool._node_for(uuid, jsonb, jsonb, uuid, uuid[]) IS
+    'The node a grant of p_resources goes to in a pool with nodes (docs/placement.md), NULL when none fits now: an active node of the pool, not in p_exclude, matching the selector, where every key of the request fits (node used + need <= node capacity; a soft key the node lacks is unbounded, any other key it lacks has room 0) and that leaves units earmarked on it for other requests to them. The node earmarked for p_request_id first; then the pool''s placement: pack takes the node with the fewest free units of the request''s device keys, then the fewest free units over its keys, then the name; spread the most. Read-only; the caller holds the pool lock.';
+
+CREATE OR REPLACE FUNCTION respool._node_leaves_earmarks(p_node_id uuid, p_resources jsonb, p_request_id uuid)
+RETURNS boolean LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- On this node, victims in their grace period count as gone and the needs of the requests
+    -- they were preempted for (other than p_request_id) as taken.
+    RETURN NOT EXISTS (
+        SELECT FROM jsonb_each_text(p_resources) x
+          JOIN respool.node_resources nr ON nr.node_id = p_node_id AND nr.key = x.key
+         WHERE nr.used + x.value::bigint
+               - coalesce((SELECT sum((pl.resources ->> x.key)::bigint)
+                             FROM respool.placements pl JOIN respool.requests v ON v.id = pl.request_id
+                            WHERE pl.node_id = p_node_id AND v.status = 'preempting'), 0)
+               + coalesce((SELECT sum((b.resources ->> x.key)::bigint) FROM respool.requests b
+                            WHERE b.earmark_node_id = p_node_id AND b.status = 'queued'
+                              AND b.id IS DISTINCT FROM p_request_id), 0)
+               > nr.capacity);
+END $$;
+COMMENT ON FUNCTION respool._node_leaves_earmarks(uuid, jsonb, uuid) IS
+    'The earmark rule on one node: true when p_resources fit the node once its victims in their grace period have left and every request earmarked on it (other than p_request_id) has its units. Read-only.';
+
+CREATE OR REPLACE FUNCTION respool._node_slots(p_pool_id uuid, p_resources jsonb, p_selector jsonb)
+RETURNS bigint LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- Requests of one shape are placed one per node slot: on a node, as many as fit on every
+    -- key it tracks; a node lacking a non-soft key of the shape holds none.
+    RETURN (SELECT coalesce(sum(s.slots), 0) FROM (
+        SELECT CASE WHEN bool_or(nr.key IS NULL AND NOT respool._is_soft_key(x.key)) THEN 0
+                    ELSE coalesce(min((nr.capacity - nr.used) / x.value::bigint)
+                                  FILTER (WHERE nr.key IS NOT NULL AND x.value::bigint > 0), respool._max_batch()) END
+                   AS slots
+          FROM respool.nodes n
+         CROSS JOIN jsonb_each_text(p_resources) x
+          LEFT JOIN respool.node_resources nr ON nr.node_id = n.id AND nr.key = x.key
+         WHERE n.pool_id = p_pool_id AND n.state = 'active' AND respool._node_matches(n.name, n.labels, p_selector)
+         GROUP BY n.id) s WHERE s.slots > 0);
+END $$;
+COMMENT ON FUNCTION respool._node_slots(uuid, jsonb, jsonb) IS
+    'How many requests of one shape (resources, selector) the active matching nodes of a pool hold now, placed one per node slot: per node the fewest whole needs that fit its free units of any key it tracks. Exact for requests alike (nodes are independent), so a set-based run in a pool with nodes grants at most this many. Only while no earmark is pending in the pool. Read-only.';
+
+CREATE OR REPLACE FUNCTION respool._place_on_node(p_request respool.requests, p_node_id uuid)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_units jsonb;
+    v_tracked integer;
+    v_moved integer;
+    v_named bigint;
+    v_taken integer;
+BEGIN
+    -- The units charged on the node: the request's keys the node tracks.
+    SELECT coalesce(jsonb_object_agg(x.key, x.value::bigint), '{}'), count(*),
+           coalesce(sum(x.value::bigint) FILTER (WHERE nr.devices > 0), 0)
+      INTO v_units, v_tracked, v_named
+      FROM jsonb_each_text(p_request.resources) x
+      JOIN respool.node_resources nr ON nr.node_id = p_node_id AND nr.key = x.key;
+    -- Guarded like the pool's counters: a charge past a node's capacity moves fewer rows and fails.
+    UPDATE respool.node_resources nr SET used = nr.used + x.value::bigint
+      FROM jsonb_each_text(v_units) x
+     WHERE nr.node_id = p_node_id AND nr.key = x.key AND nr.used + x.value::bigint <= nr.capacity;
+    GET DIAGNOSTICS v_moved = ROW_COUNT;
+    IF v_moved < v_tracked THEN
+        RAISE EXCEPTION 'placing request % on node %: % would pass the node''s capacity', p_request.id, p_node_id, v_units
+            USING ERRCODE = 'RP500';
+    END IF;
+    -- Devices: the first free ids of each named key, in the node's list order. The holder column
+    -- takes one holder per device; a device already held is never taken (holder_id IS NULL).
+    IF v_named > 0 THEN
+        WITH wanted AS (
+            SELECT d.key, d.device
+              FROM (SELECT d.key, d.device, row_number() OVER (PARTITION BY d.key ORDER BY d.position) AS n
+                      FROM respool.node_devices d
+                     WHERE d.node_id = p_node_id AND d.holder_id IS NULL AND v_units ? d.key) d
+             WHERE d.n <= (v_units ->> d.key)::bigint)
+        UPDATE respool.node_devices t SET holder_id = p_request.id
+          FROM wanted w
+         WHERE t.node_id = p_node_id AND t.key = w.key AND t.device = w.device AND t.holder_id IS NULL;
+        GET DIAGNOSTICS v_taken = ROW_COUNT;
+        IF v_taken <> v_named THEN
+            RAISE EXCEPTION 'placing request % on node %: % free devices for % named units', p_request.id, p_node_id,
+                v_taken, v_named USING ERRCODE = 'RP500';
+        END IF;
+    END IF;
+    INSERT INTO respool.placements (request_id, node_id, resources) VALUES (p_request.id, p_node_id, v_units);
+END $$;
+COMMENT ON FUNCTION respool._place_on_node(respool.requests, uuid) IS
+    'Charges a granted request on one node: its units of the keys the node tracks on the node''s counters (guarded: used + n <= capacity, RP500 otherwise), the first free device ids of each named key in list order (one holder per device; RP500 when fewer are free than needed), and its placement row. The caller chose the node (respool._node_for) under the pool lock.';

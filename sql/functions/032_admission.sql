@@ -10,8 +10,65 @@ END $$;
 COMMENT ON FUNCTION respool._earmark_blocks(respool.requests, uuid) IS
     'True when granting p_request would take units earmarked for another request (units that victims in their grace period will free): the earmark rule of respool._fits (respool._leaves_earmarks), for explaining why a request waits. Never true for the earmark holder itself.';
 
+CREATE OR REPLACE FUNCTION respool._node_rejection(p_pool_id uuid, p_resources jsonb, p_selector jsonb,
+                                                   p_request_id uuid, OUT reason text, OUT message text)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_pool text;
+    v_needs jsonb[];
+    v_distinct boolean := false;
+    v_gang uuid;
+    v_matching integer;
+    v_bad record;
+BEGIN
+    IF NOT respool._pool_has_nodes(p_pool_id) THEN
+        RETURN;
+    END IF;
+    v_pool := (SELECT name FROM respool.pools WHERE id = p_pool_id);
+    -- A gang is placed member by member: each member must fit a node on its own.
+    SELECT gang_id, distinct_nodes INTO v_gang, v_distinct FROM respool.requests WHERE id = p_request_id;
+    IF v_gang IS NOT NULL THEN
+        v_needs := ARRAY(SELECT m.resources FROM respool.requests m
+                          WHERE m.gang_id = v_gang AND m.status = 'queued' ORDER BY m.queued_at, m.id);
+    END IF;
+    IF coalesce(cardinality(v_needs), 0) = 0 THEN
+        v_needs := ARRAY[p_resources];
+        v_distinct := false;
+    END IF;
+    SELECT count(*) INTO v_matching FROM respool.nodes n
+     WHERE n.pool_id = p_pool_id AND respool._node_matches(n.name, n.labels, p_selector);
+    IF v_matching = 0 THEN
+        reason := 'no_fitting_node';
+        message := format('no node of pool %s matches node_selector %s', v_pool, p_selector::text);
+        RETURN;
+    END IF;
+    -- A need no matching node could hold even empty: an amount above the node's capacity of a key
+    -- it tracks, or a non-soft key it lacks.
+    SELECT x.key, x.value::bigint AS need, max(coalesce(nr.capacity, 0)) AS largest INTO v_bad
+      FROM unnest(v_needs) need_map CROSS JOIN LATERAL jsonb_each_text(need_map) x
+     CROSS JOIN respool.nodes n
+      LEFT JOIN respool.node_resources nr ON nr.node_id = n.id AND nr.key = x.key
+     WHERE n.pool_id = p_pool_id AND respool._node_matches(n.name, n.labels, p_selector)
+       AND NOT (nr.key IS NULL AND respool._is_soft_key(x.key))
+     GROUP BY need_map, x.key, x.value
+    HAVING bool_and(nr.key IS NULL OR x.value::bigint > nr.capacity)
+     ORDER BY x.key LIMIT 1;
+    IF FOUND THEN
+        reason := 'no_fitting_node';
+        message := format('%s: needs %s on one node, the largest matching node of pool %s has %s',
+                          v_bad.key, v_bad.need, v_pool, v_bad.largest);
+    ELSIF v_distinct AND v_matching < cardinality(v_needs) THEN
+        reason := 'no_fitting_node';
+        message := format('a gang of %s members on distinct nodes: pool %s has %s matching nodes',
+                          cardinality(v_needs), v_pool, v_matching);
+    END IF;
+END $$;
+COMMENT ON FUNCTION respool._node_rejection(uuid, jsonb, jsonb, uuid) IS
+    'The node rule of the rejection table (docs/placement.md): in a pool with nodes, no_fitting_node when no node of the pool in any state could ever hold the request: none matches the selector, or an amount exceeds the capacity of every matching node (a non-soft key a node lacks counts as 0); a gang (p_request_id a member) is judged member by member, and with distinct_nodes needs as many matching nodes as members. (NULL, NULL) otherwise and in a pool without nodes. Read-only.';
+
 CREATE OR REPLACE FUNCTION respool._rejection(p_resources jsonb, p_preemptible boolean, p_pool_id uuid,
-                                              p_policy_id uuid, OUT reason text, OUT message text)
+                                              p_policy_id uuid, p_selector jsonb DEFAULT '{}',
+                                              p_request_id uuid DEFAULT NULL, OUT reason text, OUT message text)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     WITH k AS (
@@ -41,9 +98,13 @@ BEGIN
         ORDER BY 1, 2
         LIMIT 1
     ) c ON true;
+    IF reason IS NULL THEN
+        SELECT n.reason, n.message INTO reason, message
+          FROM respool._node_rejection(p_pool_id, p_resources, p_selector, p_request_id) n;
+    END IF;
 END $$;
-COMMENT ON FUNCTION respool._rejection(jsonb, boolean, uuid, uuid) IS
-    'The rejection table (docs/admission.md) for one candidate pool: always one row, (NULL, NULL) when the request can ever fit there.';
+COMMENT ON FUNCTION respool._rejection(jsonb, boolean, uuid, uuid, jsonb, uuid) IS
+    'The rejection table (docs/admission.md) for one candidate pool, then the node rule (respool._node_rejection: p_selector, and p_request_id for a gang member): always one row, (NULL, NULL) when the request can ever fit there.';
 
 CREATE OR REPLACE FUNCTION respool.blocker(p_resources jsonb, p_preemptible boolean, p_pool_id uuid,
                                           p_policy_id uuid)
@@ -55,7 +116,8 @@ COMMENT ON FUNCTION respool.blocker(jsonb, boolean, uuid, uuid) IS
     'Public explanation of why a request of these resources (preemptible or not) of the subject of policy p_policy_id would wait in pool p_pool_id now: NULL when admission rules 1-3 (docs/admission.md) admit it, else one sentence naming the first blocking key (pool full, subject limit, reserved share for non-preemptible work). Read-only; does not look at earmarks.';
 
 CREATE OR REPLACE FUNCTION respool._candidate_rejections(p_subject text, p_pool_ids uuid[], p_resources jsonb,
-                                                         p_preemptible boolean)
+                                                         p_preemptible boolean, p_selector jsonb DEFAULT '{}',
+                                                         p_request_id uuid DEFAULT NULL)
 RETURNS TABLE (policy_id uuid, pool_id uuid, pool_name text, reason text, message text)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
@@ -65,9 +127,45 @@ BEGIN
     SELECT p.id, p.pool_id, pl.name, rej.reason, rej.message
       FROM respool.policies p
       JOIN respool.pools pl ON pl.id = p.pool_id
-     CROSS JOIN LATERAL respool._rejection(p_resources, p_preemptible, p.pool_id, p.id) rej
+     CROSS JOIN LATERAL respool._rejection(p_resources, p_preemptible, p.pool_id, p.id, p_selector, p_request_id) rej
      WHERE p.subject = p_subject AND p.pool_id = ANY (p_pool_ids)
      ORDER BY p.priority DESC, pl.name;
 END $$;
-COMMENT ON FUNCTION respool._candidate_rejections(text, uuid[], jsonb, boolean) IS
+COMMENT ON FUNCTION respool._candidate_rejections(text, uuid[], jsonb, boolean, jsonb, uuid) IS
     'Every candidate pool of a request (the subject''s policies on p_pool_ids), in candidate order, with its rejection (docs/admission.md; reason and message NULL when the request can ever fit there). Read-only.';
+
+CREATE OR REPLACE FUNCTION respool._node_blocker(p_resources jsonb, p_pool_id uuid, p_selector jsonb)
+RETURNS text LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_active integer;
+    v_key text;
+    v_best bigint;
+BEGIN
+    IF p_selector IS NULL OR NOT respool._pool_has_nodes(p_pool_id)
+       OR respool._node_for(p_pool_id, p_resources, p_selector) IS NOT NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT count(*) INTO v_active FROM respool.nodes n
+     WHERE n.pool_id = p_pool_id AND n.state = 'active' AND respool._node_matches(n.name, n.labels, p_selector);
+    IF v_active = 0 THEN
+        RETURN CASE WHEN p_selector = '{}' THEN 'waiting for a node: every node of the pool is cordoned or draining'
+                    ELSE format('waiting for a node: no active node matches node_selector %s', p_selector::text) END;
+    END IF;
+    -- The first key (by name) on which no active matching node has room, and the most free there.
+    SELECT x.key, max(coalesce(nr.capacity - nr.used, 0)) INTO v_key, v_best
+      FROM jsonb_each_text(p_resources) x
+     CROSS JOIN respool.nodes n
+      LEFT JOIN respool.node_resources nr ON nr.node_id = n.id AND nr.key = x.key
+     WHERE n.pool_id = p_pool_id AND n.state = 'active' AND respool._node_matches(n.name, n.labels, p_selector)
+       AND NOT (nr.key IS NULL AND respool._is_soft_key(x.key))
+     GROUP BY x.key, x.value
+    HAVING bool_and(nr.key IS NULL OR nr.used + x.value::bigint > nr.capacity)
+     ORDER BY x.key LIMIT 1;
+    IF v_key IS NULL THEN
+        RETURN 'waiting for a node: no single active node has room for all of its keys at once';
+    END IF;
+    RETURN format('waiting for %s on one node: needs %s, the most free on an active matching node is %s',
+                  v_key, p_resources ->> v_key, v_best);
+END $$;
+COMMENT ON FUNCTION respool._node_blocker(jsonb, uuid, jsonb) IS
+    'Why a request of these resources and node selector waits for a node in a pool with nodes (docs/placement.md): NULL when an active matching node has room now (or the pool has no nodes, or p_selector is NULL: a gang), else one sentence (no active matching node, or the first key no active matching node has room for, with the most free). Read-only.';

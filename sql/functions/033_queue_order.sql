@@ -2,29 +2,31 @@
 
 CREATE OR REPLACE FUNCTION respool._queue_groups(p_pool_id uuid, p_skip_earmarked boolean DEFAULT false)
 RETURNS TABLE (policy_id uuid, subject text, preemptible boolean, resources jsonb, priority integer,
-               in_share boolean, queued_at timestamptz, request_id uuid, share double precision)
+               in_share boolean, queued_at timestamptz, request_id uuid, share double precision,
+               node_selector jsonb)
 LANGUAGE sql STABLE AS $$
-    -- Entries of one shape (policy, preemptible, resources) are alike for every admission rule
+    -- Entries of one shape (policy, preemptible, resources, node selector) are alike for every admission rule
     -- and for in-share, so they keep their queue-time order among themselves: one row per shape,
     -- with its first entry. A skip scan of queue_entries_shape_idx finds the shapes, so this
     -- costs O(shapes * log(queue)), not O(queue).
     WITH RECURSIVE shapes AS (
-        (SELECT e.policy_id, e.preemptible, e.resources FROM respool.queue_entries e
+        (SELECT e.policy_id, e.preemptible, e.resources, e.node_selector FROM respool.queue_entries e
           WHERE e.pool_id = p_pool_id
-          ORDER BY e.policy_id, e.preemptible, e.resources LIMIT 1)
+          ORDER BY e.policy_id, e.preemptible, e.resources, e.node_selector LIMIT 1)
         UNION ALL
         SELECT n.* FROM shapes s CROSS JOIN LATERAL (
-            SELECT e.policy_id, e.preemptible, e.resources FROM respool.queue_entries e
+            SELECT e.policy_id, e.preemptible, e.resources, e.node_selector FROM respool.queue_entries e
              WHERE e.pool_id = p_pool_id
-               AND (e.policy_id, e.preemptible, e.resources) > (s.policy_id, s.preemptible, s.resources)
-             ORDER BY e.policy_id, e.preemptible, e.resources LIMIT 1) n
+               AND (e.policy_id, e.preemptible, e.resources, e.node_selector)
+                   > (s.policy_id, s.preemptible, s.resources, s.node_selector)
+             ORDER BY e.policy_id, e.preemptible, e.resources, e.node_selector LIMIT 1) n
     ), tracked AS (
         SELECT coalesce(array_agg(pr.key) FILTER (WHERE pr.capacity IS NOT NULL), '{}') AS keys,
                (SELECT pl.ordering = 'fair' FROM respool.pools pl WHERE pl.id = p_pool_id) AS fair
           FROM respool.pool_resources pr WHERE pr.pool_id = p_pool_id
     )
     SELECT s.policy_id, p.subject, s.preemptible, s.resources, p.priority, i.in_share, h.queued_at, h.request_id,
-           ds.share
+           ds.share, s.node_selector
       FROM shapes s
       JOIN respool.policies p ON p.id = s.policy_id
      CROSS JOIN tracked t
@@ -49,26 +51,28 @@ LANGUAGE sql STABLE AS $$
             SELECT e.queued_at, e.request_id FROM respool.queue_entries e
              WHERE e.pool_id = p_pool_id AND e.policy_id = s.policy_id
                AND e.preemptible = s.preemptible AND e.resources = s.resources
+               AND e.node_selector = s.node_selector
                AND (NOT p_skip_earmarked
                     OR NOT EXISTS (SELECT FROM respool.requests r
                                     WHERE r.id = e.request_id AND r.earmark_pool_id IS NOT NULL))
              ORDER BY e.queued_at, e.request_id LIMIT 1) h
 $$;
 COMMENT ON FUNCTION respool._queue_groups(uuid, boolean) IS
-    'A pool''s queue by shape (policy, preemptible, resources): each shape''s policy priority, in-share flag, dominant share (fair pools; 0 in fifo pools) and first entry (with p_skip_earmarked, its first entry holding no earmark; a shape with none is left out). Entries of one shape are granted in queue-time order, so the queue order is the merge of the shapes by (priority desc, in-share first, share asc, queue time, id). Costs O(shapes), not O(queue). Read-only.';
+    'A pool''s queue by shape (policy, preemptible, resources, node selector): each shape''s policy priority, in-share flag, dominant share (fair pools; 0 in fifo pools) and first entry (with p_skip_earmarked, its first entry holding no earmark; a shape with none is left out). Entries of one shape are granted in queue-time order, so the queue order is the merge of the shapes by (priority desc, in-share first, share asc, queue time, id). Costs O(shapes), not O(queue). Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._next_of_shape(p_pool_id uuid, p_policy_id uuid, p_preemptible boolean,
-                                                  p_resources jsonb, p_after_at timestamptz, p_after_id uuid,
+                                                  p_resources jsonb, p_selector jsonb,
+                                                  p_after_at timestamptz, p_after_id uuid,
                                                   OUT queued_at timestamptz, OUT request_id uuid)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     SELECT e.queued_at, e.request_id INTO queued_at, request_id FROM respool.queue_entries e
      WHERE e.pool_id = p_pool_id AND e.policy_id = p_policy_id
-       AND e.preemptible = p_preemptible AND e.resources = p_resources
+       AND e.preemptible = p_preemptible AND e.resources = p_resources AND e.node_selector = p_selector
        AND (e.queued_at, e.request_id) > (p_after_at, p_after_id)
      ORDER BY e.queued_at, e.request_id LIMIT 1;
 END $$;
-COMMENT ON FUNCTION respool._next_of_shape(uuid, uuid, boolean, jsonb, timestamptz, uuid) IS
+COMMENT ON FUNCTION respool._next_of_shape(uuid, uuid, boolean, jsonb, jsonb, timestamptz, uuid) IS
     'The entry of one queue shape that follows (p_after_at, p_after_id) in queue-time order (NULLs when none): one index probe.';
 
 CREATE OR REPLACE FUNCTION respool._queue_top(p_pool_id uuid, p_limit integer)
@@ -89,6 +93,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
             SELECT x.queued_at, x.request_id FROM respool.queue_entries x
              WHERE x.pool_id = p_pool_id AND x.policy_id = g.policy_id
                AND x.preemptible = g.preemptible AND x.resources = g.resources
+               AND x.node_selector = g.node_selector
              ORDER BY x.queued_at, x.request_id
              LIMIT p_limit) e
      ORDER BY g.priority DESC, g.in_share DESC, g.share, e.queued_at, e.request_id
@@ -117,18 +122,19 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     -- only when the shape has such an instant). The SET clause keeps it from being inlined
     -- (one call per pool, counted by the tests).
     WITH shapes AS MATERIALIZED (
-        SELECT g.policy_id, g.preemptible, g.resources, g.priority, g.in_share, g.share, t.times
+        SELECT g.policy_id, g.preemptible, g.resources, g.node_selector, g.priority, g.in_share, g.share, t.times
           FROM respool._queue_groups(p_pool_id) g
          CROSS JOIN LATERAL (
                 SELECT array_agg(e.queued_at ORDER BY e.queued_at) AS times
                   FROM respool.queue_entries e
                  WHERE e.pool_id = p_pool_id AND e.policy_id = g.policy_id
-                   AND e.preemptible = g.preemptible AND e.resources = g.resources) t
+                   AND e.preemptible = g.preemptible AND e.resources = g.resources
+                   AND e.node_selector = g.node_selector) t
     ), me AS MATERIALIZED (
         SELECT e.request_id, e.queued_at, s.priority, s.in_share, s.share
           FROM respool.queue_entries e
           JOIN shapes s ON s.policy_id = e.policy_id AND s.preemptible = e.preemptible
-                       AND s.resources = e.resources
+                       AND s.resources = e.resources AND s.node_selector = e.node_selector
          WHERE e.pool_id = p_pool_id AND e.request_id = ANY (p_request_ids)
     )
     SELECT m.request_id, 1 + (
@@ -138,6 +144,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
                                         SELECT count(*) FROM respool.queue_entries x
                                          WHERE x.pool_id = p_pool_id AND x.policy_id = s.policy_id
                                            AND x.preemptible = s.preemptible AND x.resources = s.resources
+                                           AND x.node_selector = s.node_selector
                                            AND x.queued_at = m.queued_at AND x.request_id < m.request_id)
                                     ELSE 0 END END)::bigint
                  FROM shapes s
@@ -166,7 +173,8 @@ BEGIN
         RETURN NULL;
     END IF;
     SELECT q.priority, q.in_share, q.share INTO v_priority, v_in_share, v_share FROM respool._queue_groups(p_pool_id) q
-     WHERE q.policy_id = me.policy_id AND q.preemptible = me.preemptible AND q.resources = me.resources;
+     WHERE q.policy_id = me.policy_id AND q.preemptible = me.preemptible AND q.resources = me.resources
+       AND q.node_selector = me.node_selector;
     -- Count only what is ahead: whole shapes of a higher (priority, in-share) class, and the
     -- earlier entries of shapes in the request's own class. A policy that queues one shape only
     -- is counted on queue_entries_policy_idx (no comparison of resources per entry).
@@ -182,11 +190,13 @@ BEGIN
         ELSIF (g.priority, g.in_share, -g.share) > (v_priority, v_in_share, -v_share) THEN
             SELECT count(*) INTO n FROM respool.queue_entries e
              WHERE e.pool_id = p_pool_id AND e.policy_id = g.policy_id
-               AND e.preemptible = g.preemptible AND e.resources = g.resources;
+               AND e.preemptible = g.preemptible AND e.resources = g.resources
+               AND e.node_selector = g.node_selector;
         ELSE
             SELECT count(*) INTO n FROM respool.queue_entries e
              WHERE e.pool_id = p_pool_id AND e.policy_id = g.policy_id
                AND e.preemptible = g.preemptible AND e.resources = g.resources
+               AND e.node_selector = g.node_selector
                AND (e.queued_at, e.request_id) < (me.queued_at, me.request_id);
         END IF;
         ahead := ahead + n;

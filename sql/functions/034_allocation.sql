@@ -30,7 +30,7 @@ BEGIN
                np_charge = CASE WHEN r.preemptible THEN '{}'::jsonb
                                 ELSE (SELECT coalesce(jsonb_object_agg(x.key, x.value::bigint), '{}')
                                         FROM jsonb_each_text(r.resources) x WHERE x.key = ANY (v_tracked)) END,
-               allocated_at = p_now, preempt_deadline = NULL, earmark_pool_id = NULL,
+               allocated_at = p_now, preempt_deadline = NULL, earmark_pool_id = NULL, earmark_node_id = NULL,
                lease_expires_at = p_now + make_interval(secs => r.lease_seconds),
                run_deadline = p_now + make_interval(secs => r.max_seconds),  -- runtime cap (max_seconds)
                status = 'allocated', reason = NULL, message = '', version = r.version + 1,
@@ -65,7 +65,9 @@ BEGIN
     IF r.gang_id IS NOT NULL THEN
         r := respool._queued_as(p_request_id);  -- the gang as one request of the sum (docs/scheduling.md)
     END IF;
-    IF NOT respool._fits(r.resources, r.preemptible, p_pool_id, p_policy_id, r.id, r.earmark_pool_id) THEN
+    -- (A gang stands in with its members' sum: its nodes are chosen member by member below.)
+    IF NOT respool._fits(r.resources, r.preemptible, p_pool_id, p_policy_id, r.id, r.earmark_pool_id,
+                         CASE WHEN r.gang_id IS NULL THEN r.node_selector END) THEN
         RETURN 'blocked';
     END IF;
     IF NOT respool._lock_queued(p_request_id) THEN
@@ -73,15 +75,25 @@ BEGIN
         RETURN CASE WHEN EXISTS (SELECT FROM respool.requests WHERE id = p_request_id AND status = 'queued')
                     THEN 'locked' ELSE 'gone' END;
     END IF;
-    -- A gang: every member, in this transaction, at the same instant, in this pool.
-    PERFORM respool._grant_many(CASE WHEN r.gang_id IS NULL THEN ARRAY[p_request_id]
-                                     ELSE ARRAY(SELECT id FROM respool.requests
-                                                 WHERE gang_id = r.gang_id AND status = 'queued') END,
-                                p_pool_id, p_policy_id, p_now);
+    IF r.gang_id IS NULL THEN
+        PERFORM respool._grant_many(ARRAY[p_request_id], p_pool_id, p_policy_id, p_now);
+        RETURN 'granted';
+    END IF;
+    -- A gang: every member, in this transaction, at the same instant, in this pool. In a pool
+    -- with nodes the members are placed one by one (docs/placement.md); when one finds no node
+    -- the subtransaction takes the whole gang's grant back.
+    BEGIN
+        PERFORM respool._grant_many(ARRAY(SELECT id FROM respool.requests
+                                           WHERE gang_id = r.gang_id AND status = 'queued'
+                                           ORDER BY queued_at, id),
+                                    p_pool_id, p_policy_id, p_now);
+    EXCEPTION WHEN SQLSTATE 'RP501' THEN
+        RETURN 'blocked';
+    END;
     RETURN 'granted';
 END $$;
 COMMENT ON FUNCTION respool._try_grant(uuid, uuid, uuid, timestamptz) IS
-    'Grants one queued request in a pool whose row the caller has locked, if admissible: granted | blocked | locked | gone. A gang''s queue entry grants every member together when their sum fits (respool._fits), or none (docs/scheduling.md, gangs).';
+    'Grants one queued request in a pool whose row the caller has locked, if admissible (respool._fits, a node included in a pool with nodes): granted | blocked | locked | gone. A gang''s queue entry grants every member together when their sum fits and, in a pool with nodes, every member finds a node (distinct ones with distinct_nodes), or none (docs/scheduling.md, gangs; docs/placement.md).';
 
 CREATE OR REPLACE FUNCTION respool._scale_units(p_units jsonb, p_times integer)
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
@@ -91,7 +103,8 @@ END $$;
 COMMENT ON FUNCTION respool._scale_units(jsonb, integer) IS 'A unit map {key: n} times p_times: the need of that many requests of one shape.';
 
 CREATE OR REPLACE FUNCTION respool._grant_run(p_pool_id uuid, p_policy_id uuid, p_preemptible boolean,
-                                              p_resources jsonb, p_from_at timestamptz, p_from_id uuid,
+                                              p_resources jsonb, p_selector jsonb,
+                                              p_from_at timestamptz, p_from_id uuid,
                                               p_before_at timestamptz, p_before_id uuid, p_now timestamptz)
 RETURNS uuid[] LANGUAGE plpgsql AS $$
 DECLARE
@@ -111,21 +124,29 @@ BEGIN
                    bool_and(r.gang_id IS NULL) OVER (ORDER BY e.queued_at, e.request_id) AS plain
               FROM respool.queue_entries e JOIN respool.requests r ON r.id = e.request_id
              WHERE e.pool_id = p_pool_id AND e.policy_id = p_policy_id
-               AND e.preemptible = p_preemptible AND e.resources = p_resources
+               AND e.preemptible = p_preemptible AND e.resources = p_resources AND e.node_selector = p_selector
                AND (e.queued_at, e.request_id) >= (p_from_at, p_from_id)
                AND (p_before_at IS NULL OR (e.queued_at, e.request_id) < (p_before_at, p_before_id))) c
      WHERE c.plain;
-    -- How many of them fit together: k requests of one shape fit exactly when one request of k
-    -- times the shape's need does (respool._fits); the largest such k by bisection.
+    -- How many of them fit together: k requests of one shape fit the pool's and the policy's
+    -- counters exactly when one request of k times the shape's need does (respool._fits without
+    -- the node rule); the largest such k by bisection. In a pool with nodes, at most as many as
+    -- the nodes have slots for (respool._node_slots).
     v_high := cardinality(v_run);
-    IF v_high < 2 OR NOT respool._fits(respool._scale_units(p_resources, 2), p_preemptible, p_pool_id, p_policy_id) THEN
+    IF respool._pool_has_nodes(p_pool_id) THEN
+        v_high := least(v_high, respool._node_slots(p_pool_id, p_resources, p_selector));
+    END IF;
+    IF v_high < 2 OR NOT respool._fits(respool._scale_units(p_resources, 2), p_preemptible, p_pool_id, p_policy_id,
+                                       NULL, NULL, NULL) THEN
         RETURN '{}';  -- nothing to gain over the one-request path
     END IF;
     v_low := 2;
-    IF NOT respool._fits(respool._scale_units(p_resources, v_high), p_preemptible, p_pool_id, p_policy_id) THEN
+    IF NOT respool._fits(respool._scale_units(p_resources, v_high), p_preemptible, p_pool_id, p_policy_id,
+                         NULL, NULL, NULL) THEN
         WHILE v_high - v_low > 1 LOOP  -- invariant: v_low fits, v_high does not
             v_mid := (v_low + v_high) / 2;
-            IF respool._fits(respool._scale_units(p_resources, v_mid), p_preemptible, p_pool_id, p_policy_id) THEN
+            IF respool._fits(respool._scale_units(p_resources, v_mid), p_preemptible, p_pool_id, p_policy_id,
+                             NULL, NULL, NULL) THEN
                 v_low := v_mid;
             ELSE
                 v_high := v_mid;
@@ -149,8 +170,8 @@ BEGIN
     END IF;
     RETURN v_run;
 END $$;
-COMMENT ON FUNCTION respool._grant_run(uuid, uuid, boolean, jsonb, timestamptz, uuid, timestamptz, uuid, timestamptz) IS
-    'Set-based grants for a pass of a pool the caller has locked: of one queue shape''s entries from a given one on and before a bound (the next other shape''s head), as many as fit together (at least two, else none) are locked without waiting and granted in one respool._grant_many; stops before a gang entry and before an entry locked or taken elsewhere. Returns the granted ids in queue order. Only for a pass without earmarks or a starvation hold (those need the per-request checks).';
+COMMENT ON FUNCTION respool._grant_run(uuid, uuid, boolean, jsonb, jsonb, timestamptz, uuid, timestamptz, uuid, timestamptz) IS
+    'Set-based grants for a pass of a pool the caller has locked: of one queue shape''s entries (resources and node selector) from a given one on and before a bound (the next other shape''s head), as many as fit together (at least two, else none) are locked without waiting and granted in one respool._grant_many; stops before a gang entry and before an entry locked or taken elsewhere. Returns the granted ids in queue order. Only for a pass without earmarks or a starvation hold (those need the per-request checks).';
 
 CREATE OR REPLACE FUNCTION respool.allocate_pool(p_pool_id uuid, p_now timestamptz DEFAULT now())
 RETURNS integer LANGUAGE plpgsql AS $$
@@ -168,6 +189,7 @@ DECLARE
     g_policy uuid[];
     g_preemptible boolean[];
     g_resources jsonb[];
+    g_selector jsonb[];
     g_priority integer[];
     g_in_share boolean[];
     g_at timestamptz[];
@@ -209,8 +231,8 @@ BEGIN
     -- head each time. In-share is decided at the start of the pass, as for the whole queue.
     SELECT coalesce(array_agg(g.policy_id), '{}'), array_agg(g.preemptible), array_agg(g.resources),
            array_agg(g.priority), array_agg(g.in_share), array_agg(g.queued_at), array_agg(g.request_id),
-           array_agg(g.share), array_agg(false)
-      INTO g_policy, g_preemptible, g_resources, g_priority, g_in_share, g_at, g_id, g_share, g_backfill
+           array_agg(g.share), array_agg(false), array_agg(g.node_selector)
+      INTO g_policy, g_preemptible, g_resources, g_priority, g_in_share, g_at, g_id, g_share, g_backfill, g_selector
       FROM respool._queue_groups(p_pool_id) g;
     LOOP
         best := NULL;
@@ -239,7 +261,7 @@ BEGIN
         ELSIF v_hold.head_id IS NOT NULL AND NOT g_backfill[best]
            AND NOT respool._leaves_head_room(v_hold, g_resources[best], v_free) THEN
             SELECT n.queued_at, n.request_id INTO next_at, next_id
-              FROM respool._next_backfill(p_pool_id, g_policy[best], g_preemptible[best], g_resources[best],
+              FROM respool._next_backfill(p_pool_id, g_policy[best], g_preemptible[best], g_resources[best], g_selector[best],
                                           g_at[best], g_id[best], v_hold.shadow, p_now) n;
             g_at[best] := next_at;
             g_id[best] := next_id;
@@ -251,7 +273,8 @@ BEGIN
                 -- The shape's entries ahead of the second-best head: all of them when the
                 -- second is of a lower (priority, in-share, share) class, else those queued before it.
                 v_run := respool._grant_run(
-                    p_pool_id, g_policy[best], g_preemptible[best], g_resources[best], g_at[best], g_id[best],
+                    p_pool_id, g_policy[best], g_preemptible[best], g_resources[best], g_selector[best],
+                    g_at[best], g_id[best],
                     CASE WHEN second IS NOT NULL AND (g_priority[second], g_in_share[second], -g_share[second])
                                                    = (g_priority[best], g_in_share[best], -g_share[best])
                          THEN g_at[second] END,
@@ -291,7 +314,7 @@ BEGIN
         -- granted, gone, or locked in best_effort: the shape's next entry
         SELECT n.queued_at, n.request_id INTO next_at, next_id
           FROM respool._next_of_shape(p_pool_id, g_policy[best], g_preemptible[best], g_resources[best],
-                                      g_at[best], g_id[best]) n;
+                                      g_selector[best], g_at[best], g_id[best]) n;
         g_at[best] := next_at;
         g_id[best] := next_id;
         g_backfill[best] := false;

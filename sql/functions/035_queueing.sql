@@ -9,9 +9,10 @@ DECLARE
     added integer;
 BEGIN
     SELECT * INTO r FROM respool.requests WHERE id = p_request_id;
-    INSERT INTO respool.queue_entries (pool_id, request_id, policy_id, queued_at, resources, preemptible)
-    SELECT c.pool_id, r.id, c.policy_id, r.queued_at, r.resources, r.preemptible
-      FROM respool._candidate_rejections(r.subject, r.candidate_pool_ids, r.resources, r.preemptible) c
+    INSERT INTO respool.queue_entries (pool_id, request_id, policy_id, queued_at, resources, preemptible, node_selector)
+    SELECT c.pool_id, r.id, c.policy_id, r.queued_at, r.resources, r.preemptible, r.node_selector
+      FROM respool._candidate_rejections(r.subject, r.candidate_pool_ids, r.resources, r.preemptible,
+                                         r.node_selector, r.id) c
      WHERE c.reason IS NULL;
     GET DIAGNOSTICS added = ROW_COUNT;
     RETURN added;
@@ -61,7 +62,8 @@ BEGIN
     SELECT coalesce((array_agg(c.reason ORDER BY c.n) FILTER (WHERE c.reason IS NOT NULL))[1], 'no_policy'),
            coalesce(array_agg(c.message ORDER BY c.n) FILTER (WHERE c.reason IS NOT NULL), '{}')
       INTO v_reason, v_messages
-      FROM respool._candidate_rejections(r.subject, r.candidate_pool_ids, r.resources, r.preemptible)
+      FROM respool._candidate_rejections(r.subject, r.candidate_pool_ids, r.resources, r.preemptible,
+                                         r.node_selector, r.id)
            WITH ORDINALITY c(policy_id, pool_id, pool_name, reason, message, n);
     IF cardinality(v_messages) = 0 THEN
         v_messages := ARRAY[format('subject %s has no policy left on its candidate pools', r.subject)];

@@ -89,7 +89,8 @@ COMMENT ON FUNCTION respool._ends_before_shadow(respool.pool_hold, integer, time
     'Backfill rule (b) (docs/scheduling.md): a request with max_seconds granted now ends by the head''s shadow time.';
 
 CREATE OR REPLACE FUNCTION respool._next_backfill(p_pool_id uuid, p_policy_id uuid, p_preemptible boolean,
-                                                  p_resources jsonb, p_from_at timestamptz, p_from_id uuid,
+                                                  p_resources jsonb, p_selector jsonb,
+                                                  p_from_at timestamptz, p_from_id uuid,
                                                   p_shadow timestamptz, p_now timestamptz,
                                                   OUT queued_at timestamptz, OUT request_id uuid)
 LANGUAGE plpgsql STABLE AS $$
@@ -100,13 +101,13 @@ BEGIN
     SELECT e.queued_at, e.request_id INTO queued_at, request_id
       FROM respool.queue_entries e JOIN respool.requests r ON r.id = e.request_id
      WHERE e.pool_id = p_pool_id AND e.policy_id = p_policy_id
-       AND e.preemptible = p_preemptible AND e.resources = p_resources
+       AND e.preemptible = p_preemptible AND e.resources = p_resources AND e.node_selector = p_selector
        AND (e.queued_at, e.request_id) >= (p_from_at, p_from_id)
        AND p_now + make_interval(secs => CASE WHEN r.gang_id IS NULL THEN r.max_seconds  -- a gang: as one request (docs/scheduling.md)
                                               ELSE (respool._queued_as(r.id)).max_seconds END) <= p_shadow
      ORDER BY e.queued_at, e.request_id LIMIT 1;
 END $$;
-COMMENT ON FUNCTION respool._next_backfill(uuid, uuid, boolean, jsonb, timestamptz, uuid, timestamptz, timestamptz) IS
+COMMENT ON FUNCTION respool._next_backfill(uuid, uuid, boolean, jsonb, jsonb, timestamptz, uuid, timestamptz, timestamptz) IS
     'The first entry of one queue shape, at or after (p_from_at, p_from_id), whose max_seconds ends by p_shadow (backfill rule (b)); NULLs when none.';
 
 CREATE OR REPLACE FUNCTION respool._held_back(p_pool_id uuid, p_request respool.requests, p_now timestamptz,

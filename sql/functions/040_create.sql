@@ -75,7 +75,7 @@ BEGIN
         PERFORM respool._fail('RP400', '', 'a create body must be a JSON object');
     END IF;
     v_unknown := p_body - ARRAY['subject', 'pool', 'resources', 'settings', 'preemptible', 'max_retries',
-                                'max_seconds', 'lease_seconds', 'idempotency_key', 'labels'];
+                                'max_seconds', 'lease_seconds', 'idempotency_key', 'labels', 'node_selector'];
     IF v_unknown <> '{}' THEN
         PERFORM respool._fail('RP400', left(k, 70), format('unknown field %L', left(k, 70)))
            FROM (SELECT min(k) AS k FROM jsonb_object_keys(v_unknown) k) first;
@@ -106,6 +106,9 @@ BEGIN
     IF jsonb_typeof(p_body -> 'labels') NOT IN ('object', 'null') THEN
         PERFORM respool._fail('RP400', 'labels', 'labels must be an object or null');
     END IF;
+    IF jsonb_typeof(p_body -> 'node_selector') NOT IN ('object', 'null') THEN
+        PERFORM respool._fail('RP400', 'node_selector', 'node_selector must be an object of label: value, or null');
+    END IF;
     IF jsonb_typeof(p_body -> 'preemptible') <> 'boolean' THEN
         PERFORM respool._fail('RP400', 'preemptible', 'preemptible must be true or false');
     END IF;
@@ -128,7 +131,7 @@ BEGIN
            || p_body;
 END $$;
 COMMENT ON FUNCTION respool._create_body(jsonb, integer) IS
-    'The one check of a create body''s fields and types (the fields of the wire type RequestCreate: subject, pool, resources, settings, preemptible, max_retries, max_seconds, lease_seconds, idempotency_key, labels; RP400 naming the field, also for an unknown one) and the one place its defaults are filled: preemptible true, max_retries 0, lease_seconds p_default_lease_seconds when absent. Values inside resources, settings and labels are checked where they are converted.';
+    'The one check of a create body''s fields and types (the fields of the wire type RequestCreate: subject, pool, resources, settings, preemptible, max_retries, max_seconds, lease_seconds, idempotency_key, labels, node_selector; RP400 naming the field, also for an unknown one) and the one place its defaults are filled: preemptible true, max_retries 0, lease_seconds p_default_lease_seconds when absent. Values inside resources, settings, labels and node_selector are checked where they are converted.';
 
 CREATE OR REPLACE FUNCTION respool._create_checked(
     p_checked jsonb,
@@ -149,6 +152,7 @@ DECLARE
     v_key text := v_in ->> 'idempotency_key';
     v_resources jsonb;
     v_labels jsonb;
+    v_selector jsonb;
     v_body jsonb;
     v_pool_id uuid;
     v_all uuid[];
@@ -161,12 +165,14 @@ DECLARE
 BEGIN
     v_resources := respool.build_resources(nullif(v_in -> 'resources', 'null'), nullif(v_in -> 'settings', 'null'));
     v_labels := respool._labels(v_in -> 'labels');
-    -- What an idempotent retry must repeat (max_seconds only when set, so bodies stored before
-    -- it existed still compare equal).
+    v_selector := respool.build_node_selector(v_in -> 'node_selector', nullif(v_in -> 'settings', 'null'));
+    -- What an idempotent retry must repeat (max_seconds and node_selector only when set, so
+    -- bodies stored before they existed still compare equal).
     v_body := jsonb_build_object('pool', v_pool_ref, 'resources', v_resources, 'preemptible', v_preemptible,
                                  'max_retries', v_max_retries, 'lease_seconds', v_lease_seconds, 'labels', v_labels)
               || CASE WHEN v_max_seconds IS NOT NULL THEN jsonb_build_object('max_seconds', v_max_seconds)
-                      ELSE '{}' END;
+                      ELSE '{}' END
+              || CASE WHEN v_selector <> '{}' THEN jsonb_build_object('node_selector', v_selector) ELSE '{}' END;
 
     IF v_key IS NOT NULL THEN
         PERFORM respool._claim_keys(ARRAY[v_in]);  -- (a batch claimed them all already, in order)
@@ -186,7 +192,7 @@ BEGIN
     v_all := coalesce(v_all, '{}');
     -- Validate under the pool locks, so a concurrent capacity or policy change cannot slip between.
     PERFORM respool._lock_pools(v_all);
-    FOR c IN SELECT * FROM respool._candidate_rejections(v_subject, v_all, v_resources, v_preemptible) LOOP
+    FOR c IN SELECT * FROM respool._candidate_rejections(v_subject, v_all, v_resources, v_preemptible, v_selector) LOOP
         v_names := v_names || c.pool_name;
         IF c.reason IS NULL THEN
             v_ok := v_ok || c.pool_id;
@@ -205,7 +211,7 @@ BEGIN
     INSERT INTO respool.requests (subject, pool_ref, pool_id, pool_name, candidate_pool_ids, resources,
                                   preemptible, priority, status, reason, message, max_retries, lease_seconds,
                                   max_seconds, idempotency_key, request_body, labels, queued_at, created_at, updated_at,
-                                  finished_at, gang_id)
+                                  finished_at, gang_id, node_selector)
     VALUES (v_subject, v_pool_ref,
             CASE WHEN cardinality(v_all) = 1 THEN v_all[1] ELSE v_pool_id END,
             CASE WHEN cardinality(v_names) = 1 THEN v_names[1]
@@ -217,7 +223,7 @@ BEGIN
             CASE WHEN cardinality(v_ok) = 0 THEN v_first_reason END,
             CASE WHEN cardinality(v_ok) = 0 THEN array_to_string(v_messages, '; ') ELSE '' END,
             v_max_retries, v_lease_seconds, v_max_seconds, v_key, v_body, v_labels, p_now, p_now, p_now,
-            CASE WHEN cardinality(v_ok) = 0 THEN p_now END, p_gang_id)
+            CASE WHEN cardinality(v_ok) = 0 THEN p_now END, p_gang_id, v_selector)
     ON CONFLICT ON CONSTRAINT idempotency DO NOTHING
     RETURNING * INTO r;
     IF NOT FOUND THEN
@@ -235,8 +241,9 @@ BEGIN
     IF r.status = 'queued' AND p_gang_id IS NULL AND NOT respool._grant_at_once(r, p_now) THEN
         -- Its queue entries: one per candidate that the checks above admitted (v_ok), under
         -- the same pool locks (what respool._enqueue would find, without checking again).
-        INSERT INTO respool.queue_entries (pool_id, request_id, policy_id, queued_at, resources, preemptible)
-        SELECT p.pool_id, r.id, p.id, r.queued_at, r.resources, r.preemptible
+        INSERT INTO respool.queue_entries (pool_id, request_id, policy_id, queued_at, resources, preemptible,
+                                           node_selector)
+        SELECT p.pool_id, r.id, p.id, r.queued_at, r.resources, r.preemptible, r.node_selector
           FROM respool.policies p WHERE p.subject = r.subject AND p.pool_id = ANY (v_ok);
         PERFORM respool._try_new(r.id, p_now);
     END IF;
@@ -294,19 +301,25 @@ BEGIN
         PERFORM respool._fail('RP400', 'preemptible',
             'every member of a gang (all_or_nothing) has the same preemptible flag as member 0');
     END IF;
+    IF respool.build_node_selector(p_member -> 'node_selector', nullif(p_member -> 'settings', 'null'))
+       IS DISTINCT FROM respool.build_node_selector(p_first -> 'node_selector', nullif(p_first -> 'settings', 'null')) THEN
+        PERFORM respool._fail('RP400', 'node_selector',
+            'every member of a gang (all_or_nothing) has the node selector of member 0 (with settings gpu_type/gpu_class)');
+    END IF;
     IF (p_member ->> 'max_retries')::integer IS DISTINCT FROM (p_first ->> 'max_retries')::integer THEN
         PERFORM respool._fail('RP400', 'max_retries',
             'every member of a gang (all_or_nothing) has the same max_retries as member 0 (the gang is requeued whole)');
     END IF;
 END $$;
 COMMENT ON FUNCTION respool._gang_member_check(jsonb, jsonb, uuid) IS
-    'A gang member (a body respool._create_body completed) names the subject of member 0, a pool that resolves to member 0''s (or none when member 0 names none), and member 0''s preemptible and max_retries; RP400 naming the field otherwise (RP404/RP400 for a bad pool ref). See docs/scheduling.md (gangs).';
+    'A gang member (a body respool._create_body completed) names the subject of member 0, a pool that resolves to member 0''s (or none when member 0 names none), and member 0''s preemptible, node selector and max_retries; RP400 naming the field otherwise (RP404/RP400 for a bad pool ref). See docs/scheduling.md (gangs).';
 
 CREATE OR REPLACE FUNCTION respool.create_requests(
     p_members jsonb,
     p_all_or_nothing boolean DEFAULT false,
     p_default_lease_seconds integer DEFAULT NULL,
-    p_now timestamptz DEFAULT now())
+    p_now timestamptz DEFAULT now(),
+    p_distinct_nodes boolean DEFAULT false)
 RETURNS TABLE (member integer, created boolean, request jsonb)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -329,6 +342,10 @@ BEGIN
     v_count := jsonb_array_length(p_members);
     IF v_count NOT BETWEEN 1 AND respool._max_batch() THEN
         PERFORM respool._fail('RP400', 'members', format('a batch has 1 to %s members, got %s', respool._max_batch(), v_count));
+    END IF;
+    IF coalesce(p_distinct_nodes, false) AND NOT coalesce(p_all_or_nothing, false) THEN
+        PERFORM respool._fail('RP400', 'distinct_nodes',
+            'distinct_nodes places the members of a gang on different nodes: it needs all_or_nothing true');
     END IF;
     IF p_default_lease_seconds IS NOT NULL AND p_default_lease_seconds NOT BETWEEN 1 AND respool._max_seconds() THEN
         PERFORM respool._fail('RP400', 'default_lease_seconds', 'default_lease_seconds must be between 1 and ' || respool._max_seconds());
@@ -383,6 +400,9 @@ BEGIN
         IF v_gang IS NOT NULL THEN
             v_at := 0;
             IF v_created[1] THEN
+                IF p_distinct_nodes THEN
+                    UPDATE respool.requests SET distinct_nodes = true WHERE gang_id = v_gang;
+                END IF;
                 PERFORM respool._gang_start(v_gang, p_now);
             ELSIF (c.request ->> 'gang_id') IS NULL
                   OR (SELECT count(*) FROM respool.requests WHERE gang_id = (c.request ->> 'gang_id')::uuid) <> v_count THEN
@@ -407,8 +427,8 @@ BEGIN
                   COLUMN = format('members[%s]', v_at) || CASE WHEN coalesce(v_column, '') = '' THEN '' ELSE '.' || v_column END;
     END;
 END $$;
-COMMENT ON FUNCTION respool.create_requests(jsonb, boolean, integer, timestamptz) IS
-    'Batch create (docs/api.md "Batch create"): p_members is a JSON array of 1 to 1000 create bodies, created in one transaction, each by respool.create_request exactly as a single create: every body checked and completed by respool._create_body before any work (absent lease_seconds: p_default_lease_seconds), their idempotency keys claimed in one global order (respool._claim_keys), the pools of every member''s subject locked in id order, then each created by respool.create_request in member order, member i queued i microseconds after member 0 so queue order follows member order. Any member error refuses the whole batch, creating nothing: the same SQLSTATE, naming members[i].<field>. Each answer is the member''s state once the whole batch is done. With p_all_or_nothing the members are a gang (docs/scheduling.md): same subject, pool, preemptible and max_retries (RP400 naming the field), one gang_id, rejected together, granted together in one pool or not at all; a retry whose idempotency keys name exactly the members of one gang answers that gang (RP422 otherwise). One row per member, in member order.';
+COMMENT ON FUNCTION respool.create_requests(jsonb, boolean, integer, timestamptz, boolean) IS
+    'Batch create (docs/api.md "Batch create"): p_members is a JSON array of 1 to 1000 create bodies, created in one transaction, each by respool.create_request exactly as a single create: every body checked and completed by respool._create_body before any work (absent lease_seconds: p_default_lease_seconds), their idempotency keys claimed in one global order (respool._claim_keys), the pools of every member''s subject locked in id order, then each created by respool.create_request in member order, member i queued i microseconds after member 0 so queue order follows member order. Any member error refuses the whole batch, creating nothing: the same SQLSTATE, naming members[i].<field>. Each answer is the member''s state once the whole batch is done. With p_all_or_nothing the members are a gang (docs/scheduling.md): same subject, pool, preemptible and max_retries (RP400 naming the field), one gang_id, rejected together, granted together in one pool or not at all (p_distinct_nodes, only with a gang: each member on a different node of a pool with nodes, docs/placement.md); a retry whose idempotency keys name exactly the members of one gang answers that gang (RP422 otherwise). One row per member, in member order.';
 
 CREATE OR REPLACE FUNCTION respool.what_if_request(
     p_body jsonb,

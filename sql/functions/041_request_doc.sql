@@ -2,9 +2,23 @@
 
 DROP FUNCTION IF EXISTS respool._request_json(uuid, jsonb);
 
+CREATE OR REPLACE FUNCTION respool._placement_doc(p_request_id uuid)
+RETURNS json LANGUAGE sql STABLE AS $$
+    SELECT json_build_object(
+        'node', n.name, 'labels', n.labels,
+        'devices', coalesce((SELECT json_object_agg(d.key, d.ids)
+                               FROM (SELECT nd.key, json_agg(nd.device ORDER BY nd.position) AS ids
+                                       FROM respool.node_devices nd WHERE nd.holder_id = p_request_id
+                                      GROUP BY nd.key) d), '{}'::json))
+      FROM respool.placements pl JOIN respool.nodes n ON n.id = pl.node_id
+     WHERE pl.request_id = p_request_id
+$$;
+COMMENT ON FUNCTION respool._placement_doc(uuid) IS
+    'Where a holding request is placed (docs/placement.md): {"node": name, "labels": {...}, "devices": {key: [ids in list order]}}; NULL when it has no placement (a pool without nodes, or not holding). Read-only.';
+
 CREATE OR REPLACE FUNCTION respool._request_doc(r respool.requests, p_position bigint, p_message text,
                                                 p_eta jsonb)
-RETURNS json LANGUAGE sql IMMUTABLE AS $$
+RETURNS json LANGUAGE sql STABLE AS $$
     -- json, not jsonb: built as text in one go (a page of 1,000 is aggregated with json_agg and
     -- sent as it is; jsonb took three times as long to build and print).
     SELECT json_build_object(
@@ -16,10 +30,12 @@ RETURNS json LANGUAGE sql IMMUTABLE AS $$
         'preempt_deadline', r.preempt_deadline, 'idempotency_key', r.idempotency_key,
         'labels', r.labels, 'version', r.version, 'created_at', r.created_at,
         'updated_at', r.updated_at, 'allocated_at', r.allocated_at, 'finished_at', r.finished_at,
-        'max_seconds', r.max_seconds, 'run_deadline', r.run_deadline, 'eta', p_eta, 'gang_id', r.gang_id)
+        'max_seconds', r.max_seconds, 'run_deadline', r.run_deadline, 'eta', p_eta, 'gang_id', r.gang_id,
+        'node_selector', r.node_selector,
+        'placement', CASE WHEN r.status IN ('allocated', 'preempting') THEN respool._placement_doc(r.id) END)
 $$;
 COMMENT ON FUNCTION respool._request_doc(respool.requests, bigint, text, jsonb) IS
-    'The one JSON shape of a request as the API shows it, from its row and the computed queue position, message (NULL: empty) and ETA: shared by the one-request read (as jsonb) and the page read (json_agg), so both give the same document.';
+    'The one JSON shape of a request as the API shows it, from its row, its placement (respool._placement_doc, while it holds units) and the computed queue position, message (NULL: empty) and ETA: shared by the one-request read (as jsonb) and the page read (json_agg), so both give the same document.';
 
 CREATE OR REPLACE FUNCTION respool._request_json(p_id uuid)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
@@ -47,6 +63,8 @@ BEGIN
                           || CASE WHEN q.earmark_pool_id = e.pool_id
                                   THEN 'preempted units are being released for it'
                                   ELSE coalesce(respool._blocker(e.resources, e.preemptible, e.pool_id, e.policy_id),
+                                                respool._node_blocker(e.resources, e.pool_id,
+                                                                      CASE WHEN r.gang_id IS NULL THEN e.node_selector END),
                                                 CASE WHEN respool._earmark_blocks(q, e.pool_id)
                                                      THEN 'waiting: freed units are earmarked for a request that preempted others'
                                                      -- starvation guard (docs/scheduling.md): the starvation guard holds it back

@@ -65,24 +65,41 @@ END $$;
 COMMENT ON FUNCTION respool._lock_queued(uuid) IS
     'Locks a queued request, or every queued member of its gang, with SKIP LOCKED; true only when all of them are locked (a gang with a member still holding units is not grantable). Never waits.';
 
-CREATE OR REPLACE FUNCTION respool._victim_units(p_pool_id uuid)
+CREATE OR REPLACE FUNCTION respool._victim_units(p_pool_id uuid, p_node_id uuid DEFAULT NULL)
 RETURNS TABLE (id uuid, policy_id uuid, priority integer, resources jsonb, allocated_at timestamptz)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     -- Gang members are allocated together in one pool under one policy (same allocated_at):
     -- the gang is one unit, named by its member with the lowest id, holding the members' sum.
+    IF p_node_id IS NULL THEN
+        RETURN QUERY
+        SELECT q.id, q.policy_id, p.priority,
+               CASE WHEN q.gang_id IS NULL THEN q.resources ELSE respool._gang_units(q.gang_id, ARRAY['allocated']) END,
+               q.allocated_at
+          FROM respool.requests q JOIN respool.policies p ON p.id = q.policy_id
+         WHERE q.pool_id = p_pool_id AND q.status = 'allocated' AND q.preemptible
+           AND (q.gang_id IS NULL
+                OR NOT EXISTS (SELECT FROM respool.requests m
+                                WHERE m.gang_id = q.gang_id AND m.status = 'allocated' AND m.id < q.id));
+        RETURN;
+    END IF;
+    -- On one node (docs/placement.md): the units that node gets back, a gang's members on it summed.
     RETURN QUERY
-    SELECT q.id, q.policy_id, p.priority,
-           CASE WHEN q.gang_id IS NULL THEN q.resources ELSE respool._gang_units(q.gang_id, ARRAY['allocated']) END,
-           q.allocated_at
-      FROM respool.requests q JOIN respool.policies p ON p.id = q.policy_id
-     WHERE q.pool_id = p_pool_id AND q.status = 'allocated' AND q.preemptible
-       AND (q.gang_id IS NULL
-            OR NOT EXISTS (SELECT FROM respool.requests m
-                            WHERE m.gang_id = q.gang_id AND m.status = 'allocated' AND m.id < q.id));
+    SELECT u.unit_id, (array_agg(u.policy_id))[1], min(u.priority), respool._sum_units(array_agg(pl.resources)),
+           min(u.allocated_at)
+      FROM respool.placements pl
+      JOIN respool.requests q ON q.id = pl.request_id
+      JOIN respool.policies p ON p.id = q.policy_id
+     CROSS JOIN LATERAL (
+            SELECT CASE WHEN q.gang_id IS NULL THEN q.id
+                        ELSE (SELECT m.id FROM respool.requests m
+                               WHERE m.gang_id = q.gang_id AND m.status = 'allocated' ORDER BY m.id LIMIT 1) END AS unit_id,
+                   q.policy_id, p.priority, q.allocated_at) u
+     WHERE pl.node_id = p_node_id AND q.pool_id = p_pool_id AND q.status = 'allocated' AND q.preemptible
+     GROUP BY u.unit_id;
 END $$;
-COMMENT ON FUNCTION respool._victim_units(uuid) IS
-    'The preemptible allocations of a pool as victim units (docs/preemption.md): one row per request on its own, one per gang (its lowest-id allocated member, the members'' summed resources); preempting the unit''s request preempts its whole gang. Read-only.';
+COMMENT ON FUNCTION respool._victim_units(uuid, uuid) IS
+    'The preemptible allocations of a pool as victim units (docs/preemption.md): one row per request on its own, one per gang (its lowest-id allocated member, the members'' summed resources); preempting the unit''s request preempts its whole gang. With p_node_id (docs/placement.md): only the units with a request placed on that node, holding what they hold there. Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._gang_follow(p_member_id uuid, p_to text, p_reason text, p_verb text,
                                                 p_now timestamptz)
@@ -174,9 +191,11 @@ BEGIN
     -- Every member waits on the same candidate pools (and so locks the same pools).
     UPDATE respool.requests SET candidate_pool_ids = v_pools
      WHERE gang_id = p_gang_id AND status = 'queued' AND candidate_pool_ids IS DISTINCT FROM v_pools;
-    INSERT INTO respool.queue_entries (pool_id, request_id, policy_id, queued_at, resources, preemptible)
-    SELECT c.pool_id, v_first.id, c.policy_id, v_first.queued_at, v_sum, v_first.preemptible
-      FROM respool._candidate_rejections(v_first.subject, v_pools, v_sum, v_first.preemptible) c
+    INSERT INTO respool.queue_entries (pool_id, request_id, policy_id, queued_at, resources, preemptible,
+                                       node_selector)
+    SELECT c.pool_id, v_first.id, c.policy_id, v_first.queued_at, v_sum, v_first.preemptible, v_first.node_selector
+      FROM respool._candidate_rejections(v_first.subject, v_pools, v_sum, v_first.preemptible,
+                                         v_first.node_selector, v_first.id) c
      WHERE c.reason IS NULL;
     GET DIAGNOSTICS v_added = ROW_COUNT;
     IF v_added > 0 THEN
@@ -186,7 +205,8 @@ BEGIN
     SELECT coalesce((array_agg(c.reason ORDER BY c.n) FILTER (WHERE c.reason IS NOT NULL))[1], 'no_policy'),
            coalesce(array_agg(c.message ORDER BY c.n) FILTER (WHERE c.reason IS NOT NULL), '{}')
       INTO v_reason, v_messages
-      FROM respool._candidate_rejections(v_first.subject, v_pools, v_sum, v_first.preemptible)
+      FROM respool._candidate_rejections(v_first.subject, v_pools, v_sum, v_first.preemptible,
+                                         v_first.node_selector, v_first.id)
            WITH ORDINALITY c(policy_id, pool_id, pool_name, reason, message, n);
     FOR m IN SELECT id FROM respool.requests WHERE gang_id = p_gang_id AND status = 'queued' ORDER BY id LOOP
         PERFORM respool._set_status(m.id, 'rejected', v_reason,

@@ -145,7 +145,8 @@ COMMENT ON FUNCTION respool._choose_victims(uuid, respool.requests, uuid, text) 
     'The victim set for a queued request blocked by pool capacity (docs/preemption.md): reclaim takes other subjects'' preemptible allocations above their reserved share (and, for a non-preemptible request, its own subject''s preemptible work first); priority takes strictly lower-priority borrowers. Victim order: lowest priority, then most recently allocated; the walk stops once the request fits and unneeded victims are dropped (respool._minimal_victims). {} when it already fits, NULL when no set makes it fit.';
 
 CREATE OR REPLACE FUNCTION respool._shed(p_pool_id uuid, p_policy_id uuid, p_excess jsonb,
-                                         p_reason text, p_message text, p_now timestamptz)
+                                         p_reason text, p_message text, p_now timestamptz,
+                                         p_node_id uuid DEFAULT NULL)
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     v_ids uuid[];
@@ -159,7 +160,7 @@ BEGIN
            array_agg(u.policy_id ORDER BY u.priority, u.allocated_at DESC, u.id DESC),
            array_agg(u.resources ORDER BY u.priority, u.allocated_at DESC, u.id DESC)
       INTO v_ids, v_policies, v_held
-      FROM respool._victim_units(p_pool_id) u
+      FROM respool._victim_units(p_pool_id, p_node_id) u
      WHERE p_policy_id IS NULL OR u.policy_id = p_policy_id;
     v_victims := (respool._minimal_victims(v_ids, v_policies, v_held, p_excess)).victims;
     FOREACH v_id IN ARRAY v_victims LOOP
@@ -167,8 +168,8 @@ BEGIN
     END LOOP;
     RETURN cardinality(v_victims);
 END $$;
-COMMENT ON FUNCTION respool._shed(uuid, uuid, jsonb, text, text, timestamptz) IS
-    'Preempts preemptible allocations (of one policy, or of the whole pool) until no key of p_excess {key: units over} is over any more: victim order lowest priority, then most recently allocated; a minimal set (respool._minimal_victims). Returns how many; when even all of them do not suffice, all of them go.';
+COMMENT ON FUNCTION respool._shed(uuid, uuid, jsonb, text, text, timestamptz, uuid) IS
+    'Preempts preemptible allocations (of one policy, or of the whole pool; with p_node_id only those placed on that node, counted by what they hold there) until no key of p_excess {key: units over} is over any more: victim order lowest priority, then most recently allocated; a minimal set (respool._minimal_victims). Returns how many; when even all of them do not suffice, all of them go.';
 
 CREATE OR REPLACE FUNCTION respool._enforce_shrinks(p_pool_id uuid, p_now timestamptz)
 RETURNS integer LANGUAGE plpgsql AS $$
@@ -178,6 +179,11 @@ DECLARE
     pol record;
     n integer := 0;
 BEGIN
+    -- Nodes first (docs/placement.md): a shrunk node sheds on that node only, a draining node
+    -- loses its preemptible holders.
+    IF respool._pool_has_nodes(p_pool_id) THEN
+        n := respool._enforce_node_changes(p_pool_id, p_now);
+    END IF;
     -- Capacity (I1), every key at once: usage above a shrunk capacity, not counting victims
     -- already leaving. A custom key removed from the pool has capacity 0 (docs/admission.md), so its
     -- holders go; a removed soft key is untracked (bound NULL) and sheds nothing.
@@ -202,4 +208,122 @@ BEGIN
     RETURN n;
 END $$;
 COMMENT ON FUNCTION respool._enforce_shrinks(uuid, timestamptz) IS
-    'Step 2: preempts allocations until usage fits every shrunk capacity (a removed custom key is capacity 0) and every lowered limit of the pool, all keys at once, with a minimal victim set (victims in their grace period already count as gone). Returns how many were preempted.';
+    'Step 2: in a pool with nodes first the nodes (respool._enforce_node_changes); then preempts allocations until usage fits every shrunk capacity (a removed custom key is capacity 0) and every lowered limit of the pool, all keys at once, with a minimal victim set (victims in their grace period already count as gone). Returns how many were preempted.';
+
+CREATE OR REPLACE FUNCTION respool._node_leaving(p_node_id uuid)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN respool._sum_units(ARRAY(SELECT pl.resources FROM respool.placements pl
+                                      JOIN respool.requests v ON v.id = pl.request_id
+                                     WHERE pl.node_id = p_node_id AND v.status = 'preempting'));
+END $$;
+COMMENT ON FUNCTION respool._node_leaving(uuid) IS
+    'Units on a node held by victims in their grace period (they count as already gone). Read-only.';
+
+CREATE OR REPLACE FUNCTION respool._enforce_node_changes(p_pool_id uuid, p_now timestamptz)
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    nd record;
+    v_excess jsonb;
+    v_message text;
+    v_id uuid;
+    n integer := 0;
+BEGIN
+    FOR nd IN SELECT id, name, state FROM respool.nodes WHERE pool_id = p_pool_id ORDER BY name LOOP
+        -- A shrunk node (I5): the minimal set on that node, victims leaving counted as gone.
+        SELECT jsonb_object_agg(nr.key, nr.used - coalesce((l.units ->> nr.key)::bigint, 0) - nr.capacity),
+               format('preempted: node %s capacity of ', nd.name)
+               || string_agg(format('%s shrank to %s', nr.key, nr.capacity), ', ' ORDER BY nr.key)
+          INTO v_excess, v_message
+          FROM respool.node_resources nr CROSS JOIN (SELECT respool._node_leaving(nd.id) AS units) l
+         WHERE nr.node_id = nd.id AND nr.used - coalesce((l.units ->> nr.key)::bigint, 0) > nr.capacity;
+        IF v_excess IS NOT NULL THEN
+            n := n + respool._shed(p_pool_id, NULL::uuid, v_excess, 'capacity_shrink', v_message, p_now, nd.id);
+        END IF;
+        -- A draining node: every preemptible holder goes (victim order; the pool's grace).
+        CONTINUE WHEN nd.state <> 'draining';
+        FOR v_id IN SELECT u.id FROM respool._victim_units(p_pool_id, nd.id) u
+                     ORDER BY u.priority, u.allocated_at DESC, u.id DESC LOOP
+            CONTINUE WHEN (SELECT status FROM respool.requests WHERE id = v_id) <> 'allocated';
+            PERFORM respool._preempt(v_id, 'node_drain', format('preempted: node %s is draining', nd.name), p_now);
+            n := n + 1;
+        END LOOP;
+    END LOOP;
+    RETURN n;
+END $$;
+COMMENT ON FUNCTION respool._enforce_node_changes(uuid, timestamptz) IS
+    'Nodes of a pool (docs/placement.md), pool locked: on a node whose usage passes a shrunk capacity, preempts the minimal set of its holders that makes it fit (reason capacity_shrink; victims in their grace period count as gone); on a draining node, preempts every preemptible holder (reason node_drain, the pool''s grace period; non-preemptible holders finish on their own). Returns how many were preempted.';
+
+CREATE OR REPLACE FUNCTION respool._choose_node_victims(p_pool_id uuid, p_request respool.requests, p_policy_id uuid,
+                                                        p_mode text, OUT node_id uuid, OUT victims uuid[])
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_priority integer := (SELECT priority FROM respool.policies WHERE id = p_policy_id);
+    over jsonb;
+    nd record;
+    deficit jsonb;
+    v_ids uuid[];
+    v_policies uuid[];
+    v_held jsonb[];
+    v_prios integer[];
+    m record;
+    v_count integer;
+    v_top integer;
+    best_count integer;
+    best_top integer;
+BEGIN
+    SELECT coalesce(jsonb_object_agg(u.policy_id || '/' || u.key, u.used - u.leaving - u.reserved), '{}')
+      INTO over
+      FROM respool._usage(p_pool_id) u
+     WHERE u.policy_id IS NOT NULL AND p_request.resources ? u.key;
+    -- Each active matching node that could ever hold the request: what it lacks now (victims in
+    -- their grace period gone, units earmarked there for others taken), and the minimal set of
+    -- eligible victims placed on it that covers that.
+    FOR nd IN SELECT n.id, n.name FROM respool.nodes n
+               WHERE n.pool_id = p_pool_id AND n.state = 'active'
+                 AND respool._node_matches(n.name, n.labels, p_request.node_selector)
+                 AND NOT EXISTS (SELECT FROM jsonb_each_text(p_request.resources) x
+                                   LEFT JOIN respool.node_resources nr ON nr.node_id = n.id AND nr.key = x.key
+                                  WHERE CASE WHEN nr.key IS NULL THEN NOT respool._is_soft_key(x.key)
+                                             ELSE x.value::bigint > nr.capacity END)
+               ORDER BY n.name LOOP
+        SELECT jsonb_object_agg(nr.key, nr.used - coalesce((l.units ->> nr.key)::bigint, 0)
+                                        + coalesce((SELECT sum((b.resources ->> nr.key)::bigint) FROM respool.requests b
+                                                     WHERE b.earmark_node_id = nd.id AND b.status = 'queued'
+                                                       AND b.id <> p_request.id), 0)
+                                        + x.value::bigint - nr.capacity)
+          INTO deficit
+          FROM jsonb_each_text(p_request.resources) x
+          JOIN respool.node_resources nr ON nr.node_id = nd.id AND nr.key = x.key
+         CROSS JOIN (SELECT respool._node_leaving(nd.id) AS units) l;
+        IF deficit IS NULL OR NOT respool._any_over(deficit) THEN
+            node_id := nd.id;
+            victims := '{}';
+            RETURN;  -- fits this node already: nothing to preempt
+        END IF;
+        SELECT array_agg(u.id ORDER BY (u.policy_id = p_policy_id) DESC, u.priority, u.allocated_at DESC, u.id DESC),
+               array_agg(u.policy_id ORDER BY (u.policy_id = p_policy_id) DESC, u.priority, u.allocated_at DESC, u.id DESC),
+               array_agg(u.resources ORDER BY (u.policy_id = p_policy_id) DESC, u.priority, u.allocated_at DESC, u.id DESC),
+               array_agg(u.priority ORDER BY (u.policy_id = p_policy_id) DESC, u.priority, u.allocated_at DESC, u.id DESC)
+          INTO v_ids, v_policies, v_held, v_prios
+          FROM respool._victim_units(p_pool_id, nd.id) u
+         WHERE CASE p_mode
+                 WHEN 'reclaim' THEN u.policy_id <> p_policy_id OR NOT p_request.preemptible
+                 ELSE u.priority < v_priority AND u.policy_id <> p_policy_id END;
+        CONTINUE WHEN v_ids IS NULL;
+        m := respool._minimal_victims(v_ids, v_policies, v_held, deficit, over, p_policy_id);
+        CONTINUE WHEN NOT m.covered;
+        -- The smallest set: fewest victims, then the lowest top victim priority, then the node's
+        -- name (nodes come in name order: a tie keeps the first).
+        v_count := cardinality(m.victims);
+        v_top := (SELECT max(v_prios[i]) FROM generate_subscripts(v_ids, 1) i WHERE v_ids[i] = ANY (m.victims));
+        IF best_count IS NULL OR (v_count, v_top) < (best_count, best_top) THEN
+            best_count := v_count;
+            best_top := v_top;
+            node_id := nd.id;
+            victims := m.victims;
+        END IF;
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION respool._choose_node_victims(uuid, respool.requests, uuid, text) IS
+    'Node-aware victim choice in a pool with nodes (docs/placement.md): for each active node matching the request''s selector that could ever hold it, the minimal set (respool._minimal_victims, the eligibility rules of respool._choose_victims) among the allocations placed on it that makes the request fit there; takes the node whose set is smallest (fewest victims, then the lowest top victim priority, then the node''s name). victims {} (with that node) when it fits a node already, NULL when no node can be made to fit. Read-only.';

@@ -82,6 +82,8 @@ DECLARE
     v_shape text;
     v_victims uuid[];
     v_victim uuid;
+    v_node uuid;
+    v_nodes boolean := respool._pool_has_nodes(p_pool_id);
     e record;
 BEGIN
     preempted := 0; allocated := 0; rejected := 0;
@@ -113,7 +115,12 @@ BEGIN
                    FROM respool._queue_groups(p_pool_id, true) q
                   CROSS JOIN LATERAL (SELECT CASE WHEN q.in_share OR NOT q.preemptible THEN 'reclaim'
                                                   ELSE 'priority' END AS mode) m
-                  WHERE NOT respool._fits_room_unbounded(q.resources, v_free)
+                  WHERE (NOT respool._fits_room_unbounded(q.resources, v_free)
+                         -- in a pool with nodes, also blocked for want of one node with room
+                         -- (a gang does not preempt there: it is placed member by member)
+                         OR (v_nodes AND respool._node_for(p_pool_id, q.resources, q.node_selector, q.request_id) IS NULL))
+                    AND (NOT v_nodes OR NOT EXISTS (SELECT FROM respool.requests g
+                                                     WHERE g.id = q.request_id AND g.gang_id IS NOT NULL))
                     AND respool._fits_every_room(q.resources, v_limits -> q.policy_id::text)
                     AND (q.preemptible OR respool._fits_room_zero(
                             (SELECT jsonb_object_agg(x.key, x.value) FROM jsonb_each(q.resources) x
@@ -130,10 +137,16 @@ BEGIN
             -- In a strict pool, once a request could not be helped, only reclaim (the reserved
             -- share guarantee) still acts for the requests behind it.
             CONTINUE WHEN v_strict_blocked AND v_mode = 'priority';
-            v_shape := concat_ws('|', e.policy_id, v_mode, e.preemptible, e.resources);
+            v_shape := concat_ws('|', e.policy_id, v_mode, e.preemptible, e.resources, e.node_selector);
             CONTINUE WHEN v_shape = ANY (v_failed);
             -- A gang's entry stands for the gang: one request of the members' sum
-            v_victims := respool._choose_victims(p_pool_id, respool._queued_as(e.request_id), e.policy_id, v_mode);
+            v_node := NULL;
+            IF v_nodes THEN
+                SELECT c.node_id, c.victims INTO v_node, v_victims
+                  FROM respool._choose_node_victims(p_pool_id, respool._queued_as(e.request_id), e.policy_id, v_mode) c;
+            ELSE
+                v_victims := respool._choose_victims(p_pool_id, respool._queued_as(e.request_id), e.policy_id, v_mode);
+            END IF;
             IF v_victims IS NULL THEN
                 v_failed := v_failed || v_shape;
                 v_strict_blocked := v_queueing = 'strict';
@@ -154,7 +167,13 @@ BEGIN
                 allocated := allocated + 1;
             ELSIF EXISTS (SELECT FROM respool.requests WHERE pool_id = p_pool_id AND status = 'preempting') THEN
                 -- Victims in their grace period still hold the units: keep them for this request.
-                UPDATE respool.requests SET earmark_pool_id = p_pool_id WHERE id = e.request_id;
+                -- (in a pool with nodes, on the node its victims leave: docs/placement.md)
+                UPDATE respool.requests SET earmark_pool_id = p_pool_id, earmark_node_id = v_node
+                 WHERE id = e.request_id;
+            ELSIF v_nodes THEN
+                -- Its pool-wide rules still block it (a node over capacity elsewhere after a
+                -- shrink): the units wait for it without an earmark.
+                NULL;
             ELSE
                 RAISE EXCEPTION 'request % does not fit after preempting %', e.request_id, v_victims
                     USING ERRCODE = 'RP500';

@@ -19,12 +19,14 @@ LANGUAGE sql STABLE AS $$
          ORDER BY pl.name, o.position
          LIMIT p_limit
     ), rows AS MATERIALIZED (
-        SELECT q.*, r.resources, r.preemptible, r.queued_at, r.attempt, r.labels
+        SELECT q.*, r.resources, r.preemptible, r.queued_at, r.attempt, r.labels,
+               CASE WHEN r.gang_id IS NULL THEN r.node_selector END AS node_selector
           FROM page q JOIN respool.requests r ON r.id = q.request_id
     ), shapes AS MATERIALIZED (
-        SELECT s.pool_id, s.policy_id, s.resources, s.preemptible,
-               respool._blocker(s.resources, s.preemptible, s.pool_id, s.policy_id) AS blocker
-          FROM (SELECT DISTINCT x.pool_id, x.policy_id, x.resources, x.preemptible FROM rows x) s
+        SELECT s.pool_id, s.policy_id, s.resources, s.preemptible, s.node_selector,
+               coalesce(respool._blocker(s.resources, s.preemptible, s.pool_id, s.policy_id),
+                        respool._node_blocker(s.resources, s.pool_id, s.node_selector)) AS blocker
+          FROM (SELECT DISTINCT x.pool_id, x.policy_id, x.resources, x.preemptible, x.node_selector FROM rows x) s
     )
     SELECT q.pool, q.position, q.request_id, q.subject, q.resources, q.preemptible, q.priority,
            q.in_share, extract(epoch FROM now() - q.queued_at)::double precision, q.attempt, q.labels,
@@ -32,6 +34,7 @@ LANGUAGE sql STABLE AS $$
       FROM rows q
       JOIN shapes s ON s.pool_id = q.pool_id AND s.policy_id = q.policy_id
                    AND s.resources = q.resources AND s.preemptible = q.preemptible
+                   AND s.node_selector IS NOT DISTINCT FROM q.node_selector
      ORDER BY q.pool, q.position
 $$;
 COMMENT ON FUNCTION respool.dashboard_queue(integer) IS

@@ -19,7 +19,9 @@ BEGIN
         -- member (docs/scheduling.md, gangs, respool._queued_as), with the gang's resources. Computed for the
         -- requests asked for only (the CTE above), not for every queued request of the table.
         SELECT (m.r).id, (x.q).id AS qid, (x.q).resources, (x.q).preemptible, (x.q).max_seconds,
-               (x.q).earmark_pool_id, (m.r).gang_id
+               (x.q).earmark_pool_id, (m.r).gang_id,
+               -- (a gang is placed member by member: no one-node blocker for its sum)
+               CASE WHEN (m.r).gang_id IS NULL THEN (x.q).node_selector END AS node_selector
           FROM mine m
          CROSS JOIN LATERAL (SELECT CASE WHEN (m.r).gang_id IS NULL THEN m.r ELSE respool._queued_as((m.r).id) END AS q
                               OFFSET 0) x
@@ -49,14 +51,15 @@ BEGIN
           FROM (SELECT p.pool_id, respool._pool_hold(p.pool_id, p_now) AS hold FROM pools p OFFSET 0) x
     ), shapes AS MATERIALIZED (
         -- Once per shape: admission rules 1-3 (_blocker), earmarks, backfill rule (a).
-        SELECT s.pool_id, s.policy_id, s.resources, s.preemptible,
-               respool._blocker(s.resources, s.preemptible, s.pool_id, s.policy_id) AS blocker,
+        SELECT s.pool_id, s.policy_id, s.resources, s.preemptible, s.node_selector,
+               coalesce(respool._blocker(s.resources, s.preemptible, s.pool_id, s.policy_id),
+                        respool._node_blocker(s.resources, s.pool_id, s.node_selector)) AS blocker,
                -- (only in pools with earmarks; the request read is never an earmark holder of
                -- that pool, that case has its own sentence, so no request to leave out)
                pp.earmarks AND NOT respool._leaves_earmarks(s.resources, s.pool_id, NULL, NULL) AS earmark_blocks,
                CASE WHEN (pp.hold).head_id IS NOT NULL
                     THEN respool._leaves_head_room(pp.hold, s.resources, pp.free) END AS head_room
-          FROM (SELECT DISTINCT en.pool_id, en.policy_id, r.resources, r.preemptible
+          FROM (SELECT DISTINCT en.pool_id, en.policy_id, r.resources, r.preemptible, r.node_selector
                   FROM entries en JOIN req r ON r.id = en.request_id) s
           JOIN per_pool pp ON pp.pool_id = s.pool_id
     ), positions AS MATERIALIZED (
@@ -92,6 +95,7 @@ BEGIN
           JOIN per_pool pp ON pp.pool_id = en.pool_id
           JOIN shapes s ON s.pool_id = en.pool_id AND s.policy_id = en.policy_id
                        AND s.resources = r.resources AND s.preemptible = r.preemptible
+                       AND s.node_selector IS NOT DISTINCT FROM r.node_selector
           LEFT JOIN positions o ON o.pool_id = en.pool_id AND o.request_id = r.qid
     ), best_eta AS MATERIALIZED (
         -- Queued in several pools: the soonest estimate (as respool._request_eta).

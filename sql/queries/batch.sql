@@ -4,4 +4,4 @@
 -- Create 1..1000 requests ($1: a JSON array of create bodies) in one transaction, one row per member in member order.
 SELECT member, created, request
   FROM respool.create_requests(p_members => $1, p_all_or_nothing => $2,
-                               p_default_lease_seconds => $3);
+                               p_default_lease_seconds => $3, p_distinct_nodes => $4);
