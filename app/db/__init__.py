@@ -10,6 +10,8 @@ module                 queries                 what
 =====================  ======================  ================================================
 ``pools``              ``pools.sql``           create/update/delete/get/list pools
 ``policies``           ``policies.sql``        create/update/delete/get/list policies
+``nodes``              ``nodes.sql``           create/update/delete/get/list nodes, cordon and
+                                               drain (docs/placement.md)
 ``requests``           ``requests.sql``        requests: create, read, list, release, cancel,
                                                heartbeat, delete, events
 ``reconcile``          ``reconcile.sql``       the reconciler's per-pool pass and engine steps,

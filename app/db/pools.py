@@ -23,8 +23,10 @@ async def create_pool(
     preemption_grace_seconds: int | None = 0,
     starvation_seconds: int | None = 300,
     ordering: str | None = "fifo",
+    placement: str | None = "pack",
 ) -> Pool:
-    """Create a pool; ``starvation_seconds=None`` turns the starvation guard off."""
+    """Create a pool; ``starvation_seconds=None`` turns the starvation guard off;
+    ``placement`` (pack, spread) chooses nodes once nodes back it."""
     doc = await db.fetchval(
         query("create_pool"),
         name,
@@ -34,6 +36,7 @@ async def create_pool(
         preemption_grace_seconds,
         starvation_seconds,
         ordering,
+        placement,
     )
     return _as(Pool, doc)
 
@@ -50,8 +53,10 @@ async def update_pool(
     starvation_seconds: int | None = None,
     starvation_off: bool = False,
     ordering: str | None = None,
+    placement: str | None = None,
 ) -> Pool:
-    """Update a pool; ``None`` keeps a field, ``starvation_off`` turns the guard off."""
+    """Update a pool; ``None`` keeps a field, ``starvation_off`` turns the guard off. A
+    ``capacity`` on a pool backed by nodes is a conflict (its capacity is theirs)."""
     doc = await db.fetchval(
         query("update_pool"),
         ref,
@@ -62,6 +67,7 @@ async def update_pool(
         starvation_seconds,
         starvation_off,
         ordering,
+        placement,
     )
     return _as(Pool, doc)
 

@@ -7,7 +7,8 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object(
         'id', p.id, 'name', p.name, 'description', p.description, 'queueing', p.queueing,
         'preemption_grace_seconds', p.preemption_grace_seconds,
-        'starvation_seconds', p.starvation_seconds, 'ordering', p.ordering,
+        'starvation_seconds', p.starvation_seconds, 'ordering', p.ordering, 'placement', p.placement,
+        'nodes', (SELECT count(*) FROM respool.nodes WHERE pool_id = p.id),
         'capacity', coalesce((SELECT jsonb_object_agg(key, capacity) FROM respool.pool_resources
                                WHERE pool_id = p.id AND capacity IS NOT NULL), '{}'),
         'usage', coalesce((SELECT jsonb_object_agg(key, used) FROM respool.pool_resources
@@ -16,7 +17,7 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
         'created_at', p.created_at, 'updated_at', p.updated_at)
       FROM respool.pools p WHERE p.id = p_id
 $$;
-COMMENT ON FUNCTION respool.pool_json(uuid) IS 'A pool as the API shows it: settings (queueing, grace, starvation guard, ordering), capacity, usage (allocated per key) and queued count.';
+COMMENT ON FUNCTION respool.pool_json(uuid) IS 'A pool as the API shows it: settings (queueing, grace, starvation guard, ordering, placement), capacity (derived from its nodes when it has any), usage (allocated per key), queued count and how many nodes back it.';
 
 CREATE OR REPLACE FUNCTION respool.get_pool(p_ref text)
 RETURNS jsonb LANGUAGE sql STABLE AS $$ SELECT respool.pool_json(respool.resolve_pool(p_ref)) $$;
@@ -29,9 +30,13 @@ $$;
 COMMENT ON FUNCTION respool.list_pools() IS 'Every pool, by name.';
 
 CREATE OR REPLACE FUNCTION respool._pool_settings(p_description text, p_queueing text, p_grace integer,
-                                                  p_starvation integer DEFAULT NULL, p_ordering text DEFAULT NULL)
+                                                  p_starvation integer DEFAULT NULL, p_ordering text DEFAULT NULL,
+                                                  p_placement text DEFAULT NULL)
 RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
+    IF p_placement IS NOT NULL AND p_placement NOT IN ('pack', 'spread') THEN
+        PERFORM respool._fail('RP400', 'placement', 'placement must be pack or spread');
+    END IF;
     IF p_starvation IS NOT NULL AND p_starvation NOT BETWEEN 0 AND respool._max_seconds() THEN
         PERFORM respool._fail('RP400', 'starvation_seconds',
                               format('starvation_seconds must be between 0 and %s (or null for off)', respool._max_seconds()));
@@ -50,7 +55,7 @@ BEGIN
         PERFORM respool._fail('RP400', 'preemption_grace_seconds', 'preemption_grace_seconds must be between 0 and ' || respool._max_grace_seconds());
     END IF;
 END $$;
-COMMENT ON FUNCTION respool._pool_settings(text, text, integer, integer, text) IS 'Validates the scalar pool fields (RP400 naming the field).';
+COMMENT ON FUNCTION respool._pool_settings(text, text, integer, integer, text, text) IS 'Validates the scalar pool fields (RP400 naming the field).';
 
 CREATE OR REPLACE FUNCTION respool._check_reserved_fits(p_pool_id uuid)
 RETURNS void LANGUAGE plpgsql STABLE AS $$
@@ -180,7 +185,8 @@ CREATE OR REPLACE FUNCTION respool.create_pool(p_name text, p_capacity jsonb DEF
                                                p_preemption_grace_seconds integer DEFAULT 0,
                                                p_now timestamptz DEFAULT now(),
                                                p_starvation_seconds integer DEFAULT 300,
-                                               p_ordering text DEFAULT 'fifo')
+                                               p_ordering text DEFAULT 'fifo',
+                                               p_placement text DEFAULT 'pack')
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     v_id uuid;
@@ -198,13 +204,13 @@ BEGIN
         PERFORM respool._fail('RP409', 'name', format('name %s is a prefix of an existing pool''s id; it would shadow that id', p_name));
     END IF;
     PERFORM respool._pool_settings(p_description, p_queueing, p_preemption_grace_seconds,
-                                   p_starvation_seconds, p_ordering);
+                                   p_starvation_seconds, p_ordering, p_placement);
     BEGIN
         INSERT INTO respool.pools (name, description, queueing, preemption_grace_seconds, starvation_seconds,
-                                   ordering, created_at, updated_at)
+                                   ordering, placement, created_at, updated_at)
         VALUES (p_name, coalesce(p_description, ''), coalesce(p_queueing, 'best_effort'),
                 coalesce(p_preemption_grace_seconds, 0), p_starvation_seconds, coalesce(p_ordering, 'fifo'),
-                p_now, p_now)
+                coalesce(p_placement, 'pack'), p_now, p_now)
         RETURNING id INTO v_id;
     EXCEPTION WHEN unique_violation THEN
         PERFORM respool._fail('RP409', 'name', format('pool %s already exists', p_name));
@@ -213,8 +219,8 @@ BEGIN
     SELECT v_id, key, value::bigint FROM jsonb_each_text(v_capacity);
     RETURN respool.pool_json(v_id);
 END $$;
-COMMENT ON FUNCTION respool.create_pool(text, jsonb, text, text, integer, timestamptz, integer, text) IS
-    'Creates a pool (RP400 on bad fields or a UUID name, RP409 on a taken name or a name that is an existing pool''s id prefix); zero capacities are dropped; p_starvation_seconds NULL turns the starvation guard off.';
+COMMENT ON FUNCTION respool.create_pool(text, jsonb, text, text, integer, timestamptz, integer, text, text) IS
+    'Creates a pool (RP400 on bad fields or a UUID name, RP409 on a taken name or a name that is an existing pool''s id prefix); zero capacities are dropped; p_starvation_seconds NULL turns the starvation guard off; p_placement (pack, spread) chooses nodes once nodes back it (docs/placement.md).';
 
 CREATE OR REPLACE FUNCTION respool.update_pool(p_ref text, p_capacity jsonb DEFAULT NULL,
                                                p_description text DEFAULT NULL,
@@ -223,7 +229,8 @@ CREATE OR REPLACE FUNCTION respool.update_pool(p_ref text, p_capacity jsonb DEFA
                                                p_now timestamptz DEFAULT now(),
                                                p_starvation_seconds integer DEFAULT NULL,
                                                p_starvation_off boolean DEFAULT false,
-                                               p_ordering text DEFAULT NULL)
+                                               p_ordering text DEFAULT NULL,
+                                               p_placement text DEFAULT NULL)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     v_id uuid := respool.resolve_pool(p_ref);
@@ -232,8 +239,14 @@ DECLARE
     n bigint;
 BEGIN
     PERFORM respool._pool_settings(p_description, p_queueing, p_preemption_grace_seconds,
-                                   p_starvation_seconds, p_ordering);
+                                   p_starvation_seconds, p_ordering, p_placement);
     PERFORM respool._lock_pools(ARRAY[v_id]);
+    IF v_changes <> '{}' AND EXISTS (SELECT FROM respool.nodes WHERE pool_id = v_id) THEN
+        -- docs/placement.md: the capacity of a pool with nodes is the sum over its nodes.
+        PERFORM respool._fail('RP409', 'capacity', format(
+            'pool %s is backed by nodes: change its nodes (its capacity is the sum of theirs)',
+            (SELECT name FROM respool.pools WHERE id = v_id)));
+    END IF;
     FOR k, n IN SELECT key, value::bigint FROM jsonb_each_text(v_changes) LOOP
         INSERT INTO respool.pool_resources (pool_id, key, capacity)
         VALUES (v_id, k, nullif(n, 0))
@@ -248,13 +261,14 @@ BEGIN
            starvation_seconds = CASE WHEN coalesce(p_starvation_off, false) THEN NULL
                                      ELSE coalesce(p_starvation_seconds, starvation_seconds) END,
            ordering = coalesce(p_ordering, ordering),
+           placement = coalesce(p_placement, placement),
            updated_at = p_now
      WHERE id = v_id;
     PERFORM respool._settle_pool(v_id, NULL, p_now);
     RETURN respool.pool_json(v_id);
 END $$;
-COMMENT ON FUNCTION respool.update_pool(text, jsonb, text, text, integer, timestamptz, integer, boolean, text) IS
-    'Updates a pool: capacity merges (0 removes a key), RP409 if reserved shares would exceed it; queued requests that can never fit are rejected and what fits is granted, in one transaction. Usage above a shrunk capacity is left to the reconciler. NULL arguments keep a field; p_starvation_off turns the starvation guard off.';
+COMMENT ON FUNCTION respool.update_pool(text, jsonb, text, text, integer, timestamptz, integer, boolean, text, text) IS
+    'Updates a pool: capacity merges (0 removes a key), RP409 if reserved shares would exceed it or the pool is backed by nodes (its capacity is theirs); queued requests that can never fit are rejected and what fits is granted, in one transaction. Usage above a shrunk capacity is left to the reconciler. NULL arguments keep a field; p_starvation_off turns the starvation guard off.';
 
 CREATE OR REPLACE FUNCTION respool.delete_pool(p_ref text, p_force boolean DEFAULT false,
                                                p_now timestamptz DEFAULT now())

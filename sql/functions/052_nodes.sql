@@ -1,0 +1,669 @@
+-- Nodes (docs/placement.md): machines that back a pool. CRUD with their validations, cordon and
+-- drain, and what every node change does to its pool: the pool's capacity is derived (per key,
+-- the sum over its nodes in any state), holders of a removed node or device are preempted at
+-- once, the reserved shares must still fit, and the pool's queue settles.
+--
+-- Lock order: pool rows in id order (respool._lock_pools, FOR NO KEY UPDATE) before node rows,
+-- the order of every engine function, so a node change never deadlocks with a grant.
+
+-- --- validation (pure) -------------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION respool._label_key_pattern()
+RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT '^[a-z0-9][a-z0-9._/-]{0,62}$' $$;
+COMMENT ON FUNCTION respool._label_key_pattern() IS 'The regular expression of a node label key.';
+
+CREATE OR REPLACE FUNCTION respool._max_label_value()
+RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 63 $$;
+COMMENT ON FUNCTION respool._max_label_value() IS 'The longest node label value, in characters.';
+
+CREATE OR REPLACE FUNCTION respool._max_device_id()
+RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 128 $$;
+COMMENT ON FUNCTION respool._max_device_id() IS 'The longest device id, in characters (a GPU UUID or a MIG id fits).';
+
+CREATE OR REPLACE FUNCTION respool._body_fields(p_body jsonb, p_allowed text[], p_what text)
+RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    k text;
+BEGIN
+    IF p_body IS NULL OR jsonb_typeof(p_body) <> 'object' THEN
+        PERFORM respool._fail('RP400', NULL, format('%s must be a JSON object', p_what));
+    END IF;
+    SELECT x INTO k FROM jsonb_object_keys(p_body) x WHERE x <> ALL (p_allowed) ORDER BY x LIMIT 1;
+    IF FOUND THEN
+        PERFORM respool._fail('RP400', left(k, 70), format('%s: unknown field %L (known: %s)',
+                              p_what, left(k, 70), array_to_string(p_allowed, ', ')));
+    END IF;
+END $$;
+COMMENT ON FUNCTION respool._body_fields(jsonb, text[], text) IS
+    'RP400 unless p_body is a JSON object whose fields are all in p_allowed (naming the first unknown one).';
+
+CREATE OR REPLACE FUNCTION respool._node_labels(p_labels jsonb, p_allow_null boolean)
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    k text;
+    v jsonb;
+BEGIN
+    IF respool._absent_object(p_labels, 'labels', 'labels must be an object of label: string') THEN
+        RETURN '{}';
+    END IF;
+    IF (SELECT count(*) FROM jsonb_object_keys(p_labels)) > respool._max_keys() THEN
+        PERFORM respool._fail('RP400', 'labels', format('labels has more than %s keys', respool._max_keys()));
+    END IF;
+    FOR k, v IN SELECT * FROM jsonb_each(p_labels) ORDER BY 1 LOOP
+        IF k !~ respool._label_key_pattern() THEN
+            PERFORM respool._fail('RP400', 'labels.' || left(k, 70),
+                format('labels: bad label key %L (expected %s)', left(k, 70), respool._label_key_pattern()));
+        END IF;
+        IF k = 'node' THEN
+            PERFORM respool._fail('RP400', 'labels.node',
+                'labels: node is a built-in label (the node''s name) and cannot be set');
+        END IF;
+        CONTINUE WHEN p_allow_null AND jsonb_typeof(v) = 'null';
+        IF jsonb_typeof(v) <> 'string' THEN
+            PERFORM respool._fail('RP400', 'labels.' || k, format('labels.%s must be a string', k));
+        END IF;
+        IF length(v #>> '{}') > respool._max_label_value() OR (v #>> '{}') ~ '[\x01-\x1f\x7f]' THEN
+            PERFORM respool._fail('RP400', 'labels.' || k, format(
+                'labels.%s must be at most %s printable characters', k, respool._max_label_value()));
+        END IF;
+    END LOOP;
+    RETURN p_labels;
+END $$;
+COMMENT ON FUNCTION respool._node_labels(jsonb, boolean) IS
+    'Validates a node''s label map (key pattern, string values of at most 63 printable characters, at most _max_keys() keys; the built-in label node is refused); p_allow_null lets a null value through (an update removing the label). RP400 naming labels.<key>.';
+
+CREATE OR REPLACE FUNCTION respool._node_devices(p_devices jsonb, p_allow_null boolean)
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    k text;
+    v jsonb;
+    d jsonb;
+BEGIN
+    IF respool._absent_object(p_devices, 'devices', 'devices must be an object of key: [device id, ...]') THEN
+        RETURN '{}';
+    END IF;
+    IF (SELECT count(*) FROM jsonb_object_keys(p_devices)) > respool._max_keys() THEN
+        PERFORM respool._fail('RP400', 'devices', format('devices has more than %s keys', respool._max_keys()));
+    END IF;
+    FOR k, v IN SELECT * FROM jsonb_each(p_devices) ORDER BY 1 LOOP
+        IF k !~ respool._key_pattern() THEN
+            PERFORM respool._fail('RP400', 'devices.' || left(k, 70),
+                format('devices: bad resource key %L (expected %s)', left(k, 70), respool._key_pattern()));
+        END IF;
+        CONTINUE WHEN p_allow_null AND jsonb_typeof(v) = 'null';
+        IF jsonb_typeof(v) <> 'array' OR jsonb_array_length(v) = 0 THEN
+            PERFORM respool._fail('RP400', 'devices.' || k, format(
+                'devices.%s must be a non-empty list of device ids%s', k,
+                CASE WHEN p_allow_null THEN ' (null makes its units anonymous)' ELSE '' END));
+        END IF;
+        FOR d IN SELECT * FROM jsonb_array_elements(v) LOOP
+            IF jsonb_typeof(d) <> 'string' OR (d #>> '{}') = '' OR length(d #>> '{}') > respool._max_device_id() THEN
+                PERFORM respool._fail('RP400', 'devices.' || k, format(
+                    'devices.%s: every device id must be a string of 1 to %s characters', k, respool._max_device_id()));
+            END IF;
+        END LOOP;
+        IF (SELECT count(DISTINCT x) FROM jsonb_array_elements_text(v) x) < jsonb_array_length(v) THEN
+            PERFORM respool._fail('RP400', 'devices.' || k, format(
+                'devices.%s: device ids must be distinct, %s is listed twice', k,
+                (SELECT x FROM jsonb_array_elements_text(v) x GROUP BY x HAVING count(*) > 1 ORDER BY x LIMIT 1)));
+        END IF;
+    END LOOP;
+    RETURN p_devices;
+END $$;
+COMMENT ON FUNCTION respool._node_devices(jsonb, boolean) IS
+    'Validates a node''s device map {key: [distinct non-empty ids of at most 128 characters]}; p_allow_null lets a null list through (an update making the key''s units anonymous). RP400 naming devices.<key>.';
+
+CREATE OR REPLACE FUNCTION respool._node_state(p_state jsonb)
+RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_state IS NULL OR jsonb_typeof(p_state) <> 'string'
+       OR (p_state #>> '{}') NOT IN ('active', 'cordoned', 'draining') THEN
+        PERFORM respool._fail('RP400', 'state', 'state must be active, cordoned or draining');
+    END IF;
+    RETURN p_state #>> '{}';
+END $$;
+COMMENT ON FUNCTION respool._node_state(jsonb) IS 'Validates a node state (active, cordoned, draining); RP400 naming state.';
+
+CREATE OR REPLACE FUNCTION respool._node_pool_ref(p_pool jsonb)
+RETURNS uuid LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF p_pool IS NULL OR jsonb_typeof(p_pool) = 'null' THEN
+        RETURN NULL;
+    END IF;
+    IF jsonb_typeof(p_pool) <> 'string' THEN
+        PERFORM respool._fail('RP400', 'pool', 'pool must be a pool ref (name, id or id prefix) or null');
+    END IF;
+    RETURN respool.resolve_pool(p_pool #>> '{}');
+END $$;
+COMMENT ON FUNCTION respool._node_pool_ref(jsonb) IS 'The pool id of a node''s pool field (a ref, resolved as everywhere; null: no pool).';
+
+CREATE OR REPLACE FUNCTION respool._node_target(p_old_capacity jsonb, p_old_devices jsonb,
+                                                p_capacity_changes jsonb, p_device_changes jsonb,
+                                                OUT capacity jsonb, OUT devices jsonb)
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    k text;
+    v jsonb;
+    n bigint;
+BEGIN
+    -- Merge: capacity 0 removes a key; a device list replaces the key's list, null removes it.
+    capacity := coalesce(p_old_capacity, '{}');
+    devices := coalesce(p_old_devices, '{}');
+    FOR k, n IN SELECT key, value::bigint FROM jsonb_each_text(p_capacity_changes) LOOP
+        capacity := CASE WHEN n = 0 THEN capacity - k ELSE capacity || jsonb_build_object(k, n) END;
+    END LOOP;
+    FOR k, v IN SELECT * FROM jsonb_each(p_device_changes) LOOP
+        devices := CASE WHEN jsonb_typeof(v) = 'null' THEN devices - k ELSE devices || jsonb_build_object(k, v) END;
+    END LOOP;
+    -- A listed key has as many units as ids: capacity may leave it out, or must agree.
+    FOR k, v IN SELECT * FROM jsonb_each(p_device_changes) WHERE jsonb_typeof(value) = 'array' LOOP
+        IF p_capacity_changes ? k AND (p_capacity_changes ->> k)::bigint <> jsonb_array_length(v) THEN
+            PERFORM respool._fail('RP400', 'devices.' || k, format(
+                'devices.%s lists %s ids but capacity.%s is %s: a listed key has one unit per device (leave capacity.%s out)',
+                k, jsonb_array_length(v), k, p_capacity_changes ->> k, k));
+        END IF;
+        capacity := capacity || jsonb_build_object(k, jsonb_array_length(v));
+    END LOOP;
+    FOR k, n IN SELECT key, value::bigint FROM jsonb_each_text(p_capacity_changes)
+                 WHERE NOT p_device_changes ? key AND devices ? key LOOP
+        IF n = 0 THEN
+            devices := devices - k;  -- the key goes, and its devices with it
+        ELSIF n <> jsonb_array_length(devices -> k) THEN
+            PERFORM respool._fail('RP400', 'devices.' || k, format(
+                'capacity.%s is %s but devices.%s lists %s ids: give the new devices.%s list (or null for anonymous units)',
+                k, n, k, jsonb_array_length(devices -> k), k));
+        END IF;
+    END LOOP;
+    IF (SELECT count(*) FROM jsonb_object_keys(capacity)) > respool._max_keys() THEN
+        PERFORM respool._fail('RP400', 'capacity', format('capacity has more than %s keys', respool._max_keys()));
+    END IF;
+END $$;
+COMMENT ON FUNCTION respool._node_target(jsonb, jsonb, jsonb, jsonb) IS
+    'A node''s capacity and device lists after an update: capacity merges (0 removes a key and its devices), a device list replaces the key''s list (null: anonymous units) and sets its capacity to its length. RP400 naming devices.<key> when a list and a capacity disagree.';
+
+-- --- reading ---------------------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION respool.node_json(p_id uuid)
+RETURNS jsonb LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object(
+        'id', n.id, 'name', n.name, 'pool', (SELECT name FROM respool.pools WHERE id = n.pool_id),
+        'labels', n.labels,
+        'capacity', coalesce((SELECT jsonb_object_agg(key, capacity ORDER BY key) FROM respool.node_resources
+                               WHERE node_id = n.id), '{}'),
+        'devices', coalesce((SELECT jsonb_object_agg(key, ids ORDER BY key)
+                               FROM (SELECT key, jsonb_agg(device ORDER BY position) AS ids
+                                       FROM respool.node_devices WHERE node_id = n.id GROUP BY key) d), '{}'),
+        'state', n.state,
+        'usage', coalesce((SELECT jsonb_object_agg(key, used ORDER BY key) FROM respool.node_resources
+                            WHERE node_id = n.id), '{}'),
+        'allocations', coalesce((
+            SELECT jsonb_agg(jsonb_build_object(
+                       'request_id', r.id, 'subject', r.subject, 'status', r.status,
+                       'resources', pl.resources,
+                       'devices', coalesce((SELECT jsonb_object_agg(key, ids ORDER BY key)
+                                              FROM (SELECT key, jsonb_agg(device ORDER BY position) AS ids
+                                                      FROM respool.node_devices
+                                                     WHERE node_id = n.id AND holder_id = r.id GROUP BY key) h), '{}'))
+                   ORDER BY r.id)
+              FROM respool.placements pl JOIN respool.requests r ON r.id = pl.request_id
+             WHERE pl.node_id = n.id), '[]'),
+        'created_at', n.created_at, 'updated_at', n.updated_at)
+      FROM respool.nodes n WHERE n.id = p_id
+$$;
+COMMENT ON FUNCTION respool.node_json(uuid) IS
+    'A node as the API shows it: pool name (null: in no pool), labels, capacity, devices per key in list order, state, usage (allocated units per key) and its allocations (request, subject, status, the units charged on the node and the devices it holds).';
+
+CREATE OR REPLACE FUNCTION respool._node_id(p_name text)
+RETURNS uuid LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_id uuid := (SELECT id FROM respool.nodes WHERE name = p_name);
+BEGIN
+    IF v_id IS NULL THEN
+        PERFORM respool._fail('RP404', 'name', format('node %L not found', p_name));
+    END IF;
+    RETURN v_id;
+END $$;
+COMMENT ON FUNCTION respool._node_id(text) IS 'A node''s id by name; RP404 when there is none.';
+
+CREATE OR REPLACE FUNCTION respool.get_node(p_name text)
+RETURNS jsonb LANGUAGE sql STABLE AS $$ SELECT respool.node_json(respool._node_id(p_name)) $$;
+COMMENT ON FUNCTION respool.get_node(text) IS 'One node by name (RP404 when there is none).';
+
+CREATE OR REPLACE FUNCTION respool.list_nodes(p_pool text DEFAULT NULL, p_selector jsonb DEFAULT '{}')
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_pool_id uuid;
+    v_selector jsonb := coalesce(p_selector, '{}');
+BEGIN
+    IF p_pool IS NOT NULL THEN
+        v_pool_id := respool.resolve_pool(p_pool);
+    END IF;
+    IF jsonb_typeof(v_selector) <> 'object'
+       OR EXISTS (SELECT FROM jsonb_each(v_selector) s WHERE jsonb_typeof(s.value) <> 'string') THEN
+        PERFORM respool._fail('RP400', 'selector', 'selector must be an object of label: string');
+    END IF;
+    RETURN coalesce((SELECT jsonb_agg(respool.node_json(n.id) ORDER BY n.name)
+                       FROM respool.nodes n
+                      WHERE (p_pool IS NULL OR n.pool_id = v_pool_id)
+                        AND NOT EXISTS (SELECT FROM jsonb_each_text(v_selector) s
+                                         WHERE s.value IS DISTINCT FROM
+                                               CASE WHEN s.key = 'node' THEN n.name ELSE n.labels ->> s.key END)),
+                    '[]');
+END $$;
+COMMENT ON FUNCTION respool.list_nodes(text, jsonb) IS
+    'Nodes by name, of one pool (a ref) or all; p_selector {label: value}: every pair must match the node''s labels, the built-in label node matching its name.';
+
+-- --- what a node change does to its pool --------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION respool._derive_pool_capacity(p_pool_id uuid)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v record;
+BEGIN
+    SELECT nr.key, sum(nr.capacity) AS total INTO v
+      FROM respool.node_resources nr JOIN respool.nodes n ON n.id = nr.node_id
+     WHERE n.pool_id = p_pool_id
+     GROUP BY nr.key HAVING sum(nr.capacity) > respool._max_amount()
+     ORDER BY nr.key LIMIT 1;
+    IF FOUND THEN
+        PERFORM respool._fail('RP409', 'capacity', format(
+            '%s: the nodes of pool %s would give it %s units, more than the largest capacity %s',
+            v.key, (SELECT name FROM respool.pools WHERE id = p_pool_id), v.total, respool._max_amount()));
+    END IF;
+    WITH s AS (SELECT nr.key, sum(nr.capacity)::bigint AS total
+                 FROM respool.node_resources nr JOIN respool.nodes n ON n.id = nr.node_id
+                WHERE n.pool_id = p_pool_id GROUP BY nr.key),
+    gone AS (UPDATE respool.pool_resources pr SET capacity = NULL
+              WHERE pr.pool_id = p_pool_id AND pr.capacity IS NOT NULL
+                AND NOT EXISTS (SELECT FROM s WHERE s.key = pr.key))
+    INSERT INTO respool.pool_resources (pool_id, key, capacity)
+    SELECT p_pool_id, s.key, s.total FROM s
+    ON CONFLICT (pool_id, key) DO UPDATE SET capacity = excluded.capacity
+     WHERE respool.pool_resources.capacity IS DISTINCT FROM excluded.capacity;
+    DELETE FROM respool.pool_resources WHERE pool_id = p_pool_id AND capacity IS NULL AND used = 0;
+END $$;
+COMMENT ON FUNCTION respool._derive_pool_capacity(uuid) IS
+    'Sets a pool''s capacity from its nodes: per key, the sum over its nodes in any state; a key no node provides any more loses its capacity (its used counter stays while holders remain). RP409 when a sum would pass respool._max_amount(). The caller holds the pool lock.';
+
+CREATE OR REPLACE FUNCTION respool._node_evict(p_request_id uuid, p_reason text, p_message text, p_now timestamptz)
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    r respool.requests;
+    m uuid;
+    n integer := 1;
+BEGIN
+    -- The caller holds the pool lock; only a heartbeat can hold this row, briefly: wait for it.
+    SELECT * INTO r FROM respool.requests WHERE id = p_request_id FOR UPDATE;
+    IF NOT FOUND OR r.status NOT IN ('allocated', 'preempting') THEN
+        RETURN 0;
+    END IF;
+    -- At once, whatever the pool's grace and whether it is preemptible: its units are gone.
+    PERFORM respool._unplace(p_request_id);
+    PERFORM respool._after_preemption(p_request_id, p_reason, p_message, p_now);
+    IF r.gang_id IS NULL THEN
+        RETURN n;
+    END IF;
+    IF r.preemptible THEN
+        RETURN n + respool._gang_follow(p_request_id, 'preempted', p_reason, 'preempted; ' || p_message, p_now);
+    END IF;
+    -- A non-preemptible gang cannot go through respool._preempt_member: its other holding members
+    -- give their units back at once too (docs/scheduling.md, gangs: all or none).
+    FOR m IN SELECT id FROM respool.requests
+              WHERE gang_id = r.gang_id AND id <> p_request_id AND status IN ('allocated', 'preempting')
+              ORDER BY id FOR UPDATE LOOP
+        PERFORM respool._unplace(m);
+        PERFORM respool._after_preemption(m, p_reason,
+                                          format('gang %s: member %s was preempted; %s', r.gang_id, p_request_id, p_message),
+                                          p_now);
+        n := n + 1;
+    END LOOP;
+    RETURN n;
+END $$;
+COMMENT ON FUNCTION respool._node_evict(uuid, text, text, timestamptz) IS
+    'Preempts one holder of a node at once, without grace and preemptible or not (its node or device is going): gives its units back, marks it preempted (requeued while retries are left) with p_reason, and its gang follows. Returns how many requests were preempted (0 when it no longer holds units). The caller holds the pool lock.';
+
+CREATE OR REPLACE FUNCTION respool._node_evict_all(p_node_id uuid, p_reason text, p_message text, p_now timestamptz)
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    v_id uuid;
+    n integer := 0;
+BEGIN
+    FOR v_id IN SELECT request_id FROM respool.placements WHERE node_id = p_node_id ORDER BY request_id LOOP
+        n := n + respool._node_evict(v_id, p_reason, p_message, p_now);
+    END LOOP;
+    RETURN n;
+END $$;
+COMMENT ON FUNCTION respool._node_evict_all(uuid, text, text, timestamptz) IS
+    'Preempts every holder placed on a node at once (respool._node_evict); returns how many requests were preempted.';
+
+CREATE OR REPLACE FUNCTION respool._node_holders(p_node_id uuid)
+RETURNS integer LANGUAGE sql STABLE AS $$
+    SELECT count(*)::integer FROM respool.placements WHERE node_id = p_node_id
+$$;
+COMMENT ON FUNCTION respool._node_holders(uuid) IS 'How many allocations are placed on a node.';
+
+CREATE OR REPLACE FUNCTION respool._check_node_join(p_pool_id uuid, p_node_name text)
+RETURNS void LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_pool text := (SELECT name FROM respool.pools WHERE id = p_pool_id);
+    v_held bigint;
+BEGIN
+    IF EXISTS (SELECT FROM respool.nodes WHERE pool_id = p_pool_id) THEN
+        RETURN;
+    END IF;
+    IF EXISTS (SELECT FROM respool.pool_resources WHERE pool_id = p_pool_id AND capacity IS NOT NULL) THEN
+        PERFORM respool._fail('RP409', 'pool', format(
+            'pool %s has a capacity set by hand (%s); a pool backed by nodes takes its capacity from them: '
+            'remove the pool''s capacity first (set each key to 0) or use a pool created without capacity',
+            v_pool, (SELECT string_agg(format('%s: %s', key, capacity), ', ' ORDER BY key)
+                       FROM respool.pool_resources WHERE pool_id = p_pool_id AND capacity IS NOT NULL)));
+    END IF;
+    SELECT count(*) INTO v_held FROM respool.requests
+     WHERE pool_id = p_pool_id AND status IN ('allocated', 'preempting');
+    IF v_held > 0 THEN
+        PERFORM respool._fail('RP409', 'pool', format(
+            'pool %s has %s allocations that are on no node; node %s can join it once they have ended',
+            v_pool, v_held, p_node_name));
+    END IF;
+END $$;
+COMMENT ON FUNCTION respool._check_node_join(uuid, text) IS
+    'Before the first node joins a pool: RP409 (naming the fix) while the pool has a capacity set by hand or allocations placed on no node.';
+
+CREATE OR REPLACE FUNCTION respool._settle_node_pools(p_pool_ids uuid[], p_now timestamptz)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_id uuid;
+BEGIN
+    FOR v_id IN SELECT DISTINCT x FROM unnest(p_pool_ids) x WHERE x IS NOT NULL ORDER BY x LOOP
+        PERFORM respool._derive_pool_capacity(v_id);
+        PERFORM respool._check_reserved_fits(v_id);
+    END LOOP;
+    FOR v_id IN SELECT DISTINCT x FROM unnest(p_pool_ids) x WHERE x IS NOT NULL ORDER BY x LOOP
+        UPDATE respool.pools SET updated_at = p_now WHERE id = v_id;
+        PERFORM respool._settle_pool(v_id, NULL, p_now);
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION respool._settle_node_pools(uuid[], timestamptz) IS
+    'After a node joined, left or changed (pools locked): derives each pool''s capacity from its nodes, RP409 naming the policies when reserved shares no longer fit, then settles each pool (rejects queued requests that can never fit, grants what fits now, wakes the reconcilers).';
+
+CREATE OR REPLACE FUNCTION respool._lock_node(p_name text, p_also_pool uuid, OUT node respool.nodes)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_locked uuid[] := '{}';
+BEGIN
+    -- Pools first (id order), then the node row; a node moved meanwhile means one more pool to lock.
+    LOOP
+        SELECT * INTO node FROM respool.nodes WHERE name = p_name;
+        IF NOT FOUND THEN
+            PERFORM respool._fail('RP404', 'name', format('node %L not found', p_name));
+        END IF;
+        IF node.pool_id IS NOT NULL AND node.pool_id <> ALL (v_locked)
+           OR p_also_pool IS NOT NULL AND p_also_pool <> ALL (v_locked) THEN
+            v_locked := array(SELECT DISTINCT x FROM unnest(v_locked || node.pool_id || p_also_pool) x WHERE x IS NOT NULL);
+            PERFORM respool._lock_pools(v_locked);
+        END IF;
+        SELECT * INTO node FROM respool.nodes WHERE name = p_name FOR UPDATE;
+        IF NOT FOUND THEN
+            PERFORM respool._fail('RP404', 'name', format('node %L not found', p_name));
+        END IF;
+        EXIT WHEN node.pool_id IS NULL OR node.pool_id = ANY (v_locked);
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION respool._lock_node(text, uuid) IS
+    'Locks a node by name after the pool rows it is in and p_also_pool (where it goes), in id order; RP404 when there is no such node.';
+
+-- --- changes -------------------------------------------------------------------------------------
+
+CREATE OR REPLACE FUNCTION respool._write_node_resources(p_node respool.nodes, p_capacity jsonb, p_devices jsonb,
+                                                         p_device_changes jsonb, p_now timestamptz)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    k text;
+    v_holders jsonb;
+    v_id uuid;
+    v_need bigint;
+    v_free text[];
+    v_new_keys text[];
+BEGIN
+    -- Keys that go (their devices go with them: ON DELETE CASCADE). Their holders were preempted
+    -- already (hard keys) or the key is a soft one: its units are no longer charged on the node.
+    UPDATE respool.placements
+       SET resources = resources - array(SELECT nr.key FROM respool.node_resources nr
+                                          WHERE nr.node_id = p_node.id AND NOT p_capacity ? nr.key)
+     WHERE node_id = p_node.id;
+    DELETE FROM respool.node_resources WHERE node_id = p_node.id AND NOT p_capacity ? key;
+    v_new_keys := array(SELECT c.key FROM jsonb_object_keys(p_capacity) c(key)
+                         WHERE NOT EXISTS (SELECT FROM respool.node_resources nr
+                                            WHERE nr.node_id = p_node.id AND nr.key = c.key));
+    -- Keys that stay or come: capacity and the count of named devices in one statement (CHECK).
+    INSERT INTO respool.node_resources (node_id, key, capacity, devices)
+    SELECT p_node.id, c.key, c.value::bigint, coalesce(jsonb_array_length(p_devices -> c.key), 0)
+      FROM jsonb_each_text(p_capacity) c
+    ON CONFLICT (node_id, key) DO UPDATE SET capacity = excluded.capacity, devices = excluded.devices;
+    -- A key the node starts tracking charges what its holders already hold of it.
+    FOR k IN SELECT c.key FROM unnest(v_new_keys) c(key)
+              WHERE EXISTS (SELECT FROM respool.placements pl JOIN respool.requests r ON r.id = pl.request_id
+                             WHERE pl.node_id = p_node.id AND NOT pl.resources ? c.key AND r.resources ? c.key) LOOP
+        UPDATE respool.placements pl SET resources = pl.resources || jsonb_build_object(k, (r.resources ->> k)::bigint)
+          FROM respool.requests r
+         WHERE r.id = pl.request_id AND pl.node_id = p_node.id AND r.resources ? k AND NOT pl.resources ? k;
+        UPDATE respool.node_resources SET used = used + (
+                   SELECT coalesce(sum((pl.resources ->> k)::bigint), 0) FROM respool.placements pl
+                    WHERE pl.node_id = p_node.id AND pl.resources ? k)
+         WHERE node_id = p_node.id AND key = k;
+    END LOOP;
+    -- Device lists: kept devices keep their holder, positions follow the new list order.
+    DELETE FROM respool.node_devices d WHERE d.node_id = p_node.id AND NOT p_devices ? d.key;
+    FOR k IN SELECT key FROM jsonb_object_keys(p_device_changes) key WHERE p_devices ? key LOOP
+        SELECT coalesce(jsonb_object_agg(device, holder_id), '{}') INTO v_holders
+          FROM respool.node_devices WHERE node_id = p_node.id AND key = k AND holder_id IS NOT NULL;
+        DELETE FROM respool.node_devices WHERE node_id = p_node.id AND key = k;
+        INSERT INTO respool.node_devices (node_id, key, device, position, holder_id)
+        SELECT p_node.id, k, d.id, d.n - 1, (v_holders ->> d.id)::uuid
+          FROM jsonb_array_elements_text(p_devices -> k) WITH ORDINALITY d(id, n);
+        -- Holders of units that had no device ids (anonymous until now) take the first free ones.
+        FOR v_id, v_need IN
+            SELECT pl.request_id, (pl.resources ->> k)::bigint
+                   - (SELECT count(*) FROM respool.node_devices h
+                       WHERE h.node_id = p_node.id AND h.key = k AND h.holder_id = pl.request_id)
+              FROM respool.placements pl
+             WHERE pl.node_id = p_node.id AND coalesce((pl.resources ->> k)::bigint, 0) > 0
+             ORDER BY pl.request_id LOOP
+            CONTINUE WHEN v_need <= 0;
+            v_free := array(SELECT device FROM respool.node_devices
+                             WHERE node_id = p_node.id AND key = k AND holder_id IS NULL
+                             ORDER BY position LIMIT v_need);
+            IF cardinality(v_free) < v_need THEN
+                PERFORM respool._node_evict(v_id, 'capacity_shrink', format(
+                    'node %s: too few free %s devices for its units once the devices were named', p_node.name, k), p_now);
+            ELSE
+                UPDATE respool.node_devices SET holder_id = v_id
+                 WHERE node_id = p_node.id AND key = k AND device = ANY (v_free);
+            END IF;
+        END LOOP;
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION respool._write_node_resources(respool.nodes, jsonb, jsonb, jsonb, timestamptz) IS
+    'Writes a node''s capacity and device lists (p_device_changes: the keys whose list was given): removed keys go, a key the node starts tracking charges its holders'' units, kept devices keep their holder and positions follow the new list order; holders of units on a key that just got device ids take the first free ones (preempted when too few are free). The caller preempted the holders of removed devices and hard keys first.';
+
+CREATE OR REPLACE FUNCTION respool._node_preempt_removed(p_node respool.nodes, p_capacity jsonb, p_devices jsonb,
+                                                         p_now timestamptz)
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    v record;
+    n integer := 0;
+BEGIN
+    -- Holders of a device id that goes: always, at once (docs/placement.md, "Node changes").
+    FOR v IN SELECT d.holder_id, min(format('%s %s', d.key, d.device)) AS what
+               FROM respool.node_devices d
+              WHERE d.node_id = p_node.id AND d.holder_id IS NOT NULL
+                AND NOT coalesce(p_devices -> d.key, '[]') ? d.device
+              GROUP BY d.holder_id ORDER BY d.holder_id LOOP
+        n := n + respool._node_evict(v.holder_id, 'capacity_shrink',
+                                     format('node %s: device %s was removed', p_node.name, v.what), p_now);
+    END LOOP;
+    -- Holders of a key (not a soft one) the node no longer provides: capacity 0 on that node.
+    FOR v IN SELECT pl.request_id, min(nr.key) AS key
+               FROM respool.placements pl JOIN respool.node_resources nr ON nr.node_id = pl.node_id
+              WHERE pl.node_id = p_node.id AND NOT p_capacity ? nr.key AND NOT respool._is_soft_key(nr.key)
+                AND coalesce((pl.resources ->> nr.key)::bigint, 0) > 0
+              GROUP BY pl.request_id ORDER BY pl.request_id LOOP
+        n := n + respool._node_evict(v.request_id, 'capacity_shrink',
+                                     format('node %s no longer provides %s', p_node.name, v.key), p_now);
+    END LOOP;
+    RETURN n;
+END $$;
+COMMENT ON FUNCTION respool._node_preempt_removed(respool.nodes, jsonb, jsonb, timestamptz) IS
+    'Before a node''s new capacity and devices are written: preempts at once (reason capacity_shrink) the holders of every device id that goes and of every non-soft key the node stops providing. A shrink of anonymous units is left to the reconciler (minimal victim set on that node).';
+
+CREATE OR REPLACE FUNCTION respool.create_node(p_body jsonb, p_now timestamptz DEFAULT now())
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_name text;
+    v_labels jsonb;
+    v_target record;
+    v_state text;
+    v_pool_id uuid;
+    v_node respool.nodes;
+BEGIN
+    PERFORM respool._body_fields(p_body, ARRAY['name', 'pool', 'labels', 'capacity', 'devices', 'state'], 'node');
+    v_name := p_body ->> 'name';
+    IF jsonb_typeof(p_body -> 'name') IS DISTINCT FROM 'string' OR v_name !~ respool._pool_name_pattern() THEN
+        PERFORM respool._fail('RP400', 'name', 'name must match ' || respool._pool_name_pattern());
+    END IF;
+    v_labels := respool._node_labels(p_body -> 'labels', false);
+    SELECT * INTO v_target FROM respool._node_target('{}', '{}', respool._resource_map(p_body -> 'capacity', 'capacity'),
+                                                     respool._node_devices(p_body -> 'devices', false));
+    v_state := CASE WHEN p_body ? 'state' THEN respool._node_state(p_body -> 'state') ELSE 'active' END;
+    v_pool_id := respool._node_pool_ref(p_body -> 'pool');
+    PERFORM respool._lock_pools(ARRAY[v_pool_id]);
+    IF v_pool_id IS NOT NULL THEN
+        PERFORM respool._check_node_join(v_pool_id, v_name);
+    END IF;
+    BEGIN
+        INSERT INTO respool.nodes (name, pool_id, labels, state, created_at, updated_at)
+        VALUES (v_name, v_pool_id, v_labels, v_state, p_now, p_now)
+        RETURNING * INTO v_node;
+    EXCEPTION WHEN unique_violation THEN
+        PERFORM respool._fail('RP409', 'name', format('node %s already exists', v_name));
+    END;
+    PERFORM respool._write_node_resources(v_node, v_target.capacity, v_target.devices, v_target.devices, p_now);
+    PERFORM respool._settle_node_pools(ARRAY[v_pool_id], p_now);
+    RETURN respool.node_json(v_node.id);
+END $$;
+COMMENT ON FUNCTION respool.create_node(jsonb, timestamptz) IS
+    'Registers a node from a NodeCreate body (name, pool, labels, capacity, devices, state): RP400 naming the field on bad input, RP409 on a taken name, on a pool with a capacity set by hand, or when the pool''s reserved shares would not fit. In a pool, the pool''s capacity becomes the sum over its nodes and its queue settles (grants what now fits).';
+
+CREATE OR REPLACE FUNCTION respool.update_node(p_name text, p_body jsonb, p_force boolean DEFAULT false,
+                                               p_now timestamptz DEFAULT now())
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_labels jsonb;
+    v_capacity jsonb;
+    v_devices jsonb;
+    v_state text;
+    v_moves boolean;
+    v_pool_id uuid;
+    v_old_pool_id uuid;
+    v_node respool.nodes;
+    v_target record;
+    v_held integer;
+    k text;
+    v jsonb;
+BEGIN
+    PERFORM respool._body_fields(p_body, ARRAY['pool', 'labels', 'capacity', 'devices', 'state'], 'node update');
+    v_labels := respool._node_labels(p_body -> 'labels', true);
+    v_capacity := respool._resource_map(p_body -> 'capacity', 'capacity', true);
+    v_devices := respool._node_devices(p_body -> 'devices', true);
+    IF p_body ? 'state' THEN
+        v_state := respool._node_state(p_body -> 'state');
+    END IF;
+    v_moves := p_body ? 'pool';
+    IF v_moves THEN
+        v_pool_id := respool._node_pool_ref(p_body -> 'pool');
+    END IF;
+    v_node := respool._lock_node(p_name, v_pool_id);
+    v_old_pool_id := v_node.pool_id;
+    v_moves := v_moves AND v_pool_id IS DISTINCT FROM v_node.pool_id;
+    IF NOT v_moves THEN
+        v_pool_id := v_node.pool_id;
+    END IF;
+    SELECT * INTO v_target FROM respool._node_target(
+        (SELECT coalesce(jsonb_object_agg(key, capacity), '{}') FROM respool.node_resources WHERE node_id = v_node.id),
+        (SELECT coalesce(jsonb_object_agg(key, ids), '{}')
+           FROM (SELECT key, jsonb_agg(device ORDER BY position) AS ids FROM respool.node_devices
+                  WHERE node_id = v_node.id GROUP BY key) d),
+        v_capacity, v_devices);
+    FOR k, v IN SELECT * FROM jsonb_each(v_labels) LOOP
+        v_node.labels := CASE WHEN jsonb_typeof(v) = 'null' THEN v_node.labels - k
+                              ELSE v_node.labels || jsonb_build_object(k, v) END;
+    END LOOP;
+    IF (SELECT count(*) FROM jsonb_object_keys(v_node.labels)) > respool._max_keys() THEN
+        PERFORM respool._fail('RP400', 'labels', format('labels would have more than %s keys', respool._max_keys()));
+    END IF;
+    IF v_moves THEN
+        -- Leaving its pool: refused while it holds allocations, unless forced (then preempted at once).
+        IF v_node.pool_id IS NOT NULL THEN
+            v_held := respool._node_holders(v_node.id);
+            IF v_held > 0 AND NOT coalesce(p_force, false) THEN
+                PERFORM respool._fail('RP409', 'force', format(
+                    'node %s holds %s allocations in pool %s; move it with force to preempt them',
+                    v_node.name, v_held, (SELECT name FROM respool.pools WHERE id = v_node.pool_id)));
+            END IF;
+            PERFORM respool._node_evict_all(v_node.id, 'node_removed', format(
+                'node %s was moved out of pool %s', v_node.name,
+                (SELECT name FROM respool.pools WHERE id = v_node.pool_id)), p_now);
+        END IF;
+        IF v_pool_id IS NOT NULL THEN
+            PERFORM respool._check_node_join(v_pool_id, v_node.name);
+        END IF;
+    ELSE
+        PERFORM respool._node_preempt_removed(v_node, v_target.capacity, v_target.devices, p_now);
+    END IF;
+    UPDATE respool.nodes
+       SET pool_id = v_pool_id, labels = v_node.labels, state = coalesce(v_state, state), updated_at = p_now
+     WHERE id = v_node.id
+    RETURNING * INTO v_node;
+    PERFORM respool._write_node_resources(v_node, v_target.capacity, v_target.devices, v_devices, p_now);
+    PERFORM respool._settle_node_pools(ARRAY[v_old_pool_id, v_pool_id], p_now);
+    RETURN respool.node_json(v_node.id);
+END $$;
+COMMENT ON FUNCTION respool.update_node(text, jsonb, boolean, timestamptz) IS
+    'Updates a node from a NodeUpdate body: labels merge (null removes one), capacity merges (0 removes a key), a device list replaces the key''s list (null: anonymous units), pool moves it (null: out of any pool), state. Moving it out of its pool is RP409 while it holds allocations unless p_force, which preempts them at once (reason node_removed); holders of removed device ids or keys are preempted at once (capacity_shrink); a shrink of anonymous units is left to the reconciler. The pools concerned get their derived capacity, RP409 when reserved shares no longer fit, and settle.';
+
+CREATE OR REPLACE FUNCTION respool.delete_node(p_name text, p_force boolean DEFAULT false,
+                                               p_now timestamptz DEFAULT now())
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_node respool.nodes := respool._lock_node(p_name, NULL);
+    v_held integer := respool._node_holders(v_node.id);
+    v_pool text := (SELECT name FROM respool.pools WHERE id = v_node.pool_id);
+BEGIN
+    IF v_held > 0 AND NOT coalesce(p_force, false) THEN
+        PERFORM respool._fail('RP409', 'force', format(
+            'node %s holds %s allocations in pool %s; delete with force to preempt them', v_node.name, v_held, v_pool));
+    END IF;
+    PERFORM respool._node_evict_all(v_node.id, 'node_removed',
+                                    format('node %s was removed from pool %s', v_node.name, v_pool), p_now);
+    DELETE FROM respool.nodes WHERE id = v_node.id;
+    PERFORM respool._settle_node_pools(ARRAY[v_node.pool_id], p_now);
+END $$;
+COMMENT ON FUNCTION respool.delete_node(text, boolean, timestamptz) IS
+    'Deletes a node: RP409 while it holds allocations unless p_force, which preempts them at once (reason node_removed); its pool''s capacity is derived again (RP409 when reserved shares no longer fit) and the pool settles (queued requests that can no longer fit anywhere are rejected).';
+
+CREATE OR REPLACE FUNCTION respool.set_node_state(p_name text, p_state text, p_now timestamptz DEFAULT now())
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_state text := respool._node_state(to_jsonb(p_state));
+    v_node respool.nodes := respool._lock_node(p_name, NULL);
+BEGIN
+    UPDATE respool.nodes SET state = v_state, updated_at = p_now WHERE id = v_node.id;
+    IF v_node.pool_id IS NOT NULL AND v_state IS DISTINCT FROM v_node.state THEN
+        -- active: grants what now fits; draining: wakes the reconcilers, which preempt the node's
+        -- preemptible holders (docs/placement.md, "Cordon and drain").
+        PERFORM respool._settle_pool(v_node.pool_id, NULL, p_now);
+    END IF;
+    RETURN respool.node_json(v_node.id);
+END $$;
+COMMENT ON FUNCTION respool.set_node_state(text, text, timestamptz) IS
+    'cordon (cordoned: no new grants, holders keep their units), drain (draining: the reconciler preempts its preemptible holders) or uncordon (active: grants what now fits). RP400 on another state, RP404 on an unknown node.';
