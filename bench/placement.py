@@ -252,8 +252,8 @@ class FragFigures:
     jobs_hit: int
     stranded_share: float  # GPU-time free while a queued job would have fit in the free total
     granted: dict[int, int]
-    wait_mean_min: dict[int, float]
-    wait_p90_min: dict[int, float]
+    wait_mean_min: dict[int, float | None]  # None: no job of that size was granted
+    wait_p90_min: dict[int, float | None]
     queued_at_end: dict[int, int]
 
     def as_dict(self) -> dict[str, Any]:
@@ -305,9 +305,9 @@ class _Sim:
         else:
             raise SystemExit(f"placement fragmentation: a {gpus}-GPU job is {doc['status']}: {doc}")
 
-    async def settle(self) -> None:
-        """Learn what the engine granted at this instant; check the counters; count the jobs
-        that wait although the free total would hold them."""
+    async def settle(self, *, count: bool = True) -> None:
+        """Learn what the engine granted at this instant and check the counters; then (once
+        per instant, ``count``) count the jobs that wait although the free total holds them."""
         row = await self.conn.fetchrow(HOLDERS, self.pool_id)
         assert row is not None
         holding = set(row["ids"])
@@ -321,6 +321,8 @@ class _Sim:
                 f"placement fragmentation: node counters say {row['node_gpus']} GPUs in use, "
                 f"the holders {self.busy}"
             )
+        if not count:
+            return
         free = self.gpus - self.busy
         fitting = [rid for rid, (g, _, _) in self.queued.items() if g <= free]
         self.events += len(fitting)
@@ -377,7 +379,7 @@ async def _replay(
             if not sim.ends:
                 raise SystemExit("placement fragmentation: nothing runs and the queue is stuck")
             await sim.release_next()
-            await sim.settle()
+            await sim.settle(count=False)
             await top_up()
             await sim.settle()
         wall = time.perf_counter() - started
@@ -396,8 +398,8 @@ async def _replay(
         jobs_hit=len(sim.hit),
         stranded_share=sim.stranded_gpu_s / span,
         granted={s: len(w) for s, w in sim.waits.items()},
-        wait_mean_min={s: sum(w) / len(w) if w else float("nan") for s, w in sim.waits.items()},
-        wait_p90_min={s: percentile(w, 90) if w else float("nan") for s, w in sim.waits.items()},
+        wait_mean_min={s: sum(w) / len(w) if w else None for s, w in sim.waits.items()},
+        wait_p90_min={s: percentile(w, 90) if w else None for s, w in sim.waits.items()},
         queued_at_end=dict(sorted(Counter(g for g, _, _ in sim.queued.values()).items())),
     )
     log(
@@ -666,6 +668,10 @@ async def _measure(args: argparse.Namespace) -> PlacementResults:
     return out
 
 
+def _minutes(m: float | None) -> str:
+    return "–" if m is None else f"{m:,.0f}"
+
+
 def _verdict(ok: bool) -> str:
     return "met" if ok else "**missed**"
 
@@ -693,7 +699,7 @@ def rows(r: PlacementResults) -> list[list[str]]:
                 _verdict(x.busy_share >= TARGETS["busy"]) if target else "",
             ])  # fmt: skip
             waits = ", ".join(
-                f"{s}: {x.wait_mean_min[s]:,.0f}/{x.wait_p90_min[s]:,.0f}" for s in SIZES
+                f"{s}: {_minutes(x.wait_mean_min[s])}/{_minutes(x.wait_p90_min[s])}" for s in SIZES
             )
             out.append([
                 f"fragmentation, {label}",
