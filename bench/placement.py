@@ -1,7 +1,7 @@
 """Scenario ``placement``: pools backed by nodes (docs/placement.md), three figures.
 
 1. **cycles**: create → allocated → release cycles of one-GPU requests, driven by pgbench as in
-   ``python -m bench cycles``, on a pool of ``--nodes`` nodes × ``--gpus-per-node`` GPUs (named
+   ``python -m bench cycles``, on a pool of ``--nodes`` nodes × 8 GPUs (named
    devices "0".."7") and on an abstract pool of as many GPUs, the same subjects with a policy on
    both, in one database. Runs alternate (abstract, nodes) per client count so that load drift
    touches both; the figure is requests/s and the ratio nodes ÷ abstract. Every cycle checks its
