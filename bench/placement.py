@@ -250,6 +250,8 @@ class FragFigures:
     busy_share: float
     fragmentation_events: int
     jobs_hit: int
+    events_by_gpus: dict[int, int]
+    jobs_hit_by_gpus: dict[int, int]
     stranded_share: float  # GPU-time free while a queued job would have fit in the free total
     granted: dict[int, int]
     wait_mean_min: dict[int, float | None]  # None: no job of that size was granted
@@ -258,7 +260,14 @@ class FragFigures:
 
     def as_dict(self) -> dict[str, Any]:
         out = dict(self.__dict__)
-        for k in ("granted", "wait_mean_min", "wait_p90_min", "queued_at_end"):
+        for k in (
+            "events_by_gpus",
+            "jobs_hit_by_gpus",
+            "granted",
+            "wait_mean_min",
+            "wait_p90_min",
+            "queued_at_end",
+        ):
             out[k] = {str(s): v for s, v in out[k].items()}
         return out
 
@@ -278,8 +287,8 @@ class _Sim:
         self.busy = 0
         self.busy_gpu_s = 0.0
         self.stranded_gpu_s = 0.0
-        self.events = 0
-        self.hit: set[UUID] = set()
+        self.events: Counter[int] = Counter()  # GPUs -> jobs × instants
+        self.hit: dict[UUID, int] = {}  # id -> GPUs
         self.waits: dict[int, list[float]] = {s: [] for s in SIZES}
 
     def now(self) -> datetime.datetime:
@@ -324,9 +333,10 @@ class _Sim:
         if not count:
             return
         free = self.gpus - self.busy
-        fitting = [rid for rid, (g, _, _) in self.queued.items() if g <= free]
-        self.events += len(fitting)
-        self.hit.update(fitting)
+        for rid, (g, _, _) in self.queued.items():
+            if g <= free:
+                self.events[g] += 1
+                self.hit[rid] = g
 
     def advance(self, to: float) -> None:
         free = self.gpus - self.busy
@@ -394,8 +404,10 @@ async def _replay(
         simulated_hours=sim.t / 3600,
         wall_seconds=wall,
         busy_share=sim.busy_gpu_s / span,
-        fragmentation_events=sim.events,
+        fragmentation_events=sum(sim.events.values()),
         jobs_hit=len(sim.hit),
+        events_by_gpus={g: sim.events[g] for g in SIZES},
+        jobs_hit_by_gpus={g: Counter(sim.hit.values())[g] for g in SIZES},
         stranded_share=sim.stranded_gpu_s / span,
         granted={s: len(w) for s, w in sim.waits.items()},
         wait_mean_min={s: sum(w) / len(w) if w else None for s, w in sim.waits.items()},
@@ -701,9 +713,12 @@ def rows(r: PlacementResults) -> list[list[str]]:
             waits = ", ".join(
                 f"{s}: {_minutes(x.wait_mean_min[s])}/{_minutes(x.wait_p90_min[s])}" for s in SIZES
             )
+            by_size = ", ".join(
+                f"{g}: {x.events_by_gpus[g]:,}/{x.jobs_hit_by_gpus[g]:,}" for g in SIZES
+            )
             out.append([
                 f"fragmentation, {label}",
-                f"{x.fragmentation_events:,} events ({x.jobs_hit:,} jobs), "
+                f"{x.fragmentation_events:,} events ({x.jobs_hit:,} jobs; by GPUs {by_size}), "
                 f"{x.stranded_share:.1%} of GPU-time free while one fit; "
                 f"wait mean/p90 min by GPUs {waits}",
                 "–", "",

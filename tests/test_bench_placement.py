@@ -41,7 +41,9 @@ def test_placement_bench_runs_every_scenario_and_prints_its_figures(admin_url: s
     for mode in frag.values():
         assert mode["jobs"] == 40 and mode["gpus"] == 16
         assert 0 < mode["busy_share"] <= 1
-        assert mode["fragmentation_events"] >= 0 and mode["simulated_hours"] > 0
+        assert mode["fragmentation_events"] == sum(mode["events_by_gpus"].values())
+        assert set(mode["events_by_gpus"]) == {"1", "2", "4", "8"}
+        assert mode["simulated_hours"] > 0
         assert sum(mode["granted"].values()) > 0
     assert frag["abstract"]["fragmentation_events"] == 0  # abstract units cannot fragment
 
