@@ -220,7 +220,7 @@ COMMENT ON FUNCTION respool._move_units(uuid, uuid, jsonb, jsonb, integer) IS
 CREATE OR REPLACE FUNCTION respool._place(p_pool_id uuid, p_policy_id uuid, p_granted respool.requests[])
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
-    g respool.requests;
+    v_req respool.requests;
     v_node uuid;
     v_gang_nodes uuid[] := '{}';
 BEGIN
@@ -237,13 +237,13 @@ BEGIN
     END IF;
     -- The placement: one node each, in grant order (a gang member by member; with distinct_nodes
     -- never on a node another member of the same grant took).
-    FOREACH g IN ARRAY p_granted LOOP
-        v_node := respool._node_for(p_pool_id, g.resources, g.node_selector, g.id,
-                                    CASE WHEN g.distinct_nodes THEN v_gang_nodes ELSE '{}' END);
+    FOREACH v_req IN ARRAY p_granted LOOP
+        v_node := respool._node_for(p_pool_id, v_req.resources, v_req.node_selector, v_req.id,
+                                    CASE WHEN v_req.distinct_nodes THEN v_gang_nodes ELSE '{}' END);
         IF v_node IS NULL THEN
-            RAISE EXCEPTION 'request % fits no node of pool % now', g.id, p_pool_id USING ERRCODE = 'RP501';
+            RAISE EXCEPTION 'request % fits no node of pool % now', v_req.id, p_pool_id USING ERRCODE = 'RP501';
         END IF;
-        PERFORM respool._place_on_node(g, v_node);
+        PERFORM respool._place_on_node(v_req, v_node);
         v_gang_nodes := v_gang_nodes || v_node;
     END LOOP;
 END $$;

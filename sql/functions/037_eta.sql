@@ -51,25 +51,34 @@ DECLARE
     v_hist double precision[] := respool._hold_history(p_pool_id);
     v_keys text[];
     nk integer;
+    -- bins: where units live. One bin, the pool, in a pool without nodes; one per active node in
+    -- a pool with nodes (docs/placement.md), a request fitting one node.
+    v_nodes uuid[];
+    nb integer;
     q integer;
     v_q double precision[] := ARRAY[0.5, 0.9];
     v_hold double precision;
-    -- holders: end times (ascending) and units, flattened nk per holder
+    -- holders: end times (ascending), bins and units, flattened nk per holder
     h_end double precision[];
+    h_bin integer[];
     h_units bigint[];
-    -- queue: ids and units in queue order, flattened nk per entry
+    -- queue: ids and units in queue order, flattened nk per entry; e_ok: which bins each entry
+    -- may use, flattened nb per entry
     e_id uuid[];
     e_units bigint[];
+    e_ok boolean[];
     v_free0 bigint[];
-    v_free bigint[];
+    v_free bigint[];           -- flattened nk per bin
     g_end double precision[];  -- simulated grants: end times, non-decreasing (FIFO)
     g_idx integer[];           -- and the queue entry each one is
-    v_res double precision[][] := NULL;
+    g_bin integer[];           -- and its bin
     out50 double precision[];
     out90 double precision[];
     t double precision;
     hp integer;
     gp integer;
+    b integer;
+    fit integer;
     i integer;
     j integer;
 BEGIN
@@ -81,6 +90,20 @@ BEGIN
       INTO v_keys, v_free0
       FROM respool.pool_resources pr WHERE pr.pool_id = p_pool_id AND pr.capacity IS NOT NULL;
     nk := cardinality(v_keys);
+    v_nodes := ARRAY(SELECT n.id FROM respool.nodes n WHERE n.pool_id = p_pool_id AND n.state = 'active'
+                      ORDER BY n.name);
+    IF respool._pool_has_nodes(p_pool_id) THEN
+        -- A node's free units of the pool's keys: a soft key it lacks is unbounded, another key 0.
+        nb := cardinality(v_nodes);
+        SELECT coalesce(array_agg(f.free ORDER BY f.b, f.k), '{}') INTO v_free0
+          FROM (SELECT nb_i.b, ks.k, CASE WHEN nr.key IS NOT NULL THEN nr.capacity - nr.used
+                                          WHEN respool._is_soft_key(v_keys[ks.k]) THEN respool._max_total()
+                                          ELSE 0 END AS free
+                  FROM generate_subscripts(v_nodes, 1) nb_i(b) CROSS JOIN generate_series(1, nk) ks(k)
+                  LEFT JOIN respool.node_resources nr ON nr.node_id = v_nodes[nb_i.b] AND nr.key = v_keys[ks.k]) f;
+    ELSE
+        nb := 1;
+    END IF;
     SELECT array_agg(o.request_id ORDER BY o.position) FILTER (WHERE u.k = 1),  -- one per entry
            array_agg(u.n ORDER BY o.position, u.k)
       INTO e_id, e_units
@@ -89,48 +112,79 @@ BEGIN
       JOIN respool.queue_entries r ON r.pool_id = p_pool_id AND r.request_id = o.request_id
      CROSS JOIN LATERAL (SELECT k, coalesce((r.resources ->> v_keys[k])::bigint, 0) AS n
                            FROM generate_series(1, greatest(nk, 1)) k) u;
-    IF e_id IS NULL THEN
+    IF e_id IS NULL OR nb = 0 THEN
         RETURN;
+    END IF;
+    IF v_nodes = '{}' THEN
+        e_ok := array_fill(true, ARRAY[cardinality(e_id)]);
+    ELSE
+        -- The nodes an entry may use: those matching its selector. A gang, placed member by member,
+        -- gets no estimate in a pool with nodes (and takes no units in the simulation).
+        SELECT array_agg(respool._node_matches(n.name, n.labels, e.node_selector) AND g.gang_id IS NULL
+                         ORDER BY x.i, nb_i.b)
+          INTO e_ok
+          FROM unnest(e_id) WITH ORDINALITY x(id, i)
+          JOIN respool.queue_entries e ON e.pool_id = p_pool_id AND e.request_id = x.id
+          JOIN respool.requests g ON g.id = x.id
+         CROSS JOIN generate_subscripts(v_nodes, 1) nb_i(b)
+          JOIN respool.nodes n ON n.id = v_nodes[nb_i.b];
     END IF;
     out50 := array_fill(NULL::double precision, ARRAY[cardinality(e_id)]);
     out90 := out50;
     FOR q IN 1..2 LOOP
         v_hold := respool._quantile(v_hist, v_q[q]);
         -- Each holder ends at the quantile of the recorded holds longer than its age (or of all
-        -- of them), capped by its max_seconds and grace deadlines.
+        -- of them), capped by its max_seconds and grace deadlines. In a pool with nodes a holder
+        -- frees its units on its node (holders of nodes that take no grants do not count).
         SELECT coalesce(array_agg(x.rem ORDER BY x.rem, x.id) FILTER (WHERE u.k = 1), '{}'),  -- one per holder
+               coalesce(array_agg(x.bin ORDER BY x.rem, x.id) FILTER (WHERE u.k = 1), '{}'),
                coalesce(array_agg(u.n ORDER BY x.rem, x.id, u.k), '{}')
-          INTO h_end, h_units
-          FROM (SELECT r.id, r.resources,
+          INTO h_end, h_bin, h_units
+          FROM (SELECT r.id, coalesce(pl.resources, r.resources) AS resources,
+                       CASE WHEN v_nodes = '{}' THEN 1 ELSE array_position(v_nodes, pl.node_id) END AS bin,
                        greatest(least(coalesce(respool._quantile_above(v_hist, a.age, v_q[q]), v_hold),
                                  extract(epoch FROM r.run_deadline - p_now),
                                  extract(epoch FROM r.preempt_deadline - p_now)), 0) AS rem
                   FROM respool.requests r
+                  LEFT JOIN respool.placements pl ON pl.request_id = r.id
                  CROSS JOIN LATERAL (SELECT extract(epoch FROM p_now - r.allocated_at)::double precision AS age) a
                  WHERE r.pool_id = p_pool_id AND r.status IN ('allocated', 'preempting')) x
          CROSS JOIN LATERAL (SELECT k, coalesce((x.resources ->> v_keys[k])::bigint, 0) AS n
-                               FROM generate_series(1, greatest(nk, 1)) k) u;
+                               FROM generate_series(1, greatest(nk, 1)) k) u
+         WHERE x.bin IS NOT NULL;
         v_free := v_free0;
         g_end := '{}';
         g_idx := '{}';
+        g_bin := '{}';
         t := 0;
         hp := 1;
         gp := 1;
         <<entries>>
         FOR i IN 1..cardinality(e_id) LOOP
+            CONTINUE WHEN NOT (true = ANY (e_ok[(i - 1) * nb + 1 : i * nb]));  -- (no bin it may use)
             LOOP
-                EXIT WHEN respool._fits_room_vector(e_units[(i - 1) * nk + 1 : i * nk], v_free);
+                fit := NULL;
+                FOR b IN 1..nb LOOP
+                    IF e_ok[(i - 1) * nb + b]
+                       AND respool._fits_room_vector(e_units[(i - 1) * nk + 1 : i * nk],
+                                                     v_free[(b - 1) * nk + 1 : b * nk]) THEN
+                        fit := b;
+                        EXIT;
+                    END IF;
+                END LOOP;
+                EXIT WHEN fit IS NOT NULL;
                 -- Free the next unit-holder to end: a real holder or a simulated grant.
                 IF hp <= cardinality(h_end) AND (gp > cardinality(g_end) OR h_end[hp] <= g_end[gp]) THEN
                     t := greatest(t, h_end[hp]);
                     FOR j IN 1..nk LOOP
-                        v_free[j] := v_free[j] + h_units[(hp - 1) * nk + j];
+                        v_free[(h_bin[hp] - 1) * nk + j] := v_free[(h_bin[hp] - 1) * nk + j] + h_units[(hp - 1) * nk + j];
                     END LOOP;
                     hp := hp + 1;
                 ELSIF gp <= cardinality(g_end) THEN
                     t := greatest(t, g_end[gp]);
                     FOR j IN 1..nk LOOP
-                        v_free[j] := v_free[j] + e_units[(g_idx[gp] - 1) * nk + j];
+                        v_free[(g_bin[gp] - 1) * nk + j] := v_free[(g_bin[gp] - 1) * nk + j]
+                                                            + e_units[(g_idx[gp] - 1) * nk + j];
                     END LOOP;
                     gp := gp + 1;
                 ELSE
@@ -140,10 +194,11 @@ BEGIN
             IF q = 1 THEN out50[i] := t; ELSE out90[i] := t; END IF;
             EXIT entries WHEN e_id[i] = p_until;
             FOR j IN 1..nk LOOP
-                v_free[j] := v_free[j] - e_units[(i - 1) * nk + j];
+                v_free[(fit - 1) * nk + j] := v_free[(fit - 1) * nk + j] - e_units[(i - 1) * nk + j];
             END LOOP;
             g_end := g_end || (t + v_hold);
             g_idx := g_idx || i;
+            g_bin := g_bin || fit;
         END LOOP;
     END LOOP;
     FOR i IN 1..cardinality(e_id) LOOP
@@ -156,7 +211,7 @@ BEGIN
     END LOOP;
 END $$;
 COMMENT ON FUNCTION respool._eta_pool(uuid, timestamptz, uuid) IS
-    'docs/scheduling.md, ETA for the first _eta_depth() requests of a pool queue (or up to p_until): per queued request, the simulated seconds from p_now until its units are free, at the median (p50) and the 90th percentile (p90) of the pool''s hold times: every holder ends at the quantile of the recorded holds longer than its age (capped by max_seconds and grace deadlines), the requests ahead are granted in queue order as units free up and hold for the quantile. No rows without history. Read-only; O(holders + shapes * depth) per pool.';
+    'docs/scheduling.md, ETA for the first _eta_depth() requests of a pool queue (or up to p_until): per queued request, the simulated seconds from p_now until its units are free, at the median (p50) and the 90th percentile (p90) of the pool''s hold times: every holder ends at the quantile of the recorded holds longer than its age (capped by max_seconds and grace deadlines), the requests ahead are granted in queue order as units free up and hold for the quantile. In a pool with nodes (docs/placement.md) units live per active node: a holder frees them on its node, a request fits the first active node (by name) matching its selector that has room, and a gang gets no estimate. No rows without history. Read-only; O(holders + shapes * depth * nodes) per pool.';
 
 CREATE OR REPLACE FUNCTION respool._eta(p_pool_id uuid, p_request_id uuid, p_now timestamptz)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$

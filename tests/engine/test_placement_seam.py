@@ -18,7 +18,7 @@ import pytest
 
 from app.db import requests as db_requests
 
-FITS = "respool._fits(jsonb, boolean, uuid, uuid, uuid, uuid)"
+FITS = "respool._fits(jsonb, boolean, uuid, uuid, uuid, uuid, jsonb)"
 PLACE = "respool._place(uuid, uuid, respool.requests[])"
 UNPLACE = "respool._unplace(uuid)"
 
@@ -83,15 +83,15 @@ async def _record_placements(conn: asyncpg.Connection) -> None:
     await _replace(
         conn,
         PLACE,
-        "    -- The placement:",
+        "    IF NOT respool._pool_has_nodes(p_pool_id) THEN",
         "    INSERT INTO pg_temp.placed SELECT (g).id FROM unnest(p_granted) g;\n"
-        "    -- The placement:",
+        "    IF NOT respool._pool_has_nodes(p_pool_id) THEN",
     )
     await _replace(
         conn,
         UNPLACE,
-        "    -- No placement below the pool to clear",
-        "    INSERT INTO pg_temp.unplaced VALUES (p_request_id);\n    -- No placement",
+        "    DELETE FROM respool.placements",
+        "    INSERT INTO pg_temp.unplaced VALUES (p_request_id);\n    DELETE FROM respool.placements",
     )
 
 
