@@ -27,6 +27,7 @@ from app.api.edge import EdgeGuard
 from app.api.errors import ErrorBody, exception_handlers
 from app.api.health import HealthController
 from app.api.metrics import EventTally, MetricsCache, MetricsController
+from app.api.nodes import NodeController
 from app.api.openapi import ClosedStructSchemaPlugin, answer_options
 from app.api.policies import PolicyController
 from app.api.pools import PoolController
@@ -111,6 +112,7 @@ def create_app(
         route_handlers=[
             PoolController,
             PolicyController,
+            NodeController,
             RequestController,
             BatchController,
             HealthController,

@@ -89,7 +89,7 @@ DECLARE
     r respool.requests;
     rejected integer := 0;
 BEGIN
-    FOR e IN SELECT request_id, policy_id, resources, preemptible FROM respool.queue_entries
+    FOR e IN SELECT request_id, policy_id, resources, preemptible, node_selector FROM respool.queue_entries
               WHERE pool_id = p_pool_id AND (p_policy_id IS NULL OR policy_id = p_policy_id) LOOP
         -- Decide on the unlocked row (resources never change; the pool lock holds capacity and
         -- policies still) and lock only what leaves this queue: a locked queued request would be
@@ -97,7 +97,8 @@ BEGIN
         SELECT * INTO r FROM respool.requests WHERE id = e.request_id AND status = 'queued';
         CONTINUE WHEN NOT FOUND
                    -- the entry's resources: a gang's entry holds its members' sum (docs/scheduling.md, gangs)
-                   OR (respool._rejection(e.resources, e.preemptible, p_pool_id, e.policy_id)).reason IS NULL;
+                   OR (respool._rejection(e.resources, e.preemptible, p_pool_id, e.policy_id,
+                                          e.node_selector, e.request_id)).reason IS NULL;
         SELECT * INTO r FROM respool.requests WHERE id = e.request_id AND status = 'queued' FOR UPDATE;
         CONTINUE WHEN NOT FOUND;
         IF (SELECT count(*) FROM respool.queue_entries WHERE request_id = r.id) = 1 THEN
@@ -110,7 +111,7 @@ BEGIN
     RETURN rejected;
 END $$;
 COMMENT ON FUNCTION respool._revalidate_queue(uuid, uuid, timestamptz) IS
-    'After a capacity or policy change: drops the pool from queued requests that can never fit it any more and rejects those left with no candidate.';
+    'After a capacity, node or policy change: drops the pool from queued requests that can never fit it any more (their node selector included: no_fitting_node) and rejects those left with no candidate.';
 
 CREATE OR REPLACE FUNCTION respool._drop_requests(p_pool_id uuid, p_policy_id uuid, p_reason text, p_now timestamptz)
 RETURNS integer LANGUAGE plpgsql AS $$

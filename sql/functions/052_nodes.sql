@@ -8,14 +8,6 @@
 
 -- --- validation (pure) -------------------------------------------------------------------------
 
-CREATE OR REPLACE FUNCTION respool._label_key_pattern()
-RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT '^[a-z0-9][a-z0-9._/-]{0,62}$' $$;
-COMMENT ON FUNCTION respool._label_key_pattern() IS 'The regular expression of a node label key.';
-
-CREATE OR REPLACE FUNCTION respool._max_label_value()
-RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 63 $$;
-COMMENT ON FUNCTION respool._max_label_value() IS 'The longest node label value, in characters.';
-
 CREATE OR REPLACE FUNCTION respool._max_device_id()
 RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 128 $$;
 COMMENT ON FUNCTION respool._max_device_id() IS 'The longest device id, in characters (a GPU UUID or a MIG id fits).';
@@ -62,9 +54,9 @@ BEGIN
         IF jsonb_typeof(v) <> 'string' THEN
             PERFORM respool._fail('RP400', 'labels.' || k, format('labels.%s must be a string', k));
         END IF;
-        IF length(v #>> '{}') > respool._max_label_value() OR (v #>> '{}') ~ '[\x01-\x1f\x7f]' THEN
+        IF (v #>> '{}') !~ respool._label_value_pattern() THEN
             PERFORM respool._fail('RP400', 'labels.' || k, format(
-                'labels.%s must be at most %s printable characters', k, respool._max_label_value()));
+                'labels.%s must be at most 63 printable characters', k));
         END IF;
     END LOOP;
     RETURN p_labels;
@@ -568,6 +560,7 @@ DECLARE
     v_node respool.nodes;
     v_target record;
     v_held integer;
+    v_reason text := 'node_removed';
     k text;
     v jsonb;
 BEGIN
@@ -610,7 +603,7 @@ BEGIN
                     'node %s holds %s allocations in pool %s; move it with force to preempt them',
                     v_node.name, v_held, (SELECT name FROM respool.pools WHERE id = v_node.pool_id)));
             END IF;
-            PERFORM respool._node_evict_all(v_node.id, 'node_removed', format(
+            PERFORM respool._node_evict_all(v_node.id, v_reason, format(
                 'node %s was moved out of pool %s', v_node.name,
                 (SELECT name FROM respool.pools WHERE id = v_node.pool_id)), p_now);
         END IF;
@@ -638,12 +631,13 @@ DECLARE
     v_node respool.nodes := respool._lock_node(p_name, NULL);
     v_held integer := respool._node_holders(v_node.id);
     v_pool text := (SELECT name FROM respool.pools WHERE id = v_node.pool_id);
+    v_reason text := 'node_removed';
 BEGIN
     IF v_held > 0 AND NOT coalesce(p_force, false) THEN
         PERFORM respool._fail('RP409', 'force', format(
             'node %s holds %s allocations in pool %s; delete with force to preempt them', v_node.name, v_held, v_pool));
     END IF;
-    PERFORM respool._node_evict_all(v_node.id, 'node_removed',
+    PERFORM respool._node_evict_all(v_node.id, v_reason,
                                     format('node %s was removed from pool %s', v_node.name, v_pool), p_now);
     DELETE FROM respool.nodes WHERE id = v_node.id;
     PERFORM respool._settle_node_pools(ARRAY[v_node.pool_id], p_now);

@@ -1,0 +1,145 @@
+"""``/v1/nodes``: the machines that back a pool (docs/placement.md): register, list (by pool and
+label selector), read, update, delete, and cordon / drain / uncordon. Admin writes, every role
+reads (:mod:`app.api.auth`)."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+import msgspec
+from litestar import Controller, delete, get, patch, post
+from litestar.datastructures import State
+from litestar.params import FromPath, QueryParameter
+from respool_client.wire import LABEL_KEY_PATTERN, Node, NodeCreate, NodeUpdate
+
+from app.api.common import AnyRequest, StrictBody, db, decode_body, sent
+from app.api.errors import ApiError, error_responses
+from app.db import nodes as db_nodes
+
+_LABEL_KEY = re.compile(LABEL_KEY_PATTERN)
+
+_Force = Annotated[
+    bool,
+    QueryParameter(
+        description="Preempt the node's allocations at once (reason node_removed) instead of"
+        " refusing with 409"
+    ),
+]
+_Selector = Annotated[
+    list[str] | None,
+    QueryParameter(
+        description="label=value (repeatable): only nodes carrying every such label; the"
+        " built-in label node is the node's name"
+    ),
+]
+
+
+def parse_selector(pairs: list[str] | None) -> dict[str, str]:
+    """``["gpu-type=A100", "node=n1"]`` → ``{"gpu-type": "A100", "node": "n1"}``; 400 naming
+    ``selector`` for a pair without ``=`` or with a bad label key."""
+    selector: dict[str, str] = {}
+    for pair in pairs or ():
+        key, eq, value = pair.partition("=")
+        if not eq or not _LABEL_KEY.match(key):
+            raise ApiError(
+                400,
+                f"selector: expected label=value with a label matching {LABEL_KEY_PATTERN},"
+                f" got {pair[:80]!r}",
+                "selector",
+            )
+        selector[key] = value
+    return selector
+
+
+class NodeController(Controller):
+    path = "/v1/nodes"
+    tags = ["nodes"]
+
+    @post(
+        "/",
+        status_code=201,
+        summary="Register a node (in a pool, or in none)",
+        responses=error_responses(400, 404, 409),
+    )
+    async def create_node(
+        self, state: State, request: AnyRequest, data: StrictBody[NodeCreate]
+    ) -> Node:
+        body = await decode_body(request, NodeCreate)
+        return await db_nodes.create_node(db(state), msgspec.structs.asdict(body))
+
+    @get(
+        "/",
+        summary="List nodes by name (of one pool; matching a label selector)",
+        responses=error_responses(400, 404),
+    )
+    async def list_nodes(
+        self,
+        state: State,
+        pool: Annotated[
+            str | None, QueryParameter(description="Only the nodes of this pool (a ref)")
+        ] = None,
+        selector: _Selector = None,
+    ) -> list[Node]:
+        return await db_nodes.list_nodes(db(state), pool=pool, selector=parse_selector(selector))
+
+    @get(
+        "/{name:str}",
+        summary="One node, its devices and allocations",
+        responses=error_responses(404),
+    )
+    async def get_node(self, state: State, name: FromPath[str]) -> Node:
+        return await db_nodes.get_node(db(state), name)
+
+    @patch(
+        "/{name:str}",
+        summary="Update a node (labels and capacity merge; devices replace a key's list;"
+        " pool moves it)",
+        responses=error_responses(400, 404, 409),
+    )
+    async def update_node(
+        self,
+        state: State,
+        request: AnyRequest,
+        name: FromPath[str],
+        data: StrictBody[NodeUpdate],
+        force: _Force = False,
+    ) -> Node:
+        body = await decode_body(request, NodeUpdate)
+        return await db_nodes.update_node(db(state), name, sent(body), force=force)
+
+    @delete(
+        "/{name:str}",
+        status_code=204,
+        summary="Delete a node (force preempts its allocations)",
+        responses=error_responses(404, 409),
+    )
+    async def delete_node(self, state: State, name: FromPath[str], force: _Force = False) -> None:
+        await db_nodes.delete_node(db(state), name, force=force)
+
+    @post(
+        "/{name:str}/cordon",
+        status_code=200,
+        summary="Cordon a node: no new grants, its holders keep their units",
+        responses=error_responses(404),
+    )
+    async def cordon_node(self, state: State, name: FromPath[str]) -> Node:
+        return await db_nodes.set_node_state(db(state), name, "cordoned")
+
+    @post(
+        "/{name:str}/drain",
+        status_code=200,
+        summary="Drain a node: cordoned, and its preemptible holders are preempted",
+        responses=error_responses(404),
+    )
+    async def drain_node(self, state: State, name: FromPath[str]) -> Node:
+        return await db_nodes.set_node_state(db(state), name, "draining")
+
+    @post(
+        "/{name:str}/uncordon",
+        status_code=200,
+        summary="Uncordon a node: active again, grants what now fits",
+        responses=error_responses(404),
+    )
+    async def uncordon_node(self, state: State, name: FromPath[str]) -> Node:
+        return await db_nodes.set_node_state(db(state), name, "active")
