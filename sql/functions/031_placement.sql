@@ -229,8 +229,8 @@ BEGIN
         PERFORM respool._move_units(p_pool_id, p_policy_id, p_granted[1].resources, p_granted[1].np_charge, 1);
     ELSE
         PERFORM respool._move_units(p_pool_id, p_policy_id,
-                                    respool._sum_units(ARRAY(SELECT u.resources FROM unnest(p_granted) u)),
-                                    respool._sum_units(ARRAY(SELECT u.np_charge FROM unnest(p_granted) u)), 1);
+                                    respool._sum_units(ARRAY(SELECT g.resources FROM unnest(p_granted) g)),
+                                    respool._sum_units(ARRAY(SELECT g.np_charge FROM unnest(p_granted) g)), 1);
     END IF;
     IF NOT respool._pool_has_nodes(p_pool_id) THEN
         RETURN;  -- placed in the pool as a whole: nothing below the pool to record
