@@ -281,6 +281,7 @@ class _Sim:
         self.conn, self.pool, self.pool_id, self.gpus, self.nodes = conn, pool, pool_id, gpus, nodes
         self.t0 = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
         self.t = 0.0  # simulated seconds since t0
+        self.burst = 0  # jobs submitted at this instant
         self.running: dict[UUID, int] = {}  # id -> GPUs
         self.ends: list[tuple[float, UUID]] = []
         self.queued: dict[UUID, tuple[int, float, float]] = {}  # id -> (GPUs, hold, queued at)
@@ -301,10 +302,12 @@ class _Sim:
         self.waits[gpus].append(waited / 60)
 
     async def submit(self, gpus: int, hold: float) -> None:
+        # Jobs submitted at one instant are a microsecond apart, so that the queue's order (and
+        # so the whole replay) is the trace's order, not that of their random ids.
+        at = self.now() + datetime.timedelta(microseconds=self.burst)
+        self.burst += 1
         doc = await _create(
-            self.conn,
-            {"subject": "frag", "pool": self.pool, "resources": {"gpu": gpus}},
-            self.now(),
+            self.conn, {"subject": "frag", "pool": self.pool, "resources": {"gpu": gpus}}, at
         )
         rid = UUID(doc["id"])
         if doc["status"] == "allocated":
@@ -345,6 +348,7 @@ class _Sim:
         if any(g <= free for g, _, _ in self.queued.values()):
             self.stranded_gpu_s += free * dt
         self.t = to
+        self.burst = 0
 
     async def release_next(self) -> None:
         end, rid = heapq.heappop(self.ends)
