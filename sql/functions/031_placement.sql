@@ -98,18 +98,32 @@ END $$;
 COMMENT ON FUNCTION respool._leaves_earmarks(jsonb, uuid, uuid, uuid) IS
     'The earmark rule (docs/preemption.md): true when granting p_resources in the pool to request p_request_id (NULL: a request not stored yet) leaves every unit earmarked for another request (units victims in their grace period will free) to it. Always true for the earmark holder itself (p_earmark_pool_id = p_pool_id) and while the pool has no earmarks. Read-only.';
 
+CREATE OR REPLACE FUNCTION respool._fit_node(p_resources jsonb, p_preemptible boolean, p_pool_id uuid,
+                                             p_policy_id uuid, p_request_id uuid DEFAULT NULL,
+                                             p_earmark_pool_id uuid DEFAULT NULL, p_selector jsonb DEFAULT '{}',
+                                             OUT fits boolean, OUT node_id uuid)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    fits := respool._blocker(p_resources, p_preemptible, p_pool_id, p_policy_id) IS NULL
+            AND respool._leaves_earmarks(p_resources, p_pool_id, p_request_id, p_earmark_pool_id);
+    IF fits AND p_selector IS NOT NULL AND respool._pool_has_nodes(p_pool_id) THEN
+        node_id := respool._node_for(p_pool_id, p_resources, p_selector, p_request_id);
+        fits := node_id IS NOT NULL;
+    END IF;
+END $$;
+COMMENT ON FUNCTION respool._fit_node(jsonb, boolean, uuid, uuid, uuid, uuid, jsonb) IS
+    'THE fit decision of every grant: fits is true when p_resources (preemptible or not) of the subject of policy p_policy_id fit what is free in pool p_pool_id now: admission rules 1-3 on the pool and policy counters (respool._blocker), the earmark rule (respool._leaves_earmarks; p_request_id / p_earmark_pool_id: the request''s id and earmark, NULL for a request of that shape not stored yet) and, in a pool with nodes, an active node matching p_selector with room for it: node_id, the node the grant goes to (respool._node_for; p_selector NULL: the node rule is left to the caller, which places a gang member by member). Without nodes, k requests of one shape fit together exactly when one of k times the need fits (every rule is "used + need <= bound"); with nodes, respool._node_slots bounds them. Read-only; the caller holds the pool lock for the answer to stay true.';
+
 CREATE OR REPLACE FUNCTION respool._fits(p_resources jsonb, p_preemptible boolean, p_pool_id uuid, p_policy_id uuid,
                                          p_request_id uuid DEFAULT NULL, p_earmark_pool_id uuid DEFAULT NULL,
                                          p_selector jsonb DEFAULT '{}')
 RETURNS boolean LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    RETURN respool._blocker(p_resources, p_preemptible, p_pool_id, p_policy_id) IS NULL
-           AND respool._leaves_earmarks(p_resources, p_pool_id, p_request_id, p_earmark_pool_id)
-           AND (p_selector IS NULL OR NOT respool._pool_has_nodes(p_pool_id)
-                OR respool._node_for(p_pool_id, p_resources, p_selector, p_request_id) IS NOT NULL);
+    RETURN (respool._fit_node(p_resources, p_preemptible, p_pool_id, p_policy_id, p_request_id, p_earmark_pool_id,
+                              p_selector)).fits;
 END $$;
 COMMENT ON FUNCTION respool._fits(jsonb, boolean, uuid, uuid, uuid, uuid, jsonb) IS
-    'THE fit decision of every grant: true when p_resources (preemptible or not) of the subject of policy p_policy_id fit what is free in pool p_pool_id now: admission rules 1-3 on the pool and policy counters (respool._blocker), the earmark rule (respool._leaves_earmarks; p_request_id / p_earmark_pool_id: the request''s id and earmark, NULL for a request of that shape not stored yet) and, in a pool with nodes, an active node matching p_selector with room for it (respool._node_for; p_selector NULL: the caller places a gang member by member itself). Without nodes, k requests of one shape fit together exactly when one of k times the need fits (every rule is "used + need <= bound"); with nodes, respool._node_slots bounds them. Read-only; the caller holds the pool lock for the answer to stay true.';
+    'respool._fit_node''s decision alone (true or false), for the set-based run''s bisection and read-only planners.';
 
 CREATE OR REPLACE FUNCTION respool._fits_room_unbounded(p_need jsonb, p_room jsonb)
 RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
@@ -217,7 +231,8 @@ END $$;
 COMMENT ON FUNCTION respool._move_units(uuid, uuid, jsonb, jsonb, integer) IS
     'Charges (p_sign 1) or returns (p_sign -1) units {key: n} on a pool''s counters and one policy''s counters (p_np: the non-preemptible part), one statement per table. A charge is guarded (used + n <= capacity / limit, or respool._max_total() for a counter nothing else bounds) and raises RP500 rather than over-allocate; a soft key the pool does not list gets an untracked counter, a key the policy does not bound a plain one. CHECK used >= 0 catches a double return.';
 
-CREATE OR REPLACE FUNCTION respool._place(p_pool_id uuid, p_policy_id uuid, p_granted respool.requests[])
+CREATE OR REPLACE FUNCTION respool._place(p_pool_id uuid, p_policy_id uuid, p_granted respool.requests[],
+                                          p_nodes uuid[] DEFAULT NULL)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     v_req respool.requests;
@@ -237,9 +252,12 @@ BEGIN
     END IF;
     -- The placement: one node each, in grant order (a gang member by member; with distinct_nodes
     -- never on a node another member of the same grant took).
-    FOREACH v_req IN ARRAY p_granted LOOP
-        v_node := respool._node_for(p_pool_id, v_req.resources, v_req.node_selector, v_req.id,
-                                    CASE WHEN v_req.distinct_nodes THEN v_gang_nodes ELSE '{}' END);
+    FOR i IN 1..cardinality(p_granted) LOOP
+        v_req := p_granted[i];
+        -- (a node respool._fit_node already chose for this grant, under the same lock)
+        v_node := coalesce(p_nodes[i],
+                           respool._node_for(p_pool_id, v_req.resources, v_req.node_selector, v_req.id,
+                                             CASE WHEN v_req.distinct_nodes THEN v_gang_nodes ELSE '{}' END));
         IF v_node IS NULL THEN
             RAISE EXCEPTION 'request % fits no node of pool % now', v_req.id, p_pool_id USING ERRCODE = 'RP501';
         END IF;
@@ -247,8 +265,8 @@ BEGIN
         v_gang_nodes := v_gang_nodes || v_node;
     END LOOP;
 END $$;
-COMMENT ON FUNCTION respool._place(uuid, uuid, respool.requests[]) IS
-    'Places requests the caller has just moved to allocated (in a pool it has locked, under one policy): charges their resources (np_charge: the non-preemptible part) on the pool''s and the policy''s counters in one guarded statement per table, RP500 rather than over-allocate; in a pool with nodes puts each, in order, on the node respool._node_for chooses and its first free devices (respool._place_on_node; gang members with distinct_nodes on different nodes), RP501 when one fits no node (a gang that cannot be placed member by member: the caller''s subtransaction takes it back). The caller checked respool._fits first. The counterpart is respool._unplace.';
+COMMENT ON FUNCTION respool._place(uuid, uuid, respool.requests[], uuid[]) IS
+    'Places requests the caller has just moved to allocated (in a pool it has locked, under one policy): charges their resources (np_charge: the non-preemptible part) on the pool''s and the policy''s counters in one guarded statement per table, RP500 rather than over-allocate; in a pool with nodes puts each, in order, on its node (p_nodes[i] when the caller''s respool._fit_node chose it, else the one respool._node_for chooses now) and its first free devices (respool._place_on_node; gang members with distinct_nodes on different nodes), RP501 when one fits no node (a gang that cannot be placed member by member: the caller''s subtransaction takes it back). The caller checked respool._fit_node first. The counterpart is respool._unplace.';
 
 CREATE OR REPLACE FUNCTION respool._unplace(p_request_id uuid)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -300,6 +318,9 @@ DECLARE
     v_spread boolean;
     v_mine uuid;
     v_earmarks boolean;
+    v_keys text[];
+    v_need bigint[];
+    v_hard integer;  -- keys of the request a node must track (non-soft keys)
 BEGIN
     SELECT placement = 'spread' INTO v_spread FROM respool.pools WHERE id = p_pool_id;
     IF p_request_id IS NOT NULL THEN
@@ -310,22 +331,25 @@ BEGIN
     v_earmarks := EXISTS (SELECT FROM respool.requests b
                            WHERE b.earmark_pool_id = p_pool_id AND b.status = 'queued'
                              AND b.earmark_node_id IS NOT NULL AND b.id IS DISTINCT FROM p_request_id);
+    SELECT array_agg(x.key), array_agg(x.value::bigint), count(*) FILTER (WHERE NOT respool._is_soft_key(x.key))
+      INTO v_keys, v_need, v_hard
+      FROM jsonb_each_text(p_resources) x WHERE x.value::bigint > 0;
+    -- One pass over the pool's active nodes and their counters of the request's keys: a node
+    -- fits when every key it tracks has room and it tracks every non-soft key.
     RETURN (
         SELECT n.id
           FROM respool.nodes n
-         CROSS JOIN LATERAL (
-                SELECT bool_and(CASE WHEN nr.key IS NULL THEN respool._is_soft_key(x.key)
-                                     ELSE nr.used + x.value::bigint <= nr.capacity END) AS fits,
-                       coalesce(sum(nr.capacity - nr.used) FILTER (WHERE nr.devices > 0), 0) AS device_free,
-                       coalesce(sum(nr.capacity - nr.used), 0) AS free
-                  FROM jsonb_each_text(p_resources) x
-                  LEFT JOIN respool.node_resources nr ON nr.node_id = n.id AND nr.key = x.key) f
+          LEFT JOIN respool.node_resources nr ON nr.node_id = n.id AND nr.key = ANY (v_keys)
          WHERE n.pool_id = p_pool_id AND n.state = 'active' AND n.id <> ALL (p_exclude)
-           AND respool._node_matches(n.name, n.labels, p_selector) AND f.fits
+           AND (p_selector = '{}' OR (n.labels || jsonb_build_object('node', n.name)) @> p_selector)
+         GROUP BY n.id, n.name
+        HAVING bool_and(nr.key IS NULL OR nr.used + v_need[array_position(v_keys, nr.key)] <= nr.capacity)
+           AND count(nr.key) FILTER (WHERE NOT respool._is_soft_key(nr.key)) = v_hard
            AND (NOT v_earmarks OR respool._node_leaves_earmarks(n.id, p_resources, p_request_id))
          ORDER BY n.id IS NOT DISTINCT FROM v_mine DESC,
-                  CASE WHEN v_spread THEN -f.device_free ELSE f.device_free END,
-                  CASE WHEN v_spread THEN -f.free ELSE f.free END,
+                  CASE WHEN v_spread THEN -1 ELSE 1 END
+                  * coalesce(sum(nr.capacity - nr.used) FILTER (WHERE nr.devices > 0), 0),
+                  CASE WHEN v_spread THEN -1 ELSE 1 END * coalesce(sum(nr.capacity - nr.used), 0),
                   n.name
          LIMIT 1);
 END $$;

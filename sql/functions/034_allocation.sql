@@ -14,7 +14,8 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION respool._sum_units(jsonb[]) IS 'The key-wise sum of unit maps {key: n}.';
 
-CREATE OR REPLACE FUNCTION respool._grant_many(p_ids uuid[], p_pool_id uuid, p_policy_id uuid, p_now timestamptz)
+CREATE OR REPLACE FUNCTION respool._grant_many(p_ids uuid[], p_pool_id uuid, p_policy_id uuid, p_now timestamptz,
+                                               p_nodes uuid[] DEFAULT NULL)
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     v_pool_name text := (SELECT name FROM respool.pools WHERE id = p_pool_id);
@@ -42,18 +43,19 @@ BEGIN
         RAISE EXCEPTION 'granting % requests in pool %: only % of them were queued', cardinality(p_ids), p_pool_id,
             cardinality(v_granted) USING ERRCODE = 'RP500';
     END IF;
-    PERFORM respool._place(p_pool_id, p_policy_id, v_granted);
+    PERFORM respool._place(p_pool_id, p_policy_id, v_granted, p_nodes);
     DELETE FROM respool.queue_entries WHERE request_id = ANY (p_ids);
     PERFORM respool._record_events(v_granted, 'queued', p_now);
     RETURN cardinality(v_granted);
 END $$;
-COMMENT ON FUNCTION respool._grant_many(uuid[], uuid, uuid, timestamptz) IS
-    'Moves queued requests the caller has locked (in a pool it has locked, under one policy) to allocated, set-based: placed and charged by respool._place (one guarded statement per counter table, RP500 on a would-be over-allocation), every queue left, leases and runtime caps (max_seconds) started, one row version, event and NOTIFY each. Returns how many (all of p_ids, else RP500).';
+COMMENT ON FUNCTION respool._grant_many(uuid[], uuid, uuid, timestamptz, uuid[]) IS
+    'Moves queued requests the caller has locked (in a pool it has locked, under one policy) to allocated, set-based: placed (p_nodes: the nodes respool._fit_node chose, one per id in queue order) and charged by respool._place (one guarded statement per counter table, RP500 on a would-be over-allocation), every queue left, leases and runtime caps (max_seconds) started, one row version, event and NOTIFY each. Returns how many (all of p_ids, else RP500).';
 
 CREATE OR REPLACE FUNCTION respool._try_grant(p_request_id uuid, p_pool_id uuid, p_policy_id uuid, p_now timestamptz)
 RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     r respool.requests;
+    f record;
 BEGIN
     -- Admission is decided before the row lock: it depends only on the request's fixed resources
     -- and on this pool's counters, which the caller's pool lock holds still. A blocked request is
@@ -66,8 +68,9 @@ BEGIN
         r := respool._queued_as(p_request_id);  -- the gang as one request of the sum (docs/scheduling.md)
     END IF;
     -- (A gang stands in with its members' sum: its nodes are chosen member by member below.)
-    IF NOT respool._fits(r.resources, r.preemptible, p_pool_id, p_policy_id, r.id, r.earmark_pool_id,
-                         CASE WHEN r.gang_id IS NULL THEN r.node_selector END) THEN
+    f := respool._fit_node(r.resources, r.preemptible, p_pool_id, p_policy_id, r.id, r.earmark_pool_id,
+                           CASE WHEN r.gang_id IS NULL THEN r.node_selector END);
+    IF NOT f.fits THEN
         RETURN 'blocked';
     END IF;
     IF NOT respool._lock_queued(p_request_id) THEN
@@ -76,7 +79,7 @@ BEGIN
                     THEN 'locked' ELSE 'gone' END;
     END IF;
     IF r.gang_id IS NULL THEN
-        PERFORM respool._grant_many(ARRAY[p_request_id], p_pool_id, p_policy_id, p_now);
+        PERFORM respool._grant_many(ARRAY[p_request_id], p_pool_id, p_policy_id, p_now, ARRAY[f.node_id]);
         RETURN 'granted';
     END IF;
     -- A gang: every member, in this transaction, at the same instant, in this pool. In a pool
@@ -93,7 +96,7 @@ BEGIN
     RETURN 'granted';
 END $$;
 COMMENT ON FUNCTION respool._try_grant(uuid, uuid, uuid, timestamptz) IS
-    'Grants one queued request in a pool whose row the caller has locked, if admissible (respool._fits, a node included in a pool with nodes): granted | blocked | locked | gone. A gang''s queue entry grants every member together when their sum fits and, in a pool with nodes, every member finds a node (distinct ones with distinct_nodes), or none (docs/scheduling.md, gangs; docs/placement.md).';
+    'Grants one queued request in a pool whose row the caller has locked, if admissible (respool._fit_node, a node included in a pool with nodes, placed there): granted | blocked | locked | gone. A gang''s queue entry grants every member together when their sum fits and, in a pool with nodes, every member finds a node (distinct ones with distinct_nodes), or none (docs/scheduling.md, gangs; docs/placement.md).';
 
 CREATE OR REPLACE FUNCTION respool._scale_units(p_units jsonb, p_times integer)
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$

@@ -1,10 +1,11 @@
 """The placement seam is the only path (docs/engine.md, "The placement seam").
 
-Every grant asks ``respool._fits`` whether it fits, places through ``respool._place`` and gives its
-units back through ``respool._unplace``. These tests replace the seam's functions inside the test's
-own database (as the broken twins of ``support.twins`` do) and check that every grant path obeys
-the replacement: if a path kept its own fit test or its own counter arithmetic, it would grant
-past a ``_fits`` that refuses everything, or grant / give back units the recording seam never saw.
+Every grant asks ``respool._fit_node`` whether (and on which node) it fits, places through
+``respool._place`` and gives its units back through ``respool._unplace``. These tests replace the
+seam's functions inside the test's own database (as the broken twins of ``support.twins`` do)
+and check that every grant path obeys the replacement: if a path kept its own fit test or its
+own counter arithmetic, it would grant past a ``_fit_node`` that refuses everything, or grant /
+give back units the recording seam never saw.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import pytest
 
 from app.db import requests as db_requests
 
-FITS = "respool._fits(jsonb, boolean, uuid, uuid, uuid, uuid, jsonb)"
-PLACE = "respool._place(uuid, uuid, respool.requests[])"
+FITS = "respool._fit_node(jsonb, boolean, uuid, uuid, uuid, uuid, jsonb)"
+PLACE = "respool._place(uuid, uuid, respool.requests[], uuid[])"
 UNPLACE = "respool._unplace(uuid)"
 
 
@@ -31,7 +32,7 @@ async def _replace(conn: asyncpg.Connection, function: str, old: str, new: str) 
 
 
 async def _refuse_everything(conn: asyncpg.Connection) -> None:
-    await _replace(conn, FITS, "RETURN respool._blocker(", "RETURN false AND respool._blocker(")
+    await _replace(conn, FITS, "fits := respool._blocker(", "fits := false AND respool._blocker(")
 
 
 async def _dev_and_prod(conn: asyncpg.Connection) -> None:
@@ -91,7 +92,8 @@ async def _record_placements(conn: asyncpg.Connection) -> None:
         conn,
         UNPLACE,
         "    DELETE FROM respool.placements",
-        "    INSERT INTO pg_temp.unplaced VALUES (p_request_id);\n    DELETE FROM respool.placements",
+        "    INSERT INTO pg_temp.unplaced VALUES (p_request_id);\n"
+        "    DELETE FROM respool.placements",
     )
 
 
