@@ -308,7 +308,7 @@ SUBJECT_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,127}$"
 NODE_NAME_PATTERN = POOL_NAME_PATTERN
 LABEL_KEY_PATTERN = "^[a-z0-9][a-z0-9._/-]{0,62}$"
 # A label value: up to 63 printable characters (no control characters).
-LABEL_VALUE_PATTERN = "^[^\\u0000-\\u001f\\u007f]{0,63}$"
+LABEL_VALUE_PATTERN = "^[^\\x01-\\x1f\\x7f]{0,63}$"
 MAX_DEVICE_ID = 128  # characters of one device id (a GPU UUID or MIG id fits)
 # settings.memory: group 1 the number, group 2 the unit.
 MEMORY_PATTERN = "^\\s*([0-9]+(?:\\.[0-9]+)?)\\s*(KB|MB|GB|TB|PB|KiB|MiB|GiB|TiB|PiB)\\s*$"

@@ -72,3 +72,7 @@ COMMENT ON FUNCTION respool._label_key_pattern() IS 'A node label''s name (docs/
 CREATE OR REPLACE FUNCTION respool._label_value_pattern()
 RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT '^[^\x01-\x1f\x7f]{0,63}$' $$;
 COMMENT ON FUNCTION respool._label_value_pattern() IS 'A node label''s value: at most 63 printable characters (no control characters).';
+
+CREATE OR REPLACE FUNCTION respool._max_device_id()
+RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 128 $$;
+COMMENT ON FUNCTION respool._max_device_id() IS 'The longest device id, in characters (a GPU UUID or a MIG id fits).';

@@ -303,11 +303,11 @@ COMMENT ON FUNCTION respool._pool_has_nodes(uuid) IS
     'True when the pool is backed by nodes (any state): its grants are placed on nodes (docs/placement.md). One index probe.';
 
 CREATE OR REPLACE FUNCTION respool._node_matches(p_name text, p_labels jsonb, p_selector jsonb)
-RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
-BEGIN
-    RETURN p_selector IS NULL OR p_selector = '{}'
-        OR (p_labels || jsonb_build_object('node', p_name)) @> p_selector;
-END $$;
+RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    -- (SQL, so that the planner inlines it into the queries over a pool's nodes)
+    SELECT p_selector IS NULL OR p_selector = '{}'
+        OR (p_labels || jsonb_build_object('node', p_name)) @> p_selector
+$$;
 COMMENT ON FUNCTION respool._node_matches(text, jsonb, jsonb) IS
     'True when a node (name, labels) carries every label of the selector {label: value}; the built-in label node is its name. An empty or NULL selector matches every node.';
 

@@ -8,10 +8,6 @@
 
 -- --- validation (pure) -------------------------------------------------------------------------
 
-CREATE OR REPLACE FUNCTION respool._max_device_id()
-RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 128 $$;
-COMMENT ON FUNCTION respool._max_device_id() IS 'The longest device id, in characters (a GPU UUID or a MIG id fits).';
-
 CREATE OR REPLACE FUNCTION respool._body_fields(p_body jsonb, p_allowed text[], p_what text)
 RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE

@@ -254,6 +254,16 @@ END $$;
 COMMENT ON FUNCTION respool._enforce_node_changes(uuid, timestamptz) IS
     'Nodes of a pool (docs/placement.md), pool locked: on a node whose usage passes a shrunk capacity, preempts the minimal set of its holders that makes it fit (reason capacity_shrink; victims in their grace period count as gone); on a draining node, preempts every preemptible holder (reason node_drain, the pool''s grace period; non-preemptible holders finish on their own). Returns how many were preempted.';
 
+CREATE OR REPLACE FUNCTION respool._victims_at_least(p_deficit jsonb, p_held jsonb[])
+RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT coalesce(max(ceil(d.value::numeric / nullif(h.most, 0)))::integer, 0)
+      FROM jsonb_each_text(p_deficit) d
+     CROSS JOIN LATERAL (SELECT max((x ->> d.key)::bigint) AS most FROM unnest(p_held) x) h
+     WHERE d.value::bigint > 0
+$$;
+COMMENT ON FUNCTION respool._victims_at_least(jsonb, jsonb[]) IS
+    'A lower bound on the victims a deficit {key: units missing} needs, given the candidates'' held units: per missing key, the missing units over the most one candidate holds of it, rounded up; the largest over the keys. Read-only.';
+
 CREATE OR REPLACE FUNCTION respool._choose_node_victims(p_pool_id uuid, p_request respool.requests, p_policy_id uuid,
                                                         p_mode text, OUT node_id uuid, OUT victims uuid[])
 LANGUAGE plpgsql STABLE AS $$
@@ -261,62 +271,112 @@ DECLARE
     v_priority integer := (SELECT priority FROM respool.policies WHERE id = p_policy_id);
     over jsonb;
     nd record;
-    deficit jsonb;
-    v_ids uuid[];
-    v_policies uuid[];
-    v_held jsonb[];
-    v_prios integer[];
     m record;
     v_count integer;
     v_top integer;
     best_count integer;
     best_top integer;
+    v_keys text[];
+    v_need bigint[];
+    v_hard integer;  -- keys of the request a node must track (non-soft keys)
 BEGIN
+    SELECT array_agg(x.key), array_agg(x.value::bigint), count(*) FILTER (WHERE NOT respool._is_soft_key(x.key))
+      INTO v_keys, v_need, v_hard
+      FROM jsonb_each_text(p_request.resources) x WHERE x.value::bigint > 0;
     SELECT coalesce(jsonb_object_agg(u.policy_id || '/' || u.key, u.used - u.leaving - u.reserved), '{}')
       INTO over
       FROM respool._usage(p_pool_id) u
      WHERE u.policy_id IS NOT NULL AND p_request.resources ? u.key;
-    -- Each active matching node that could ever hold the request: what it lacks now (victims in
-    -- their grace period gone, units earmarked there for others taken), and the minimal set of
-    -- eligible victims placed on it that covers that.
-    FOR nd IN SELECT n.id, n.name FROM respool.nodes n
-               WHERE n.pool_id = p_pool_id AND n.state = 'active'
-                 AND respool._node_matches(n.name, n.labels, p_request.node_selector)
-                 AND NOT EXISTS (SELECT FROM jsonb_each_text(p_request.resources) x
-                                   LEFT JOIN respool.node_resources nr ON nr.node_id = n.id AND nr.key = x.key
-                                  WHERE CASE WHEN nr.key IS NULL THEN NOT respool._is_soft_key(x.key)
-                                             ELSE x.value::bigint > nr.capacity END)
-               ORDER BY n.name LOOP
-        SELECT jsonb_object_agg(nr.key, nr.used - coalesce((l.units ->> nr.key)::bigint, 0)
-                                        + coalesce((SELECT sum((b.resources ->> nr.key)::bigint) FROM respool.requests b
-                                                     WHERE b.earmark_node_id = nd.id AND b.status = 'queued'
-                                                       AND b.id <> p_request.id), 0)
-                                        + x.value::bigint - nr.capacity)
-          INTO deficit
-          FROM jsonb_each_text(p_request.resources) x
-          JOIN respool.node_resources nr ON nr.node_id = nd.id AND nr.key = x.key
-         CROSS JOIN (SELECT respool._node_leaving(nd.id) AS units) l;
-        IF deficit IS NULL OR NOT respool._any_over(deficit) THEN
+    -- Every active matching node that could ever hold the request, with what it lacks now
+    -- (victims in their grace period gone, units earmarked there for others taken) and its
+    -- eligible victims in victim order, read set-based; nodes in name order.
+    FOR nd IN
+        WITH need AS MATERIALIZED (
+            SELECT x.key, x.value::bigint AS n FROM jsonb_each_text(p_request.resources) x WHERE x.value::bigint > 0
+        ), cand AS MATERIALIZED (
+            SELECT n.id, n.name FROM respool.nodes n
+              LEFT JOIN respool.node_resources nr ON nr.node_id = n.id AND nr.key = ANY (v_keys)
+             WHERE n.pool_id = p_pool_id AND n.state = 'active'
+               AND respool._node_matches(n.name, n.labels, p_request.node_selector)
+             GROUP BY n.id, n.name
+            HAVING bool_and(nr.key IS NULL OR v_need[array_position(v_keys, nr.key)] <= nr.capacity)
+               AND count(nr.key) FILTER (WHERE NOT respool._is_soft_key(nr.key)) = v_hard
+        ), moving AS MATERIALIZED (
+            -- units leaving (victims in their grace period, counted as gone: negative) and units
+            -- earmarked for other requests (counted as taken) per node and key
+            SELECT mu.node_id, mu.key, sum(mu.n) AS n FROM (
+                SELECT pl.node_id, x.key, -x.value::bigint AS n
+                  FROM respool.requests v JOIN respool.placements pl ON pl.request_id = v.id
+                 CROSS JOIN LATERAL jsonb_each_text(pl.resources) x
+                 WHERE v.pool_id = p_pool_id AND v.status = 'preempting'
+                UNION ALL
+                SELECT b.earmark_node_id, x.key, x.value::bigint
+                  FROM respool.requests b CROSS JOIN LATERAL jsonb_each_text(b.resources) x
+                 WHERE b.earmark_pool_id = p_pool_id AND b.status = 'queued' AND b.earmark_node_id IS NOT NULL
+                   AND b.id <> p_request.id) mu
+             GROUP BY mu.node_id, mu.key
+        ), deficits AS MATERIALIZED (
+            SELECT c.id, c.name,
+                   jsonb_object_agg(nr.key, nr.used + need.n - nr.capacity + coalesce(mv.n, 0)) AS deficit
+              FROM cand c
+              JOIN respool.node_resources nr ON nr.node_id = c.id
+              JOIN need ON need.key = nr.key
+              LEFT JOIN moving mv ON mv.node_id = c.id AND mv.key = nr.key
+             GROUP BY c.id, c.name
+        ), units AS MATERIALIZED (
+            -- eligible victims placed on candidate nodes, a gang one unit (its lowest-id member)
+            -- holding what its members hold on that node
+            SELECT pl.node_id, u.unit_id AS id, (array_agg(q.policy_id))[1] AS policy_id, min(p.priority) AS priority,
+                   CASE WHEN count(*) = 1 THEN (array_agg(pl.resources))[1]
+                        ELSE respool._sum_units(array_agg(pl.resources)) END AS held,
+                   min(q.allocated_at) AS allocated_at
+              FROM respool.placements pl
+              JOIN respool.requests q ON q.id = pl.request_id
+              JOIN respool.policies p ON p.id = q.policy_id
+             CROSS JOIN LATERAL (
+                    SELECT CASE WHEN q.gang_id IS NULL THEN q.id
+                                ELSE (SELECT g.id FROM respool.requests g
+                                       WHERE g.gang_id = q.gang_id AND g.status = 'allocated' ORDER BY g.id LIMIT 1)
+                           END AS unit_id) u
+             WHERE pl.node_id IN (SELECT id FROM cand) AND q.status = 'allocated' AND q.preemptible
+               AND CASE p_mode
+                     WHEN 'reclaim' THEN q.policy_id <> p_policy_id OR NOT p_request.preemptible
+                     ELSE p.priority < v_priority AND q.policy_id <> p_policy_id END
+             GROUP BY pl.node_id, u.unit_id
+        )
+        SELECT d.id, d.name, d.deficit,
+               array_agg(u.id ORDER BY (u.policy_id = p_policy_id) DESC, u.priority, u.allocated_at DESC, u.id DESC)
+                   FILTER (WHERE u.id IS NOT NULL) AS ids,
+               array_agg(u.policy_id ORDER BY (u.policy_id = p_policy_id) DESC, u.priority, u.allocated_at DESC, u.id DESC)
+                   FILTER (WHERE u.id IS NOT NULL) AS policies,
+               array_agg(u.held ORDER BY (u.policy_id = p_policy_id) DESC, u.priority, u.allocated_at DESC, u.id DESC)
+                   FILTER (WHERE u.id IS NOT NULL) AS held,
+               array_agg(u.priority ORDER BY (u.policy_id = p_policy_id) DESC, u.priority, u.allocated_at DESC, u.id DESC)
+                   FILTER (WHERE u.id IS NOT NULL) AS prios
+          FROM deficits d LEFT JOIN units u ON u.node_id = d.id
+         GROUP BY d.id, d.name, d.deficit
+         ORDER BY d.name
+    LOOP
+        IF NOT respool._any_over(nd.deficit) THEN
             node_id := nd.id;
             victims := '{}';
             RETURN;  -- fits this node already: nothing to preempt
         END IF;
-        SELECT array_agg(u.id ORDER BY (u.policy_id = p_policy_id) DESC, u.priority, u.allocated_at DESC, u.id DESC),
-               array_agg(u.policy_id ORDER BY (u.policy_id = p_policy_id) DESC, u.priority, u.allocated_at DESC, u.id DESC),
-               array_agg(u.resources ORDER BY (u.policy_id = p_policy_id) DESC, u.priority, u.allocated_at DESC, u.id DESC),
-               array_agg(u.priority ORDER BY (u.policy_id = p_policy_id) DESC, u.priority, u.allocated_at DESC, u.id DESC)
-          INTO v_ids, v_policies, v_held, v_prios
-          FROM respool._victim_units(p_pool_id, nd.id) u
-         WHERE CASE p_mode
-                 WHEN 'reclaim' THEN u.policy_id <> p_policy_id OR NOT p_request.preemptible
-                 ELSE u.priority < v_priority AND u.policy_id <> p_policy_id END;
-        CONTINUE WHEN v_ids IS NULL;
-        m := respool._minimal_victims(v_ids, v_policies, v_held, deficit, over, p_policy_id);
+        CONTINUE WHEN nd.ids IS NULL;
+        -- (a node where even all eligible victims fall short, or that needs more victims than the
+        -- best so far, or as many with no lower top priority, cannot win: skip the walk)
+        CONTINUE WHEN respool._any_over(respool._take_units(nd.deficit, respool._sum_units(nd.held), 1));
+        v_count := respool._victims_at_least(nd.deficit, nd.held);
+        CONTINUE WHEN best_count IS NOT NULL
+                  AND (v_count > best_count
+                       OR (v_count = best_count
+                           AND (SELECT min(x) FROM unnest(nd.prios) x) >= best_top));
+        m := respool._minimal_victims(nd.ids, nd.policies, nd.held, nd.deficit, over, p_policy_id);
         CONTINUE WHEN NOT m.covered;
         -- The smallest set: fewest victims, then the lowest top victim priority, then the node's
         -- name (nodes come in name order: a tie keeps the first).
         v_count := cardinality(m.victims);
-        v_top := (SELECT max(v_prios[i]) FROM generate_subscripts(v_ids, 1) i WHERE v_ids[i] = ANY (m.victims));
+        v_top := (SELECT max(nd.prios[i]) FROM generate_subscripts(nd.ids, 1) i WHERE nd.ids[i] = ANY (m.victims));
         IF best_count IS NULL OR (v_count, v_top) < (best_count, best_top) THEN
             best_count := v_count;
             best_top := v_top;
