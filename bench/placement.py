@@ -684,6 +684,10 @@ async def _measure(args: argparse.Namespace) -> PlacementResults:
     return out
 
 
+def _s(n: float) -> str:
+    return "" if n == 1 else "s"
+
+
 def _minutes(m: float | None) -> str:
     return "–" if m is None else f"{m:,.0f}"
 
@@ -699,7 +703,7 @@ def rows(r: PlacementResults) -> list[list[str]]:
         for n in c.clients:
             k = c.ratio(n)
             out.append([
-                f"cycles/s, {n} client{'s' if n > 1 else ''}: nodes ÷ abstract",
+                f"cycles/s, {n} client{_s(n)}: nodes ÷ abstract",
                 f"{c.nodes[n].fmt()} / {c.abstract[n].fmt()} = {k:.2f} ×",
                 f"≥ {TARGETS['cycles']}",
                 _verdict(k >= TARGETS["cycles"]),
@@ -734,7 +738,7 @@ def rows(r: PlacementResults) -> list[list[str]]:
             victims: Spread = getattr(p, f"{name}_victims")
             out.append([
                 f"preempting pass, {label} ({p.gpus} GPUs, {p.wanted} wanted), p50 / p90",
-                f"{p50:.1f} / {p90:.1f} ms ({victims.median:.0f} victims)",
+                f"{p50:.1f} / {p90:.1f} ms ({victims.median:g} victim{_s(victims.median)})",
                 f"≤ {TARGETS['preemption_ms']:.0f} ms" if name == "node" else "–",
                 _verdict(p90 <= TARGETS["preemption_ms"]) if name == "node" else "",
             ])  # fmt: skip
