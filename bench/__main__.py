@@ -3,7 +3,8 @@
 ``python -m bench all`` runs every scenario against one durable PostgreSQL server in one run and
 writes the report; ``python -m bench <scenario>`` runs one and prints its figures as JSON;
 ``python -m bench wake`` is the stand-alone wake-latency benchmark (docs/api.md);
-``python -m bench eta`` measures the ETA accuracy on a replayed trace (docs/scheduling.md, "ETA").
+``python -m bench eta`` measures the ETA accuracy on a replayed trace (docs/scheduling.md, "ETA");
+``python -m bench placement`` measures pools backed by nodes (docs/placement.md).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from bench import baseline, batch, cycles, dashboard, eta, gang, suite, sweep, wake
+from bench import baseline, batch, cycles, dashboard, eta, gang, placement, suite, sweep, wake
 
 ONE = {
     "cycles": cycles.SUMMARY,
@@ -27,7 +28,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     wake.add_arguments(commands.add_parser("wake", help=wake.SUMMARY, description=wake.SUMMARY))
-    for mod, name in ((baseline, "baseline"), (batch, "batch"), (gang, "gang"), (sweep, "sweep")):
+    for mod, name in (
+        (baseline, "baseline"),
+        (batch, "batch"),
+        (gang, "gang"),
+        (sweep, "sweep"),
+        (placement, "placement"),
+    ):
         mod.add_arguments(commands.add_parser(name, help=mod.SUMMARY, description=mod.SUMMARY))
     dashboard.add_arguments(
         commands.add_parser("dashboard", help=dashboard.SUMMARY, description=dashboard.SUMMARY)
@@ -48,12 +55,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return dashboard.run(args)
     if args.command == "eta":
         return eta.run(args)
-    if args.command in ("baseline", "batch", "gang", "sweep"):
+    if args.command in ("baseline", "batch", "gang", "sweep", "placement"):
         runner: Callable[[argparse.Namespace], int] = {
             "baseline": baseline.run,
             "batch": batch.run,
             "gang": gang.run,
             "sweep": sweep.run,
+            "placement": placement.run,
         }[args.command]
         return runner(args)
     if args.command == "all":
