@@ -45,6 +45,13 @@ BEGIN
     IF coalesce(cardinality(v_needs), 0) = 0 THEN
         v_needs := ARRAY[p_resources];
         v_distinct := false;
+        -- The common case first: one matching node that could hold it, found by probing nodes
+        -- until one does (in a pool of alike machines, the first).
+        IF EXISTS (SELECT FROM respool.nodes n
+                    WHERE n.pool_id = p_pool_id AND respool._node_matches(n.name, n.labels, p_selector)
+                      AND respool._node_could_hold(n.id, p_resources)) THEN
+            RETURN;
+        END IF;
     END IF;
     SELECT count(*) INTO v_matching FROM respool.nodes n
      WHERE n.pool_id = p_pool_id AND respool._node_matches(n.name, n.labels, p_selector);

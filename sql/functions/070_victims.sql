@@ -229,7 +229,13 @@ DECLARE
     v_id uuid;
     n integer := 0;
 BEGIN
-    FOR nd IN SELECT id, name, state FROM respool.nodes WHERE pool_id = p_pool_id ORDER BY name LOOP
+    -- Only nodes with something to do: draining, or a counter above its capacity.
+    FOR nd IN SELECT n.id, n.name, n.state FROM respool.nodes n
+               WHERE n.pool_id = p_pool_id
+                 AND (n.state = 'draining'
+                      OR EXISTS (SELECT FROM respool.node_resources nr
+                                  WHERE nr.node_id = n.id AND nr.used > nr.capacity))
+               ORDER BY n.name LOOP
         -- A shrunk node (I5): the minimal set on that node, victims leaving counted as gone.
         SELECT jsonb_object_agg(nr.key, nr.used - coalesce((l.units ->> nr.key)::bigint, 0) - nr.capacity),
                format('preempted: node %s capacity of ', nd.name)
@@ -254,16 +260,6 @@ END $$;
 COMMENT ON FUNCTION respool._enforce_node_changes(uuid, timestamptz) IS
     'Nodes of a pool (docs/placement.md), pool locked: on a node whose usage passes a shrunk capacity, preempts the minimal set of its holders that makes it fit (reason capacity_shrink; victims in their grace period count as gone); on a draining node, preempts every preemptible holder (reason node_drain, the pool''s grace period; non-preemptible holders finish on their own). Returns how many were preempted.';
 
-CREATE OR REPLACE FUNCTION respool._victims_at_least(p_deficit jsonb, p_held jsonb[])
-RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT coalesce(max(ceil(d.value::numeric / nullif(h.most, 0)))::integer, 0)
-      FROM jsonb_each_text(p_deficit) d
-     CROSS JOIN LATERAL (SELECT max((x ->> d.key)::bigint) AS most FROM unnest(p_held) x) h
-     WHERE d.value::bigint > 0
-$$;
-COMMENT ON FUNCTION respool._victims_at_least(jsonb, jsonb[]) IS
-    'A lower bound on the victims a deficit {key: units missing} needs, given the candidates'' held units: per missing key, the missing units over the most one candidate holds of it, rounded up; the largest over the keys. Read-only.';
-
 CREATE OR REPLACE FUNCTION respool._choose_node_victims(p_pool_id uuid, p_request respool.requests, p_policy_id uuid,
                                                         p_mode text, OUT node_id uuid, OUT victims uuid[])
 LANGUAGE plpgsql STABLE AS $$
@@ -276,6 +272,7 @@ DECLARE
     v_top integer;
     best_count integer;
     best_top integer;
+    best_name text;
     v_keys text[];
     v_need bigint[];
     v_hard integer;  -- keys of the request a node must track (non-soft keys)
@@ -343,8 +340,23 @@ BEGIN
                      WHEN 'reclaim' THEN q.policy_id <> p_policy_id OR NOT p_request.preemptible
                      ELSE p.priority < v_priority AND q.policy_id <> p_policy_id END
              GROUP BY pl.node_id, u.unit_id
+        ), held_on_node AS MATERIALIZED (
+            SELECT u.node_id, h.key, sum(h.value::bigint) AS total, max(h.value::bigint) AS most
+              FROM units u CROSS JOIN LATERAL jsonb_each_text(u.held) h
+             GROUP BY u.node_id, h.key
+        ), pricing AS MATERIALIZED (
+            -- per node with units missing: whether all its eligible victims cover them, and a
+            -- lower bound on how many victims that takes (per missing key, the units missing
+            -- over the most one victim holds, rounded up)
+            SELECT d.id, bool_and(coalesce(hn.total, 0) >= x.value::bigint) AS coverable,
+                   max(ceil(x.value::numeric / nullif(hn.most, 0)))::integer AS at_least
+              FROM deficits d
+             CROSS JOIN LATERAL jsonb_each_text(d.deficit) x
+              LEFT JOIN held_on_node hn ON hn.node_id = d.id AND hn.key = x.key
+             WHERE x.value::bigint > 0
+             GROUP BY d.id
         )
-        SELECT d.id, d.name, d.deficit,
+        SELECT d.id, d.name, d.deficit, pr.coverable, pr.at_least, min(u.priority) AS lowest,
                array_agg(u.id ORDER BY (u.policy_id = p_policy_id) DESC, u.priority, u.allocated_at DESC, u.id DESC)
                    FILTER (WHERE u.id IS NOT NULL) AS ids,
                array_agg(u.policy_id ORDER BY (u.policy_id = p_policy_id) DESC, u.priority, u.allocated_at DESC, u.id DESC)
@@ -353,33 +365,31 @@ BEGIN
                    FILTER (WHERE u.id IS NOT NULL) AS held,
                array_agg(u.priority ORDER BY (u.policy_id = p_policy_id) DESC, u.priority, u.allocated_at DESC, u.id DESC)
                    FILTER (WHERE u.id IS NOT NULL) AS prios
-          FROM deficits d LEFT JOIN units u ON u.node_id = d.id
-         GROUP BY d.id, d.name, d.deficit
-         ORDER BY d.name
+          FROM deficits d LEFT JOIN pricing pr ON pr.id = d.id LEFT JOIN units u ON u.node_id = d.id
+         GROUP BY d.id, d.name, d.deficit, pr.coverable, pr.at_least
+         -- nodes that fit already first, then by the lower bound: the walk can stop early
+         ORDER BY pr.at_least IS NOT NULL, pr.at_least, d.name
     LOOP
         IF NOT respool._any_over(nd.deficit) THEN
             node_id := nd.id;
             victims := '{}';
             RETURN;  -- fits this node already: nothing to preempt
         END IF;
-        CONTINUE WHEN nd.ids IS NULL;
-        -- (a node where even all eligible victims fall short, or that needs more victims than the
-        -- best so far, or as many with no lower top priority, cannot win: skip the walk)
-        CONTINUE WHEN respool._any_over(respool._take_units(nd.deficit, respool._sum_units(nd.held), 1));
-        v_count := respool._victims_at_least(nd.deficit, nd.held);
-        CONTINUE WHEN best_count IS NOT NULL
-                  AND (v_count > best_count
-                       OR (v_count = best_count
-                           AND (SELECT min(x) FROM unnest(nd.prios) x) >= best_top));
+        CONTINUE WHEN nd.ids IS NULL OR NOT nd.coverable;  -- even all its eligible victims fall short
+        -- A node's set is at least (at_least victims, top priority >= its lowest, its name): once
+        -- that cannot beat the best set, skip the node; nodes come by at_least, so once at_least
+        -- passes the best count no later node can win.
+        EXIT WHEN best_count IS NOT NULL AND nd.at_least > best_count;
+        CONTINUE WHEN best_count IS NOT NULL AND (nd.at_least, nd.lowest, nd.name) >= (best_count, best_top, best_name);
         m := respool._minimal_victims(nd.ids, nd.policies, nd.held, nd.deficit, over, p_policy_id);
         CONTINUE WHEN NOT m.covered;
-        -- The smallest set: fewest victims, then the lowest top victim priority, then the node's
-        -- name (nodes come in name order: a tie keeps the first).
+        -- The smallest set: fewest victims, then the lowest top victim priority, then the node's name.
         v_count := cardinality(m.victims);
         v_top := (SELECT max(nd.prios[i]) FROM generate_subscripts(nd.ids, 1) i WHERE nd.ids[i] = ANY (m.victims));
-        IF best_count IS NULL OR (v_count, v_top) < (best_count, best_top) THEN
+        IF best_count IS NULL OR (v_count, v_top, nd.name) < (best_count, best_top, best_name) THEN
             best_count := v_count;
             best_top := v_top;
+            best_name := nd.name;
             node_id := nd.id;
             victims := m.victims;
         END IF;
