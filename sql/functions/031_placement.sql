@@ -403,23 +403,23 @@ CREATE OR REPLACE FUNCTION respool._place_on_node(p_request respool.requests, p_
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     v_units jsonb;
-    v_tracked integer;
-    v_moved integer;
+    v_over boolean;
     v_named bigint;
     v_taken integer;
 BEGIN
-    -- The units charged on the node: the request's keys the node tracks.
-    SELECT coalesce(jsonb_object_agg(x.key, x.value::bigint), '{}'), count(*),
-           coalesce(sum(x.value::bigint) FILTER (WHERE nr.devices > 0), 0)
-      INTO v_units, v_tracked, v_named
-      FROM jsonb_each_text(p_request.resources) x
-      JOIN respool.node_resources nr ON nr.node_id = p_node_id AND nr.key = x.key;
-    -- Guarded like the pool's counters: a charge past a node's capacity moves fewer rows and fails.
-    UPDATE respool.node_resources nr SET used = nr.used + x.value::bigint
-      FROM jsonb_each_text(v_units) x
-     WHERE nr.node_id = p_node_id AND nr.key = x.key AND nr.used + x.value::bigint <= nr.capacity;
-    GET DIAGNOSTICS v_moved = ROW_COUNT;
-    IF v_moved < v_tracked THEN
+    -- The charge: the request's units of the keys the node tracks, on the node's counters, in one
+    -- statement. A charge that passes a capacity raises below and the transaction rolls back:
+    -- a bug fails loudly instead of over-allocating.
+    WITH charged AS (
+        UPDATE respool.node_resources nr SET used = nr.used + x.value::bigint
+          FROM jsonb_each_text(p_request.resources) x
+         WHERE nr.node_id = p_node_id AND nr.key = x.key
+        RETURNING nr.key, x.value::bigint AS n, nr.used > nr.capacity AS over, nr.devices > 0 AS named)
+    SELECT coalesce(jsonb_object_agg(c.key, c.n), '{}'), coalesce(bool_or(c.over), false),
+           coalesce(sum(c.n) FILTER (WHERE c.named), 0)
+      INTO v_units, v_over, v_named
+      FROM charged c;
+    IF v_over THEN
         RAISE EXCEPTION 'placing request % on node %: % would pass the node''s capacity', p_request.id, p_node_id, v_units
             USING ERRCODE = 'RP500';
     END IF;
@@ -444,4 +444,4 @@ BEGIN
     INSERT INTO respool.placements (request_id, node_id, resources) VALUES (p_request.id, p_node_id, v_units);
 END $$;
 COMMENT ON FUNCTION respool._place_on_node(respool.requests, uuid) IS
-    'Charges a granted request on one node: its units of the keys the node tracks on the node''s counters (guarded: used + n <= capacity, RP500 otherwise), the first free device ids of each named key in list order (one holder per device; RP500 when fewer are free than needed), and its placement row. The caller chose the node (respool._node_for) under the pool lock.';
+    'Charges a granted request on one node: its units of the keys the node tracks on the node''s counters (one statement; a charge that would pass a capacity raises RP500 and rolls back), the first free device ids of each named key in list order (one holder per device; RP500 when fewer are free than needed), and its placement row. The caller chose the node (respool._node_for) under the pool lock.';
