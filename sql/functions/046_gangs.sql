@@ -83,21 +83,33 @@ BEGIN
                                 WHERE m.gang_id = q.gang_id AND m.status = 'allocated' AND m.id < q.id));
         RETURN;
     END IF;
-    -- On one node (docs/placement.md): the units that node gets back, a gang's members on it summed.
     RETURN QUERY
-    SELECT u.unit_id, (array_agg(u.policy_id))[1], min(u.priority), respool._sum_units(array_agg(pl.resources)),
-           min(u.allocated_at)
+    SELECT u.id, u.policy_id, u.priority, u.resources, u.allocated_at
+      FROM respool._node_victim_units(p_pool_id, ARRAY[p_node_id]) u;
+END $$;
+CREATE OR REPLACE FUNCTION respool._node_victim_units(p_pool_id uuid, p_node_ids uuid[])
+RETURNS TABLE (node_id uuid, id uuid, policy_id uuid, priority integer, resources jsonb, allocated_at timestamptz)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- On each node (docs/placement.md): the units that node gets back, a gang's members on it summed.
+    RETURN QUERY
+    SELECT pl.node_id, u.unit_id, (array_agg(q.policy_id))[1], min(p.priority),
+           CASE WHEN count(*) = 1 THEN (array_agg(pl.resources))[1]
+                ELSE respool._sum_units(array_agg(pl.resources)) END,
+           min(q.allocated_at)
       FROM respool.placements pl
       JOIN respool.requests q ON q.id = pl.request_id
       JOIN respool.policies p ON p.id = q.policy_id
      CROSS JOIN LATERAL (
             SELECT CASE WHEN q.gang_id IS NULL THEN q.id
                         ELSE (SELECT m.id FROM respool.requests m
-                               WHERE m.gang_id = q.gang_id AND m.status = 'allocated' ORDER BY m.id LIMIT 1) END AS unit_id,
-                   q.policy_id, p.priority, q.allocated_at) u
-     WHERE pl.node_id = p_node_id AND q.pool_id = p_pool_id AND q.status = 'allocated' AND q.preemptible
-     GROUP BY u.unit_id;
+                               WHERE m.gang_id = q.gang_id AND m.status = 'allocated' ORDER BY m.id LIMIT 1) END AS unit_id) u
+     WHERE pl.node_id = ANY (p_node_ids) AND q.pool_id = p_pool_id AND q.status = 'allocated' AND q.preemptible
+     GROUP BY pl.node_id, u.unit_id;
 END $$;
+COMMENT ON FUNCTION respool._node_victim_units(uuid, uuid[]) IS
+    'The victim units (respool._victim_units) placed on each of p_node_ids: per node, one row per request on its own and one per gang with a member there (named by its lowest-id allocated member), holding what they hold on that node. Read-only.';
+
 COMMENT ON FUNCTION respool._victim_units(uuid, uuid) IS
     'The preemptible allocations of a pool as victim units (docs/preemption.md): one row per request on its own, one per gang (its lowest-id allocated member, the members'' summed resources); preempting the unit''s request preempts its whole gang. With p_node_id (docs/placement.md): only the units with a request placed on that node, holding what they hold there. Read-only.';
 

@@ -321,25 +321,13 @@ BEGIN
               LEFT JOIN moving mv ON mv.node_id = c.id AND mv.key = nr.key
              GROUP BY c.id, c.name
         ), units AS MATERIALIZED (
-            -- eligible victims placed on candidate nodes, a gang one unit (its lowest-id member)
-            -- holding what its members hold on that node
-            SELECT pl.node_id, u.unit_id AS id, (array_agg(q.policy_id))[1] AS policy_id, min(p.priority) AS priority,
-                   CASE WHEN count(*) = 1 THEN (array_agg(pl.resources))[1]
-                        ELSE respool._sum_units(array_agg(pl.resources)) END AS held,
-                   min(q.allocated_at) AS allocated_at
-              FROM respool.placements pl
-              JOIN respool.requests q ON q.id = pl.request_id
-              JOIN respool.policies p ON p.id = q.policy_id
-             CROSS JOIN LATERAL (
-                    SELECT CASE WHEN q.gang_id IS NULL THEN q.id
-                                ELSE (SELECT g.id FROM respool.requests g
-                                       WHERE g.gang_id = q.gang_id AND g.status = 'allocated' ORDER BY g.id LIMIT 1)
-                           END AS unit_id) u
-             WHERE pl.node_id IN (SELECT id FROM cand) AND q.status = 'allocated' AND q.preemptible
-               AND CASE p_mode
-                     WHEN 'reclaim' THEN q.policy_id <> p_policy_id OR NOT p_request.preemptible
-                     ELSE p.priority < v_priority AND q.policy_id <> p_policy_id END
-             GROUP BY pl.node_id, u.unit_id
+            -- eligible victims placed on candidate nodes, a gang one unit holding what its
+            -- members hold on that node
+            SELECT u.node_id, u.id, u.policy_id, u.priority, u.resources AS held, u.allocated_at
+              FROM respool._node_victim_units(p_pool_id, ARRAY(SELECT id FROM cand)) u
+             WHERE CASE p_mode
+                     WHEN 'reclaim' THEN u.policy_id <> p_policy_id OR NOT p_request.preemptible
+                     ELSE u.priority < v_priority AND u.policy_id <> p_policy_id END
         ), held_on_node AS MATERIALIZED (
             SELECT u.node_id, h.key, sum(h.value::bigint) AS total, max(h.value::bigint) AS most
               FROM units u CROSS JOIN LATERAL jsonb_each_text(u.held) h
