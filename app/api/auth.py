@@ -195,7 +195,8 @@ async def _authorize(
     if not path.startswith("/v1/requests"):
         if method not in _READ_METHODS:
             raise AuthError(
-                403, f"role client may only read pools, policies and nodes (token {principal.name!r})"
+                403,
+                f"role client may only read pools, policies and nodes (token {principal.name!r})",
             )
         return
     request_id = connection.path_params.get("request_id")
