@@ -80,29 +80,36 @@ END $$;
 COMMENT ON FUNCTION respool.settings_to_resources(jsonb) IS
     'The one ResourceSettings conversion (docs/admission.md, "ResourceSettings conversion"): gpu_count -> gpu, cpu_count -> mcpu (decimal ceil), memory -> memory_mb; typed fields override pool_resources. gpu_type and gpu_class are node labels, not resources (respool.build_node_selector).';
 
-CREATE OR REPLACE FUNCTION respool._selector(p_selector jsonb, p_field text)
+CREATE OR REPLACE FUNCTION respool._label_map(p_map jsonb, p_field text, p_allow_null boolean DEFAULT false)
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
-    v_bad text;
+    k text;
+    v jsonb;
 BEGIN
-    IF respool._absent_object(p_selector, p_field, p_field || ' must be an object of label: value') THEN
+    IF respool._absent_object(p_map, p_field, p_field || ' must be an object of label: string') THEN
         RETURN '{}';
     END IF;
-    IF (SELECT count(*) FROM jsonb_object_keys(p_selector)) > respool._max_keys() THEN
-        PERFORM respool._fail('RP400', p_field, format('%s has more than %s labels', p_field, respool._max_keys()));
+    IF (SELECT count(*) FROM jsonb_object_keys(p_map)) > respool._max_keys() THEN
+        PERFORM respool._fail('RP400', p_field, format('%s has more than %s keys', p_field, respool._max_keys()));
     END IF;
-    SELECT min(x.key) INTO v_bad FROM jsonb_each(p_selector) x
-     WHERE x.key !~ respool._label_key_pattern() OR jsonb_typeof(x.value) <> 'string'
-        OR (x.value #>> '{}') !~ respool._label_value_pattern();
-    IF v_bad IS NOT NULL THEN
-        PERFORM respool._fail('RP400', p_field || '.' || left(v_bad, 70), format(
-            '%s must map labels matching %s to values of at most 63 printable characters', p_field,
-            respool._label_key_pattern()));
-    END IF;
-    RETURN p_selector;
+    FOR k, v IN SELECT * FROM jsonb_each(p_map) ORDER BY 1 LOOP
+        IF k !~ respool._label_key_pattern() THEN
+            PERFORM respool._fail('RP400', p_field || '.' || left(k, 70),
+                format('%s: bad label key %L (expected %s)', p_field, left(k, 70), respool._label_key_pattern()));
+        END IF;
+        CONTINUE WHEN p_allow_null AND jsonb_typeof(v) = 'null';
+        IF jsonb_typeof(v) <> 'string' THEN
+            PERFORM respool._fail('RP400', p_field || '.' || k, format('%s.%s must be a string', p_field, k));
+        END IF;
+        IF (v #>> '{}') !~ respool._label_value_pattern() THEN
+            PERFORM respool._fail('RP400', p_field || '.' || k, format(
+                '%s.%s must be at most 63 printable characters', p_field, k));
+        END IF;
+    END LOOP;
+    RETURN p_map;
 END $$;
-COMMENT ON FUNCTION respool._selector(jsonb, text) IS
-    'Validates a node selector {label: value} (label keys as node labels, values of at most 63 printable characters, at most _max_keys() pairs); RP400 naming p_field.label otherwise. NULL or JSON null: {}.';
+COMMENT ON FUNCTION respool._label_map(jsonb, text, boolean) IS
+    'Validates a map of node labels (a node''s labels, a request''s node selector; docs/placement.md): label keys match respool._label_key_pattern(), values are strings of at most 63 printable characters (p_allow_null: a null value passes, an update removing the label), at most _max_keys() entries. RP400 naming p_field.<key>. NULL or JSON null: {}.';
 
 CREATE OR REPLACE FUNCTION respool.build_node_selector(p_selector jsonb, p_settings jsonb)
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
@@ -115,9 +122,9 @@ BEGIN
           INTO v_typed
           FROM unnest(ARRAY['gpu_type', 'gpu_class']) f(field)
          WHERE p_settings ? f.field AND p_settings -> f.field <> 'null'::jsonb;
-        PERFORM respool._selector(v_typed, 'settings');
+        PERFORM respool._label_map(v_typed, 'settings');
     END IF;
-    RETURN respool._selector(p_selector, 'node_selector') || v_typed;
+    RETURN respool._label_map(p_selector, 'node_selector') || v_typed;
 END $$;
 COMMENT ON FUNCTION respool.build_node_selector(jsonb, jsonb) IS
     'A request''s final node selector (docs/placement.md): node_selector merged with the settings gpu_type -> label gpu-type and gpu_class -> label gpu-class (settings win, as the typed settings fields do for resources); {} when none. RP400 naming the field for a bad label or value.';

@@ -27,38 +27,15 @@ COMMENT ON FUNCTION respool._body_fields(jsonb, text[], text) IS
 
 CREATE OR REPLACE FUNCTION respool._node_labels(p_labels jsonb, p_allow_null boolean)
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
-DECLARE
-    k text;
-    v jsonb;
 BEGIN
-    IF respool._absent_object(p_labels, 'labels', 'labels must be an object of label: string') THEN
-        RETURN '{}';
+    IF jsonb_typeof(p_labels) = 'object' AND p_labels ? 'node' THEN
+        PERFORM respool._fail('RP400', 'labels.node',
+            'labels: node is a built-in label (the node''s name) and cannot be set');
     END IF;
-    IF (SELECT count(*) FROM jsonb_object_keys(p_labels)) > respool._max_keys() THEN
-        PERFORM respool._fail('RP400', 'labels', format('labels has more than %s keys', respool._max_keys()));
-    END IF;
-    FOR k, v IN SELECT * FROM jsonb_each(p_labels) ORDER BY 1 LOOP
-        IF k !~ respool._label_key_pattern() THEN
-            PERFORM respool._fail('RP400', 'labels.' || left(k, 70),
-                format('labels: bad label key %L (expected %s)', left(k, 70), respool._label_key_pattern()));
-        END IF;
-        IF k = 'node' THEN
-            PERFORM respool._fail('RP400', 'labels.node',
-                'labels: node is a built-in label (the node''s name) and cannot be set');
-        END IF;
-        CONTINUE WHEN p_allow_null AND jsonb_typeof(v) = 'null';
-        IF jsonb_typeof(v) <> 'string' THEN
-            PERFORM respool._fail('RP400', 'labels.' || k, format('labels.%s must be a string', k));
-        END IF;
-        IF (v #>> '{}') !~ respool._label_value_pattern() THEN
-            PERFORM respool._fail('RP400', 'labels.' || k, format(
-                'labels.%s must be at most 63 printable characters', k));
-        END IF;
-    END LOOP;
-    RETURN p_labels;
+    RETURN respool._label_map(p_labels, 'labels', p_allow_null);
 END $$;
 COMMENT ON FUNCTION respool._node_labels(jsonb, boolean) IS
-    'Validates a node''s label map (key pattern, string values of at most 63 printable characters, at most _max_keys() keys; the built-in label node is refused); p_allow_null lets a null value through (an update removing the label). RP400 naming labels.<key>.';
+    'Validates a node''s label map (respool._label_map, field labels); the built-in label node is refused; p_allow_null lets a null value through (an update removing the label).';
 
 CREATE OR REPLACE FUNCTION respool._node_devices(p_devices jsonb, p_allow_null boolean)
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$

@@ -44,7 +44,22 @@ BAD_BODIES: list[dict[str, Any]] = [
     {"subject": "team", "labels": {"a": 1}},
     {"subject": "team", "labels": {str(i): "x" for i in range(65)}},
     {"subject": "team", "resources": {"step_run": 1}},
+    {"subject": "team", "node_selector": ["gpu-type=A100"]},
+    {"subject": "team", "node_selector": {"GPU Type": "A100"}},
+    {"subject": "team", "node_selector": {"gpu-type": 100}},
+    {"subject": "team", "node_selector": {"gpu-type": "x" * 64}},
+    {"subject": "team", "settings": {"gpu_type": "A\tB"}},
 ]
+
+
+async def test_a_bad_node_selector_names_its_label(module_server: Server) -> None:
+    c = module_server.client
+    if (await c.get("/v1/pools/p")).status_code == 404:
+        await pool_with_policy(c, capacity={"gpu": 8})
+    bad = await c.post(
+        "/v1/requests", json={"subject": "team", "node_selector": {"zone": "x" * 64}}
+    )
+    assert bad.status_code == 400 and bad.json()["field"] == "node_selector.zone", bad.text
 
 
 async def _count(server: Server) -> int:
