@@ -43,6 +43,7 @@ __all__ = [
     "Event",
     "PolicyCreate",
     "PolicyUpdate",
+    "PolicyWindow",
     "Policy",
     "Pool",
     "PoolCreate",
@@ -56,6 +57,7 @@ __all__ = [
     "RequestBatchCreate",
     "RequestCreate",
     "RequestPage",
+    "RequestTerminate",
     "ResourceSettings",
     "Status",
     "Victim",
@@ -97,6 +99,7 @@ Reason = Literal[
     "grace_expired",
     "node_drain",  # its node is draining (docs/placement.md)
     "node_removed",  # its node was deleted or moved to another pool with force
+    "terminated",  # an admin terminated it (docs/preemption.md)
     "retry",
 ]
 REASONS: frozenset[str] = frozenset(get_args(Reason))
@@ -162,17 +165,23 @@ class Node(msgspec.Struct, frozen=True):
 
 class Policy(msgspec.Struct, frozen=True):
     id: UUID
-    subject: str
+    subject: str  # a subject, or a pattern with * covering a team's subjects
     pool: str
     pool_id: UUID
     priority: int
     description: str
-    reserved: dict[str, int]
+    reserved: dict[str, int]  # the share as set; in force only while active
     limit: dict[str, int]
     usage: dict[str, int]
-    borrowed: dict[str, int]
+    borrowed: dict[str, int]  # usage above the share in force now
     created_at: datetime
     updated_at: datetime
+    # policy shapes (defaults so an older server's answer still decodes)
+    priority_lane: bool = False
+    windows: list[PolicyWindow] | None = None  # null: always active
+    active: bool = True
+    next_change: datetime | None = None  # when active flips next; null: never
+    covers: list[str] = []  # a pattern: the subjects holding or queued through it now
 
 
 class Eta(msgspec.Struct, frozen=True):
@@ -216,6 +225,7 @@ class Request(msgspec.Struct, frozen=True):
     gang_id: UUID | None = None  # the members of one all_or_nothing batch (a gang)
     node_selector: dict[str, str] = {}  # labels its node must carry (docs/placement.md)
     placement: Placement | None = None  # allocated or preempting in a pool with nodes
+    preemption_group: str | None = None  # never preempts an allocation of its own group
 
     @property
     def terminal(self) -> bool:
@@ -309,7 +319,13 @@ NODE_NAME_PATTERN = POOL_NAME_PATTERN
 LABEL_KEY_PATTERN = "^[a-z0-9][a-z0-9._/-]{0,62}$"
 # A label value: up to 63 printable characters (no control characters).
 LABEL_VALUE_PATTERN = "^[^\\x01-\\x1f\\x7f]{0,63}$"
+# A policy's subject: a subject, or a pattern with * (a team quota).
+POLICY_SUBJECT_PATTERN = "^[A-Za-z0-9*][A-Za-z0-9_.:/@*-]{0,127}$"
+# A preemption group: 1 to 128 printable characters.
+GROUP_PATTERN = "^[^\\x01-\\x1f\\x7f]{1,128}$"
+HHMM_PATTERN = "^([01][0-9]|2[0-3]):[0-5][0-9]$"  # a window's from / to
 MAX_DEVICE_ID = 128  # characters of one device id (a GPU UUID or MIG id fits)
+MAX_WINDOWS = 64  # windows of one policy
 # settings.memory: group 1 the number, group 2 the unit.
 MEMORY_PATTERN = "^\\s*([0-9]+(?:\\.[0-9]+)?)\\s*(KB|MB|GB|TB|PB|KiB|MiB|GiB|TiB|PiB)\\s*$"
 
@@ -338,6 +354,8 @@ _DESCRIPTION = _declare(max_length=MAX_DESCRIPTION, pattern=_NO_NUL)
 Amounts = Annotated[dict[str, int], _AMOUNTS]
 PoolName = Annotated[str, _declare(pattern=POOL_NAME_PATTERN)]
 Subject = Annotated[str, _declare(pattern=SUBJECT_PATTERN)]
+PolicySubject = Annotated[str, _declare(pattern=POLICY_SUBJECT_PATTERN)]
+PreemptionGroup = Annotated[str, _declare(pattern=GROUP_PATTERN)]
 Description = Annotated[str, _DESCRIPTION]
 _LABELS = _declare(
     max_properties=MAX_KEYS,
@@ -355,6 +373,32 @@ _DEVICES = _declare(
     },
 )
 _MEMORY = MEMORY_PATTERN
+
+
+Weekday = Literal["mon", "tue", "wed", "thu", "fri", "sat", "sun"]
+
+
+class PolicyWindow(
+    msgspec.Struct,
+    frozen=True,
+    forbid_unknown_fields=True,
+    kw_only=True,
+    omit_defaults=True,
+    rename={"from_": "from"},
+):
+    """When a policy's reserved share is in force (docs/preemption.md, "Time windows"): weekly
+    (``timezone``, ``days``, ``from``, ``to``; ``to`` before ``from`` crosses midnight) or one
+    time (``start``, ``end``). The engine checks the fields and names the offending one."""
+
+    timezone: str | None = None  # an IANA name, e.g. Europe/Berlin
+    days: list[Weekday] | None = None  # absent: every day
+    from_: Annotated[str | None, _declare(pattern=HHMM_PATTERN)] = None
+    to: Annotated[str | None, _declare(pattern=HHMM_PATTERN)] = None
+    start: datetime | None = None
+    end: datetime | None = None
+
+
+Windows = Annotated[list[PolicyWindow], Meta(max_length=MAX_WINDOWS)]
 
 
 class _Body(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -386,12 +430,14 @@ class PoolUpdate(_Body):
 
 
 class PolicyCreate(_Body):
-    subject: Subject
+    subject: PolicySubject
     pool: Annotated[str, _declare(min_length=1, pattern=_NO_NUL)]
     priority: Priority = 0
     reserved: Amounts = {}
     limit: Amounts = {}
     description: Description = ""
+    priority_lane: bool = False
+    windows: Windows | None = None  # null: always active
 
 
 class PolicyUpdate(_Body):
@@ -401,6 +447,8 @@ class PolicyUpdate(_Body):
     reserved: Annotated[dict[str, int] | UnsetType, _AMOUNTS] = UNSET
     limit: Annotated[dict[str, int] | UnsetType, _AMOUNTS] = UNSET
     description: Annotated[str | UnsetType, _DESCRIPTION] = UNSET
+    priority_lane: bool | UnsetType = UNSET
+    windows: Windows | None | UnsetType = UNSET  # null: always active; a list replaces
 
 
 class ResourceSettings(_Body):
@@ -484,6 +532,15 @@ class RequestCreate(_Body):
     ] = None
     # Labels its node must carry, all of them (docs/placement.md); "node" is the node's name.
     node_selector: Annotated[dict[str, str] | None, _LABELS] = None
+    # Requests of one group never preempt each other (docs/preemption.md).
+    preemption_group: PreemptionGroup | None = None
+
+
+class RequestTerminate(_Body):
+    """``POST /v1/requests/{id}/terminate`` (admin; docs/preemption.md, "Terminate")."""
+
+    force: bool = False
+    reason: Annotated[str, _declare(max_length=MAX_DESCRIPTION, pattern=_NO_NUL)] = ""
 
 
 class RequestBatchCreate(_Body):

@@ -76,3 +76,20 @@ COMMENT ON FUNCTION respool._label_value_pattern() IS 'A node label''s value: at
 CREATE OR REPLACE FUNCTION respool._max_device_id()
 RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 128 $$;
 COMMENT ON FUNCTION respool._max_device_id() IS 'The longest device id, in characters (a GPU UUID or a MIG id fits).';
+
+CREATE OR REPLACE FUNCTION respool._policy_subject_pattern()
+RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT '^[A-Za-z0-9*][A-Za-z0-9_.:/@*-]{0,127}$' $$;
+COMMENT ON FUNCTION respool._policy_subject_pattern() IS
+    'The regular expression of a policy''s subject: a subject, or a pattern with * covering a team''s subjects (docs/preemption.md, "Team quotas").';
+
+CREATE OR REPLACE FUNCTION respool._group_pattern()
+RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT '^[^\x01-\x1f\x7f]{1,128}$' $$;
+COMMENT ON FUNCTION respool._group_pattern() IS 'A preemption group: 1 to 128 printable characters (no control characters).';
+
+CREATE OR REPLACE FUNCTION respool._hhmm_pattern()
+RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT '^([01][0-9]|2[0-3]):[0-5][0-9]$' $$;
+COMMENT ON FUNCTION respool._hhmm_pattern() IS 'A time of day of a weekly window (from / to): HH:MM, 00:00 to 23:59.';
+
+CREATE OR REPLACE FUNCTION respool._max_windows()
+RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 64 $$;
+COMMENT ON FUNCTION respool._max_windows() IS 'The most windows of one policy.';

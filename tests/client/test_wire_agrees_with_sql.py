@@ -79,6 +79,10 @@ _TWINS = {
     "MAX_DEVICE_ID": "_max_device_id",
     "LABEL_KEY_PATTERN": "_label_key_pattern",
     "LABEL_VALUE_PATTERN": "_label_value_pattern",
+    "POLICY_SUBJECT_PATTERN": "_policy_subject_pattern",
+    "GROUP_PATTERN": "_group_pattern",
+    "HHMM_PATTERN": "_hhmm_pattern",
+    "MAX_WINDOWS": "_max_windows",
 }
 
 
@@ -114,6 +118,13 @@ async def test_no_check_writes_a_bound_or_pattern_itself(conn: asyncpg.Connectio
         ("POOL_NAME_PATTERN", "_pool_name_pattern", ["p", "0a.b-c_d", "-a", "A", "a" * 64]),
         ("SUBJECT_PATTERN", "_subject_pattern", ["team", "a/b@c:d", "_a", "a b", "a" * 129]),
         ("MEMORY_PATTERN", "_memory_pattern", ["8GB", " 1.5 GiB ", "1gb", "1.GB", "8", "GB"]),
+        (
+            "POLICY_SUBJECT_PATTERN",
+            "_policy_subject_pattern",
+            ["team-vision:*", "*", "a*b*", "team", "a b*", "_*", "a" * 129],
+        ),
+        ("GROUP_PATTERN", "_group_pattern", ["run-1", "a b", "", "a\nb", "x" * 128, "x" * 129]),
+        ("HHMM_PATTERN", "_hhmm_pattern", ["00:00", "23:59", "24:00", "9:00", "12:60", "07:30"]),
     ],
 )
 async def test_patterns_match_the_same_values(
