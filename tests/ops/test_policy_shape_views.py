@@ -1,0 +1,321 @@
+"""The policy-shape columns of ``respool.policy_usage``, the view ``respool.policy_subjects``,
+I3 against the share as set, and the ``respool_policy_active`` / ``respool_policy_covered_subjects``
+gauges (docs/preemption.md, "Policy shapes"; docs/ops.md).
+
+The shapes are written by hand as a superuser on top of requests the engine granted, so each
+test sees exactly the state it names: a policy outside its windows (share in force 0, share as
+set kept), a priority lane, and a team quota ``team-vision:*`` that three subjects hold and wait
+through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+import pytest
+
+from app.db import metrics as db_metrics
+from app.db.connect import APP_CLI, connect
+from support.db import assert_refused
+from support.server import running_server
+
+from .test_metrics import get, scrape
+
+# A one-time window long past: the policy is outside its windows now and for good.
+PAST = [{"start": "2020-01-06T08:00:00+00:00", "end": "2020-01-06T18:00:00+00:00"}]
+
+
+async def _request(conn: asyncpg.Connection, subject: str, resources: dict[str, int],
+                   preemptible: bool = True) -> dict[str, Any]:  # fmt: skip
+    made: dict[str, Any] = await conn.fetchval(
+        "SELECT (respool.create_request($1)).request",
+        {"subject": subject, "pool": "gpus", "resources": resources, "preemptible": preemptible},
+    )
+    return made
+
+
+async def _policy(conn: asyncpg.Connection, subject: str, **maps: dict[str, int]) -> None:
+    await conn.execute(
+        "SELECT respool.create_policy(p_subject => $1, p_pool => 'gpus', p_reserved => $2,"
+        " p_limit => $3)",
+        subject,
+        maps.get("reserved", {}),
+        maps.get("limit", {}),
+    )
+
+
+async def _team_quota(conn: asyncpg.Connection, pattern: str, reserved: int, limit: int) -> None:
+    """Moves every request of the subjects ``pattern`` covers onto one pattern policy, as the
+    engine keeps it once it chose that policy at creation: the pattern's counters are their
+    sums, and the subjects' own policies go."""
+    prefix = pattern.split("*", 1)[0]
+    pid = await conn.fetchval(
+        "INSERT INTO respool.policies (subject, pool_id)"
+        " VALUES ($1, (SELECT id FROM respool.pools WHERE name = 'gpus')) RETURNING id",
+        pattern,
+    )
+    old = [
+        r["id"]
+        for r in await conn.fetch(
+            "SELECT id FROM respool.policies WHERE NOT is_pattern AND starts_with(subject, $1)",
+            prefix,
+        )
+    ]
+    await conn.execute(
+        'INSERT INTO respool.policy_resources (policy_id, key, reserved, configured, "limit",'
+        " used, np_used)"
+        " SELECT $1, key, CASE key WHEN 'gpu' THEN $2::bigint ELSE 0 END,"
+        "        CASE key WHEN 'gpu' THEN $2::bigint ELSE 0 END,"
+        "        CASE key WHEN 'gpu' THEN $3::bigint END,"
+        "        sum(used), sum(np_used)"
+        "   FROM respool.policy_resources WHERE policy_id = ANY($4::uuid[]) GROUP BY key",
+        pid,
+        reserved,
+        limit,
+        old,
+    )
+    await conn.execute(
+        "UPDATE respool.requests SET policy_id = $1 WHERE policy_id = ANY($2::uuid[])", pid, old
+    )
+    await conn.execute(
+        "UPDATE respool.queue_entries SET policy_id = $1 WHERE policy_id = ANY($2::uuid[])",
+        pid,
+        old,
+    )
+    await conn.execute("DELETE FROM respool.policies WHERE id = ANY($1::uuid[])", old)
+
+
+async def _outside_windows(conn: asyncpg.Connection, subject: str) -> None:
+    """``subject``'s policy gets a window long past: inactive, its share in force 0."""
+    await conn.execute(
+        "UPDATE respool.policies SET windows = $2, active = false, next_change = NULL"
+        " WHERE subject = $1",
+        subject,
+        PAST,
+    )
+    await conn.execute(
+        "UPDATE respool.policy_resources SET reserved = 0"
+        " WHERE policy_id = (SELECT id FROM respool.policies WHERE subject = $1)",
+        subject,
+    )
+
+
+async def _build(conn: asyncpg.Connection) -> dict[str, UUID]:
+    """Pool ``gpus`` (16 gpu). ``prod`` (reserved 6, limit 8) holds 2 non-preemptible and 1
+    preemptible gpu, then its window closes. ``oncall`` is a priority lane holding 1.
+    ``team-vision:*`` (reserved 4, limit 12) covers ``team-vision:a`` (holds 2),
+    ``team-vision:b`` (holds 3, waits for 12) and ``team-vision:c`` (waits for 10); ``solo`` (no
+    pattern) holds 1."""
+    await conn.execute("SELECT respool.create_pool(p_name => 'gpus', p_capacity => $1)",
+                       {"gpu": 16})  # fmt: skip
+    await _policy(conn, "prod", reserved={"gpu": 6}, limit={"gpu": 8})
+    await _policy(conn, "oncall")
+    await _policy(conn, "solo")
+    for s in ("team-vision:a", "team-vision:b", "team-vision:c"):
+        await _policy(conn, s)
+    out: dict[str, UUID] = {}
+    plan = [
+        ("prod_np", "prod", 2, False),
+        ("prod_p", "prod", 1, True),
+        ("oncall", "oncall", 1, True),
+        ("solo", "solo", 1, True),
+        ("a", "team-vision:a", 2, True),
+        ("b", "team-vision:b", 3, True),
+        ("b_wait", "team-vision:b", 12, True),
+        ("c_wait", "team-vision:c", 10, True),
+    ]
+    for name, subject, gpu, preemptible in plan:
+        made = await _request(conn, subject, {"gpu": gpu}, preemptible)
+        assert made["status"] == ("queued" if name.endswith("_wait") else "allocated"), name
+        out[name] = UUID(made["id"])
+    await conn.execute("UPDATE respool.policies SET priority_lane = true WHERE subject = 'oncall'")
+    await _team_quota(conn, "team-vision:*", reserved=4, limit=12)
+    await _outside_windows(conn, "prod")
+    return out
+
+
+@pytest.fixture
+async def db(db_url: str) -> AsyncIterator[tuple[asyncpg.Connection, dict[str, UUID]]]:
+    conn = await connect(db_url, application_name=APP_CLI)
+    try:
+        ids = await _build(conn)
+        yield conn, ids
+    finally:
+        await conn.close()
+
+
+async def _usage(conn: asyncpg.Connection) -> dict[str, tuple[Any, ...]]:
+    rows = await conn.fetch(
+        "SELECT subject, reserved, configured, active, priority_lane, used, borrowed, np_used,"
+        " \"limit\" FROM respool.policy_usage WHERE key = 'gpu'"
+    )
+    return {r["subject"]: tuple(r)[1:] for r in rows}
+
+
+async def test_policy_usage_shows_the_share_in_force_and_the_share_as_set(
+    db: tuple[asyncpg.Connection, dict[str, UUID]],
+) -> None:
+    conn, _ = db
+    usage = await _usage(conn)
+    # subject: reserved (in force), configured, active, priority_lane, used, borrowed, np, limit
+    assert usage["prod"] == (0, 6, False, False, 3, 3, 2, 8)
+    assert usage["oncall"] == (0, 0, True, True, 1, 1, 0, None)
+    # The team's counters are the sums over its subjects: 2 + 3 held, 1 above its share of 4.
+    assert usage["team-vision:*"] == (4, 4, True, False, 5, 1, 0, 12)
+    assert usage["solo"][:5] == (0, 0, True, False, 1)
+    # The columns every earlier reader uses are still there, first and in their order.
+    cols = [
+        r["column_name"]
+        for r in await conn.fetch(
+            "SELECT column_name FROM information_schema.columns"
+            " WHERE table_schema = 'respool' AND table_name = 'policy_usage'"
+            " ORDER BY ordinal_position"
+        )
+    ]
+    assert cols == [
+        "pool", "subject", "key", "priority", "reserved", "limit", "used", "borrowed", "np_used",
+        "configured", "active", "priority_lane",
+    ]  # fmt: skip
+
+
+async def test_borrowed_follows_the_window(
+    db: tuple[asyncpg.Connection, dict[str, UUID]],
+) -> None:
+    """When the window opens again the share in force is the share as set: nothing borrowed."""
+    conn, _ = db
+    await conn.execute(
+        "UPDATE respool.policies SET windows = NULL, active = true WHERE subject = 'prod'"
+    )
+    await conn.execute(
+        "UPDATE respool.policy_resources SET reserved = configured"
+        " WHERE policy_id = (SELECT id FROM respool.policies WHERE subject = 'prod')"
+    )
+    assert (await _usage(conn))["prod"] == (6, 6, True, False, 3, 0, 2, 8)
+    pools = {r.key: r for r in await db_metrics.pool_key_rows(conn)}
+    assert (pools["gpu"].reserved, pools["gpu"].borrowed) == (10, 3)  # prod 6 + team 4; 1+1+1
+
+
+_GPU_SUBJECTS = "SELECT * FROM respool.policy_subjects WHERE key = 'gpu'"
+
+
+async def test_policy_subjects_lists_who_a_pattern_covers(
+    db: tuple[asyncpg.Connection, dict[str, UUID]],
+) -> None:
+    conn, ids = db
+    rows = [tuple(r) for r in await conn.fetch(_GPU_SUBJECTS)]
+    assert rows == [
+        ("gpus", "team-vision:*", "team-vision:a", "gpu", 2, 0),
+        ("gpus", "team-vision:*", "team-vision:b", "gpu", 3, 12),
+        ("gpus", "team-vision:*", "team-vision:c", "gpu", 0, 10),
+    ]
+    # The pattern's counter is the sum of what its subjects hold.
+    assert sum(r[4] for r in rows) == (await _usage(conn))["team-vision:*"][4]
+    # A subject that holds and waits for nothing is no longer covered; one that still waits is.
+    await conn.execute("SELECT respool.release_request(p_id => $1)", ids["a"])
+    await conn.execute("SELECT respool.release_request(p_id => $1)", ids["b"])
+    await conn.execute("SELECT respool.cancel_request(p_id => $1)", ids["c_wait"])
+    rows = [tuple(r) for r in await conn.fetch(_GPU_SUBJECTS)]
+    assert [r[2:] for r in rows if r[2] != "team-vision:b"] == []
+    [b] = [r for r in rows if r[2] == "team-vision:b"]
+    # b's 12 GPUs still do not fit once a and b released (16 - 5 held = 11 free), so b is
+    # covered through its queued request only.
+    assert b == ("gpus", "team-vision:*", "team-vision:b", "gpu", 0, 12)
+
+
+async def test_a_request_without_units_is_covered_with_key_null(
+    db: tuple[asyncpg.Connection, dict[str, UUID]],
+) -> None:
+    conn, ids = db
+    await conn.execute("UPDATE respool.requests SET resources = '{}' WHERE id = $1", ids["c_wait"])
+    await conn.execute(
+        "UPDATE respool.queue_entries SET resources = '{}' WHERE request_id = $1", ids["c_wait"]
+    )
+    rows = await conn.fetch(
+        "SELECT key, used, queued FROM respool.policy_subjects WHERE subject = 'team-vision:c'"
+    )
+    assert [tuple(r) for r in rows] == [(None, 0, 0)]
+
+
+async def test_i3_compares_non_preemptible_units_with_the_share_as_set(
+    db: tuple[asyncpg.Connection, dict[str, UUID]],
+) -> None:
+    """prod keeps its 2 non-preemptible GPUs outside its window (share in force 0): no I3.
+    Charged 7 against a share as set of 6: I3 (and I4, its counter is not the held sum)."""
+    conn, ids = db
+    assert await conn.fetch("SELECT * FROM respool.invariant_violations") == []
+    await conn.execute(
+        "UPDATE respool.requests SET np_charge = '{\"gpu\": 7}', resources = '{\"gpu\": 7}'"
+        " WHERE id = $1",
+        ids["prod_np"],
+    )
+    rows = await conn.fetch(
+        "SELECT invariant, subject, key, detail FROM respool.invariant_violations"
+        " WHERE invariant = 'I3'"
+    )
+    assert [tuple(r) for r in rows] == [("I3", "prod", "gpu", "non-preemptible 7 > reserved 6")]
+
+
+async def test_holdings_show_the_preemption_group(
+    db: tuple[asyncpg.Connection, dict[str, UUID]],
+) -> None:
+    conn, ids = db
+    await conn.execute(
+        "UPDATE respool.requests SET preemption_group = 'run-42' WHERE id = $1", ids["a"]
+    )
+    rows = await conn.fetch(
+        "SELECT request_id, preemption_group FROM respool.holdings"
+        " WHERE preemption_group IS NOT NULL"
+    )
+    assert [tuple(r) for r in rows] == [(ids["a"], "run-42")]
+
+
+async def test_the_reader_role_reads_the_shape_views(
+    db: tuple[asyncpg.Connection, dict[str, UUID]],
+) -> None:
+    conn, _ = db
+    role = await conn.fetchval("SELECT respool.ensure_reader_role()")
+    await conn.execute(f'SET ROLE "{role}"')
+    try:
+        assert (
+            await conn.fetchval("SELECT count(DISTINCT subject) FROM respool.policy_subjects") == 3
+        )
+        assert (
+            await conn.fetchval(
+                "SELECT count(DISTINCT subject) FROM respool.policy_usage"
+                " WHERE NOT active OR priority_lane"
+            )
+            == 2
+        )
+        await assert_refused(conn, "SELECT windows FROM respool.policies LIMIT 1")
+    finally:
+        await conn.execute("RESET ROLE")
+
+
+async def test_every_shape_view_has_a_comment(
+    db: tuple[asyncpg.Connection, dict[str, UUID]],
+) -> None:
+    conn, _ = db
+    comment = await conn.fetchval("SELECT obj_description('respool.policy_subjects'::regclass)")
+    assert comment and "pattern" in comment
+
+
+async def test_metrics_show_active_policies_and_covered_subjects(db_url: str) -> None:
+    conn = await connect(db_url, application_name=APP_CLI)
+    try:
+        await _build(conn)
+        async with running_server(db_url, metrics_cache_seconds=0.0) as server:
+            m = await scrape(server)
+    finally:
+        await conn.close()
+    assert get(m, "respool_policy_active", pool="gpus", subject="prod") == 0
+    assert get(m, "respool_policy_active", pool="gpus", subject="oncall") == 1
+    assert get(m, "respool_policy_active", pool="gpus", subject="team-vision:*") == 1
+    assert get(m, "respool_policy_covered_subjects", pool="gpus", subject="team-vision:*") == 3
+    # Only patterns cover subjects; an exact subject's policy has no such series.
+    assert get(m, "respool_policy_covered_subjects", pool="gpus", subject="prod") is None
+    # The per-policy reserved gauge is the share in force, as the engine uses it.
+    assert get(m, "respool_policy_reserved", pool="gpus", subject="prod", key="gpu") == 0
+    assert get(m, "respool_policy_borrowed", pool="gpus", subject="prod", key="gpu") == 3
