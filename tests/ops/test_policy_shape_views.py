@@ -11,6 +11,7 @@ through.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -319,3 +320,24 @@ async def test_metrics_show_active_policies_and_covered_subjects(db_url: str) ->
     # The per-policy reserved gauge is the share in force, as the engine uses it.
     assert get(m, "respool_policy_reserved", pool="gpus", subject="prod", key="gpu") == 0
     assert get(m, "respool_policy_borrowed", pool="gpus", subject="prod", key="gpu") == 3
+
+
+def _ops_query(heading: str) -> str:
+    """The SQL block under ``heading`` in docs/ops.md (the page's ready queries)."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "ops.md").read_text()
+    section = text.split(f"### {heading}\n", 1)[1]
+    return section.split("```sql\n", 1)[1].split("```", 1)[0]
+
+
+async def test_the_ready_query_for_a_team_quota_runs_as_documented(
+    db: tuple[asyncpg.Connection, dict[str, UUID]],
+) -> None:
+    conn, _ = db
+    rows = await conn.fetch(_ops_query("Who a team quota covers"))
+    gpu = [(r["subject"], r["used"], r["queued"], r["team_share"], r["team_used"])
+           for r in rows if r["key"] == "gpu"]  # fmt: skip
+    assert gpu == [
+        ("team-vision:b", 3, 12, 4, 5),
+        ("team-vision:a", 2, 0, 4, 5),
+        ("team-vision:c", 0, 10, 4, 5),
+    ]
