@@ -82,7 +82,9 @@ async def test_non_lane_work_never_preempts_a_lane_by_priority(conn: asyncpg.Con
     assert await statuses(conn, held.id, waiting.id) == ["allocated", "queued"]
 
 
-async def test_a_reserved_share_is_reclaimed_from_a_borrowing_lane(conn: asyncpg.Connection) -> None:
+async def test_a_reserved_share_is_reclaimed_from_a_borrowing_lane(
+    conn: asyncpg.Connection,
+) -> None:
     await mk_pool(conn, "p", {"gpu": 4})
     await mk_policy(conn, "lane", "p", priority_lane=True)
     await mk_policy(conn, "owner", "p", reserved={"gpu": 2})
