@@ -2,9 +2,10 @@
 I3 against the share as set, and the ``respool_policy_active`` / ``respool_policy_covered_subjects``
 gauges (docs/preemption.md, "Policy shapes"; docs/ops.md).
 
-The shapes are written by hand as a superuser on top of requests the engine granted, so each
-test sees exactly the state it names: a policy outside its windows (share in force 0, share as
-set kept), a priority lane, and a team quota ``team-vision:*`` that three subjects hold and wait
+The requests are granted by the engine (the team quota ``team-vision:*`` is the policy of every
+``team-vision:...`` subject); the lane flag and a closed window are written by hand as a
+superuser, so each test sees exactly the state it names: a policy outside its windows (share in
+force 0, share as set kept), a priority lane, and a team quota that three subjects hold and wait
 through.
 """
 
@@ -48,45 +49,22 @@ async def _policy(conn: asyncpg.Connection, subject: str, **maps: dict[str, int]
     )
 
 
-async def _team_quota(conn: asyncpg.Connection, pattern: str, reserved: int, limit: int) -> None:
-    """Moves every request of the subjects ``pattern`` covers onto one pattern policy, as the
-    engine keeps it once it chose that policy at creation: the pattern's counters are their
-    sums, and the subjects' own policies go."""
-    prefix = pattern.split("*", 1)[0]
+async def _pattern_policy(
+    conn: asyncpg.Connection, pattern: str, reserved: int, limit: int
+) -> None:
+    """A pattern policy with a gpu share and limit, written as create_policy would."""
     pid = await conn.fetchval(
         "INSERT INTO respool.policies (subject, pool_id)"
         " VALUES ($1, (SELECT id FROM respool.pools WHERE name = 'gpus')) RETURNING id",
         pattern,
     )
-    old = [
-        r["id"]
-        for r in await conn.fetch(
-            "SELECT id FROM respool.policies WHERE NOT is_pattern AND starts_with(subject, $1)",
-            prefix,
-        )
-    ]
     await conn.execute(
-        'INSERT INTO respool.policy_resources (policy_id, key, reserved, configured, "limit",'
-        " used, np_used)"
-        " SELECT $1, key, CASE key WHEN 'gpu' THEN $2::bigint ELSE 0 END,"
-        "        CASE key WHEN 'gpu' THEN $2::bigint ELSE 0 END,"
-        "        CASE key WHEN 'gpu' THEN $3::bigint END,"
-        "        sum(used), sum(np_used)"
-        "   FROM respool.policy_resources WHERE policy_id = ANY($4::uuid[]) GROUP BY key",
+        'INSERT INTO respool.policy_resources (policy_id, key, reserved, configured, "limit")'
+        " VALUES ($1, 'gpu', $2, $2, $3)",
         pid,
         reserved,
         limit,
-        old,
     )
-    await conn.execute(
-        "UPDATE respool.requests SET policy_id = $1 WHERE policy_id = ANY($2::uuid[])", pid, old
-    )
-    await conn.execute(
-        "UPDATE respool.queue_entries SET policy_id = $1 WHERE policy_id = ANY($2::uuid[])",
-        pid,
-        old,
-    )
-    await conn.execute("DELETE FROM respool.policies WHERE id = ANY($1::uuid[])", old)
 
 
 async def _outside_windows(conn: asyncpg.Connection, subject: str) -> None:
@@ -115,8 +93,8 @@ async def _build(conn: asyncpg.Connection) -> dict[str, UUID]:
     await _policy(conn, "prod", reserved={"gpu": 6}, limit={"gpu": 8})
     await _policy(conn, "oncall")
     await _policy(conn, "solo")
-    for s in ("team-vision:a", "team-vision:b", "team-vision:c"):
-        await _policy(conn, s)
+    # One quota for the team: the engine charges every team-vision:... request to it.
+    await _pattern_policy(conn, "team-vision:*", reserved=4, limit=12)
     out: dict[str, UUID] = {}
     plan = [
         ("prod_np", "prod", 2, False),
@@ -133,7 +111,6 @@ async def _build(conn: asyncpg.Connection) -> dict[str, UUID]:
         assert made["status"] == ("queued" if name.endswith("_wait") else "allocated"), name
         out[name] = UUID(made["id"])
     await conn.execute("UPDATE respool.policies SET priority_lane = true WHERE subject = 'oncall'")
-    await _team_quota(conn, "team-vision:*", reserved=4, limit=12)
     await _outside_windows(conn, "prod")
     return out
 
