@@ -60,9 +60,7 @@ async def test_grace_goes_through_preempting_and_the_holder_hears_it(
     r = await mk(conn, 2)
     listener = await asyncpg.connect(db_url)
     heard: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-    await listener.add_listener(
-        "respool_request", lambda *a: heard.put_nowait(json.loads(a[3]))
-    )
+    await listener.add_listener("respool_request", lambda *a: heard.put_nowait(json.loads(a[3])))
     try:
         done = await terminate(conn, r.id, reason="node maintenance")
         note = await asyncio.wait_for(heard.get(), timeout=1)
