@@ -274,6 +274,31 @@ async def test_a_gang_member_takes_the_whole_gang_without_grace(
     await es.assert_healthy(conn)
 
 
+async def test_forced_call_on_a_gang_half_requeued_after_a_preemption(
+    conn: asyncpg.Connection,
+) -> None:
+    # A gang preempted by reclaim: one member released in its grace period and waits, queued
+    # again for its gang; the other is still preempting. A forced terminate ends them both.
+    await es.mk_pool(conn, "p", {"gpu": 4}, preemption_grace_seconds=300)
+    await es.mk_policy(conn, "prod", "p", reserved={"gpu": 4})
+    await es.mk_policy(conn, "S", "p")
+    a, b = await gang(conn, gpu(2, max_retries=1), gpu(2, max_retries=1))
+    p = await es.mk_req(conn, "prod", "p", resources={"gpu": 4})
+    await es.reconcile(conn, "p")
+    assert await es.statuses(conn, a.id, b.id) == ["preempting", "preempting"]
+    await db_requests.release_request(conn, a.id)
+    waiting = await es.get(conn, a.id)
+    assert (waiting.status, waiting.attempt) == ("queued", 2)
+    done = await terminate(conn, b.id, force=True, reason="stop")
+    assert (done.status, done.reason) == ("preempted", "terminated")
+    after = await es.get(conn, a.id)
+    assert (after.status, after.reason) == ("cancelled", "terminated")
+    assert f"member {b.id} was terminated by an admin: stop" in after.message
+    assert await es.status(conn, p.id) == "allocated"
+    assert await es.queue(conn) == []
+    await es.assert_healthy(conn)
+
+
 async def test_a_queued_gang_is_cancelled(conn: asyncpg.Connection) -> None:
     await es.mk_pool_s(conn, {"gpu": 4})
     await mk(conn, 4)
