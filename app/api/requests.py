@@ -368,6 +368,8 @@ class RequestController(Controller):
         # No body (or null): the defaults, as the document's optional body says.
         absent = (await request.body()).strip() in (b"", b"null")
         body = RequestTerminate() if absent else await decode_body(request, RequestTerminate)
+        if "\x00" in body.reason:  # PostgreSQL text cannot hold it: the engine never sees it
+            raise ApiError(400, "reason: must not contain NUL characters", "reason")
         return await db_requests.terminate_request(
             db(state), request_id, force=body.force, reason=body.reason
         )

@@ -151,6 +151,8 @@ async def test_unknown_id_is_404(server: Server) -> None:
         ({"force": 1}, "force"),
         ({"reason": 5}, "reason"),
         ({"reason": "x" * 2001}, "reason"),
+        ({"reason": "a\u0000b"}, "reason"),
+        ({"force": None}, "force"),
         ({"forse": True}, "forse"),
     ],
 )
