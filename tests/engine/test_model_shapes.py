@@ -3,9 +3,9 @@ moving clock, preemption groups, priority lanes and pattern policies (team quota
 
 A Hypothesis ``RuleBasedStateMachine`` drives one pool through creates (single requests and
 two-member gangs, with or without a preemption group, preemptible or not), releases, cancels,
-clock moves and reconciler passes, every call with the machine's clock as ``p_now``. It does not
-predict every status (tests/engine/test_model.py does that for the plain rules); it checks what
-the shapes promise, after every step:
+terminates, clock moves and reconciler passes, every call with the machine's clock as
+``p_now``. It does not predict every status (tests/engine/test_model.py does that for the plain
+rules); it checks what the shapes promise, after every step:
 
 * I1-I4: ``respool.invariant_violations`` is empty;
 * a request's policy is its subject's exact policy, else the matching pattern with the longest
@@ -411,6 +411,21 @@ class ShapesMachine(RuleBasedStateMachine):
     def cancel(self, data: st.DataObject) -> None:
         if rid := self._pick(data, ("queued",)):
             self.sql("SELECT respool.cancel_request(p_id => $1, p_now => $2)", rid, self.now)
+
+    @rule(data=st.data(), force=st.booleans())
+    def terminate(self, data: st.DataObject, force: bool) -> None:
+        """An admin ends a request: never requeued, never a group's or a lane's concern."""
+        if rid := self._pick(data, ("queued", "allocated", "preempting")):
+            try:
+                self.sql(
+                    "SELECT respool.terminate_request(p_id => $1, p_force => $2, p_now => $3)",
+                    rid,
+                    force,
+                    self.now,
+                )
+                self.stats["terminated"] += 1
+            except asyncpg.PostgresError as exc:
+                assert not force and "not preemptible" in str(exc), exc
 
     @rule(minutes=st.sampled_from([1, 7, 45, 90, 240, 600, 1440]))
     def tick(self, minutes: int) -> None:
