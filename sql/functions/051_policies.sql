@@ -161,6 +161,9 @@ BEGIN
         PERFORM respool._fail('RP409', 'subject', format('subject %s already has a policy on pool %s', p_subject, p_pool));
     END;
     PERFORM respool._apply_policy_maps(v_id, v_pool_id, v_reserved, v_limit, p_now);
+    IF v_state.next_change IS NOT NULL THEN
+        PERFORM respool._pool_changed(v_pool_id);  -- the reconcilers learn when its next boundary is
+    END IF;
     RETURN respool.policy_json(v_id);
 END $$;
 COMMENT ON FUNCTION respool.create_policy(text, text, integer, jsonb, jsonb, text, timestamptz, boolean, jsonb) IS
