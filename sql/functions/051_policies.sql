@@ -94,7 +94,10 @@ BEGIN
             PERFORM respool._fail('RP409', 'reserved.' || k, format(
                 'reserved.%s cannot go below %s: non-preemptible requests of this subject hold that much', k, v.np_used));
         END IF;
-        UPDATE respool.policy_resources SET configured = n WHERE policy_id = p_policy_id AND key = k;
+        UPDATE respool.policy_resources
+           SET configured = n,
+               reserved = CASE WHEN (SELECT active FROM respool.policies WHERE id = p_policy_id) THEN n ELSE 0 END
+         WHERE policy_id = p_policy_id AND key = k;
     END LOOP;
     FOR k, n IN SELECT key, value::bigint FROM jsonb_each_text(p_limit) LOOP
         INSERT INTO respool.policy_resources (policy_id, key, "limit") VALUES (p_policy_id, k, nullif(n, 0))
