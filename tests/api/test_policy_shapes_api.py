@@ -49,9 +49,7 @@ async def test_windows_and_lane_round_trip(server: Server) -> None:
     assert (always["windows"], always["active"], always["next_change"]) == (None, True, None)
     past = {"start": "2020-01-01T00:00:00Z", "end": "2020-01-02T00:00:00Z"}
     over = ok(
-        await c.patch(
-            f"/v1/policies/{pol['id']}", json={"windows": [past], "priority_lane": False}
-        )
+        await c.patch(f"/v1/policies/{pol['id']}", json={"windows": [past], "priority_lane": False})
     )
     assert (over["active"], over["next_change"], over["priority_lane"]) == (False, None, False)
     assert over["windows"] == [past]
@@ -94,7 +92,8 @@ async def test_bad_window_shapes_are_400(server: Server) -> None:
     ):
         body = {"subject": "prod", "pool": "p", "windows": [window]}
         answer = error(await c.post("/v1/policies", json=body), 400)
-        assert "windows" in answer["detail"] or "windows" in str(answer.get("field"))
+        # the body's decoder or the engine: either names the window's field
+        assert answer["field"].startswith("windows") and answer["field"] != "windows", answer
     assert ok(await c.get("/v1/policies")) == []
 
 
