@@ -63,6 +63,9 @@ DECLARE
     v_end timestamptz;
     v_weekly constant text[] := ARRAY['timezone', 'days', 'from', 'to'];
     v_once constant text[] := ARRAY['start', 'end'];
+    v_zones text[] := '{}';      -- the weekly windows' time zones ...
+    v_zones_at integer[] := '{}';  -- ... and their indexes
+    v_bad record;
 BEGIN
     IF p_windows IS NULL OR p_windows = 'null'::jsonb THEN
         RETURN NULL;  -- always active
@@ -106,10 +109,8 @@ BEGIN
                 PERFORM respool._fail('RP400', v_field || '.timezone', v_field
                     || '.timezone is required: an IANA time zone name, e.g. Europe/Berlin');
             END IF;
-            IF NOT EXISTS (SELECT FROM pg_timezone_names WHERE name = v_item ->> 'timezone') THEN
-                PERFORM respool._fail('RP400', v_field || '.timezone', format(
-                    '%s.timezone: unknown time zone %s (an IANA name, e.g. Europe/Berlin)', v_field, left(v_item ->> 'timezone', 64)));
-            END IF;
+            v_zones := v_zones || (v_item ->> 'timezone');  -- checked below, all at once
+            v_zones_at := v_zones_at || v_i;
             v_days := respool._weekdays();  -- absent: every day
             IF v_item ? 'days' THEN
                 IF jsonb_typeof(v_item -> 'days') <> 'array' OR jsonb_array_length(v_item -> 'days') = 0 THEN
@@ -133,6 +134,16 @@ BEGIN
         END IF;
         v_i := v_i + 1;
     END LOOP;
+    -- One read of pg_timezone_names (it reads the time zone files: tens of milliseconds).
+    SELECT z.at, z.name INTO v_bad
+      FROM unnest(v_zones, v_zones_at) z(name, at)
+      LEFT JOIN pg_timezone_names t ON t.name = z.name
+     WHERE t.name IS NULL
+     ORDER BY z.at LIMIT 1;
+    IF FOUND THEN
+        PERFORM respool._fail('RP400', format('windows[%s].timezone', v_bad.at), format(
+            'windows[%s].timezone: unknown time zone %s (an IANA name, e.g. Europe/Berlin)', v_bad.at, left(v_bad.name, 64)));
+    END IF;
     RETURN v_out;
 END $$;
 COMMENT ON FUNCTION respool._windows(jsonb) IS
