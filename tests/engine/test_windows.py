@@ -546,12 +546,6 @@ async def test_patterns_with_one_literal_prefix_tie(conn: asyncpg.Connection) ->
     assert await db_policies.list_policies(conn, subject="team-vision:x") == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="respool._rejection (032_admission.sql) reads the share in force, not the share as set:"
-    " outside its window a non-preemptible request is rejected (exceeds_reserved) instead of"
-    " waiting for the window; the lead's engine change",
-)
 async def test_non_preemptible_work_outside_its_window_waits_for_it(
     conn: asyncpg.Connection,
 ) -> None:
