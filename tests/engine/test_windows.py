@@ -20,6 +20,7 @@ from respool_client.wire import Policy
 from app.db import policies as db_policies
 from app.db import pools as db_pools
 from app.db import reconcile as db_reconcile
+from app.db import requests as db_requests
 from app.db.errors import BadInput, Conflict, translate
 from support.db import direct
 
@@ -576,3 +577,21 @@ async def test_non_preemptible_work_keeps_its_units_when_the_window_closes(
     assert await status(conn, steady.id) == "allocated"  # never a victim
     assert (await get_policy(conn, "prod")).borrowed == {"gpu": 2}
     assert await db_reconcile.invariant_violations(conn) == []
+
+
+async def test_a_pattern_covers_the_subjects_holding_or_queued_through_it(
+    conn: asyncpg.Connection,
+) -> None:
+    now = await conn.fetchval("SELECT now()")
+    await mk_pool(conn, "p", {"gpu": 2})
+    await policy(conn, "team-vision:*", now, limit={"gpu": 2})
+    await policy(conn, "team-vision:carol", now)
+    bob = await mk_req(conn, "team-vision:bob", "p", resources={"gpu": 2})
+    alice = await mk_req(conn, "team-vision:alice", "p", resources={"gpu": 1})
+    carol = await mk_req(conn, "team-vision:carol", "p", resources={"gpu": 1})
+    assert [bob.status, alice.status, carol.status] == ["allocated", "queued", "queued"]
+    team = await get_policy(conn, "team-vision:*")
+    assert team.covers == ["team-vision:alice", "team-vision:bob"]  # carol has her own policy
+    assert (await get_policy(conn, "team-vision:carol")).covers == []
+    await db_requests.release_request(conn, bob.id)
+    assert (await get_policy(conn, "team-vision:*")).covers == ["team-vision:alice"]
