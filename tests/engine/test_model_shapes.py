@@ -225,20 +225,15 @@ async def make_policy(
     """A policy of pool ``gp`` with a gpu share and limit; returns its id."""
     doc = await conn.fetchval(
         "SELECT respool.create_policy(p_subject => $1, p_pool => 'gp', p_priority => $2,"
-        " p_reserved => $3, p_limit => $4, p_now => $5)",
-        subject.replace("*", "STAR"),
+        " p_reserved => $3, p_limit => $4, p_now => $5, p_priority_lane => $6, p_windows => $7)",
+        subject,
         priority,
         {"gpu": reserved} if reserved else {},
         {"gpu": limit} if limit else {},
         now,
-    )
-    await conn.execute(
-        "UPDATE respool.policies SET subject = $2, priority_lane = $3 WHERE id = $1",
-        UUID(doc["id"]),
-        subject,
         lane,
+        windows,
     )
-    assert windows is None or windows is not None
     return str(doc["id"])
 
 
@@ -442,10 +437,24 @@ class ShapesMachine(RuleBasedStateMachine):
         self._pass()
 
     def _pass(self) -> None:
-        self.sql(
-            "SELECT respool.reconcile_pool((SELECT id FROM respool.pools WHERE name = 'gp'), $1)",
-            self.now,
-        )
+        """A reconciler pass at the machine's clock: the pool's lock, the window boundaries due
+        (respool._apply_windows), then respool.reconcile_pool, in one transaction. (Once
+        reconcile_pool applies the boundaries itself, the first call finds nothing due.)"""
+
+        async def run() -> None:
+            async with self.conn.transaction():
+                await self.conn.execute(
+                    "SELECT respool._apply_windows(id, $1) FROM respool.pools WHERE name = 'gp'"
+                    " FOR NO KEY UPDATE",
+                    self.now,
+                )
+                await self.conn.execute(
+                    "SELECT respool.reconcile_pool((SELECT id FROM respool.pools"
+                    " WHERE name = 'gp'), $1)",
+                    self.now,
+                )
+
+        self.runner.run(run())
         self.stats["passes"] += 1
         breaches = self.runner.run(window_breaches(self.conn, self.now))
         assert breaches == [], "\n".join(breaches)
