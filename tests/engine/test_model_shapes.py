@@ -356,7 +356,7 @@ class ShapesMachine(RuleBasedStateMachine):
                 "preemption_group": group,
                 "lease_seconds": None,
             },
-            self.now,
+            self._call_time(),
         )
         self.requests[made["id"]] = (subject, group)
         self.stats[f"created_{made['status']}"] += 1
@@ -379,33 +379,46 @@ class ShapesMachine(RuleBasedStateMachine):
             "SELECT created, request FROM respool.create_requests($1, p_all_or_nothing => true,"
             " p_now => $2)",
             [member, member],
-            self.now,
+            self._call_time(),
         )
         for row in rows:
             self.requests[row["request"]["id"]] = (subject, group)
         self.stats["gangs"] += 1
 
     def _pick(self, data: st.DataObject, statuses: tuple[str, ...]) -> str | None:
-        live = [
+        """One of the requests in ``statuses``, drawn from them in creation order (the order of
+        self.requests: deterministic, so Hypothesis replays the same choices)."""
+        now_in = {
             r["id"]
             for r in self.fetch(
-                "SELECT id::text FROM respool.requests WHERE status = ANY($1::text[])"
-                " ORDER BY created_at, id",
+                "SELECT id::text FROM respool.requests WHERE status = ANY($1::text[])",
                 list(statuses),
             )
-        ]
+        }
+        live = [rid for rid in self.requests if rid in now_in]
         return data.draw(st.sampled_from(live)) if live else None
+
+    def _call_time(self) -> datetime:
+        """The clock for the next call: 10 ms later than the last one, so no two calls share an
+        instant (ties in victim order would fall to random ids) and the clock stays half a
+        minute off every window boundary."""
+        self.now += timedelta(milliseconds=10)
+        return self.now
 
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
         if rid := self._pick(data, ("allocated", "preempting")):
-            self.sql("SELECT respool.release_request(p_id => $1, p_now => $2)", rid, self.now)
+            self.sql(
+                "SELECT respool.release_request(p_id => $1, p_now => $2)", rid, self._call_time()
+            )
             self.stats["released"] += 1
 
     @rule(data=st.data())
     def cancel(self, data: st.DataObject) -> None:
         if rid := self._pick(data, ("queued",)):
-            self.sql("SELECT respool.cancel_request(p_id => $1, p_now => $2)", rid, self.now)
+            self.sql(
+                "SELECT respool.cancel_request(p_id => $1, p_now => $2)", rid, self._call_time()
+            )
 
     @rule(data=st.data(), force=st.booleans())
     def terminate(self, data: st.DataObject, force: bool) -> None:
@@ -416,7 +429,7 @@ class ShapesMachine(RuleBasedStateMachine):
                     "SELECT respool.terminate_request(p_id => $1, p_force => $2, p_now => $3)",
                     rid,
                     force,
-                    self.now,
+                    self._call_time(),
                 )
                 self.stats["terminated"] += 1
             except asyncpg.PostgresError as exc:
@@ -440,6 +453,7 @@ class ShapesMachine(RuleBasedStateMachine):
         """A reconciler pass at the machine's clock: the pool's lock, the window boundaries due
         (respool._apply_windows), then respool.reconcile_pool, in one transaction. (Once
         reconcile_pool applies the boundaries itself, the first call finds nothing due.)"""
+        self._call_time()
 
         async def run() -> None:
             async with self.conn.transaction():
