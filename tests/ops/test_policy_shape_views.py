@@ -2,16 +2,15 @@
 I3 against the share as set, and the ``respool_policy_active`` / ``respool_policy_covered_subjects``
 gauges (docs/preemption.md, "Policy shapes"; docs/ops.md).
 
-The requests are granted by the engine (the team quota ``team-vision:*`` is the policy of every
-``team-vision:...`` subject); the lane flag and a closed window are written by hand as a
-superuser, so each test sees exactly the state it names: a policy outside its windows (share in
-force 0, share as set kept), a priority lane, and a team quota that three subjects hold and wait
-through.
+Everything goes through the engine: a policy whose window closed after it was granted work
+(share in force 0, share as set kept), a priority lane, and a team quota ``team-vision:*`` that
+three subjects hold and wait through.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -26,9 +25,6 @@ from support.server import running_server
 
 from .test_metrics import get, scrape
 
-# A one-time window long past: the policy is outside its windows now and for good.
-PAST = [{"start": "2020-01-06T08:00:00+00:00", "end": "2020-01-06T18:00:00+00:00"}]
-
 
 async def _request(conn: asyncpg.Connection, subject: str, resources: dict[str, int],
                    preemptible: bool = True) -> dict[str, Any]:  # fmt: skip
@@ -39,62 +35,51 @@ async def _request(conn: asyncpg.Connection, subject: str, resources: dict[str, 
     return made
 
 
-async def _policy(conn: asyncpg.Connection, subject: str, **maps: dict[str, int]) -> None:
+async def _policy(
+    conn: asyncpg.Connection, subject: str, lane: bool = False, windows: Any = None,
+    **maps: dict[str, int],
+) -> None:  # fmt: skip
     await conn.execute(
         "SELECT respool.create_policy(p_subject => $1, p_pool => 'gpus', p_reserved => $2,"
-        " p_limit => $3)",
+        " p_limit => $3, p_priority_lane => $4, p_windows => $5)",
         subject,
         maps.get("reserved", {}),
         maps.get("limit", {}),
+        lane,
+        windows,
     )
 
 
-async def _pattern_policy(
-    conn: asyncpg.Connection, pattern: str, reserved: int, limit: int
-) -> None:
-    """A pattern policy with a gpu share and limit, written as create_policy would."""
-    pid = await conn.fetchval(
-        "INSERT INTO respool.policies (subject, pool_id)"
-        " VALUES ($1, (SELECT id FROM respool.pools WHERE name = 'gpus')) RETURNING id",
-        pattern,
-    )
-    await conn.execute(
-        'INSERT INTO respool.policy_resources (policy_id, key, reserved, configured, "limit")'
-        " VALUES ($1, 'gpu', $2, $2, $3)",
-        pid,
-        reserved,
-        limit,
-    )
-
-
-async def _outside_windows(conn: asyncpg.Connection, subject: str) -> None:
-    """``subject``'s policy gets a window long past: inactive, its share in force 0."""
-    await conn.execute(
-        "UPDATE respool.policies SET windows = $2, active = false, next_change = NULL"
-        " WHERE subject = $1",
-        subject,
-        PAST,
-    )
-    await conn.execute(
-        "UPDATE respool.policy_resources SET reserved = 0"
-        " WHERE policy_id = (SELECT id FROM respool.policies WHERE subject = $1)",
-        subject,
-    )
+async def boundary_pass(conn: asyncpg.Connection, at: datetime) -> None:
+    """The reconciler's pass at ``at``: the window boundaries due, then the pool's pass."""
+    async with conn.transaction():
+        await conn.execute(
+            "SELECT respool._apply_windows(id, $1) FROM respool.pools WHERE name = 'gpus'"
+            " FOR NO KEY UPDATE",
+            at,
+        )
+        await conn.execute(
+            "SELECT respool.reconcile_pool((SELECT id FROM respool.pools WHERE name = 'gpus'), $1)",
+            at,
+        )
 
 
 async def _build(conn: asyncpg.Connection) -> dict[str, UUID]:
-    """Pool ``gpus`` (16 gpu). ``prod`` (reserved 6, limit 8) holds 2 non-preemptible and 1
-    preemptible gpu, then its window closes. ``oncall`` is a priority lane holding 1.
-    ``team-vision:*`` (reserved 4, limit 12) covers ``team-vision:a`` (holds 2),
-    ``team-vision:b`` (holds 3, waits for 12) and ``team-vision:c`` (waits for 10); ``solo`` (no
-    pattern) holds 1."""
+    """Pool ``gpus`` (16 gpu). ``prod`` (reserved 6, limit 8, one window: the hour around now)
+    holds 2 non-preemptible and 1 preemptible gpu; then a pass two hours later closes its
+    window. ``oncall`` is a priority lane holding 1. The team quota ``team-vision:*``
+    (reserved 4, limit 12) covers ``team-vision:a`` (holds 2), ``team-vision:b`` (holds 3, waits
+    for 12) and ``team-vision:c`` (waits for 10); ``solo`` (no pattern) holds 1."""
+    now: datetime = await conn.fetchval("SELECT now()")
+    hour = timedelta(hours=1)
     await conn.execute("SELECT respool.create_pool(p_name => 'gpus', p_capacity => $1)",
                        {"gpu": 16})  # fmt: skip
-    await _policy(conn, "prod", reserved={"gpu": 6}, limit={"gpu": 8})
-    await _policy(conn, "oncall")
+    window = [{"start": (now - hour).isoformat(), "end": (now + hour).isoformat()}]
+    await _policy(conn, "prod", windows=window, reserved={"gpu": 6}, limit={"gpu": 8})
+    await _policy(conn, "oncall", lane=True)
     await _policy(conn, "solo")
     # One quota for the team: the engine charges every team-vision:... request to it.
-    await _pattern_policy(conn, "team-vision:*", reserved=4, limit=12)
+    await _policy(conn, "team-vision:*", reserved={"gpu": 4}, limit={"gpu": 12})
     out: dict[str, UUID] = {}
     plan = [
         ("prod_np", "prod", 2, False),
@@ -110,8 +95,7 @@ async def _build(conn: asyncpg.Connection) -> dict[str, UUID]:
         made = await _request(conn, subject, {"gpu": gpu}, preemptible)
         assert made["status"] == ("queued" if name.endswith("_wait") else "allocated"), name
         out[name] = UUID(made["id"])
-    await conn.execute("UPDATE respool.policies SET priority_lane = true WHERE subject = 'oncall'")
-    await _outside_windows(conn, "prod")
+    await boundary_pass(conn, now + 2 * hour)
     return out
 
 
@@ -162,14 +146,15 @@ async def test_policy_usage_shows_the_share_in_force_and_the_share_as_set(
 async def test_borrowed_follows_the_window(
     db: tuple[asyncpg.Connection, dict[str, UUID]],
 ) -> None:
-    """When the window opens again the share in force is the share as set: nothing borrowed."""
+    """When a window opens again the share in force is the share as set: nothing borrowed."""
     conn, _ = db
+    now: datetime = await conn.fetchval("SELECT now()")
+    later = [{"start": now.isoformat(), "end": (now + timedelta(days=1)).isoformat()}]
     await conn.execute(
-        "UPDATE respool.policies SET windows = NULL, active = true WHERE subject = 'prod'"
-    )
-    await conn.execute(
-        "UPDATE respool.policy_resources SET reserved = configured"
-        " WHERE policy_id = (SELECT id FROM respool.policies WHERE subject = 'prod')"
+        "SELECT respool.update_policy(p_ref => (SELECT id::text FROM respool.policies"
+        " WHERE subject = 'prod'), p_windows => $1, p_now => $2)",
+        later,
+        now + timedelta(hours=3),
     )
     assert (await _usage(conn))["prod"] == (6, 6, True, False, 3, 0, 2, 8)
     pools = {r.key: r for r in await db_metrics.pool_key_rows(conn)}
