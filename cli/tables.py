@@ -382,6 +382,8 @@ def request_header(r: Request) -> Group:
         rows.insert(-3, ("Max runtime", f"{r.max_seconds}s (until {fmt_time(r.run_deadline)})"))
     if r.node_selector:
         rows.insert(-4, ("Node selector", fmt_labels(r.node_selector)))
+    if r.preemption_group is not None:
+        rows.insert(8, ("Preemption group", r.preemption_group))
     if r.placement is not None:
         where = f"node {r.placement.node}, devices {fmt_devices(r.placement.devices)}"
         rows.insert(-4, ("Placement", where))
