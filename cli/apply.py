@@ -21,6 +21,7 @@ from respool_client.manifest import (
     current_manifest,
     duplicate_names,
     duplicate_nodes,
+    naive_instant,
 )
 from respool_client.wire import Node, Policy, Pool
 
@@ -68,7 +69,7 @@ def load_manifest(path: str) -> Manifest:
         manifest = msgspec.convert(doc, Manifest, strict=True)
     except msgspec.ValidationError as exc:
         raise CliError(f"{name}: {exc}") from None
-    naive = _naive_instants(manifest)
+    naive = naive_instant(manifest)
     if naive:
         raise CliError(f"{name}: {naive}: a window's instant needs a zone (Z or +01:00)")
     dups = duplicate_names(manifest)
@@ -91,17 +92,6 @@ def _yaml_times(doc: dict[str, Any]) -> None:
                     value = window.get(key)
                     if isinstance(value, int) and not isinstance(value, bool) and value < 24 * 60:
                         window[key] = f"{value // 60:02d}:{value % 60:02d}"
-
-
-def _naive_instants(manifest: Manifest) -> str | None:
-    """The field of the first one-time window instant without a zone, if any."""
-    for i, pool in enumerate(manifest.pools):
-        for j, policy in enumerate(pool.policies):
-            for k, w in enumerate(policy.windows or []):
-                for key, value in (("start", w.start), ("end", w.end)):
-                    if value is not None and value.tzinfo is None:
-                        return f"pools[{i}].policies[{j}].windows[{k}].{key}"
-    return None
 
 
 def _post(api: Api, manifest: Manifest, *, prune: bool, dry_run: bool, force: bool) -> Plan:

@@ -34,6 +34,7 @@ __all__ = [
     "current_manifest",
     "duplicate_names",
     "duplicate_nodes",
+    "naive_instant",
     "node_capacity",
     "windows_key",
 ]
@@ -205,6 +206,18 @@ def duplicate_names(manifest: Manifest) -> list[str]:
                 dups.append(f"{pool.name}/{pol.subject}")
             subjects.add(pol.subject)
     return dups
+
+
+def naive_instant(manifest: Manifest) -> str | None:
+    """The field of the first one-time window instant without a time zone, if any (such an
+    instant means nothing on its own: refused)."""
+    for i, pool in enumerate(manifest.pools):
+        for j, policy in enumerate(pool.policies):
+            for k, w in enumerate(policy.windows or []):
+                for key, value in (("start", w.start), ("end", w.end)):
+                    if value is not None and value.tzinfo is None:
+                        return f"pools[{i}].policies[{j}].windows[{k}].{key}"
+    return None
 
 
 def duplicate_nodes(manifest: Manifest) -> list[str]:
