@@ -78,7 +78,7 @@ Window = Annotated[
     list[str] | None,
     typer.Option(
         "--window",
-        metavar="SPEC",
+        metavar="WINDOW",
         help="When the reserved share is in force; repeat for more (replaces the policy's"
         " windows): 'mon-fri 09:00-17:00 Europe/Berlin', '09:00-17:00 UTC' (every day),"
         " 'mon,wed,fri 22:00-06:00 UTC' (crosses midnight),"

@@ -1,5 +1,5 @@
 """A policy's time windows on the command line (``--window``) and in tables and plans: the
-compact syntax of docs/cli.md, turned into the API's window objects and back.
+compact syntax, turned into the API's window objects and back.
 
 * weekly: ``[DAYS] HH:MM-HH:MM TIMEZONE``, e.g. ``mon-fri 09:00-17:00 Europe/Berlin`` or
   ``09:00-17:00 UTC`` (every day). DAYS is a comma list of days (``mon,wed,fri``) and ranges

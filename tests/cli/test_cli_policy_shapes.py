@@ -1,5 +1,5 @@
 """Policy shapes on the command line (docs/preemption.md): ``attach-policy --lane/--no-lane
---window SPEC --no-windows``, pattern subjects, ``list-policies`` / ``pool describe`` columns
+--window WINDOW --no-windows``, pattern subjects, ``list-policies`` / ``pool describe`` columns
 LANE, WINDOWS, ACTIVE, NEXT CHANGE and COVERS, and ``request create --group``.
 
 Whether a policy is active depends on the real clock here (the CLI has no clock of its own), so
