@@ -26,8 +26,12 @@ BEGIN
                             k.key, c.subject_used, pol."limit", k.need)
                  WHEN NOT p_preemptible AND c.cap IS NOT NULL AND k.need > 0
                       AND coalesce(pol.np_used, 0) + k.need > coalesce(pol.reserved, 0) THEN
-                     format('waiting for %s: reserved share for non-preemptible work %s/%s used, needs %s',
-                            k.key, coalesce(pol.np_used, 0), coalesce(pol.reserved, 0), k.need)
+                     CASE WHEN pol.reserved = 0 AND pol.configured > 0
+                          -- outside the policy's time windows (docs/preemption.md)
+                          THEN format('waiting for %s: the reserved share of %s is in force only inside the policy''s time windows',
+                                      k.key, pol.configured)
+                          ELSE format('waiting for %s: reserved share for non-preemptible work %s/%s used, needs %s',
+                                      k.key, coalesce(pol.np_used, 0), coalesce(pol.reserved, 0), k.need) END
                  -- A counter nothing bounds still has a ceiling, so that no sum overflows.
                  WHEN k.need > 0 AND ((c.cap IS NULL AND c.pool_used + k.need > respool._max_total())
                                       OR (pol."limit" IS NULL AND c.subject_used + k.need > respool._max_total())) THEN

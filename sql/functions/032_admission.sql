@@ -107,7 +107,7 @@ LANGUAGE plpgsql STABLE AS $$
 BEGIN
     WITH k AS (
         SELECT x.key, x.value::bigint AS need, respool._effective_capacity(x.key, pr.capacity) AS cap,
-               coalesce(pol.reserved, 0) AS reserved, pol."limit" AS lim
+               coalesce(pol.configured, 0) AS reserved, pol."limit" AS lim
           FROM jsonb_each_text(p_resources) x
           LEFT JOIN respool.pool_resources pr ON pr.pool_id = p_pool_id AND pr.key = x.key
           LEFT JOIN respool.policy_resources pol ON pol.policy_id = p_policy_id AND pol.key = x.key
@@ -149,6 +149,30 @@ END $$;
 COMMENT ON FUNCTION respool.blocker(jsonb, boolean, uuid, uuid) IS
     'Public explanation of why a request of these resources (preemptible or not) of the subject of policy p_policy_id would wait in pool p_pool_id now: NULL when admission rules 1-3 (docs/admission.md) admit it, else one sentence naming the first blocking key (pool full, subject limit, reserved share for non-preemptible work). Read-only; does not look at earmarks.';
 
+CREATE OR REPLACE FUNCTION respool._subject_policies(p_subject text)
+RETURNS TABLE (policy_id uuid, pool_id uuid)
+LANGUAGE sql STABLE AS $$
+    -- Exact policies on subject (an index probe), then the patterns (few: a partial index);
+    -- per pool the exact one, else the pattern with the longest literal prefix (two patterns of
+    -- one pool never share a literal prefix: a unique index).
+    SELECT DISTINCT ON (m.pool_id) m.id, m.pool_id FROM (
+        SELECT p.id, p.pool_id, 0 AS rank FROM respool.policies p WHERE p.subject = p_subject
+        UNION ALL
+        SELECT p.id, p.pool_id, 1 + 1000 - length(p.literal_prefix) FROM respool.policies p
+         WHERE p.is_pattern AND p_subject LIKE replace(replace(p.subject, '_', '\_'), '*', '%')
+    ) m
+    ORDER BY m.pool_id, m.rank
+$$;
+COMMENT ON FUNCTION respool._subject_policies(text) IS
+    'The policy a request of p_subject goes through on each pool where it has one (docs/preemption.md, team quotas): the exact subject''s policy, else the pattern policy (subject with *) whose literal prefix (the text before the first *) is longest among those matching. One row per pool. Read-only.';
+
+CREATE OR REPLACE FUNCTION respool._policy_for(p_subject text, p_pool_id uuid)
+RETURNS uuid LANGUAGE sql STABLE AS $$
+    SELECT s.policy_id FROM respool._subject_policies(p_subject) s WHERE s.pool_id = p_pool_id
+$$;
+COMMENT ON FUNCTION respool._policy_for(text, uuid) IS
+    'The policy of p_subject on one pool (respool._subject_policies), NULL when it has none there. Read-only.';
+
 CREATE OR REPLACE FUNCTION respool._candidate_rejections(p_subject text, p_pool_ids uuid[], p_resources jsonb,
                                                          p_preemptible boolean, p_selector jsonb DEFAULT '{}',
                                                          p_request_id uuid DEFAULT NULL)
@@ -159,14 +183,15 @@ BEGIN
     -- admission tries them (policy priority desc, pool name; docs/admission.md).
     RETURN QUERY
     SELECT p.id, p.pool_id, pl.name, rej.reason, rej.message
-      FROM respool.policies p
+      FROM respool._subject_policies(p_subject) s
+      JOIN respool.policies p ON p.id = s.policy_id
       JOIN respool.pools pl ON pl.id = p.pool_id
      CROSS JOIN LATERAL respool._rejection(p_resources, p_preemptible, p.pool_id, p.id, p_selector, p_request_id) rej
-     WHERE p.subject = p_subject AND p.pool_id = ANY (p_pool_ids)
+     WHERE p.pool_id = ANY (p_pool_ids)
      ORDER BY p.priority DESC, pl.name;
 END $$;
 COMMENT ON FUNCTION respool._candidate_rejections(text, uuid[], jsonb, boolean, jsonb, uuid) IS
-    'Every candidate pool of a request (the subject''s policies on p_pool_ids), in candidate order, with its rejection (docs/admission.md; reason and message NULL when the request can ever fit there). Read-only.';
+    'Every candidate pool of a request (the subject''s policies on p_pool_ids, respool._subject_policies), in candidate order, with its rejection (docs/admission.md; reason and message NULL when the request can ever fit there). Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._node_blocker(p_resources jsonb, p_pool_id uuid, p_selector jsonb)
 RETURNS text LANGUAGE plpgsql STABLE AS $$

@@ -1,9 +1,19 @@
--- Queue order (docs/admission.md): priority desc, in-share first, queue time, id; computed shape by shape.
+-- Queue order (docs/admission.md): priority lane first, priority desc, in-share first, queue time, id;
+-- computed shape by shape.
+
+CREATE OR REPLACE FUNCTION respool._rank(p_priority integer, p_lane boolean)
+RETURNS bigint LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT p_priority::bigint + CASE WHEN p_lane THEN 4294967296 ELSE 0 END
+$$;
+COMMENT ON FUNCTION respool._rank(integer, boolean) IS
+    'A policy''s place in queue order and priority preemption (docs/preemption.md, priority lanes): its priority, above every priority (2^32 higher) in a priority lane. A lane request outranks every non-lane one; lane allocations never preempt each other, which the victim rule (respool._may_preempt) adds.';
+
+DROP FUNCTION IF EXISTS respool._queue_groups(uuid, boolean);
 
 CREATE OR REPLACE FUNCTION respool._queue_groups(p_pool_id uuid, p_skip_earmarked boolean DEFAULT false)
 RETURNS TABLE (policy_id uuid, subject text, preemptible boolean, resources jsonb, priority integer,
                in_share boolean, queued_at timestamptz, request_id uuid, share double precision,
-               node_selector jsonb)
+               node_selector jsonb, rank bigint)
 LANGUAGE sql STABLE AS $$
     -- Entries of one shape (policy, preemptible, resources, node selector) are alike for every admission rule
     -- and for in-share, so they keep their queue-time order among themselves: one row per shape,
@@ -26,7 +36,7 @@ LANGUAGE sql STABLE AS $$
           FROM respool.pool_resources pr WHERE pr.pool_id = p_pool_id
     )
     SELECT s.policy_id, p.subject, s.preemptible, s.resources, p.priority, i.in_share, h.queued_at, h.request_id,
-           ds.share, s.node_selector
+           ds.share, s.node_selector, respool._rank(p.priority, p.priority_lane)
       FROM shapes s
       JOIN respool.policies p ON p.id = s.policy_id
      CROSS JOIN tracked t
@@ -58,7 +68,7 @@ LANGUAGE sql STABLE AS $$
              ORDER BY e.queued_at, e.request_id LIMIT 1) h
 $$;
 COMMENT ON FUNCTION respool._queue_groups(uuid, boolean) IS
-    'A pool''s queue by shape (policy, preemptible, resources, node selector): each shape''s policy priority, in-share flag, dominant share (fair pools; 0 in fifo pools) and first entry (with p_skip_earmarked, its first entry holding no earmark; a shape with none is left out). Entries of one shape are granted in queue-time order, so the queue order is the merge of the shapes by (priority desc, in-share first, share asc, queue time, id). Costs O(shapes), not O(queue). Read-only.';
+    'A pool''s queue by shape (policy, preemptible, resources, node selector): each shape''s policy priority and rank (respool._rank: lane first), in-share flag, dominant share (fair pools; 0 in fifo pools) and first entry (with p_skip_earmarked, its first entry holding no earmark; a shape with none is left out). Entries of one shape are granted in queue-time order, so the queue order is the merge of the shapes by (rank desc, in-share first, share asc, queue time, id). Costs O(shapes), not O(queue). Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._next_of_shape(p_pool_id uuid, p_policy_id uuid, p_preemptible boolean,
                                                   p_resources jsonb, p_selector jsonb,
@@ -75,6 +85,19 @@ END $$;
 COMMENT ON FUNCTION respool._next_of_shape(uuid, uuid, boolean, jsonb, jsonb, timestamptz, uuid) IS
     'The entry of one queue shape that follows (p_after_at, p_after_id) in queue-time order (NULLs when none): one index probe.';
 
+CREATE OR REPLACE FUNCTION respool._next_other_group(p_pool_id uuid, p_policy_id uuid, p_preemptible boolean,
+                                                    p_resources jsonb, p_selector jsonb, p_tried text[])
+RETURNS uuid LANGUAGE sql STABLE AS $$
+    SELECT e.request_id FROM respool.queue_entries e JOIN respool.requests r ON r.id = e.request_id
+     WHERE e.pool_id = p_pool_id AND e.policy_id = p_policy_id
+       AND e.preemptible = p_preemptible AND e.resources = p_resources AND e.node_selector = p_selector
+       AND r.earmark_pool_id IS NULL
+       AND (r.preemption_group IS NULL OR r.preemption_group <> ALL (p_tried))
+     ORDER BY e.queued_at, e.request_id LIMIT 1
+$$;
+COMMENT ON FUNCTION respool._next_other_group(uuid, uuid, boolean, jsonb, jsonb, text[]) IS
+    'The first entry (queue-time order, holding no earmark) of one queue shape whose preemption group is none of p_tried (or that has no group): the next stand-in of the shape for preemption when its own group kept the one before from preempting (docs/preemption.md, preemption groups). NULL when none. Read-only.';
+
 CREATE OR REPLACE FUNCTION respool._queue_top(p_pool_id uuid, p_limit integer)
 RETURNS TABLE (request_id uuid, policy_id uuid, subject text, priority integer, in_share boolean,
                queued_at timestamptz, "position" bigint)
@@ -87,7 +110,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     -- range per shape, then one sort of what was read (no join of every entry against the
     -- shapes). p_limit NULL: the whole queue.
     SELECT e.request_id, g.policy_id, g.subject, g.priority, g.in_share, e.queued_at,
-           row_number() OVER (ORDER BY g.priority DESC, g.in_share DESC, g.share, e.queued_at, e.request_id)
+           row_number() OVER (ORDER BY g.rank DESC, g.in_share DESC, g.share, e.queued_at, e.request_id)
       FROM respool._queue_groups(p_pool_id) g
      CROSS JOIN LATERAL (
             SELECT x.queued_at, x.request_id FROM respool.queue_entries x
@@ -96,11 +119,11 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
                AND x.node_selector = g.node_selector
              ORDER BY x.queued_at, x.request_id
              LIMIT p_limit) e
-     ORDER BY g.priority DESC, g.in_share DESC, g.share, e.queued_at, e.request_id
+     ORDER BY g.rank DESC, g.in_share DESC, g.share, e.queued_at, e.request_id
      LIMIT p_limit
 $$;
 COMMENT ON FUNCTION respool._queue_top(uuid, integer) IS
-    'The first p_limit entries (NULL: all) of a pool''s queue in grant order (docs/admission.md, docs/scheduling.md: policy priority desc, in-share first, dominant share asc in fair pools, queue time, id) with their 1-based positions. Read-only; O(shapes * p_limit) index reads plus one sort of them, whatever the queue length.';
+    'The first p_limit entries (NULL: all) of a pool''s queue in grant order (docs/admission.md, docs/scheduling.md: priority lane first, policy priority desc, in-share first, dominant share asc in fair pools, queue time, id) with their 1-based positions. Read-only; O(shapes * p_limit) index reads plus one sort of them, whatever the queue length.';
 
 CREATE OR REPLACE FUNCTION respool._queue_order(p_pool_id uuid)
 RETURNS TABLE (request_id uuid, policy_id uuid, subject text, priority integer, in_share boolean,
@@ -109,20 +132,20 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     SELECT * FROM respool._queue_top(p_pool_id, NULL)
 $$;
 COMMENT ON FUNCTION respool._queue_order(uuid) IS
-    'A pool''s whole queue in grant order (docs/admission.md, docs/scheduling.md): policy priority desc, in-share first, dominant share asc (fair pools), queue time, id (respool._queue_top without a limit). Read-only; O(queue), for the respool.queue view and the positions of a page of requests (the engine itself works shape by shape).';
+    'A pool''s whole queue in grant order (docs/admission.md, docs/scheduling.md): priority lane first, policy priority desc, in-share first, dominant share asc (fair pools), queue time, id (respool._queue_top without a limit). Read-only; O(queue), for the respool.queue view and the positions of a page of requests (the engine itself works shape by shape).';
 
 CREATE OR REPLACE FUNCTION respool._queue_positions(p_pool_id uuid, p_request_ids uuid[])
 RETURNS TABLE (request_id uuid, "position" bigint)
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
     -- Counting what is ahead, as _queue_position does, but for many requests at once and
     -- without sorting the queue: per shape, its entries' queue times as one ascending array;
-    -- a request is behind every entry of a shape of a higher (priority, in-share, -share) class
+    -- a request is behind every entry of a shape of a higher (rank, in-share, -share) class
     -- and, in a shape of its own class, behind the entries queued before it (binary search,
     -- width_bucket) and those queued at the same instant with a smaller id (an index probe,
     -- only when the shape has such an instant). The SET clause keeps it from being inlined
     -- (one call per pool, counted by the tests).
     WITH shapes AS MATERIALIZED (
-        SELECT g.policy_id, g.preemptible, g.resources, g.node_selector, g.priority, g.in_share, g.share, t.times
+        SELECT g.policy_id, g.preemptible, g.resources, g.node_selector, g.rank, g.in_share, g.share, t.times
           FROM respool._queue_groups(p_pool_id) g
          CROSS JOIN LATERAL (
                 SELECT array_agg(e.queued_at ORDER BY e.queued_at) AS times
@@ -131,14 +154,14 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
                    AND e.preemptible = g.preemptible AND e.resources = g.resources
                    AND e.node_selector = g.node_selector) t
     ), me AS MATERIALIZED (
-        SELECT e.request_id, e.queued_at, s.priority, s.in_share, s.share
+        SELECT e.request_id, e.queued_at, s.rank, s.in_share, s.share
           FROM respool.queue_entries e
           JOIN shapes s ON s.policy_id = e.policy_id AND s.preemptible = e.preemptible
                        AND s.resources = e.resources AND s.node_selector = e.node_selector
          WHERE e.pool_id = p_pool_id AND e.request_id = ANY (p_request_ids)
     )
     SELECT m.request_id, 1 + (
-               SELECT sum(CASE WHEN (s.priority, s.in_share, -s.share) > (m.priority, m.in_share, -m.share)
+               SELECT sum(CASE WHEN (s.rank, s.in_share, -s.share) > (m.rank, m.in_share, -m.share)
                                THEN cardinality(s.times)
                                ELSE b.before + CASE WHEN b.up_to > b.before THEN (
                                         SELECT count(*) FROM respool.queue_entries x
@@ -151,7 +174,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
                 CROSS JOIN LATERAL (
                        SELECT width_bucket(m.queued_at - interval '1 microsecond', s.times) AS before,
                               width_bucket(m.queued_at, s.times) AS up_to) b
-                WHERE (s.priority, s.in_share, -s.share) >= (m.priority, m.in_share, -m.share))
+                WHERE (s.rank, s.in_share, -s.share) >= (m.rank, m.in_share, -m.share))
       FROM me m
 $$;
 COMMENT ON FUNCTION respool._queue_positions(uuid, uuid[]) IS
@@ -162,7 +185,7 @@ RETURNS bigint LANGUAGE plpgsql STABLE AS $$
 DECLARE
     me respool.queue_entries;
     g record;
-    v_priority integer;
+    v_rank bigint;
     v_in_share boolean;
     v_share double precision;
     ahead bigint := 0;
@@ -172,22 +195,22 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
-    SELECT q.priority, q.in_share, q.share INTO v_priority, v_in_share, v_share FROM respool._queue_groups(p_pool_id) q
+    SELECT q.rank, q.in_share, q.share INTO v_rank, v_in_share, v_share FROM respool._queue_groups(p_pool_id) q
      WHERE q.policy_id = me.policy_id AND q.preemptible = me.preemptible AND q.resources = me.resources
        AND q.node_selector = me.node_selector;
-    -- Count only what is ahead: whole shapes of a higher (priority, in-share) class, and the
+    -- Count only what is ahead: whole shapes of a higher (rank, in-share) class, and the
     -- earlier entries of shapes in the request's own class. A policy that queues one shape only
     -- is counted on queue_entries_policy_idx (no comparison of resources per entry).
     FOR g IN SELECT * FROM (SELECT q.*, count(*) OVER (PARTITION BY q.policy_id) AS policy_shapes
                               FROM respool._queue_groups(p_pool_id) q) q
-              WHERE (q.priority, q.in_share, -q.share) >= (v_priority, v_in_share, -v_share) LOOP
-        -- fair share (docs/scheduling.md): the class is (priority, in-share, -dominant share); share is 0 in fifo pools.
-        IF g.policy_shapes = 1 AND (g.priority, g.in_share, -g.share) > (v_priority, v_in_share, -v_share) THEN
+              WHERE (q.rank, q.in_share, -q.share) >= (v_rank, v_in_share, -v_share) LOOP
+        -- fair share (docs/scheduling.md): the class is (rank, in-share, -dominant share); share is 0 in fifo pools.
+        IF g.policy_shapes = 1 AND (g.rank, g.in_share, -g.share) > (v_rank, v_in_share, -v_share) THEN
             SELECT count(*) INTO n FROM respool.queue_entries e WHERE e.policy_id = g.policy_id;
         ELSIF g.policy_shapes = 1 THEN
             SELECT count(*) INTO n FROM respool.queue_entries e
              WHERE e.policy_id = g.policy_id AND (e.queued_at, e.request_id) < (me.queued_at, me.request_id);
-        ELSIF (g.priority, g.in_share, -g.share) > (v_priority, v_in_share, -v_share) THEN
+        ELSIF (g.rank, g.in_share, -g.share) > (v_rank, v_in_share, -v_share) THEN
             SELECT count(*) INTO n FROM respool.queue_entries e
              WHERE e.pool_id = p_pool_id AND e.policy_id = g.policy_id
                AND e.preemptible = g.preemptible AND e.resources = g.resources

@@ -193,7 +193,7 @@ DECLARE
     g_preemptible boolean[];
     g_resources jsonb[];
     g_selector jsonb[];
-    g_priority integer[];
+    g_priority bigint[];    -- the shapes' ranks (respool._rank: lane first)
     g_in_share boolean[];
     g_at timestamptz[];
     g_id uuid[];
@@ -233,7 +233,7 @@ BEGIN
     -- The queue order is the merge of the shapes' queues (respool._queue_groups): take the best
     -- head each time. In-share is decided at the start of the pass, as for the whole queue.
     SELECT coalesce(array_agg(g.policy_id), '{}'), array_agg(g.preemptible), array_agg(g.resources),
-           array_agg(g.priority), array_agg(g.in_share), array_agg(g.queued_at), array_agg(g.request_id),
+           array_agg(g.rank), array_agg(g.in_share), array_agg(g.queued_at), array_agg(g.request_id),
            array_agg(g.share), array_agg(false), array_agg(g.node_selector)
       INTO g_policy, g_preemptible, g_resources, g_priority, g_in_share, g_at, g_id, g_share, g_backfill, g_selector
       FROM respool._queue_groups(p_pool_id) g;
@@ -243,13 +243,13 @@ BEGIN
         FOR i IN 1..cardinality(g_policy) LOOP
             CONTINUE WHEN g_id[i] IS NULL;  -- shape done for this pass
             IF best IS NULL
-               OR (-g_priority[i]::bigint, NOT g_in_share[i], g_share[i], g_at[i], g_id[i])
-                  < (-g_priority[best]::bigint, NOT g_in_share[best], g_share[best], g_at[best], g_id[best]) THEN
+               OR (-g_priority[i], NOT g_in_share[i], g_share[i], g_at[i], g_id[i])
+                  < (-g_priority[best], NOT g_in_share[best], g_share[best], g_at[best], g_id[best]) THEN
                 second := best;
                 best := i;
             ELSIF second IS NULL
-               OR (-g_priority[i]::bigint, NOT g_in_share[i], g_share[i], g_at[i], g_id[i])
-                  < (-g_priority[second]::bigint, NOT g_in_share[second], g_share[second], g_at[second], g_id[second]) THEN
+               OR (-g_priority[i], NOT g_in_share[i], g_share[i], g_at[i], g_id[i])
+                  < (-g_priority[second], NOT g_in_share[second], g_share[second], g_at[second], g_id[second]) THEN
                 second := i;
             END IF;
         END LOOP;

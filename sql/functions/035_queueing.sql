@@ -84,8 +84,9 @@ DECLARE
     c record;
 BEGIN
     SELECT p.pool_id, p.id AS policy_id INTO c
-      FROM respool.policies p JOIN respool.pools pl ON pl.id = p.pool_id
-     WHERE p.subject = p_request.subject AND p.pool_id = ANY (p_request.candidate_pool_ids)
+      FROM respool._subject_policies(p_request.subject) s
+      JOIN respool.policies p ON p.id = s.policy_id JOIN respool.pools pl ON pl.id = p.pool_id
+     WHERE p.pool_id = ANY (p_request.candidate_pool_ids)
      ORDER BY p.priority DESC, pl.name LIMIT 1;
     -- With an empty queue nothing is ahead of it, in either queueing mode, and no pool holds
     -- for a starving head (a pool with a queue is left to respool._try_new).

@@ -56,7 +56,7 @@ DECLARE
 BEGIN
     SELECT q.request_id, q.resources, q.queued_at INTO g
       FROM respool._queue_groups(p_pool_id) q
-     ORDER BY q.priority DESC, q.in_share DESC, q.share, q.queued_at, q.request_id
+     ORDER BY q.rank DESC, q.in_share DESC, q.share, q.queued_at, q.request_id
      LIMIT 1;
     RETURN respool._hold_for(p_pool_id, g.request_id, g.resources, g.queued_at,
                              (SELECT starvation_seconds FROM respool.pools WHERE id = p_pool_id), p_now);

@@ -75,7 +75,8 @@ BEGIN
         PERFORM respool._fail('RP400', '', 'a create body must be a JSON object');
     END IF;
     v_unknown := p_body - ARRAY['subject', 'pool', 'resources', 'settings', 'preemptible', 'max_retries',
-                                'max_seconds', 'lease_seconds', 'idempotency_key', 'labels', 'node_selector'];
+                                'max_seconds', 'lease_seconds', 'idempotency_key', 'labels', 'node_selector',
+                                'preemption_group'];
     IF v_unknown <> '{}' THEN
         PERFORM respool._fail('RP400', left(k, 70), format('unknown field %L', left(k, 70)))
            FROM (SELECT min(k) AS k FROM jsonb_object_keys(v_unknown) k) first;
@@ -109,6 +110,11 @@ BEGIN
     IF jsonb_typeof(p_body -> 'node_selector') NOT IN ('object', 'null') THEN
         PERFORM respool._fail('RP400', 'node_selector', 'node_selector must be an object of label: value, or null');
     END IF;
+    IF jsonb_typeof(p_body -> 'preemption_group') NOT IN ('string', 'null')
+       OR (p_body ->> 'preemption_group') !~ respool._group_pattern() THEN
+        PERFORM respool._fail('RP400', 'preemption_group',
+                              'preemption_group must be 1 to 128 printable characters, or null');
+    END IF;
     IF jsonb_typeof(p_body -> 'preemptible') <> 'boolean' THEN
         PERFORM respool._fail('RP400', 'preemptible', 'preemptible must be true or false');
     END IF;
@@ -131,7 +137,7 @@ BEGIN
            || p_body;
 END $$;
 COMMENT ON FUNCTION respool._create_body(jsonb, integer) IS
-    'The one check of a create body''s fields and types (the fields of the wire type RequestCreate: subject, pool, resources, settings, preemptible, max_retries, max_seconds, lease_seconds, idempotency_key, labels, node_selector; RP400 naming the field, also for an unknown one) and the one place its defaults are filled: preemptible true, max_retries 0, lease_seconds p_default_lease_seconds when absent. Values inside resources, settings, labels and node_selector are checked where they are converted.';
+    'The one check of a create body''s fields and types (the fields of the wire type RequestCreate: subject, pool, resources, settings, preemptible, max_retries, max_seconds, lease_seconds, idempotency_key, labels, node_selector, preemption_group; RP400 naming the field, also for an unknown one) and the one place its defaults are filled: preemptible true, max_retries 0, lease_seconds p_default_lease_seconds when absent. Values inside resources, settings, labels and node_selector are checked where they are converted.';
 
 CREATE OR REPLACE FUNCTION respool._create_checked(
     p_checked jsonb,
@@ -150,6 +156,7 @@ DECLARE
     v_lease_seconds integer := (v_in ->> 'lease_seconds')::integer;
     v_max_seconds integer := (v_in ->> 'max_seconds')::integer;
     v_key text := v_in ->> 'idempotency_key';
+    v_group text := v_in ->> 'preemption_group';
     v_resources jsonb;
     v_labels jsonb;
     v_selector jsonb;
@@ -166,13 +173,14 @@ BEGIN
     v_resources := respool.build_resources(nullif(v_in -> 'resources', 'null'), nullif(v_in -> 'settings', 'null'));
     v_labels := respool._labels(v_in -> 'labels');
     v_selector := respool.build_node_selector(v_in -> 'node_selector', nullif(v_in -> 'settings', 'null'));
-    -- What an idempotent retry must repeat (max_seconds and node_selector only when set, so
+    -- What an idempotent retry must repeat (max_seconds, node_selector and preemption_group only when set, so
     -- bodies stored before they existed still compare equal).
     v_body := jsonb_build_object('pool', v_pool_ref, 'resources', v_resources, 'preemptible', v_preemptible,
                                  'max_retries', v_max_retries, 'lease_seconds', v_lease_seconds, 'labels', v_labels)
               || CASE WHEN v_max_seconds IS NOT NULL THEN jsonb_build_object('max_seconds', v_max_seconds)
                       ELSE '{}' END
-              || CASE WHEN v_selector <> '{}' THEN jsonb_build_object('node_selector', v_selector) ELSE '{}' END;
+              || CASE WHEN v_selector <> '{}' THEN jsonb_build_object('node_selector', v_selector) ELSE '{}' END
+              || CASE WHEN v_group IS NOT NULL THEN jsonb_build_object('preemption_group', v_group) ELSE '{}' END;
 
     IF v_key IS NOT NULL THEN
         PERFORM respool._claim_keys(ARRAY[v_in]);  -- (a batch claimed them all already, in order)
@@ -187,8 +195,8 @@ BEGIN
     IF v_pool_ref IS NOT NULL THEN
         v_pool_id := respool.resolve_pool(v_pool_ref);
     END IF;
-    SELECT array_agg(pool_id ORDER BY pool_id) INTO v_all
-      FROM respool.policies WHERE subject = v_subject AND (v_pool_id IS NULL OR pool_id = v_pool_id);
+    SELECT array_agg(s.pool_id ORDER BY s.pool_id) INTO v_all
+      FROM respool._subject_policies(v_subject) s WHERE v_pool_id IS NULL OR s.pool_id = v_pool_id;
     v_all := coalesce(v_all, '{}');
     -- Validate under the pool locks, so a concurrent capacity or policy change cannot slip between.
     PERFORM respool._lock_pools(v_all);
@@ -211,19 +219,19 @@ BEGIN
     INSERT INTO respool.requests (subject, pool_ref, pool_id, pool_name, candidate_pool_ids, resources,
                                   preemptible, priority, status, reason, message, max_retries, lease_seconds,
                                   max_seconds, idempotency_key, request_body, labels, queued_at, created_at, updated_at,
-                                  finished_at, gang_id, node_selector)
+                                  finished_at, gang_id, node_selector, preemption_group)
     VALUES (v_subject, v_pool_ref,
             CASE WHEN cardinality(v_all) = 1 THEN v_all[1] ELSE v_pool_id END,
             CASE WHEN cardinality(v_names) = 1 THEN v_names[1]
                  WHEN v_pool_id IS NOT NULL THEN (SELECT name FROM respool.pools WHERE id = v_pool_id) END,
             v_ok, v_resources, v_preemptible,
-            coalesce((SELECT max(priority) FROM respool.policies
-                       WHERE subject = v_subject AND pool_id = ANY (v_all)), 0),
+            coalesce((SELECT max(p.priority) FROM respool._subject_policies(v_subject) s
+                        JOIN respool.policies p ON p.id = s.policy_id WHERE p.pool_id = ANY (v_all)), 0),
             CASE WHEN cardinality(v_ok) = 0 THEN 'rejected' ELSE 'queued' END,
             CASE WHEN cardinality(v_ok) = 0 THEN v_first_reason END,
             CASE WHEN cardinality(v_ok) = 0 THEN array_to_string(v_messages, '; ') ELSE '' END,
             v_max_retries, v_lease_seconds, v_max_seconds, v_key, v_body, v_labels, p_now, p_now, p_now,
-            CASE WHEN cardinality(v_ok) = 0 THEN p_now END, p_gang_id, v_selector)
+            CASE WHEN cardinality(v_ok) = 0 THEN p_now END, p_gang_id, v_selector, v_group)
     ON CONFLICT ON CONSTRAINT idempotency DO NOTHING
     RETURNING * INTO r;
     IF NOT FOUND THEN
@@ -243,8 +251,8 @@ BEGIN
         -- the same pool locks (what respool._enqueue would find, without checking again).
         INSERT INTO respool.queue_entries (pool_id, request_id, policy_id, queued_at, resources, preemptible,
                                            node_selector)
-        SELECT p.pool_id, r.id, p.id, r.queued_at, r.resources, r.preemptible, r.node_selector
-          FROM respool.policies p WHERE p.subject = r.subject AND p.pool_id = ANY (v_ok);
+        SELECT s.pool_id, r.id, s.policy_id, r.queued_at, r.resources, r.preemptible, r.node_selector
+          FROM respool._subject_policies(r.subject) s WHERE s.pool_id = ANY (v_ok);
         PERFORM respool._try_new(r.id, p_now);
     END IF;
     PERFORM set_config('respool.unannounced', '', true);
@@ -306,13 +314,17 @@ BEGIN
         PERFORM respool._fail('RP400', 'node_selector',
             'every member of a gang (all_or_nothing) has the node selector of member 0 (with settings gpu_type/gpu_class)');
     END IF;
+    IF p_member ->> 'preemption_group' IS DISTINCT FROM p_first ->> 'preemption_group' THEN
+        PERFORM respool._fail('RP400', 'preemption_group',
+            'every member of a gang (all_or_nothing) has the preemption_group of member 0');
+    END IF;
     IF (p_member ->> 'max_retries')::integer IS DISTINCT FROM (p_first ->> 'max_retries')::integer THEN
         PERFORM respool._fail('RP400', 'max_retries',
             'every member of a gang (all_or_nothing) has the same max_retries as member 0 (the gang is requeued whole)');
     END IF;
 END $$;
 COMMENT ON FUNCTION respool._gang_member_check(jsonb, jsonb, uuid) IS
-    'A gang member (a body respool._create_body completed) names the subject of member 0, a pool that resolves to member 0''s (or none when member 0 names none), and member 0''s preemptible, node selector and max_retries; RP400 naming the field otherwise (RP404/RP400 for a bad pool ref). See docs/scheduling.md (gangs).';
+    'A gang member (a body respool._create_body completed) names the subject of member 0, a pool that resolves to member 0''s (or none when member 0 names none), and member 0''s preemptible, node selector, preemption_group and max_retries; RP400 naming the field otherwise (RP404/RP400 for a bad pool ref). See docs/scheduling.md (gangs).';
 
 CREATE OR REPLACE FUNCTION respool.create_requests(
     p_members jsonb,
@@ -364,8 +376,8 @@ BEGIN
             -- then locks a subset it already holds, so members that name different pools never
             -- take pool locks out of the global order (no deadlock with other writers).
             PERFORM respool._lock_pools(array(
-                SELECT DISTINCT p.pool_id FROM respool.policies p
-                 WHERE p.subject IN (SELECT b ->> 'subject' FROM unnest(v_bodies) b)));
+                SELECT DISTINCT s.pool_id FROM (SELECT DISTINCT b ->> 'subject' AS subject FROM unnest(v_bodies) b) b
+                 CROSS JOIN LATERAL respool._subject_policies(b.subject) s));
         END IF;
         IF coalesce(p_all_or_nothing, false) THEN
             -- A gang is one request in many parts: one subject, one pool (or none named, so the

@@ -31,7 +31,7 @@ RETURNS json LANGUAGE sql STABLE AS $$
         'labels', r.labels, 'version', r.version, 'created_at', r.created_at,
         'updated_at', r.updated_at, 'allocated_at', r.allocated_at, 'finished_at', r.finished_at,
         'max_seconds', r.max_seconds, 'run_deadline', r.run_deadline, 'eta', p_eta, 'gang_id', r.gang_id,
-        'node_selector', r.node_selector,
+        'node_selector', r.node_selector, 'preemption_group', r.preemption_group,
         'placement', CASE WHEN r.status IN ('allocated', 'preempting') THEN respool._placement_doc(r.id) END)
 $$;
 COMMENT ON FUNCTION respool._request_doc(respool.requests, bigint, text, jsonb) IS

@@ -65,17 +65,21 @@ END $$;
 COMMENT ON FUNCTION respool._lock_queued(uuid) IS
     'Locks a queued request, or every queued member of its gang, with SKIP LOCKED; true only when all of them are locked (a gang with a member still holding units is not grantable). Never waits.';
 
+DROP FUNCTION IF EXISTS respool._victim_units(uuid, uuid);
+DROP FUNCTION IF EXISTS respool._node_victim_units(uuid, uuid[]);
 CREATE OR REPLACE FUNCTION respool._victim_units(p_pool_id uuid, p_node_id uuid DEFAULT NULL)
-RETURNS TABLE (id uuid, policy_id uuid, priority integer, resources jsonb, allocated_at timestamptz)
+RETURNS TABLE (id uuid, policy_id uuid, priority integer, resources jsonb, allocated_at timestamptz,
+               rank bigint, lane boolean, preemption_group text)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    -- Gang members are allocated together in one pool under one policy (same allocated_at):
-    -- the gang is one unit, named by its member with the lowest id, holding the members' sum.
+    -- Gang members are allocated together in one pool under one policy (same allocated_at) and
+    -- share one preemption group: the gang is one unit, named by its member with the lowest id,
+    -- holding the members' sum.
     IF p_node_id IS NULL THEN
         RETURN QUERY
         SELECT q.id, q.policy_id, p.priority,
                CASE WHEN q.gang_id IS NULL THEN q.resources ELSE respool._gang_units(q.gang_id, ARRAY['allocated']) END,
-               q.allocated_at
+               q.allocated_at, respool._rank(p.priority, p.priority_lane), p.priority_lane, q.preemption_group
           FROM respool.requests q JOIN respool.policies p ON p.id = q.policy_id
          WHERE q.pool_id = p_pool_id AND q.status = 'allocated' AND q.preemptible
            AND (q.gang_id IS NULL
@@ -84,11 +88,12 @@ BEGIN
         RETURN;
     END IF;
     RETURN QUERY
-    SELECT u.id, u.policy_id, u.priority, u.resources, u.allocated_at
+    SELECT u.id, u.policy_id, u.priority, u.resources, u.allocated_at, u.rank, u.lane, u.preemption_group
       FROM respool._node_victim_units(p_pool_id, ARRAY[p_node_id]) u;
 END $$;
 CREATE OR REPLACE FUNCTION respool._node_victim_units(p_pool_id uuid, p_node_ids uuid[])
-RETURNS TABLE (node_id uuid, id uuid, policy_id uuid, priority integer, resources jsonb, allocated_at timestamptz)
+RETURNS TABLE (node_id uuid, id uuid, policy_id uuid, priority integer, resources jsonb, allocated_at timestamptz,
+               rank bigint, lane boolean, preemption_group text)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     -- On each node (docs/placement.md): the units that node gets back, a gang's members on it summed.
@@ -96,7 +101,8 @@ BEGIN
     SELECT pl.node_id, u.unit_id, (array_agg(q.policy_id))[1], min(p.priority),
            CASE WHEN count(*) = 1 THEN (array_agg(pl.resources))[1]
                 ELSE respool._sum_units(array_agg(pl.resources)) END,
-           min(q.allocated_at)
+           min(q.allocated_at), min(respool._rank(p.priority, p.priority_lane)), bool_or(p.priority_lane),
+           min(q.preemption_group)
       FROM respool.placements pl
       JOIN respool.requests q ON q.id = pl.request_id
       JOIN respool.policies p ON p.id = q.policy_id
@@ -111,7 +117,7 @@ COMMENT ON FUNCTION respool._node_victim_units(uuid, uuid[]) IS
     'The victim units (respool._victim_units) placed on each of p_node_ids: per node, one row per request on its own and one per gang with a member there (named by its lowest-id allocated member), holding what they hold on that node. Read-only.';
 
 COMMENT ON FUNCTION respool._victim_units(uuid, uuid) IS
-    'The preemptible allocations of a pool as victim units (docs/preemption.md): one row per request on its own, one per gang (its lowest-id allocated member, the members'' summed resources); preempting the unit''s request preempts its whole gang. With p_node_id (docs/placement.md): only the units with a request placed on that node, holding what they hold there. Read-only.';
+    'The preemptible allocations of a pool as victim units (docs/preemption.md): one row per request on its own, one per gang (its lowest-id allocated member, the members'' summed resources), with its policy''s priority, rank (respool._rank) and lane flag and its preemption group; preempting the unit''s request preempts its whole gang. With p_node_id (docs/placement.md): only the units with a request placed on that node, holding what they hold there. Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._gang_follow(p_member_id uuid, p_to text, p_reason text, p_verb text,
                                                 p_now timestamptz)

@@ -75,7 +75,7 @@ CREATE OR REPLACE FUNCTION respool._borrowers(p_pool_id uuid)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
     -- Only these subjects can lose work to reclaim or priority preemption.
 BEGIN
-    RETURN (SELECT coalesce(jsonb_object_agg(p.id, p.priority), '{}')
+    RETURN (SELECT coalesce(jsonb_object_agg(p.id, respool._rank(p.priority, p.priority_lane)), '{}')
       FROM respool.policies p
      WHERE p.pool_id = p_pool_id
        AND EXISTS (SELECT FROM respool.policy_resources pol JOIN respool.pool_resources pr
@@ -86,7 +86,7 @@ BEGIN
                       AND q.preemptible));
 END $$;
 COMMENT ON FUNCTION respool._borrowers(uuid) IS
-    '{policy id: priority} of the pool''s subjects that hold preemptible work and use more than their reserved share of a tracked key.';
+    '{policy id: rank (respool._rank)} of the pool''s subjects that hold preemptible work and use more than their reserved share (in force) of a tracked key.';
 
 CREATE OR REPLACE FUNCTION respool._headroom(p_pool_id uuid, p_column text)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
@@ -104,11 +104,27 @@ END $$;
 COMMENT ON FUNCTION respool._headroom(uuid, text) IS
     'Per policy of a pool and key: units left under its limit, or under its reserved share for non-preemptible work.';
 
+CREATE OR REPLACE FUNCTION respool._may_preempt(p_mode text, p_policy_id uuid, p_preemptible boolean,
+                                                p_rank bigint, p_lane boolean, p_group text,
+                                                v_policy_id uuid, v_rank bigint, v_lane boolean, v_group text)
+RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    -- reclaim: another subject's work (or, for non-preemptible work, its own preemptible work),
+    -- never another lane's work for a lane request; priority: strictly lower rank, never lane
+    -- work (lanes outrank everything, and never preempt each other); never its own group.
+    SELECT CASE p_mode
+             WHEN 'reclaim' THEN (v_policy_id <> p_policy_id OR NOT p_preemptible)
+                                 AND NOT (p_lane AND v_lane AND v_policy_id <> p_policy_id)
+             ELSE v_rank < p_rank AND NOT v_lane AND v_policy_id <> p_policy_id END
+           AND (p_group IS NULL OR v_group IS DISTINCT FROM p_group)
+$$;
+COMMENT ON FUNCTION respool._may_preempt(text, uuid, boolean, bigint, boolean, text, uuid, bigint, boolean, text) IS
+    'THE victim eligibility rule (docs/preemption.md): whether a queued request (its policy, preemptible flag, rank, lane flag and preemption group) may take a victim unit (its policy, rank, lane flag, group) by p_mode reclaim or priority. Reclaim: another policy''s work, or its own preemptible work when the request is non-preemptible; a lane request never reclaims from another lane policy. Priority: a strictly lower rank (respool._rank), never a lane allocation, never its own policy. Never an allocation of the request''s own preemption group. The borrowing test (above the reserved share in force) is respool._minimal_victims''s.';
+
 CREATE OR REPLACE FUNCTION respool._choose_victims(p_pool_id uuid, p_request respool.requests, p_policy_id uuid,
                                                    p_mode text)
 RETURNS uuid[] LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    v_priority integer := (SELECT priority FROM respool.policies WHERE id = p_policy_id);
+    me respool.policies := (SELECT p FROM respool.policies p WHERE p.id = p_policy_id);
     deficit jsonb;   -- tracked key -> units still missing for p_request (> 0: missing)
     over jsonb;      -- "policy/key" -> units that policy holds above its reserved share
     v_ids uuid[];
@@ -132,9 +148,9 @@ BEGIN
            array_agg(u.resources ORDER BY (u.policy_id = p_policy_id) DESC, u.priority, u.allocated_at DESC, u.id DESC)
       INTO v_ids, v_policies, v_held
       FROM respool._victim_units(p_pool_id) u
-     WHERE CASE p_mode
-             WHEN 'reclaim' THEN u.policy_id <> p_policy_id OR NOT p_request.preemptible
-             ELSE u.priority < v_priority AND u.policy_id <> p_policy_id END;
+     WHERE respool._may_preempt(p_mode, p_policy_id, p_request.preemptible, respool._rank(me.priority, me.priority_lane),
+                                me.priority_lane, p_request.preemption_group,
+                                u.policy_id, u.rank, u.lane, u.preemption_group);
     m := respool._minimal_victims(v_ids, v_policies, v_held, deficit, over, p_policy_id);
     IF NOT m.covered THEN
         RETURN NULL;  -- even every eligible victim would not make room: preempt nobody
@@ -142,7 +158,7 @@ BEGIN
     RETURN m.victims;
 END $$;
 COMMENT ON FUNCTION respool._choose_victims(uuid, respool.requests, uuid, text) IS
-    'The victim set for a queued request blocked by pool capacity (docs/preemption.md): reclaim takes other subjects'' preemptible allocations above their reserved share (and, for a non-preemptible request, its own subject''s preemptible work first); priority takes strictly lower-priority borrowers. Victim order: lowest priority, then most recently allocated; the walk stops once the request fits and unneeded victims are dropped (respool._minimal_victims). {} when it already fits, NULL when no set makes it fit.';
+    'The victim set for a queued request blocked by pool capacity (docs/preemption.md): the units respool._may_preempt allows (reclaim: other subjects'' preemptible allocations above their reserved share, and for a non-preemptible request its own subject''s preemptible work first; priority: strictly lower-ranked borrowers; lanes and preemption groups as it says). Victim order: lowest priority, then most recently allocated; the walk stops once the request fits and unneeded victims are dropped (respool._minimal_victims). {} when it already fits, NULL when no set makes it fit.';
 
 CREATE OR REPLACE FUNCTION respool._shed(p_pool_id uuid, p_policy_id uuid, p_excess jsonb,
                                          p_reason text, p_message text, p_now timestamptz,
@@ -264,7 +280,7 @@ CREATE OR REPLACE FUNCTION respool._choose_node_victims(p_pool_id uuid, p_reques
                                                         p_mode text, OUT node_id uuid, OUT victims uuid[])
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    v_priority integer := (SELECT priority FROM respool.policies WHERE id = p_policy_id);
+    me respool.policies := (SELECT p FROM respool.policies p WHERE p.id = p_policy_id);
     over jsonb;
     nd record;
     m record;
@@ -325,9 +341,9 @@ BEGIN
             -- members hold on that node
             SELECT u.node_id, u.id, u.policy_id, u.priority, u.resources AS held, u.allocated_at
               FROM respool._node_victim_units(p_pool_id, ARRAY(SELECT id FROM cand)) u
-             WHERE CASE p_mode
-                     WHEN 'reclaim' THEN u.policy_id <> p_policy_id OR NOT p_request.preemptible
-                     ELSE u.priority < v_priority AND u.policy_id <> p_policy_id END
+             WHERE respool._may_preempt(p_mode, p_policy_id, p_request.preemptible,
+                                        respool._rank(me.priority, me.priority_lane), me.priority_lane,
+                                        p_request.preemption_group, u.policy_id, u.rank, u.lane, u.preemption_group)
         ), held_on_node AS MATERIALIZED (
             SELECT u.node_id, h.key, sum(h.value::bigint) AS total, max(h.value::bigint) AS most
               FROM units u CROSS JOIN LATERAL jsonb_each_text(u.held) h
@@ -384,4 +400,4 @@ BEGIN
     END LOOP;
 END $$;
 COMMENT ON FUNCTION respool._choose_node_victims(uuid, respool.requests, uuid, text) IS
-    'Node-aware victim choice in a pool with nodes (docs/placement.md): for each active node matching the request''s selector that could ever hold it, the minimal set (respool._minimal_victims, the eligibility rules of respool._choose_victims) among the allocations placed on it that makes the request fit there; takes the node whose set is smallest (fewest victims, then the lowest top victim priority, then the node''s name). victims {} (with that node) when it fits a node already, NULL when no node can be made to fit. Read-only.';
+    'Node-aware victim choice in a pool with nodes (docs/placement.md): for each active node matching the request''s selector that could ever hold it, the minimal set (respool._minimal_victims, the eligibility rule respool._may_preempt) among the allocations placed on it that makes the request fit there; takes the node whose set is smallest (fewest victims, then the lowest top victim priority, then the node''s name). victims {} (with that node) when it fits a node already, NULL when no node can be made to fit. Read-only.';

@@ -73,7 +73,7 @@ DECLARE
     v_free jsonb;        -- effective free units per tracked key
     v_limits jsonb;      -- policy -> key -> room under the limit
     v_np jsonb;          -- policy -> tracked key -> room for non-preemptible work
-    v_borrowers jsonb;   -- policy -> priority, for subjects that can lose work
+    v_borrowers jsonb;   -- policy -> rank (respool._rank), for subjects that can lose work
     v_own jsonb;         -- policy -> true, for subjects holding preemptible work
     v_failed text[] := '{}';  -- shapes no victim set can help, until something changes
     v_changed boolean := false;
@@ -83,6 +83,9 @@ DECLARE
     v_victims uuid[];
     v_victim uuid;
     v_node uuid;
+    v_req uuid;          -- the shape's stand-in: its first entry, or of another preemption group
+    v_group text;
+    v_tried text[];      -- preemption groups whose stand-in found no victims
     v_nodes boolean := respool._pool_has_nodes(p_pool_id);
     e record;
 BEGIN
@@ -130,23 +133,39 @@ BEGIN
                                               OR EXISTS (SELECT FROM jsonb_object_keys(v_borrowers) b
                                                           WHERE b <> q.policy_id::text)
                           ELSE EXISTS (SELECT FROM jsonb_each_text(v_borrowers) b
-                                        WHERE b.key <> q.policy_id::text AND b.value::integer < q.priority)
+                                        WHERE b.key <> q.policy_id::text AND b.value::bigint < q.rank)
                         END
-                  ORDER BY q.priority DESC, q.in_share DESC, q.share, q.queued_at, q.request_id LOOP
+                  ORDER BY q.rank DESC, q.in_share DESC, q.share, q.queued_at, q.request_id LOOP
             v_mode := e.mode;
             -- In a strict pool, once a request could not be helped, only reclaim (the reserved
             -- share guarantee) still acts for the requests behind it.
             CONTINUE WHEN v_strict_blocked AND v_mode = 'priority';
             v_shape := concat_ws('|', e.policy_id, v_mode, e.preemptible, e.resources, e.node_selector);
             CONTINUE WHEN v_shape = ANY (v_failed);
-            -- A gang's entry stands for the gang: one request of the members' sum
-            v_node := NULL;
-            IF v_nodes THEN
-                SELECT c.node_id, c.victims INTO v_node, v_victims
-                  FROM respool._choose_node_victims(p_pool_id, respool._queued_as(e.request_id), e.policy_id, v_mode) c;
-            ELSE
-                v_victims := respool._choose_victims(p_pool_id, respool._queued_as(e.request_id), e.policy_id, v_mode);
-            END IF;
+            v_req := e.request_id;
+            v_tried := '{}';
+            LOOP
+                -- A gang's entry stands for the gang: one request of the members' sum
+                v_node := NULL;
+                IF v_nodes THEN
+                    SELECT c.node_id, c.victims INTO v_node, v_victims
+                      FROM respool._choose_node_victims(p_pool_id, respool._queued_as(v_req), e.policy_id, v_mode) c;
+                ELSE
+                    v_victims := respool._choose_victims(p_pool_id, respool._queued_as(v_req), e.policy_id, v_mode);
+                END IF;
+                EXIT WHEN v_victims IS NOT NULL;
+                -- Entries of one shape differ only in their preemption group: when the stand-in's
+                -- own group may have kept it from preempting, the shape's first entry of another
+                -- group (or of none) stands in next (docs/preemption.md, preemption groups).
+                v_group := (SELECT preemption_group FROM respool.requests WHERE id = v_req);
+                EXIT WHEN v_group IS NULL OR NOT EXISTS (
+                    SELECT FROM respool.requests WHERE pool_id = p_pool_id AND status = 'allocated'
+                                                   AND preemptible AND preemption_group = v_group);
+                v_tried := v_tried || v_group;
+                v_req := respool._next_other_group(p_pool_id, e.policy_id, e.preemptible, e.resources,
+                                                   e.node_selector, v_tried);
+                EXIT WHEN v_req IS NULL;
+            END LOOP;
             IF v_victims IS NULL THEN
                 v_failed := v_failed || v_shape;
                 v_strict_blocked := v_queueing = 'strict';
@@ -154,28 +173,28 @@ BEGIN
             END IF;
             CONTINUE WHEN cardinality(v_victims) = 0;  -- fits already: step 4 grants it in order
             -- Lock the requester before touching any victim; another pool's pass may hold it.
-            CONTINUE WHEN NOT respool._lock_queued(e.request_id);
+            CONTINUE WHEN NOT respool._lock_queued(v_req);
             FOREACH v_victim IN ARRAY v_victims LOOP
                 IF respool._preempt(v_victim, v_mode,
-                                    format('preempted (%s) for request %s of %s', v_mode, e.request_id, e.subject),
+                                    format('preempted (%s) for request %s of %s', v_mode, v_req, e.subject),
                                     p_now) = 'rejected' THEN
                     rejected := rejected + 1;
                 END IF;
                 preempted := preempted + 1;
             END LOOP;
-            IF respool._try_grant(e.request_id, p_pool_id, e.policy_id, p_now) = 'granted' THEN
+            IF respool._try_grant(v_req, p_pool_id, e.policy_id, p_now) = 'granted' THEN
                 allocated := allocated + 1;
             ELSIF EXISTS (SELECT FROM respool.requests WHERE pool_id = p_pool_id AND status = 'preempting') THEN
                 -- Victims in their grace period still hold the units: keep them for this request.
                 -- (in a pool with nodes, on the node its victims leave: docs/placement.md)
                 UPDATE respool.requests SET earmark_pool_id = p_pool_id, earmark_node_id = v_node
-                 WHERE id = e.request_id;
+                 WHERE id = v_req;
             ELSIF v_nodes THEN
                 -- Its pool-wide rules still block it (a node over capacity elsewhere after a
                 -- shrink): the units wait for it without an earmark.
                 NULL;
             ELSE
-                RAISE EXCEPTION 'request % does not fit after preempting %', e.request_id, v_victims
+                RAISE EXCEPTION 'request % does not fit after preempting %', v_req, v_victims
                     USING ERRCODE = 'RP500';
             END IF;
             v_changed := true;

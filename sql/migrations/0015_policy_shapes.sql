@@ -48,3 +48,4 @@ ALTER TABLE respool.requests
         CHECK (preemption_group IS NULL OR (preemption_group ~ '^[^\x01-\x1f\x7f]{1,128}$'));
 COMMENT ON COLUMN respool.requests.preemption_group IS
     'Requests of one group never preempt each other (by reclaim or priority); the ZenML backend sets the pipeline run id.';
+CREATE INDEX policies_patterns_idx ON respool.policies (pool_id) WHERE is_pattern;
