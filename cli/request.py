@@ -1,4 +1,5 @@
-"""``respool request ...``: ask for capacity, inspect, release, cancel, delete and prune."""
+"""``respool request ...``: ask for capacity, inspect, release, cancel, terminate, delete and
+prune."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from respool_client.wire import (
     RequestBatch,
     RequestBatchCreate,
     RequestCreate,
+    RequestTerminate,
     Victim,
     WhatIf,
 )
@@ -392,6 +394,44 @@ _action(
         respool request cancel 0b7c1e9e
     """,
 )
+
+
+@app.command("terminate")
+def terminate(
+    request_id: RequestId,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Also a non-preemptible allocation; a request already preempting ends at once.",
+        ),
+    ] = False,
+    reason: Annotated[
+        str,
+        typer.Option("--reason", metavar="TEXT", help="Why: shown in the request's message."),
+    ] = "",
+    output: Output = OutputFormat.table,
+    url: Url = DEFAULT_URL,
+    token: Token = None,
+) -> None:
+    """End a request as a preemption would; it is never requeued (admin only).
+
+    An allocated request goes through preempting with its pool's grace period (none: preempted
+    at once) and its holder is told to release; a non-preemptible one needs --force. With
+    --force a request already preempting is preempted at once. A queued request is cancelled;
+    a finished one is left as it is. Reason code: terminated.
+
+    Example:
+
+        respool request terminate 0b7c1e9e --reason "node maintenance"
+        respool request terminate 0b7c1e9e --force
+    """
+    body = RequestTerminate(force=force, reason=reason)
+    with connect_api(url, token) as api:
+        rid = resolve_request(api, request_id)
+        req = api.call("POST", f"/v1/requests/{rid}/terminate", Request, body=body)
+    note(_outcome(req))
+    _show(req, output)
 
 
 @app.command("delete")

@@ -1,4 +1,5 @@
-"""``/v1/requests``: create (with long-poll), list (keyset pages), read (long-poll), act."""
+"""``/v1/requests``: create (with long-poll), list (keyset pages), read (long-poll), act
+(terminate: admin only)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from uuid import UUID
 import asyncpg
 import msgspec
 from litestar import Controller, Request, Response, delete, get, post
+from litestar.connection import ASGIConnection
 from litestar.datastructures import State
 from litestar.enums import MediaType
+from litestar.handlers.base import BaseRouteHandler
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, FromQuery, QueryParameter
 from respool_client.wire import (
@@ -24,13 +27,14 @@ from respool_client.wire import (
     Event,
     RequestCreate,
     RequestPage,
+    RequestTerminate,
     Status,
     WhatIf,
 )
 from respool_client.wire import Request as ResourceRequest
 
 from app import globs
-from app.api.auth import listing_patterns, principal_of, require_subject
+from app.api.auth import AuthError, Principal, listing_patterns, principal_of, require_subject
 from app.api.common import AnyRequest, StrictBody, db, decode_body, notifier, settings
 from app.api.errors import ApiError, error_responses
 from app.api.reader import RequestReader, encode
@@ -82,6 +86,13 @@ _QueueLeaseSeconds = Annotated[
     ),
 ]
 _ACTION_ERRORS = error_responses(400, 404, 409)
+
+
+async def admin_only(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    """Terminate ends another holder's work: only an admin may call it."""
+    principal = connection.scope.get("state", {}).get("principal")
+    if isinstance(principal, Principal) and principal.role != "admin":
+        raise AuthError(403, f"only an admin may terminate requests (token {principal.name!r})")
 
 
 # --- cursors ---------------------------------------------------------------------------------
@@ -331,6 +342,37 @@ class RequestController(Controller):
         self, state: State, request_id: FromPath[UUID], attempt: _Attempt = None
     ) -> ResourceRequest:
         return await db_requests.release_request(db(state), request_id, attempt=attempt)
+
+    @post(
+        "/{request_id:uuid}/terminate",
+        status_code=200,
+        guards=[admin_only],
+        summary="Terminate (admin only): end a request as a preemption would, never requeued",
+        description=(
+            "Allocated and preemptible: goes through `preempting` with the pool's grace period"
+            " (none: `preempted` at once, its units granted to the queue in the same"
+            " transaction), with its whole gang. Not preemptible: 409 unless `force`. Already"
+            " `preempting`: `preempted` at once with `force`, else unchanged. Queued: `cancelled`."
+            " Finished: unchanged. Reason code `terminated`; `reason` goes into the message;"
+            " never requeued, whatever `max_retries`. See docs/preemption.md, Terminate."
+        ),
+        responses=_ACTION_ERRORS,
+    )
+    async def terminate(
+        self,
+        state: State,
+        request: AnyRequest,
+        request_id: FromPath[UUID],
+        data: StrictBody[RequestTerminate | None] = None,  # no body: the defaults
+    ) -> ResourceRequest:
+        # No body (or null): the defaults, as the document's optional body says.
+        absent = (await request.body()).strip() in (b"", b"null")
+        body = RequestTerminate() if absent else await decode_body(request, RequestTerminate)
+        if "\x00" in body.reason:  # PostgreSQL text cannot hold it: the engine never sees it
+            raise ApiError(400, "reason: must not contain NUL characters", "reason")
+        return await db_requests.terminate_request(
+            db(state), request_id, force=body.force, reason=body.reason
+        )
 
     @post("/{request_id:uuid}/cancel", status_code=200, summary="Cancel", responses=_ACTION_ERRORS)
     async def cancel(

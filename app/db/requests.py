@@ -121,6 +121,18 @@ async def cancel_request(db: Executor, request_id: UUID, *, attempt: int | None 
 
 
 @engine_errors
+async def terminate_request(
+    db: Executor, request_id: UUID, *, force: bool = False, reason: str = ""
+) -> Request:
+    """An admin ends the request (docs/preemption.md, "Terminate"): allocated, through
+    ``preempting`` with the pool's grace (a non-preemptible one: Conflict unless ``force``);
+    ``preempting`` with ``force``: ``preempted`` at once; queued: cancelled; terminal:
+    unchanged. Never requeued; reason code ``terminated``, ``reason`` in its message."""
+    doc = await db.fetchval(query("terminate_request"), request_id, force, reason)
+    return _as(Request, doc)
+
+
+@engine_errors
 async def heartbeat_request(
     db: Executor,
     request_id: UUID,

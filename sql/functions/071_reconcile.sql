@@ -49,20 +49,28 @@ CREATE OR REPLACE FUNCTION respool._finish_grace(p_pool_id uuid, p_now timestamp
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     v_id uuid;
+    v_reason text;
+    v_message text;
     n integer := 0;
 BEGIN
-    FOR v_id IN SELECT id FROM respool.requests
+    FOR v_id, v_reason, v_message IN SELECT id, reason, message FROM respool.requests
                  WHERE pool_id = p_pool_id AND status = 'preempting' AND preempt_deadline <= p_now
                  ORDER BY preempt_deadline, id FOR UPDATE LOOP
         PERFORM respool._unplace(v_id);
-        PERFORM respool._after_preemption(v_id, 'grace_expired',
-                                          'preempted: the grace period ended before the client released', p_now);
+        IF v_reason = 'terminated' THEN  -- an admin ended it: it stays ended (047_terminate.sql)
+            PERFORM respool._after_preemption(v_id, 'terminated',
+                                              regexp_replace(v_message, '; release within \d+ s$', '')
+                                              || '; the grace period ended before the client released', p_now);
+        ELSE
+            PERFORM respool._after_preemption(v_id, 'grace_expired',
+                                              'preempted: the grace period ended before the client released', p_now);
+        END IF;
         n := n + 1;
     END LOOP;
     RETURN n;
 END $$;
 COMMENT ON FUNCTION respool._finish_grace(uuid, timestamptz) IS
-    'Victims whose grace deadline passed lose their units and become preempted (or requeued); the units go to the earmark holders first.';
+    'Victims whose grace deadline passed lose their units and become preempted (or requeued) with reason grace_expired; a terminated one (reason terminated, 047_terminate.sql) keeps its reason and admin''s message and is never requeued. The units go to the earmark holders first.';
 
 CREATE OR REPLACE FUNCTION respool._preempt_for_queue(p_pool_id uuid, p_now timestamptz,
                                                       OUT preempted integer, OUT allocated integer,

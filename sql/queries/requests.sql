@@ -36,6 +36,11 @@ SELECT respool.release_request(p_id => $1, p_attempt => $2);
 -- Cancel a queued or held request.
 SELECT respool.cancel_request(p_id => $1, p_attempt => $2);
 
+-- terminate_request --
+-- An admin ends a request ($2 force, $3 the admin's reason): preempting with the pool's grace,
+-- preempted at once, or cancelled while queued; never requeued (docs/preemption.md, "Terminate").
+SELECT respool.terminate_request(p_id => $1, p_force => $2, p_reason => $3);
+
 -- heartbeat_request --
 -- Heartbeat: extend an allocated request's lease to now + $3 seconds (NULL: the request's
 -- lease_seconds), or set a queued request's queue lease to now + $4 seconds (NULL: the same as
