@@ -7,7 +7,6 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import asyncpg
 import pytest
 
 from support.http import error, ok
