@@ -3,7 +3,9 @@ one call of ``respool.reconcile_pool`` in its own transaction, and every decisio
 
 A pass over every pool runs each ``interval`` seconds (the polling backstop), and a pass over one
 pool runs at once when a ``respool_pool`` notification says that pool changed (a new queued
-request, a capacity or policy change). Several reconcilers may run against one database: a pool
+request, a capacity or policy change). A policy's window boundary (docs/preemption.md, "Time
+windows") wakes it too: after each pass it reads when the next one is due and runs a full pass
+then, if that is before the next interval. Several reconcilers may run against one database: a pool
 locked by another one is skipped (``FOR NO KEY UPDATE SKIP LOCKED``) and retried shortly after.
 The reconciler holds one connection (``application_name = respool-reconciler``) for both LISTEN
 and its passes; when it drops, it reconnects with backoff and jitter and starts with a full pass.
@@ -33,6 +35,9 @@ __all__ = ["POOL_CHANNEL", "PoolPass", "Reconciler", "reconcile_once"]
 
 POOL_CHANNEL = "respool_pool"
 RETRY_LOCKED = 0.05  # seconds before a pool that another transaction held is tried again
+# seconds past a window boundary before the full pass that applies it: the pass's clock (its
+# transaction's start) must have reached the boundary
+BOUNDARY_MARGIN = 0.01
 PRUNE_EVERY = 60.0  # seconds between retention prunes
 # Pool ids one burst of notifications may queue for single-pool passes. Anyone who can connect
 # can NOTIFY respool_pool (PostgreSQL cannot revoke it); past this many, the ids are dropped and
@@ -221,6 +226,9 @@ class Reconciler:
                 if p.acted:
                     log.info("reconcile %s: %s", p.pool, msgspec.json.encode(p).decode())
             await self._maybe_prune(conn)
+            boundary = await self._next_boundary(conn)
+            if boundary is not None and boundary < next_full:
+                next_full = boundary  # the full pass applies the boundary in every pool
             if self._dirty:
                 continue
             pause = max(0.0, next_full - time.monotonic())
@@ -228,6 +236,13 @@ class Reconciler:
                 pause = min(pause, RETRY_LOCKED)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), pause)
+
+    async def _next_boundary(self, conn: asyncpg.Connection) -> float | None:
+        """When (``time.monotonic()``) the next policy window opens or closes; None if never."""
+        seconds = await db_reconcile.seconds_to_window_change(conn)
+        if seconds is None:
+            return None
+        return time.monotonic() + max(0.0, seconds) + BOUNDARY_MARGIN
 
     def _failed(self, pool_id: UUID, exc: asyncpg.PostgresError) -> None:
         self.failures = [*self.failures[-99:], f"{pool_id}: {exc.sqlstate} {exc}"]

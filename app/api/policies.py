@@ -1,4 +1,5 @@
-"""``/v1/policies``: bind subjects to pools (priority, reserved share, hard limit)."""
+"""``/v1/policies``: bind subjects, or patterns with * (team quotas), to pools: priority, priority
+lane, reserved share, hard limit and the windows in which the share is in force."""
 
 from __future__ import annotations
 

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from respool_client.wire import Policy
+import msgspec
+from msgspec import UNSET, UnsetType
+from respool_client.wire import Policy, PolicyWindow
 
 from app.db.errors import engine_errors
 from app.db.executor import Executor, _as
 from app.db.named import query
+
+WindowsIn = Sequence[PolicyWindow | Mapping[str, Any]]
+
+
+def _windows_json(windows: WindowsIn | None) -> list[Any] | None:
+    """Windows as JSON values for the jsonb codec (it takes builtins, not Structs)."""
+    return None if windows is None else msgspec.to_builtins(list(windows))
 
 
 @engine_errors
@@ -22,7 +31,10 @@ async def create_policy(
     reserved: Mapping[str, Any] | None = None,
     limit: Mapping[str, Any] | None = None,
     description: str | None = "",
+    priority_lane: bool | None = False,
+    windows: WindowsIn | None = None,
 ) -> Policy:
+    """``windows``: None is always active (docs/preemption.md, "Time windows")."""
     doc = await db.fetchval(
         query("create_policy"),
         subject,
@@ -31,6 +43,8 @@ async def create_policy(
         dict(reserved or {}),
         dict(limit or {}),
         description,
+        priority_lane,
+        _windows_json(windows),
     )
     return _as(Policy, doc)
 
@@ -44,7 +58,10 @@ async def update_policy(
     reserved: Mapping[str, Any] | None = None,
     limit: Mapping[str, Any] | None = None,
     description: str | None = None,
+    priority_lane: bool | None = None,
+    windows: WindowsIn | None | UnsetType = UNSET,
 ) -> Policy:
+    """``windows``: UNSET keeps them, None removes them (always active), a list replaces them."""
     doc = await db.fetchval(
         query("update_policy"),
         ref,
@@ -52,6 +69,9 @@ async def update_policy(
         None if reserved is None else dict(reserved),
         None if limit is None else dict(limit),
         description,
+        priority_lane,
+        None if windows is UNSET or windows is None else _windows_json(windows),
+        windows is None,
     )
     return _as(Policy, doc)
 

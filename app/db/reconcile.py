@@ -60,3 +60,10 @@ async def invariant_violations(db: Executor) -> list[Violation]:
 async def existing_pool_ids(db: Executor, pool_ids: list[UUID]) -> set[UUID]:
     """Which of ``pool_ids`` are pools that exist."""
     return {r["id"] for r in await db.fetch(query("existing_pool_ids"), pool_ids)}
+
+
+async def seconds_to_window_change(db: Executor) -> float | None:
+    """Seconds until a policy's window next opens or closes, over every pool, by the database's
+    clock (None: no boundary ahead)."""
+    seconds: float | None = await db.fetchval(query("seconds_to_window_change"))
+    return seconds

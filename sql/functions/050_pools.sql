@@ -57,30 +57,8 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION respool._pool_settings(text, text, integer, integer, text, text) IS 'Validates the scalar pool fields (RP400 naming the field).';
 
-CREATE OR REPLACE FUNCTION respool._check_reserved_fits(p_pool_id uuid)
-RETURNS void LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    v record;
-BEGIN
-    SELECT pr.key, sum(pr.reserved) AS total, coalesce(c.capacity, 0) AS capacity,
-           string_agg(format('%s reserves %s', p.subject, pr.reserved), ', ' ORDER BY p.subject) AS who
-      INTO v
-      FROM respool.policy_resources pr
-      JOIN respool.policies p ON p.id = pr.policy_id
-      LEFT JOIN respool.pool_resources c ON c.pool_id = p.pool_id AND c.key = pr.key
-     WHERE p.pool_id = p_pool_id AND pr.reserved > 0
-     GROUP BY pr.key, c.capacity
-    HAVING sum(pr.reserved) > coalesce(c.capacity, 0)
-     ORDER BY pr.key
-     LIMIT 1;
-    IF FOUND THEN
-        PERFORM respool._fail('RP409', 'capacity', format(
-            '%s: reserved shares add up to %s but the pool capacity would be %s (%s)',
-            v.key, v.total, v.capacity, v.who));
-    END IF;
-END $$;
-COMMENT ON FUNCTION respool._check_reserved_fits(uuid) IS
-    'RP409 when, for any key, the reserved shares of the pool''s policies exceed its capacity; names the policies.';
+-- respool._check_reserved_fits(pool_id, p_now): sql/functions/053_policy_windows.sql (shares in force
+-- over time).
 
 CREATE OR REPLACE FUNCTION respool._revalidate_queue(p_pool_id uuid, p_policy_id uuid, p_now timestamptz)
 RETURNS integer LANGUAGE plpgsql AS $$
@@ -254,7 +232,7 @@ BEGIN
         ON CONFLICT (pool_id, key) DO UPDATE SET capacity = excluded.capacity;
     END LOOP;
     DELETE FROM respool.pool_resources WHERE pool_id = v_id AND capacity IS NULL AND used = 0;
-    PERFORM respool._check_reserved_fits(v_id);
+    PERFORM respool._check_reserved_fits(v_id, p_now);
     UPDATE respool.pools
        SET description = coalesce(p_description, description),
            queueing = coalesce(p_queueing, queueing),

@@ -341,7 +341,7 @@ DECLARE
 BEGIN
     FOR v_id IN SELECT DISTINCT x FROM unnest(p_pool_ids) x WHERE x IS NOT NULL ORDER BY x LOOP
         PERFORM respool._derive_pool_capacity(v_id);
-        PERFORM respool._check_reserved_fits(v_id);
+        PERFORM respool._check_reserved_fits(v_id, p_now);
     END LOOP;
     FOR v_id IN SELECT DISTINCT x FROM unnest(p_pool_ids) x WHERE x IS NOT NULL ORDER BY x LOOP
         UPDATE respool.pools SET updated_at = p_now WHERE id = v_id;

@@ -28,3 +28,9 @@ SELECT invariant, pool, subject, key, detail FROM respool.invariant_violations;
 -- existing_pool_ids --
 -- Which of the ids $1 (uuid[]) are pools that exist (the reconciler drops notified ids that are not).
 SELECT id FROM respool.pools WHERE id = ANY ($1::uuid[]);
+
+-- seconds_to_window_change --
+-- Seconds (database clock) until the next instant a policy's window opens or closes, over every
+-- pool; NULL when none is still ahead (a boundary already due is the pass's to apply).
+SELECT extract(epoch FROM min(next_change) - clock_timestamp())::float8
+  FROM respool.policies WHERE next_change > clock_timestamp();
