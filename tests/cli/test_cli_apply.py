@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
 from support.cli import Cli, failed
@@ -549,3 +550,12 @@ async def test_apply_window_errors_name_the_field(cli: Cli, tmp_path: Path) -> N
     err = failed(await cli.api("apply", "-f", _write(tmp_path, zone, "zone.yaml")))
     assert "Mars/Base" in err or "timezone" in err
     assert await cli.json("pool", "list") == []  # the whole apply was rolled back
+    # The API refuses such an instant too, naming the field.
+    doc = yaml.safe_load(naive.replace("to: 17:00", 'to: "17:00"'))
+    async with httpx.AsyncClient(base_url=cli.url) as http:
+        body = json.dumps(doc, default=datetime.isoformat)
+        answer = await http.post(
+            "/v1/apply", content=body, headers={"content-type": "application/json"}
+        )
+    assert answer.status_code == 400
+    assert answer.json()["field"] == "pools[0].policies[0].windows[1].start"
