@@ -21,6 +21,7 @@ from respool_client.manifest import (
     current_manifest,
     duplicate_names,
     duplicate_nodes,
+    naive_instant,
 )
 from respool_client.wire import Node, Policy, Pool
 
@@ -63,10 +64,14 @@ def load_manifest(path: str) -> Manifest:
         doc = {}
     if not isinstance(doc, dict):
         raise CliError(f"{name}: expected a mapping with a `pools:` list")
+    _yaml_times(doc)
     try:
         manifest = msgspec.convert(doc, Manifest, strict=True)
     except msgspec.ValidationError as exc:
         raise CliError(f"{name}: {exc}") from None
+    naive = naive_instant(manifest)
+    if naive:
+        raise CliError(f"{name}: {naive}: a window's instant needs a zone (Z or +01:00)")
     dups = duplicate_names(manifest)
     if dups:
         raise CliError(f"{name}: named more than once: {', '.join(dups)}")
@@ -74,6 +79,19 @@ def load_manifest(path: str) -> Manifest:
     if nodes:
         raise CliError(f"{name}: nodes named more than once: {', '.join(nodes)}")
     return manifest
+
+
+def _yaml_times(doc: dict[str, Any]) -> None:
+    """A window's ``from: 17:00`` written without quotes is a YAML 1.1 number (1020, minutes):
+    back to ``"17:00"``, as it was written."""
+    for pool in doc.get("pools") or []:
+        for policy in (pool.get("policies") or []) if isinstance(pool, dict) else []:
+            windows = policy.get("windows") if isinstance(policy, dict) else None
+            for window in windows if isinstance(windows, list) else []:
+                for key in ("from", "to") if isinstance(window, dict) else ():
+                    value = window.get(key)
+                    if isinstance(value, int) and not isinstance(value, bool) and value < 24 * 60:
+                        window[key] = f"{value // 60:02d}:{value % 60:02d}"
 
 
 def _post(api: Api, manifest: Manifest, *, prune: bool, dry_run: bool, force: bool) -> Plan:

@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cli.tables import short, table
+from cli.windows import fmt_window, fmt_windows
 
 __all__ = ["plan_lines", "plan_summary"]
 
@@ -21,9 +22,23 @@ _SIGN = {"create": ("+", "green"), "update": ("~", "yellow"), "delete": ("-", "r
 def _value(value: Any) -> str:
     if value is None:
         return "(none)"
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, str | list | dict):
         return json.dumps(value)
     return str(value)
+
+
+def _windows_change(old: Any, new: Any, action: str) -> str:
+    """A windows change in the ``--window`` syntax: on an update the windows added (+) and
+    removed (-); ``always`` for none (always in force)."""
+    if action == "create" or old is None or new is None:
+        was = "" if action == "create" else f"{fmt_windows(old)} → "
+        return was + fmt_windows(new)
+    before, after = [fmt_window(w) for w in old], [fmt_window(w) for w in new]
+    return ", ".join(
+        [f"+{w}" for w in after if w not in before] + [f"-{w}" for w in before if w not in after]
+    )
 
 
 def plan_summary(plan: Plan) -> str:
@@ -41,7 +56,9 @@ def _change(c: Change) -> Text:
     if c.kind == "node" and c.pool and not any(f.field == "pool" for f in c.fields):
         text.append(f" (pool {c.pool})", style=style)
     for f in c.fields:
-        if c.action == "create":
+        if f.field == "windows":
+            text.append(f"\n      windows: {_windows_change(f.old, f.new, c.action)}")
+        elif c.action == "create":
             text.append(f"\n      {f.field}: {_value(f.new)}")
         else:
             text.append(f"\n      {f.field}: {_value(f.old)} → {_value(f.new)}")

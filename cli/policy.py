@@ -27,12 +27,19 @@ from cli.options import (
 )
 from cli.output import emit, note
 from cli.tables import policies_table
+from cli.windows import parse_windows
 
 __all__ = ["app"]
 
 app = typer.Typer()
 
-Subject = Annotated[str, typer.Argument(help="Workload component, e.g. orchestrator:prod.")]
+Subject = Annotated[
+    str,
+    typer.Argument(
+        help="Workload component, e.g. orchestrator:prod, or a pattern with * for a team's"
+        " shared quota, e.g. 'team-vision:*' (quote it in a shell)."
+    ),
+]
 Priority = Annotated[
     int | None, typer.Option("-p", "--priority", help="Higher is preferred (default 0).")
 ]
@@ -58,6 +65,46 @@ Ceiling = Annotated[
 ]
 
 
+Lane = Annotated[
+    bool | None,
+    typer.Option(
+        "--lane/--no-lane",
+        help="Priority lane: its requests come before every other request and may preempt"
+        " borrowing allocations of other policies whatever their priority (default: no lane).",
+        show_default=False,
+    ),
+]
+Window = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--window",
+        metavar="WINDOW",
+        help="When the reserved share is in force; repeat for more (replaces the policy's"
+        " windows): 'mon-fri 09:00-17:00 Europe/Berlin', '09:00-17:00 UTC' (every day),"
+        " 'mon,wed,fri 22:00-06:00 UTC' (crosses midnight),"
+        " '2026-12-24T00:00Z/2026-12-27T00:00Z' (one time). Left out: kept on an update;"
+        " a new policy is always in force.",
+    ),
+]
+NoWindows = Annotated[
+    bool,
+    typer.Option("--no-windows", help="Remove the policy's windows: always in force again."),
+]
+
+
+def _shape(lane: bool | None, window: list[str] | None, no_windows: bool) -> dict[str, object]:
+    """The body fields of ``--lane/--no-lane``, ``--window`` and ``--no-windows`` (a list of
+    window objects replaces the policy's windows, null removes them)."""
+    fields: dict[str, object] = {} if lane is None else {"priority_lane": lane}
+    if window and no_windows:
+        raise typer.BadParameter("give --window or --no-windows, not both", param_hint="--window")
+    if window:
+        fields["windows"] = parse_windows(window)
+    elif no_windows:
+        fields["windows"] = None
+    return fields
+
+
 def find_policy(api: Api, pool: str, subject: str) -> Policy | None:
     """The policy binding ``subject`` to ``pool`` (a pool ref), or None."""
     found = api.call("GET", "/v1/policies", list[Policy], params={"pool": pool, "subject": subject})
@@ -72,18 +119,32 @@ def attach_policy(
     reserved: Reserved = None,
     limit: Ceiling = None,
     description: Description = None,
+    lane: Lane = None,
+    window: Window = None,
+    no_windows: NoWindows = False,
     output: Output = OutputFormat.table,
     url: Url = DEFAULT_URL,
     token: Token = None,
 ) -> None:
-    """Bind a subject to a pool, or update its existing policy there.
+    """Bind a subject (or a pattern of subjects) to a pool, or update its existing policy there.
+
+    A pattern policy ('team-vision:*') is one quota shared by every subject it covers: a
+    request's policy is its subject's own, else the pattern with the longest text before its
+    first *. Outside its windows a policy's reserved share is not in force: what its subjects
+    hold there is borrowed. Options left out keep the policy's values on an update.
 
     Example:
 
         respool pool attach-policy training-gpus orchestrator:prod -p 10 -r '{"gpu": 4}'
         respool pool attach-policy training-gpus orchestrator:dev -l '{gpu: 8, step_run: 4}'
+        respool pool attach-policy training-gpus 'team-vision:*' -r '{gpu: 2}' --lane
+        respool pool attach-policy training-gpus orchestrator:prod \\
+            --window 'mon-fri 09:00-17:00 Europe/Berlin' --window '22:00-06:00 UTC'
+        respool pool attach-policy training-gpus orchestrator:prod \\
+            --window 2026-12-24T00:00Z/2026-12-27T00:00Z
     """
     fields = given(priority=priority, reserved=reserved, limit=limit, description=description)
+    fields |= _shape(lane, window, no_windows)
     with connect_api(url, token) as api:
         existing = find_policy(api, pool, subject)
         if existing is None:
@@ -128,7 +189,9 @@ def list_policies(
     url: Url = DEFAULT_URL,
     token: Token = None,
 ) -> None:
-    """List policies with reserved, limit, used and borrowed units per key.
+    """List policies with reserved, limit, used and borrowed units per key, their lane,
+    windows, whether the reserved share is in force now (ACTIVE) and when that flips next
+    (NEXT CHANGE, UTC), and for a pattern the subjects it covers now (COVERS).
 
     Example:
 

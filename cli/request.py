@@ -31,6 +31,7 @@ from cli.request_options import (
     DryRun,
     Gang,
     Gpu,
+    Group,
     IdempotencyKey,
     KeepQueued,
     Label,
@@ -117,6 +118,7 @@ def create(
     max_seconds: MaxSeconds = None,
     select: Selector = None,
     node: NodeChoice = None,
+    group: Group = None,
     dry_run: DryRun = False,
     count: Count = 1,
     gang: Gang = False,
@@ -140,6 +142,7 @@ def create(
         respool request create -s orchestrator:prod --gpu 8 --dry-run
         respool request create -s orchestrator:prod --gpu 2 --count 4 --gang
         respool request create -s orchestrator:prod --gpu 4 --selector gpu-type=A100-80G
+        respool request create -s orchestrator:prod --gpu 1 --count 3 --group run-42
     """
     many = count > 1 or gang
     _check_combination(many=many, dry_run=dry_run, wait=wait)
@@ -158,6 +161,7 @@ def create(
         max_seconds=max_seconds,
         select=select,
         node=node,
+        group=group,
     )
     if dry_run:
         _what_if(body, output, url, token)

@@ -3,6 +3,7 @@ types, and :func:`request_body`, which turns them into the wire type the API dec
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Annotated, TypeVar
@@ -11,7 +12,7 @@ import typer
 from msgspec import UNSET, UnsetType
 from respool_client.durations import parse_duration
 from respool_client.pairs import selector
-from respool_client.wire import MAX_BATCH, RequestCreate, ResourceSettings
+from respool_client.wire import GROUP_PATTERN, MAX_BATCH, RequestCreate, ResourceSettings
 
 from cli.maps import parse_decimal, parse_labels, parse_pairs
 
@@ -23,6 +24,7 @@ __all__ = [
     "Wait",
     "Cpu",
     "Gpu",
+    "Group",
     "IdempotencyKey",
     "Label",
     "Lease",
@@ -96,6 +98,15 @@ Selector = Annotated[
 NodeChoice = Annotated[
     str | None,
     typer.Option("--node", help="Only this node (the selector node=NAME)."),
+]
+Group = Annotated[
+    str | None,
+    typer.Option(
+        "--group",
+        metavar="G",
+        help="Preemption group: it never preempts an allocation of the same group (e.g. the"
+        " other steps of one pipeline run).",
+    ),
 ]
 NonPreemptible = Annotated[
     bool,
@@ -196,6 +207,7 @@ def request_body(
     max_seconds: int | None = None,
     select: list[str] | None = None,
     node: str | None = None,
+    group: str | None = None,
 ) -> RequestCreate:
     """The create body of these options (each parameter is the option of the same name;
     ``select`` is ``--selector``)."""
@@ -212,7 +224,15 @@ def request_body(
         idempotency_key=idempotency_key,
         max_seconds=max_seconds,
         node_selector=_selector(select or [], node) or None,
+        preemption_group=_group(group),
     )
+
+
+def _group(group: str | None) -> str | None:
+    """``--group``: 1 to 128 printable characters (as the server checks it)."""
+    if group is not None and not re.fullmatch(GROUP_PATTERN, group):
+        raise typer.BadParameter("1 to 128 printable characters", param_hint="--group")
+    return group
 
 
 def _selector(pairs: list[str], node: str | None) -> dict[str, str]:

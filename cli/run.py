@@ -14,7 +14,7 @@ def run(ctx: typer.Context) -> None:
 
     Options: --subject, --pool, --gpu, --cpu, --memory, --resource KEY=N, --non-preemptible,
     --max-retries, --lease (none: no lease), --queue-lease, --timeout, --kill-after,
-    --selector LABEL=VALUE, --node NAME, --here;
+    --selector LABEL=VALUE, --node NAME, --here, --group G (preemption group);
     `respool run --help` lists them all, docs/client.md says what happens to CMD's processes.
     """
     raise typer.Exit(run_main(list(ctx.args)))

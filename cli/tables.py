@@ -12,9 +12,12 @@ from rich.console import Group, RenderableType
 from rich.table import Column, Table
 from rich.text import Text
 
+from cli.windows import fmt_windows
+
 __all__ = [
     "events_table",
     "fmt_devices",
+    "fmt_iso",
     "fmt_map",
     "fmt_time",
     "node_allocations_table",
@@ -299,7 +302,12 @@ def pool_keys_table(pool: Pool) -> Table:
 def policies_table(
     policies: Sequence[Policy], *, title: str | None = None, show_pool: bool = True
 ) -> Table:
-    headers = ["SUBJECT", "PRIORITY", "RESERVED", "LIMIT", "USED", "BORROWED", "ID"]
+    """Policies with their shares, usage and shape: LANE, WINDOWS (the ``--window`` syntax),
+    ACTIVE and NEXT CHANGE (UTC); COVERS (the subjects a pattern serves now) when any policy
+    is a pattern (docs/preemption.md)."""
+    patterns = any("*" in p.subject for p in policies)
+    headers = ["SUBJECT", "PRIORITY", "RESERVED", "LIMIT", "USED", "BORROWED", "LANE"]
+    headers += ["WINDOWS", "ACTIVE", "NEXT CHANGE", *(["COVERS"] if patterns else []), "ID"]
     out = table(*(["POOL", *headers] if show_pool else headers), title=title)
     for p in policies:
         cells = [
@@ -309,10 +317,23 @@ def policies_table(
             fmt_map(p.limit),
             fmt_map(p.usage),
             fmt_map(p.borrowed),
-            short(p.id),
+            "yes" if p.priority_lane else "no",
+            fmt_windows(p.windows),
+            "yes" if p.active else "no",
+            fmt_iso(p.next_change),
         ]
+        if patterns:
+            cells.append(", ".join(p.covers) if "*" in p.subject and p.covers else "-")
+        cells.append(short(p.id))
         out.add_row(*([p.pool, *cells] if show_pool else cells))
     return out
+
+
+def fmt_iso(value: datetime | None) -> str:
+    """An instant in UTC ISO form, ``2026-03-30T07:00:00Z``; ``-`` for none."""
+    if value is None:
+        return "-"
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def requests_table(
@@ -382,6 +403,8 @@ def request_header(r: Request) -> Group:
         rows.insert(-3, ("Max runtime", f"{r.max_seconds}s (until {fmt_time(r.run_deadline)})"))
     if r.node_selector:
         rows.insert(-4, ("Node selector", fmt_labels(r.node_selector)))
+    if r.preemption_group is not None:
+        rows.insert(8, ("Preemption group", r.preemption_group))
     if r.placement is not None:
         where = f"node {r.placement.node}, devices {fmt_devices(r.placement.devices)}"
         rows.insert(-4, ("Placement", where))

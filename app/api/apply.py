@@ -14,7 +14,13 @@ from litestar import Controller, post
 from litestar.connection import ASGIConnection
 from litestar.datastructures import State
 from litestar.handlers.base import BaseRouteHandler
-from respool_client.manifest import Manifest, Plan, duplicate_names, duplicate_nodes
+from respool_client.manifest import (
+    Manifest,
+    Plan,
+    duplicate_names,
+    duplicate_nodes,
+    naive_instant,
+)
 
 from app.api.auth import AuthError, Principal
 from app.api.common import AnyRequest, StrictBody, db, decode_body
@@ -54,6 +60,9 @@ class ApplyController(Controller):
         nodes = duplicate_nodes(body)
         if nodes:
             raise ApiError(400, "nodes: named more than once: " + ", ".join(nodes), "nodes")
+        naive = naive_instant(body)
+        if naive:
+            raise ApiError(400, f"{naive}: a window's instant needs a time zone", naive)
         manifest = Manifest(pools=body.pools, nodes=body.nodes)
         async with db(state).acquire() as conn:
             # A pool connection proxy behaves as the connection it wraps.

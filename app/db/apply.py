@@ -17,13 +17,17 @@ from uuid import UUID
 
 import asyncpg
 import msgspec
+from msgspec import UNSET
 from respool_client.manifest import (
     Change,
     Consequence,
+    FieldChange,
     Manifest,
     Overcommit,
     Plan,
+    PolicySpec,
     current_manifest,
+    windows_key,
 )
 
 from app.db import nodes, policies, pools, reconcile
@@ -128,7 +132,16 @@ class _Runner:
         limit = merge_map(c.fields, "limit")
         priority = new_value(c.fields, "priority")
         description = new_text(c.fields, "description")
-        if not (reserved or limit or priority is not None or description is not None):
+        lane = new_value(c.fields, "priority_lane")
+        windows = new_value(c.fields, "windows") if changed(c.fields, "windows") else UNSET
+        if not (
+            reserved
+            or limit
+            or priority is not None
+            or description is not None
+            or lane is not None
+            or windows is not UNSET
+        ):
             return  # only lowered reservations, already applied
         await policies.update_policy(
             self.conn,
@@ -137,11 +150,65 @@ class _Runner:
             reserved=reserved or None,
             limit=limit or None,
             description=description,
+            priority_lane=lane if isinstance(lane, bool) else None,
+            windows=windows if windows is UNSET or isinstance(windows, list) else None,
         )
 
     async def _create_policy(self, c: Change) -> None:
         spec = next(p for p in self.specs[c.pool].policies if p.subject == c.subject)
         await policies.create_policy(self.conn, pool=c.pool, **msgspec.structs.asdict(spec))
+
+
+def _shape_fields(old: PolicySpec, new: PolicySpec) -> list[FieldChange]:
+    """A policy's lane and windows changes (``windows`` as JSON, None: always in force); windows
+    that mean the same (another order, days left out for every day) do not change."""
+    fields = []
+    if old.priority_lane != new.priority_lane:
+        fields.append(FieldChange("priority_lane", old.priority_lane, new.priority_lane))
+    if windows_key(old.windows) != windows_key(new.windows):
+        fields.append(
+            FieldChange(
+                "windows", msgspec.to_builtins(old.windows), msgspec.to_builtins(new.windows)
+            )
+        )
+    return fields
+
+
+def _with_shapes(changes: list[Change], current: Manifest, desired: Manifest) -> list[Change]:
+    """``changes`` with each policy's lane and windows changes (docs/preemption.md): added to
+    its create or update, or as an update of its own after its pool's other changes."""
+    have = {(p.name, s.subject): s for p in current.pools for s in p.policies}
+    order = {p.name: i for i, p in enumerate(desired.pools)}
+    out = list(changes)
+    for pool in desired.pools:
+        for spec in pool.policies:
+            old = have.get((pool.name, spec.subject), PolicySpec(subject=spec.subject))
+            fields = _shape_fields(old, spec)
+            if not fields:
+                continue
+            at = next(
+                (
+                    i
+                    for i, c in enumerate(out)
+                    if c.kind == "policy" and (c.pool, c.subject) == (pool.name, spec.subject)
+                ),
+                None,
+            )
+            if at is not None:
+                out[at] = msgspec.structs.replace(out[at], fields=[*out[at].fields, *fields])
+                continue
+            after = [i for i, c in enumerate(out) if c.kind != "node" and c.pool == pool.name]
+            later = (
+                i
+                for i, c in enumerate(out)
+                if c.kind == "node" or order.get(c.pool, len(order)) > order[pool.name]
+            )
+            at = after[-1] + 1 if after else next(later, len(out))
+            update = Change(
+                action="update", kind="policy", pool=pool.name, subject=spec.subject, fields=fields
+            )
+            out.insert(at, update)
+    return out
 
 
 async def _consequences(
@@ -225,7 +292,7 @@ async def apply_manifest(
         have_policies = await policies.list_policies(conn)
         have_nodes = await nodes.list_nodes(conn) if manifest.nodes is not None else []
         current = current_manifest(have_pools, have_policies, have_nodes)
-        changes = plan_changes(current, manifest, prune=prune)
+        changes = _with_shapes(plan_changes(current, manifest, prune=prune), current, manifest)
         ids = {f"{p.pool}/{p.subject}": p.id for p in have_policies}
         await _Runner(conn, manifest, ids, force).run(changes)
         touched = _touched(changes)

@@ -59,7 +59,9 @@ class AsyncRespool(RequestVerbs):
         ``fields``: those of :meth:`create_request` (a misspelt one is a ``TypeError``); left
         out, the server's default; ``lease_seconds=None``: no lease; ``node_selector={"gpu-type":
         "A100-80G"}``: only nodes with these labels (``"node"``: the node's name), in a pool with
-        nodes. The grant's :attr:`~respool_client.Grant.placement` says where it runs and
+        nodes; ``preemption_group="run-42"``: never preempts an allocation of the same group
+        (the other steps of one pipeline run). The grant's
+        :attr:`~respool_client.Grant.placement` says where it runs and
         :meth:`~respool_client.Grant.env` gives the step's variables (``CUDA_VISIBLE_DEVICES``)."""
         grant = await acquire(self, subject, within=timeout, queue_lease=self.queue_lease, **fields)
         beat = start_holding(self, grant, heartbeat_interval, on_preempted)

@@ -51,8 +51,10 @@ class RequestVerbs(Transport):
 
         ``fields`` are those of :class:`~respool_client.wire.RequestCreate` (``pool``,
         ``resources``, ``settings``, ``preemptible``, ``max_retries``, ``max_seconds``,
-        ``lease_seconds``, ``idempotency_key``, ``labels``, ``node_selector``): left out, the
-        server's default; ``lease_seconds=None`` asks for no lease. ``wait``: answer once the
+        ``lease_seconds``, ``idempotency_key``, ``labels``, ``node_selector``,
+        ``preemption_group``): left out, the server's default; ``lease_seconds=None`` asks for no
+        lease; ``preemption_group="run-42"``: it never preempts an allocation of that group
+        (docs/preemption.md). ``wait``: answer once the
         request is no longer queued, or after that many seconds."""
         return await self._request(
             "POST",

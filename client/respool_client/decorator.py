@@ -2,13 +2,14 @@
 
 ```python
 @allocated(subject="orchestrator:prod", settings=ResourceSettings(gpu_count=2),
-           node_selector={"gpu-class": "a100"})
+           node_selector={"gpu-class": "a100"}, preemption_group=run_id)
 def train(data, grant):          # ``grant`` is passed when the function takes that parameter
     os.environ.update(grant.env())   # CUDA_VISIBLE_DEVICES: the GPUs placed for this call
     ...
 ```
 
-The allocation is held for the call (heartbeats and the watch of the request run in the
+``preemption_group``: calls of one group (e.g. the steps of one pipeline run) never preempt
+each other. The allocation is held for the call (heartbeats and the watch of the request run in the
 background) and released when it returns or raises. ``on_preempted(grant)`` is called once when
 the units are being taken away; ``grant.deadline`` says when they will be taken by force.
 """

@@ -14,11 +14,12 @@ pruned. A pool with nodes has no capacity of its own (it is the sum of its nodes
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import UTC
 from typing import Any, Literal
 from uuid import UUID
 
 import msgspec
-from respool_client.wire import Node, Policy, Pool
+from respool_client.wire import Node, Policy, PolicyWindow, Pool, Windows
 
 __all__ = [
     "Change",
@@ -33,7 +34,9 @@ __all__ = [
     "current_manifest",
     "duplicate_names",
     "duplicate_nodes",
+    "naive_instant",
     "node_capacity",
+    "windows_key",
 ]
 
 Action = Literal["create", "update", "delete"]
@@ -41,11 +44,16 @@ Kind = Literal["pool", "policy", "node"]
 
 
 class PolicySpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
+    """A policy; ``subject`` may be a pattern with ``*`` (a team's quota). ``windows``: when its
+    reserved share is in force (null: always), the API's window objects (docs/preemption.md)."""
+
     subject: str
     priority: int = 0
     reserved: dict[str, int] = {}
     limit: dict[str, int] = {}
     description: str = ""
+    priority_lane: bool = False
+    windows: Windows | None = None
 
 
 class PoolSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
@@ -103,6 +111,34 @@ class Change(msgspec.Struct, frozen=True, kw_only=True):
         return self.pool if self.subject is None else f"{self.pool}/{self.subject}"
 
 
+_WEEK = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+
+
+def _window_key(w: PolicyWindow) -> tuple[str, ...]:
+    if w.start is not None or w.end is not None:
+        return tuple("" if t is None else t.astimezone(UTC).isoformat() for t in (w.start, w.end))
+    days = sorted(set(w.days or _WEEK), key=_WEEK.index)
+    return (w.timezone or "", ",".join(days), w.from_ or "", w.to or "")
+
+
+def windows_key(windows: Iterable[PolicyWindow] | None) -> tuple[tuple[str, ...], ...] | None:
+    """What ``windows`` mean, comparable: a weekly window's days default to every day and
+    have no order, a one-time window's instants are compared in UTC, and the order of the
+    windows does not matter; None (always in force) stays None."""
+    return None if windows is None else tuple(sorted({_window_key(w) for w in windows}))
+
+
+def _compact(windows: Iterable[PolicyWindow] | None) -> list[PolicyWindow] | None:
+    """Windows as ``export`` writes them: a weekly window of every day without ``days``."""
+    if windows is None:
+        return None
+    every = set(_WEEK)
+    return [
+        msgspec.structs.replace(w, days=None) if w.days and set(w.days) == every else w
+        for w in windows
+    ]
+
+
 def node_capacity(spec: NodeSpec) -> dict[str, int]:
     """``spec.capacity`` with each key of ``devices`` it leaves out (its units: its ids)."""
     return {k: len(v) for k, v in spec.devices.items()} | spec.capacity
@@ -133,6 +169,8 @@ def current_manifest(
                 reserved=dict(sorted(pol.reserved.items())),
                 limit=dict(sorted(pol.limit.items())),
                 description=pol.description,
+                priority_lane=pol.priority_lane,
+                windows=_compact(pol.windows),
             )
         )
     return Manifest(
@@ -168,6 +206,18 @@ def duplicate_names(manifest: Manifest) -> list[str]:
                 dups.append(f"{pool.name}/{pol.subject}")
             subjects.add(pol.subject)
     return dups
+
+
+def naive_instant(manifest: Manifest) -> str | None:
+    """The field of the first one-time window instant without a time zone, if any (such an
+    instant means nothing on its own: refused)."""
+    for i, pool in enumerate(manifest.pools):
+        for j, policy in enumerate(pool.policies):
+            for k, w in enumerate(policy.windows or []):
+                for key, value in (("start", w.start), ("end", w.end)):
+                    if value is not None and value.tzinfo is None:
+                        return f"pools[{i}].policies[{j}].windows[{k}].{key}"
+    return None
 
 
 def duplicate_nodes(manifest: Manifest) -> list[str]:

@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -47,7 +48,7 @@ from respool_client._hold import QUEUE_LEASE, await_grant, start_holding
 from respool_client.errors import AllocationTimeout, ApiError, Preempted, Rejected, RespoolError
 from respool_client.grant import Grant
 from respool_client.pairs import host_node_name, split_amount, split_pair
-from respool_client.wire import HOLDING, Request, ResourceSettings
+from respool_client.wire import GROUP_PATTERN, HOLDING, Request, ResourceSettings
 
 __all__ = ["EXIT_CODES", "build_parser", "here", "host_node_name", "main", "node_selector", "run"]
 
@@ -117,6 +118,9 @@ def build_parser(prog: str = "respool run") -> argparse.ArgumentParser:
         help="Only a node with this label (pools with nodes); repeat for more, all must match "
         "(gpu-type=A100-80G).")  # fmt: skip
     add("--node", metavar="NAME", help="Only this node (the selector node=NAME).")
+    add("--group", type=_group, metavar="G",
+        help="Preemption group: never preempts an allocation of the same group (e.g. the "
+        "other steps of one pipeline run).")  # fmt: skip
     add("--here", action="store_true",
         help="Only the node this runs on: RESPOOL_NODE, else this machine's hostname in lower "
         "case.")  # fmt: skip
@@ -396,6 +400,7 @@ class _Runner:
                 lease_seconds=a.lease,
                 labels=dict(a.label) or None,
                 node_selector=getattr(a, "node_selector", None) or None,
+                preemption_group=getattr(a, "group", None) or None,
             )
             while True:
                 grant = await self._wait_for_grant(state, sent, started)
@@ -540,6 +545,13 @@ def _label(text: str) -> tuple[str, str]:
         return split_pair(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _group(text: str) -> str:
+    """``--group``: 1 to 128 printable characters."""
+    if not re.fullmatch(GROUP_PATTERN, text):
+        raise argparse.ArgumentTypeError(f"1 to 128 printable characters: {text!r}")
+    return text
 
 
 def _lease(text: str) -> int | None | UnsetType:

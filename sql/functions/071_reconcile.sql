@@ -229,6 +229,10 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;  -- gone, or another transaction (a reconciler, an API call) holds it
     END IF;
+    -- Window boundaries due by now (docs/preemption.md, time windows): the shares in force
+    -- change first, and the steps below reclaim and grant accordingly. Under the pool lock, so
+    -- two passes never apply one boundary twice.
+    PERFORM respool._apply_windows(p_pool_id, p_now);
     expired := 0;
     grace_ended := 0;
     IF respool.leases_may_lapse() THEN  -- not while respool looks down (072_outage_leases.sql)
@@ -246,4 +250,4 @@ BEGIN
                               'rejected', q.rejected);
 END $$;
 COMMENT ON FUNCTION respool.reconcile_pool(uuid, timestamptz) IS
-    'One reconciler pass over one pool in the caller''s transaction (docs/preemption.md): expire lapsed leases, runtime caps (max_seconds) and grace periods, enforce shrunk capacities and limits, preempt for queued requests with a right to run, grant what fits. Returns {pool, expired, grace_ended, preempted, allocated, rejected}, or NULL when the pool is locked elsewhere (skip it: SKIP LOCKED) or gone.';
+    'One reconciler pass over one pool in the caller''s transaction (docs/preemption.md): apply the window boundaries due (respool._apply_windows), expire lapsed leases, runtime caps (max_seconds) and grace periods, enforce shrunk capacities and limits, preempt for queued requests with a right to run, grant what fits. Returns {pool, expired, grace_ended, preempted, allocated, rejected}, or NULL when the pool is locked elsewhere (skip it: SKIP LOCKED) or gone.';

@@ -7,7 +7,6 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import asyncpg
 import pytest
 
 from support.http import error, ok
@@ -123,20 +122,7 @@ async def test_overlapping_shares_and_pattern_ties_are_409(server: Server) -> No
     ok(await c.post("/v1/policies", json=longer), 201)
 
 
-async def _applies_windows(db_url: str) -> bool:
-    conn = await asyncpg.connect(db_url)
-    try:
-        body = await conn.fetchval(
-            "SELECT pg_get_functiondef('respool.reconcile_pool(uuid, timestamptz)'::regprocedure)"
-        )
-    finally:
-        await conn.close()
-    return "_apply_windows" in body
-
-
 async def test_the_reconciler_wakes_at_a_window_boundary(db_url: str) -> None:
-    if not await _applies_windows(db_url):
-        pytest.skip("reconcile_pool does not apply window boundaries yet (the lead wires it)")
     # A 30 s interval: only the boundary 1.5 s ahead can explain a reclaim well before it.
     async with running_server(db_url, with_reconciler=True, reconcile_interval=30.0) as srv:
         c = srv.client

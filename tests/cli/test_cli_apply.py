@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
 
 from support.cli import Cli, failed
 
@@ -433,3 +438,124 @@ async def test_an_abstract_pool_becomes_a_pool_of_nodes(cli: Cli, tmp_path: Path
     pool = (await cli.json("pool", "describe", "p"))["pool"]
     assert (pool["capacity"], pool["nodes"]) == ({"gpu": 4}, 1)
     assert (await cli.json("apply", "-f", _write(tmp_path, nodes, "nodes.yaml")))["changes"] == []
+
+
+SHAPES = """
+pools:
+  - name: shaped
+    capacity: {gpu: 8}
+    policies:
+      - subject: prod
+        reserved: {gpu: 4}
+        priority_lane: true
+        windows:
+          - {timezone: Europe/Berlin, days: [mon, tue, wed, thu, fri], from: "09:00", to: 17:00}
+          - {start: "2026-12-24T00:00:00Z", end: 2026-12-27T00:00:00Z}
+      - subject: "team-vision:*"
+        limit: {gpu: 4}
+        windows:
+          - {timezone: UTC, from: "22:00", to: "06:00"}
+      - subject: research
+        reserved: {gpu: 2}
+"""
+
+
+def _fields(plan: dict[str, Any]) -> dict[tuple[str, str], tuple[object, object]]:
+    return {
+        (f"{c['pool']}/{c.get('subject')}", f["field"]): (f["old"], f["new"])
+        for c in plan["changes"]
+        for f in c["fields"]
+    }
+
+
+async def test_apply_sets_lanes_and_windows_and_export_round_trips(
+    cli: Cli, tmp_path: Path
+) -> None:
+    plan = await cli.json("apply", "-f", _write(tmp_path, SHAPES))
+    fields = _fields(plan)
+    assert fields[("shaped/prod", "priority_lane")] == (False, True)
+    assert fields[("shaped/team-vision:*", "windows")][1] == [
+        {"timezone": "UTC", "from": "22:00", "to": "06:00"}
+    ]
+    assert ("shaped/research", "windows") not in fields  # no windows: nothing to set
+    policies = {p["subject"]: p for p in await cli.json("pool", "list-policies", "shaped")}
+    prod = policies["prod"]
+    assert prod["priority_lane"] is True and len(prod["windows"]) == 2
+    assert prod["windows"][0]["days"] == ["mon", "tue", "wed", "thu", "fri"]
+    assert prod["windows"][0]["to"] == "17:00"  # unquoted 17:00 in YAML is still a time
+    assert datetime.fromisoformat(prod["windows"][1]["end"]) == datetime(2026, 12, 27, tzinfo=UTC)
+    assert policies["team-vision:*"]["windows"][0]["timezone"] == "UTC"
+    assert (
+        policies["research"]["windows"] is None and policies["research"]["priority_lane"] is False
+    )
+
+    # The same file again, and the export of what it made, change nothing.
+    assert (await cli.json("apply", "-f", _write(tmp_path, SHAPES)))["changes"] == []
+    exported = (await cli.ok("export")).stdout
+    assert "priority_lane: true" in exported and "windows:" in exported
+    assert exported.count("priority_lane") == 1  # written only when set
+    doc = yaml.safe_load(exported)
+    research = next(p for p in doc["pools"][0]["policies"] if p["subject"] == "research")
+    assert "windows" not in research and "priority_lane" not in research
+    plan = await cli.json("apply", "-f", "-", "--dry-run", "--prune", input=exported)
+    assert plan["changes"] == []
+    as_json = (await cli.ok("export", "-o", "json")).stdout
+    assert (await cli.json("apply", "-f", "-", "--prune", input=as_json))["changes"] == []
+
+
+async def test_dry_run_shows_window_and_lane_changes(cli: Cli, tmp_path: Path) -> None:
+    await cli.ok("apply", "-f", _write(tmp_path, SHAPES))
+    changed = SHAPES.replace("priority_lane: true", "priority_lane: false").replace(
+        '{start: "2026-12-24T00:00:00Z", end: 2026-12-27T00:00:00Z}',
+        "{timezone: UTC, days: [sat, sun], from: '10:00', to: '12:00'}",
+    )
+    # research gets a window; team-vision's windows go (always in force)
+    changed = changed.replace(
+        "      - subject: research\n",
+        "      - subject: research\n"
+        "        windows: [{timezone: UTC, from: '00:00', to: '08:00'}]\n",
+    ).replace('        windows:\n          - {timezone: UTC, from: "22:00", to: "06:00"}\n', "")
+    path = _write(tmp_path, changed, "v2.yaml")
+    text = (await cli.ok("apply", "-f", path, "--dry-run")).stdout
+    assert "~ policy shaped/prod" in text
+    assert "priority_lane: true → false" in text
+    assert "windows: +sat,sun 10:00-12:00 UTC, -2026-12-24T00:00Z/2026-12-27T00:00Z" in text
+    assert "windows: 22:00-06:00 UTC → always" in text  # team-vision:*
+    assert "windows: always → 00:00-08:00 UTC" in text  # research
+    # a dry run changes nothing
+    policies = {p["subject"]: p for p in await cli.json("pool", "list-policies", "shaped")}
+    assert policies["prod"]["priority_lane"] is True and policies["research"]["windows"] is None
+
+    plan = await cli.json("apply", "-f", path)
+    assert {c["subject"] for c in plan["changes"]} == {"prod", "team-vision:*", "research"}
+    policies = {p["subject"]: p for p in await cli.json("pool", "list-policies", "shaped")}
+    assert policies["prod"]["priority_lane"] is False
+    assert [w.get("days") for w in policies["prod"]["windows"]] == [
+        ["mon", "tue", "wed", "thu", "fri"],
+        ["sat", "sun"],
+    ]
+    assert policies["team-vision:*"]["windows"] is None
+    assert policies["research"]["windows"][0]["to"] == "08:00"
+    assert (await cli.json("apply", "-f", path))["changes"] == []
+
+
+async def test_apply_window_errors_name_the_field(cli: Cli, tmp_path: Path) -> None:
+    naive = SHAPES.replace('"2026-12-24T00:00:00Z"', '"2026-12-24T00:00:00"')
+    err = failed(await cli.api("apply", "-f", _write(tmp_path, naive, "naive.yaml")))
+    assert "pools[0].policies[0].windows[1].start" in err and "zone" in err
+    bad_day = SHAPES.replace("days: [mon, tue", "days: [monday, tue")
+    err = failed(await cli.api("apply", "-f", _write(tmp_path, bad_day, "day.yaml")))
+    assert "windows[0].days" in err
+    zone = SHAPES.replace("timezone: Europe/Berlin", "timezone: Mars/Base")
+    err = failed(await cli.api("apply", "-f", _write(tmp_path, zone, "zone.yaml")))
+    assert "Mars/Base" in err or "timezone" in err
+    assert await cli.json("pool", "list") == []  # the whole apply was rolled back
+    # The API refuses such an instant too, naming the field.
+    doc = yaml.safe_load(naive.replace("to: 17:00", 'to: "17:00"'))
+    async with httpx.AsyncClient(base_url=cli.url) as http:
+        body = json.dumps(doc, default=datetime.isoformat)
+        answer = await http.post(
+            "/v1/apply", content=body, headers={"content-type": "application/json"}
+        )
+    assert answer.status_code == 400
+    assert answer.json()["field"] == "pools[0].policies[0].windows[1].start"

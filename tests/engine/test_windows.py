@@ -113,10 +113,10 @@ async def update(conn: asyncpg.Connection, ref: Any, now: datetime, **kw: Any) -
 
 
 async def boundary_pass(conn: asyncpg.Connection, pool: str, now: datetime) -> tuple[int, Any]:
-    """A reconciler pass at ``now`` that applies the window boundaries: the pool's lock (SKIP
-    LOCKED, as the pass takes it), respool._apply_windows, then respool.reconcile_pool, in one
-    transaction. (Once reconcile_pool applies the boundaries itself, the second application
-    finds nothing due.) Returns (policies flipped, the pass's summary; None when skipped)."""
+    """A reconciler pass at ``now``, in one transaction: the pool's lock (SKIP LOCKED, as the
+    pass takes it) and respool._apply_windows, to count the policies that flip, then
+    respool.reconcile_pool (which applies due boundaries itself: it finds none left).
+    Returns (policies flipped, the pass's summary; None when skipped)."""
     async with conn.transaction():
         flipped = await conn.fetchval(
             "WITH locked AS MATERIALIZED (SELECT id FROM respool.pools WHERE name = $1"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from respool_zenml.mapping import (  # type: ignore[import-not-found]  # noqa: E
     UnsupportedDemand,
     demands_to_node_selector,
     demands_to_resources,
+    preemption_group_for,
     status_reason,
     subject_for,
     zenml_status,
@@ -134,6 +136,16 @@ def test_selectors_respool_cannot_express_are_refused_clearly(
 ) -> None:
     with pytest.raises(UnsupportedDemand, match=message):
         demands_to_node_selector(demands)
+
+
+def test_the_steps_of_one_run_share_its_preemption_group() -> None:
+    run, other = uuid.uuid4(), uuid.uuid4()
+    # The group is the pipeline run's id: both steps of one run carry it, another run differs.
+    assert preemption_group_for(run) == str(run) == preemption_group_for(str(run))
+    assert preemption_group_for(other) != preemption_group_for(run)
+    assert preemption_group_for(None) is None  # a step of no known run: no group
+    with pytest.raises(UnsupportedDemand, match="preemption group"):
+        preemption_group_for("x" * 129)
 
 
 def test_subject_is_type_and_name() -> None:

@@ -14,6 +14,8 @@ demand ``resource="x"``        custom key ``x`` (a demand with only ``kind="x"``
                                ``"80"``); flat equality only
 ``reclaim_tolerance: none``    ``preemptible: false`` (``coordinated``/``any``: ``true``)
 ``step_run_id``                ``idempotency_key``
+the step's pipeline run id     ``preemption_group``: the steps of one run never preempt each
+                               other (as ZenML's own pools do)
 =============================  ==============================================================
 
 A respool request is placed on one node, so the selectors of all of a request's demands make
@@ -32,6 +34,8 @@ SUBJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,127}$")
 # A node label (docs/placement.md): its key, and a value of up to 63 printable characters.
 LABEL_KEY = re.compile(r"^[a-z0-9][a-z0-9._/-]{0,62}$")
 LABEL_VALUE = re.compile(r"^[^\x00-\x1f\x7f]{0,63}$")
+# A preemption group: 1 to 128 printable characters.
+GROUP = re.compile(r"^[^\x00-\x1f\x7f]{1,128}$")
 # The node label a gpu demand's class (ResourceSettings.gpu_class) selects.
 GPU_CLASS_LABEL = "gpu-class"
 
@@ -222,6 +226,18 @@ def demands_to_node_selector(demands: Iterable[Demand]) -> dict[str, str]:
                 )
             selector[label] = value
     return selector
+
+
+def preemption_group_for(pipeline_run_id: object | None) -> str | None:
+    """The respool ``preemption_group`` of a step of pipeline run ``pipeline_run_id``: the run's
+    id, so that a step never preempts a step of its own run (docs/zenml.md); None (no group)
+    when the step's run is unknown."""
+    if pipeline_run_id is None:
+        return None
+    group = str(pipeline_run_id)
+    if not GROUP.fullmatch(group):
+        raise UnsupportedDemand(f"pipeline run id {group!r} cannot be a respool preemption group")
+    return group
 
 
 def zenml_status(status: str, reason: str | None) -> str:

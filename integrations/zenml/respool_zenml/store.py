@@ -49,6 +49,7 @@ from respool_zenml.mapping import (
     RESPOOL_STATUSES,
     demands_to_node_selector,
     demands_to_resources,
+    preemption_group_for,
     status_reason,
     subject_for,
     zenml_status,
@@ -174,6 +175,11 @@ class RespoolResourcePoolStore(ResourcePoolsSQLStoreInterface):
             body["lease_seconds"] = _seconds_until(req.lease_expires_at)
         if req.pool or req.pool_id:
             body["pool"] = req.pool or str(req.pool_id)
+        # The steps of one pipeline run never preempt each other (docs/zenml.md).
+        step = session.get(StepRunSchema, req.step_run_id)
+        group = preemption_group_for(step.pipeline_run_id if step is not None else None)
+        if group is not None:
+            body["preemption_group"] = group
         doc = self.api.create_request(subject, **body)
         return self._response(doc)
 
