@@ -450,25 +450,13 @@ class ShapesMachine(RuleBasedStateMachine):
         self._pass()
 
     def _pass(self) -> None:
-        """A reconciler pass at the machine's clock: the pool's lock, the window boundaries due
-        (respool._apply_windows), then respool.reconcile_pool, in one transaction. (Once
-        reconcile_pool applies the boundaries itself, the first call finds nothing due.)"""
+        """A reconciler pass at the machine's clock: it applies the window boundaries due first,
+        then preempts and grants."""
         self._call_time()
-
-        async def run() -> None:
-            async with self.conn.transaction():
-                await self.conn.execute(
-                    "SELECT respool._apply_windows(id, $1) FROM respool.pools WHERE name = 'gp'"
-                    " FOR NO KEY UPDATE",
-                    self.now,
-                )
-                await self.conn.execute(
-                    "SELECT respool.reconcile_pool((SELECT id FROM respool.pools"
-                    " WHERE name = 'gp'), $1)",
-                    self.now,
-                )
-
-        self.runner.run(run())
+        assert self.sql(
+            "SELECT respool.reconcile_pool((SELECT id FROM respool.pools WHERE name = 'gp'), $1)",
+            self.now,
+        ), "the pass skipped the pool"
         self.stats["passes"] += 1
         breaches = self.runner.run(window_breaches(self.conn, self.now))
         assert breaches == [], "\n".join(breaches)

@@ -51,17 +51,11 @@ async def _policy(
 
 
 async def boundary_pass(conn: asyncpg.Connection, at: datetime) -> None:
-    """The reconciler's pass at ``at``: the window boundaries due, then the pool's pass."""
-    async with conn.transaction():
-        await conn.execute(
-            "SELECT respool._apply_windows(id, $1) FROM respool.pools WHERE name = 'gpus'"
-            " FOR NO KEY UPDATE",
-            at,
-        )
-        await conn.execute(
-            "SELECT respool.reconcile_pool((SELECT id FROM respool.pools WHERE name = 'gpus'), $1)",
-            at,
-        )
+    """The reconciler's pass at ``at``: it applies the window boundaries due first."""
+    await conn.execute(
+        "SELECT respool.reconcile_pool((SELECT id FROM respool.pools WHERE name = 'gpus'), $1)",
+        at,
+    )
 
 
 async def _build(conn: asyncpg.Connection) -> dict[str, UUID]:
