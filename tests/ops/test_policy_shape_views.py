@@ -297,3 +297,13 @@ async def test_the_ready_query_for_a_team_quota_runs_as_documented(
         ("team-vision:a", 2, 0, 4, 5),
         ("team-vision:c", 0, 10, 4, 5),
     ]
+
+
+async def test_the_ready_query_for_borrowers_shows_the_closed_window(
+    db: tuple[asyncpg.Connection, dict[str, UUID]],
+) -> None:
+    conn, _ = db
+    rows = await conn.fetch(_ops_query("Who borrows"))
+    prod = [tuple(r) for r in rows if r["subject"] == "prod" and r["key"] == "gpu"]
+    # pool, subject, key, used, reserved (in force), configured, active, borrowed, priority
+    assert prod == [("gpus", "prod", "gpu", 3, 0, 6, False, 3, 0)]
