@@ -236,7 +236,7 @@ async def test_chromium_renders_pools_queue_and_events(live: Server, tmp_path: P
     assert not re.search(r"\d:\d\d(:\d\d)? ?[AP]M", dom)
     assert re.search(r'data-state="live">live · \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ<', dom)
     # Policies list no key a subject neither holds nor has a reservation or limit on.
-    policies = " ".join(re.findall(r'<div class="pool".*?</table>', dom))
+    policies = " ".join(re.findall(r'<div class="pool".*?</table>', dom, re.S))
     assert not re.search(r"\b(mcpu|memory_mb|gpu|licence_x) 0(;|<)", policies), policies
 
     shot = tmp_path / "dashboard.png"
@@ -421,6 +421,12 @@ async def test_chromium_without_a_token_asks_for_one(
     assert '<div id="data" hidden="">' in dom  # no empty tables, no "No pools yet."
     assert "No pools yet." not in dom and "Nothing is waiting." not in dom
     assert 'data-state="error">token needed<' in dom
+    shot = tmp_path / "locked.png"
+    await _chromium(
+        tmp_path / "shot", "--virtual-time-budget=5000", "--window-size=1200,500",
+        f"--screenshot={shot}", srv.url + "/",
+    )  # fmt: skip
+    assert shot.read_bytes().startswith(b"\x89PNG")
 
 
 class ContextGone(Exception):

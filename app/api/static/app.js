@@ -149,9 +149,10 @@ function policyTable(pool) {
   }
   const tbody = el("tbody");
   for (const [subject, s] of bySubject) {
-    // A key the subject neither holds nor has a reservation or limit on says nothing (mcpu 0).
+    // A key the subject neither holds nor has a reservation or limit on says nothing (mcpu 0);
+    // step_run (one per request) only when it is limited or reserved.
     const usage = s.keys
-      .filter((p) => p.used > 0 || p.limit !== null || p.reserved > 0)
+      .filter((p) => (p.used > 0 && p.key !== "step_run") || p.limit !== null || p.reserved > 0)
       .map((p) => p.key + " " + p.used + (p.reserved ? "/" + p.reserved + " res" : "") + (p.limit !== null ? ", limit " + p.limit : ""))
       .join("; ");
     const borrowed = s.keys.filter((p) => p.borrowed > 0).map((p) => p.key + " " + p.borrowed).join(", ");
@@ -186,7 +187,7 @@ function renderPools(pools) {
 function render(data) {
   renderPools(data.pools);
   const q = data.queue.map((r) => el("tr", { "data-request": r.request_id, "data-queue-pool": r.pool },
-    el("td", {}, r.pool), el("td", {}, r.position), el("td", {}, r.subject),
+    el("td", { class: "nowrap" }, r.pool), el("td", {}, r.position), el("td", {}, r.subject),
     el("td", { class: "mono" }, resources(r.resources)), el("td", {}, r.priority),
     el("td", {}, el("span", { class: "tag" + (r.preemptible ? "" : " np") }, r.preemptible ? "preemptible" : "non-preemptible"),
       r.in_share ? el("span", { class: "tag share" }, "in share") : null),
@@ -196,7 +197,7 @@ function render(data) {
   document.getElementById("queue-count").textContent = "(" + data.queue.length + ")";
 
   const h = data.holdings.map((r) => el("tr", {},
-    el("td", {}, r.pool), el("td", {}, r.subject), el("td", { class: "mono", title: r.request_id }, shortId(r.request_id)),
+    el("td", { class: "nowrap" }, r.pool), el("td", {}, r.subject), el("td", { class: "mono", title: r.request_id }, shortId(r.request_id)),
     el("td", { class: "mono" }, resources(r.resources)),
     el("td", {}, el("span", { class: "st st-" + r.status }, r.status)), el("td", { class: "nowrap" }, duration(r.held_seconds)),
     labelChips(r.labels)));
@@ -205,7 +206,7 @@ function render(data) {
 
   const e = data.events.map((r) => el("tr", {},
     el("td", { class: "time mono", title: r.at }, utc(r.at)),
-    el("td", { class: "mono", title: r.request_id }, shortId(r.request_id)), el("td", {}, r.subject), el("td", {}, r.pool || "—"),
+    el("td", { class: "mono", title: r.request_id }, shortId(r.request_id)), el("td", {}, r.subject), el("td", { class: "nowrap" }, r.pool || "—"),
     el("td", {}, (r.from_status || "new") + " → ", el("span", { class: "st st-" + r.to_status }, r.to_status)),
     el("td", { title: r.message }, r.reason || "")));
   fill(document.querySelector("#events tbody"), e, 6, "No events yet.");
@@ -240,7 +241,7 @@ function setLocked(state, detail) {
   box.dataset.state = state;
   document.getElementById("locked-title").textContent = LOCKED[state][0];
   document.getElementById("locked-text").textContent = LOCKED[state][1];
-  document.getElementById("locked-detail").textContent = detail ? "Server said: " + detail : "";
+  document.getElementById("locked-detail").textContent = detail && state !== "needed" ? "Server said: " + detail : "";
   const input = document.getElementById("token");
   if (document.activeElement !== input) input.value = "";
 }
@@ -262,6 +263,7 @@ async function poll() {
     if (!resp.ok) throw new Error("HTTP " + resp.status);
     const data = await resp.json();
     setLocked(null);
+    document.getElementById("forget").hidden = !token;
     render(data);
     setStatus("live", "live · " + utc(data.now));
     document.body.dataset.ready = "1";
@@ -275,6 +277,12 @@ document.getElementById("auth").addEventListener("submit", (ev) => {
   const value = document.getElementById("token").value.trim();
   if (value) sessionStorage.setItem(TOKEN_KEY, value); else sessionStorage.removeItem(TOKEN_KEY);
   document.getElementById("token").value = "";
+  poll();
+});
+
+document.getElementById("forget").addEventListener("click", () => {
+  sessionStorage.removeItem(TOKEN_KEY);
+  document.getElementById("forget").hidden = true;
   poll();
 });
 
