@@ -22,9 +22,12 @@ CREATE OR REPLACE FUNCTION respool._quantile_above(p_sorted double precision[], 
 RETURNS double precision LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     -- The elements above p_age are a suffix of the ascending array: found by binary search
     -- (width_bucket counts the elements <= p_age), not by filtering and sorting it per holder.
-    SELECT CASE WHEN c.n > 0 THEN p_sorted[c.k + greatest(1, ceil(p_q * c.n)::integer)] - p_age END
-      FROM (SELECT w.k, cardinality(p_sorted) - w.k AS n
-              FROM (SELECT width_bucket(p_age, p_sorted) AS k) w) c
+    -- One expression without FROM, so that the planner inlines it (it runs per holder).
+    SELECT CASE WHEN cardinality(p_sorted) > width_bucket(p_age, p_sorted)
+                THEN p_sorted[width_bucket(p_age, p_sorted)
+                              + greatest(1, ceil(p_q * (cardinality(p_sorted)
+                                                        - width_bucket(p_age, p_sorted)))::integer)]
+                     - p_age END
 $$;
 COMMENT ON FUNCTION respool._quantile_above(double precision[], double precision, double precision) IS
     'The q-quantile (nearest rank) of {d - p_age : d in p_sorted, d > p_age} for an ascending array without NULLs, i.e. _quantile over that set, in O(log n); NULL when no element exceeds p_age.';
@@ -37,15 +40,16 @@ COMMENT ON FUNCTION respool._eta_min_holds() IS
 CREATE OR REPLACE FUNCTION respool._remaining_hold(p_sorted double precision[], p_age double precision,
                                                    p_q double precision)
 RETURNS double precision LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    -- m: the recorded holds longer than the age (a suffix of the ascending array).
-    SELECT CASE WHEN c.m >= respool._eta_min_holds() THEN c.emp
+    -- One expression without FROM, so that the planner inlines it (it runs per holder).
+    -- cardinality - width_bucket: the recorded holds longer than the age (a suffix).
+    SELECT CASE WHEN cardinality(p_sorted) - width_bucket(p_age, p_sorted) >= respool._eta_min_holds()
+                THEN respool._quantile_above(p_sorted, p_age, p_q)
                 -- The tail: P(hold > t | hold > age) = age / t (a Pareto tail of shape 1: having
                 -- held for a, a holder is as likely to hold another a as not), so the remaining
                 -- time's q-quantile is age * (1 / (1 - q) - 1): the age at q = 0.5, 9 times it at
                 -- q = 0.9. Never below what the few longer recorded holds say.
-                ELSE greatest(coalesce(c.emp, 0), greatest(p_age, 0) * (1 / (1 - p_q) - 1)) END
-      FROM (SELECT cardinality(p_sorted) - width_bucket(p_age, p_sorted) AS m,
-                   respool._quantile_above(p_sorted, p_age, p_q) AS emp) c
+                ELSE greatest(respool._quantile_above(p_sorted, p_age, p_q), 0,
+                              p_age * (1 / (1 - p_q) - 1)) END
 $$;
 COMMENT ON FUNCTION respool._remaining_hold(double precision[], double precision, double precision) IS
     'Survival estimate of a holder''s remaining hold (docs/scheduling.md, ETA), for 0 < p_q < 1 and an ascending array of recorded holds without NULLs: with at least respool._eta_min_holds() recorded holds longer than p_age, the q-quantile of their excess over p_age (respool._quantile_above); with fewer, a tail that grows with the age, p_age * (1 / (1 - p_q) - 1) (the age itself at the median), or what those few say if that is longer. Never NULL, never negative; non-decreasing in p_age once no recorded hold is longer.';
