@@ -27,6 +27,7 @@ _CONNECTION = "Connection"
 
 class OutputFormat(StrEnum):
     table = "table"
+    wide = "wide"
     json = "json"
     yaml = "yaml"
 
@@ -53,7 +54,10 @@ Token = Annotated[
 Output = Annotated[
     OutputFormat,
     typer.Option(
-        "-o", "--output", help="Output format: table for people, json or yaml for scripts."
+        "-o",
+        "--output",
+        help="table for people (fits the terminal), wide (every column, uncut), json or"
+        " yaml for scripts.",
     ),
 ]
 Yes = Annotated[bool, typer.Option("-y", "--yes", help="Do not ask for confirmation.")]
