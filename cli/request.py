@@ -17,12 +17,14 @@ from respool_client.wire import (
     RequestBatchCreate,
     RequestCreate,
     RequestTerminate,
+    Status,
     Victim,
     WhatIf,
 )
 
 from cli.api import Api, connect_api
-from cli.fetch import list_requests, resolve_gang, resolve_request
+from cli.fetch import LABEL_SCAN, list_requests, resolve_gang, resolve_request
+from cli.maps import parse_labels
 from cli.options import DEFAULT_URL, Output, OutputFormat, Token, Url
 from cli.output import emit, note
 from cli.request_options import (
@@ -50,6 +52,7 @@ from cli.request_options import (
 )
 from cli.tables import events_table, fmt_map, fmt_time, request_header, requests_table
 from cli.wait import wait_until_not_queued
+from cli.watch import Watch, watch
 
 app = typer.Typer(
     help="Resource requests: ask for capacity, follow, release and clean up.",
@@ -276,31 +279,55 @@ def _create_many(
 @app.command("list")
 def list_(
     pool: Annotated[str | None, typer.Option("--pool", help="Pool name, id or prefix.")] = None,
-    status: Annotated[str | None, typer.Option("--status", help="e.g. queued, allocated.")] = None,
+    status: Annotated[Status | None, typer.Option("--status", help="Only this status.")] = None,
     subject: Annotated[str | None, typer.Option("--subject", help="Only this subject.")] = None,
     gang: Annotated[
         str | None,
         typer.Option("--gang", help="Only the members of this gang (its gang_id or a prefix)."),
     ] = None,
+    label: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--label",
+            "-l",
+            metavar="KEY=VALUE",
+            help="Only requests with this label; repeat: all of them. Filtered by the CLI"
+            f" among the {LABEL_SCAN} newest requests that match the other filters.",
+        ),
+    ] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many.")] = 100,
+    every: Watch = None,
     output: Output = OutputFormat.table,
     url: Url = DEFAULT_URL,
     token: Token = None,
 ) -> None:
-    """List requests, newest first.
+    """List requests, newest first. REASON: why a queued request waits, else the reason of
+    its last change. -o wide adds LABELS.
 
-    Example:
+    [bold]Examples[/bold]
 
-        respool request list --pool training-gpus --status queued
-        respool request list --subject orchestrator:prod -o json
-        respool request list --gang 5f0c2a1e
+    [dim]$[/dim] respool request list --pool training-gpus --status queued
+    [dim]$[/dim] respool request list --label team=vision --label run=42 -o wide
+    [dim]$[/dim] respool request list --status queued --watch 2
+    [dim]$[/dim] respool request list --gang 5f0c2a1e
     """
-    with connect_api(url, token) as api:
-        gang_id = None if gang is None else str(resolve_gang(api, gang))
-        found = list_requests(
-            api, pool=pool, status=status, subject=subject, gang_id=gang_id, limit=limit
-        )
-    emit(found, output, lambda: [requests_table(found)])
+    labels = parse_labels(label or [])
+
+    def draw() -> None:
+        with connect_api(url, token) as api:
+            gang_id = None if gang is None else str(resolve_gang(api, gang))
+            found = list_requests(
+                api,
+                pool=pool,
+                status=status,
+                subject=subject,
+                gang_id=gang_id,
+                labels=labels,
+                limit=limit,
+            )
+        emit(found, output, lambda: [requests_table(found)])
+
+    watch(every, output, draw)
 
 
 def _read(url: str, token: str | None, request_id: str, tail: str, kind: type[T]) -> T:
