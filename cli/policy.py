@@ -82,7 +82,7 @@ Window = Annotated[
         help="When the reserved share is in force; repeat for more (replaces the policy's"
         " windows): 'mon-fri 09:00-17:00 Europe/Berlin', '09:00-17:00 UTC' (every day),"
         " 'mon,wed,fri 22:00-06:00 UTC' (crosses midnight),"
-        " '2026-12-24T00:00Z/2026-12-27T00:00Z' (one time). Left out: kept on an update;"
+        " START/END in ISO with a zone (one time, see the examples). Left out: kept on an update;"
         " a new policy is always in force.",
     ),
 ]

@@ -28,6 +28,7 @@ from cli.maps import parse_labels
 from cli.options import DEFAULT_URL, Output, OutputFormat, Token, Url
 from cli.output import emit, note
 from cli.request_options import (
+    AllOrNothing,
     Count,
     Cpu,
     DryRun,
@@ -125,6 +126,7 @@ def create(
     dry_run: DryRun = False,
     count: Count = 1,
     gang: Gang = False,
+    all_or_nothing: AllOrNothing = False,
     wait: Wait = None,
     keep_queued: KeepQueued = False,
     output: Output = OutputFormat.table,
@@ -147,6 +149,7 @@ def create(
         respool request create -s orchestrator:prod --gpu 4 --selector gpu-type=A100-80G
         respool request create -s orchestrator:prod --gpu 1 --count 3 --group run-42
     """
+    gang = gang or all_or_nothing
     many = count > 1 or gang
     _check_combination(many=many, dry_run=dry_run, wait=wait)
     body = request_body(
@@ -304,12 +307,12 @@ def list_(
     """List requests, newest first. REASON: why a queued request waits, else the reason of
     its last change. -o wide adds LABELS.
 
-    [bold]Examples[/bold]
+    Example:
 
-    [dim]$[/dim] respool request list --pool training-gpus --status queued
-    [dim]$[/dim] respool request list --label team=vision --label run=42 -o wide
-    [dim]$[/dim] respool request list --status queued --watch 2
-    [dim]$[/dim] respool request list --gang 5f0c2a1e
+        respool request list --pool training-gpus --status queued
+        respool request list --label team=vision --label run=42 -o wide
+        respool request list --status queued --watch 2
+        respool request list --gang 5f0c2a1e
     """
     labels = parse_labels(label or [])
 

@@ -166,12 +166,12 @@ Gang = Annotated[
     bool,
     typer.Option(
         "--gang",
-        "--all-or-nothing",
         help="With --count: the requests are a gang, granted all together in one pool or"
         " not at all, and rejected, preempted, expired and cancelled together"
-        " (docs/scheduling.md).",
+        " (docs/scheduling.md). Also spelled --all-or-nothing.",
     ),
 ]
+AllOrNothing = Annotated[bool, typer.Option("--all-or-nothing", hidden=True)]
 
 Wait = Annotated[
     float | None,
