@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from difflib import get_close_matches
 from enum import StrEnum
 from typing import Annotated
 
 import typer
+from respool_client.wire import STATUSES
+
+from cli.common import CliError
 
 __all__ = [
     "DEFAULT_URL",
@@ -15,9 +19,11 @@ __all__ = [
     "Output",
     "OutputFormat",
     "PoolRef",
+    "StatusFilter",
     "Token",
     "Url",
     "Yes",
+    "check_status",
 ]
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -67,3 +73,21 @@ Force = Annotated[
 ]
 PoolRef = Annotated[str, typer.Argument(help="Pool name, id or unique id prefix (>= 4 hex).")]
 Description = Annotated[str | None, typer.Option("-d", "--description", help="Free text.")]
+
+StatusFilter = Annotated[
+    str | None,
+    typer.Option(
+        "--status",
+        metavar="STATUS",
+        help="Only this status: " + ", ".join(STATUSES) + ".",
+    ),
+]
+
+
+def check_status(status: str | None) -> None:
+    """``--status``: one of the statuses; a bad value lists them (exit 1)."""
+    if status is None or status in STATUSES:
+        return
+    close = get_close_matches(status, STATUSES, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    raise CliError(f"--status: {status!r} is not a status{hint}; use one of {', '.join(STATUSES)}")

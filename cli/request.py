@@ -17,15 +17,15 @@ from respool_client.wire import (
     RequestBatchCreate,
     RequestCreate,
     RequestTerminate,
-    Status,
     Victim,
     WhatIf,
 )
 
 from cli.api import Api, connect_api
+from cli.common import CliError, describe_error
 from cli.fetch import LABEL_SCAN, list_requests, resolve_gang, resolve_request
 from cli.maps import parse_labels
-from cli.options import DEFAULT_URL, Output, OutputFormat, Token, Url
+from cli.options import DEFAULT_URL, Output, OutputFormat, StatusFilter, Token, Url, check_status
 from cli.output import emit, note
 from cli.request_options import (
     AllOrNothing,
@@ -65,6 +65,13 @@ T = TypeVar("T")
 RequestId = Annotated[
     str,
     typer.Argument(help="The request's id, or a unique prefix of it (see `respool request list`)."),
+]
+RequestIds = Annotated[
+    list[str],
+    typer.Argument(
+        metavar="ID...",
+        help="Request ids, or unique prefixes of them (see `respool request list`).",
+    ),
 ]
 Attempt = Annotated[
     int | None,
@@ -282,7 +289,7 @@ def _create_many(
 @app.command("list")
 def list_(
     pool: Annotated[str | None, typer.Option("--pool", help="Pool name, id or prefix.")] = None,
-    status: Annotated[Status | None, typer.Option("--status", help="Only this status.")] = None,
+    status: StatusFilter = None,
     subject: Annotated[str | None, typer.Option("--subject", help="Only this subject.")] = None,
     gang: Annotated[
         str | None,
@@ -315,6 +322,7 @@ def list_(
         respool request list --gang 5f0c2a1e
     """
     labels = parse_labels(label or [])
+    check_status(status)
 
     def draw() -> None:
         with connect_api(url, token) as api:
@@ -395,13 +403,56 @@ def _action(name: str, doc: str) -> None:
     app.command(name)(command)
 
 
-_action(
+def _many_action(name: str, doc: str) -> None:
+    """Register ``request <name> ID... [--attempt N]``: POST /v1/requests/ID/<name> for each id,
+    in order. An id that fails is reported on its own line and the others still go ahead;
+    exit 1 if any failed."""
+
+    def command(
+        request_ids: RequestIds,
+        attempt: Attempt = None,
+        output: Output = OutputFormat.table,
+        url: Url = DEFAULT_URL,
+        token: Token = None,
+    ) -> None:
+        if attempt is not None and len(request_ids) > 1:
+            raise typer.BadParameter("fences one request: give one id", param_hint="--attempt")
+        done: list[Request] = []
+        failures = 0
+        with connect_api(url, token) as api:
+            for ref in request_ids:
+                try:
+                    rid = resolve_request(api, ref)
+                    req = api.call(
+                        "POST", f"/v1/requests/{rid}/{name}", Request, params={"attempt": attempt}
+                    )
+                except (CliError, typer.BadParameter) as exc:
+                    if len(request_ids) == 1:
+                        raise
+                    failures += 1
+                    note(f"error: {ref}: {describe_error(exc)}")
+                    continue
+                note(_outcome(req))
+                done.append(req)
+        if len(request_ids) == 1:
+            _show(done[0], output)
+        else:
+            emit(done, output, lambda: [requests_table(done)])
+        if failures:
+            raise typer.Exit(1)
+
+    command.__doc__ = doc
+    app.command(name)(command)
+
+
+_many_action(
     "release",
-    """Give the units back (a queued request is cancelled instead).
+    """Give the units back (a queued request is cancelled instead); several ids: each in turn.
 
     Example:
 
         respool request release 0b7c1e9e
+        respool request release 0b7c1e9e 5f0c2a1e 9a3d
     """,
 )
 _action(
@@ -415,13 +466,14 @@ _action(
         respool request heartbeat 0b7c1e9e --attempt 1
     """,
 )
-_action(
+_many_action(
     "cancel",
-    """Cancel a request, queued or allocated.
+    """Cancel requests, queued or allocated; several ids: each in turn.
 
     Example:
 
         respool request cancel 0b7c1e9e
+        respool request cancel 0b7c1e9e 5f0c2a1e
     """,
 )
 

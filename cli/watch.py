@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from time import sleep
 from typing import Annotated
 
 import typer
@@ -46,6 +46,6 @@ def watch(every: float | None, output: OutputFormat, draw: Callable[[], None]) -
             now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
             out.print(Text(f"Every {every:g}s, {now} (Ctrl-C to stop)", style="dim"))
             draw()
-            time.sleep(every)
+            sleep(every)
     except KeyboardInterrupt:
         out.print()
