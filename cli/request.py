@@ -12,17 +12,18 @@ import typer
 from respool_client.durations import parse_duration
 from respool_client.wire import (
     Event,
+    Pool,
     Request,
     RequestBatch,
     RequestBatchCreate,
     RequestCreate,
     RequestTerminate,
-    Victim,
     WhatIf,
 )
 
-from cli.api import Api, connect_api
+from cli.api import Api, connect_api, segment
 from cli.common import CliError, describe_error
+from cli.dry_run import outcome, plan_view
 from cli.fetch import LABEL_SCAN, list_requests, resolve_gang, resolve_request
 from cli.maps import parse_labels
 from cli.options import DEFAULT_URL, Output, OutputFormat, StatusFilter, Token, Url, check_status
@@ -51,7 +52,7 @@ from cli.request_options import (
     Wait,
     request_body,
 )
-from cli.tables import events_table, fmt_map, fmt_time, request_header, requests_table
+from cli.tables import events_table, fmt_time, request_header, requests_table
 from cli.wait import wait_until_not_queued
 from cli.watch import Watch, watch
 
@@ -232,29 +233,18 @@ def _wait_for_grant(
 
 
 def _what_if(body: RequestCreate, output: OutputFormat, url: str, token: str | None) -> None:
-    """``create --dry-run``: POST /v1/requests?dry_run=true and show the answer."""
+    """``create --dry-run``: POST /v1/requests?dry_run=true, shown as a plan."""
     with connect_api(url, token) as api:
         what = api.call("POST", "/v1/requests", WhatIf, body=body, params={"dry_run": "true"})
-    note(f"dry run, nothing created: would be {_outcome(what).split(': ', 1)[1]}")
-    emit(what, output, lambda: [request_header(what), *would_preempt_lines(what)])
+        grace = None
+        if what.would_preempt and what.pool:
+            grace = api.call(
+                "GET", f"/v1/pools/{segment(what.pool)}", Pool
+            ).preemption_grace_seconds
+    note(f"dry run, nothing created: {outcome(what, grace)}")
+    emit(what, output, lambda: plan_view(what, grace))
     if what.status == "rejected":
         raise typer.Exit(1)
-
-
-def would_preempt_lines(what: WhatIf) -> list[str]:
-    """The allocations the reconciler would preempt for it, one line each."""
-    if not what.would_preempt:
-        return ["Would preempt: nothing"]
-    return ["Would preempt:"] + [
-        f"  {_victim_name(v)} in {v.pool}: {fmt_map(v.resources)}" for v in what.would_preempt
-    ]
-
-
-def _victim_name(victim: Victim) -> str:
-    """A victim as the token may see it: another subject's request shows no id or subject."""
-    if victim.id is None:
-        return "an allocation of another subject"
-    return f"{victim.id} of {victim.subject}"
 
 
 def _members(body: RequestCreate, count: int) -> list[RequestCreate]:

@@ -16,6 +16,8 @@ from cli.windows import fmt_windows
 
 __all__ = [
     "events_table",
+    "fields",
+    "fmt_eta",
     "fmt_devices",
     "fmt_iso",
     "fmt_map",
@@ -187,7 +189,7 @@ def nodes_table(
 
 
 def node_header(node: Node) -> Table:
-    return _fields(
+    return fields(
         [
             ("Node", node.name),
             ("ID", node.id),
@@ -270,7 +272,7 @@ def placed_table(requests: Sequence[Request], *, title: str | None = None) -> Fi
     return out
 
 
-def _fields(rows: Iterable[tuple[str, object]]) -> Table:
+def fields(rows: Iterable[tuple[str, object]]) -> Table:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column(overflow="ellipsis")
@@ -282,7 +284,7 @@ def _fields(rows: Iterable[tuple[str, object]]) -> Table:
 
 
 def pool_header(pool: Pool) -> Table:
-    return _fields(
+    return fields(
         [
             ("Pool", pool.name),
             ("ID", pool.id),
@@ -477,7 +479,7 @@ def request_header(r: Request) -> Group:
     if r.queue_position is not None:
         rows.insert(4, ("Queue position", r.queue_position))
         rows.insert(5, ("ETA", fmt_eta(r.eta)))
-    return Group(_fields(rows))
+    return Group(fields(rows))
 
 
 def fmt_eta(eta: Eta | None) -> str:
