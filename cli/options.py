@@ -10,6 +10,7 @@ import typer
 from respool_client.wire import STATUSES
 
 from cli.common import CliError
+from cli.complete import complete_pool, complete_status
 
 __all__ = [
     "DEFAULT_URL",
@@ -71,7 +72,12 @@ Force = Annotated[
     bool,
     typer.Option("--force", help="Also cancel its queued and allocated requests."),
 ]
-PoolRef = Annotated[str, typer.Argument(help="Pool name, id or unique id prefix (>= 4 hex).")]
+PoolRef = Annotated[
+    str,
+    typer.Argument(
+        help="Pool name, id or unique id prefix (>= 4 hex).", autocompletion=complete_pool
+    ),
+]
 Description = Annotated[str | None, typer.Option("-d", "--description", help="Free text.")]
 
 StatusFilter = Annotated[
@@ -79,6 +85,7 @@ StatusFilter = Annotated[
     typer.Option(
         "--status",
         metavar="STATUS",
+        autocompletion=complete_status,
         help="Only this status: " + ", ".join(STATUSES) + ".",
     ),
 ]

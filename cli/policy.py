@@ -12,6 +12,7 @@ from respool_client.wire import Policy
 
 from cli.api import Api, connect_api
 from cli.common import CliError, confirm, given
+from cli.complete import complete_subject
 from cli.maps import parse_map
 from cli.options import (
     DEFAULT_URL,
@@ -37,7 +38,8 @@ Subject = Annotated[
     str,
     typer.Argument(
         help="Workload component, e.g. orchestrator:prod, or a pattern with * for a team's"
-        " shared quota, e.g. 'team-vision:*' (quote it in a shell)."
+        " shared quota, e.g. 'team-vision:*' (quote it in a shell).",
+        autocompletion=complete_subject,
     ),
 ]
 Priority = Annotated[
@@ -184,7 +186,10 @@ def detach_policy(
 @app.command("list-policies")
 def list_policies(
     pool: Annotated[str | None, typer.Argument(help="Only this pool (name, id or prefix).")] = None,
-    subject: Annotated[str | None, typer.Option("--subject", help="Only this subject.")] = None,
+    subject: Annotated[
+        str | None,
+        typer.Option("--subject", help="Only this subject.", autocompletion=complete_subject),
+    ] = None,
     output: Output = OutputFormat.table,
     url: Url = DEFAULT_URL,
     token: Token = None,

@@ -23,6 +23,7 @@ from respool_client.wire import (
 
 from cli.api import Api, connect_api, segment
 from cli.common import CliError, describe_error
+from cli.complete import complete_pool, complete_request, complete_subject
 from cli.dry_run import outcome, plan_view
 from cli.fetch import LABEL_SCAN, list_requests, resolve_gang, resolve_request
 from cli.maps import parse_labels
@@ -65,13 +66,17 @@ T = TypeVar("T")
 
 RequestId = Annotated[
     str,
-    typer.Argument(help="The request's id, or a unique prefix of it (see `respool request list`)."),
+    typer.Argument(
+        help="The request's id, or a unique prefix of it (see `respool request list`).",
+        autocompletion=complete_request,
+    ),
 ]
 RequestIds = Annotated[
     list[str],
     typer.Argument(
         metavar="ID...",
         help="Request ids, or unique prefixes of them (see `respool request list`).",
+        autocompletion=complete_request,
     ),
 ]
 Attempt = Annotated[
@@ -278,9 +283,15 @@ def _create_many(
 
 @app.command("list")
 def list_(
-    pool: Annotated[str | None, typer.Option("--pool", help="Pool name, id or prefix.")] = None,
+    pool: Annotated[
+        str | None,
+        typer.Option("--pool", help="Pool name, id or prefix.", autocompletion=complete_pool),
+    ] = None,
     status: StatusFilter = None,
-    subject: Annotated[str | None, typer.Option("--subject", help="Only this subject.")] = None,
+    subject: Annotated[
+        str | None,
+        typer.Option("--subject", help="Only this subject.", autocompletion=complete_subject),
+    ] = None,
     gang: Annotated[
         str | None,
         typer.Option("--gang", help="Only the members of this gang (its gang_id or a prefix)."),

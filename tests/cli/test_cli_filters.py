@@ -1,12 +1,19 @@
 """``request list`` as people filter it: REASON says why a queued request waits, ``--label``
 filters (every pair), ``-o wide`` adds LABELS, a bad ``--status`` lists the valid ones,
-``--watch`` redraws; ``request cancel``/``release`` take several ids."""
+``--watch`` redraws; ``request cancel``/``release`` take several ids; completion of pool names,
+subjects, request ids and statuses (from the API, failing silently)."""
 
 from __future__ import annotations
 
-import pytest
+import asyncio
 
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
 from support.cli import Cli, failed
+
+NOWHERE = "http://127.0.0.1:1"  # nothing listens on port 1
 
 
 @pytest.fixture(scope="module")
@@ -114,3 +121,47 @@ async def test_watch_redraws_until_interrupted(
 
     err = failed(await module_cli.api("request", "list", "--watch", "1", "-o", "json"), code=2)
     assert "--watch" in err
+
+
+async def _complete(cli: Cli, words: str, url: str | None = None) -> list[str]:
+    """What bash completion offers for ``words`` (the real completion protocol)."""
+    env = {
+        "_RESPOOL_COMPLETE": "complete_bash",
+        "COMP_WORDS": words,
+        "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1)),
+        "RESPOOL_URL": url or cli.url,
+        "RESPOOL_TOKEN": None,
+    }
+    result = await asyncio.to_thread(CliRunner().invoke, app, [], prog_name="respool", env=env)
+    assert result.exit_code == 0 and result.stderr == "", result.output
+    return result.stdout.split()
+
+
+async def test_completion_of_pools_subjects_request_ids_and_statuses(
+    module_cli: Cli, labelled: dict[str, dict[str, object]]
+) -> None:
+    cli = module_cli
+    assert "filters" in await _complete(cli, "respool pool describe ")
+    assert await _complete(cli, "respool pool describe filt") == ["filters"]
+    assert await _complete(cli, "respool request list --pool filt") == ["filters"]
+    assert await _complete(cli, "respool request list --status q") == ["queued"]
+    assert set(await _complete(cli, "respool request list --status p")) == {
+        "preempting",
+        "preempted",
+    }
+    # subjects: a policy's own, and those a pattern policy serves now
+    subjects = await _complete(cli, "respool request create -s team:")
+    assert "team:a" in subjects
+    # request ids: the short ids tables show, by prefix
+    rid = str(labelled["b"]["id"])[:8]
+    assert rid in await _complete(cli, "respool request cancel ")
+    assert await _complete(cli, f"respool request describe {rid[:6]}") == [rid]
+
+
+async def test_completion_fails_silently_without_an_api(module_cli: Cli) -> None:
+    assert await _complete(module_cli, "respool pool describe ", url=NOWHERE) == []
+    assert await _complete(module_cli, "respool request cancel ", url=NOWHERE) == []
+    # static values still complete
+    assert await _complete(module_cli, "respool request list --status c", url=NOWHERE) == [
+        "cancelled"
+    ]
