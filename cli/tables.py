@@ -486,7 +486,7 @@ def fmt_eta(eta: Eta | None) -> str:
     """A queued request's ETA, ``~2m (90%: within 5m)``, or why there is none (see
     docs/scheduling.md)."""
     if eta is None:
-        return "unknown (no hold history in its pools yet)"
+        return "unknown (fewer than 10 recorded holds in its pools)"
     return f"~{_secs(eta.p50_seconds)} (90%: within {_secs(eta.p90_seconds)})"
 
 

@@ -41,7 +41,7 @@ async def test_dry_run_creates_nothing_and_describe_shows_eta(module_cli: Cli) -
     assert [r["id"] for r in listed] == [holder["id"]]
     queued = await cli.json("request", "create", "-s", "team:dry", "--gpu", "1")
     table = (await cli.ok("request", "describe", queued["id"])).stdout
-    assert "ETA" in table and "unknown (no hold history" in table
+    assert "ETA" in table and "unknown (fewer than 10 recorded holds" in table
     rejected = await cli.api("request", "create", "-s", "team:dry", "--gpu", "5", "--dry-run")
     assert rejected.exit_code == 1 and "would be rejected" in rejected.stderr
 
