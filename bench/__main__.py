@@ -3,7 +3,8 @@
 ``python -m bench all`` runs every scenario against one durable PostgreSQL server in one run and
 writes the report; ``python -m bench <scenario>`` runs one and prints its figures as JSON;
 ``python -m bench wake`` is the stand-alone wake-latency benchmark (docs/api.md);
-``python -m bench eta`` measures the ETA accuracy on a replayed trace (docs/scheduling.md, "ETA");
+``python -m bench eta`` measures the ETA calibration on a replayed trace, before and after
+(docs/scheduling.md, "ETA");
 ``python -m bench placement`` measures pools backed by nodes (docs/placement.md).
 """
 

@@ -3,8 +3,9 @@
 The page and its assets (``/dashboard/…``, shipped in ``app/api/static``) need no token; they
 contain no data. The page polls ``GET /v1/dashboard`` every 2 seconds. That route is under
 ``/v1``, so the usual auth applies: with auth on it needs a ``reader`` or ``admin`` token (the page
-asks for one and keeps it in the browser's session storage). A ``client`` token gets 403, because
-the dashboard shows every subject's requests.
+asks for one instead of showing the data, says so when the token is rejected, and keeps it in
+the browser's session storage). A ``client`` token gets 403, because the dashboard shows every
+subject's requests.
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ class DashboardController(Controller):
     @get(
         "/v1/dashboard",
         summary="Everything the dashboard shows: pools with usage per key and their nodes (per "
-        "device its holder), the queue with what each request waits for, current holders, "
-        "recent events, invariant violations",
+        "device its holder), the queue with what each request waits for and its ETA, current "
+        "holders with their labels, recent events, invariant violations",
         responses=error_responses(),
     )
     async def data(self, state: State, request: Request[Any, Any, Any]) -> DashboardData:

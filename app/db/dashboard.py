@@ -1,6 +1,6 @@
 """The dashboard's read (``sql/queries/dashboard.sql``): pools with usage and policies, the
-queue with what each entry waits for, holdings, recent events and invariant violations, all
-in one repeatable-read snapshot.
+queue with what each entry waits for and its ETA, holdings, recent events and invariant
+violations, all in one repeatable-read snapshot.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from datetime import datetime
 from uuid import UUID
 
 import msgspec
+from respool_client.wire import Eta
 
 from app.db.executor import Executor
 from app.db.metrics import (
@@ -87,6 +88,9 @@ class QueueRow(msgspec.Struct, frozen=True):
     waiting_for: str
     attempt: int
     labels: dict[str, str]
+    # Its estimated wait in this pool (docs/scheduling.md, ETA); null: no estimate (no recorded
+    # holds in the pool yet, or deeper in its queue than the engine estimates).
+    eta: Eta | None
 
 
 class HoldingRow(msgspec.Struct, frozen=True):

@@ -1,11 +1,14 @@
 -- ETA of a queued request (docs/scheduling.md, ETA): a small simulation of the pool from its recorded hold
--- times. Every holder ends at the q-quantile of the hold times longer than its age so far (capped
--- by its max_seconds and grace deadlines); the requests ahead are granted in queue order as
--- units free up, each holding for the q-quantile hold time (so simulated grants end in grant
--- order: two sorted streams to merge, O(holders + queue)); the request's estimated wait is the
--- simulated time at which its own units are free. Run for q = 0.5 and q = 0.9. Units are arrays
--- over the pool's tracked keys. Only the first respool._eta_depth() requests of a queue get an
--- estimate, so reading a queued request stays cheap whatever the queue length.
+-- times. Every holder ends after the q-quantile of its remaining hold given its age so far (a
+-- survival estimate: the recorded holds longer than its age, or a tail that grows with its age
+-- once fewer than respool._eta_min_holds() of them are longer; capped by its max_seconds and
+-- grace deadlines); the requests ahead are granted in queue order as units free up, each holding
+-- for the q-quantile hold time (so simulated grants end in grant order: two sorted streams to
+-- merge, O(holders + queue)); the request's estimated wait is the simulated time at which its own
+-- units are free. Run for q = 0.5 and q = 0.9. Units are arrays over the pool's tracked keys. A
+-- pool with fewer than respool._eta_min_holds() recorded holds gives no estimate (no p90 from a
+-- handful of samples). Only the first respool._eta_depth() requests of a queue get an estimate,
+-- so reading a queued request stays cheap whatever the queue length.
 
 CREATE OR REPLACE FUNCTION respool._quantile(p_sorted double precision[], p_q double precision)
 RETURNS double precision LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
@@ -19,12 +22,37 @@ CREATE OR REPLACE FUNCTION respool._quantile_above(p_sorted double precision[], 
 RETURNS double precision LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     -- The elements above p_age are a suffix of the ascending array: found by binary search
     -- (width_bucket counts the elements <= p_age), not by filtering and sorting it per holder.
-    SELECT CASE WHEN c.n > 0 THEN p_sorted[c.k + greatest(1, ceil(p_q * c.n)::integer)] - p_age END
-      FROM (SELECT w.k, cardinality(p_sorted) - w.k AS n
-              FROM (SELECT width_bucket(p_age, p_sorted) AS k) w) c
+    -- One expression without FROM, so that the planner inlines it (it runs per holder).
+    SELECT CASE WHEN cardinality(p_sorted) > width_bucket(p_age, p_sorted)
+                THEN p_sorted[width_bucket(p_age, p_sorted)
+                              + greatest(1, ceil(p_q * (cardinality(p_sorted)
+                                                        - width_bucket(p_age, p_sorted)))::integer)]
+                     - p_age END
 $$;
 COMMENT ON FUNCTION respool._quantile_above(double precision[], double precision, double precision) IS
     'The q-quantile (nearest rank) of {d - p_age : d in p_sorted, d > p_age} for an ascending array without NULLs, i.e. _quantile over that set, in O(log n); NULL when no element exceeds p_age.';
+
+CREATE OR REPLACE FUNCTION respool._eta_min_holds()
+RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 10 $$;
+COMMENT ON FUNCTION respool._eta_min_holds() IS
+    'The fewest recorded holds an ETA is drawn from (docs/scheduling.md, ETA): a pool with fewer gives eta null (no p50 or p90 from a handful of samples), and a holder outliving all but fewer than this many recorded holds gets the age-proportional tail of respool._remaining_hold.';
+
+CREATE OR REPLACE FUNCTION respool._remaining_hold(p_sorted double precision[], p_age double precision,
+                                                   p_q double precision)
+RETURNS double precision LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    -- One expression without FROM, so that the planner inlines it (it runs per holder).
+    -- cardinality - width_bucket: the recorded holds longer than the age (a suffix).
+    SELECT CASE WHEN cardinality(p_sorted) - width_bucket(p_age, p_sorted) >= respool._eta_min_holds()
+                THEN respool._quantile_above(p_sorted, p_age, p_q)
+                -- The tail: P(hold > t | hold > age) = age / t (a Pareto tail of shape 1: having
+                -- held for a, a holder is as likely to hold another a as not), so the remaining
+                -- time's q-quantile is age * (1 / (1 - q) - 1): the age at q = 0.5, 9 times it at
+                -- q = 0.9. Never below what the few longer recorded holds say.
+                ELSE greatest(respool._quantile_above(p_sorted, p_age, p_q), 0,
+                              p_age * (1 / (1 - p_q) - 1)) END
+$$;
+COMMENT ON FUNCTION respool._remaining_hold(double precision[], double precision, double precision) IS
+    'Survival estimate of a holder''s remaining hold (docs/scheduling.md, ETA), for 0 < p_q < 1 and an ascending array of recorded holds without NULLs: with at least respool._eta_min_holds() recorded holds longer than p_age, the q-quantile of their excess over p_age (respool._quantile_above); with fewer, a tail that grows with the age, p_age * (1 / (1 - p_q) - 1) (the age itself at the median), or what those few say if that is longer. Never NULL, never negative; non-decreasing in p_age once no recorded hold is longer.';
 
 CREATE OR REPLACE FUNCTION respool._hold_history(p_pool_id uuid)
 RETURNS double precision[] LANGUAGE sql STABLE AS $$
@@ -82,8 +110,8 @@ DECLARE
     i integer;
     j integer;
 BEGIN
-    IF cardinality(v_hist) = 0 THEN
-        RETURN;  -- no history: no estimate
+    IF cardinality(v_hist) < respool._eta_min_holds() THEN
+        RETURN;  -- too few recorded holds: no estimate
     END IF;
     SELECT coalesce(array_agg(pr.key ORDER BY pr.key), '{}'),
            coalesce(array_agg(pr.capacity - pr.used ORDER BY pr.key), '{}')
@@ -133,8 +161,9 @@ BEGIN
     out90 := out50;
     FOR q IN 1..2 LOOP
         v_hold := respool._quantile(v_hist, v_q[q]);
-        -- Each holder ends at the quantile of the recorded holds longer than its age (or of all
-        -- of them), capped by its max_seconds and grace deadlines. In a pool with nodes a holder
+        -- Each holder ends at the quantile of its remaining hold given its age (the recorded
+        -- holds longer than its age, or the tail that grows with it), capped by its max_seconds
+        -- and grace deadlines. In a pool with nodes a holder
         -- frees its units on its node (holders of nodes that take no grants do not count).
         SELECT coalesce(array_agg(x.rem ORDER BY x.rem, x.id) FILTER (WHERE u.k = 1), '{}'),  -- one per holder
                coalesce(array_agg(x.bin ORDER BY x.rem, x.id) FILTER (WHERE u.k = 1), '{}'),
@@ -142,7 +171,7 @@ BEGIN
           INTO h_end, h_bin, h_units
           FROM (SELECT r.id, coalesce(pl.resources, r.resources) AS resources,
                        CASE WHEN v_nodes = '{}' THEN 1 ELSE array_position(v_nodes, pl.node_id) END AS bin,
-                       greatest(least(coalesce(respool._quantile_above(v_hist, a.age, v_q[q]), v_hold),
+                       greatest(least(respool._remaining_hold(v_hist, a.age, v_q[q]),
                                  extract(epoch FROM r.run_deadline - p_now),
                                  extract(epoch FROM r.preempt_deadline - p_now)), 0) AS rem
                   FROM respool.requests r
@@ -211,7 +240,7 @@ BEGIN
     END LOOP;
 END $$;
 COMMENT ON FUNCTION respool._eta_pool(uuid, timestamptz, uuid) IS
-    'docs/scheduling.md, ETA for the first _eta_depth() requests of a pool queue (or up to p_until): per queued request, the simulated seconds from p_now until its units are free, at the median (p50) and the 90th percentile (p90) of the pool''s hold times: every holder ends at the quantile of the recorded holds longer than its age (capped by max_seconds and grace deadlines), the requests ahead are granted in queue order as units free up and hold for the quantile. In a pool with nodes (docs/placement.md) units live per active node: a holder frees them on its node, a request fits the first active node (by name) matching its selector that has room, and a gang gets no estimate. No rows without history. Read-only; O(holders + shapes * depth * nodes) per pool.';
+    'docs/scheduling.md, ETA for the first _eta_depth() requests of a pool queue (or up to p_until): per queued request, the simulated seconds from p_now until its units are free, at the median (p50) and the 90th percentile (p90) of the pool''s hold times: every holder ends at the quantile of its remaining hold given its age (respool._remaining_hold: the recorded holds longer than its age, or a tail growing with its age; capped by max_seconds and grace deadlines), the requests ahead are granted in queue order as units free up and hold for the quantile. In a pool with nodes (docs/placement.md) units live per active node: a holder frees them on its node, a request fits the first active node (by name) matching its selector that has room, and a gang gets no estimate. No rows while the pool has fewer than _eta_min_holds() recorded holds. Read-only; O(holders + shapes * depth * nodes) per pool.';
 
 CREATE OR REPLACE FUNCTION respool._eta(p_pool_id uuid, p_request_id uuid, p_now timestamptz)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
@@ -221,7 +250,7 @@ BEGIN
              WHERE e.request_id = p_request_id);
 END $$;
 COMMENT ON FUNCTION respool._eta(uuid, uuid, timestamptz) IS
-    'docs/scheduling.md, ETA: {p50_seconds, p90_seconds} estimated wait of a queued request in one pool (respool._eta_pool up to it), or NULL without history (or when it cannot fit as the pool stands). Read-only.';
+    'docs/scheduling.md, ETA: {p50_seconds, p90_seconds} estimated wait of a queued request in one pool (respool._eta_pool up to it), or NULL with fewer than respool._eta_min_holds() recorded holds (or when it cannot fit as the pool stands). Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._request_eta(p_request_id uuid, p_now timestamptz)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
@@ -237,4 +266,4 @@ BEGIN
              LIMIT 1);
 END $$;
 COMMENT ON FUNCTION respool._request_eta(uuid, timestamptz) IS
-    'The ETA of a queued request: the soonest over its candidate pools'' estimates (one simulation per pool); NULL without history. Read-only.';
+    'The ETA of a queued request: the soonest over its candidate pools'' estimates (one simulation per pool); NULL with too few recorded holds (respool._eta_min_holds()). Read-only.';

@@ -1,12 +1,14 @@
 -- The dashboard's queue: only each pool's queue head is read
 -- (respool._queue_top: O(shapes * limit)), never the whole order and never once per entry: with
 -- 10,000 queued the per-entry way took seconds. (The positions of a page of requests are
--- respool._queue_positions, sql/functions/033_queue_order.sql.)
+-- respool._queue_positions, sql/functions/033_queue_order.sql.) Its ETA is the engine's
+-- (respool._eta_pool, sql/functions/037_eta.sql), one simulation per pool shown, as the queue
+-- view reads it.
 
 CREATE OR REPLACE FUNCTION respool.dashboard_queue(p_limit integer DEFAULT 200)
 RETURNS TABLE (pool text, "position" bigint, request_id uuid, subject text, resources jsonb,
                preemptible boolean, priority integer, in_share boolean, waiting_seconds double precision,
-               attempt integer, labels jsonb, waiting_for text)
+               attempt integer, labels jsonb, waiting_for text, eta jsonb)
 LANGUAGE sql STABLE AS $$
     -- The first p_limit entries of every pool (its queue head, computed once per pool and
     -- MATERIALIZED: never re-run per row), cut to p_limit rows; only those rows' shapes get
@@ -27,15 +29,24 @@ LANGUAGE sql STABLE AS $$
                coalesce(respool._blocker(s.resources, s.preemptible, s.pool_id, s.policy_id),
                         respool._node_blocker(s.resources, s.pool_id, s.node_selector)) AS blocker
           FROM (SELECT DISTINCT x.pool_id, x.policy_id, x.resources, x.preemptible, x.node_selector FROM rows x) s
+    ), etas AS MATERIALIZED (
+        -- One ETA simulation per pool among the rows (it estimates that pool's first
+        -- respool._eta_depth() entries; rows without an estimate get null).
+        SELECT p.pool_id, e.request_id, e.p50_seconds, e.p90_seconds
+          FROM (SELECT DISTINCT x.pool_id FROM rows x) p
+         CROSS JOIN LATERAL respool._eta_pool(p.pool_id, now()) e
     )
     SELECT q.pool, q.position, q.request_id, q.subject, q.resources, q.preemptible, q.priority,
            q.in_share, extract(epoch FROM now() - q.queued_at)::double precision, q.attempt, q.labels,
-           coalesce(s.blocker, 'fits, waiting for its turn')
+           coalesce(s.blocker, 'fits, waiting for its turn'),
+           CASE WHEN e.p50_seconds IS NOT NULL
+                THEN jsonb_build_object('p50_seconds', e.p50_seconds, 'p90_seconds', e.p90_seconds) END
       FROM rows q
       JOIN shapes s ON s.pool_id = q.pool_id AND s.policy_id = q.policy_id
                    AND s.resources = q.resources AND s.preemptible = q.preemptible
                    AND s.node_selector IS NOT DISTINCT FROM q.node_selector
+      LEFT JOIN etas e ON e.pool_id = q.pool_id AND e.request_id = q.request_id
      ORDER BY q.pool, q.position
 $$;
 COMMENT ON FUNCTION respool.dashboard_queue(integer) IS
-    'The first p_limit queue entries over all pools (by pool name, then grant order), each with what blocks it now (or ''fits, waiting for its turn''). Reads each pool''s queue head once (respool._queue_top, O(shapes * p_limit) per pool, not O(queue)), and runs the blocker check once per shape among the rows returned. Read-only.';
+    'The first p_limit queue entries over all pools (by pool name, then grant order), each with what blocks it now (or ''fits, waiting for its turn'') and its ETA in that pool: {p50_seconds, p90_seconds} from respool._eta_pool, or NULL when the engine has no estimate (no recorded holds, or deeper than respool._eta_depth()). Reads each pool''s queue head once (respool._queue_top, O(shapes * p_limit) per pool, not O(queue)), runs the blocker check once per shape among the rows returned and the ETA simulation once per pool among them (it reads that pool''s first respool._eta_depth() entries). Read-only.';

@@ -10,9 +10,10 @@ SELECT pl.name, pl.queueing, pl.preemption_grace_seconds,
  ORDER BY pl.name;
 
 -- dashboard_queue --
--- The first $1 queue entries over all pools with what each waits for (each pool ordered once).
+-- The first $1 queue entries over all pools with what each waits for and its ETA (each pool
+-- ordered once, its ETA simulated once).
 SELECT pool, position, request_id, subject, resources, preemptible, priority, in_share,
-       waiting_seconds, attempt, labels, waiting_for
+       waiting_seconds, attempt, labels, waiting_for, eta
   FROM respool.dashboard_queue(p_limit => $1);
 
 -- dashboard_holdings --

@@ -52,12 +52,12 @@ async def test_eta_waits_for_a_node_the_request_may_use(conn: asyncpg.Connection
     await two_nodes(conn)
     await mk_policy(conn, "s", "gpus")
     now = await db_now(conn)
-    # Recorded holds: 10 s and 1000 s (p50 10 s, p90 1000 s).
-    start = now - timedelta(hours=3)
-    for i, hold in enumerate((10, 1000)):
+    # Recorded holds: five of 10 s and five of 1000 s (ten: the fewest an ETA is drawn from).
+    start = now - timedelta(hours=6)
+    for i, hold in enumerate((10, 1000) * 5):
         r = await create(conn, "s", 8, start + timedelta(seconds=2000 * i))
         await release_at(conn, UUID(r["id"]), start + timedelta(seconds=2000 * i + hold))
-    # The A100 node's holder started 500 s ago: of the recorded holds only the 1000 s one is
+    # The A100 node's holder started 500 s ago: of the recorded holds only the 1000 s ones are
     # longer, so it is expected to end in about 500 s. The H100 node's holder started 1 s ago
     # and is expected to end in about 9 s.
     old = await create(conn, "s", 8, now - timedelta(seconds=500), node_selector={"node": "a100-1"})

@@ -25,8 +25,9 @@ H = timedelta(hours=1)
 
 
 async def history(conn: asyncpg.Connection, subject: str, pool: str, start: datetime) -> None:
-    """Five recorded holds of 100 s in ``pool`` (so its queued requests get an ETA)."""
-    for i in range(5):
+    """Ten recorded holds of 100 s in ``pool`` (the fewest an ETA is drawn from, so its queued
+    requests get one)."""
+    for i in range(10):
         r = await create_at(conn, subject, pool, {"gpu": 1}, start + timedelta(seconds=200 * i))
         assert r["status"] == "allocated"
         await release_at(conn, UUID(r["id"]), start + timedelta(seconds=200 * i + 100))

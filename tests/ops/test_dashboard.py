@@ -1,5 +1,7 @@
 """The dashboard: ``/`` and its assets, ``GET /v1/dashboard``, and the page rendered by headless
-Chromium against a live server (pools, queue and events on screen, a screenshot saved).
+Chromium against a live server (pools, queue with labels and ETA, events with UTC times, a
+screenshot saved; with auth on, the token prompt and a rejected token, driven over the
+DevTools protocol).
 
 Set ``RESPOOL_UPDATE_SCREENSHOT=1`` to also write the screenshot to docs/img/dashboard.png.
 """
@@ -7,6 +9,8 @@ Set ``RESPOOL_UPDATE_SCREENSHOT=1`` to also write the screenshot to docs/img/das
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import re
 import shutil
@@ -27,6 +31,9 @@ needs_chromium = pytest.mark.skipif(
     not os.access(CHROMIUM, os.X_OK),
     reason=f"{CHROMIUM} not found: install Debian's chromium package (.ci/run does)",
 )
+
+
+HISTORY = 20  # finished holds recorded in cpu-batch (licences has none)
 
 
 async def showcase(srv: Server, conn: asyncpg.Connection) -> dict[str, Any]:
@@ -60,8 +67,10 @@ async def showcase(srv: Server, conn: asyncpg.Connection) -> dict[str, Any]:
     await req("ci:nightly", "cpu-batch", mcpu=12000, memory_mb=32000)  # waits for mcpu
     await req("research:alice", "licences", licence_x=2)
     await req("ci:nightly", "licences", licence_x=2)  # strict queue head
-    done = await req("ci:nightly", "cpu-batch", mcpu=1000)
-    await ok("POST", f"/v1/requests/{done['id']}/release")
+    for _ in range(HISTORY):  # finished holds in cpu-batch: what its ETA goes by
+        done = await req("ci:nightly", "cpu-batch", mcpu=1000)
+        assert done["status"] == "allocated", done
+        await ok("POST", f"/v1/requests/{done['id']}/release")
     alice = await req("research:alice", "a100", gpu=6, mcpu=8000)  # borrows 6 GPUs
     await req("research:bob", "a100", gpu=2, mcpu=4000)  # borrows the last 2
     prod = await req("orchestrator:prod", "a100", gpu=4, mcpu=8000)  # in share, queued
@@ -119,6 +128,21 @@ async def test_dashboard_data(live: Server) -> None:
     }  # fmt: skip
 
 
+async def test_queue_rows_carry_the_engines_eta(live: Server) -> None:
+    data = (await live.client.get("/v1/dashboard")).json()
+    eta = {(q["pool"], q["position"]): q["eta"] for q in data["queue"]}
+    # cpu-batch has finished holds to go by: its waiting request has an estimate.
+    cpu = eta[("cpu-batch", 1)]
+    assert cpu is not None and set(cpu) == {"p50_seconds", "p90_seconds"}, cpu
+    assert all(isinstance(v, int) for v in cpu.values())
+    assert 0 <= cpu["p50_seconds"] <= cpu["p90_seconds"]
+    # Nothing has ever finished holding in licences: no estimate, and the field says so.
+    assert eta[("licences", 1)] is None
+    # Labels travel with queue rows and holdings (the page shows them).
+    assert all(q["labels"]["run"] == "demo" for q in data["queue"])
+    assert all(h["labels"]["run"] == "demo" for h in data["holdings"])
+
+
 async def test_dashboard_under_auth(db_url: str) -> None:
     conn = await connect(db_url, application_name=APP_CLI)
     try:
@@ -137,6 +161,11 @@ async def test_dashboard_under_auth(db_url: str) -> None:
         assert (await c.get("/v1/dashboard", headers=auth)).status_code == 200
         r = await c.get("/v1/dashboard", headers={"Authorization": f"Bearer {client}"})
         assert r.status_code == 403 and "reader token" in r.json()["detail"]
+
+
+def _text(html: str) -> str:
+    """The text of an HTML fragment (tags dropped, spaces squeezed)."""
+    return " ".join(re.sub(r"<[^>]+>", " ", html).split())
 
 
 async def _chromium(profile: Path, *args: str) -> bytes:
@@ -183,6 +212,32 @@ async def test_chromium_renders_pools_queue_and_events(live: Server, tmp_path: P
     assert dom.count("data-request=") == 4  # four queue rows
     assert "reclaim" in dom and "preempted" in dom
     assert 'id="status" class="status" data-state="live"' in dom
+    assert "No pools yet." not in dom
+
+    # The ETA column shows the engine's estimate where it has one, "—" where it has none.
+    row = r'<tr data-request="[^"]+" data-queue-pool="([^"]+)">(.*?)</tr>'
+    rows = dict(re.findall(row, dom, re.S))
+    eta_cpu = re.search(r'<td class="eta" title="([^"]*)">(.*?)</td>', rows["cpu-batch"])
+    assert eta_cpu is not None, rows["cpu-batch"]
+    assert re.fullmatch(r"~\d+[smhd].*90% ≤ \d+[smhd].*", _text(eta_cpu.group(2))), eta_cpu.group(0)
+    assert "90%: within" in eta_cpu.group(1)
+    eta_lic = re.search(r'<td class="eta" title="([^"]*)">(.*?)</td>', rows["licences"])
+    assert eta_lic is not None and _text(eta_lic.group(2)) == "—"
+    assert "no estimate yet" in eta_lic.group(1)
+    # Labels as k=v chips, on queue rows and holdings.
+    assert '<span class="chip">run=demo</span>' in rows["licences"]
+    assert '<span class="chip">step=nightly-licences</span>' in rows["licences"]
+    holdings = dom.split('id="holdings"')[1].split("</table>")[0]
+    assert holdings.count('<span class="chip">run=demo</span>') == holdings.count("<tr>") - 1
+    # Times in UTC ISO 8601 like the CLI, whole seconds, not in the browser's 12-hour clock.
+    events = dom.split('id="events"')[1].split("</table>")[0]
+    times = re.findall(r'<td class="time mono" title="[^"]*">([^<]*)</td>', events)
+    assert times and all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", t) for t in times)
+    assert not re.search(r"\d:\d\d(:\d\d)? ?[AP]M", dom)
+    assert re.search(r'data-state="live">live · \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ<', dom)
+    # Policies list no key a subject neither holds nor has a reservation or limit on.
+    policies = " ".join(re.findall(r'<div class="pool".*?</table>', dom, re.S))
+    assert not re.search(r"\b(mcpu|memory_mb|gpu|licence_x) 0(;|<)", policies), policies
 
     shot = tmp_path / "dashboard.png"
     await _chromium(
@@ -326,3 +381,204 @@ async def test_chromium_draws_one_cell_per_device_coloured_by_holder(
         f"--screenshot={tmp_path / 'nodes.png'}", url,
     )  # fmt: skip
     assert (tmp_path / "nodes.png").read_bytes().startswith(b"\x89PNG")
+
+
+# --- auth on: a prompt for a token, never an empty dashboard -----------------------------------
+
+
+@pytest.fixture
+async def guarded(db_url: str) -> AsyncIterator[tuple[Server, str]]:
+    """A server with auth on, one pool, and a reader token."""
+    conn = await connect(db_url, application_name=APP_CLI)
+    try:
+        reader, _ = await tokens.create_token(conn, name="wall", role="reader")
+    finally:
+        await conn.close()
+    async with running_server(db_url, auth="on", admin_token="adm") as srv:
+        r = await srv.client.post(
+            "/v1/pools",
+            json={"name": "gpus", "capacity": {"gpu": 4}},
+            headers={"Authorization": "Bearer adm"},
+        )
+        assert r.is_success, r.text
+        yield srv, reader
+
+
+@needs_chromium
+@pytest.mark.slow  # a headless browser
+async def test_chromium_without_a_token_asks_for_one(
+    guarded: tuple[Server, str], tmp_path: Path
+) -> None:
+    srv, _ = guarded
+    dom = (
+        await _chromium(tmp_path / "dom", "--virtual-time-budget=5000", "--dump-dom", srv.url + "/")
+    ).decode()
+    assert 'data-ready="1"' in dom, dom[:2000]
+    assert 'data-auth="needed"' in dom
+    assert '<section id="locked" class="locked" data-state="needed">' in dom  # shown
+    assert '<h2 id="locked-title">Token needed</h2>' in dom
+    assert "This respool requires a token." in dom
+    assert '<div id="data" hidden="">' in dom  # no empty tables, no "No pools yet."
+    assert "No pools yet." not in dom and "Nothing is waiting." not in dom
+    assert 'data-state="error">token needed<' in dom
+    shot = tmp_path / "locked.png"
+    await _chromium(
+        tmp_path / "shot", "--virtual-time-budget=5000", "--window-size=1200,500",
+        f"--screenshot={shot}", srv.url + "/",
+    )  # fmt: skip
+    assert shot.read_bytes().startswith(b"\x89PNG")
+
+
+class ContextGone(Exception):
+    """The page's JS context went away under a command (a navigation)."""
+
+
+class DevTools:
+    """Headless Chromium driven over the DevTools protocol on a pipe (``--remote-debugging-pipe``:
+    it reads JSON commands from fd 3 and writes replies and events to fd 4, each ending in NUL)."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, reader: asyncio.StreamReader, wfd: int):
+        self.proc, self.reader, self.wfd = proc, reader, wfd
+        self.last_id = 0
+        self.session: str | None = None
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(cls, profile: Path) -> AsyncIterator[DevTools]:
+        to_chrome_r, to_chrome_w = os.pipe()
+        from_chrome_r, from_chrome_w = os.pipe()
+        log_path = profile.parent / "chromium.log"  # its stderr, for a failure's message
+        log = log_path.open("wb")
+        proc = await asyncio.create_subprocess_exec(
+            # bash, not sh: dash takes single-digit fds only in redirections
+            "bash", "-c", f'exec "$@" 3<&{to_chrome_r} 4>&{from_chrome_w}', "bash",
+            CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--remote-debugging-pipe",
+            pass_fds=(to_chrome_r, from_chrome_w),
+            stdout=asyncio.subprocess.DEVNULL, stderr=log,
+        )  # fmt: skip
+        log.close()
+        os.close(to_chrome_r)
+        os.close(from_chrome_w)
+        reader = asyncio.StreamReader(limit=1 << 24)
+        transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(from_chrome_r, "rb", 0)
+        )
+        try:
+            yield cls(proc, reader, to_chrome_w)
+        except (BrokenPipeError, asyncio.IncompleteReadError) as exc:
+            tail = log_path.read_text(errors="replace")[-2000:]
+            raise AssertionError(f"chromium went away: {exc!r}\n{tail}") from exc
+        finally:
+            transport.close()
+            os.close(to_chrome_w)  # Chromium exits when its command pipe closes
+            try:
+                await asyncio.wait_for(proc.wait(), 10)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+    async def call(self, method: str, **params: Any) -> Any:
+        """Send one command; its result (events in between are skipped)."""
+        self.last_id += 1
+        msg: dict[str, Any] = {"id": self.last_id, "method": method, "params": params}
+        if self.session is not None and not method.startswith("Target."):
+            msg["sessionId"] = self.session
+        os.write(self.wfd, json.dumps(msg).encode() + b"\0")
+        while True:
+            reply = json.loads((await asyncio.wait_for(self.reader.readuntil(b"\0"), 30))[:-1])
+            if reply.get("id") == self.last_id:
+                error = reply.get("error")
+                if error and re.search(
+                    r"context was destroyed|Cannot find context", error.get("message", "")
+                ):
+                    raise ContextGone(error["message"])
+                assert error is None, (method, error)
+                return reply["result"]
+
+    async def goto(self, url: str) -> None:
+        """Open ``url`` in a new tab; return once its document is the page's (loaded or not)."""
+        target = await self.call("Target.createTarget", url="about:blank")
+        attached = await self.call(
+            "Target.attachToTarget", targetId=target["targetId"], flatten=True
+        )
+        self.session = attached["sessionId"]
+        await self.call("Page.navigate", url=url)
+        await self.wait_for(
+            f"location.href === {json.dumps(url)} && document.readyState !== 'loading'"
+        )
+
+    async def js(self, expression: str) -> Any:
+        out = await self.call(
+            "Runtime.evaluate", expression=expression, awaitPromise=True, returnByValue=True
+        )
+        assert "exceptionDetails" not in out, out["exceptionDetails"]
+        return out["result"].get("value")
+
+    async def wait_for(self, condition: str) -> Any:
+        """The value of a JS expression once it is truthy (polled in the page; fails after 20 s).
+        A navigation under way replaces the page's JS context: then it asks again."""
+        for _ in range(100):
+            try:
+                return await self._wait_for(condition)
+            except ContextGone:
+                await asyncio.sleep(0.05)
+        raise AssertionError(f"the page kept navigating while waiting for {condition}")
+
+    async def _wait_for(self, condition: str) -> Any:
+        return await self.js(
+            "new Promise((ok, fail) => { const t0 = Date.now(); (function tick() {"
+            f" const v = ({condition}); if (v) ok(v);"
+            " else if (Date.now() - t0 > 20000)"
+            f" fail(new Error('timed out: ' + {json.dumps(condition)}));"
+            " else setTimeout(tick, 50); })(); })"
+        )
+
+    async def submit_token(self, token: str) -> None:
+        await self.js(
+            f"document.getElementById('token').value = {json.dumps(token)};"
+            " document.getElementById('auth').requestSubmit(); true"
+        )
+
+
+def _screen(dt: DevTools) -> Any:
+    """What a user sees now: the prompt (title, text, server's word, status) or the pools."""
+    return dt.js(
+        "({auth: document.body.dataset.auth || null,"
+        " title: document.getElementById('locked').hidden ? null"
+        " : document.getElementById('locked-title').textContent,"
+        " text: document.getElementById('locked-text').textContent,"
+        " detail: document.getElementById('locked-detail').textContent,"
+        " status: document.getElementById('status').textContent,"
+        " data_shown: !document.getElementById('data').hidden,"
+        " pools: [...document.querySelectorAll('[data-pool]')].map((e) => e.dataset.pool)})"
+    )
+
+
+@needs_chromium
+@pytest.mark.slow  # a headless browser
+async def test_chromium_token_prompt_rejected_then_accepted(
+    guarded: tuple[Server, str], tmp_path: Path
+) -> None:
+    srv, reader = guarded
+    async with DevTools.open(tmp_path / "profile") as dt:
+        await dt.goto(srv.url + "/")
+        await dt.wait_for("document.body.dataset.auth === 'needed'")
+        first = await _screen(dt)
+        assert first["title"] == "Token needed" and not first["data_shown"], first
+
+        await dt.submit_token("rp_not-a-real-token")
+        await dt.wait_for("document.body.dataset.auth === 'rejected'")
+        rejected = await _screen(dt)
+        assert rejected["title"] == "Token rejected", rejected
+        assert rejected["text"].startswith("The server did not accept the token given.")
+        assert rejected["detail"].startswith("Server said: ")
+        assert rejected["status"] == "token rejected"
+        assert not rejected["data_shown"] and rejected["pools"] == []
+
+        await dt.submit_token(reader)
+        await dt.wait_for("!document.body.dataset.auth && document.querySelector('[data-pool]')")
+        accepted = await _screen(dt)
+        assert accepted["title"] is None and accepted["data_shown"], accepted
+        assert accepted["pools"] == ["gpus"] and accepted["status"].startswith("live · ")

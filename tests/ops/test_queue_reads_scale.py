@@ -89,3 +89,44 @@ async def test_request_list_orders_each_pool_once(tracked: asyncpg.Connection) -
     assert sorted(r.queue_position or 0 for r in listed if r.pool == "q1") == list(
         range(1, QUEUED + 1)
     )
+
+
+@pytest.fixture
+async def tracked_with_history(conn: asyncpg.Connection) -> AsyncIterator[asyncpg.Connection]:
+    """As ``tracked``, after three finished holds per pool (so each pool has an ETA to run)."""
+    for pool in POOLS:
+        await db_pools.create_pool(conn, name=pool, capacity={"gpu": 1})
+        for subject in ("a", "b"):
+            await db_policies.create_policy(conn, subject=subject, pool=pool)
+        for _ in range(3):
+            done = await db_requests.create_request(
+                conn, {"subject": "b", "pool": pool, "resources": {"gpu": 1}}
+            )
+            await db_requests.release_request(conn, done.request.id)
+        await db_requests.create_request(
+            conn, {"subject": "a", "pool": pool, "resources": {"gpu": 1}}
+        )
+        for i in range(QUEUED):
+            await db_requests.create_request(
+                conn, {"subject": "ab"[i % 2], "pool": pool, "resources": {"gpu": 1}}
+            )
+    await conn.execute("SET track_functions = 'all'")
+    yield conn
+
+
+async def test_dashboard_queue_runs_the_eta_once_per_pool_shown(
+    tracked_with_history: asyncpg.Connection,
+) -> None:
+    conn = tracked_with_history
+    eta = "respool._eta_pool(uuid, timestamp with time zone, uuid)"
+    async with conn.transaction():
+        rows = await conn.fetch(named.query("dashboard_queue"), 200)
+        assert len(rows) == QUEUED * 2 and all(r["eta"] is not None for r in rows)
+        # One simulation per pool (it estimates the pool's whole queue head), never per row.
+        assert await function_calls(conn, eta) == len(POOLS)
+        assert await function_calls(conn, "respool._eta(uuid, uuid, timestamp with time zone)") == 0
+        # Only the pools among the rows shown: 5 rows, all of q1.
+        before = await function_calls(conn, eta)
+        rows = await conn.fetch(named.query("dashboard_queue"), 5)
+        assert {r["pool"] for r in rows} == {"q1"}
+        assert await function_calls(conn, eta) - before == 1

@@ -36,6 +36,28 @@ function resources(map) {
 
 function shortId(id) { return id.slice(0, 8); }
 
+// A time as the CLI prints it: UTC, ISO 8601, whole seconds (2026-11-25T14:03:12Z).
+function utc(value) { return new Date(value).toISOString().replace(/\.\d+Z$/, "Z"); }
+
+// Labels as compact k=v chips (sorted by key); the cell's title lists them all.
+function labelChips(labels) {
+  const entries = Object.entries(labels || {}).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+  if (entries.length === 0) return el("td", { class: "labels" }, "—");
+  const all = entries.map(([k, v]) => k + "=" + v);
+  return el("td", { class: "labels", title: all.join("\n") }, ...all.map((t) => el("span", { class: "chip" }, t)));
+}
+
+// The engine's ETA of a queued request: "~p50" and the 90% bound; "—" when it has none.
+function etaCell(eta) {
+  if (!eta) {
+    return el("td", { class: "eta", title: "no estimate yet: no finished holds recorded in this pool, or too deep in its queue" }, "—");
+  }
+  const p90 = eta.p90_seconds == null ? null : duration(eta.p90_seconds);
+  return el("td", { class: "eta", title: "median ~" + duration(eta.p50_seconds) + (p90 ? "; 90%: within " + p90 : "") },
+    el("span", { class: "p50" }, "~" + duration(eta.p50_seconds)),
+    p90 ? el("span", { class: "p90" }, "90% ≤ " + p90) : null);
+}
+
 function fill(tbody, rows, columns, emptyText) {
   tbody.replaceChildren();
   if (rows.length === 0) {
@@ -127,12 +149,14 @@ function policyTable(pool) {
   }
   const tbody = el("tbody");
   for (const [subject, s] of bySubject) {
+    // A key the subject neither holds nor has a reservation or limit on says nothing (mcpu 0);
+    // step_run (one per request) only when it is limited or reserved.
     const usage = s.keys
-      .filter((p) => p.key !== "step_run" || p.limit !== null || p.reserved > 0)
+      .filter((p) => (p.used > 0 && p.key !== "step_run") || p.limit !== null || p.reserved > 0)
       .map((p) => p.key + " " + p.used + (p.reserved ? "/" + p.reserved + " res" : "") + (p.limit !== null ? ", limit " + p.limit : ""))
       .join("; ");
     const borrowed = s.keys.filter((p) => p.borrowed > 0).map((p) => p.key + " " + p.borrowed).join(", ");
-    tbody.append(el("tr", {}, el("td", {}, subject), el("td", {}, s.priority), el("td", {}, usage || "—"), el("td", {}, borrowed || "—")));
+    tbody.append(el("tr", {}, el("td", {}, subject), el("td", {}, s.priority), el("td", {}, usage || "nothing held"), el("td", {}, borrowed || "—")));
   }
   if (bySubject.size === 0) return el("p", { class: "empty" }, "No policies.");
   return el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "subject"), el("th", {}, "prio"), el("th", {}, "used / reserved"), el("th", {}, "borrowed"))), tbody);
@@ -162,27 +186,27 @@ function renderPools(pools) {
 
 function render(data) {
   renderPools(data.pools);
-  const q = data.queue.map((r) => el("tr", { "data-request": r.request_id },
-    el("td", {}, r.pool), el("td", {}, r.position), el("td", {}, r.subject),
+  const q = data.queue.map((r) => el("tr", { "data-request": r.request_id, "data-queue-pool": r.pool },
+    el("td", { class: "nowrap" }, r.pool), el("td", {}, r.position), el("td", {}, r.subject),
     el("td", { class: "mono" }, resources(r.resources)), el("td", {}, r.priority),
     el("td", {}, el("span", { class: "tag" + (r.preemptible ? "" : " np") }, r.preemptible ? "preemptible" : "non-preemptible"),
       r.in_share ? el("span", { class: "tag share" }, "in share") : null),
-    el("td", {}, duration(r.waiting_seconds)), el("td", {}, r.waiting_for),
-    el("td", { title: r.eta_p90_seconds == null ? "no hold history yet" : "90%: within " + duration(r.eta_p90_seconds) },
-      r.eta_p50_seconds == null ? "—" : "~" + duration(r.eta_p50_seconds))));
-  fill(document.querySelector("#queue tbody"), q, 9, "Nothing is waiting.");
+    labelChips(r.labels),
+    el("td", { class: "nowrap" }, duration(r.waiting_seconds)), el("td", {}, r.waiting_for), etaCell(r.eta)));
+  fill(document.querySelector("#queue tbody"), q, 10, "Nothing is waiting.");
   document.getElementById("queue-count").textContent = "(" + data.queue.length + ")";
 
   const h = data.holdings.map((r) => el("tr", {},
-    el("td", {}, r.pool), el("td", {}, r.subject), el("td", { class: "mono", title: r.request_id }, shortId(r.request_id)),
+    el("td", { class: "nowrap" }, r.pool), el("td", {}, r.subject), el("td", { class: "mono", title: r.request_id }, shortId(r.request_id)),
     el("td", { class: "mono" }, resources(r.resources)),
-    el("td", {}, el("span", { class: "st st-" + r.status }, r.status)), el("td", {}, duration(r.held_seconds))));
-  fill(document.querySelector("#holdings tbody"), h, 6, "Nothing is allocated.");
+    el("td", {}, el("span", { class: "st st-" + r.status }, r.status)), el("td", { class: "nowrap" }, duration(r.held_seconds)),
+    labelChips(r.labels)));
+  fill(document.querySelector("#holdings tbody"), h, 7, "Nothing is allocated.");
   document.getElementById("holdings-count").textContent = "(" + data.holdings.length + ")";
 
   const e = data.events.map((r) => el("tr", {},
-    el("td", { title: r.at }, new Date(r.at).toLocaleTimeString()),
-    el("td", { class: "mono", title: r.request_id }, shortId(r.request_id)), el("td", {}, r.subject), el("td", {}, r.pool || "—"),
+    el("td", { class: "time mono", title: r.at }, utc(r.at)),
+    el("td", { class: "mono", title: r.request_id }, shortId(r.request_id)), el("td", {}, r.subject), el("td", { class: "nowrap" }, r.pool || "—"),
     el("td", {}, (r.from_status || "new") + " → ", el("span", { class: "st st-" + r.to_status }, r.to_status)),
     el("td", { title: r.message }, r.reason || "")));
   fill(document.querySelector("#events tbody"), e, 6, "No events yet.");
@@ -199,6 +223,29 @@ function setStatus(state, text) {
   s.textContent = text;
 }
 
+// Without a usable token the data is replaced by a prompt for one, never by empty tables:
+// "needed" (auth is on and no token was given), "rejected" (401 for the token given),
+// "forbidden" (403: a token that may not read every subject). null: the data is shown.
+const LOCKED = {
+  needed: ["Token needed", "This respool requires a token. Enter a reader (or admin) token to see its pools, queue and events."],
+  rejected: ["Token rejected", "The server did not accept the token given. Enter another reader (or admin) token."],
+  forbidden: ["Token not allowed", "This token may not read the dashboard: it shows every subject's requests. Enter a reader (or admin) token."],
+};
+
+function setLocked(state, detail) {
+  const box = document.getElementById("locked");
+  document.getElementById("data").hidden = state !== null;
+  box.hidden = state === null;
+  if (state === null) { delete document.body.dataset.auth; return; }
+  document.body.dataset.auth = state;
+  box.dataset.state = state;
+  document.getElementById("locked-title").textContent = LOCKED[state][0];
+  document.getElementById("locked-text").textContent = LOCKED[state][1];
+  document.getElementById("locked-detail").textContent = detail && state !== "needed" ? "Server said: " + detail : "";
+  const input = document.getElementById("token");
+  if (document.activeElement !== input) input.value = "";
+}
+
 async function poll() {
   const headers = { Accept: "application/json" };
   const token = sessionStorage.getItem(TOKEN_KEY);
@@ -206,15 +253,19 @@ async function poll() {
   try {
     const resp = await fetch("/v1/dashboard", { headers, cache: "no-store" });
     if (resp.status === 401 || resp.status === 403) {
-      document.getElementById("auth").hidden = false;
       const body = await resp.json().catch(() => ({}));
-      setStatus("error", (resp.status === 401 ? "token needed" : "forbidden") + (body.detail ? ": " + body.detail : ""));
+      const state = resp.status === 403 ? "forbidden" : token ? "rejected" : "needed";
+      setLocked(state, body.detail);
+      setStatus("error", { needed: "token needed", rejected: "token rejected", forbidden: "forbidden" }[state]);
+      document.body.dataset.ready = "1";
       return;
     }
     if (!resp.ok) throw new Error("HTTP " + resp.status);
     const data = await resp.json();
+    setLocked(null);
+    document.getElementById("forget").hidden = !token;
     render(data);
-    setStatus("live", "live · " + new Date(data.now).toLocaleTimeString());
+    setStatus("live", "live · " + utc(data.now));
     document.body.dataset.ready = "1";
   } catch (err) {
     setStatus("error", "cannot reach respool (" + err.message + ")");
@@ -225,7 +276,13 @@ document.getElementById("auth").addEventListener("submit", (ev) => {
   ev.preventDefault();
   const value = document.getElementById("token").value.trim();
   if (value) sessionStorage.setItem(TOKEN_KEY, value); else sessionStorage.removeItem(TOKEN_KEY);
-  document.getElementById("auth").hidden = true;
+  document.getElementById("token").value = "";
+  poll();
+});
+
+document.getElementById("forget").addEventListener("click", () => {
+  sessionStorage.removeItem(TOKEN_KEY);
+  document.getElementById("forget").hidden = true;
   poll();
 });
 
