@@ -140,8 +140,8 @@ windows_st = st.one_of(st.none(), st.lists(window_st(), min_size=1, max_size=3))
 # --- the checks (shared with the deterministic twin test) --------------------------------------
 
 _PREEMPTIONS_SQL = """
-SELECT v.id AS victim, v.preemption_group AS victim_group, vp.subject AS victim_policy,
-       vp.priority_lane AS victim_lane, e.reason, e.message
+SELECT v.id AS victim, v.pool_id AS victim_pool, v.preemption_group AS victim_group,
+       vp.subject AS victim_policy, vp.priority_lane AS victim_lane, e.reason, e.message
   FROM respool.events e
   JOIN respool.requests v ON v.id = e.request_id
   JOIN respool.policies vp ON vp.id = v.policy_id
@@ -157,13 +157,17 @@ async def preemption_breaches(conn: asyncpg.Connection) -> list[str]:
     for e in await conn.fetch(_PREEMPTIONS_SQL):
         found = _FOR.search(e["message"] or "")
         assert found, f"a preemption names no requester: {e['message']!r}"
+        # The requester's policy: held, or queued; a requester that left the queue since
+        # (cancelled, terminated) keeps neither, so its subject's policy in the victim's pool
+        # (the policies never change during a run).
         r = await conn.fetchrow(
             "SELECT r.preemption_group, p.subject, p.priority_lane FROM respool.requests r"
             " JOIN respool.policies p ON p.id = coalesce(r.policy_id,"
             "   (SELECT q.policy_id FROM respool.queue_entries q WHERE q.request_id = r.id"
-            "     LIMIT 1))"
+            "     LIMIT 1), respool._policy_for(r.subject, $2))"
             " WHERE r.id = $1",
             UUID(found.group(1)),
+            e["victim_pool"],
         )
         assert r is not None, f"requester {found.group(1)} has no policy"
         what = f"{e['reason']}: {r['subject']} took {e['victim']} of {e['victim_policy']}"
