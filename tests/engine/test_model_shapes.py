@@ -126,11 +126,11 @@ def window_st(draw: st.DrawFn) -> dict[str, Any]:
     w: dict[str, Any] = {"timezone": draw(st.sampled_from(ZONES))}
     if draw(st.booleans()):
         w["days"] = sorted(draw(st.sets(st.sampled_from(DAYS), min_size=1)), key=DAYS.index)
-    start = draw(st.integers(0, 23 * 4)) * 15
+    begin = draw(st.integers(0, 23 * 4)) * 15  # minutes after midnight, local
     length = draw(st.sampled_from([60, 240, 600, 720, 23 * 60, 24 * 60]))
-    w["from"] = f"{start // 60:02d}:{start % 60:02d}"
-    end = (start + length) % (24 * 60)
-    w["to"] = f"{end // 60:02d}:{end % 60:02d}"
+    w["from"] = f"{begin // 60:02d}:{begin % 60:02d}"
+    finish = (begin + length) % (24 * 60)
+    w["to"] = f"{finish // 60:02d}:{finish % 60:02d}"
     return w
 
 
