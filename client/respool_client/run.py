@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import re
 import signal
@@ -39,12 +40,13 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
-from typing import TextIO, TypeVar
+from typing import TypeVar
 
 from msgspec import UNSET, UnsetType
 from respool_client._async import AsyncRespool
 from respool_client._group import ProcessGroup
 from respool_client._hold import QUEUE_LEASE, await_grant, start_holding
+from respool_client._status import Status
 from respool_client.errors import AllocationTimeout, ApiError, Preempted, Rejected, RespoolError
 from respool_client.grant import Grant
 from respool_client.pairs import host_node_name, split_amount, split_pair
@@ -67,6 +69,8 @@ EXIT_CODES = {
 # Seconds CMD gets after SIGTERM when its units are already gone (no grace deadline), when it
 # exited leaving processes in its group, or when the wrapper got a signal.
 GONE_KILL_AFTER = 10.0
+# Seconds after asking with no answer (nor failure) before the wrapper says it still waits.
+FIRST_WORD = 1.0
 # The signals that stop the wrapper (SIGINT is passed on as SIGINT, the others as SIGTERM).
 STOP_SIGNALS = (
     signal.SIGHUP,
@@ -149,41 +153,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "respool run") -> int:
         return 128 + signal.SIGINT
 
 
-class _Status:
-    """What the wrapper tells the user while it waits: a live line on a TTY, else log lines."""
-
-    def __init__(self, out: TextIO) -> None:
-        self.out = out
-        self.live = out.isatty()
-        self.last: tuple[object, ...] | None = None
-
-    def waiting(self, state: Request) -> None:
-        key = (state.status, state.queue_position, state.message, state.attempt)
-        if key == self.last:
-            return
-        self.last = key
-        where = f"#{state.queue_position} in queue" if state.queue_position else "queued"
-        text = f"respool: request {state.id} attempt {state.attempt}: {where}: {state.message}"
-        if self.live:
-            self.out.write("\r\x1b[2K" + text)
-        else:
-            self.out.write(text + "\n")
-        self.out.flush()
-
-    def say(self, text: str) -> None:
-        if self.live and self.last is not None:
-            self.out.write("\r\x1b[2K")
-        self.last = None
-        self.out.write(f"respool: {text}\n")
-        self.out.flush()
-
-
 class _Runner:
     def __init__(self, rp: AsyncRespool, args: argparse.Namespace, cmd: list[str]) -> None:
         self.rp = rp
         self.args = args
         self.cmd = cmd
-        self.status = _Status(sys.stderr)
+        self.status = Status(sys.stderr)
+        rp.listener = self.status
         self.group: ProcessGroup | None = None
         self.stop_signal: int | None = None
         self.stopping = asyncio.Event()
@@ -269,9 +245,9 @@ class _Runner:
             return GONE_KILL_AFTER
         return (state.preempt_deadline - datetime.now(UTC)).total_seconds()
 
-    async def _one_attempt(self, grant: Grant) -> tuple[int, Request | None]:
-        """Run CMD under ``grant`` until no process of its group is left; CMD's exit status and
-        the last state seen of the request."""
+    async def _one_attempt(self, grant: Grant, waited: float) -> tuple[int, Request | None]:
+        """Run CMD under ``grant`` (got after ``waited`` seconds) until no process of its group
+        is left; CMD's exit status and the last state seen of the request."""
         # This attempt's grant, not the first one's: a requeued attempt may run elsewhere.
         env = {**os.environ, **grant.env()}
         self.term_sent, self.kill_at, self.preempting = False, None, False
@@ -283,8 +259,10 @@ class _Runner:
             where = f" on node {grant.placement.node}" + (f" ({devices})" if devices else "")
         self.status.say(
             f"request {grant.request_id} attempt {grant.attempt}: allocated in {grant.pool}"
-            f"{where}: {json.dumps(grant.resources, sort_keys=True)}; running {self.cmd[0]}"
+            f"{where} after {waited:.1f} s: {json.dumps(grant.resources, sort_keys=True)}; "
+            f"running {self.cmd[0]}"
         )
+        self.status.holding(lambda: _lease_left(grant))
         try:
             group = await ProcessGroup.start(self.cmd, env)
         except OSError as exc:
@@ -357,12 +335,13 @@ class _Runner:
     def _react(self, grant: Grant, state: Request) -> None:
         if state.status != "released":
             self.preempting = True
+        this = f"request {grant.request_id} attempt {grant.attempt}"
         if state.attempt == grant.attempt and state.status == "preempting":
-            self._terminate(self._kill_delay(state), f"preempting ({state.reason})")
-        elif (state.attempt != grant.attempt or state.status not in HOLDING) and (
-            state.status != "released"
-        ):
-            self._terminate(self._kill_after(), f"{state.status} ({state.reason})")
+            self._terminate(self._kill_delay(state), f"{this}: preempting ({state.reason})")
+        elif state.attempt != grant.attempt and state.status != "released":
+            self._terminate(self._kill_after(), f"{this}: {grant.reason or 'preempted'}")
+        elif state.status not in HOLDING and state.status != "released":
+            self._terminate(self._kill_after(), f"{this}: {state.status} ({state.reason})")
 
     async def _release(self, grant: Grant, *, drop: bool = True) -> Request | None:
         """Release ``grant``'s attempt; the request's state after it (None: unknown).
@@ -385,12 +364,23 @@ class _Runner:
             self.status.say(f"could not release request {grant.request_id}: {exc}")
         return None
 
-    async def run(self) -> int:
+    def _begin_wait(self) -> float:
+        """A wait for a grant begins now: no call retries past ``--timeout`` from now (the
+        grant cannot come by then anyway); the start time."""
+        started = time.monotonic()
+        self.status.asking()
+        timeout = self.args.timeout
+        self.rp.retry_until = None if timeout is None else started + timeout
+        return started
+
+    async def _create(self) -> Request:
+        """Create the request; says so when the API has not answered within
+        :data:`FIRST_WORD` seconds (failed tries are reported as they happen)."""
         a = self.args
-        started = sent = time.monotonic()
-        try:
-            # No ``wait`` on the create: the queue lease is set as soon as the request exists.
-            state = await self.rp.create_request(
+        # No ``wait`` on the create: its answer (queued, with the position, the reason and the
+        # ETA) is shown at once, and the queue lease is set as soon as the request exists.
+        create = asyncio.create_task(
+            self.rp.create_request(
                 a.subject,
                 pool=a.pool,
                 resources=dict(a.resource) or None,
@@ -402,9 +392,20 @@ class _Runner:
                 node_selector=getattr(a, "node_selector", None) or None,
                 preemption_group=getattr(a, "group", None) or None,
             )
+        )
+        done, _ = await asyncio.wait({create}, timeout=FIRST_WORD)
+        if not done:
+            self.status.no_answer_yet(self.rp.url)
+        return await create
+
+    async def run(self) -> int:
+        started = sent = self._begin_wait()
+        try:
+            state = await self._create()
             while True:
                 grant = await self._wait_for_grant(state, sent, started)
-                code, last = await self._one_attempt(grant)
+                self.rp.retry_until = None
+                code, last = await self._one_attempt(grant, time.monotonic() - started)
                 if self.stop_signal is not None:
                     await self._release(grant)
                     self.status.say(f"stopped by signal {self.stop_signal}; released")
@@ -421,14 +422,19 @@ class _Runner:
                     return EXIT_PREEMPTED
                 if after.attempt != grant.attempt and not after.terminal:
                     self.status.say(
-                        f"{grant.reason or 'preempted'}: attempt {after.attempt} waits for a grant"
+                        f"request {grant.request_id} attempt {grant.attempt}: preempted "
+                        f"({grant.reason or 'preempted'}); requeued as attempt {after.attempt} "
+                        f"(retry {after.attempt - 1} of {after.max_retries})"
                     )
-                    started = sent = time.monotonic()
+                    started = sent = self._begin_wait()
                     state = after
                     continue
                 if after.status == "released":
                     return code
-                self.status.say(f"{after.status} ({after.reason}): no retries left")
+                self.status.say(
+                    f"request {grant.request_id} attempt {grant.attempt}: {after.status} "
+                    f"({after.reason}): no retries left"
+                )
                 return EXIT_PREEMPTED
         except _Stopped:
             self.status.say(f"got signal {self.stop_signal} while waiting: request cancelled")
@@ -447,6 +453,13 @@ class _Runner:
             return EXIT_API
 
 
+def _lease_left(grant: Grant) -> float | None:
+    """Seconds until ``grant``'s lease ends unless a heartbeat renews it (None: no lease)."""
+    if grant._valid_until is None:
+        return None
+    return max(0.0, grant._valid_until - time.monotonic())
+
+
 class _Stopped(Exception):
     """The wrapper was told to stop (a stop signal) before CMD ran."""
 
@@ -458,11 +471,31 @@ async def run(args: argparse.Namespace, cmd: list[str]) -> int:
         runner = _Runner(rp, args, cmd)
         for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, runner._on_wrapper_signal, sig)
+        ticker = asyncio.create_task(runner.status.tick()) if runner.status.live else None
+        said = _StatusLog(runner.status)
+        client_log = logging.getLogger("respool.client")
+        client_log.addHandler(said)
         try:
             return await runner.run()
         finally:
+            client_log.removeHandler(said)
+            if ticker is not None:
+                ticker.cancel()
             for sig in STOP_SIGNALS:
                 loop.remove_signal_handler(sig)
+
+
+class _StatusLog(logging.Handler):
+    """The client's warnings (a failed heartbeat, say) as status lines; none while a call is
+    being retried (its status line already says what fails)."""
+
+    def __init__(self, status: Status) -> None:
+        super().__init__(logging.WARNING)
+        self.status = status
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.status.troubled:
+            self.status.say(record.getMessage())
 
 
 # --- where to run ----------------------------------------------------------------------------
