@@ -9,6 +9,7 @@ for everything said while CMD runs, one line per change, each starting with ``re
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -40,8 +41,8 @@ def _secs(seconds: float) -> str:
 
 
 class Status:
-    """The wrapper's status lines (see the module). ``live``: a terminal (default: ask
-    ``out``); ``clock``: monotonic seconds."""
+    """The wrapper's status lines (see the module). ``live``: draw a live line (default: ``out``
+    is a terminal and ``TERM`` is not ``dumb``); ``clock``: monotonic seconds."""
 
     def __init__(
         self,
@@ -51,7 +52,9 @@ class Status:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.out = out
-        self.live = out.isatty() if live is None else live
+        if live is None:
+            live = out.isatty() and os.environ.get("TERM") != "dumb"
+        self.live = live
         self.clock = clock
         self.since = clock()  # when the current wait began
         self.running = False  # CMD runs: no live line (CMD writes to the terminal too)

@@ -1,14 +1,17 @@
 """``respool run [options] -- CMD [ARGS...]``: run any command under an allocation
 (``docs/client.md``, "respool run").
 
-It waits for the grant (on a TTY a live line with the queue position and what it waits for;
-otherwise one line per change on stderr), heartbeating the queued request with a queue lease
-(``--queue-lease``) so that a wrapper killed while waiting gives its place up. It runs CMD in a
-process group of its own (:mod:`respool_client._group`) with the grant's variables in its
-environment (:func:`respool_client.grant.step_env`: ``RESPOOL_REQUEST_ID``, ``RESPOOL_POOL``,
-``RESPOOL_ATTEMPT``, ``RESPOOL_RESOURCES``, and on a node ``RESPOOL_NODE``, ``RESPOOL_DEVICES``,
-``CUDA_VISIBLE_DEVICES``; rebuilt for every attempt, which may land elsewhere), heartbeats and
-long-polls the request while CMD runs, and:
+It waits for the grant, saying on stderr what it is doing from the moment it asks
+(:mod:`respool_client._status`: queued with the position, the reason and the ETA; granted;
+preempting; requeued; an API that does not answer, while the call is retried; on a terminal one
+live line), heartbeating the queued request with a queue lease (``--queue-lease``) so that a
+wrapper killed while waiting gives its place up. No call retries past ``--timeout``.
+
+It runs CMD in a process group of its own (:mod:`respool_client._group`) with the grant's
+variables in its environment (:func:`respool_client.grant.step_env`: ``RESPOOL_REQUEST_ID``,
+``RESPOOL_POOL``, ``RESPOOL_ATTEMPT``, ``RESPOOL_RESOURCES``, and on a node ``RESPOOL_NODE``,
+``RESPOOL_DEVICES``, ``CUDA_VISIBLE_DEVICES``; rebuilt for every attempt, which may land
+elsewhere), heartbeats and long-polls the request while CMD runs, and:
 
 * on ``preempting`` sends SIGTERM to CMD's group, and SIGKILL at the grace deadline (or
   ``--kill-after`` seconds after the SIGTERM);
@@ -113,7 +116,9 @@ def build_parser(prog: str = "respool run") -> argparse.ArgumentParser:
     add("--queue-lease", type=_positive_int, default=QUEUE_LEASE, metavar="S",
         help="While waiting, heartbeat so that the request loses its queue place this many "
         f"seconds after the wrapper died (default {QUEUE_LEASE}).")  # fmt: skip
-    add("--timeout", type=_seconds, help="Give up waiting for the grant after this many seconds.")
+    add("--timeout", type=_seconds,
+        help="Give up waiting for the grant after this many seconds (also while the API does "
+        "not answer: no call is retried past it).")  # fmt: skip
     add("--kill-after", type=_seconds,
         help="SIGKILL this long after SIGTERM (default: at the grace deadline).")  # fmt: skip
     add("--label", action="append", default=[], type=_label, metavar="KEY=VALUE",
