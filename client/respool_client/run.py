@@ -72,6 +72,9 @@ EXIT_CODES = {
 # Seconds CMD gets after SIGTERM when its units are already gone (no grace deadline), when it
 # exited leaving processes in its group, or when the wrapper got a signal.
 GONE_KILL_AFTER = 10.0
+# How an attempt that was requeued ended (its history), and how long to try to read it.
+ENDED = frozenset({"preempted", "expired", "cancelled"})
+ENDED_LOOKUP = 2.0
 # Seconds after asking with no answer (nor failure) before the wrapper says it still waits.
 FIRST_WORD = 1.0
 # The signals that stop the wrapper (SIGINT is passed on as SIGINT, the others as SIGTERM).
@@ -344,9 +347,22 @@ class _Runner:
         if state.attempt == grant.attempt and state.status == "preempting":
             self._terminate(self._kill_delay(state), f"{this}: preempting ({state.reason})")
         elif state.attempt != grant.attempt and state.status != "released":
-            self._terminate(self._kill_after(), f"{this}: {grant.reason or 'preempted'}")
+            self._terminate(self._kill_after(), f"{this}: preempted")
         elif state.status not in HOLDING and state.status != "released":
             self._terminate(self._kill_after(), f"{this}: {state.status} ({state.reason})")
+
+    async def _how_it_ended(self, grant: Grant) -> str:
+        """How ``grant``'s attempt ended, from the request's history: ``preempted (reclaim)``
+        (the state after a requeue says only ``retry``)."""
+        path = f"/v1/requests/{grant.request_id}/events"
+        with contextlib.suppress(RespoolError, TypeError, KeyError):
+            events = await self.rp.call("GET", path, retry_for=ENDED_LOOKUP)
+            for event in reversed(events):
+                if event["attempt"] == grant.attempt and event["to"] in ENDED:
+                    return f"{event['to']} ({event['reason']})"
+        if grant.reason in (None, "retry"):
+            return "preempted"
+        return f"preempted ({grant.reason})"
 
     async def _release(self, grant: Grant, *, drop: bool = True) -> Request | None:
         """Release ``grant``'s attempt; the request's state after it (None: unknown).
@@ -427,8 +443,8 @@ class _Runner:
                     return EXIT_PREEMPTED
                 if after.attempt != grant.attempt and not after.terminal:
                     self.status.say(
-                        f"request {grant.request_id} attempt {grant.attempt}: preempted "
-                        f"({grant.reason or 'preempted'}); requeued as attempt {after.attempt} "
+                        f"request {grant.request_id} attempt {grant.attempt}: "
+                        f"{await self._how_it_ended(grant)}; requeued as attempt {after.attempt} "
                         f"(retry {after.attempt - 1} of {after.max_retries})"
                     )
                     started = sent = self._begin_wait()
