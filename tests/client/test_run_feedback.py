@@ -11,6 +11,7 @@ import pty
 import re
 import select
 import signal
+import socket
 import struct
 import sys
 import termios
@@ -194,6 +195,22 @@ async def test_an_unreachable_api_is_reported_before_the_retries_end(tmp_path: P
         assert len(wrapper.lines) == 2, wrapper.lines  # one line per change, not per try
     finally:
         wrapper.kill()
+
+
+async def test_an_api_that_accepts_but_does_not_answer_is_reported(tmp_path: Path) -> None:
+    with socket.socket() as mute:  # accepts connections (the kernel does), never answers
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(16)
+        url = f"http://127.0.0.1:{mute.getsockname()[1]}"
+        wrapper = await Wrapper.start(url, tmp_path, "once", "--gpu", "1")
+        try:
+            first = await wrapper.line()
+            assert re.fullmatch(
+                rf"respool: no answer from {url} yet \(\d+s\); still waiting", first
+            )
+        finally:
+            wrapper.kill()
+            await wrapper.proc.wait()
 
 
 async def test_the_api_lost_while_queued_is_reported_and_the_wait_goes_on(
