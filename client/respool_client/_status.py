@@ -25,9 +25,10 @@ TICK = 1.0  # seconds between redraws of the live line
 
 
 def fmt_eta(eta: Eta | None) -> str:
-    """``ETA ~2m (90%: within 5m)``, or why there is none."""
+    """``ETA ~2m (90%: within 5m)``, or that there is none (too few recorded holds in the
+    pool, or too deep in the queue: docs/scheduling.md)."""
     if eta is None:
-        return "ETA unknown (no hold history in the pool yet)"
+        return "ETA unknown (too few recorded holds, or too deep in the queue)"
     return f"ETA ~{_secs(eta.p50_seconds)} (90%: within {_secs(eta.p90_seconds)})"
 
 
