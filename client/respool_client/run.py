@@ -39,6 +39,7 @@ import os
 import re
 import signal
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -96,33 +97,38 @@ def build_parser(prog: str = "respool run") -> argparse.ArgumentParser:
         description="Run CMD under a respool allocation: wait for the grant, run CMD with "
         "RESPOOL_REQUEST_ID/POOL/ATTEMPT/RESOURCES set (placed on a node: also RESPOOL_NODE, "
         "RESPOOL_DEVICES and CUDA_VISIBLE_DEVICES), stop it when preempted, release on exit.",
-        epilog=f"Exit status: CMD's own, or {codes}.\n\nExample:\n  {prog} --subject "
-        "orchestrator:prod --pool gpus --gpu 2 --max-retries 1 -- python train.py",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"Exit status: CMD's own, or {codes}.\n\nExamples:\n"
+        f"  {prog} --subject orchestrator:prod --gpu 2 -- python train.py\n"
+        f"  {prog} --subject team:vision --pool a100s --gpu 4 \\\n"
+        "      --selector gpu-type=A100-80G --max-retries 2 -- python train.py",
+        formatter_class=_HelpFormatter,
     )
     add = parser.add_argument
-    add("--url", default=os.environ.get("RESPOOL_URL", "http://127.0.0.1:8080"),
+    add("--url", default=os.environ.get("RESPOOL_URL", "http://127.0.0.1:8080"), metavar="URL",
         help="API URL (RESPOOL_URL; default http://127.0.0.1:8080).")  # fmt: skip
-    add("--token", default=os.environ.get("RESPOOL_TOKEN"), help="Bearer token (RESPOOL_TOKEN).")
-    add("--subject", "-s", default=os.environ.get("RESPOOL_SUBJECT"),
+    add("--token", default=os.environ.get("RESPOOL_TOKEN"), metavar="TOKEN",
+        help="Bearer token (RESPOOL_TOKEN).")  # fmt: skip
+    add("--subject", "-s", default=os.environ.get("RESPOOL_SUBJECT"), metavar="SUBJECT",
         help="Who asks, e.g. orchestrator:prod (RESPOOL_SUBJECT).")  # fmt: skip
-    add("--pool", help="Only this pool (default: every pool the subject has a policy on).")
-    add("--gpu", type=_count, help="GPUs (gpu).")
-    add("--cpu", type=_decimal, help="CPUs, e.g. 0.5 (mcpu = ceil(x*1000)).")
-    add("--memory", help="Memory, e.g. 8GB or 16GiB (memory_mb).")
+    add("--pool", metavar="POOL",
+        help="Only this pool (default: every pool the subject has a policy on).")  # fmt: skip
+    add("--gpu", type=_count, metavar="N", help="GPUs (gpu).")
+    add("--cpu", type=_decimal, metavar="X", help="CPUs, e.g. 0.5 (mcpu = ceil(x*1000)).")
+    add("--memory", metavar="SIZE", help="Memory, e.g. 8GB or 16GiB (memory_mb).")
     add("--resource", "-r", action="append", default=[], type=_amount, metavar="KEY=N",
         help="Any key; repeat for more (tpu=2).")  # fmt: skip
     add("--non-preemptible", action="store_true", help="Never preempted; must fit reserved.")
-    add("--max-retries", type=_count, default=0, help="Re-runs after a preemption (default 0).")
+    add("--max-retries", type=_count, default=0, metavar="N",
+        help="Re-runs after a preemption (default 0).")  # fmt: skip
     add("--lease", type=_lease, default=UNSET, metavar="S|none",
         help="Lease seconds, or none for no lease (default: the server's).")  # fmt: skip
     add("--queue-lease", type=_positive_int, default=QUEUE_LEASE, metavar="S",
         help="While waiting, heartbeat so that the request loses its queue place this many "
         f"seconds after the wrapper died (default {QUEUE_LEASE}).")  # fmt: skip
-    add("--timeout", type=_seconds,
+    add("--timeout", type=_seconds, metavar="S",
         help="Give up waiting for the grant after this many seconds (also while the API does "
         "not answer: no call is retried past it).")  # fmt: skip
-    add("--kill-after", type=_seconds,
+    add("--kill-after", type=_seconds, metavar="S",
         help="SIGKILL this long after SIGTERM (default: at the grace deadline).")  # fmt: skip
     add("--label", action="append", default=[], type=_label, metavar="KEY=VALUE",
         help="A label of the request; repeat for more.")  # fmt: skip
@@ -138,6 +144,23 @@ def build_parser(prog: str = "respool run") -> argparse.ArgumentParser:
         "case.")  # fmt: skip
     add("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     return parser
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Prose wrapped to the terminal paragraph by paragraph; indented lines (the examples)
+    kept as written, one command a line."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        out: list[str] = []
+        for block in text.split("\n\n"):
+            lines = block.splitlines()
+            prose = [line for line in lines if not line.startswith(" ")]
+            if len(prose) == len(lines):
+                out.append(textwrap.fill(" ".join(lines), width, initial_indent=indent,
+                                         subsequent_indent=indent))  # fmt: skip
+            else:
+                out.append("\n".join(indent + line for line in lines))
+        return "\n\n".join(out)
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "respool run") -> int:

@@ -1,5 +1,5 @@
-"""What ``respool run`` tells its user while it waits (``docs/client.md``, "What it says"), with
-real processes: the installed ``respool`` console script against a real server, its stderr read
+"""What ``respool run`` tells its user while it waits (``docs/client.md``, "What it says"), and
+its ``--help`` at 80 and 120 columns, with real processes: the installed ``respool`` console script against a real server, its stderr read
 line by line (or, on a terminal, from a pseudo-terminal) with a generous bounded wait for each
 line; the tests assert what the lines say and in which order, never how fast they came."""
 
@@ -311,3 +311,30 @@ async def test_on_a_terminal_the_wait_is_one_line_rewritten_in_place(
         if proc.returncode is None:
             proc.kill()
         os.close(leader)
+
+
+# --- `respool run --help` as people read it ---------------------------------------------------
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+async def test_help_fits_the_terminal_with_plain_metavars_and_whole_examples(
+    columns: int,
+) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        *respool_command(), "run", "--help",
+        env={**os.environ, "COLUMNS": str(columns)}, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), LINE_WITHIN)
+    assert proc.returncode == 0
+    text = out.decode()
+    assert all(len(line) <= columns for line in text.splitlines()), text
+    assert "--max-retries N" in text and "--timeout S" in text and "--gpu N" in text
+    usage = text.split("\n\n")[0]
+    assert not re.search(r"\b[A-Z]+_[A-Z_]+\b", usage), usage  # no MAX_RETRIES, KILL_AFTER
+    examples = text.split("Examples:\n", 1)[1].splitlines()
+    assert examples[0].strip().startswith("respool run --subject ") and examples[0].endswith(
+        "-- python train.py"
+    )
+    assert examples[1].endswith(" \\") and examples[2].strip().startswith("--selector ")
+    for ref in ("SPEC", "§"):
+        assert ref not in text
