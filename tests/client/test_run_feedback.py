@@ -1,7 +1,8 @@
 """What ``respool run`` tells its user while it waits (``docs/client.md``, "What it says"), and
-its ``--help`` at 80 and 120 columns, with real processes: the installed ``respool`` console script against a real server, its stderr read
-line by line (or, on a terminal, from a pseudo-terminal) with a generous bounded wait for each
-line; the tests assert what the lines say and in which order, never how fast they came."""
+its ``--help`` at 80 and 120 columns, with real processes: the installed ``respool`` console
+script against a real server, its stderr read line by line (or, on a terminal, from a
+pseudo-terminal) with a generous bounded wait for each line; the tests assert what the lines
+say and in which order, never how fast they came."""
 
 from __future__ import annotations
 
