@@ -2,31 +2,60 @@
 answers turned into :class:`~respool_client.errors.ApiError`.
 
 Transient failures (connection errors, 502/503/504) are retried with exponential backoff and
-jitter for up to ``retry_for`` seconds; a create carries an idempotency key, so retrying it is
-safe, and a long-poll that loses its server (a restart) simply polls again.
+jitter for up to ``retry_for`` seconds (and never past ``retry_until``, when set); a create
+carries an idempotency key, so retrying it is safe, and a long-poll that loses its server (a
+restart) simply polls again. A :class:`RetryListener` hears of every failed try, in words
+(``cannot reach http://127.0.0.1:9 (connection refused)``), and of the first answer after them:
+``respool run`` tells its user at once instead of staying silent until it gives up.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
+import socket
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import httpx
 import msgspec
 from respool_client.errors import ApiError, RespoolError
 from respool_client.wire import ErrorBody
 
-__all__ = ["Transport", "poll_timeout"]
+__all__ = ["RetryListener", "Retrying", "Transport", "poll_timeout"]
 
 log = logging.getLogger("respool.client")
 
 TRANSIENT_STATUS = frozenset({502, 503, 504})
 
 _encoder = msgspec.json.Encoder(decimal_format="number")
+
+
+@dataclass(frozen=True)
+class Retrying:
+    """A try of ``method path`` failed and will be retried: ``problem`` in words
+    (``cannot reach http://127.0.0.1:9 (connection refused)``, ``http://… answered HTTP 503``),
+    ``tries`` failed so far, and ``left`` seconds until the call gives up."""
+
+    method: str
+    path: str
+    problem: str
+    tries: int
+    left: float
+
+
+class RetryListener(Protocol):
+    """Hears how the calls of a :class:`Transport` fare (it must not raise)."""
+
+    def retrying(self, notice: Retrying) -> None:
+        """A try failed; the call tries again (``notice.left`` seconds at most)."""
+
+    def answered(self) -> None:
+        """A call got an answer after failed tries."""
 
 
 class Transport:
@@ -53,6 +82,9 @@ class Transport:
             self._headers["Authorization"] = f"Bearer {token}"
         self._transport = transport
         self._http: httpx.AsyncClient | None = None
+        # Monotonic time past which no call retries (None: ``retry_for`` alone decides).
+        self.retry_until: float | None = None
+        self.listener: RetryListener | None = None
 
     async def aclose(self) -> None:
         if self._http is not None:
@@ -94,6 +126,8 @@ class Transport:
         content = None if body is None else _encoder.encode(body)
         headers = {"Content-Type": "application/json"} if content is not None else None
         give_up = time.monotonic() + (self.retry_for if retry_for is None else retry_for)
+        if self.retry_until is not None:
+            give_up = min(give_up, self.retry_until)
         tries = 0
         cause: httpx.TransportError | None = None
         while True:
@@ -109,20 +143,57 @@ class Transport:
                 )
             except httpx.TransportError as exc:
                 problem, cause = f"{type(exc).__name__}: {exc}", exc
+                said = self._trouble(exc)
             else:
                 if resp.status_code not in TRANSIENT_STATUS:
+                    if tries and self.listener is not None:
+                        self.listener.answered()
                     return _parse(resp)
                 problem = f"HTTP {resp.status_code}"
+                said = f"{self.url} answered HTTP {resp.status_code}"
                 if time.monotonic() >= give_up:
                     return _parse(resp)  # raises ApiError
             if time.monotonic() >= give_up:
                 raise RespoolError(
                     f"{method} {path}: giving up after {tries + 1} tries: {problem}"
                 ) from cause
-            delay = min(self._backoff(tries), max(0.0, give_up - time.monotonic()))
+            left = give_up - time.monotonic()
+            delay = min(self._backoff(tries), max(0.0, left))
             log.info("%s %s: %s; retrying in %.2f s", method, path, problem, delay)
             tries += 1
+            if self.listener is not None:
+                self.listener.retrying(Retrying(method, path, said, tries, left))
             await asyncio.sleep(delay)
+
+    def _trouble(self, exc: httpx.TransportError) -> str:
+        """``exc`` in a user's words: what failed, and why as the OS says it."""
+        why = _reason(exc)
+        if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+            return f"cannot reach {self.url} ({why})"
+        if isinstance(exc, httpx.TimeoutException):
+            return f"no answer from {self.url} ({why})"
+        return f"lost the connection to {self.url} ({why})"
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _reason(exc: httpx.TransportError) -> str:
+    """Why a try failed, in the OS's words when it gave them (``connection refused``)."""
+    for cause in _causes(exc):
+        if isinstance(cause, socket.gaierror):
+            return f"cannot resolve the host name: {cause.strerror or cause}".lower()
+        if isinstance(cause, OSError) and cause.errno:
+            return os.strerror(cause.errno).lower()
+    if isinstance(exc, httpx.TimeoutException):
+        return "timed out"
+    return str(exc) or type(exc).__name__
 
 
 def _parse(resp: httpx.Response) -> Any:

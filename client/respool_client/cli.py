@@ -1,9 +1,10 @@
 """The ``respool`` console script of both distributions.
 
 ``respool-client`` and the ``respool`` server both declare ``respool = respool_client.cli:main``.
-With the server's CLI installed (the ``respool`` distribution), every command goes to it (its
-Typer app also has ``run``, delegating back to :mod:`respool_client.run`); with the client alone,
-``respool run`` is served here and any other command says what to install.
+``respool run`` is always served here, without loading the server's CLI, so that its first
+status line comes at once. With the server's CLI installed (the ``respool`` distribution),
+every other command goes to it (its Typer app also lists ``run``, delegating back to
+:mod:`respool_client.run`); with the client alone, any other command says what to install.
 """
 
 from __future__ import annotations
@@ -28,14 +29,14 @@ def _server_cli() -> Callable[[], object] | None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
-    server = _server_cli() if argv is None else None
-    if server is not None:
-        server()
-        return
     if args and args[0] == "run":
         from respool_client.run import main as run_main
 
         sys.exit(run_main(args[1:]))
+    server = _server_cli() if argv is None else None
+    if server is not None:
+        server()
+        return
     if not args or args[0] in ("-h", "--help"):
         print(
             "usage: respool run [options] -- CMD [ARGS...]\n"

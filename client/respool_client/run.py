@@ -1,14 +1,17 @@
 """``respool run [options] -- CMD [ARGS...]``: run any command under an allocation
 (``docs/client.md``, "respool run").
 
-It waits for the grant (on a TTY a live line with the queue position and what it waits for;
-otherwise one line per change on stderr), heartbeating the queued request with a queue lease
-(``--queue-lease``) so that a wrapper killed while waiting gives its place up. It runs CMD in a
-process group of its own (:mod:`respool_client._group`) with the grant's variables in its
-environment (:func:`respool_client.grant.step_env`: ``RESPOOL_REQUEST_ID``, ``RESPOOL_POOL``,
-``RESPOOL_ATTEMPT``, ``RESPOOL_RESOURCES``, and on a node ``RESPOOL_NODE``, ``RESPOOL_DEVICES``,
-``CUDA_VISIBLE_DEVICES``; rebuilt for every attempt, which may land elsewhere), heartbeats and
-long-polls the request while CMD runs, and:
+It waits for the grant, saying on stderr what it is doing from the moment it asks
+(:mod:`respool_client._status`: queued with the position, the reason and the ETA; granted;
+preempting; requeued; an API that does not answer, while the call is retried; on a terminal one
+live line), heartbeating the queued request with a queue lease (``--queue-lease``) so that a
+wrapper killed while waiting gives its place up. No call retries past ``--timeout``.
+
+It runs CMD in a process group of its own (:mod:`respool_client._group`) with the grant's
+variables in its environment (:func:`respool_client.grant.step_env`: ``RESPOOL_REQUEST_ID``,
+``RESPOOL_POOL``, ``RESPOOL_ATTEMPT``, ``RESPOOL_RESOURCES``, and on a node ``RESPOOL_NODE``,
+``RESPOOL_DEVICES``, ``CUDA_VISIBLE_DEVICES``; rebuilt for every attempt, which may land
+elsewhere), heartbeats and long-polls the request while CMD runs, and:
 
 * on ``preempting`` sends SIGTERM to CMD's group, and SIGKILL at the grace deadline (or
   ``--kill-after`` seconds after the SIGTERM);
@@ -31,20 +34,23 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import re
 import signal
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
-from typing import TextIO, TypeVar
+from typing import TypeVar
 
 from msgspec import UNSET, UnsetType
 from respool_client._async import AsyncRespool
 from respool_client._group import ProcessGroup
 from respool_client._hold import QUEUE_LEASE, await_grant, start_holding
+from respool_client._status import Status
 from respool_client.errors import AllocationTimeout, ApiError, Preempted, Rejected, RespoolError
 from respool_client.grant import Grant
 from respool_client.pairs import host_node_name, split_amount, split_pair
@@ -67,6 +73,11 @@ EXIT_CODES = {
 # Seconds CMD gets after SIGTERM when its units are already gone (no grace deadline), when it
 # exited leaving processes in its group, or when the wrapper got a signal.
 GONE_KILL_AFTER = 10.0
+# How an attempt that was requeued ended (its history), and how long to try to read it.
+ENDED = frozenset({"preempted", "expired", "cancelled"})
+ENDED_LOOKUP = 2.0
+# Seconds after asking with no answer (nor failure) before the wrapper says it still waits.
+FIRST_WORD = 1.0
 # The signals that stop the wrapper (SIGINT is passed on as SIGINT, the others as SIGTERM).
 STOP_SIGNALS = (
     signal.SIGHUP,
@@ -86,31 +97,38 @@ def build_parser(prog: str = "respool run") -> argparse.ArgumentParser:
         description="Run CMD under a respool allocation: wait for the grant, run CMD with "
         "RESPOOL_REQUEST_ID/POOL/ATTEMPT/RESOURCES set (placed on a node: also RESPOOL_NODE, "
         "RESPOOL_DEVICES and CUDA_VISIBLE_DEVICES), stop it when preempted, release on exit.",
-        epilog=f"Exit status: CMD's own, or {codes}.\n\nExample:\n  {prog} --subject "
-        "orchestrator:prod --pool gpus --gpu 2 --max-retries 1 -- python train.py",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"Exit status: CMD's own, or {codes}.\n\nExamples:\n"
+        f"  {prog} --subject orchestrator:prod --gpu 2 -- python train.py\n"
+        f"  {prog} --subject team:vision --pool a100s --gpu 4 \\\n"
+        "      --selector gpu-type=A100-80G --max-retries 2 -- python train.py",
+        formatter_class=_HelpFormatter,
     )
     add = parser.add_argument
-    add("--url", default=os.environ.get("RESPOOL_URL", "http://127.0.0.1:8080"),
+    add("--url", default=os.environ.get("RESPOOL_URL", "http://127.0.0.1:8080"), metavar="URL",
         help="API URL (RESPOOL_URL; default http://127.0.0.1:8080).")  # fmt: skip
-    add("--token", default=os.environ.get("RESPOOL_TOKEN"), help="Bearer token (RESPOOL_TOKEN).")
-    add("--subject", "-s", default=os.environ.get("RESPOOL_SUBJECT"),
+    add("--token", default=os.environ.get("RESPOOL_TOKEN"), metavar="TOKEN",
+        help="Bearer token (RESPOOL_TOKEN).")  # fmt: skip
+    add("--subject", "-s", default=os.environ.get("RESPOOL_SUBJECT"), metavar="SUBJECT",
         help="Who asks, e.g. orchestrator:prod (RESPOOL_SUBJECT).")  # fmt: skip
-    add("--pool", help="Only this pool (default: every pool the subject has a policy on).")
-    add("--gpu", type=_count, help="GPUs (gpu).")
-    add("--cpu", type=_decimal, help="CPUs, e.g. 0.5 (mcpu = ceil(x*1000)).")
-    add("--memory", help="Memory, e.g. 8GB or 16GiB (memory_mb).")
+    add("--pool", metavar="POOL",
+        help="Only this pool (default: every pool the subject has a policy on).")  # fmt: skip
+    add("--gpu", type=_count, metavar="N", help="GPUs (gpu).")
+    add("--cpu", type=_decimal, metavar="X", help="CPUs, e.g. 0.5 (mcpu = ceil(x*1000)).")
+    add("--memory", metavar="SIZE", help="Memory, e.g. 8GB or 16GiB (memory_mb).")
     add("--resource", "-r", action="append", default=[], type=_amount, metavar="KEY=N",
         help="Any key; repeat for more (tpu=2).")  # fmt: skip
     add("--non-preemptible", action="store_true", help="Never preempted; must fit reserved.")
-    add("--max-retries", type=_count, default=0, help="Re-runs after a preemption (default 0).")
+    add("--max-retries", type=_count, default=0, metavar="N",
+        help="Re-runs after a preemption (default 0).")  # fmt: skip
     add("--lease", type=_lease, default=UNSET, metavar="S|none",
         help="Lease seconds, or none for no lease (default: the server's).")  # fmt: skip
     add("--queue-lease", type=_positive_int, default=QUEUE_LEASE, metavar="S",
         help="While waiting, heartbeat so that the request loses its queue place this many "
         f"seconds after the wrapper died (default {QUEUE_LEASE}).")  # fmt: skip
-    add("--timeout", type=_seconds, help="Give up waiting for the grant after this many seconds.")
-    add("--kill-after", type=_seconds,
+    add("--timeout", type=_seconds, metavar="S",
+        help="Give up waiting for the grant after this many seconds (also while the API does "
+        "not answer: no call is retried past it).")  # fmt: skip
+    add("--kill-after", type=_seconds, metavar="S",
         help="SIGKILL this long after SIGTERM (default: at the grace deadline).")  # fmt: skip
     add("--label", action="append", default=[], type=_label, metavar="KEY=VALUE",
         help="A label of the request; repeat for more.")  # fmt: skip
@@ -126,6 +144,23 @@ def build_parser(prog: str = "respool run") -> argparse.ArgumentParser:
         "case.")  # fmt: skip
     add("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     return parser
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Prose wrapped to the terminal paragraph by paragraph; indented lines (the examples)
+    kept as written, one command a line."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        out: list[str] = []
+        for block in text.split("\n\n"):
+            lines = block.splitlines()
+            prose = [line for line in lines if not line.startswith(" ")]
+            if len(prose) == len(lines):
+                out.append(textwrap.fill(" ".join(lines), width, initial_indent=indent,
+                                         subsequent_indent=indent))  # fmt: skip
+            else:
+                out.append("\n".join(indent + line for line in lines))
+        return "\n\n".join(out)
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "respool run") -> int:
@@ -149,41 +184,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "respool run") -> int:
         return 128 + signal.SIGINT
 
 
-class _Status:
-    """What the wrapper tells the user while it waits: a live line on a TTY, else log lines."""
-
-    def __init__(self, out: TextIO) -> None:
-        self.out = out
-        self.live = out.isatty()
-        self.last: tuple[object, ...] | None = None
-
-    def waiting(self, state: Request) -> None:
-        key = (state.status, state.queue_position, state.message, state.attempt)
-        if key == self.last:
-            return
-        self.last = key
-        where = f"#{state.queue_position} in queue" if state.queue_position else "queued"
-        text = f"respool: request {state.id} attempt {state.attempt}: {where}: {state.message}"
-        if self.live:
-            self.out.write("\r\x1b[2K" + text)
-        else:
-            self.out.write(text + "\n")
-        self.out.flush()
-
-    def say(self, text: str) -> None:
-        if self.live and self.last is not None:
-            self.out.write("\r\x1b[2K")
-        self.last = None
-        self.out.write(f"respool: {text}\n")
-        self.out.flush()
-
-
 class _Runner:
     def __init__(self, rp: AsyncRespool, args: argparse.Namespace, cmd: list[str]) -> None:
         self.rp = rp
         self.args = args
         self.cmd = cmd
-        self.status = _Status(sys.stderr)
+        self.status = Status(sys.stderr)
+        rp.listener = self.status
         self.group: ProcessGroup | None = None
         self.stop_signal: int | None = None
         self.stopping = asyncio.Event()
@@ -269,9 +276,9 @@ class _Runner:
             return GONE_KILL_AFTER
         return (state.preempt_deadline - datetime.now(UTC)).total_seconds()
 
-    async def _one_attempt(self, grant: Grant) -> tuple[int, Request | None]:
-        """Run CMD under ``grant`` until no process of its group is left; CMD's exit status and
-        the last state seen of the request."""
+    async def _one_attempt(self, grant: Grant, waited: float) -> tuple[int, Request | None]:
+        """Run CMD under ``grant`` (got after ``waited`` seconds) until no process of its group
+        is left; CMD's exit status and the last state seen of the request."""
         # This attempt's grant, not the first one's: a requeued attempt may run elsewhere.
         env = {**os.environ, **grant.env()}
         self.term_sent, self.kill_at, self.preempting = False, None, False
@@ -283,8 +290,10 @@ class _Runner:
             where = f" on node {grant.placement.node}" + (f" ({devices})" if devices else "")
         self.status.say(
             f"request {grant.request_id} attempt {grant.attempt}: allocated in {grant.pool}"
-            f"{where}: {json.dumps(grant.resources, sort_keys=True)}; running {self.cmd[0]}"
+            f"{where} after {waited:.1f} s: {json.dumps(grant.resources, sort_keys=True)}; "
+            f"running {self.cmd[0]}"
         )
+        self.status.holding(lambda: _lease_left(grant))
         try:
             group = await ProcessGroup.start(self.cmd, env)
         except OSError as exc:
@@ -357,12 +366,26 @@ class _Runner:
     def _react(self, grant: Grant, state: Request) -> None:
         if state.status != "released":
             self.preempting = True
+        this = f"request {grant.request_id} attempt {grant.attempt}"
         if state.attempt == grant.attempt and state.status == "preempting":
-            self._terminate(self._kill_delay(state), f"preempting ({state.reason})")
-        elif (state.attempt != grant.attempt or state.status not in HOLDING) and (
-            state.status != "released"
-        ):
-            self._terminate(self._kill_after(), f"{state.status} ({state.reason})")
+            self._terminate(self._kill_delay(state), f"{this}: preempting ({state.reason})")
+        elif state.attempt != grant.attempt and state.status != "released":
+            self._terminate(self._kill_after(), f"{this}: preempted")
+        elif state.status not in HOLDING and state.status != "released":
+            self._terminate(self._kill_after(), f"{this}: {state.status} ({state.reason})")
+
+    async def _how_it_ended(self, grant: Grant) -> str:
+        """How ``grant``'s attempt ended, from the request's history: ``preempted (reclaim)``
+        (the state after a requeue says only ``retry``)."""
+        path = f"/v1/requests/{grant.request_id}/events"
+        with contextlib.suppress(RespoolError, TypeError, KeyError):
+            events = await self.rp.call("GET", path, retry_for=ENDED_LOOKUP)
+            for event in reversed(events):
+                if event["attempt"] == grant.attempt and event["to"] in ENDED:
+                    return f"{event['to']} ({event['reason']})"
+        if grant.reason in (None, "retry"):
+            return "preempted"
+        return f"preempted ({grant.reason})"
 
     async def _release(self, grant: Grant, *, drop: bool = True) -> Request | None:
         """Release ``grant``'s attempt; the request's state after it (None: unknown).
@@ -385,12 +408,23 @@ class _Runner:
             self.status.say(f"could not release request {grant.request_id}: {exc}")
         return None
 
-    async def run(self) -> int:
+    def _begin_wait(self) -> float:
+        """A wait for a grant begins now: no call retries past ``--timeout`` from now (the
+        grant cannot come by then anyway); the start time."""
+        started = time.monotonic()
+        self.status.asking()
+        timeout = self.args.timeout
+        self.rp.retry_until = None if timeout is None else started + timeout
+        return started
+
+    async def _create(self) -> Request:
+        """Create the request; says so when the API has not answered within
+        :data:`FIRST_WORD` seconds (failed tries are reported as they happen)."""
         a = self.args
-        started = sent = time.monotonic()
-        try:
-            # No ``wait`` on the create: the queue lease is set as soon as the request exists.
-            state = await self.rp.create_request(
+        # No ``wait`` on the create: its answer (queued, with the position, the reason and the
+        # ETA) is shown at once, and the queue lease is set as soon as the request exists.
+        create = asyncio.create_task(
+            self.rp.create_request(
                 a.subject,
                 pool=a.pool,
                 resources=dict(a.resource) or None,
@@ -402,9 +436,20 @@ class _Runner:
                 node_selector=getattr(a, "node_selector", None) or None,
                 preemption_group=getattr(a, "group", None) or None,
             )
+        )
+        done, _ = await asyncio.wait({create}, timeout=FIRST_WORD)
+        if not done:
+            self.status.no_answer_yet(self.rp.url)
+        return await create
+
+    async def run(self) -> int:
+        started = sent = self._begin_wait()
+        try:
+            state = await self._create()
             while True:
                 grant = await self._wait_for_grant(state, sent, started)
-                code, last = await self._one_attempt(grant)
+                self.rp.retry_until = None
+                code, last = await self._one_attempt(grant, time.monotonic() - started)
                 if self.stop_signal is not None:
                     await self._release(grant)
                     self.status.say(f"stopped by signal {self.stop_signal}; released")
@@ -421,14 +466,19 @@ class _Runner:
                     return EXIT_PREEMPTED
                 if after.attempt != grant.attempt and not after.terminal:
                     self.status.say(
-                        f"{grant.reason or 'preempted'}: attempt {after.attempt} waits for a grant"
+                        f"request {grant.request_id} attempt {grant.attempt}: "
+                        f"{await self._how_it_ended(grant)}; requeued as attempt {after.attempt} "
+                        f"(retry {after.attempt - 1} of {after.max_retries})"
                     )
-                    started = sent = time.monotonic()
+                    started = sent = self._begin_wait()
                     state = after
                     continue
                 if after.status == "released":
                     return code
-                self.status.say(f"{after.status} ({after.reason}): no retries left")
+                self.status.say(
+                    f"request {grant.request_id} attempt {grant.attempt}: {after.status} "
+                    f"({after.reason}): no retries left"
+                )
                 return EXIT_PREEMPTED
         except _Stopped:
             self.status.say(f"got signal {self.stop_signal} while waiting: request cancelled")
@@ -447,6 +497,13 @@ class _Runner:
             return EXIT_API
 
 
+def _lease_left(grant: Grant) -> float | None:
+    """Seconds until ``grant``'s lease ends unless a heartbeat renews it (None: no lease)."""
+    if grant._valid_until is None:
+        return None
+    return max(0.0, grant._valid_until - time.monotonic())
+
+
 class _Stopped(Exception):
     """The wrapper was told to stop (a stop signal) before CMD ran."""
 
@@ -458,11 +515,31 @@ async def run(args: argparse.Namespace, cmd: list[str]) -> int:
         runner = _Runner(rp, args, cmd)
         for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, runner._on_wrapper_signal, sig)
+        ticker = asyncio.create_task(runner.status.tick()) if runner.status.live else None
+        said = _StatusLog(runner.status)
+        client_log = logging.getLogger("respool.client")
+        client_log.addHandler(said)
         try:
             return await runner.run()
         finally:
+            client_log.removeHandler(said)
+            if ticker is not None:
+                ticker.cancel()
             for sig in STOP_SIGNALS:
                 loop.remove_signal_handler(sig)
+
+
+class _StatusLog(logging.Handler):
+    """The client's warnings (a failed heartbeat, say) as status lines; none while a call is
+    being retried (its status line already says what fails)."""
+
+    def __init__(self, status: Status) -> None:
+        super().__init__(logging.WARNING)
+        self.status = status
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.status.troubled:
+            self.status.say(record.getMessage())
 
 
 # --- where to run ----------------------------------------------------------------------------
