@@ -37,7 +37,8 @@ function resources(map) {
 function shortId(id) { return id.slice(0, 8); }
 
 // A time as the CLI prints it: UTC, ISO 8601, whole seconds (2026-11-25T14:03:12Z).
-function utc(value) { return new Date(value).toISOString().replace(/\.\d+Z$/, "Z"); }
+// UTC as the CLI prints it: 2026-11-25 14:03:12Z
+function utc(value) { return new Date(value).toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z"); }
 
 // Labels as compact k=v chips (sorted by key); the cell's title lists them all.
 function labelChips(labels) {
