@@ -51,7 +51,7 @@ function labelChips(labels) {
 // The engine's ETA of a queued request: "~p50" and the 90% bound; "—" when it has none.
 function etaCell(eta) {
   if (!eta) {
-    return el("td", { class: "eta", title: "no estimate yet: no finished holds recorded in this pool, or too deep in its queue" }, "—");
+    return el("td", { class: "eta", title: "no estimate yet: fewer than 10 finished holds recorded in this pool, or too deep in its queue" }, "—");
   }
   const p90 = eta.p90_seconds == null ? null : duration(eta.p90_seconds);
   return el("td", { class: "eta", title: "median ~" + duration(eta.p50_seconds) + (p90 ? "; 90%: within " + p90 : "") },
