@@ -143,7 +143,7 @@ async def test_select_star_comes_back_in_the_documented_order(
     filled: asyncpg.Connection, view: str
 ) -> None:
     order = documented_order()[view]
-    rows = await filled.fetch(f"SELECT * FROM respool.{view}")
+    rows = await filled.fetch(f"SELECT * FROM respool.{view}")  # noqa: S608 (names from the doc)
     assert rows == sorted(rows, key=_sort_key(order)), f"{view}: not ordered by {order}"
 
 
@@ -151,7 +151,7 @@ async def test_the_scripted_history_fills_every_ordered_view(filled: asyncpg.Con
     """Each order above is checked on at least two rows (invariant_violations: none when
     healthy; its order is checked on broken counters below)."""
     for view in ORDERED:
-        n = await filled.fetchval(f"SELECT count(*) FROM respool.{view}")
+        n = await filled.fetchval(f"SELECT count(*) FROM respool.{view}")  # noqa: S608
         assert n >= 2 or view in ("invariant_violations", "policy_subjects"), (view, n)
 
 
@@ -170,4 +170,3 @@ async def test_invariant_violations_come_back_in_the_documented_order(
         await tx.rollback()
     assert len({r["pool"] for r in rows}) >= 3, rows
     assert rows == sorted(rows, key=_sort_key(order))
-
