@@ -58,6 +58,10 @@ def service_env(**extra: str) -> dict[str, str]:
             "postgresql://alice@db.example/respool?password=***&sslmode=require",
         ),
         ("postgresql://alice@db.example/respool", "postgresql://alice@db.example/respool"),
+        (
+            "host=db.example password=s3cret dbname=respool",
+            "host=db.example password=*** dbname=respool",
+        ),
     ],
 )
 def test_db_url_prints_the_configured_url_with_the_password_masked(dsn: str, masked: str) -> None:
