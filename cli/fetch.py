@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from uuid import UUID
 
 import typer
@@ -17,6 +17,8 @@ __all__ = ["RequestPage", "list_requests", "resolve_gang", "resolve_request"]
 PAGE = 500
 # How many of the most recent requests an id prefix is looked up in.
 PREFIX_SCAN = 5000
+# How many requests (matching the server's filters) a label filter looks through.
+LABEL_SCAN = 5000
 _PREFIX = re.compile(r"[0-9a-f][0-9a-f-]{3,35}")
 
 
@@ -28,10 +30,15 @@ def list_requests(
     subject: str | None = None,
     status: str | None = None,
     gang_id: str | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> list[Request]:
-    """Up to ``limit`` requests, newest first, following the API's cursors."""
+    """Up to ``limit`` requests, newest first, following the API's cursors.
+
+    ``labels`` (every pair must match) are filtered here, as the API has no such filter:
+    among the :data:`LABEL_SCAN` newest requests that match the other filters."""
     out: list[Request] = []
     cursor: str | None = None
+    read = 0
     while len(out) < limit:
         page = api.call(
             "GET",
@@ -42,15 +49,20 @@ def list_requests(
                 "subject": subject,
                 "status": status,
                 "gang_id": gang_id,
-                "limit": min(PAGE, limit - len(out)),
+                "limit": PAGE if labels else min(PAGE, limit - len(out)),
                 "cursor": cursor,
             },
         )
-        out.extend(page.items)
+        read += len(page.items)
+        out.extend(r for r in page.items if not labels or _has_labels(r, labels))
         cursor = page.next_cursor
-        if cursor is None:
+        if cursor is None or (labels and read >= LABEL_SCAN):
             break
-    return out
+    return out[:limit]
+
+
+def _has_labels(request: Request, labels: Mapping[str, str]) -> bool:
+    return all(request.labels.get(k) == v for k, v in labels.items())
 
 
 def resolve_request(api: Api, ref: str) -> UUID:

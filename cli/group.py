@@ -20,6 +20,7 @@ import typer
 from typer.core import TyperGroup
 
 from cli.common import KNOWN_ERRORS, describe_error, fail
+from cli.help import tidy
 
 __all__ = ["RespoolGroup"]
 
@@ -40,6 +41,7 @@ class RespoolGroup(TyperGroup):
         windows_expand_args: bool = True,
         **extra: Any,
     ) -> Any:
+        tidy(self)
         try:
             rv = super().main(
                 args,

@@ -24,6 +24,7 @@ app = typer.Typer(
     add_completion=True,
     cls=RespoolGroup,
     pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
 )
 app.add_typer(pool.app, name="pool")
 app.add_typer(node.app, name="node")

@@ -17,6 +17,7 @@ from rich.text import Text
 
 from cli.api import Api, connect_api, segment
 from cli.common import CliError, confirm
+from cli.complete import complete_pool
 from cli.detect import GPU_TYPE_LABEL, Machine, detect
 from cli.maps import parse_labels, parse_map
 from cli.options import DEFAULT_URL, MAP, Output, OutputFormat, Token, Url, Yes
@@ -41,7 +42,12 @@ POOL_LABEL = "pool"
 
 NodeName = Annotated[str, typer.Argument(help="The node's name.")]
 PoolOpt = Annotated[
-    str | None, typer.Option("--pool", help="The pool it backs (name, id or id prefix).")
+    str | None,
+    typer.Option(
+        "--pool",
+        help="The pool it backs (name, id or id prefix).",
+        autocompletion=complete_pool,
+    ),
 ]
 Capacity = Annotated[
     dict[str, int] | None,

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from difflib import get_close_matches
 from enum import StrEnum
 from typing import Annotated
 
 import typer
+from respool_client.wire import STATUSES
+
+from cli.common import CliError
+from cli.complete import complete_pool, complete_status
 
 __all__ = [
     "DEFAULT_URL",
@@ -15,9 +20,11 @@ __all__ = [
     "Output",
     "OutputFormat",
     "PoolRef",
+    "StatusFilter",
     "Token",
     "Url",
     "Yes",
+    "check_status",
 ]
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -27,6 +34,7 @@ _CONNECTION = "Connection"
 
 class OutputFormat(StrEnum):
     table = "table"
+    wide = "wide"
     json = "json"
     yaml = "yaml"
 
@@ -53,7 +61,10 @@ Token = Annotated[
 Output = Annotated[
     OutputFormat,
     typer.Option(
-        "-o", "--output", help="Output format: table for people, json or yaml for scripts."
+        "-o",
+        "--output",
+        help="table for people (fits the terminal), wide (every column, uncut), json or"
+        " yaml for scripts.",
     ),
 ]
 Yes = Annotated[bool, typer.Option("-y", "--yes", help="Do not ask for confirmation.")]
@@ -61,5 +72,29 @@ Force = Annotated[
     bool,
     typer.Option("--force", help="Also cancel its queued and allocated requests."),
 ]
-PoolRef = Annotated[str, typer.Argument(help="Pool name, id or unique id prefix (>= 4 hex).")]
+PoolRef = Annotated[
+    str,
+    typer.Argument(
+        help="Pool name, id or unique id prefix (>= 4 hex).", autocompletion=complete_pool
+    ),
+]
 Description = Annotated[str | None, typer.Option("-d", "--description", help="Free text.")]
+
+StatusFilter = Annotated[
+    str | None,
+    typer.Option(
+        "--status",
+        metavar="STATUS",
+        autocompletion=complete_status,
+        help="Only this status: " + ", ".join(STATUSES) + ".",
+    ),
+]
+
+
+def check_status(status: str | None) -> None:
+    """``--status``: one of the statuses; a bad value lists them (exit 1)."""
+    if status is None or status in STATUSES:
+        return
+    close = get_close_matches(status, STATUSES, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    raise CliError(f"--status: {status!r} is not a status{hint}; use one of {', '.join(STATUSES)}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -12,9 +13,10 @@ import yaml
 from rich.console import Console, RenderableType
 from rich.measure import Measurement
 
+from cli.fit import show_wide
 from cli.options import OutputFormat
 
-__all__ = ["console", "emit", "note", "print_parts", "to_json", "to_yaml"]
+__all__ = ["console", "emit", "fits_terminal", "note", "print_parts", "to_json", "to_yaml"]
 
 _WIDE = 10_000
 
@@ -24,6 +26,12 @@ _json = msgspec.json.Encoder(decimal_format="number")
 def console(*, stderr: bool = False) -> Console:
     """A rich console on the current stdout (or stderr)."""
     return Console(stderr=stderr, highlight=False, soft_wrap=False)
+
+
+def fits_terminal() -> bool:
+    """Whether tables are fitted to a known width: a terminal's, or the ``COLUMNS`` given.
+    Elsewhere (a pipe, a file) rows are printed whole, as kubectl does."""
+    return sys.stdout.isatty() or os.environ.get("COLUMNS", "").strip().isdigit()
 
 
 def print_parts(out: Console, parts: Iterable[RenderableType]) -> None:
@@ -58,7 +66,14 @@ def emit(
     elif fmt is OutputFormat.yaml:
         typer.echo(to_yaml(value), nl=False)
     else:
-        print_parts(console(), table())
+        with show_wide(fmt is OutputFormat.wide):
+            parts = list(table())
+        if fmt is OutputFormat.table and fits_terminal():
+            out = console()
+            for part in parts:
+                out.print(part)
+        else:
+            print_parts(console(), parts)
     sys.stdout.flush()
 
 

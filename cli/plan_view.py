@@ -8,9 +8,9 @@ from typing import Any
 
 from respool_client.manifest import Change, Plan
 from rich.console import RenderableType
-from rich.table import Table
 from rich.text import Text
 
+from cli.fit import FitTable
 from cli.tables import short, table
 from cli.windows import fmt_window, fmt_windows
 
@@ -65,7 +65,7 @@ def _change(c: Change) -> Text:
     return text
 
 
-def _consequences(plan: Plan) -> Table:
+def _consequences(plan: Plan) -> FitTable:
     when = "would be" if plan.dry_run else "were"
     title = f"Requests that {when} affected (computed by the engine" + (
         ", then rolled back)" if plan.dry_run else ")"

@@ -12,6 +12,7 @@ from respool_client.wire import Policy
 
 from cli.api import Api, connect_api
 from cli.common import CliError, confirm, given
+from cli.complete import complete_subject
 from cli.maps import parse_map
 from cli.options import (
     DEFAULT_URL,
@@ -37,7 +38,8 @@ Subject = Annotated[
     str,
     typer.Argument(
         help="Workload component, e.g. orchestrator:prod, or a pattern with * for a team's"
-        " shared quota, e.g. 'team-vision:*' (quote it in a shell)."
+        " shared quota, e.g. 'team-vision:*' (quote it in a shell).",
+        autocompletion=complete_subject,
     ),
 ]
 Priority = Annotated[
@@ -82,7 +84,7 @@ Window = Annotated[
         help="When the reserved share is in force; repeat for more (replaces the policy's"
         " windows): 'mon-fri 09:00-17:00 Europe/Berlin', '09:00-17:00 UTC' (every day),"
         " 'mon,wed,fri 22:00-06:00 UTC' (crosses midnight),"
-        " '2026-12-24T00:00Z/2026-12-27T00:00Z' (one time). Left out: kept on an update;"
+        " START/END in ISO with a zone (one time, see the examples). Left out: kept on an update;"
         " a new policy is always in force.",
     ),
 ]
@@ -184,7 +186,10 @@ def detach_policy(
 @app.command("list-policies")
 def list_policies(
     pool: Annotated[str | None, typer.Argument(help="Only this pool (name, id or prefix).")] = None,
-    subject: Annotated[str | None, typer.Option("--subject", help="Only this subject.")] = None,
+    subject: Annotated[
+        str | None,
+        typer.Option("--subject", help="Only this subject.", autocompletion=complete_subject),
+    ] = None,
     output: Output = OutputFormat.table,
     url: Url = DEFAULT_URL,
     token: Token = None,

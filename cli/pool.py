@@ -48,6 +48,7 @@ from cli.tables import (
     pools_table,
     requests_table,
 )
+from cli.watch import Watch, watch
 
 app = typer.Typer(
     help="Pools of capacity and the subject policies that draw from them.",
@@ -345,6 +346,7 @@ def requests(
         ),
     ] = View.queued,
     limit: Limit = 100,
+    every: Watch = None,
     output: Output = OutputFormat.table,
     url: Url = DEFAULT_URL,
     token: Token = None,
@@ -356,12 +358,16 @@ def requests(
         respool pool requests training-gpus
         respool pool requests training-gpus --view active -o json
     """
-    with connect_api(url, token) as api:
-        ref = str(api.call("GET", f"/v1/pools/{segment(pool)}", Pool).id)
-        if view is View.queued:
-            found = _queue(api, ref, limit)
-        elif view is View.active:
-            found = _active(api, ref, limit)
-        else:
-            found = list_requests(api, pool=ref, limit=limit)
-    emit(found, output, lambda: [requests_table(found, view=view.value)])
+
+    def draw() -> None:
+        with connect_api(url, token) as api:
+            ref = str(api.call("GET", f"/v1/pools/{segment(pool)}", Pool).id)
+            if view is View.queued:
+                found = _queue(api, ref, limit)
+            elif view is View.active:
+                found = _active(api, ref, limit)
+            else:
+                found = list_requests(api, pool=ref, limit=limit)
+        emit(found, output, lambda: [requests_table(found, view=view.value)])
+
+    watch(every, output, draw)

@@ -12,20 +12,25 @@ import typer
 from respool_client.durations import parse_duration
 from respool_client.wire import (
     Event,
+    Pool,
     Request,
     RequestBatch,
     RequestBatchCreate,
     RequestCreate,
     RequestTerminate,
-    Victim,
     WhatIf,
 )
 
-from cli.api import Api, connect_api
-from cli.fetch import list_requests, resolve_gang, resolve_request
-from cli.options import DEFAULT_URL, Output, OutputFormat, Token, Url
+from cli.api import Api, connect_api, segment
+from cli.common import CliError, describe_error
+from cli.complete import complete_pool, complete_request, complete_subject
+from cli.dry_run import outcome, plan_view
+from cli.fetch import LABEL_SCAN, list_requests, resolve_gang, resolve_request
+from cli.maps import parse_labels
+from cli.options import DEFAULT_URL, Output, OutputFormat, StatusFilter, Token, Url, check_status
 from cli.output import emit, note
 from cli.request_options import (
+    AllOrNothing,
     Count,
     Cpu,
     DryRun,
@@ -48,8 +53,9 @@ from cli.request_options import (
     Wait,
     request_body,
 )
-from cli.tables import events_table, fmt_map, fmt_time, request_header, requests_table
+from cli.tables import events_table, fmt_time, request_header, requests_table
 from cli.wait import wait_until_not_queued
+from cli.watch import Watch, watch
 
 app = typer.Typer(
     help="Resource requests: ask for capacity, follow, release and clean up.",
@@ -60,7 +66,18 @@ T = TypeVar("T")
 
 RequestId = Annotated[
     str,
-    typer.Argument(help="The request's id, or a unique prefix of it (see `respool request list`)."),
+    typer.Argument(
+        help="The request's id, or a unique prefix of it (see `respool request list`).",
+        autocompletion=complete_request,
+    ),
+]
+RequestIds = Annotated[
+    list[str],
+    typer.Argument(
+        metavar="ID...",
+        help="Request ids, or unique prefixes of them (see `respool request list`).",
+        autocompletion=complete_request,
+    ),
 ]
 Attempt = Annotated[
     int | None,
@@ -122,6 +139,7 @@ def create(
     dry_run: DryRun = False,
     count: Count = 1,
     gang: Gang = False,
+    all_or_nothing: AllOrNothing = False,
     wait: Wait = None,
     keep_queued: KeepQueued = False,
     output: Output = OutputFormat.table,
@@ -144,6 +162,7 @@ def create(
         respool request create -s orchestrator:prod --gpu 4 --selector gpu-type=A100-80G
         respool request create -s orchestrator:prod --gpu 1 --count 3 --group run-42
     """
+    gang = gang or all_or_nothing
     many = count > 1 or gang
     _check_combination(many=many, dry_run=dry_run, wait=wait)
     body = request_body(
@@ -219,29 +238,18 @@ def _wait_for_grant(
 
 
 def _what_if(body: RequestCreate, output: OutputFormat, url: str, token: str | None) -> None:
-    """``create --dry-run``: POST /v1/requests?dry_run=true and show the answer."""
+    """``create --dry-run``: POST /v1/requests?dry_run=true, shown as a plan."""
     with connect_api(url, token) as api:
         what = api.call("POST", "/v1/requests", WhatIf, body=body, params={"dry_run": "true"})
-    note(f"dry run, nothing created: would be {_outcome(what).split(': ', 1)[1]}")
-    emit(what, output, lambda: [request_header(what), *would_preempt_lines(what)])
+        grace = None
+        if what.would_preempt and what.pool:
+            grace = api.call(
+                "GET", f"/v1/pools/{segment(what.pool)}", Pool
+            ).preemption_grace_seconds
+    note(f"dry run, nothing created: {outcome(what, grace)}")
+    emit(what, output, lambda: plan_view(what, grace))
     if what.status == "rejected":
         raise typer.Exit(1)
-
-
-def would_preempt_lines(what: WhatIf) -> list[str]:
-    """The allocations the reconciler would preempt for it, one line each."""
-    if not what.would_preempt:
-        return ["Would preempt: nothing"]
-    return ["Would preempt:"] + [
-        f"  {_victim_name(v)} in {v.pool}: {fmt_map(v.resources)}" for v in what.would_preempt
-    ]
-
-
-def _victim_name(victim: Victim) -> str:
-    """A victim as the token may see it: another subject's request shows no id or subject."""
-    if victim.id is None:
-        return "an allocation of another subject"
-    return f"{victim.id} of {victim.subject}"
 
 
 def _members(body: RequestCreate, count: int) -> list[RequestCreate]:
@@ -275,32 +283,63 @@ def _create_many(
 
 @app.command("list")
 def list_(
-    pool: Annotated[str | None, typer.Option("--pool", help="Pool name, id or prefix.")] = None,
-    status: Annotated[str | None, typer.Option("--status", help="e.g. queued, allocated.")] = None,
-    subject: Annotated[str | None, typer.Option("--subject", help="Only this subject.")] = None,
+    pool: Annotated[
+        str | None,
+        typer.Option("--pool", help="Pool name, id or prefix.", autocompletion=complete_pool),
+    ] = None,
+    status: StatusFilter = None,
+    subject: Annotated[
+        str | None,
+        typer.Option("--subject", help="Only this subject.", autocompletion=complete_subject),
+    ] = None,
     gang: Annotated[
         str | None,
         typer.Option("--gang", help="Only the members of this gang (its gang_id or a prefix)."),
     ] = None,
+    label: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--label",
+            "-l",
+            metavar="KEY=VALUE",
+            help="Only requests with this label; repeat: all of them. Filtered by the CLI"
+            f" among the {LABEL_SCAN} newest requests that match the other filters.",
+        ),
+    ] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many.")] = 100,
+    every: Watch = None,
     output: Output = OutputFormat.table,
     url: Url = DEFAULT_URL,
     token: Token = None,
 ) -> None:
-    """List requests, newest first.
+    """List requests, newest first. REASON: why a queued request waits, else the reason of
+    its last change. -o wide adds LABELS.
 
     Example:
 
         respool request list --pool training-gpus --status queued
-        respool request list --subject orchestrator:prod -o json
+        respool request list --label team=vision --label run=42 -o wide
+        respool request list --status queued --watch 2
         respool request list --gang 5f0c2a1e
     """
-    with connect_api(url, token) as api:
-        gang_id = None if gang is None else str(resolve_gang(api, gang))
-        found = list_requests(
-            api, pool=pool, status=status, subject=subject, gang_id=gang_id, limit=limit
-        )
-    emit(found, output, lambda: [requests_table(found)])
+    labels = parse_labels(label or [])
+    check_status(status)
+
+    def draw() -> None:
+        with connect_api(url, token) as api:
+            gang_id = None if gang is None else str(resolve_gang(api, gang))
+            found = list_requests(
+                api,
+                pool=pool,
+                status=status,
+                subject=subject,
+                gang_id=gang_id,
+                labels=labels,
+                limit=limit,
+            )
+        emit(found, output, lambda: [requests_table(found)])
+
+    watch(every, output, draw)
 
 
 def _read(url: str, token: str | None, request_id: str, tail: str, kind: type[T]) -> T:
@@ -365,13 +404,56 @@ def _action(name: str, doc: str) -> None:
     app.command(name)(command)
 
 
-_action(
+def _many_action(name: str, doc: str) -> None:
+    """Register ``request <name> ID... [--attempt N]``: POST /v1/requests/ID/<name> for each id,
+    in order. An id that fails is reported on its own line and the others still go ahead;
+    exit 1 if any failed."""
+
+    def command(
+        request_ids: RequestIds,
+        attempt: Attempt = None,
+        output: Output = OutputFormat.table,
+        url: Url = DEFAULT_URL,
+        token: Token = None,
+    ) -> None:
+        if attempt is not None and len(request_ids) > 1:
+            raise typer.BadParameter("fences one request: give one id", param_hint="--attempt")
+        done: list[Request] = []
+        failures = 0
+        with connect_api(url, token) as api:
+            for ref in request_ids:
+                try:
+                    rid = resolve_request(api, ref)
+                    req = api.call(
+                        "POST", f"/v1/requests/{rid}/{name}", Request, params={"attempt": attempt}
+                    )
+                except (CliError, typer.BadParameter) as exc:
+                    if len(request_ids) == 1:
+                        raise
+                    failures += 1
+                    note(f"error: {ref}: {describe_error(exc)}")
+                    continue
+                note(_outcome(req))
+                done.append(req)
+        if len(request_ids) == 1:
+            _show(done[0], output)
+        else:
+            emit(done, output, lambda: [requests_table(done)])
+        if failures:
+            raise typer.Exit(1)
+
+    command.__doc__ = doc
+    app.command(name)(command)
+
+
+_many_action(
     "release",
-    """Give the units back (a queued request is cancelled instead).
+    """Give the units back (a queued request is cancelled instead); several ids: each in turn.
 
     Example:
 
         respool request release 0b7c1e9e
+        respool request release 0b7c1e9e 5f0c2a1e 9a3d
     """,
 )
 _action(
@@ -385,13 +467,14 @@ _action(
         respool request heartbeat 0b7c1e9e --attempt 1
     """,
 )
-_action(
+_many_action(
     "cancel",
-    """Cancel a request, queued or allocated.
+    """Cancel requests, queued or allocated; several ids: each in turn.
 
     Example:
 
         respool request cancel 0b7c1e9e
+        respool request cancel 0b7c1e9e 5f0c2a1e
     """,
 )
 

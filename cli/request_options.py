@@ -14,6 +14,7 @@ from respool_client.durations import parse_duration
 from respool_client.pairs import selector
 from respool_client.wire import GROUP_PATTERN, MAX_BATCH, RequestCreate, ResourceSettings
 
+from cli.complete import complete_node, complete_pool, complete_subject
 from cli.maps import parse_decimal, parse_labels, parse_pairs
 
 __all__ = [
@@ -66,10 +67,22 @@ def parse_lease(text: str) -> Lease:
     return Lease(int(seconds))
 
 
-Subject = Annotated[str, typer.Option("--subject", "-s", help="Who asks, e.g. orchestrator:prod.")]
+Subject = Annotated[
+    str,
+    typer.Option(
+        "--subject",
+        "-s",
+        help="Who asks, e.g. orchestrator:prod.",
+        autocompletion=complete_subject,
+    ),
+]
 PoolChoice = Annotated[
     str | None,
-    typer.Option("--pool", help="Only this pool (default: every pool with a policy)."),
+    typer.Option(
+        "--pool",
+        help="Only this pool (default: every pool with a policy).",
+        autocompletion=complete_pool,
+    ),
 ]
 Gpu = Annotated[int | None, typer.Option("--gpu", min=0, help="GPUs (gpu).")]
 Cpu = Annotated[
@@ -97,7 +110,9 @@ Selector = Annotated[
 ]
 NodeChoice = Annotated[
     str | None,
-    typer.Option("--node", help="Only this node (the selector node=NAME)."),
+    typer.Option(
+        "--node", help="Only this node (the selector node=NAME).", autocompletion=complete_node
+    ),
 ]
 Group = Annotated[
     str | None,
@@ -166,12 +181,12 @@ Gang = Annotated[
     bool,
     typer.Option(
         "--gang",
-        "--all-or-nothing",
         help="With --count: the requests are a gang, granted all together in one pool or"
         " not at all, and rejected, preempted, expired and cancelled together"
-        " (docs/scheduling.md).",
+        " (docs/scheduling.md). Also spelled --all-or-nothing.",
     ),
 ]
+AllOrNothing = Annotated[bool, typer.Option("--all-or-nothing", hidden=True)]
 
 Wait = Annotated[
     float | None,

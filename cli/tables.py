@@ -7,15 +7,17 @@ from datetime import UTC, datetime
 
 from respool_client.durations import format_duration
 from respool_client.wire import Eta, Event, Node, Policy, Pool, Request
-from rich import box
 from rich.console import Group, RenderableType
 from rich.table import Column, Table
 from rich.text import Text
 
+from cli.fit import Col, FitTable
 from cli.windows import fmt_windows
 
 __all__ = [
     "events_table",
+    "fields",
+    "fmt_eta",
     "fmt_devices",
     "fmt_iso",
     "fmt_map",
@@ -105,29 +107,30 @@ def _usage_cell(pool: Pool) -> RenderableType:
     return grid
 
 
-# Free-text columns wrap within this width; every other column keeps its cells on one line.
-TEXT_WIDTH = 48
-_TEXT = frozenset({"DESCRIPTION", "MESSAGE", "WAITING FOR"})
+# Free-text columns are cut (with an ellipsis) first when a table is too wide.
+_TEXT = frozenset(
+    {"DESCRIPTION", "MESSAGE", "WAITING FOR", "REASON", "SUBJECT", "RESOURCES", "LABELS"}
+)
 
 
-def table(*headers: str, title: str | None = None) -> Table:
-    """A borderless table in the house style, with a left-aligned bold title."""
-    columns = [
-        Column(h, max_width=TEXT_WIDTH) if h in _TEXT else Column(h, no_wrap=True) for h in headers
-    ]
-    return Table(
-        *columns,
-        box=box.SIMPLE_HEAD,
-        show_edge=False,
-        title=title,
-        title_justify="left",
-        title_style="bold",
-    )
+def table(*headers: str | Col, title: str | None = None) -> FitTable:
+    """A borderless table in the house style that fits the terminal (see :mod:`cli.fit`);
+    a plain header is a column that may shrink when it holds free text."""
+    cols = [Col(h, shrink=h in _TEXT) if isinstance(h, str) else h for h in headers]
+    return FitTable(*cols, title=title)
 
 
-def pools_table(pools: Sequence[Pool]) -> Table:
+def pools_table(pools: Sequence[Pool]) -> FitTable:
     """NODES: how many nodes back a pool; ``-`` for a pool of abstract units."""
-    out = table("NAME", "ID", "USED / TOTAL", "NODES", "QUEUED", "QUEUEING", "DESCRIPTION")
+    out = table(
+        "NAME",
+        Col("ID", drop=2),
+        "USED / TOTAL",
+        Col("NODES", drop=3),
+        "QUEUED",
+        Col("QUEUEING", drop=1),
+        Col("DESCRIPTION", shrink=True, drop=4),
+    )
     for p in pools:
         out.add_row(
             p.name,
@@ -167,12 +170,13 @@ def _state_text(state: str) -> Text:
 
 def nodes_table(
     nodes: Sequence[Node], *, show_pool: bool = True, title: str | None = None
-) -> Table:
+) -> FitTable:
     """NAME POOL STATE, one USED/TOTAL column per key any node has, LABELS."""
     keys = _key_order(k for n in nodes for k in _node_keys(n))
-    headers = ["NAME", "POOL", "STATE", *(k.upper() for k in keys), "LABELS"]
+    headers: list[str | Col] = ["NAME", Col("POOL", drop=2), "STATE", *(k.upper() for k in keys)]
+    headers.append(Col("LABELS", shrink=True, drop=1))
     if not show_pool:
-        headers.remove("POOL")
+        del headers[1]
     out = table(*headers, title=title)
     for n in nodes:
         cells: list[RenderableType] = [n.name, n.pool or "-", _state_text(n.state)]
@@ -185,7 +189,7 @@ def nodes_table(
 
 
 def node_header(node: Node) -> Table:
-    return _fields(
+    return fields(
         [
             ("Node", node.name),
             ("ID", node.id),
@@ -198,7 +202,7 @@ def node_header(node: Node) -> Table:
     )
 
 
-def node_keys_table(node: Node) -> Table:
+def node_keys_table(node: Node) -> FitTable:
     out = table("KEY", "CAPACITY", "USED", "FREE", "USAGE", "DEVICES", title="Capacity")
     for key in _node_keys(node):
         used, total = node.usage.get(key, 0), node.capacity.get(key)
@@ -213,7 +217,7 @@ def node_keys_table(node: Node) -> Table:
     return out
 
 
-def node_devices_table(node: Node) -> Table:
+def node_devices_table(node: Node) -> FitTable:
     """Every named device in list order, and who holds it (``-``: free)."""
     holders: dict[tuple[str, str], tuple[str, str]] = {}
     for a in node.allocations:
@@ -233,7 +237,7 @@ def fmt_devices(devices: Mapping[str, Sequence[str]]) -> str:
     return " ".join(f"{k}={','.join(v)}" for k, v in sorted(devices.items()) if v) or "-"
 
 
-def node_allocations_table(node: Node) -> Table:
+def node_allocations_table(node: Node) -> FitTable:
     out = table("REQUEST", "SUBJECT", "STATUS", "RESOURCES", "DEVICES", title="Allocations")
     for a in node.allocations:
         out.add_row(
@@ -242,9 +246,18 @@ def node_allocations_table(node: Node) -> Table:
     return out
 
 
-def placed_table(requests: Sequence[Request], *, title: str | None = None) -> Table:
+def placed_table(requests: Sequence[Request], *, title: str | None = None) -> FitTable:
     """Requests with their node and devices (``pool describe`` of a pool with nodes)."""
-    out = table("NODE", "ID", "SUBJECT", "STATUS", "RESOURCES", "DEVICES", "HELD", title=title)
+    out = table(
+        "NODE",
+        "ID",
+        "SUBJECT",
+        "STATUS",
+        "RESOURCES",
+        Col("DEVICES", shrink=True),
+        Col("HELD", drop=1),
+        title=title,
+    )
     rows = sorted(requests, key=lambda r: (r.placement.node if r.placement else "", str(r.id)))
     for r in rows:
         out.add_row(
@@ -259,17 +272,19 @@ def placed_table(requests: Sequence[Request], *, title: str | None = None) -> Ta
     return out
 
 
-def _fields(rows: Iterable[tuple[str, object]]) -> Table:
+def fields(rows: Iterable[tuple[str, object]]) -> Table:
     grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="bold")
-    grid.add_column()
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(overflow="ellipsis")
     for name, value in rows:
-        grid.add_row(name, value if isinstance(value, Text) else str(value))
+        cell = value if isinstance(value, Text) else Text(str(value))
+        cell.no_wrap, cell.overflow = True, "ellipsis"
+        grid.add_row(name, cell)
     return grid
 
 
 def pool_header(pool: Pool) -> Table:
-    return _fields(
+    return fields(
         [
             ("Pool", pool.name),
             ("ID", pool.id),
@@ -290,7 +305,7 @@ def pool_header(pool: Pool) -> Table:
     )
 
 
-def pool_keys_table(pool: Pool) -> Table:
+def pool_keys_table(pool: Pool) -> FitTable:
     out = table("KEY", "CAPACITY", "USED", "FREE", "USAGE", title="Capacity")
     for key, used, total in _pool_keys(pool):
         free = "-" if total is None else str(total - used)
@@ -301,14 +316,26 @@ def pool_keys_table(pool: Pool) -> Table:
 
 def policies_table(
     policies: Sequence[Policy], *, title: str | None = None, show_pool: bool = True
-) -> Table:
+) -> FitTable:
     """Policies with their shares, usage and shape: LANE, WINDOWS (the ``--window`` syntax),
     ACTIVE and NEXT CHANGE (UTC); COVERS (the subjects a pattern serves now) when any policy
     is a pattern (docs/preemption.md)."""
     patterns = any("*" in p.subject for p in policies)
-    headers = ["SUBJECT", "PRIORITY", "RESERVED", "LIMIT", "USED", "BORROWED", "LANE"]
-    headers += ["WINDOWS", "ACTIVE", "NEXT CHANGE", *(["COVERS"] if patterns else []), "ID"]
-    out = table(*(["POOL", *headers] if show_pool else headers), title=title)
+    headers: list[str | Col] = [
+        Col("SUBJECT", shrink=True),
+        "PRIORITY",
+        Col("RESERVED", shrink=True),
+        Col("LIMIT", shrink=True, drop=6),
+        Col("USED", shrink=True),
+        Col("BORROWED", shrink=True, drop=4),
+        Col("LANE", drop=5),
+        Col("WINDOWS", shrink=True, drop=7),
+        "ACTIVE",
+        Col("NEXT CHANGE", drop=3),
+        *([Col("COVERS", shrink=True, drop=2)] if patterns else []),
+        Col("ID", drop=1),
+    ]
+    out = table(*([Col("POOL"), *headers] if show_pool else headers), title=title)
     for p in policies:
         cells = [
             p.subject,
@@ -338,10 +365,21 @@ def fmt_iso(value: datetime | None) -> str:
 
 def requests_table(
     requests: Sequence[Request], *, view: str = "all", title: str | None = None
-) -> Table:
+) -> FitTable:
     """``view``: ``queued`` (position and what it waits for), ``active`` (holders) or ``all``."""
+    labels = Col("LABELS", shrink=True, wide=True)
     if view == "queued":
-        out = table("POS", "ID", "SUBJECT", "RESOURCES", "PREEMPTIBLE", "WAITING", "WAITING FOR")
+        out = table(
+            "POS",
+            "ID",
+            "SUBJECT",
+            "RESOURCES",
+            Col("PREEMPTIBLE", drop=1),
+            Col("WAITING", drop=2),
+            "WAITING FOR",
+            labels,
+            title=title,
+        )
         for r in requests:
             out.add_row(
                 str(r.queue_position or "-"),
@@ -351,9 +389,20 @@ def requests_table(
                 "yes" if r.preemptible else "no",
                 _age(r.created_at),
                 r.message,
+                fmt_labels(r.labels),
             )
     elif view == "active":
-        out = table("ID", "SUBJECT", "STATUS", "RESOURCES", "PREEMPTIBLE", "HELD", "LEASE LEFT")
+        out = table(
+            "ID",
+            "SUBJECT",
+            "STATUS",
+            "RESOURCES",
+            Col("PREEMPTIBLE", drop=1),
+            Col("HELD", drop=3),
+            Col("LEASE LEFT", drop=2),
+            labels,
+            title=title,
+        )
         for r in requests:
             out.add_row(
                 short(r.id),
@@ -363,21 +412,40 @@ def requests_table(
                 "yes" if r.preemptible else "no",
                 _age(r.allocated_at),
                 _left(r.lease_expires_at),
+                fmt_labels(r.labels),
             )
     else:
-        out = table("ID", "SUBJECT", "POOL", "STATUS", "REASON", "RESOURCES", "AGE")
+        out = table(
+            "ID",
+            "SUBJECT",
+            Col("POOL", drop=2),
+            "STATUS",
+            "REASON",
+            "RESOURCES",
+            Col("AGE", drop=1),
+            labels,
+            title=title,
+        )
         for r in requests:
             out.add_row(
                 short(r.id),
                 r.subject,
                 r.pool or "-",
                 r.status,
-                r.reason or "-",
+                request_reason(r),
                 fmt_map(r.resources),
                 _age(r.created_at),
+                fmt_labels(r.labels),
             )
-    out.title = title
     return out
+
+
+def request_reason(r: Request) -> str:
+    """REASON: why a queued request waits (its message, as squeue shows it), else the code
+    of its last change; ``-`` for none."""
+    if r.status == "queued" and r.message:
+        return r.message
+    return r.reason or "-"
 
 
 def request_header(r: Request) -> Group:
@@ -411,14 +479,14 @@ def request_header(r: Request) -> Group:
     if r.queue_position is not None:
         rows.insert(4, ("Queue position", r.queue_position))
         rows.insert(5, ("ETA", fmt_eta(r.eta)))
-    return Group(_fields(rows))
+    return Group(fields(rows))
 
 
 def fmt_eta(eta: Eta | None) -> str:
     """A queued request's ETA, ``~2m (90%: within 5m)``, or why there is none (see
     docs/scheduling.md)."""
     if eta is None:
-        return "unknown (no hold history in its pools yet)"
+        return "unknown (fewer than 10 recorded holds in its pools)"
     return f"~{_secs(eta.p50_seconds)} (90%: within {_secs(eta.p90_seconds)})"
 
 
@@ -445,8 +513,8 @@ def _status_style(status: str) -> str:
     }.get(status, "")
 
 
-def events_table(events: Sequence[Event]) -> Table:
-    out = table("AT", "FROM", "TO", "REASON", "ATTEMPT", "MESSAGE")
+def events_table(events: Sequence[Event]) -> FitTable:
+    out = table("AT", "FROM", "TO", "REASON", Col("ATTEMPT", drop=1), "MESSAGE")
     for e in events:
         out.add_row(
             fmt_time(e.at),

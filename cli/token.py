@@ -8,11 +8,11 @@ from typing import Annotated
 
 import msgspec
 import typer
-from rich.table import Table
 
 from app.db import tokens
 from app.db.tokens import Role, Token
 from cli.database import database, run_async
+from cli.fit import FitTable
 from cli.options import Output, OutputFormat
 from cli.output import emit, note
 from cli.tables import fmt_time, table
@@ -114,7 +114,7 @@ def revoke(
     emit(tok, output, lambda: [tokens_table([tok])])
 
 
-def tokens_table(found: Sequence[Token]) -> Table:
+def tokens_table(found: Sequence[Token]) -> FitTable:
     """The tokens, one row each (never their secret)."""
     out = table("ID", "NAME", "ROLE", "SUBJECTS", "CREATED", "REVOKED")
     for t in found:

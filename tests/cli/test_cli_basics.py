@@ -74,7 +74,7 @@ def test_shell_completion() -> None:
 
     assert complete("respool po") == ["pool"]
     assert "attach-policy" in complete("respool pool ")
-    assert complete("respool pool list -o ") == ["table", "json", "yaml"]
+    assert complete("respool pool list -o ") == ["table", "wide", "json", "yaml"]
     assert complete("respool pool requests x --view ") == ["queued", "active", "all"]
     script = runner.invoke(app, ["--show-completion", "bash"], prog_name="respool").stdout
     assert "_RESPOOL_COMPLETE=complete_bash" in script

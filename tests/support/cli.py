@@ -23,7 +23,12 @@ class Cli:
     runner: CliRunner = field(default_factory=CliRunner)
 
     async def run(self, *args: str, input: str | None = None, **env: str | None) -> Result:
-        environ: dict[str, str | None] = {"RESPOOL_URL": None, "RESPOOL_TOKEN": None, **env}
+        environ: dict[str, str | None] = {
+            "RESPOOL_URL": None,
+            "RESPOOL_TOKEN": None,
+            "COLUMNS": None,
+            **env,
+        }
         return await asyncio.to_thread(
             self.runner.invoke, app, list(args), input=input, env=environ
         )
