@@ -114,9 +114,10 @@ def grant_reader_cmd(
     create: bool = typer.Option(False, "--create", help="Create ROLE (LOGIN, no password)."),
     revoke: bool = typer.Option(False, "--revoke", help="Undo: revoke and reset the settings."),
 ) -> None:
-    """Let ROLE read the ops views (respool_reader): SELECT on views only, read-only
-    transactions by default and a statement timeout, in this database. Needs a superuser or
-    CREATEROLE connection (RESPOOL_DATABASE_URL).
+    """Let ROLE read the ops views of this database.
+
+    SELECT on the views only, read-only transactions by default and a statement timeout.
+    Needs a superuser or CREATEROLE connection (RESPOOL_DATABASE_URL).
 
     Example:
 
@@ -137,9 +138,11 @@ def url_cmd(
         False, "--show-password", help="Print the password as it is (default: ***)."
     ),
 ) -> None:
-    """Print the URL of the database the service uses: RESPOOL_DATABASE_URL, else the embedded
-    server's. An embedded server that is not running is started, as `respool serve` would,
-    and keeps running so that the URL works (the next `respool serve` stops it when it exits).
+    """Print the URL of the database the service uses.
+
+    That is RESPOOL_DATABASE_URL, else the embedded server's. An embedded server that is not
+    running is started, as `respool serve` would, and keeps running so that the URL works
+    (the next `respool serve` stops it when it exits).
 
     Example:
 
@@ -157,9 +160,11 @@ def shell_cmd(
         typer.Argument(metavar="PSQL_ARGS", help="Options and arguments for psql, after --."),
     ] = None,
 ) -> None:
-    """Run psql on the database the service uses (the URL of `respool db url`); the password,
-    if any, goes to psql in PGPASSWORD, not on its command line. An embedded server this
-    starts stops when psql exits, unless another process uses it. Exits with psql's code.
+    """Run psql on the database the service uses.
+
+    The URL is `respool db url`'s; a password goes to psql in PGPASSWORD, not on its command
+    line. An embedded server this starts stops when psql exits, unless another process uses
+    it. Exits with psql's code.
 
     Example:
 
