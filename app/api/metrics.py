@@ -7,6 +7,7 @@ Two kinds of numbers:
 * **State gauges**, read from the ops views (:class:`MetricsCache`: at most once per
   ``RESPOOL_METRICS_CACHE_SECONDS``, default 5 s, however many scrapers): capacity,
   allocated, free, reserved, borrowed and queued demand per pool and key; usage per policy;
+  whether each policy is inside its windows now and how many subjects a pattern covers;
   capacity, allocated and free per node and key, and each node's state (docs/placement.md);
   queue length and oldest wait per pool; stored requests per status; invariant violations.
   Every replica reports the same values: aggregate with ``max``, not ``sum``.
@@ -197,6 +198,19 @@ async def _state_gauges(registry: CollectorRegistry, pool: asyncpg.Pool) -> None
         "node",
         "state",
     )
+    # Policy shapes (docs/preemption.md): one series per policy, keys or not.
+    policy_active = gauge(
+        "respool_policy_active",
+        "1 while a policy is inside one of its windows (always, without windows), else 0",
+        "pool",
+        "subject",
+    )
+    covered = gauge(
+        "respool_policy_covered_subjects",
+        "Subjects a pattern policy covers now (holding or queued through it); patterns only",
+        "pool",
+        "subject",
+    )
     q_len = gauge("respool_queue_length", "Requests waiting in a pool's queue", "pool")
     q_oldest = gauge(
         "respool_queue_oldest_wait_seconds",
@@ -215,6 +229,10 @@ async def _state_gauges(registry: CollectorRegistry, pool: asyncpg.Pool) -> None
         _set_fields(per_key, row, row.pool, row.key)
     for p in await db_metrics.policy_rows(pool):
         _set_fields(per_policy, p, p.pool, p.subject, p.key)
+    for shape in await db_metrics.policy_shape_rows(pool):
+        policy_active.labels(shape.pool, shape.subject).set(1 if shape.active else 0)
+        if shape.covered_subjects is not None:
+            covered.labels(shape.pool, shape.subject).set(shape.covered_subjects)
     for nk in await db_metrics.node_key_rows(pool):
         _set_fields(per_node, nk, nk.pool or "", nk.node, nk.key)
     for ns in await db_metrics.node_states(pool):

@@ -1,6 +1,6 @@
-"""Metrics reads (``sql/queries/metrics.sql``): usage per pool, key and policy, usage and
-state per node, queues, request counts, invariant violations, and the events since the last
-scrape.
+"""Metrics reads (``sql/queries/metrics.sql``): usage per pool, key and policy, each policy's
+shape (active now, subjects a pattern covers), usage and state per node, queues, request counts,
+invariant violations, and the events since the last scrape.
 
 The reads go through the ops views where those have what is needed, and read base tables
 only for what the views do not carry.
@@ -25,6 +25,7 @@ __all__ = [
     "NodeStateRow",
     "PoolKeyRow",
     "PolicyRow",
+    "PolicyShapeRow",
     "TallyRow",
     "connection",
     "database_now",
@@ -32,6 +33,7 @@ __all__ = [
     "node_key_rows",
     "node_states",
     "policy_rows",
+    "policy_shape_rows",
     "pool_key_rows",
     "queue_stats",
     "request_counts",
@@ -106,6 +108,21 @@ class PolicyRow(msgspec.Struct, frozen=True):
 async def policy_rows(db: Executor) -> list[PolicyRow]:
     rows = await db.fetch(query("policy_rows"))
     return _as(list[PolicyRow], [_whole(r) for r in rows])
+
+
+class PolicyShapeRow(msgspec.Struct, frozen=True):
+    """One policy's shape now (docs/preemption.md, "Policy shapes")."""
+
+    pool: str
+    subject: str  # a subject, or a pattern with *
+    active: bool  # inside one of its windows now (always, without windows)
+    covered_subjects: int | None  # a pattern: subjects holding or queued through it; else None
+
+
+async def policy_shape_rows(db: Executor) -> list[PolicyShapeRow]:
+    """Per policy, keys or not: ``active`` and, for a pattern, the subjects it covers now."""
+    rows = await db.fetch(query("policy_shape_rows"))
+    return _as(list[PolicyShapeRow], [_whole(r) for r in rows])
 
 
 async def queue_stats(db: Executor) -> dict[str, tuple[int, float]]:

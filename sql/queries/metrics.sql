@@ -22,6 +22,16 @@ SELECT pool, subject, key, priority, reserved::bigint, "limit"::bigint, used::bi
   FROM respool.policy_usage
  ORDER BY pool, subject, key;
 
+-- policy_shape_rows --
+-- Per policy (keys or not): whether it is inside one of its windows now, and for a pattern
+-- policy how many subjects it covers now (respool.policy_subjects); NULL for an exact subject.
+SELECT pl.name AS pool, p.subject, p.active,
+       CASE WHEN p.is_pattern THEN (SELECT count(DISTINCT s.subject) FROM respool.policy_subjects s
+                                     WHERE s.pool = pl.name AND s.policy_subject = p.subject) END
+           AS covered_subjects
+  FROM respool.policies p JOIN respool.pools pl ON pl.id = p.pool_id
+ ORDER BY pl.name, p.subject;
+
 -- node_key_rows --
 -- Per node and key it tracks: respool.node_usage (pool NULL: a node in no pool).
 SELECT pool, node, state, key, capacity, allocated, free FROM respool.node_usage;

@@ -28,14 +28,17 @@ CREATE VIEW respool.policy_usage AS
 SELECT pl.name AS pool, p.subject, pr.key, p.priority, pr.reserved, pr."limit", pr.used,
        CASE WHEN respool._effective_capacity(pr.key, c.capacity) IS NOT NULL
             THEN greatest(pr.used - pr.reserved, 0) ELSE 0 END AS borrowed,
-       pr.np_used
+       pr.np_used,
+       -- Policy shapes (docs/preemption.md, "Policy shapes"): the share as set, whether the
+       -- policy is inside one of its windows now, and whether it is a priority lane.
+       pr.configured, p.active, p.priority_lane
   FROM respool.policy_resources pr
   JOIN respool.policies p ON p.id = pr.policy_id
   JOIN respool.pools pl ON pl.id = p.pool_id
   LEFT JOIN respool.pool_resources c ON c.pool_id = p.pool_id AND c.key = pr.key
  ORDER BY pl.name, p.subject, pr.key;
 COMMENT ON VIEW respool.policy_usage IS
-    'Per policy and key: reserved, limit, used, borrowed (used above reserved on tracked keys), non-preemptible used.';
+    'Per policy and key: reserved (the share in force now, as the engine uses it: configured while the policy is active, 0 outside its windows), limit, used, borrowed (used above the share in force, on tracked keys), non-preemptible used, configured (the share the operator set), active, priority_lane (docs/preemption.md, policy shapes). A pattern policy''s counters are shared by every subject it covers (respool.policy_subjects splits them).';
 
 CREATE VIEW respool.queue AS
 SELECT pl.name AS pool, q.position, q.request_id, q.subject, qe.resources, r.preemptible, q.priority,
@@ -97,10 +100,12 @@ SELECT 'I2', pl.name, p.subject, s.key, format('allocated %s > limit %s', s.used
   JOIN respool.policy_resources pr ON pr.policy_id = s.policy_id AND pr.key = s.key
  WHERE s.used > pr."limit"
 UNION ALL
-SELECT 'I3', pl.name, p.subject, s.key, format('non-preemptible %s > reserved %s', s.np_used, coalesce(pr.reserved, 0))
+-- I3 against the share as set: non-preemptible work keeps its units when a window closes
+-- (docs/preemption.md, "What we chose"), so the share in force may drop below it.
+SELECT 'I3', pl.name, p.subject, s.key, format('non-preemptible %s > reserved %s', s.np_used, coalesce(pr.configured, 0))
   FROM policy_sums s JOIN respool.policies p ON p.id = s.policy_id JOIN respool.pools pl ON pl.id = p.pool_id
   LEFT JOIN respool.policy_resources pr ON pr.policy_id = s.policy_id AND pr.key = s.key
- WHERE s.np_used > coalesce(pr.reserved, 0)
+ WHERE s.np_used > coalesce(pr.configured, 0)
 UNION ALL
 SELECT 'I4', pl.name, NULL, c.key, format('pool counter %s <> held sum %s', c.used, coalesce(s.used, 0))
   FROM respool.pool_resources c JOIN respool.pools pl ON pl.id = c.pool_id

@@ -7,12 +7,13 @@
 CREATE VIEW respool.holdings AS
 SELECT r.pool_name AS pool, r.subject, r.id AS request_id, r.status, r.resources, r.preemptible,
        r.priority, r.attempt, r.allocated_at, r.lease_expires_at, r.preempt_deadline, r.labels,
-       extract(epoch FROM now() - r.allocated_at)::double precision AS held_seconds
+       extract(epoch FROM now() - r.allocated_at)::double precision AS held_seconds,
+       r.preemption_group
   FROM respool.requests r
  WHERE r.status IN ('allocated', 'preempting')
  ORDER BY r.pool_name, r.subject, r.allocated_at, r.id;
 COMMENT ON VIEW respool.holdings IS
-    'Who holds what now: one row per allocated or preempting request, with its units, lease and labels.';
+    'Who holds what now: one row per allocated or preempting request, with its units, lease, labels and preemption group (NULL: none; docs/preemption.md, preemption groups).';
 
 CREATE VIEW respool.allocation_intervals AS
 SELECT a.request_id, r.pool_name AS pool, r.subject, a.attempt, r.preemptible, r.resources,
@@ -74,7 +75,7 @@ SELECT e.request_id, e.at, r.pool_name AS pool, r.subject, e.reason, e.attempt,
     OR (e.to_status = 'preempted' AND e.from_status IS DISTINCT FROM 'preempting')
  ORDER BY e.at, e.request_id;
 COMMENT ON VIEW respool.preemptions IS
-    'One row per preemption, counted once: the preempting event (grace period) or a direct preempted event; reason is why (reclaim, priority, capacity_shrink, limit_shrink).';
+    'One row per preemption, counted once: the preempting event (grace period) or a direct preempted event; reason is why (reclaim, priority, capacity_shrink, limit_shrink, node_drain, node_removed, terminated).';
 
 GRANT SELECT ON respool.holdings, respool.allocation_intervals, respool.usage_by_subject_day,
                 respool.request_waits, respool.preemptions TO respool_reader;

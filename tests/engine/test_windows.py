@@ -557,12 +557,6 @@ async def test_non_preemptible_work_outside_its_window_waits_for_it(
     assert await status(conn, steady.id) == "allocated"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the I3 row of respool.invariant_violations (sql/views/010_ops.sql) compares"
-    " non-preemptible usage with the share in force; I3 holds against the share as set"
-    " (configured, CHECK np_within_reserved): the lead's view change",
-)
 async def test_non_preemptible_work_keeps_its_units_when_the_window_closes(
     conn: asyncpg.Connection,
 ) -> None:

@@ -16,6 +16,9 @@ can never drift from the engine it breaks. Install one only into a test's own da
   looking at their holders (the ``holder_id IS NULL`` tests go), so a grant can take a device an
   allocation on that node already holds: two allocations placed on one device (the second
   overwrites the first's holder), which the node auditors must report (I6).
+* ``broken_group_twin``: the victim rule (``_may_preempt``, which both victim choices share)
+  ignores preemption groups, so a request may preempt an allocation of its own group, which the
+  policy-shapes model must report (tests/engine/test_model_shapes.py).
 """
 
 from __future__ import annotations
@@ -82,6 +85,13 @@ TWINS: dict[str, list[tuple[str, list[tuple[str, str]]]]] = {
                     "AND t.device = w.device;",
                 ),
             ],
+        ),
+    ],
+    "broken_group_twin": [
+        (
+            "respool._may_preempt(text, uuid, boolean, bigint, boolean, text, uuid, bigint,"
+            " boolean, text)",
+            [("AND (p_group IS NULL OR v_group IS DISTINCT FROM p_group)", "")],
         ),
     ],
 }
