@@ -12,14 +12,20 @@ from typing import Any, TypeVar
 import asyncpg
 
 from app.db.connect import APP_CLI, connect
-from app.db.dsn import resolve_database_url
-from app.db.embedded import EmbeddedDatabaseError
+from app.db.embedded import EmbeddedDatabaseError, embedded_database_url, embedded_server_running
 from app.db.errors import EngineError
 from app.db.migrate import MigrationError
 from app.settings import Settings, SettingsError
 from cli.common import KNOWN_ERRORS, describe_error, fail, user_message
 
-__all__ = ["DATABASE_ERRORS", "database", "describe_database_error", "handle_errors", "run_async"]
+__all__ = [
+    "DATABASE_ERRORS",
+    "database",
+    "database_url",
+    "describe_database_error",
+    "handle_errors",
+    "run_async",
+]
 
 T = TypeVar("T")
 
@@ -60,10 +66,21 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run(coro)
 
 
+def database_url(*, keep_running: bool = False) -> str:
+    """The DSN the service uses: RESPOOL_DATABASE_URL, else the embedded server's (started if
+    needed). A command stops the embedded server when it exits only if it started it and no
+    one else uses it; with ``keep_running`` never (``respool db url``: the DSN must outlive it).
+    """
+    settings = Settings.from_env()
+    if settings.database_url:
+        return settings.database_url
+    return embedded_database_url(keep_running=keep_running or embedded_server_running())
+
+
 @asynccontextmanager
 async def database() -> AsyncIterator[asyncpg.Connection]:
     """A connection to the configured database (RESPOOL_DATABASE_URL, else embedded)."""
-    dsn = resolve_database_url(Settings.from_env())
+    dsn = database_url()
     conn = await connect(dsn, application_name=APP_CLI)
     try:
         yield conn

@@ -1,19 +1,28 @@
-"""``respool db ...``: schema migrations and their status, and ``grant-reader`` for ops."""
+"""``respool db ...``: schema migrations and their status, ``grant-reader``, and the way in for
+ops: ``url`` (the DSN the service uses) and ``shell`` (psql on it)."""
 
 from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from typing import Annotated
 
 import typer
 from respool_client.durations import parse_duration
 from respool_client.wire import INT32_MAX
 
 from app.db import ops as db_ops
+from app.db.dsn import redact_dsn, split_password
 from app.db.errors import EngineError
 from app.db.migrate import MigrateReport, SchemaStatus, migrate, status
 from cli.common import CliError, fail
-from cli.database import database, run_async
+from cli.database import database, database_url, handle_errors, run_async
 
 app = typer.Typer(
-    help="Database schema: migrate and status; the ops reader role.", no_args_is_help=True
+    help="Database schema: migrate and status; the ops reader role; its URL and a psql shell.",
+    no_args_is_help=True,
 )
 
 
@@ -105,9 +114,10 @@ def grant_reader_cmd(
     create: bool = typer.Option(False, "--create", help="Create ROLE (LOGIN, no password)."),
     revoke: bool = typer.Option(False, "--revoke", help="Undo: revoke and reset the settings."),
 ) -> None:
-    """Let ROLE read the ops views (respool_reader): SELECT on views only, read-only
-    transactions by default and a statement timeout, in this database. Needs a superuser or
-    CREATEROLE connection (RESPOOL_DATABASE_URL).
+    """Let ROLE read the ops views of this database.
+
+    SELECT on the views only, read-only transactions by default and a statement timeout.
+    Needs a superuser or CREATEROLE connection (RESPOOL_DATABASE_URL).
 
     Example:
 
@@ -120,3 +130,66 @@ def grant_reader_cmd(
     if timeout_ms < 1 or timeout_ms > INT32_MAX:
         fail("--statement-timeout: must be between 1ms and about 24 days")
     typer.echo(run_async(_grant_reader(role, timeout_ms, create, revoke)))
+
+
+@app.command("url")
+def url_cmd(
+    show_password: bool = typer.Option(
+        False, "--show-password", help="Print the password as it is (default: ***)."
+    ),
+) -> None:
+    """Print the URL of the database the service uses.
+
+    That is RESPOOL_DATABASE_URL, else the embedded server's. An embedded server that is not
+    running is started, as `respool serve` would, and keeps running so that the URL works
+    (the next `respool serve` stops it when it exits).
+
+    Example:
+
+        psql "$(respool db url --show-password)"
+    """
+    with handle_errors():
+        url = database_url(keep_running=True)
+    typer.echo(url if show_password else redact_dsn(url))
+
+
+@app.command("shell")
+def shell_cmd(
+    psql_args: Annotated[
+        list[str] | None,
+        typer.Argument(metavar="PSQL_ARGS", help="Options and arguments for psql, after --."),
+    ] = None,
+) -> None:
+    """Run psql on the database the service uses.
+
+    The URL is `respool db url`'s; a password goes to psql in PGPASSWORD, not on its command
+    line. An embedded server this starts stops when psql exits, unless another process uses
+    it. Exits with psql's code.
+
+    Example:
+
+        respool db shell -- -c 'SELECT * FROM respool.pool_usage'
+    """
+    psql = shutil.which("psql")
+    with handle_errors():
+        url = database_url(keep_running=psql is None)
+    if psql is None:
+        shown = redact_dsn(url)
+        whole = "" if shown == url else " (`respool db url --show-password` prints it whole)"
+        fail(f"psql is not on PATH: install the PostgreSQL client, or connect any client to "
+             f"{shown}{whole}")  # fmt: skip
+    raise typer.Exit(_run_psql(psql, url, psql_args or []))
+
+
+def _run_psql(psql: str, url: str, args: list[str]) -> int:
+    """psql's exit code. Ctrl-C is psql's to handle (it cancels the running query), so this
+    process waits through it."""
+    dsn, password = split_password(url)
+    env = dict(os.environ)
+    if password is not None:
+        env["PGPASSWORD"] = password
+    previous = signal.signal(signal.SIGINT, lambda *_: None)
+    try:
+        return subprocess.run([psql, "--dbname", dsn, *args], env=env, check=False).returncode
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -342,4 +342,8 @@ class MetricsController(Controller):
         listener.set(1 if hub.healthy else 0)
         reconnects.set(hub.reconnects)
         body = generate_latest(registry) + from_db + generate_latest(tally.registry)
-        return Response(body, media_type=CONTENT_TYPE_LATEST)
+        # The header as Prometheus names it: Litestar would append a second charset to a text/*
+        # media type, so the header is set whole rather than derived from media_type.
+        return Response(
+            body, media_type=CONTENT_TYPE_LATEST, headers={"content-type": CONTENT_TYPE_LATEST}
+        )

@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
-from urllib.parse import parse_qs, urlsplit, urlunsplit
+from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
 from app.settings import Settings
 
-__all__ = ["hosts", "primary_only", "redact_dsn", "resolve_database_url", "with_database"]
+__all__ = [
+    "hosts",
+    "primary_only",
+    "redact_dsn",
+    "resolve_database_url",
+    "split_password",
+    "with_database",
+]
+
+# ``password=...`` in a key/value DSN (``host=db password='a b'``) or a URI's query string.
+_KEYWORD_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)")
 
 
 def resolve_database_url(settings: Settings) -> str:
@@ -21,16 +32,44 @@ def resolve_database_url(settings: Settings) -> str:
 
 
 def redact_dsn(dsn: str) -> str:
-    """The DSN with any password replaced by ``***`` (for messages and logs)."""
+    """The DSN with any password replaced by ``***`` (for messages and logs): the URI's
+    ``user:password@``, a ``password=`` query parameter or key/value setting."""
     try:
         parts = urlsplit(dsn)
     except ValueError:
         return "<unparsable DSN>"
+    if parts.scheme not in ("postgres", "postgresql"):
+        return _KEYWORD_PASSWORD.sub(r"\1***", dsn)
     if parts.password:
         user = parts.username or ""
         host = parts.netloc.rpartition("@")[2]
         parts = parts._replace(netloc=f"{user}:***@{host}")
-    return urlunsplit(parts)
+    return urlunsplit(parts._replace(query=_KEYWORD_PASSWORD.sub(r"\1***", parts.query)))
+
+
+def split_password(dsn: str) -> tuple[str, str | None]:
+    """A URI DSN without its password, and the password (None: the DSN has none), so that a
+    client can get it in ``PGPASSWORD`` rather than on a command line others can read. Other
+    DSNs come back unchanged."""
+    try:
+        parts = urlsplit(dsn)
+    except ValueError:
+        return dsn, None
+    if parts.scheme not in ("postgres", "postgresql"):
+        return dsn, None
+    password: str | None = None
+    if parts.password:
+        password = unquote(parts.password)
+        user = parts.netloc.rpartition("@")[0].partition(":")[0]
+        parts = parts._replace(netloc=f"{user}@{parts.netloc.rpartition('@')[2]}")
+    kept = []
+    for item in parts.query.split("&") if parts.query else []:
+        name, _, value = item.partition("=")
+        if name == "password":
+            password = unquote(value)
+        else:
+            kept.append(item)
+    return urlunsplit(parts._replace(query="&".join(kept))), password
 
 
 def with_database(dsn: str, database: str) -> str:

