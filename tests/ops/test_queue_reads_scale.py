@@ -93,12 +93,13 @@ async def test_request_list_orders_each_pool_once(tracked: asyncpg.Connection) -
 
 @pytest.fixture
 async def tracked_with_history(conn: asyncpg.Connection) -> AsyncIterator[asyncpg.Connection]:
-    """As ``tracked``, after three finished holds per pool (so each pool has an ETA to run)."""
+    """As ``tracked``, after ten finished holds per pool (the fewest an ETA goes by, so each pool
+    has an ETA to run)."""
     for pool in POOLS:
         await db_pools.create_pool(conn, name=pool, capacity={"gpu": 1})
         for subject in ("a", "b"):
             await db_policies.create_policy(conn, subject=subject, pool=pool)
-        for _ in range(3):
+        for _ in range(10):
             done = await db_requests.create_request(
                 conn, {"subject": "b", "pool": pool, "resources": {"gpu": 1}}
             )
