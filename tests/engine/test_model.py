@@ -55,32 +55,22 @@ deterministic. ``RESPOOL_MODEL_TWIN=<twin in support.twins>`` installs a known-b
 
 from __future__ import annotations
 
-import asyncio
-import os
-import threading
 from collections import Counter
-from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, ClassVar, TypeVar
+from typing import Any
 
-import asyncpg
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    RuleBasedStateMachine,
     initialize,
     invariant,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
 
-from app.db.connect import APP_CLI, connect
-from support.twins import install_twin
+from support.model import DatabaseMachine, run_machine
 
-T = TypeVar("T")
 SOFT_KEYS = frozenset({"mcpu", "memory_mb", "step_run"})
 SUBJECTS = ("s1", "s2", "s3")
 POOL_NAMES = ("pa", "pb")
@@ -612,23 +602,6 @@ SELECT jsonb_build_object(
 """
 
 
-class LoopThread:
-    """A private event loop in a daemon thread: the sync state machine submits coroutines."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=120)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join()
-        self.loop.close()
-
-
 Shape = tuple[str, str, dict[str, int], bool, int | None, int, int | None]
 
 
@@ -662,11 +635,7 @@ def request_st(draw: st.DrawFn) -> Shape:
 MAX_SECONDS = [None, None, 2, 6]  # the clock moves 1 s per step
 
 
-class EngineMachine(RuleBasedStateMachine):
-    runner: ClassVar[LoopThread]
-    conn: ClassVar[asyncpg.Connection]
-    stats: ClassVar[Counter[str]] = Counter()
-
+class EngineMachine(DatabaseMachine):
     def __init__(self) -> None:
         super().__init__()
         self.model = Model()
@@ -1044,28 +1013,6 @@ class EngineMachine(RuleBasedStateMachine):
     ],
 )
 def test_engine_matches_reference_model(db_url: str, examples: int, steps: int) -> None:
-    runner = LoopThread()
-    conn = runner.run(connect(db_url, application_name=APP_CLI))
-    if twin := os.environ.get("RESPOOL_MODEL_TWIN"):
-        # Prove the model catches a known-bad engine: e.g. broken_shrink_twin.
-        runner.run(install_twin(conn, twin.removesuffix(".sql")))
-    EngineMachine.runner = runner
-    EngineMachine.conn = conn
-    EngineMachine.stats = Counter()
-    started = datetime.now(UTC)
-    try:
-        run_state_machine_as_test(
-            EngineMachine,
-            settings=settings(
-                max_examples=examples,
-                stateful_step_count=steps,
-                deadline=None,
-                database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-            ),
-        )
-    finally:
-        runner.run(conn.close())
-        runner.close()
-    seconds = (datetime.now(UTC) - started).total_seconds()
+    # (RESPOOL_MODEL_TWIN names a broken twin the model must catch, e.g. broken_shrink_twin)
+    seconds = run_machine(EngineMachine, db_url, examples, steps)
     print(f"\nmodel test: {dict(EngineMachine.stats)} in {seconds:.1f}s")

@@ -49,29 +49,22 @@ engine first (e.g. ``broken_device_twin``): the test must then fail.
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, ClassVar
+from typing import Any
 
-import asyncpg
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    RuleBasedStateMachine,
     initialize,
     invariant,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
-from test_model import LoopThread
 from test_placement import NODE_INVARIANTS_SQL
 
-from app.db.connect import APP_CLI, connect
-from support.twins import install_twin
+from support.model import DatabaseMachine, run_machine
 
 SOFT_KEYS = frozenset({"mcpu", "memory_mb", "step_run"})
 CLOCK0 = datetime(2032, 1, 1, tzinfo=UTC)
@@ -447,11 +440,7 @@ def shape_st(draw: st.DrawFn) -> tuple[str, dict[str, int], bool, dict[str, str]
     return subject, resources, preemptible, draw(st.sampled_from(SELECTORS))
 
 
-class NodeMachine(RuleBasedStateMachine):
-    runner: ClassVar[LoopThread]
-    conn: ClassVar[asyncpg.Connection]
-    stats: ClassVar[Counter[str]] = Counter()
-
+class NodeMachine(DatabaseMachine):
     def __init__(self) -> None:
         super().__init__()
         self.model = Model("pack", "best_effort")
@@ -755,27 +744,6 @@ class NodeMachine(RuleBasedStateMachine):
     ],
 )
 def test_engine_matches_node_model(db_url: str, examples: int, steps: int) -> None:
-    runner = LoopThread()
-    conn = runner.run(connect(db_url, application_name=APP_CLI))
-    if twin := os.environ.get("RESPOOL_MODEL_TWIN"):
-        runner.run(install_twin(conn, twin.removesuffix(".sql")))
-    NodeMachine.runner = runner
-    NodeMachine.conn = conn
-    NodeMachine.stats = Counter()
-    started = datetime.now(UTC)
-    try:
-        run_state_machine_as_test(
-            NodeMachine,
-            settings=settings(
-                max_examples=examples,
-                stateful_step_count=steps,
-                deadline=None,
-                database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-            ),
-        )
-    finally:
-        runner.run(conn.close())
-        runner.close()
-    seconds = (datetime.now(UTC) - started).total_seconds()
+    # (RESPOOL_MODEL_TWIN names a broken twin the model must catch, e.g. broken_shrink_twin)
+    seconds = run_machine(NodeMachine, db_url, examples, steps)
     print(f"\nnode model test: {dict(NodeMachine.stats)} in {seconds:.1f}s")

@@ -28,33 +28,24 @@ same deterministically in every run.
 
 from __future__ import annotations
 
-import asyncio
-import os
 import re
-import threading
-from collections import Counter
-from collections.abc import Coroutine
 from datetime import UTC, datetime, timedelta
-from typing import Any, ClassVar, TypeVar
+from typing import Any
 from uuid import UUID
 from zoneinfo import ZoneInfo
 
 import asyncpg
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    RuleBasedStateMachine,
     initialize,
     invariant,
     rule,
-    run_state_machine_as_test,
 )
 
-from app.db.connect import APP_CLI, connect
+from support.model import DatabaseMachine, run_machine
 from support.twins import install_twin
 
-T = TypeVar("T")
 # A Monday, half a minute past midnight UTC; 40 steps of at most a day stay in January-February
 # (no daylight-saving change in any zone below).
 CLOCK0 = datetime(2030, 1, 7, 0, 0, 30, tzinfo=UTC)
@@ -241,28 +232,7 @@ async def make_policy(
     return str(doc["id"])
 
 
-class LoopThread:
-    """A private event loop in a daemon thread: the sync state machine submits coroutines."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=120)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join()
-        self.loop.close()
-
-
-class ShapesMachine(RuleBasedStateMachine):
-    runner: ClassVar[LoopThread]
-    conn: ClassVar[asyncpg.Connection]
-    stats: ClassVar[Counter[str]] = Counter()
-
+class ShapesMachine(DatabaseMachine):
     def __init__(self) -> None:
         super().__init__()
         self.now = CLOCK0
@@ -517,29 +487,8 @@ class ShapesMachine(RuleBasedStateMachine):
     ],
 )
 def test_policy_shapes_hold_on_a_moving_clock(db_url: str, examples: int, steps: int) -> None:
-    runner = LoopThread()
-    conn = runner.run(connect(db_url, application_name=APP_CLI))
-    if twin := os.environ.get("RESPOOL_MODEL_TWIN"):
-        runner.run(install_twin(conn, twin.removesuffix(".sql")))
-    ShapesMachine.runner = runner
-    ShapesMachine.conn = conn
-    ShapesMachine.stats = Counter()
-    started = datetime.now(UTC)
-    try:
-        run_state_machine_as_test(
-            ShapesMachine,
-            settings=settings(
-                max_examples=examples,
-                stateful_step_count=steps,
-                deadline=None,
-                database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-            ),
-        )
-    finally:
-        runner.run(conn.close())
-        runner.close()
-    seconds = (datetime.now(UTC) - started).total_seconds()
+    # (RESPOOL_MODEL_TWIN names a broken twin the model must catch, e.g. broken_shrink_twin)
+    seconds = run_machine(ShapesMachine, db_url, examples, steps)
     print(f"\nshapes model: {dict(ShapesMachine.stats)} in {seconds:.1f}s")
     # The rules were exercised, not just the empty cases.
     assert ShapesMachine.stats["passes_with_a_closed_window"] > 0

@@ -1,0 +1,75 @@
+"""The harness of the Hypothesis model tests (tests/engine/test_model*.py): a private event loop
+for the sync state machines, and one run of a machine against a database."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Coroutine
+from typing import Any, ClassVar, TypeVar
+
+import asyncpg
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
+
+from app.db.connect import APP_CLI, connect
+from support.twins import install_twin
+
+T = TypeVar("T")
+
+
+class LoopThread:
+    """A private event loop in a daemon thread: the sync state machine submits coroutines."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=120)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+        self.loop.close()
+
+
+class DatabaseMachine(RuleBasedStateMachine):
+    """A state machine driving the engine through one connection (set by :func:`run_machine`)."""
+
+    runner: ClassVar[LoopThread]
+    conn: ClassVar[asyncpg.Connection]
+    stats: ClassVar[Counter[str]] = Counter()
+
+
+def run_machine(machine: type[DatabaseMachine], db_url: str, examples: int, steps: int) -> float:
+    """Runs ``machine`` as a test against ``db_url`` (``RESPOOL_MODEL_TWIN``: with that broken
+    twin installed, to prove the model catches it); its stats start empty. Returns the seconds
+    it took."""
+    runner = LoopThread()
+    conn = runner.run(connect(db_url, application_name=APP_CLI))
+    if twin := os.environ.get("RESPOOL_MODEL_TWIN"):
+        runner.run(install_twin(conn, twin.removesuffix(".sql")))
+    machine.runner = runner
+    machine.conn = conn
+    machine.stats = Counter()
+    started = time.monotonic()
+    try:
+        run_state_machine_as_test(
+            machine,
+            settings=settings(
+                max_examples=examples,
+                stateful_step_count=steps,
+                deadline=None,
+                database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+            ),
+        )
+    finally:
+        runner.run(conn.close())
+        runner.close()
+    return time.monotonic() - started
