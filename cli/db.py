@@ -181,15 +181,23 @@ def shell_cmd(
     raise typer.Exit(_run_psql(psql, url, psql_args or []))
 
 
+def _leave(sig: int, _frame: object) -> None:
+    raise SystemExit(128 + sig)
+
+
 def _run_psql(psql: str, url: str, args: list[str]) -> int:
     """psql's exit code. Ctrl-C is psql's to handle (it cancels the running query), so this
-    process waits through it."""
+    process waits through it. A closed terminal (SIGHUP) or a kill (SIGTERM) ends this process
+    the orderly way: psql is killed and waited for, and an embedded server started for it
+    stops (exit 128 + the signal)."""
     dsn, password = split_password(url)
     env = dict(os.environ)
     if password is not None:
         env["PGPASSWORD"] = password
-    previous = signal.signal(signal.SIGINT, lambda *_: None)
+    ours = {signal.SIGINT: lambda *_: None, signal.SIGHUP: _leave, signal.SIGTERM: _leave}
+    previous = {sig: signal.signal(sig, handler) for sig, handler in ours.items()}
     try:
         return subprocess.run([psql, "--dbname", dsn, *args], env=env, check=False).returncode
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

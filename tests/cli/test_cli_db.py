@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -215,3 +217,41 @@ def test_db_shell_without_psql_leaves_the_embedded_server_running_for_the_url(
     url = line.rsplit(" ", 1)[1]
     assert url.startswith("postgresql://postgres:@/respool?host=")
     assert _current_database(url) == "respool"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
+def test_db_shell_leaves_nothing_when_its_terminal_closes_or_it_is_killed(
+    embedded_home: tuple[Path, dict[str, str]], sig: signal.Signals
+) -> None:
+    """A closed terminal (SIGHUP) or a kill (SIGTERM) of `respool db shell`: no psql left, and
+    the embedded server it started for psql stops, as on a normal exit."""
+    pgdata, env = embedded_home
+    bin_dir = pgdata.parent.parent / "bin"
+    bin_dir.mkdir()
+    pid_file = bin_dir / "psql.pid"
+    fake = bin_dir / "psql"
+    fake.write_text(f"#!/bin/sh\necho $$ > {pid_file}\nexec sleep 120\n")
+    fake.chmod(0o755)
+    with subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "db", "shell"],
+        env=env | {"PATH": f"{bin_dir}:/usr/bin:/bin"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as shell:
+        try:
+            deadline = time.monotonic() + 60
+            while not pid_file.exists() or not pid_file.read_text().strip():
+                assert shell.poll() is None, shell.stderr.read() if shell.stderr else ""
+                assert time.monotonic() < deadline, "psql never started"
+                time.sleep(0.05)
+            psql_pid = int(pid_file.read_text())
+            assert embedded_server_running(pgdata)
+            shell.send_signal(sig)
+            assert shell.wait(timeout=60) == 128 + sig
+        finally:
+            if shell.poll() is None:
+                shell.kill()
+    with pytest.raises(ProcessLookupError):
+        os.kill(psql_pid, 0)
+    assert not embedded_server_running(pgdata)
