@@ -383,28 +383,6 @@ def events(
 
 
 def _action(name: str, doc: str) -> None:
-    """Register ``request <name> ID [--attempt N]``: POST /v1/requests/ID/<name>."""
-
-    def command(
-        request_id: RequestId,
-        attempt: Attempt = None,
-        output: Output = OutputFormat.table,
-        url: Url = DEFAULT_URL,
-        token: Token = None,
-    ) -> None:
-        with connect_api(url, token) as api:
-            rid = resolve_request(api, request_id)
-            req = api.call(
-                "POST", f"/v1/requests/{rid}/{name}", Request, params={"attempt": attempt}
-            )
-        note(_outcome(req))
-        _show(req, output)
-
-    command.__doc__ = doc
-    app.command(name)(command)
-
-
-def _many_action(name: str, doc: str) -> None:
     """Register ``request <name> ID... [--attempt N]``: POST /v1/requests/ID/<name> for each id,
     in order. An id that fails is reported on its own line and the others still go ahead;
     exit 1 if any failed."""
@@ -446,7 +424,7 @@ def _many_action(name: str, doc: str) -> None:
     app.command(name)(command)
 
 
-_many_action(
+_action(
     "release",
     """Give the units back (a queued request is cancelled instead); several ids: each in turn.
 
@@ -458,7 +436,7 @@ _many_action(
 )
 _action(
     "heartbeat",
-    """Renew the lease of an allocated request (now + its lease_seconds); prints its status.
+    """Renew the lease of allocated requests (now + each one's lease_seconds); prints each status.
 
     A script that holds units between commands calls this more often than the lease.
 
@@ -467,7 +445,7 @@ _action(
         respool request heartbeat 0b7c1e9e --attempt 1
     """,
 )
-_many_action(
+_action(
     "cancel",
     """Cancel requests, queued or allocated; several ids: each in turn.
 
