@@ -16,15 +16,26 @@ COMMENT ON FUNCTION respool._resolve_ref(text, text, uuid[], text[]) IS
     'Turns the matches of a ref into one id, or RP404 (none) / RP400 listing the candidates (several).';
 
 CREATE OR REPLACE FUNCTION respool.resolve_pool(p_ref text)
-RETURNS uuid LANGUAGE sql STABLE AS $$
+RETURNS uuid LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_id uuid;
+BEGIN
+    -- A ref that cannot be an id prefix is a name, found by one probe of the unique index
+    -- (PL/pgSQL keeps the plan; every create with a pool ref comes here).
+    IF p_ref IS NULL OR p_ref !~* '^[0-9a-f-]{4,36}$' THEN
+        SELECT id INTO v_id FROM respool.pools WHERE name = p_ref;
+        IF NOT FOUND THEN
+            PERFORM respool._fail('RP404', 'pool', format('pool %L not found', p_ref));
+        END IF;
+        RETURN v_id;
+    END IF;
     -- A name match and an id-prefix match of another pool are ambiguous (docs/api.md), never
     -- resolved silently: candidates are every pool matching either way.
-    SELECT respool._resolve_ref('pool', p_ref, coalesce(array_agg(id ORDER BY name), '{}'),
-                                array_agg(name || ' (' || id || ')' ORDER BY name))
-      FROM respool.pools
-     WHERE name = p_ref
-        OR (p_ref ~* '^[0-9a-f-]{4,36}$' AND id::text LIKE lower(p_ref) || '%')
-$$;
+    RETURN (SELECT respool._resolve_ref('pool', p_ref, coalesce(array_agg(id ORDER BY name), '{}'),
+                                        array_agg(name || ' (' || id || ')' ORDER BY name))
+              FROM respool.pools
+             WHERE name = p_ref OR id::text LIKE lower(p_ref) || '%');
+END $$;
 COMMENT ON FUNCTION respool.resolve_pool(text) IS
     'Pool id for a name, a full id or a unique id prefix of >= 4 hex chars; RP400 listing the candidates when the ref is one pool''s name and another''s id prefix.';
 

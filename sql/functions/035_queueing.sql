@@ -83,6 +83,7 @@ CREATE OR REPLACE FUNCTION respool._grant_at_once(p_request respool.requests, p_
 RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
     c record;
+    f record;
 BEGIN
     SELECT p.pool_id, p.id AS policy_id INTO c
       FROM respool._subject_policies(p_request.subject) s
@@ -91,11 +92,21 @@ BEGIN
      ORDER BY p.priority DESC, pl.name LIMIT 1;
     -- With an empty queue nothing is ahead of it, in either queueing mode, and no pool holds
     -- for a starving head (a pool with a queue is left to respool._try_new).
-    RETURN FOUND AND NOT EXISTS (SELECT FROM respool.queue_entries WHERE pool_id = c.pool_id)
-           AND respool._try_grant(p_request.id, c.pool_id, c.policy_id, p_now) = 'granted';
+    IF NOT FOUND OR EXISTS (SELECT FROM respool.queue_entries WHERE pool_id = c.pool_id) THEN
+        RETURN false;
+    END IF;
+    -- The admission respool._try_grant makes, without its row lock and re-read: the request was
+    -- inserted by this transaction, so no other one can see it, let alone lock it.
+    f := respool._fit_node(p_request.resources, p_request.preemptible, c.pool_id, c.policy_id, p_request.id,
+                           p_request.earmark_pool_id, p_request.node_selector);
+    IF NOT f.fits THEN
+        RETURN false;
+    END IF;
+    PERFORM respool._grant_many(ARRAY[p_request.id], c.pool_id, c.policy_id, p_now, ARRAY[f.node_id]);
+    RETURN true;
 END $$;
 COMMENT ON FUNCTION respool._grant_at_once(respool.requests, timestamptz) IS
-    'A new request (not a gang member), its candidate pools locked by the caller and no queue entry yet: granted now in its first candidate pool when nobody queues there and the pool admits it, as respool._try_new would, without a queue entry written and deleted again. False (nothing changed) otherwise: the caller queues it (respool._try_new).';
+    'A request this transaction has just inserted (not a gang member), its candidate pools locked by the caller and no queue entry yet: granted now in its first candidate pool when nobody queues there and the pool admits it (respool._fit_node, the admission respool._try_grant makes; no row lock needed, nobody else can see the row), as respool._try_new would, without a queue entry written and deleted again. False (nothing changed) otherwise: the caller queues it (respool._try_new).';
 
 CREATE OR REPLACE FUNCTION respool._try_new(p_id uuid, p_now timestamptz)
 RETURNS void LANGUAGE plpgsql AS $$

@@ -167,6 +167,7 @@ DECLARE
     v_first_reason text;
     v_messages text[] := '{}';
     v_names text[] := '{}';
+    v_first_policy uuid;  -- the first candidate's policy: the highest priority among them
     r respool.requests;
     c record;
 BEGIN
@@ -201,6 +202,7 @@ BEGIN
     -- Validate under the pool locks, so a concurrent capacity or policy change cannot slip between.
     PERFORM respool._lock_pools(v_all);
     FOR c IN SELECT * FROM respool._candidate_rejections(v_subject, v_all, v_resources, v_preemptible, v_selector) LOOP
+        v_first_policy := coalesce(v_first_policy, c.policy_id);
         v_names := v_names || c.pool_name;
         IF c.reason IS NULL THEN
             v_ok := v_ok || c.pool_id;
@@ -225,8 +227,7 @@ BEGIN
             CASE WHEN cardinality(v_names) = 1 THEN v_names[1]
                  WHEN v_pool_id IS NOT NULL THEN (SELECT name FROM respool.pools WHERE id = v_pool_id) END,
             v_ok, v_resources, v_preemptible,
-            coalesce((SELECT max(p.priority) FROM respool._subject_policies(v_subject) s
-                        JOIN respool.policies p ON p.id = s.policy_id WHERE p.pool_id = ANY (v_all)), 0),
+            coalesce((SELECT p.priority FROM respool.policies p WHERE p.id = v_first_policy), 0),
             CASE WHEN cardinality(v_ok) = 0 THEN 'rejected' ELSE 'queued' END,
             CASE WHEN cardinality(v_ok) = 0 THEN v_first_reason END,
             CASE WHEN cardinality(v_ok) = 0 THEN array_to_string(v_messages, '; ') ELSE '' END,

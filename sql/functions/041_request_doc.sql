@@ -3,16 +3,22 @@
 DROP FUNCTION IF EXISTS respool._request_json(uuid, jsonb);
 
 CREATE OR REPLACE FUNCTION respool._placement_doc(p_request_id uuid)
-RETURNS json LANGUAGE sql STABLE AS $$
-    SELECT json_build_object(
-        'node', n.name, 'labels', n.labels,
-        'devices', coalesce((SELECT json_object_agg(d.key, d.ids)
-                               FROM (SELECT nd.key, json_agg(nd.device ORDER BY nd.position) AS ids
-                                       FROM respool.node_devices nd WHERE nd.holder_id = p_request_id
-                                      GROUP BY nd.key) d), '{}'::json))
-      FROM respool.placements pl JOIN respool.nodes n ON n.id = pl.node_id
-     WHERE pl.request_id = p_request_id
-$$;
+RETURNS json LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- PL/pgSQL, not SQL: a SQL function with a FROM clause is not inlined, and before
+    -- PostgreSQL 18 its body is planned again on every call (every answer of a holding request).
+    IF NOT EXISTS (SELECT FROM respool.placements WHERE request_id = p_request_id) THEN
+        RETURN NULL;  -- a pool without nodes: the common case, one index probe
+    END IF;
+    RETURN (SELECT json_build_object(
+                'node', n.name, 'labels', n.labels,
+                'devices', coalesce((SELECT json_object_agg(d.key, d.ids)
+                                       FROM (SELECT nd.key, json_agg(nd.device ORDER BY nd.position) AS ids
+                                               FROM respool.node_devices nd WHERE nd.holder_id = p_request_id
+                                              GROUP BY nd.key) d), '{}'::json))
+              FROM respool.placements pl JOIN respool.nodes n ON n.id = pl.node_id
+             WHERE pl.request_id = p_request_id);
+END $$;
 COMMENT ON FUNCTION respool._placement_doc(uuid) IS
     'Where a holding request is placed (docs/placement.md): {"node": name, "labels": {...}, "devices": {key: [ids in list order]}}; NULL when it has no placement (a pool without nodes, or not holding). Read-only.';
 
