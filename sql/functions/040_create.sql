@@ -168,6 +168,8 @@ DECLARE
     v_messages text[] := '{}';
     v_names text[] := '{}';
     v_first_policy uuid;  -- the first candidate's policy: the highest priority among them
+    v_at_pool uuid;       -- the first admitted candidate, where a grant at once is tried
+    v_at_policy uuid;
     r respool.requests;
     c record;
 BEGIN
@@ -206,6 +208,10 @@ BEGIN
         v_names := v_names || c.pool_name;
         IF c.reason IS NULL THEN
             v_ok := v_ok || c.pool_id;
+            IF v_at_pool IS NULL THEN
+                v_at_pool := c.pool_id;
+                v_at_policy := c.policy_id;
+            END IF;
         ELSE
             v_first_reason := coalesce(v_first_reason, c.reason);
             v_messages := v_messages || c.message;
@@ -247,7 +253,7 @@ BEGIN
     PERFORM respool._record_event(r, NULL, p_now);
 
     -- A gang member waits for its gang (respool._gang_start queues and grants it; docs/scheduling.md).
-    IF r.status = 'queued' AND p_gang_id IS NULL AND NOT respool._grant_at_once(r, p_now) THEN
+    IF r.status = 'queued' AND p_gang_id IS NULL AND NOT respool._grant_at_once(r, v_at_pool, v_at_policy, p_now) THEN
         -- Its queue entries: one per candidate that the checks above admitted (v_ok), under
         -- the same pool locks (what respool._enqueue would find, without checking again).
         INSERT INTO respool.queue_entries (pool_id, request_id, policy_id, queued_at, resources, preemptible,
