@@ -18,11 +18,17 @@ CREATE OR REPLACE FUNCTION respool._grant_many(p_ids uuid[], p_pool_id uuid, p_p
                                                p_nodes uuid[] DEFAULT NULL)
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
-    v_pool_name text := (SELECT name FROM respool.pools WHERE id = p_pool_id);
-    v_priority integer := (SELECT priority FROM respool.policies WHERE id = p_policy_id);
-    v_tracked text[] := ARRAY(SELECT key FROM respool.pool_resources WHERE pool_id = p_pool_id AND capacity IS NOT NULL);
+    v_pool_name text;
+    v_priority integer;
+    v_tracked text[];
     v_granted respool.requests[];
 BEGIN
+    -- What every grant row takes from its pool and policy, in one statement.
+    SELECT pl.name, p.priority,
+           ARRAY(SELECT pr.key FROM respool.pool_resources pr WHERE pr.pool_id = p_pool_id AND pr.capacity IS NOT NULL)
+      INTO v_pool_name, v_priority, v_tracked
+      FROM respool.pools pl CROSS JOIN respool.policies p
+     WHERE pl.id = p_pool_id AND p.id = p_policy_id;
     -- The status change is the one respool._set_status makes, in the same row version as the
     -- grant's own columns: one new version per granted request.
     WITH granted AS (
