@@ -17,6 +17,7 @@ __all__ = [
     "NotFound",
     "TRANSIENT",
     "engine_errors",
+    "error_for",
     "translate",
 ]
 
@@ -69,10 +70,15 @@ _BY_SQLSTATE: dict[str, type[EngineError]] = {
 
 def translate(exc: asyncpg.PostgresError) -> EngineError | None:
     """The EngineError for an RPxxx SQLSTATE, or None for any other database error."""
-    kind = _BY_SQLSTATE.get(exc.sqlstate or "")
-    if kind is None:
+    if (exc.sqlstate or "") not in _BY_SQLSTATE:
         return None
-    return kind(str(exc.args[0]) if exc.args else str(exc), getattr(exc, "column_name", None))
+    message = str(exc.args[0]) if exc.args else str(exc)
+    return error_for(exc.sqlstate or "", message, getattr(exc, "column_name", None))
+
+
+def error_for(sqlstate: str, message: str, field: str | None) -> EngineError:
+    """The EngineError an RPxxx SQLSTATE stands for (one member's error of a batched call)."""
+    return _BY_SQLSTATE.get(sqlstate, InvariantBroken)(message, field)
 
 
 # A transaction the database rolled back to break a conflict (deadlock, serialization failure,

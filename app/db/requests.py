@@ -10,7 +10,7 @@ from uuid import UUID
 import msgspec
 from respool_client.wire import Created, Event, Request, WhatIf
 
-from app.db.errors import engine_errors
+from app.db.errors import EngineError, engine_errors, error_for
 from app.db.executor import Executor, _as
 from app.db.named import query
 
@@ -113,6 +113,25 @@ async def list_requests(
 @engine_errors
 async def release_request(db: Executor, request_id: UUID, *, attempt: int | None = None) -> Request:
     return _as(Request, await db.fetchval(query("release_request"), request_id, attempt))
+
+
+@engine_errors
+async def release_requests(
+    db: Executor, releases: list[tuple[UUID, int | None]]
+) -> list[Request | EngineError]:
+    """Several releases, each ``(id, attempt)``, in one transaction: each ended exactly as
+    :func:`release_request` would end it after the ones before it. One result per release, in
+    order: its request, or the :class:`EngineError` its own call would have raised (unknown id,
+    stale attempt), that release changing nothing."""
+    rows = await db.fetch(
+        query("release_requests"), [i for i, _ in releases], [a for _, a in releases]
+    )
+    return [
+        _as(Request, row["request"])
+        if row["error_code"] is None
+        else error_for(row["error_code"], row["error_message"], row["error_field"])
+        for row in rows
+    ]
 
 
 @engine_errors

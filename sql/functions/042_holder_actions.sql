@@ -85,23 +85,33 @@ END $$;
 COMMENT ON FUNCTION respool._end_holding(uuid, text, text, text, timestamptz) IS
     'Frees a locked allocated/preempting request, sets its final status (a preempting one becomes preempted; a cancelled or expired gang member takes the rest of its gang along, docs/scheduling.md, gangs), and grants what now fits in its pool.';
 
+CREATE OR REPLACE FUNCTION respool._end_locked(p_id uuid, p_status text, p_reason text, p_message text,
+                                               p_queued_reason text, p_queued_message text, p_now timestamptz)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_status text := (SELECT status FROM respool.requests WHERE id = p_id);
+BEGIN
+    IF v_status IN ('allocated', 'preempting') THEN
+        PERFORM respool._end_holding(p_id, p_status, p_reason, p_message, p_now);
+    ELSIF v_status = 'queued' THEN
+        PERFORM respool._leave_queue(p_id, 'cancelled', p_queued_reason, p_queued_message, p_now);
+    END IF;
+END $$;
+COMMENT ON FUNCTION respool._end_locked(uuid, text, text, text, text, text, timestamptz) IS
+    'Release and cancel in one place, for a request the caller has locked with its pools (respool._lock_request): holding, it ends as p_status (preempting -> preempted) with its units freed and what fits granted; queued, it becomes cancelled with p_queued_reason; terminal, it is unchanged. Reads the status itself, so a caller ending several requests sees what the earlier ones did (a gang member that followed its gang).';
+
 CREATE OR REPLACE FUNCTION respool._end_request(p_id uuid, p_attempt integer, p_status text,
                                                 p_reason text, p_message text,
                                                 p_queued_reason text, p_queued_message text,
                                                 p_now timestamptz)
 RETURNS jsonb LANGUAGE plpgsql AS $$
-DECLARE
-    r respool.requests := respool._lock_request(p_id, p_attempt);
 BEGIN
-    IF r.status IN ('allocated', 'preempting') THEN
-        PERFORM respool._end_holding(p_id, p_status, p_reason, p_message, p_now);
-    ELSIF r.status = 'queued' THEN
-        PERFORM respool._leave_queue(p_id, 'cancelled', p_queued_reason, p_queued_message, p_now);
-    END IF;
+    PERFORM respool._lock_request(p_id, p_attempt);
+    PERFORM respool._end_locked(p_id, p_status, p_reason, p_message, p_queued_reason, p_queued_message, p_now);
     RETURN respool.request_json(p_id);
 END $$;
 COMMENT ON FUNCTION respool._end_request(uuid, integer, text, text, text, text, text, timestamptz) IS
-    'Release and cancel in one place: a holding request (attempt fenced) ends as p_status (preempting -> preempted) with its units freed and what fits granted; a queued one becomes cancelled with p_queued_reason; a terminal one is unchanged. Returns the request''s JSON.';
+    'Release and cancel of one request: locked with its pools and attempt-fenced (respool._lock_request: RP404, RP409), then ended by respool._end_locked. Returns the request''s JSON.';
 
 CREATE OR REPLACE FUNCTION respool.release_request(p_id uuid, p_attempt integer DEFAULT NULL,
                                                    p_now timestamptz DEFAULT now())
@@ -111,6 +121,56 @@ RETURNS jsonb LANGUAGE sql AS $$
 $$;
 COMMENT ON FUNCTION respool.release_request(uuid, integer, timestamptz) IS
     'allocated -> released (preempting -> preempted), queued -> cancelled, terminal unchanged; frees units and grants what fits in the same transaction.';
+
+DROP FUNCTION IF EXISTS respool.release_requests(uuid[], integer[], timestamptz);
+CREATE OR REPLACE FUNCTION respool.release_requests(p_ids uuid[], p_attempts integer[] DEFAULT NULL,
+                                                    p_now timestamptz DEFAULT now())
+RETURNS TABLE (member integer, request jsonb, error_code text, error_field text, error_message text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_status text[] := '{}';
+    r respool.requests;
+BEGIN
+    IF p_ids IS NULL OR cardinality(p_ids) NOT BETWEEN 1 AND respool._max_batch() THEN
+        PERFORM respool._fail('RP400', 'ids', format('1 to %s request ids', respool._max_batch()));
+    END IF;
+    IF p_attempts IS NOT NULL AND cardinality(p_attempts) <> cardinality(p_ids) THEN
+        PERFORM respool._fail('RP400', 'attempts', 'one attempt (or null) per request id');
+    END IF;
+    -- Every pool any of them holds or waits in, in id order, then the rows in id order: the
+    -- order respool._lock_request takes for one, so this cannot deadlock with other writers.
+    PERFORM respool._lock_pools(ARRAY(SELECT DISTINCT x FROM respool.requests q
+                                        CROSS JOIN LATERAL unnest(q.candidate_pool_ids || q.pool_id) x
+                                       WHERE q.id = ANY (p_ids) AND x IS NOT NULL));
+    PERFORM 1 FROM respool.requests WHERE id = ANY (p_ids) ORDER BY id FOR UPDATE;
+    -- In request order, each exactly as respool.release_request would end it after the ones
+    -- before it; an unknown id or a stale attempt is that member's error and changes nothing.
+    FOR i IN 1 .. cardinality(p_ids) LOOP
+        SELECT * INTO r FROM respool.requests WHERE id = p_ids[i];
+        IF NOT FOUND THEN
+            v_status := v_status || 'RP404'::text;
+        ELSIF p_attempts[i] IS NOT NULL AND p_attempts[i] <> r.attempt THEN
+            v_status := v_status || 'RP409'::text;
+        ELSE
+            PERFORM respool._end_locked(p_ids[i], 'released', NULL, '',
+                                        'released_while_queued', 'released before it was allocated', p_now);
+            v_status := v_status || NULL::text;
+        END IF;
+    END LOOP;
+    RETURN QUERY
+    SELECT (x.n - 1)::integer, d.doc::jsonb, v_status[x.n],
+           CASE v_status[x.n] WHEN 'RP404' THEN 'id' WHEN 'RP409' THEN 'attempt' END,
+           CASE v_status[x.n] WHEN 'RP404' THEN format('request %s not found', x.id)
+                              WHEN 'RP409' THEN format('stale attempt %s: request %s is on attempt %s',
+                                                       p_attempts[x.n], x.id, q.attempt) END
+      FROM unnest(p_ids) WITH ORDINALITY x(id, n)
+      LEFT JOIN respool.requests q ON q.id = x.id
+      LEFT JOIN respool.request_docs(ARRAY(SELECT DISTINCT y FROM unnest(p_ids) y)) d
+             ON d.id = x.id AND v_status[x.n] IS NULL
+     ORDER BY x.n;
+END $$;
+COMMENT ON FUNCTION respool.release_requests(uuid[], integer[], timestamptz) IS
+    'Several releases in one transaction (the API coalesces concurrent POST /v1/requests/{id}/release calls into one, docs/api.md): member i is ended exactly as respool.release_request(p_ids[i], p_attempts[i]) would end it right after members 0..i-1 (allocated -> released, preempting -> preempted, queued -> cancelled, terminal unchanged; units freed and what fits granted in the same transaction). Pools and rows are locked up front in id order. One row per member, in member order: its document once all are done, or, for an unknown id (RP404, field id) or a stale attempt (RP409, field attempt), the error a single release would raise, that member changing nothing. RP400 for an empty or oversized list or a mismatched attempts list.';
 
 CREATE OR REPLACE FUNCTION respool.cancel_request(p_id uuid, p_attempt integer DEFAULT NULL,
                                                   p_now timestamptz DEFAULT now())
