@@ -363,6 +363,31 @@ BEGIN
         PERFORM respool._fail('RP400', 'default_lease_seconds', 'default_lease_seconds must be between 1 and ' || respool._max_seconds());
     END IF;
 
+    IF NOT coalesce(p_all_or_nothing, false) THEN
+        -- Set-based first (respool._create_set, docs/engine.md "How a batch is made"); where it
+        -- gives way (nothing of it kept), the members are created one by one below, which also
+        -- names the first refused member.
+        BEGIN
+            SELECT array_agg(s.request_id ORDER BY s.member), array_agg(s.created ORDER BY s.member)
+              INTO v_ids, v_created
+              FROM respool._create_set(p_members, p_default_lease_seconds, p_now, v_count > 1) s;
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE;
+            IF v_state NOT IN ('RP298', 'RP400', 'RP404', 'RP409', 'RP422') THEN
+                RAISE;
+            END IF;
+            v_ids := NULL;
+        END;
+        IF v_ids IS NOT NULL THEN
+            RETURN QUERY SELECT (x.n - 1)::integer, v_created[x.n], d.doc::jsonb
+                           FROM unnest(v_ids) WITH ORDINALITY x(id, n)
+                           JOIN respool.request_docs(v_ids) d ON d.id = x.id
+                          ORDER BY x.n;
+            RETURN;
+        END IF;
+        v_ids := '{}';
+        v_created := '{}';
+    END IF;
     BEGIN
         -- Every body checked and completed first, so a malformed member refuses the batch
         -- before any work.
