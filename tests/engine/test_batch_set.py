@@ -18,11 +18,11 @@ from typing import Any
 import asyncpg
 import pytest
 from engine_support import assert_healthy
-from support.db import direct, drop_database_later, function_calls
 
 from app.db import batch as db_batch
 from app.db.dsn import with_database
 from app.db.errors import BadInput, IdempotencyMismatch
+from support.db import direct, drop_database_later, function_calls
 
 T0 = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
 AT = T0 + timedelta(minutes=1)  # the batch's clock
@@ -49,7 +49,12 @@ async def build(conn: asyncpg.Connection, world: str) -> None:
     for node, kind in (("x", "x"), ("y", "y")):
         await conn.fetchval(
             "SELECT respool.create_node($1, p_now => $2)",
-            {"name": node, "pool": "n", "labels": {"gpu-type": kind}, "devices": {"gpu": list("0123")}},
+            {
+                "name": node,
+                "pool": "n",
+                "labels": {"gpu-type": kind},
+                "devices": {"gpu": list("0123")},
+            },
             T0,
         )
     for subject, pool, priority, limit in (
@@ -67,21 +72,36 @@ async def build(conn: asyncpg.Connection, world: str) -> None:
             limit,
             T0,
         )
-    await create_one(conn, {"subject": "S", "pool": "a", "resources": {"gpu": 1}, "labels": {"m": "holder"}}, T0)
+    await create_one(
+        conn, {"subject": "S", "pool": "a", "resources": {"gpu": 1}, "labels": {"m": "holder"}}, T0
+    )
     await create_one(
         conn,
-        {"subject": "S", "pool": "b", "resources": {"gpu": 1}, "idempotency_key": "k1", "labels": {"m": "k1"}},
+        {
+            "subject": "S",
+            "pool": "b",
+            "resources": {"gpu": 1},
+            "idempotency_key": "k1",
+            "labels": {"m": "k1"},
+        },
         T0,
     )
     if world == "queue":
         # Earlier waiters of another subject in a, blocked by the holder and T's own limit.
-        await create_one(conn, {"subject": "T", "pool": "a", "resources": {"gpu": 2}, "labels": {"m": "w1"}}, T0)
-        await create_one(conn, {"subject": "T", "pool": "a", "resources": {"gpu": 3}, "labels": {"m": "w2"}}, T0)
+        await create_one(
+            conn, {"subject": "T", "pool": "a", "resources": {"gpu": 2}, "labels": {"m": "w1"}}, T0
+        )
+        await create_one(
+            conn, {"subject": "T", "pool": "a", "resources": {"gpu": 3}, "labels": {"m": "w2"}}, T0
+        )
 
 
-async def create_one(conn: asyncpg.Connection, body: dict[str, Any], at: datetime) -> dict[str, Any]:
+async def create_one(
+    conn: asyncpg.Connection, body: dict[str, Any], at: datetime
+) -> dict[str, Any]:
     row = await conn.fetchrow(
-        "SELECT created, request FROM respool.create_request($1, p_default_lease_seconds => 300, p_now => $2)",
+        "SELECT created, request FROM respool.create_request($1, p_default_lease_seconds => 300,"
+        " p_now => $2)",
         body,
         at,
     )
@@ -113,12 +133,37 @@ def mixed_members() -> list[dict[str, Any]]:
         {"subject": "U", "pool": "n", "resources": {"gpu": 2}, "node_selector": {"gpu-type": "x"}},
         {"subject": "U", "pool": "n", "resources": {"gpu": 2}, "settings": {"gpu_type": "y"}},
         {"subject": "U", "pool": "n", "resources": {"gpu": 2}, "settings": {"gpu_type": "y"}},
-        {"subject": "U", "pool": "n", "resources": gpu, "node_selector": {"gpu-type": "z"}},  # no node
+        {
+            "subject": "U",
+            "pool": "n",
+            "resources": gpu,
+            "node_selector": {"gpu-type": "z"},
+        },  # no node
         {"subject": "U", "pool": "n", "resources": gpu},
-        {"subject": "S", "pool": "b", "resources": gpu, "idempotency_key": "k1", "labels": {"m": "k1"}},
-        {"subject": "S", "pool": "b", "resources": gpu, "idempotency_key": "k2", "max_seconds": 60, "labels": {"m": "k2"}},
+        {
+            "subject": "S",
+            "pool": "b",
+            "resources": gpu,
+            "idempotency_key": "k1",
+            "labels": {"m": "k1"},
+        },
+        {
+            "subject": "S",
+            "pool": "b",
+            "resources": gpu,
+            "idempotency_key": "k2",
+            "max_seconds": 60,
+            "labels": {"m": "k2"},
+        },
         {"subject": "S", "resources": gpu, "preemptible": False, "lease_seconds": None},
-        {"subject": "S", "pool": "b", "resources": gpu, "idempotency_key": "k2", "max_seconds": 60, "labels": {"m": "k2"}},
+        {
+            "subject": "S",
+            "pool": "b",
+            "resources": gpu,
+            "idempotency_key": "k2",
+            "max_seconds": 60,
+            "labels": {"m": "k2"},
+        },
         {"subject": "T", "resources": gpu, "preemption_group": "g"},
         {"subject": "S", "resources": {"gpu": 1}},
     ]
@@ -127,8 +172,11 @@ def mixed_members() -> list[dict[str, Any]]:
 
 
 async def snapshot(conn: asyncpg.Connection, ids: list[str]) -> dict[str, Any]:
-    """What a user or operator sees, request ids replaced by the member (or label) that made them."""
-    names = {r["id"]: r["m"] or r["id"] for r in await conn.fetch("SELECT id::text, labels ->> 'm' AS m FROM respool.requests")}
+    """What a user or operator sees, each request id replaced by its member's label."""
+    names = {
+        r["id"]: r["m"] or r["id"]
+        for r in await conn.fetch("SELECT id::text, labels ->> 'm' AS m FROM respool.requests")
+    }
     for i, rid in enumerate(ids):
         names.setdefault(rid, f"member {i}")
 
@@ -138,11 +186,16 @@ async def snapshot(conn: asyncpg.Connection, ids: list[str]) -> dict[str, Any]:
     requests = [
         {**dict(r), "id": name(r["id"])}
         for r in await conn.fetch(
-            "SELECT r.id::text, r.status, r.reason, r.message, r.pool_name, r.priority, r.attempt, r.version,"
-            " r.preemptible, r.max_retries, r.lease_seconds, r.max_seconds, r.idempotency_key, r.request_body::text,"
-            " r.resources::text, r.labels::text, r.node_selector::text, r.preemption_group, r.queued_at, r.created_at,"
-            " r.updated_at, r.finished_at, r.allocated_at, r.lease_expires_at, r.run_deadline, r.np_charge::text,"
-            " (SELECT array_agg(p.name ORDER BY c.k) FROM unnest(r.candidate_pool_ids) WITH ORDINALITY c(id, k)"
+            "SELECT r.id::text, r.status, r.reason, r.message, r.pool_name, r.priority,"
+            " r.attempt, r.version,"
+            " r.preemptible, r.max_retries, r.lease_seconds, r.max_seconds, r.idempotency_key,"
+            " r.request_body::text,"
+            " r.resources::text, r.labels::text, r.node_selector::text, r.preemption_group,"
+            " r.queued_at, r.created_at,"
+            " r.updated_at, r.finished_at, r.allocated_at, r.lease_expires_at, r.run_deadline,"
+            " r.np_charge::text,"
+            " (SELECT array_agg(p.name ORDER BY c.k) FROM unnest(r.candidate_pool_ids) WITH"
+            " ORDINALITY c(id, k)"
             "   JOIN respool.pools p ON p.id = c.id) AS candidates,"
             " (SELECT n.name FROM respool.placements pl JOIN respool.nodes n ON n.id = pl.node_id"
             "   WHERE pl.request_id = r.id) AS node,"
@@ -152,9 +205,18 @@ async def snapshot(conn: asyncpg.Connection, ids: list[str]) -> dict[str, Any]:
         )
     ]
     events = [
-        (name(e["request_id"]), e["at"], e["from_status"], e["to_status"], e["reason"], e["attempt"], e["message"])
+        (
+            name(e["request_id"]),
+            e["at"],
+            e["from_status"],
+            e["to_status"],
+            e["reason"],
+            e["attempt"],
+            e["message"],
+        )
         for e in await conn.fetch(
-            "SELECT request_id, at, from_status, to_status, reason, attempt, message FROM respool.events ORDER BY id"
+            "SELECT request_id, at, from_status, to_status, reason, attempt, message FROM"
+            " respool.events ORDER BY id"
         )
     ]
     per_request: dict[str, list[Any]] = {}
@@ -162,16 +224,22 @@ async def snapshot(conn: asyncpg.Connection, ids: list[str]) -> dict[str, Any]:
         per_request.setdefault(e[0], []).append(e[1:])
     queue = [
         (q["pool"], q["position"], name(q["request_id"]))
-        for q in await conn.fetch("SELECT pool, position, request_id FROM respool.queue ORDER BY pool, position")
+        for q in await conn.fetch(
+            "SELECT pool, position, request_id FROM respool.queue ORDER BY pool, position"
+        )
     ]
     counters = [
         tuple(r)
         for r in await conn.fetch(
-            "SELECT 'pool', p.name, NULL, pr.key, pr.used, NULL::bigint FROM respool.pool_resources pr"
+            "SELECT 'pool', p.name, NULL, pr.key, pr.used, NULL::bigint FROM"
+            " respool.pool_resources pr"
             "  JOIN respool.pools p ON p.id = pr.pool_id"
-            " UNION ALL SELECT 'policy', p.name, po.subject, r.key, r.used, r.np_used FROM respool.policy_resources r"
-            "  JOIN respool.policies po ON po.id = r.policy_id JOIN respool.pools p ON p.id = po.pool_id"
-            " UNION ALL SELECT 'node', n.name, NULL, nr.key, nr.used, NULL FROM respool.node_resources nr"
+            " UNION ALL SELECT 'policy', p.name, po.subject, r.key, r.used, r.np_used FROM"
+            " respool.policy_resources r"
+            "  JOIN respool.policies po ON po.id = r.policy_id JOIN respool.pools p ON p.id ="
+            " po.pool_id"
+            " UNION ALL SELECT 'node', n.name, NULL, nr.key, nr.used, NULL FROM"
+            " respool.node_resources nr"
             "  JOIN respool.nodes n ON n.id = nr.node_id"
             " ORDER BY 1, 2, 3, 4"
         )
@@ -229,7 +297,9 @@ def fresh(admin_url: str, copies: Any) -> Any:
     made.drop()
 
 
-async def both_ways(fresh: Fresh, world: str, members: list[dict[str, Any]]) -> tuple[Any, Any, int]:
+async def both_ways(
+    fresh: Fresh, world: str, members: list[dict[str, Any]]
+) -> tuple[Any, Any, int]:
     """(batch, one by one) snapshots and answers, and how many members the batch created one by
     one (respool._create_checked calls: 0 when the set-based path made it)."""
     async with direct(fresh.take()) as conn:
@@ -237,7 +307,8 @@ async def both_ways(fresh: Fresh, world: str, members: list[dict[str, Any]]) -> 
         await conn.execute("SET track_functions = 'all'")
         async with conn.transaction():
             rows = await conn.fetch(
-                "SELECT created, request FROM respool.create_requests($1, p_default_lease_seconds => 300,"
+                "SELECT created, request FROM respool.create_requests($1, p_default_lease_seconds"
+                " => 300,"
                 " p_now => $2) ORDER BY member",
                 members,
                 AT,
@@ -254,10 +325,16 @@ async def both_ways(fresh: Fresh, world: str, members: list[dict[str, Any]]) -> 
             for i, body in enumerate(members):
                 singles.append(await create_one(conn, body, AT + timedelta(microseconds=i)))
         rows2 = await conn.fetch(
-            "SELECT id, doc FROM respool.request_docs($1::uuid[])", [s["request"]["id"] for s in singles]
+            "SELECT id, doc FROM respool.request_docs($1::uuid[])",
+            [s["request"]["id"] for s in singles],
         )
-        docs = {str(r["id"]): json.loads(r["doc"]) if isinstance(r["doc"], str) else r["doc"] for r in rows2}
-        single_rows = [{"created": s["created"], "request": docs[s["request"]["id"]]} for s in singles]
+        docs = {
+            str(r["id"]): json.loads(r["doc"]) if isinstance(r["doc"], str) else r["doc"]
+            for r in rows2
+        }
+        single_rows = [
+            {"created": s["created"], "request": docs[s["request"]["id"]]} for s in singles
+        ]
         single_ids = [s["request"]["id"] for s in singles]
         one = (await snapshot(conn, single_ids), answers(single_rows, single_ids))
         await assert_healthy(conn)
@@ -306,10 +383,14 @@ async def test_refusals_name_the_first_refused_member(fresh: Fresh) -> None:
         before = await conn.fetchval("SELECT count(*) FROM respool.requests")
         good = member(0, subject="S", pool="b", resources={"gpu": 1})
         with pytest.raises(BadInput) as bad:
-            await db_batch.create_requests(conn, [good, good, {"subject": "S", "pool": "b", "resources": {"gpu": -1}}])
+            await db_batch.create_requests(
+                conn, [good, good, {"subject": "S", "pool": "b", "resources": {"gpu": -1}}]
+            )
         assert bad.value.field == "members[2].resources.gpu"
         with pytest.raises(BadInput) as unknown:
-            await db_batch.create_requests(conn, [good, {**good, "colour": "red"}, {"subject": "S", "bogus": 1}])
+            await db_batch.create_requests(
+                conn, [good, {**good, "colour": "red"}, {"subject": "S", "bogus": 1}]
+            )
         assert unknown.value.field == "members[1].colour"
         with pytest.raises(IdempotencyMismatch) as mismatch:
             await db_batch.create_requests(
@@ -322,8 +403,14 @@ async def test_refusals_name_the_first_refused_member(fresh: Fresh) -> None:
         assert mismatch.value.field == "members[1].idempotency_key"
         with pytest.raises(IdempotencyMismatch) as stored:
             await db_batch.create_requests(
-                conn, [good, {"subject": "S", "pool": "b", "resources": {"gpu": 2}, "idempotency_key": "k1"}]
+                conn,
+                [
+                    good,
+                    {"subject": "S", "pool": "b", "resources": {"gpu": 2}, "idempotency_key": "k1"},
+                ],
             )
         assert stored.value.field == "members[1].idempotency_key"
-        assert await conn.fetchval("SELECT count(*) FROM respool.requests") == before  # nothing made
+        assert (
+            await conn.fetchval("SELECT count(*) FROM respool.requests") == before
+        )  # nothing made
         await assert_healthy(conn)
