@@ -25,6 +25,15 @@ DECLARE
     q_shapes text[];
     q_first integer[];      -- where its pools start and end in q_pools
     q_last integer[];
+    q_res jsonb[];
+    q_pre boolean[];
+    q_sig text[];           -- what makes members alike: admitted pools and shape
+    v_end integer;
+    v_left integer;
+    v_low integer;
+    v_high integer;
+    v_mid integer;
+    i integer;
     v_blocked text[] := '{}';
     v_outcome text;
     j integer;
@@ -208,15 +217,23 @@ BEGIN
      CROSS JOIN LATERAL unnest(k.ok_pools, k.ok_policies) c(pool_id, policy_id)
      WHERE t.created ORDER BY t.n;
 
-    -- The grants, in member order: each new queued request tried in its candidate pools in turn
-    -- (respool._try_grant, the one fit decision). Within the batch units are only taken, never
-    -- freed, so a shape (pool, policy, resources, preemptible, selector) blocked once stays
-    -- blocked: it is not tried again.
+    -- The grants, in member order: each new queued request tried in its candidate pools in turn.
+    -- Within the batch units are only taken, never freed, so a shape (pool, policy, resources,
+    -- preemptible, selector) blocked once stays blocked: it is not tried again. A run of
+    -- consecutive alike members (the same admitted pools and shape) is granted as one: in each of
+    -- its pools in turn, as many of those left as fit together (k requests of one shape fit a pool
+    -- without nodes exactly when one of k times the need does, respool._fits), in one
+    -- respool._grant_many at the time of the first of them; in a pool with nodes one member at a
+    -- time (respool._try_grant: the node is chosen per request).
     SELECT coalesce(array_agg(t.id ORDER BY t.n), '{}'), array_agg(t.at ORDER BY t.n),
            array_agg((t.upto - cardinality(t.ok_pools) + 1)::integer ORDER BY t.n),
-           array_agg(t.upto::integer ORDER BY t.n)
-      INTO q_id, q_at, q_first, q_last
-      FROM (SELECT t.n, t.id, t.at, k.ok_pools, sum(cardinality(k.ok_pools)) OVER (ORDER BY t.n) AS upto
+           array_agg(t.upto::integer ORDER BY t.n), array_agg(t.resources ORDER BY t.n),
+           array_agg(t.preemptible ORDER BY t.n),
+           array_agg(t.ok_pools::text || t.ok_policies::text || t.preemptible || t.resources::text
+                     || t.selector::text ORDER BY t.n)
+      INTO q_id, q_at, q_first, q_last, q_res, q_pre, q_sig
+      FROM (SELECT t.n, t.id, t.at, t.resources, t.preemptible, t.selector, k.ok_pools, k.ok_policies,
+                   sum(cardinality(k.ok_pools)) OVER (ORDER BY t.n) AS upto
               FROM pg_temp.respool_batch t JOIN pg_temp.respool_batch_combo k ON k.combo = t.combo
              WHERE t.created AND cardinality(k.ok_pools) > 0) t;
     SELECT coalesce(array_agg(c.pool_id ORDER BY t.n, c.k), '{}'),
@@ -227,22 +244,63 @@ BEGIN
       FROM pg_temp.respool_batch t JOIN pg_temp.respool_batch_combo k ON k.combo = t.combo
      CROSS JOIN LATERAL unnest(k.ok_pools, k.ok_policies) WITH ORDINALITY c(pool_id, policy_id, k)
      WHERE t.created;
-    FOR i IN 1 .. cardinality(q_id) LOOP
+    i := 1;
+    WHILE i <= cardinality(q_id) LOOP
+        v_end := i;  -- the run: members i .. v_end
+        WHILE v_end < cardinality(q_id) AND q_sig[v_end + 1] = q_sig[i] LOOP
+            v_end := v_end + 1;
+        END LOOP;
+        v_left := i;  -- its first member not granted yet
         j := q_first[i];
-        WHILE j <= q_last[i] LOOP
+        WHILE j <= q_last[i] AND v_left <= v_end LOOP
             IF NOT q_shapes[j] = ANY (v_blocked) THEN
-                -- Its own grant is not notified (respool._record_events): the answer carries it.
-                PERFORM set_config('respool.unannounced', q_id[i]::text, true);
-                v_outcome := respool._try_grant(q_id[i], q_pools[j], q_policies[j], q_at[i]);
-                EXIT WHEN v_outcome = 'granted';
-                IF v_outcome = 'blocked' THEN
-                    v_blocked := v_blocked || q_shapes[j];
+                IF v_end > v_left AND NOT respool._pool_has_nodes(q_pools[j]) THEN
+                    -- The largest k (of those left) that fit together, by bisection.
+                    v_low := 0;
+                    v_high := v_end - v_left + 1;
+                    IF NOT respool._fits(respool._scale_units(q_res[i], v_high), q_pre[i], q_pools[j], q_policies[j],
+                                         NULL, NULL, NULL) THEN
+                        WHILE v_high - v_low > 1 LOOP  -- v_low fits (0 always), v_high does not
+                            v_mid := (v_low + v_high) / 2;
+                            IF respool._fits(respool._scale_units(q_res[i], v_mid), q_pre[i], q_pools[j],
+                                             q_policies[j], NULL, NULL, NULL) THEN
+                                v_low := v_mid;
+                            ELSE
+                                v_high := v_mid;
+                            END IF;
+                        END LOOP;
+                    ELSE
+                        v_low := v_high;
+                    END IF;
+                    IF v_low > 0 THEN
+                        -- Their own grants are not notified (respool._record_events): the answers carry them.
+                        PERFORM set_config('respool.unannounced', array_to_string(q_id[v_left : v_left + v_low - 1], ','),
+                                           true);
+                        PERFORM respool._grant_many(q_id[v_left : v_left + v_low - 1], q_pools[j], q_policies[j],
+                                                    q_at[v_left]);
+                        v_left := v_left + v_low;
+                    END IF;
+                    IF v_left <= v_end THEN
+                        v_blocked := v_blocked || q_shapes[j];  -- the next one did not fit
+                    END IF;
                 ELSE
-                    RAISE EXCEPTION 'batch: created one by one' USING ERRCODE = 'RP298';
+                    WHILE v_left <= v_end LOOP
+                        PERFORM set_config('respool.unannounced', q_id[v_left]::text, true);
+                        v_outcome := respool._try_grant(q_id[v_left], q_pools[j], q_policies[j], q_at[v_left]);
+                        IF v_outcome = 'granted' THEN
+                            v_left := v_left + 1;
+                        ELSIF v_outcome = 'blocked' THEN
+                            v_blocked := v_blocked || q_shapes[j];
+                            EXIT;
+                        ELSE
+                            RAISE EXCEPTION 'batch: created one by one' USING ERRCODE = 'RP298';
+                        END IF;
+                    END LOOP;
                 END IF;
             END IF;
             j := j + 1;
         END LOOP;
+        i := v_end + 1;
     END LOOP;
     PERFORM set_config('respool.unannounced', '', true);
     -- Still waiting: the reconcilers decide at once whether they may preempt (respool._try_new).
@@ -252,4 +310,4 @@ BEGIN
     RETURN QUERY SELECT t.n, t.created, t.id FROM pg_temp.respool_batch t ORDER BY t.n;
 END $$;
 COMMENT ON FUNCTION respool._create_set(jsonb, integer, timestamptz, boolean) IS
-    'The set-based batch create behind respool.create_requests (not a gang): leaves exactly what creating the members one by one in member order through respool.create_request leaves (statuses, pools, nodes, queue order, events per request; no NOTIFY of a member''s own changes), with each distinct body checked once, each distinct value converted once, candidates and rejections computed once per distinct combination and one INSERT each for requests, events and queue entries, then the grants in member order (a shape blocked once is not tried again). Raises RP298 (nothing kept) when one by one is needed instead: a strict candidate pool, one that holds or may start holding for a starving head, a key taken concurrently; a member''s error (RP4xx) likewise leaves the naming of it to the one-by-one path. p_lock_subject_pools: lock every pool of every member''s subject first (a batch of more than one). One row per member: created and the request''s id.';
+    'The set-based batch create behind respool.create_requests (not a gang): leaves exactly what creating the members one by one in member order through respool.create_request leaves (statuses, pools, nodes, queue order, events per request; no NOTIFY of a member''s own changes), with each distinct body checked once, each distinct value converted once, candidates and rejections computed once per distinct combination and one INSERT each for requests, events and queue entries, then the grants in member order (a shape blocked once is not tried again; a run of consecutive alike members granted together in one respool._grant_many at its first member''s time in a pool without nodes, one by one by respool._try_grant in a pool with nodes). Raises RP298 (nothing kept) when one by one is needed instead: a strict candidate pool, one that holds or may start holding for a starving head, a key taken concurrently; a member''s error (RP4xx) likewise leaves the naming of it to the one-by-one path. p_lock_subject_pools: lock every pool of every member''s subject first (a batch of more than one). One row per member: created and the request''s id.';
