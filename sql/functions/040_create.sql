@@ -374,7 +374,8 @@ BEGIN
               FROM respool._create_set(p_members, p_default_lease_seconds, p_now, v_count > 1) s;
         EXCEPTION WHEN OTHERS THEN
             GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE;
-            IF v_state NOT IN ('RP298', 'RP400', 'RP404', 'RP409', 'RP422') THEN
+            -- (42501: a role without the TEMPORARY privilege its work tables need.)
+            IF v_state NOT IN ('RP298', 'RP400', 'RP404', 'RP409', 'RP422', '42501') THEN
                 RAISE;
             END IF;
             v_ids := NULL;
