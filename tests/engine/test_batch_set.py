@@ -390,6 +390,7 @@ async def test_set_path_grants_without_notifying_the_members(fresh: Fresh) -> No
         await conn.execute("SELECT 1")  # deliver anything queued for us
         assert [m.request.status for m in made] == ["allocated"] * 3
         assert heard == []
+        await assert_healthy(conn)
 
 
 async def test_refusals_name_the_first_refused_member(fresh: Fresh) -> None:
