@@ -8,6 +8,8 @@ COMMENT ON FUNCTION respool._is_terminal(text) IS 'Statuses a request never leav
 
 CREATE OR REPLACE FUNCTION respool._record_events(p_requests respool.requests[], p_from text, p_now timestamptz)
 RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_quiet text[] := string_to_array(nullif(current_setting('respool.unannounced', true), ''), ',');
 BEGIN
     -- Set-based: one INSERT for every row (in array order, so event ids follow it) and one
     -- notification per request, however many changed together (a large grant).
@@ -15,17 +17,18 @@ BEGIN
     SELECT r.id, p_now, p_from, r.status, r.reason, r.attempt, r.message
       FROM unnest(p_requests) WITH ORDINALITY AS r
      ORDER BY r.ordinality;
-    -- No notification for the request a create_request call is making (respool.unannounced):
+    -- No notification for the requests a create_request call or a batch is making
+    -- (respool.unannounced, their ids separated by commas):
     -- nobody can wait for it before that call answers, and a notifying commit takes a
     -- database-wide lock (docs/benchmarks.md). Its caller answers with the request's state.
     PERFORM pg_notify('respool_request', json_build_object(
                 'id', r.id, 'status', r.status, 'version', r.version, 'pool', r.pool_name,
                 'subject', r.subject, 'from', p_from, 'reason', r.reason, 'attempt', r.attempt)::text)
        FROM unnest(p_requests) r
-      WHERE r.id::text IS DISTINCT FROM current_setting('respool.unannounced', true);
+      WHERE v_quiet IS NULL OR r.id::text <> ALL (v_quiet);
 END $$;
 COMMENT ON FUNCTION respool._record_events(respool.requests[], text, timestamptz) IS
-    'Appends the event rows (in array order) and queues the NOTIFYs (delivered at commit) for requests that changed from p_from to their current status together; no NOTIFY for the request that the current create_request call is making.';
+    'Appends the event rows (in array order) and queues the NOTIFYs (delivered at commit) for requests that changed from p_from to their current status together; no NOTIFY for the requests that the current create_request call or batch is making (respool.unannounced: their ids, comma-separated).';
 
 CREATE OR REPLACE FUNCTION respool._record_event(p_request respool.requests, p_from text, p_now timestamptz)
 RETURNS void LANGUAGE sql AS $$

@@ -1,7 +1,8 @@
 -- Creating requests: one create body, as a JSON document, from the HTTP edge to the engine.
 -- One function creates a request from that document, alone or as a batch member:
--- respool.create_request (respool.create_requests checks every member first, claims their
--- keys in one order, then calls it per member); respool._create_body, which it calls, is the
+-- respool.create_request (respool.create_requests makes a batch set-based, respool._create_set
+-- in 045_create_set.sql, with the outcome of calling it per member in member order, and calls it
+-- per member where that cannot be decided set-based); respool._create_body, which both call, is the
 -- one place on the server that checks the body's fields and types and fills its defaults.
 -- What-if takes the same document.
 -- See docs/api.md ("One create body, one path", "Batch create").
@@ -370,6 +371,32 @@ BEGIN
         PERFORM respool._fail('RP400', 'default_lease_seconds', 'default_lease_seconds must be between 1 and ' || respool._max_seconds());
     END IF;
 
+    IF NOT coalesce(p_all_or_nothing, false) THEN
+        -- Set-based first (respool._create_set, docs/engine.md "How a batch is made"); where it
+        -- gives way (nothing of it kept), the members are created one by one below, which also
+        -- names the first refused member.
+        BEGIN
+            SELECT array_agg(s.request_id ORDER BY s.member), array_agg(s.created ORDER BY s.member)
+              INTO v_ids, v_created
+              FROM respool._create_set(p_members, p_default_lease_seconds, p_now, v_count > 1) s;
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE;
+            -- (42501: a role without the TEMPORARY privilege its work tables need.)
+            IF v_state NOT IN ('RP298', 'RP400', 'RP404', 'RP409', 'RP422', '42501') THEN
+                RAISE;
+            END IF;
+            v_ids := NULL;
+        END;
+        IF v_ids IS NOT NULL THEN
+            RETURN QUERY SELECT (x.n - 1)::integer, v_created[x.n], d.doc::jsonb
+                           FROM unnest(v_ids) WITH ORDINALITY x(id, n)
+                           JOIN respool.request_docs(v_ids) d ON d.id = x.id
+                          ORDER BY x.n;
+            RETURN;
+        END IF;
+        v_ids := '{}';
+        v_created := '{}';
+    END IF;
     BEGIN
         -- Every body checked and completed first, so a malformed member refuses the batch
         -- before any work.
@@ -447,7 +474,7 @@ BEGIN
     END;
 END $$;
 COMMENT ON FUNCTION respool.create_requests(jsonb, boolean, integer, timestamptz, boolean) IS
-    'Batch create (docs/api.md "Batch create"): p_members is a JSON array of 1 to 1000 create bodies, created in one transaction, each by respool.create_request exactly as a single create: every body checked and completed by respool._create_body before any work (absent lease_seconds: p_default_lease_seconds), their idempotency keys claimed in one global order (respool._claim_keys), the pools of every member''s subject locked in id order, then each created by respool.create_request in member order, member i queued i microseconds after member 0 so queue order follows member order. Any member error refuses the whole batch, creating nothing: the same SQLSTATE, naming members[i].<field>. Each answer is the member''s state once the whole batch is done. With p_all_or_nothing the members are a gang (docs/scheduling.md): same subject, pool, preemptible and max_retries (RP400 naming the field), one gang_id, rejected together, granted together in one pool or not at all (p_distinct_nodes, only with a gang: each member on a different node of a pool with nodes, docs/placement.md); a retry whose idempotency keys name exactly the members of one gang answers that gang (RP422 otherwise). One row per member, in member order.';
+    'Batch create (docs/api.md "Batch create"): p_members is a JSON array of 1 to 1000 create bodies, created in one transaction, each by respool.create_request exactly as a single create: every body checked and completed by respool._create_body before any work (absent lease_seconds: p_default_lease_seconds), their idempotency keys claimed in one global order (respool._claim_keys), the pools of every member''s subject locked in id order, then each created as by respool.create_request in member order, member i queued i microseconds after member 0 so queue order follows member order: set-based (respool._create_set: each distinct body checked once, one INSERT each for requests, events and queue entries, grants in member order) unless a candidate pool is strict or holds for a starving head, a member is refused or the batch is a gang, where the members are created one by one; the outcome is the same. Any member error refuses the whole batch, creating nothing: the same SQLSTATE, naming members[i].<field>. Each answer is the member''s state once the whole batch is done. With p_all_or_nothing the members are a gang (docs/scheduling.md): same subject, pool, preemptible and max_retries (RP400 naming the field), one gang_id, rejected together, granted together in one pool or not at all (p_distinct_nodes, only with a gang: each member on a different node of a pool with nodes, docs/placement.md); a retry whose idempotency keys name exactly the members of one gang answers that gang (RP422 otherwise). One row per member, in member order.';
 
 CREATE OR REPLACE FUNCTION respool.what_if_request(
     p_body jsonb,
