@@ -2,13 +2,17 @@
 
 A fresh database, a pool big enough for every create (each is granted in its create), one
 ``respool serve`` with ``RESPOOL_DB_POOL_SIZE=--db-pool`` (default 5) and the reconciler on.
-``--creates`` creates (default 3,000) are sent at the same moment through one httpx client
-limited to ``--connections`` keep-alive connections (default 300), each with an idempotency
-key. Every answer is counted by its status code, every transport error (a connection closed
-under a request: httpx ``ReadError``, ``RemoteProtocolError``, …) by its kind; a 429 or 503 is
-retried after its ``Retry-After`` (else a jittered backoff) and a transport error after a
-backoff, for up to 600 s, as respool-client does. Reported: the time until every create had
-its final answer, the counts, and creates that never got one. Afterwards each create must
+``--connections`` keep-alive connections (default 300) are opened, then ``--creates`` creates
+(default 3,000, each with an idempotency key) are sent over them at once: each connection sends
+its next create as soon as its last one is answered, so every connection has a create in flight
+until all are sent. (HTTP/1.1 carries one call at a time per connection. The load generator
+speaks HTTP itself, bench/rawhttp.py: httpx's connection pool costs more CPU than the server
+under test with thousands of calls waiting for its connections.) Every answer is counted by its
+status code, every transport error (a connection closed or reset under a request, httpx's
+``ReadError``) by its kind; a 429 or 503 is retried after its ``Retry-After`` (else a jittered
+backoff) and a transport error by reopening the connection and sending the create again, for
+up to 600 s, as respool-client does (bench/retrying.py). Reported: the time until every create
+had its final answer, the counts, and creates that never got one. Afterwards each create must
 exist exactly once, granted, with no invariant broken.
 """
 
@@ -16,13 +20,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import random
+import contextlib
+import itertools
 import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import msgspec
 
 from bench.common import (
     Figures,
@@ -33,10 +38,12 @@ from bench.common import (
     log,
     report,
 )
-from bench.retrying import BACKOFF_BASE, BACKOFF_MAX, RETRIED, RETRY_FOR
+from bench.rawhttp import split_url
+from bench.retrying import GaveUp, RetryingConnection
 from bench.waiters import _raise_fd_limit
 from bench.wake import serve
 
+OPENING = 200  # connections opened at a time (the server's accept queue is finite)
 SUMMARY = "a burst of concurrent creates on a small database pool: answers by status code"
 
 
@@ -67,80 +74,76 @@ class BurstResult(Figures):
         return out
 
 
-def _retry_after(resp: httpx.Response) -> float | None:
-    try:
-        return max(0.0, float(resp.headers["retry-after"]))
-    except (KeyError, ValueError):
-        return None
+async def _open(url: str, counts: Counter[str], opening: asyncio.Semaphore) -> RetryingConnection:
+    host, port = split_url(url)
+    conn = RetryingConnection(host, port, counts)
+    async with opening:
+        with contextlib.suppress(OSError):  # refused: its first call retries it
+            await conn.open()
+    return conn
 
 
-async def _create(
-    http: httpx.AsyncClient,
-    i: int,
+async def _connection(
+    conn: RetryingConnection,
+    numbers: itertools.count[int],
+    total: int,
     statuses: Counter[str],
-    errors: Counter[str],
     problems: list[str],
-) -> bool:
-    """One create, retried like the client; whether it got a final (non-retried) answer."""
-    body = {
-        "subject": "burst",
-        "pool": "burst",
-        "resources": {"gpu": 1},
-        "idempotency_key": f"burst-{i}",
-    }
-    give_up = time.monotonic() + RETRY_FOR
-    attempt = 0
-    while True:
-        wait: float | None = None
-        try:
-            resp = await http.post("/v1/requests", json=body)
-        except httpx.TransportError as exc:
-            errors[type(exc).__name__] += 1
-            problem = f"{type(exc).__name__}: {exc}"
-        else:
-            statuses[str(resp.status_code)] += 1
-            if resp.status_code not in RETRIED:
-                if resp.status_code not in (200, 201):
-                    problems.append(f"create {i}: {resp.status_code} {resp.text[:200]}")
-                return True
-            problem = f"HTTP {resp.status_code}"
-            wait = _retry_after(resp)
-        left = give_up - time.monotonic()
-        if left <= 0:
-            problems.append(f"create {i}: gave up after {attempt + 1} tries: {problem}")
-            return False
-        if wait is None:
-            step = min(BACKOFF_MAX, BACKOFF_BASE * 2.0**attempt)
-            wait = step * random.uniform(0.5, 1.0)  # noqa: S311 - jitter, not crypto
-        attempt += 1
-        await asyncio.sleep(min(wait, left))
+) -> int:
+    """One keep-alive connection sending creates until all are taken; how many of its
+    creates never got a final answer."""
+    lost = 0
+    try:
+        for i in numbers:
+            if i >= total:
+                break
+            body = msgspec.json.encode(
+                {
+                    "subject": "burst",
+                    "pool": "burst",
+                    "resources": {"gpu": 1},
+                    "idempotency_key": f"burst-{i}",
+                }
+            )
+            try:
+                reply = await conn.call("POST", "/v1/requests", body)
+            except GaveUp as exc:
+                lost += 1
+                problems.append(f"create {i}: {exc}")
+                continue
+            statuses[str(reply.status)] += 1
+            if reply.status not in (200, 201):
+                problems.append(f"create {i}: {reply.status} {reply.body[:200]!r}")
+    finally:
+        await conn.close()
+    return lost
 
 
 async def measure(dsn: str, creates: int, connections: int, db_pool: int) -> BurstResult:
     _raise_fd_limit(connections + 1000)
     conn = await bench_connect(dsn)
-    statuses: Counter[str] = Counter()
-    errors: Counter[str] = Counter()
+    counts: Counter[str] = Counter()  # retried answers and transport errors
+    statuses: Counter[str] = Counter()  # final answers
     problems: list[str] = []
     try:
         await conn.execute(
             "SELECT respool.create_pool(p_name => 'burst', p_capacity => $1)", {"gpu": creates}
         )
         await conn.execute("SELECT respool.create_policy(p_subject => 'burst', p_pool => 'burst')")
-        env = {"RESPOOL_DB_POOL_SIZE": str(db_pool)}
+        env = {
+            "RESPOOL_DB_POOL_SIZE": str(db_pool),
+            "RESPOOL_MAX_CONNECTIONS": str(max(connections + 100, 20_000)),
+        }
         with serve(dsn, reconciler=True, env=env) as url:
-            limits = httpx.Limits(
-                max_connections=connections, max_keepalive_connections=connections
+            opening = asyncio.Semaphore(OPENING)
+            conns = await asyncio.gather(*(_open(url, counts, opening) for _ in range(connections)))
+            numbers = itertools.count()
+            started = time.perf_counter()
+            lost = await asyncio.gather(
+                *(_connection(c, numbers, creates, statuses, problems) for c in conns)
             )
-            # No pool timeout: a create waits for one of the connections as long as it takes.
-            timeout = httpx.Timeout(120.0, pool=None)
-            async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout) as http:
-                started = time.perf_counter()
-                answered = await asyncio.gather(
-                    *(_create(http, i, statuses, errors, problems) for i in range(creates))
-                )
-                answered_s = time.perf_counter() - started
-        unanswered = answered.count(False)
+            answered_s = time.perf_counter() - started
+        unanswered = sum(lost)
         row = await conn.fetchrow(
             "SELECT count(*) AS n, count(DISTINCT idempotency_key) AS keys,"
             "       count(*) FILTER (WHERE status = 'allocated') AS allocated"
@@ -153,13 +156,18 @@ async def measure(dsn: str, creates: int, connections: int, db_pool: int) -> Bur
             problems.append("invariant violations")
     finally:
         await conn.close()
+    answers = statuses + Counter({k: n for k, n in counts.items() if k.isdigit()})
     result = BurstResult(
         creates=creates,
         connections=connections,
         db_pool=db_pool,
         answered_s=answered_s,
-        statuses=dict(sorted(statuses.items())),
-        transport_errors=dict(sorted(errors.items())),
+        statuses=dict(sorted(answers.items())),
+        transport_errors={
+            k.removeprefix("transport "): n
+            for k, n in sorted(counts.items())
+            if k.startswith("transport ")
+        },
         unanswered=unanswered,
         correct=not problems,
         problems=tuple(problems[:20]),

@@ -65,8 +65,8 @@ class GaveUp(Exception):
 class RetryingConnection:
     """One keep-alive connection (reopened when the server closes it), one call at a time.
 
-    ``counts`` gets one tally per retry cause (``"429"``, ``"503"``, ``"transport"``), shared
-    between the connections of a run."""
+    ``counts`` gets one tally per retry cause (``"429"``, ``"503"``, ``"transport"``, and
+    ``"transport <kind>"`` per exception kind), shared between the connections of a run."""
 
     def __init__(
         self, host: str, port: int, counts: Counter[str], *, retry_for: float = RETRY_FOR
@@ -103,6 +103,7 @@ class RetryingConnection:
             except TRANSPORT_ERRORS as exc:
                 problem = f"{type(exc).__name__}: {exc}"
                 self.counts["transport"] += 1
+                self.counts[f"transport {type(exc).__name__}"] += 1
                 await self.close()
                 wait = None
             else:

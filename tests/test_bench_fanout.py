@@ -1,6 +1,6 @@
-"""``python -m bench baseline|batch|sweep|burst|gang`` run end to end on tiny settings against the test
-PostgreSQL server, check their own results, and drop every database they made. The figures
-are not asserted (a loaded machine says nothing about them)."""
+"""``python -m bench baseline|batch|sweep|burst|gang`` run end to end on tiny settings against
+the test PostgreSQL server, check their own results, and drop every database they made. The
+figures are not asserted (a loaded machine says nothing about them)."""
 
 from __future__ import annotations
 
