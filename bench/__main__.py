@@ -14,7 +14,19 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from bench import baseline, batch, cycles, dashboard, eta, gang, placement, suite, sweep, wake
+from bench import (
+    baseline,
+    batch,
+    burst,
+    cycles,
+    dashboard,
+    eta,
+    gang,
+    placement,
+    suite,
+    sweep,
+    wake,
+)
 
 ONE = {
     "cycles": cycles.SUMMARY,
@@ -32,6 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for mod, name in (
         (baseline, "baseline"),
         (batch, "batch"),
+        (burst, "burst"),
         (gang, "gang"),
         (sweep, "sweep"),
         (placement, "placement"),
@@ -56,10 +69,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return dashboard.run(args)
     if args.command == "eta":
         return eta.run(args)
-    if args.command in ("baseline", "batch", "gang", "sweep", "placement"):
+    if args.command in ("baseline", "batch", "burst", "gang", "sweep", "placement"):
         runner: Callable[[argparse.Namespace], int] = {
             "baseline": baseline.run,
             "batch": batch.run,
+            "burst": burst.run,
             "gang": gang.run,
             "sweep": sweep.run,
             "placement": placement.run,

@@ -130,16 +130,39 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def serve(
-    dsn: str, *, reconciler: bool = False, env: dict[str, str] | None = None
+    dsn: str,
+    *,
+    reconciler: bool = False,
+    env: dict[str, str] | None = None,
+    options: Sequence[str] = (),
 ) -> Iterator[str]:
-    """``respool serve`` on a free loopback port against ``dsn``; yields its base URL."""
-    with serve_process(dsn, reconciler=reconciler, env=env) as (url, _proc):
+    """``respool serve`` on a free loopback port against ``dsn``; yields its base URL.
+    ``options``: more command-line options of ``respool serve`` (``--workers 2``)."""
+    with serve_process(dsn, reconciler=reconciler, env=env, options=options) as (url, _proc):
         yield url
+
+
+def serve_has_option(option: str) -> bool:
+    """Whether ``respool serve --help`` of this checkout lists ``option``."""
+    done = subprocess.run(
+        [sys.executable, "-m", "cli.main", "serve", "--help"],
+        cwd=REPO,
+        env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return option in done.stdout
 
 
 @contextlib.contextmanager
 def serve_process(
-    dsn: str, *, reconciler: bool = False, env: dict[str, str] | None = None
+    dsn: str,
+    *,
+    reconciler: bool = False,
+    env: dict[str, str] | None = None,
+    options: Sequence[str] = (),
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """Like :func:`serve`, and also yields the server's process (for its RSS)."""
     port = _free_port()
@@ -152,7 +175,7 @@ def serve_process(
         "RESPOOL_MAX_WAIT": "25",
         **(env or {}),
     }
-    command = [sys.executable, "-m", "cli.main", "serve", "--port", str(port)]
+    command = [sys.executable, "-m", "cli.main", "serve", "--port", str(port), *options]
     if not reconciler:
         command.append("--no-reconciler")
     with tempfile.TemporaryFile() as log:
