@@ -6,6 +6,8 @@ are timed out and connections are capped (docs/ops.md "Limits").
   headers to the end of the body), and a cap on open connections (a connection above it is
   closed at once, so file descriptors stay bounded). Idle keep-alive connections are closed by
   uvicorn's ``timeout_keep_alive``.
+* :class:`CoalescingTransport`: an answer's head and body leave in one ``send()`` (docs/api.md,
+  "One write per answer").
 * :func:`raise_nofile_limit`: the soft ``RLIMIT_NOFILE`` raised to the hard one at start.
 * :class:`RateLimitedLog`: one "out of system resource" line per interval, not one per accept.
 * :func:`uvicorn_config`: the ``uvicorn.Config`` ``respool serve`` runs with.
@@ -33,6 +35,7 @@ from app.settings import Settings
 
 __all__ = [
     "ApiServer",
+    "CoalescingTransport",
     "RateLimitedLog",
     "guarded_protocol",
     "raise_nofile_limit",
@@ -43,6 +46,81 @@ log = logging.getLogger("respool.api")
 
 # File descriptors kept for everything but client connections (database pool, LISTEN, logs).
 FD_RESERVE = 64
+
+
+# Bytes held back at most before they are written at once (a streamed body is not held whole).
+COALESCE_LIMIT = 64 * 1024
+
+
+class CoalescingTransport:
+    """A transport whose writes are held until the answer is complete or the loop turns.
+
+    uvicorn writes an answer's head and its body with two ``write()`` calls, i.e. two
+    ``send()`` system calls when the socket's buffer is empty. Here they are joined: the bytes
+    are written by :meth:`flush` when the protocol completes an answer, on ``close()``, past
+    :data:`COALESCE_LIMIT` bytes, or at the latest on the next loop iteration (``call_soon``),
+    so the head of a streamed answer whose body comes later still leaves at once. Everything
+    else is the wrapped transport's.
+    """
+
+    __slots__ = ("_transport", "_loop", "_held", "_size", "_scheduled")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: list[bytes] = []
+        self._size = 0
+        self._scheduled = False
+
+    def write(self, data: bytes) -> None:
+        if not data:
+            return
+        self._held.append(data)
+        self._size += len(data)
+        if self._size >= COALESCE_LIMIT:
+            self.flush()
+        elif not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self._flush_soon)
+
+    def _flush_soon(self) -> None:
+        self._scheduled = False
+        self.flush()
+
+    def flush(self) -> None:
+        """Write what is held, in one ``write()``."""
+        if not self._held:
+            return
+        data = self._held[0] if len(self._held) == 1 else b"".join(self._held)
+        self._held.clear()
+        self._size = 0
+        if not self._transport.is_closing():
+            self._transport.write(data)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._held.clear()
+        self._size = 0
+        self._transport.abort()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._transport.get_extra_info(name, default)
+
+    def get_write_buffer_size(self) -> int:
+        return self._size + self._transport.get_write_buffer_size()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -57,6 +135,9 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        # Every write of the protocol and of its request cycles goes through the coalescer
+        # (flow control and addresses keep the socket's transport).
+        self.transport = CoalescingTransport(transport, self.loop)  # type: ignore[assignment]
         if len(self.connections) > self.max_connections:
             _refused_log.emit(
                 "connection refused: %d open connections (RESPOOL_MAX_CONNECTIONS=%d)",
@@ -76,6 +157,9 @@ class GuardedH11Protocol(H11Protocol):
         self._follow()
 
     def on_response_complete(self) -> None:
+        # The answer is complete: its head and body leave now, in one write.
+        if isinstance(self.transport, CoalescingTransport):
+            self.transport.flush()
         super().on_response_complete()
         self._follow()
 
