@@ -146,12 +146,14 @@ class GuardedH11Protocol(H11Protocol):
     max_connections = 20_000
     _phase: str | None = None
     _timer: asyncio.TimerHandle | None = None
+    _coalescer: CoalescingTransport | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         # Every write of the protocol and of its request cycles goes through the coalescer
         # (flow control and addresses keep the socket's transport).
-        self.transport = CoalescingTransport(transport, self.loop)  # type: ignore[assignment]
+        self._coalescer = CoalescingTransport(transport, self.loop)
+        self.transport = self._coalescer  # type: ignore[assignment]
         if len(self.connections) > self.max_connections:
             _refused_log.emit(
                 "connection refused: %d open connections (RESPOOL_MAX_CONNECTIONS=%d)",
@@ -172,8 +174,8 @@ class GuardedH11Protocol(H11Protocol):
 
     def on_response_complete(self) -> None:
         # The answer is complete: its head and body leave now, in one write.
-        if isinstance(self.transport, CoalescingTransport):
-            self.transport.flush()
+        if self._coalescer is not None:
+            self._coalescer.flush()
         super().on_response_complete()
         self._follow()
 
@@ -383,9 +385,7 @@ def _run_worker(
 
     configure_logging(settings.log_level, settings.log_format)
     app = create_app(settings, database_url=dsn, with_reconciler=with_reconciler)
-    config = uvicorn_config(
-        app, settings, log_level=settings.log_level.lower(), log_config=None
-    )
+    config = uvicorn_config(app, settings, log_level=settings.log_level.lower(), log_config=None)
     server = ApiServer(config, app)
     threading.Thread(target=_exit_with_parent, args=(server, parent), daemon=True).start()
     server.run(sockets=[sock])
@@ -398,9 +398,7 @@ class _Stop:
         self.signal = sig
 
 
-def serve_workers(
-    settings: Settings, dsn: str, *, workers: int, with_reconciler: bool
-) -> int:
+def serve_workers(settings: Settings, dsn: str, *, workers: int, with_reconciler: bool) -> int:
     """Run ``workers`` API processes sharing one listening socket on ``settings.host`` and
     ``settings.port``; the first one also runs the reconciler when ``with_reconciler``.
 
@@ -439,7 +437,10 @@ def serve_workers(
                 if uptime < WORKER_MIN_UPTIME:
                     log.error(
                         "worker %d (pid %s) exited %s %.1f s after its start: stopping",
-                        index, proc.pid, proc.exitcode, uptime,
+                        index,
+                        proc.pid,
+                        proc.exitcode,
+                        uptime,
                     )
                     status = 1
                     stop.signal = signal.SIGTERM

@@ -46,40 +46,45 @@ async def main() -> None:
             await conn.execute("SELECT respool.create_policy(p_subject => 'w', p_pool => 'wide')")
     finally:
         await conn.close()
-    logdir = Path("/tmp/burst-repro")
-    logdir.mkdir(exist_ok=True)
     serve = ServeProcess(
-        dsn, logdir, reconciler=True, RESPOOL_DB_POOL_SIZE=str(a.pool), RESPOOL_LOG_LEVEL="WARNING"
+        dsn, LOGDIR, reconciler=True, RESPOOL_DB_POOL_SIZE=str(a.pool), RESPOOL_LOG_LEVEL="WARNING"
     )
     serve.start()
     try:
         await serve.ready()
-        limits = httpx.Limits(max_connections=a.connections, max_keepalive_connections=a.connections)
-        body = {"subject": "w", "pool": "wide", "resources": {"gpu": 1}}
         for rnd in range(a.rounds):
-            counts: collections.Counter[str] = collections.Counter()
-            async with httpx.AsyncClient(base_url=serve.url, limits=limits, timeout=60) as c:
-
-                # httpx's pool spends its time on thousands of queued requests (the connects
-                # time out); at most one request per connection in flight is the same burst.
-                gate = asyncio.Semaphore(a.connections)
-
-                async def one() -> None:
-                    try:
-                        async with gate:
-                            r = await c.post("/v1/requests", json=body)
-                        counts[str(r.status_code)] += 1
-                    except httpx.HTTPError as exc:
-                        counts[f"{type(exc).__name__}: {exc!r}"[:120]] += 1
-
-                t0 = time.perf_counter()
-                await asyncio.gather(*(one() for _ in range(a.creates)))
-                took = time.perf_counter() - t0
-            print(f"round {rnd}: {dict(counts)} in {took:.1f} s", flush=True)
+            t0 = time.perf_counter()
+            counts = await burst(serve.url, a.creates, a.connections)
+            print(f"round {rnd}: {dict(counts)} in {time.perf_counter() - t0:.1f} s", flush=True)
     finally:
         serve.close()
         print(serve.log(3000))
 
 
+async def burst(url: str, creates: int, connections: int) -> collections.Counter[str]:
+    """``creates`` concurrent creates over ``connections`` keep-alive connections."""
+    counts: collections.Counter[str] = collections.Counter()
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    body = {"subject": "w", "pool": "wide", "resources": {"gpu": 1}}
+    # httpx's pool spends its time on thousands of queued requests (the connects time out); at
+    # most one request per connection in flight is the same burst.
+    gate = asyncio.Semaphore(connections)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as client:
+
+        async def one() -> None:
+            try:
+                async with gate:
+                    r = await client.post("/v1/requests", json=body)
+                counts[str(r.status_code)] += 1
+            except httpx.HTTPError as exc:
+                counts[f"{type(exc).__name__}: {exc!r}"[:120]] += 1
+
+        await asyncio.gather(*(one() for _ in range(creates)))
+    return counts
+
+
+LOGDIR = Path("/tmp/burst-repro")
+
 if __name__ == "__main__":
+    LOGDIR.mkdir(exist_ok=True)
     asyncio.run(main())

@@ -62,7 +62,9 @@ class Client:
         raw = await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), within)
         lines = raw.decode("latin-1").split("\r\n")
         length = next(
-            int(v) for n, _, v in (x.partition(":") for x in lines[1:]) if n.lower() == "content-length"
+            int(v)
+            for n, _, v in (x.partition(":") for x in lines[1:])
+            if n.lower() == "content-length"
         )
         body = await asyncio.wait_for(self.reader.readexactly(length), within)
         return int(lines[0].split()[1]), json.loads(body)
@@ -81,7 +83,9 @@ async def waiters_on_both(
     while len(opened) < limit:
         batch = [await Client.open(port) for _ in range(10)]
         for c in batch:
-            c.send("POST", "/v1/requests", {"subject": "team", "pool": pool, "resources": {"gpu": 1}})
+            c.send(
+                "POST", "/v1/requests", {"subject": "team", "pool": pool, "resources": {"gpu": 1}}
+            )
         for c in batch:
             status, doc = await c.answer()
             assert status == 201, doc
@@ -126,7 +130,10 @@ async def test_two_workers_share_the_port_and_stop_together(db_url: str, tmp_pat
 
         async with httpx.AsyncClient(base_url=serve.url, timeout=30) as client:
             for name in ("p", "q"):
-                ok(await client.post("/v1/pools", json={"name": name, "capacity": {"gpu": 400}}), 201)
+                ok(
+                    await client.post("/v1/pools", json={"name": name, "capacity": {"gpu": 400}}),
+                    201,
+                )
                 ok(await client.post("/v1/policies", json={"subject": "team", "pool": name}), 201)
             holders = {
                 name: ok(
