@@ -11,6 +11,7 @@ from app.db.dsn import redact_dsn, resolve_database_url
 from app.db.migrate import migrate
 from app.logs import configure_logging
 from app.settings import MAX_WORKERS, Settings
+from cli.common import fail
 from cli.database import handle_errors, run_async
 
 __all__ = ["serve"]
@@ -54,7 +55,7 @@ def serve(
     # Imported here so that other commands do not pay for the web stack.
     from app.api import create_app
     from app.api.auth import check_auth_settings
-    from app.api.server import ApiServer, serve_workers, uvicorn_config
+    from app.api.server import ApiServer, bind_listener, serve_workers, uvicorn_config
 
     with handle_errors():
         settings = Settings.from_env()
@@ -69,6 +70,10 @@ def serve(
     run_async(_migrate(dsn))
     configure_logging(settings.log_level, settings.log_format)
     if settings.workers > 1:
+        try:
+            sock = bind_listener(settings.host, settings.port)
+        except OSError as exc:
+            fail(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}")
         typer.echo(
             f"respool API on http://{settings.host}:{settings.port} with {settings.workers} "
             f"workers (database {redact_dsn(dsn)})",
@@ -76,7 +81,7 @@ def serve(
         )
         with handle_errors():
             status = serve_workers(
-                settings, dsn, workers=settings.workers, with_reconciler=not no_reconciler
+                settings, dsn, sock, workers=settings.workers, with_reconciler=not no_reconciler
             )
         raise typer.Exit(status)
     with handle_errors():

@@ -46,6 +46,7 @@ __all__ = [
     "RateLimitedLog",
     "guarded_protocol",
     "raise_nofile_limit",
+    "bind_listener",
     "serve_workers",
     "uvicorn_config",
 ]
@@ -398,16 +399,18 @@ class _Stop:
         self.signal = sig
 
 
-def serve_workers(settings: Settings, dsn: str, *, workers: int, with_reconciler: bool) -> int:
-    """Run ``workers`` API processes sharing one listening socket on ``settings.host`` and
-    ``settings.port``; the first one also runs the reconciler when ``with_reconciler``.
+def serve_workers(
+    settings: Settings, dsn: str, sock: socket.socket, *, workers: int, with_reconciler: bool
+) -> int:
+    """Run ``workers`` API processes sharing the listening socket ``sock``
+    (:func:`bind_listener`; closed here); the first one also runs the reconciler when
+    ``with_reconciler``.
 
     The database is the caller's (migrated, and the embedded server started, once). A worker
     that ends after :data:`WORKER_MIN_UPTIME` is restarted; one that ends sooner stops the
     service (exit status 1). SIGTERM or SIGINT stops every worker gracefully (their long-polls
     answered at once); the exit status is then 0 (SIGTERM) or 130 (SIGINT).
     """
-    sock = bind_listener(settings.host, settings.port)
     context = multiprocessing.get_context("spawn")
     stop = _Stop()
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
