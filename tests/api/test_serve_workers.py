@@ -16,6 +16,7 @@ import httpx
 import psutil
 import pytest
 
+from app.api.server import WORKER_MIN_UPTIME
 from support.http import ok
 from support.server import ServeProcess
 
@@ -23,12 +24,15 @@ pytestmark = pytest.mark.slow  # a real multi-process server: tens of seconds
 
 
 def workers_of(parent: int) -> list[psutil.Process]:
-    """The worker processes of ``respool serve`` (multiprocessing's spawned children)."""
-    return [
-        p
-        for p in psutil.Process(parent).children()
-        if any("spawn_main" in part for part in p.cmdline())
-    ]
+    """The live worker processes of ``respool serve`` (multiprocessing's spawned children)."""
+    found = []
+    for p in psutil.Process(parent).children():
+        try:
+            if any("spawn_main" in part for part in p.cmdline()):
+                found.append(p)
+        except psutil.Error:  # ended (or a zombie not reaped yet)
+            continue
+    return found
 
 
 def held_by(pid: int, port: int) -> int:
@@ -168,4 +172,31 @@ async def test_two_workers_share_the_port_and_stop_together(db_url: str, tmp_pat
     finally:
         for c, _ in opened:
             c.close()
+        serve.close()
+
+
+async def test_a_worker_that_dies_is_restarted(db_url: str, tmp_path: Path) -> None:
+    serve = ServeProcess(db_url, tmp_path, reconciler=False, RESPOOL_WORKERS="2")
+    serve.start()
+    try:
+        await serve.ready()
+        first = workers_of(serve.pid)
+        assert len(first) == 2
+        # Past the start-up window: a worker ending now is restarted, not fatal.
+        await asyncio.sleep(WORKER_MIN_UPTIME + 1)
+        first[0].kill()
+        for _ in range(300):
+            now = workers_of(serve.pid)
+            if len(now) == 2 and first[0].pid not in {w.pid for w in now}:
+                break
+            await asyncio.sleep(0.1)
+        assert {w.pid for w in now} - {first[0].pid, first[1].pid}, "no new worker"
+        assert first[1].pid in {w.pid for w in now}
+        async with httpx.AsyncClient(base_url=serve.url, timeout=30) as client:
+            for _ in range(20):  # on whichever worker accepts
+                ok(await client.get("/healthz"))
+        assert "restarting it" in serve.log()
+        serve.send(signal.SIGTERM)
+        assert await serve.wait_exit(40) == 0, serve.log()
+    finally:
         serve.close()
