@@ -42,6 +42,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     max_waits_per_token: int = 10_000
     header_timeout: float = 10.0
     body_timeout: float = 30.0
+    # API processes of `respool serve` on one port (docs/ops.md, "Workers").
+    workers: int = 1
 
     @property
     def auth_enabled(self) -> bool:
@@ -84,7 +86,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             ),
             header_timeout=get("RESPOOL_HEADER_TIMEOUT", _positive_seconds, 10.0),
             body_timeout=get("RESPOOL_BODY_TIMEOUT", _positive_seconds, 30.0),
+            workers=get("RESPOOL_WORKERS", _int_range(1, MAX_WORKERS), 1),
         )
+
+
+# Most API processes `respool serve --workers` runs.
+MAX_WORKERS = 64
 
 
 def _optional_str(raw: str) -> str | None:

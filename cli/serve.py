@@ -1,4 +1,5 @@
-"""``respool serve``: the HTTP API and the reconciler loop in one process."""
+"""``respool serve``: the HTTP API and the reconciler loop in one process, or in N worker
+processes on one port (``--workers``; docs/ops.md, "Workers")."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from app.db.connect import APP_CLI, connect
 from app.db.dsn import redact_dsn, resolve_database_url
 from app.db.migrate import migrate
 from app.logs import configure_logging
-from app.settings import Settings
+from app.settings import MAX_WORKERS, Settings
+from cli.common import fail
 from cli.database import handle_errors, run_async
 
 __all__ = ["serve"]
@@ -33,6 +35,13 @@ def serve(
         "--no-reconciler",
         help="Serve the API only (run the reconciler elsewhere, e.g. `respool reconcile`).",
     ),
+    workers: int | None = typer.Option(
+        None,
+        "--workers",
+        min=1,
+        max=MAX_WORKERS,
+        help="API processes on the port (RESPOOL_WORKERS, default 1); one reconciler for all.",
+    ),
 ) -> None:
     """Run the HTTP API and the reconciler. Migrates the database first (RESPOOL_DATABASE_URL,
     else the embedded PostgreSQL).
@@ -40,26 +49,47 @@ def serve(
     Example:
 
         respool serve --port 8080
+
+        respool serve --workers 4
     """
     # Imported here so that other commands do not pay for the web stack.
     from app.api import create_app
     from app.api.auth import check_auth_settings
-    from app.api.server import ApiServer, uvicorn_config
+    from app.api.server import ApiServer, bind_listener, serve_workers, uvicorn_config
 
     with handle_errors():
         settings = Settings.from_env()
         if host:
             settings = msgspec.structs.replace(settings, host=host)
+        if port:
+            settings = msgspec.structs.replace(settings, port=port)
+        if workers:
+            settings = msgspec.structs.replace(settings, workers=workers)
         check_auth_settings(settings)  # before touching the database
         dsn = resolve_database_url(settings)
     run_async(_migrate(dsn))
     configure_logging(settings.log_level, settings.log_format)
+    if settings.workers > 1:
+        try:
+            sock = bind_listener(settings.host, settings.port)
+        except OSError as exc:
+            fail(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}")
+        typer.echo(
+            f"respool API on http://{settings.host}:{settings.port} with {settings.workers} "
+            f"workers (database {redact_dsn(dsn)})",
+            err=True,
+        )
+        with handle_errors():
+            status = serve_workers(
+                settings, dsn, sock, workers=settings.workers, with_reconciler=not no_reconciler
+            )
+        raise typer.Exit(status)
     with handle_errors():
         app = create_app(settings, database_url=dsn, with_reconciler=not no_reconciler)
     config = uvicorn_config(
         app,
         settings,
-        port=port or settings.port,
+        port=settings.port,
         log_level=settings.log_level.lower(),
         log_config=None,  # configure_logging already routes uvicorn's loggers
     )

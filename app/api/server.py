@@ -5,10 +5,14 @@ are timed out and connections are capped (docs/ops.md "Limits").
   first byte, or a request's, to the end of its headers) and a body timeout (from the end of the
   headers to the end of the body), and a cap on open connections (a connection above it is
   closed at once, so file descriptors stay bounded). Idle keep-alive connections are closed by
-  uvicorn's ``timeout_keep_alive``.
+  uvicorn's ``timeout_keep_alive`` (:data:`KEEP_ALIVE_TIMEOUT`).
+* :class:`CoalescingTransport`: an answer's head and body leave in one ``send()`` (docs/api.md,
+  "One write per answer").
 * :func:`raise_nofile_limit`: the soft ``RLIMIT_NOFILE`` raised to the hard one at start.
 * :class:`RateLimitedLog`: one "out of system resource" line per interval, not one per accept.
 * :func:`uvicorn_config`: the ``uvicorn.Config`` ``respool serve`` runs with.
+* :func:`serve_workers`: ``respool serve --workers N``, N API processes on one listening socket
+  bound by the parent (docs/ops.md, "Workers").
 """
 
 from __future__ import annotations
@@ -16,8 +20,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import multiprocessing
+import multiprocessing.connection
+import os
 import resource
 import signal
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from types import FrameType
@@ -33,9 +42,12 @@ from app.settings import Settings
 
 __all__ = [
     "ApiServer",
+    "CoalescingTransport",
     "RateLimitedLog",
     "guarded_protocol",
     "raise_nofile_limit",
+    "bind_listener",
+    "serve_workers",
     "uvicorn_config",
 ]
 
@@ -43,6 +55,87 @@ log = logging.getLogger("respool.api")
 
 # File descriptors kept for everything but client connections (database pool, LISTEN, logs).
 FD_RESERVE = 64
+
+# Seconds an idle keep-alive connection stays open. Longer than the idle expiry of httpx's pool
+# (5 s, what respool_client uses), so that the client always drops an idle connection first:
+# with equal timeouts a client reusing a connection the server is closing at that moment loses
+# its request (the connection is reset under it; docs/ops.md, "Limits").
+KEEP_ALIVE_TIMEOUT = 20
+
+
+# Bytes held back at most before they are written at once (a streamed body is not held whole).
+COALESCE_LIMIT = 64 * 1024
+
+
+class CoalescingTransport:
+    """A transport whose writes are held until the answer is complete or the loop turns.
+
+    uvicorn writes an answer's head and its body with two ``write()`` calls, i.e. two
+    ``send()`` system calls when the socket's buffer is empty. Here they are joined: the bytes
+    are written by :meth:`flush` when the protocol completes an answer, on ``close()``, past
+    :data:`COALESCE_LIMIT` bytes, or at the latest on the next loop iteration (``call_soon``),
+    so the head of a streamed answer whose body comes later still leaves at once. Everything
+    else is the wrapped transport's.
+    """
+
+    __slots__ = ("_transport", "_loop", "_held", "_size", "_scheduled")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: list[bytes] = []
+        self._size = 0
+        self._scheduled = False
+
+    def write(self, data: bytes) -> None:
+        if not data:
+            return
+        self._held.append(data)
+        self._size += len(data)
+        if self._size >= COALESCE_LIMIT:
+            self.flush()
+        elif not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self._flush_soon)
+
+    def _flush_soon(self) -> None:
+        self._scheduled = False
+        self.flush()
+
+    def flush(self) -> None:
+        """Write what is held, in one ``write()``."""
+        if not self._held:
+            return
+        data = self._held[0] if len(self._held) == 1 else b"".join(self._held)
+        self._held.clear()
+        self._size = 0
+        if not self._transport.is_closing():
+            self._transport.write(data)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._held.clear()
+        self._size = 0
+        self._transport.abort()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._transport.get_extra_info(name, default)
+
+    def get_write_buffer_size(self) -> int:
+        return self._size + self._transport.get_write_buffer_size()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -54,9 +147,14 @@ class GuardedH11Protocol(H11Protocol):
     max_connections = 20_000
     _phase: str | None = None
     _timer: asyncio.TimerHandle | None = None
+    _coalescer: CoalescingTransport | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        # Every write of the protocol and of its request cycles goes through the coalescer
+        # (flow control and addresses keep the socket's transport).
+        self._coalescer = CoalescingTransport(transport, self.loop)
+        self.transport = self._coalescer  # type: ignore[assignment]
         if len(self.connections) > self.max_connections:
             _refused_log.emit(
                 "connection refused: %d open connections (RESPOOL_MAX_CONNECTIONS=%d)",
@@ -76,6 +174,9 @@ class GuardedH11Protocol(H11Protocol):
         self._follow()
 
     def on_response_complete(self) -> None:
+        # The answer is complete: its head and body leave now, in one write.
+        if self._coalescer is not None:
+            self._coalescer.flush()
         super().on_response_complete()
         self._follow()
 
@@ -196,7 +297,7 @@ def uvicorn_config(app: Litestar, settings: Settings, **overrides: Any) -> uvico
         ),
         "ws": "none",
         "lifespan": "on",
-        "timeout_keep_alive": 5,
+        "timeout_keep_alive": KEEP_ALIVE_TIMEOUT,
         "timeout_graceful_shutdown": 5,
         "backlog": 1024,
         **overrides,
@@ -238,3 +339,134 @@ class ApiServer(uvicorn.Server):
         notifier: Notifier = self._app.state.notifier
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(notifier.begin_shutdown)
+
+
+# --- respool serve --workers N (docs/ops.md, "Workers") -----------------------------------------
+
+# A worker that ends sooner than this after its start failed to start: the service stops (exit 1)
+# rather than restart it in a loop. One that ends later is restarted.
+WORKER_MIN_UPTIME = 5.0
+# How long the parent waits for its workers' graceful shutdown before it kills them.
+WORKER_STOP_TIMEOUT = 30.0
+
+
+def bind_listener(host: str, port: int, backlog: int = 1024) -> socket.socket:
+    """A listening TCP socket on ``host:port``, inheritable by the worker processes."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(backlog)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def _exit_with_parent(server: uvicorn.Server, parent: int) -> None:
+    """Stop ``server`` gracefully once the process that started this one is gone."""
+    while not server.should_exit:
+        if os.getppid() != parent:
+            log.warning("the parent process ended: stopping this worker")
+            server.handle_exit(signal.SIGTERM, None)
+            return
+        time.sleep(1.0)
+
+
+def _run_worker(
+    settings: Settings, dsn: str, sock: socket.socket, with_reconciler: bool, parent: int
+) -> None:
+    """One worker process: the API (and the reconciler if asked) on the inherited socket."""
+    from app.api import create_app
+    from app.logs import configure_logging
+
+    configure_logging(settings.log_level, settings.log_format)
+    app = create_app(settings, database_url=dsn, with_reconciler=with_reconciler)
+    config = uvicorn_config(app, settings, log_level=settings.log_level.lower(), log_config=None)
+    server = ApiServer(config, app)
+    threading.Thread(target=_exit_with_parent, args=(server, parent), daemon=True).start()
+    server.run(sockets=[sock])
+
+
+class _Stop:
+    signal: int | None = None
+
+    def __call__(self, sig: int, frame: FrameType | None) -> None:
+        self.signal = sig
+
+
+def serve_workers(
+    settings: Settings, dsn: str, sock: socket.socket, *, workers: int, with_reconciler: bool
+) -> int:
+    """Run ``workers`` API processes sharing the listening socket ``sock``
+    (:func:`bind_listener`; closed here); the first one also runs the reconciler when
+    ``with_reconciler``.
+
+    The database is the caller's (migrated, and the embedded server started, once). A worker
+    that ends after :data:`WORKER_MIN_UPTIME` is restarted; one that ends sooner stops the
+    service (exit status 1). SIGTERM or SIGINT stops every worker gracefully (their long-polls
+    answered at once); the exit status is then 0 (SIGTERM) or 130 (SIGINT).
+    """
+    context = multiprocessing.get_context("spawn")
+    stop = _Stop()
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    procs: dict[int, multiprocessing.process.BaseProcess] = {}
+    started: dict[int, float] = {}
+
+    def start(index: int) -> None:
+        proc = context.Process(
+            target=_run_worker,
+            args=(settings, dsn, sock, with_reconciler and index == 0, os.getpid()),
+            name=f"respool-worker-{index}",
+        )
+        proc.start()
+        procs[index] = proc
+        started[index] = time.monotonic()
+
+    status = 0
+    try:
+        for index in range(workers):
+            start(index)
+        while stop.signal is None:
+            multiprocessing.connection.wait([p.sentinel for p in procs.values()], timeout=0.5)
+            for index, proc in list(procs.items()):
+                if proc.is_alive() or stop.signal is not None:
+                    continue
+                uptime = time.monotonic() - started[index]
+                if uptime < WORKER_MIN_UPTIME:
+                    log.error(
+                        "worker %d (pid %s) exited %s %.1f s after its start: stopping",
+                        index,
+                        proc.pid,
+                        proc.exitcode,
+                        uptime,
+                    )
+                    status = 1
+                    stop.signal = signal.SIGTERM
+                    break
+                log.warning(
+                    "worker %d (pid %s) exited %s: restarting it", index, proc.pid, proc.exitcode
+                )
+                start(index)
+    finally:
+        for proc in procs.values():
+            if proc.is_alive() and proc.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + WORKER_STOP_TIMEOUT
+        for proc in procs.values():
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                log.error("worker pid %s did not stop in time: killed", proc.pid)
+                proc.kill()
+                proc.join()
+        sock.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if status == 0 and stop.signal == signal.SIGINT:
+        status = 130
+    return status
