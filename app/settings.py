@@ -42,6 +42,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     max_waits_per_token: int = 10_000
     header_timeout: float = 10.0
     body_timeout: float = 30.0
+    # Backpressure (docs/api.md, "Backpressure"): calls that may wait for a database connection
+    # (creates waiting to be coalesced included) before one is refused with 429.
+    max_pending: int = 20_000
 
     @property
     def auth_enabled(self) -> bool:
@@ -84,6 +87,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             ),
             header_timeout=get("RESPOOL_HEADER_TIMEOUT", _positive_seconds, 10.0),
             body_timeout=get("RESPOOL_BODY_TIMEOUT", _positive_seconds, 30.0),
+            max_pending=get("RESPOOL_MAX_PENDING", _int_range(1, 1_000_000), 20_000),
         )
 
 
