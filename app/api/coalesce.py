@@ -123,6 +123,11 @@ class CreateCoalescer:
         self.batches = 0
         self.largest = 0
 
+    @property
+    def pending(self) -> int:
+        """Creates waiting for a flusher to take them."""
+        return len(self._pending)
+
     async def create(self, body: bytes) -> Created:
         """Create (or replay) the request of the create body ``body`` (JSON, already checked to
         be well-formed): its answer as a single create would give it, or its error.
