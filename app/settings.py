@@ -44,6 +44,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     body_timeout: float = 30.0
     # API processes of `respool serve` on one port (docs/ops.md, "Workers").
     workers: int = 1
+    # Backpressure (docs/api.md, "Backpressure"): calls that may wait for a database connection
+    # (creates waiting to be coalesced included) before one is refused with 429.
+    max_pending: int = 20_000
 
     @property
     def auth_enabled(self) -> bool:
@@ -87,6 +90,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             header_timeout=get("RESPOOL_HEADER_TIMEOUT", _positive_seconds, 10.0),
             body_timeout=get("RESPOOL_BODY_TIMEOUT", _positive_seconds, 30.0),
             workers=get("RESPOOL_WORKERS", _int_range(1, MAX_WORKERS), 1),
+            max_pending=get("RESPOOL_MAX_PENDING", _int_range(1, 1_000_000), 20_000),
         )
 
 

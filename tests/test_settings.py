@@ -58,6 +58,13 @@ def test_empty_values_mean_unset() -> None:
     assert s == Settings()
 
 
+def test_max_pending() -> None:
+    # Default: a burst of as many calls as the server accepts connections waits in line.
+    assert Settings.from_env({}).max_pending == 20_000 == Settings().max_connections
+    assert Settings.from_env({"RESPOOL_MAX_PENDING": " 50 "}).max_pending == 50
+    assert Settings.from_env({"RESPOOL_MAX_PENDING": ""}).max_pending == 20_000
+
+
 def test_settings_are_frozen() -> None:
     s = Settings.from_env({})
     with pytest.raises(AttributeError):
@@ -82,6 +89,9 @@ def test_settings_are_frozen() -> None:
         ("RESPOOL_RETENTION", "7x"),
         ("RESPOOL_RETENTION", "0"),
         ("RESPOOL_RETENTION", "-5"),
+        ("RESPOOL_MAX_PENDING", "0"),
+        ("RESPOOL_MAX_PENDING", "many"),
+        ("RESPOOL_MAX_PENDING", "1000001"),
     ],
 )
 def test_bad_value_names_the_variable(var: str, value: str) -> None:

@@ -77,7 +77,12 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         dsn = database_url or resolve_database_url(settings)
-        pool = await create_pool(dsn, size=settings.db_pool_size, application_name=APP_API)
+        pool = await create_pool(
+            dsn,
+            size=settings.db_pool_size,
+            application_name=APP_API,
+            max_pending=settings.max_pending,
+        )
         notifier: Notifier = app.state.notifier
         notifier.use_dsn(dsn)
         notifier.observe(StateChangeLog())  # one log line per state change made here
@@ -106,6 +111,8 @@ def create_app(
                     await reconciler_task
             await liveness.close()
             await notifier.close()
+            if (creates := getattr(app.state, "coalescer", None)) is not None:
+                await creates.close()  # the creates under way answered before the pool closes
             await pool.close()
 
     app = Litestar(

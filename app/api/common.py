@@ -11,6 +11,7 @@ from litestar.datastructures import State
 from litestar.params import JSONBody, SkipValidation
 from msgspec import UNSET
 
+from app.api.coalesce import CreateCoalescer
 from app.api.errors import error_responses, validation_error
 from app.api.numbers import refuse_extreme_numbers, refuse_string_decimals
 from app.notify import Notifier
@@ -19,6 +20,7 @@ from app.settings import Settings
 __all__ = [
     "AnyRequest",
     "StrictBody",
+    "coalescer",
     "db",
     "decode_body",
     "delete_by_ref",
@@ -37,6 +39,17 @@ StrictBody: TypeAlias = SkipValidation[JSONBody[T]]
 def db(state: State) -> asyncpg.Pool:
     pool: asyncpg.Pool = state.db
     return pool
+
+
+def coalescer(state: State) -> CreateCoalescer:
+    """The app's create coalescer (app.api.coalesce) for its current pool, made on first use."""
+    pool = db(state)
+    made: CreateCoalescer | None = getattr(state, "coalescer", None)
+    if made is None or made.pool is not pool:
+        made = state.coalescer = CreateCoalescer(
+            pool, default_lease_seconds=settings(state).default_lease_seconds
+        )
+    return made
 
 
 def notifier(state: State) -> Notifier:

@@ -1,7 +1,8 @@
 """One error shape for every failure: ``{"status_code": int, "detail": str, "field": str|null}``.
 
 Engine errors keep their status and field; validation errors become 400 naming the field;
-a database that is down, restarting or unreachable becomes 503 with ``Retry-After``; anything
+a database that is down, restarting or unreachable becomes 503 with ``Retry-After``; a full line
+of calls waiting for a database connection becomes 429 with ``Retry-After``; anything
 unexpected becomes a generic 500 (the traceback goes to the server log only).
 """
 
@@ -22,7 +23,7 @@ from litestar.types import ExceptionHandlersMap
 from litestar.utils.scope.state import ScopeState
 from respool_client.wire import INT64_MAX, ErrorBody
 
-from app.db.connect import is_dead_connection
+from app.db.connect import PoolSaturated, is_dead_connection
 from app.db.errors import EngineError
 
 __all__ = [
@@ -222,6 +223,23 @@ def _database_down(request: Request[Any, Any, Any], exc: Exception) -> Response[
     )
 
 
+# Seconds a client should wait before retrying a 429 (too many calls waiting for a connection).
+BUSY_RETRY_AFTER = 1
+
+
+def _saturated(request: Request[Any, Any, Any], exc: PoolSaturated) -> Response[ErrorBody]:
+    """429 with ``Retry-After``: the line of calls waiting for a database connection is full;
+    this call was refused before it did anything (docs/api.md, "Backpressure")."""
+    log.warning("%s %s: refused, %s", request.method, request.url.path, exc)
+    return _respond(
+        429,
+        f"too busy: {exc.limit} calls are already waiting for a database connection"
+        f" (RESPOOL_MAX_PENDING={exc.limit}); nothing was changed, retry after"
+        f" {BUSY_RETRY_AFTER} s",
+        headers={"Retry-After": str(BUSY_RETRY_AFTER)},
+    )
+
+
 def _integrity(request: Request[Any, Any, Any], exc: Exception) -> Response[ErrorBody]:
     """A constraint the engine did not check first: still the client's input, never a 500."""
     name = getattr(exc, "constraint_name", None) or "a database constraint"
@@ -255,6 +273,7 @@ exception_handlers: ExceptionHandlersMap = {
     ApiError: _api_error,
     ValidationException: _validation,
     HTTPException: _http,
+    PoolSaturated: _saturated,
     Exception: _unexpected,
 }
 
@@ -268,16 +287,19 @@ _ERROR_DESCRIPTIONS: dict[int, str] = {
     404: "Not found (for a client token, also another subject's request)",
     409: "Conflicts with the current state",
     422: "The idempotency key was used with a different body",
+    429: "Too many calls are waiting for a database connection (RESPOOL_MAX_PENDING); nothing"
+    " was changed, retry after Retry-After seconds",
     503: "The database is unavailable; retry later",
 }
 
 
 def error_responses(*codes: int) -> dict[int, ResponseSpec]:
     """OpenAPI declarations of a ``/v1`` route's error answers (all with :class:`ErrorBody`):
-    ``codes`` plus 401 and 403 (auth) and 503 (database down), which any route may answer."""
+    ``codes`` plus 401 and 403 (auth), 429 (too many calls waiting for a database connection)
+    and 503 (database down), which any route may answer."""
     return {
         code: ResponseSpec(
             data_container=ErrorBody, description=_ERROR_DESCRIPTIONS[code], generate_examples=False
         )
-        for code in sorted({*codes, 401, 403, 503})
+        for code in sorted({*codes, 401, 403, 429, 503})
     }

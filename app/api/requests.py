@@ -35,7 +35,15 @@ from respool_client.wire import Request as ResourceRequest
 
 from app import globs
 from app.api.auth import AuthError, Principal, listing_patterns, principal_of, require_subject
-from app.api.common import AnyRequest, StrictBody, db, decode_body, notifier, settings
+from app.api.common import (
+    AnyRequest,
+    StrictBody,
+    coalescer,
+    db,
+    decode_body,
+    notifier,
+    settings,
+)
 from app.api.errors import ApiError, error_responses
 from app.api.reader import RequestReader, encode
 from app.db import requests as db_requests
@@ -208,7 +216,7 @@ class RequestController(Controller):
                 " dry_run=true, what a create would answer now plus would_preempt (a WhatIf)",
                 generate_examples=False,
             ),
-            **error_responses(400, 404, 422),
+            **error_responses(400, 404, 422, 429),
         },
     )
     async def create_request(
@@ -223,13 +231,16 @@ class RequestController(Controller):
         require_subject(request, body.subject)
         # The body goes to the engine whole, as the client sent it (now known to be well-formed):
         # the engine fills the defaults (an absent lease_seconds: the server's default lease).
-        document = msgspec.Raw(await request.body())
-        lease = settings(state).default_lease_seconds
-        pool = db(state)
+        raw = await request.body()
         if dry_run:
-            what = await db_requests.what_if_request(pool, document, default_lease_seconds=lease)
+            lease = settings(state).default_lease_seconds
+            what = await db_requests.what_if_request(
+                db(state), msgspec.Raw(raw), default_lease_seconds=lease
+            )
             return Response(visible_to(request, what), status_code=200)
-        created = await db_requests.create_request(pool, document, default_lease_seconds=lease)
+        # Made together with the creates waiting at the same time, in arrival order, each with
+        # its own answer (app.api.coalesce; docs/api.md, "Coalesced creates").
+        created = await coalescer(state).create(raw)
         req = created.request
         if created.created:
             log_created(req)  # the engine does not notify a create's own changes

@@ -21,6 +21,10 @@ __all__ = [
     "COMMAND_TIMEOUT",
     "BoundedPool",
     "Connection",
+    "DEFAULT_MAX_PENDING",
+    "PoolSaturated",
+    "QUEUE_TIMEOUT",
+    "WaitLine",
     "DeadConnectionError",
     "NotPrimaryError",
     "ServerRole",
@@ -226,26 +230,93 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 
 # Bounds of a pool call, so that a database that is down, unreachable or blackholed gives the API
 # an error it answers with 503 (app.api.errors) instead of a request that hangs: waiting for a
-# free connection (or connecting), and one statement on a connection.
+# free connection (or connecting) when the caller names no bound of its own, and one statement on
+# a connection.
 ACQUIRE_TIMEOUT = 10.0
 COMMAND_TIMEOUT = 30.0
+# How long a call may wait in line for a busy pool's connection (docs/api.md, "Backpressure").
+# A statement ends within COMMAND_TIMEOUT and a dead database fails fast (its connections are lost,
+# a new one fails to connect within the connect timeout), so a line moves; this only bounds a
+# database that serves so slowly that nothing moves for two minutes: then TimeoutError (503).
+QUEUE_TIMEOUT = 120.0
+# Calls that may wait in line for a connection (RESPOOL_MAX_PENDING): as many as the connections
+# the server accepts (RESPOOL_MAX_CONNECTIONS), so a burst of every open connection's call queues.
+DEFAULT_MAX_PENDING = 20_000
+
+
+class PoolSaturated(asyncpg.InterfaceError):
+    """The line of calls waiting for a database connection is full (``limit`` calls): refused at
+    once, before anything was done (the API answers 429 with ``Retry-After``).
+
+    An ``InterfaceError``, so background loops that retry a database that cannot serve them
+    (app.liveness, app.notify) treat it as such."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"{limit} calls are already waiting for a database connection (RESPOOL_MAX_PENDING)"
+        )
+        self.limit = limit
+
+
+class WaitLine:
+    """Counts the calls waiting for a connection of one pool and refuses one past ``limit``.
+
+    ``join`` / ``leave`` around the wait; the create coalescer (app.api.coalesce) counts its
+    pending creates here too, so one bound covers both."""
+
+    __slots__ = ("depth", "limit", "refused")
+
+    def __init__(self, limit: int = DEFAULT_MAX_PENDING) -> None:
+        self.limit = limit
+        self.depth = 0
+        self.refused = 0  # calls answered 429 so far (for logs and tests)
+
+    def join(self) -> None:
+        """One more call in line; :class:`PoolSaturated` if ``limit`` are already waiting."""
+        if self.depth >= self.limit:
+            self.refused += 1
+            raise PoolSaturated(self.limit)
+        self.depth += 1
+
+    def leave(self, count: int = 1) -> None:
+        self.depth -= count
 
 
 class BoundedPool(asyncpg.Pool):
-    """An asyncpg pool whose ``acquire`` gives up after ``ACQUIRE_TIMEOUT`` seconds by default,
-    and whose one-statement calls (``execute``, ``fetch``, ``fetchrow``, ``fetchval``) skip
-    connections the server closed while they were idle.
+    """An asyncpg pool whose ``acquire`` waits in a bounded line, and whose one-statement calls
+    (``execute``, ``fetch``, ``fetchrow``, ``fetchval``) skip connections the server closed while
+    they were idle.
 
-    asyncpg waits for a free connection forever; ``pool.fetch()`` and friends acquire without a
-    timeout. The same bound also limits the release (waiting for a cancelled statement).
+    ``acquire()`` without a ``timeout``: a free connection is taken at once (connecting a new one
+    within ``ACQUIRE_TIMEOUT``); when every connection is busy the call joins the pool's
+    :class:`WaitLine` (``line``; :class:`PoolSaturated` when it is full) and waits its turn, at
+    most ``QUEUE_TIMEOUT`` seconds (``TimeoutError``). ``pool.fetch()`` and friends acquire that
+    way. An explicit ``timeout`` waits that long whatever the line holds (the create coalescer's
+    flushers, which hold creates already counted in the line, and health checks). The release
+    waits at most ``ACQUIRE_TIMEOUT`` (a cancelled statement).
     A statement that fails with :class:`DeadConnectionError` was never sent, so it runs again on
     another connection (the dead one is already closed).
     """
 
-    __slots__ = ()
+    __slots__ = ("line",)
+    line: WaitLine  # set by create_pool
 
-    def acquire(self, *, timeout: float | None = None) -> asyncpg.pool.PoolAcquireContext:
-        return super().acquire(timeout=ACQUIRE_TIMEOUT if timeout is None else timeout)
+    async def _acquire(self, timeout: float | None) -> Any:  # noqa: ASYNC109
+        # asyncpg's own acquire (Pool._acquire, what PoolAcquireContext awaits) around a line.
+        line: WaitLine = self.line
+        free = not self._queue.empty()  # type: ignore[attr-defined]
+        if timeout is not None or (free and line.depth == 0):  # (nobody in line to overtake)
+            return await super()._acquire(  # type: ignore[misc]
+                ACQUIRE_TIMEOUT if timeout is None else timeout
+            )
+        line.join()
+        try:
+            proxy = await super()._acquire(QUEUE_TIMEOUT)  # type: ignore[misc]
+        finally:
+            line.leave()
+        # asyncpg bounds the release by the acquire's timeout: keep the usual bound for it.
+        proxy._holder._timeout = ACQUIRE_TIMEOUT
+        return proxy
 
     async def _on_live_connection(self, method: str, *args: Any, **kwargs: Any) -> Any:
         tries = self.get_max_size() + 1  # at worst, every pooled connection is dead
@@ -303,14 +374,21 @@ class BoundedPool(asyncpg.Pool):
 
 
 async def create_pool(
-    dsn: str, *, size: int, application_name: str, connect_timeout: float = 10.0
-) -> asyncpg.Pool:
+    dsn: str,
+    *,
+    size: int,
+    application_name: str,
+    connect_timeout: float = 10.0,
+    max_pending: int = DEFAULT_MAX_PENDING,
+) -> BoundedPool:
     """Create a pool of up to ``size`` connections tagged with ``application_name``.
 
-    Acquiring waits at most ``ACQUIRE_TIMEOUT`` seconds and a statement runs at most
-    ``COMMAND_TIMEOUT`` seconds (``TimeoutError``, a 503 in the API).
+    A call waits for a busy pool's connection in a line of at most ``max_pending`` calls
+    (:class:`PoolSaturated` past it, a 429 in the API) and at most ``QUEUE_TIMEOUT`` seconds;
+    connecting takes at most ``connect_timeout`` and a statement at most ``COMMAND_TIMEOUT``
+    seconds (``TimeoutError``, a 503 in the API).
     """
-    pool = await BoundedPool(
+    pool = BoundedPool(
         dsn,
         min_size=min(size, 2),
         max_size=size,
@@ -326,6 +404,8 @@ async def create_pool(
         server_settings={**SERVER_SETTINGS, "application_name": application_name},
         **primary_only(dsn),
     )
+    pool.line = WaitLine(max_pending)
+    await pool  # opens the first connections
     return pool
 
 

@@ -1,8 +1,10 @@
 """The HTTP transport of the client: one ``httpx.AsyncClient``, retries with backoff, and error
 answers turned into :class:`~respool_client.errors.ApiError`.
 
-Transient failures (connection errors, 502/503/504) are retried with exponential backoff and
-jitter for up to ``retry_for`` seconds (and never past ``retry_until``, when set); a create
+Transient failures (connection errors, 502/503/504, and 429: the server's line of calls waiting
+for a database connection is full) are retried with exponential backoff and jitter, never sooner
+than the answer's ``Retry-After``, for up to ``retry_for`` seconds (and never past
+``retry_until``, when set; an answer asking to wait past that is final); a create
 carries an idempotency key, so retrying it is safe, and a long-poll that loses its server (a
 restart) simply polls again. A :class:`RetryListener` hears of every failed try, in words
 (``cannot reach http://127.0.0.1:9 (connection refused)``), and of the first answer after them:
@@ -12,7 +14,10 @@ restart) simply polls again. A :class:`RetryListener` hears of every failed try,
 from __future__ import annotations
 
 import asyncio
+import datetime
+import email.utils
 import logging
+import math
 import os
 import random
 import socket
@@ -26,11 +31,12 @@ import msgspec
 from respool_client.errors import ApiError, RespoolError
 from respool_client.wire import ErrorBody
 
-__all__ = ["RetryListener", "Retrying", "Transport", "poll_timeout"]
+__all__ = ["RetryListener", "Retrying", "Transport", "poll_timeout", "retry_after"]
 
 log = logging.getLogger("respool.client")
 
-TRANSIENT_STATUS = frozenset({502, 503, 504})
+# 429: nothing was done (the server's line of calls waiting for a database connection is full).
+TRANSIENT_STATUS = frozenset({429, 502, 503, 504})
 
 _encoder = msgspec.json.Encoder(decimal_format="number")
 
@@ -132,6 +138,7 @@ class Transport:
         cause: httpx.TransportError | None = None
         while True:
             problem: str
+            at_least = 0.0  # the server's Retry-After, in seconds
             try:
                 resp = await self._client().request(
                     method,
@@ -151,14 +158,15 @@ class Transport:
                     return _parse(resp)
                 problem = f"HTTP {resp.status_code}"
                 said = f"{self.url} answered HTTP {resp.status_code}"
-                if time.monotonic() >= give_up:
-                    return _parse(resp)  # raises ApiError
+                at_least = retry_after(resp)
+                if time.monotonic() + at_least >= give_up:
+                    return _parse(resp)  # raises ApiError: no try is left before giving up
             if time.monotonic() >= give_up:
                 raise RespoolError(
                     f"{method} {path}: giving up after {tries + 1} tries: {problem}"
                 ) from cause
             left = give_up - time.monotonic()
-            delay = min(self._backoff(tries), max(0.0, left))
+            delay = min(max(self._backoff(tries), at_least), max(0.0, left))
             log.info("%s %s: %s; retrying in %.2f s", method, path, problem, delay)
             tries += 1
             if self.listener is not None:
@@ -194,6 +202,32 @@ def _reason(exc: httpx.TransportError) -> str:
     if isinstance(exc, httpx.TimeoutException):
         return "timed out"
     return str(exc) or type(exc).__name__
+
+
+# The longest Retry-After honoured (a larger one is taken as this), so a wrong header cannot park
+# a client for hours; retry_for bounds the whole call anyway.
+MAX_RETRY_AFTER = 60.0
+
+
+def retry_after(resp: httpx.Response) -> float:
+    """The seconds an answer's ``Retry-After`` asks to wait (delay-seconds or an HTTP date;
+    0 when absent or unreadable), at most :data:`MAX_RETRY_AFTER`."""
+    raw = resp.headers.get("retry-after", "").strip()
+    if not raw:
+        return 0.0
+    try:
+        seconds = float(raw)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(raw)
+        except (TypeError, ValueError):
+            return 0.0
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=datetime.UTC)
+        seconds = (when - datetime.datetime.now(datetime.UTC)).total_seconds()
+    if not math.isfinite(seconds):
+        return 0.0
+    return min(max(0.0, seconds), MAX_RETRY_AFTER)
 
 
 def _parse(resp: httpx.Response) -> Any:

@@ -72,10 +72,11 @@ async def test_other_internal_errors_stay_500(
     assert r.status_code == 500 and "retry-after" not in r.headers
 
 
-async def test_a_full_pool_answers_503_after_the_acquire_timeout(
+async def test_a_full_pool_answers_503_after_the_queue_timeout(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(connect_module, "ACQUIRE_TIMEOUT", 0.3)
+    # A call waits in line for a busy pool's connection (docs/api.md, "Backpressure"), bounded.
+    monkeypatch.setattr(connect_module, "QUEUE_TIMEOUT", 0.3)
     async with running_server(db_url, db_pool_size=1) as server:
         pool: asyncpg.Pool = server.app.state.db
         held = await pool.acquire(timeout=5)  # the pool's only connection

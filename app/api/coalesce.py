@@ -1,0 +1,256 @@
+"""Coalesced creates: concurrent single ``POST /v1/requests`` made by one batch call
+(docs/api.md, "Coalesced creates").
+
+A create hands its body to the app's :class:`CreateCoalescer` and waits for its own answer. The
+coalescer keeps the bodies in arrival order; up to ``flushers`` tasks at once (fewer than the
+pool's connections, so reads, heartbeats and releases keep some) each take a connection, then
+everything pending (at most a batch, 1,000), create it, answer each create, and go on while
+anything is pending. A lone create (nothing else pending) is one ``respool.create_request``, as
+without coalescing; two or more are one ``respool.create_requests`` call, in arrival order, which
+is then their queue order. Each create keeps its own answer (201 or 200, its document), its
+idempotency key and its errors:
+
+* a member the engine refuses (the error names ``members[i]``) gets that error as a single create
+  gets it (the ``members[i]`` prefix taken off its message and field), and the others are created
+  by a new call without it (nothing of the refused call was kept);
+* a database that cannot serve (a lost connection, a timeout...) fails every create of the call
+  with that error (the API answers 503, as it would each single create);
+* any other error (an engine guard, a value PostgreSQL refuses) makes the coalescer create each
+  member of that call alone, so each gets exactly its single create's answer.
+
+The pending creates count in the pool's line of calls waiting for a connection
+(:class:`app.db.connect.WaitLine`): past ``RESPOOL_MAX_PENDING`` a create is refused at once with
+429, having changed nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from typing import Any
+
+import asyncpg
+import msgspec
+from respool_client.wire import MAX_BATCH, Created
+
+from app.db import batch as db_batch
+from app.db import requests as db_requests
+from app.db.connect import QUEUE_TIMEOUT, DeadConnectionError, WaitLine
+from app.db.errors import EngineError
+
+__all__ = ["CreateCoalescer", "flushers_for"]
+
+log = logging.getLogger("respool.api")
+
+_MEMBER_MESSAGE = re.compile(r"^members\[(?P<i>\d+)\]: ", re.DOTALL)
+_MEMBER_FIELD = re.compile(r"^members\[(?P<i>\d+)\](?:\.(?P<field>.+))?$", re.DOTALL)
+
+# Errors of a call that say the database could not serve it: every create of the call gets the
+# error (503 in the API, app.api.errors); retrying member by member would only wait longer.
+_DATABASE_DOWN: tuple[type[BaseException], ...] = (
+    OSError,  # TimeoutError too
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.TooManyConnectionsError,
+    asyncpg.ReadOnlySQLTransactionError,
+    asyncpg.TransactionRollbackError,
+    asyncpg.QueryCanceledError,  # a statement timeout
+)
+
+
+def flushers_for(pool_size: int) -> int:
+    """How many batch calls run at once on a pool of ``pool_size`` connections: half of them, at
+    least 1 and at most 4 (more only contend for the same pool locks), so the other half serves
+    reads, heartbeats and releases during a burst of creates."""
+    return max(1, min(4, pool_size // 2))
+
+
+def member_error(exc: EngineError, count: int) -> tuple[int, EngineError] | None:
+    """The member a batch error names and that error as its single create gives it (the same
+    class, message and field, without the ``members[i]`` prefix); None if it names no member."""
+    m = _MEMBER_MESSAGE.match(exc.message)
+    if m is None:
+        return None
+    index = int(m.group("i"))
+    if index >= count:
+        return None
+    field: str | None = None
+    if exc.field is not None:
+        f = _MEMBER_FIELD.match(exc.field)
+        if f is None or int(f.group("i")) != index:
+            return None
+        field = f.group("field")
+    single = type(exc)(exc.message[m.end() :], field)
+    single.__cause__ = exc.__cause__
+    return index, single
+
+
+class _Pending:
+    __slots__ = ("body", "future")
+
+    def __init__(self, body: bytes, future: asyncio.Future[Created]) -> None:
+        self.body = body
+        self.future = future
+
+
+class CreateCoalescer:
+    """Creates the bodies handed to :meth:`create` through as few engine calls as the load allows
+    (see the module docstring). One per app and pool."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        default_lease_seconds: int | None,
+        flushers: int | None = None,
+        batch_limit: int = MAX_BATCH,
+    ) -> None:
+        self.pool = pool
+        self.line: WaitLine = getattr(pool, "line", None) or WaitLine()
+        self.default_lease_seconds = default_lease_seconds
+        self.flushers = flushers or flushers_for(pool.get_max_size())
+        self.batch_limit = batch_limit
+        self._pending: list[_Pending] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._active = 0  # flushers under way (counted down as they end, not once reaped)
+        self._waiting = 0  # flushers waiting for a connection (they will take what is pending)
+        # What the coalescer did (for logs, tests and the bench): engine calls of each kind.
+        self.singles = 0
+        self.batches = 0
+        self.largest = 0
+
+    @property
+    def pending(self) -> int:
+        """Creates waiting for a flusher to take them."""
+        return len(self._pending)
+
+    async def create(self, body: bytes) -> Created:
+        """Create (or replay) the request of the create body ``body`` (JSON, already checked to
+        be well-formed): its answer as a single create would give it, or its error.
+        :class:`app.db.connect.PoolSaturated` at once when the line is full."""
+        self.line.join()  # PoolSaturated (429) before anything is kept
+        future: asyncio.Future[Created] = asyncio.get_running_loop().create_future()
+        self._pending.append(_Pending(body, future))
+        if self._waiting == 0 and self._active < self.flushers:
+            self._active += 1
+            task = asyncio.create_task(self._flush(), name="respool-create-flusher")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return await future
+
+    def _take(self) -> list[_Pending]:
+        taken = self._pending[: self.batch_limit]
+        del self._pending[: self.batch_limit]
+        self.line.leave(len(taken))
+        # A create whose client went away (its handler cancelled) is not made.
+        return [p for p in taken if not p.future.done()]
+
+    async def _flush(self) -> None:
+        try:
+            await self._flush_pending()
+        finally:
+            self._active -= 1  # at once: a create arriving next starts a new flusher
+
+    async def _flush_pending(self) -> None:
+        while self._pending:
+            self._waiting += 1
+            try:
+                conn = await self.pool.acquire(timeout=QUEUE_TIMEOUT)
+            except Exception as exc:
+                # No connection (the database is down): every create waiting fails with it.
+                while self._pending:
+                    for p in self._take():
+                        _fail(p, exc)
+                return
+            finally:
+                self._waiting -= 1
+            try:
+                while self._pending and not conn.is_closed():
+                    taken = self._take()
+                    if taken:
+                        await self._run(conn, taken)
+            finally:
+                await self.pool.release(conn)  # a closed one is replaced by the pool
+
+    async def _run(self, conn: Any, taken: list[_Pending]) -> None:
+        """Create ``taken`` on ``conn`` and answer each create."""
+        try:
+            while taken:
+                try:
+                    if len(taken) == 1:
+                        self.singles += 1
+                        created = [await self._single(conn, taken[0].body)]
+                    else:
+                        self.batches += 1
+                        self.largest = max(self.largest, len(taken))
+                        created = await self._batch(conn, taken)
+                except DeadConnectionError:
+                    # Never sent (app.db.connect): back to the front of the line, for the next
+                    # connection (this one is closed: the flusher takes another).
+                    self._pending[:0] = taken
+                    self.line.depth += len(taken)
+                    return
+                except EngineError as exc:
+                    named = member_error(exc, len(taken)) if len(taken) > 1 else None
+                    if named is None:
+                        if len(taken) == 1:
+                            raise
+                        await self._one_by_one(conn, taken)
+                        return
+                    index, single = named
+                    _fail(taken[index], single)
+                    del taken[index]
+                    continue  # the others, in a new call (nothing of this one was kept)
+                except _DATABASE_DOWN:
+                    raise
+                except asyncpg.PostgresError:
+                    if len(taken) == 1:
+                        raise
+                    await self._one_by_one(conn, taken)
+                    return
+                for p, c in zip(taken, created, strict=True):
+                    if not p.future.done():
+                        p.future.set_result(c)
+                return
+        except BaseException as exc:
+            for p in taken:
+                _fail(p, exc)
+            if not isinstance(exc, Exception):
+                raise
+
+    async def _one_by_one(self, conn: Any, taken: list[_Pending]) -> None:
+        """Each create alone, each answered with its own result or error."""
+        log.info("coalesced create of %d failed as a whole: creating each alone", len(taken))
+        for p in taken:
+            try:
+                result = await self._single(conn, p.body)
+            except Exception as exc:  # noqa: BLE001 - that create's own error, for its handler
+                _fail(p, exc)
+            else:
+                if not p.future.done():
+                    p.future.set_result(result)
+
+    async def _single(self, conn: Any, body: bytes) -> Created:
+        return await db_requests.create_request(
+            conn, msgspec.Raw(body), default_lease_seconds=self.default_lease_seconds
+        )
+
+    async def _batch(self, conn: Any, taken: list[_Pending]) -> list[Created]:
+        members = msgspec.Raw(b"[" + b",".join(p.body for p in taken) + b"]")
+        return await db_batch.create_requests(
+            conn, members, default_lease_seconds=self.default_lease_seconds
+        )
+
+    async def close(self) -> None:
+        """Wait for the calls under way (at shutdown, before the pool closes)."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _fail(p: _Pending, exc: BaseException) -> None:
+    if not p.future.done():
+        p.future.set_exception(exc)
