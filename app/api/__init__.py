@@ -111,8 +111,9 @@ def create_app(
                     await reconciler_task
             await liveness.close()
             await notifier.close()
-            if (creates := getattr(app.state, "coalescer", None)) is not None:
-                await creates.close()  # the creates under way answered before the pool closes
+            for name in ("coalescer", "release_coalescer"):
+                if (calls := getattr(app.state, name, None)) is not None:
+                    await calls.close()  # the calls under way answered before the pool closes
             await pool.close()
 
     app = Litestar(

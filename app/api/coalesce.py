@@ -28,18 +28,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from typing import Any
+from typing import Any, Generic, TypeVar
+from uuid import UUID
 
 import asyncpg
 import msgspec
-from respool_client.wire import MAX_BATCH, Created
+from respool_client.wire import MAX_BATCH, Created, Request
 
 from app.db import batch as db_batch
 from app.db import requests as db_requests
 from app.db.connect import QUEUE_TIMEOUT, DeadConnectionError, WaitLine
 from app.db.errors import EngineError
 
-__all__ = ["CreateCoalescer", "flushers_for"]
+__all__ = ["CreateCoalescer", "ReleaseCoalescer", "flushers_for"]
+
+In = TypeVar("In")
+Out = TypeVar("Out")
 
 log = logging.getLogger("respool.api")
 
@@ -89,32 +93,29 @@ def member_error(exc: EngineError, count: int) -> tuple[int, EngineError] | None
     return index, single
 
 
-class _Pending:
-    __slots__ = ("body", "future")
+class _Pending(Generic[In, Out]):
+    __slots__ = ("item", "future")
 
-    def __init__(self, body: bytes, future: asyncio.Future[Created]) -> None:
-        self.body = body
+    def __init__(self, item: In, future: asyncio.Future[Out]) -> None:
+        self.item = item
         self.future = future
 
 
-class CreateCoalescer:
-    """Creates the bodies handed to :meth:`create` through as few engine calls as the load allows
-    (see the module docstring). One per app and pool."""
+class _Coalescer(Generic[In, Out]):
+    """The line and the flushers both coalescers share: items handed to :meth:`_submit` wait in
+    arrival order; up to ``flushers`` tasks at once each take a connection, then everything
+    pending (at most ``batch_limit``), and :meth:`_run` answers each item's future."""
+
+    name = "calls"
 
     def __init__(
-        self,
-        pool: asyncpg.Pool,
-        *,
-        default_lease_seconds: int | None,
-        flushers: int | None = None,
-        batch_limit: int = MAX_BATCH,
+        self, pool: asyncpg.Pool, *, flushers: int | None = None, batch_limit: int = MAX_BATCH
     ) -> None:
         self.pool = pool
         self.line: WaitLine = getattr(pool, "line", None) or WaitLine()
-        self.default_lease_seconds = default_lease_seconds
         self.flushers = flushers or flushers_for(pool.get_max_size())
         self.batch_limit = batch_limit
-        self._pending: list[_Pending] = []
+        self._pending: list[_Pending[In, Out]] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._active = 0  # flushers under way (counted down as they end, not once reaped)
         self._waiting = 0  # flushers waiting for a connection (they will take what is pending)
@@ -125,35 +126,34 @@ class CreateCoalescer:
 
     @property
     def pending(self) -> int:
-        """Creates waiting for a flusher to take them."""
+        """Items waiting for a flusher to take them."""
         return len(self._pending)
 
-    async def create(self, body: bytes) -> Created:
-        """Create (or replay) the request of the create body ``body`` (JSON, already checked to
-        be well-formed): its answer as a single create would give it, or its error.
-        :class:`app.db.connect.PoolSaturated` at once when the line is full."""
+    async def _submit(self, item: In) -> Out:
+        """``item``'s answer once a flusher has run it; :class:`app.db.connect.PoolSaturated`
+        at once when the line is full."""
         self.line.join()  # PoolSaturated (429) before anything is kept
-        future: asyncio.Future[Created] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Pending(body, future))
+        future: asyncio.Future[Out] = asyncio.get_running_loop().create_future()
+        self._pending.append(_Pending(item, future))
         if self._waiting == 0 and self._active < self.flushers:
             self._active += 1
-            task = asyncio.create_task(self._flush(), name="respool-create-flusher")
+            task = asyncio.create_task(self._flush(), name=f"respool-{self.name}-flusher")
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         return await future
 
-    def _take(self) -> list[_Pending]:
+    def _take(self) -> list[_Pending[In, Out]]:
         taken = self._pending[: self.batch_limit]
         del self._pending[: self.batch_limit]
         self.line.leave(len(taken))
-        # A create whose client went away (its handler cancelled) is not made.
+        # An item whose client went away (its handler cancelled) is not run.
         return [p for p in taken if not p.future.done()]
 
     async def _flush(self) -> None:
         try:
             await self._flush_pending()
         finally:
-            self._active -= 1  # at once: a create arriving next starts a new flusher
+            self._active -= 1  # at once: an item arriving next starts a new flusher
 
     async def _flush_pending(self) -> None:
         while self._pending:
@@ -161,7 +161,7 @@ class CreateCoalescer:
             try:
                 conn = await self.pool.acquire(timeout=QUEUE_TIMEOUT)
             except Exception as exc:
-                # No connection (the database is down): every create waiting fails with it.
+                # No connection (the database is down): every item waiting fails with it.
                 while self._pending:
                     for p in self._take():
                         _fail(p, exc)
@@ -172,62 +172,100 @@ class CreateCoalescer:
                 while self._pending and not conn.is_closed():
                     taken = self._take()
                     if taken:
-                        await self._run(conn, taken)
+                        await self._answer(conn, taken)
             finally:
                 await self.pool.release(conn)  # a closed one is replaced by the pool
 
-    async def _run(self, conn: Any, taken: list[_Pending]) -> None:
-        """Create ``taken`` on ``conn`` and answer each create."""
+    async def _answer(self, conn: Any, taken: list[_Pending[In, Out]]) -> None:
+        """Run ``taken`` on ``conn`` (:meth:`_run`); a call never sent goes back to the front of
+        the line, any other error of the call fails every item of it."""
         try:
-            while taken:
-                try:
-                    if len(taken) == 1:
-                        self.singles += 1
-                        created = [await self._single(conn, taken[0].body)]
-                    else:
-                        self.batches += 1
-                        self.largest = max(self.largest, len(taken))
-                        created = await self._batch(conn, taken)
-                except DeadConnectionError:
-                    # Never sent (app.db.connect): back to the front of the line, for the next
-                    # connection (this one is closed: the flusher takes another).
-                    self._pending[:0] = taken
-                    self.line.depth += len(taken)
-                    return
-                except EngineError as exc:
-                    named = member_error(exc, len(taken)) if len(taken) > 1 else None
-                    if named is None:
-                        if len(taken) == 1:
-                            raise
-                        await self._one_by_one(conn, taken)
-                        return
-                    index, single = named
-                    _fail(taken[index], single)
-                    del taken[index]
-                    continue  # the others, in a new call (nothing of this one was kept)
-                except _DATABASE_DOWN:
-                    raise
-                except asyncpg.PostgresError:
-                    if len(taken) == 1:
-                        raise
-                    await self._one_by_one(conn, taken)
-                    return
-                for p, c in zip(taken, created, strict=True):
-                    if not p.future.done():
-                        p.future.set_result(c)
-                return
+            if len(taken) == 1:
+                self.singles += 1
+            else:
+                self.batches += 1
+                self.largest = max(self.largest, len(taken))
+            await self._run(conn, taken)
+        except DeadConnectionError:
+            # Never sent (app.db.connect): back to the front of the line, for the next
+            # connection (this one is closed: the flusher takes another).
+            self._pending[:0] = taken
+            self.line.depth += len(taken)
         except BaseException as exc:
             for p in taken:
                 _fail(p, exc)
             if not isinstance(exc, Exception):
                 raise
 
-    async def _one_by_one(self, conn: Any, taken: list[_Pending]) -> None:
+    async def _run(self, conn: Any, taken: list[_Pending[In, Out]]) -> None:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        """Wait for the calls under way (at shutdown, before the pool closes)."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+class CreateCoalescer(_Coalescer[bytes, Created]):
+    """Creates the bodies handed to :meth:`create` through as few engine calls as the load allows
+    (see the module docstring). One per app and pool."""
+
+    name = "create"
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        default_lease_seconds: int | None,
+        flushers: int | None = None,
+        batch_limit: int = MAX_BATCH,
+    ) -> None:
+        super().__init__(pool, flushers=flushers, batch_limit=batch_limit)
+        self.default_lease_seconds = default_lease_seconds
+
+    async def create(self, body: bytes) -> Created:
+        """Create (or replay) the request of the create body ``body`` (JSON, already checked to
+        be well-formed): its answer as a single create would give it, or its error.
+        :class:`app.db.connect.PoolSaturated` at once when the line is full."""
+        return await self._submit(body)
+
+    async def _run(self, conn: Any, taken: list[_Pending[bytes, Created]]) -> None:
+        """Create ``taken`` on ``conn`` and answer each create."""
+        while taken:
+            try:
+                if len(taken) == 1:
+                    created = [await self._single(conn, taken[0].item)]
+                else:
+                    created = await self._batch(conn, taken)
+            except EngineError as exc:
+                named = member_error(exc, len(taken)) if len(taken) > 1 else None
+                if named is None:
+                    if len(taken) == 1:
+                        raise
+                    await self._one_by_one(conn, taken)
+                    return
+                index, single = named
+                _fail(taken[index], single)
+                del taken[index]
+                continue  # the others, in a new call (nothing of this one was kept)
+            except _DATABASE_DOWN:
+                raise
+            except asyncpg.PostgresError:
+                if len(taken) == 1:
+                    raise
+                await self._one_by_one(conn, taken)
+                return
+            for p, c in zip(taken, created, strict=True):
+                if not p.future.done():
+                    p.future.set_result(c)
+            return
+
+    async def _one_by_one(self, conn: Any, taken: list[_Pending[bytes, Created]]) -> None:
         """Each create alone, each answered with its own result or error."""
         log.info("coalesced create of %d failed as a whole: creating each alone", len(taken))
         for p in taken:
             try:
-                result = await self._single(conn, p.body)
+                result = await self._single(conn, p.item)
             except Exception as exc:  # noqa: BLE001 - that create's own error, for its handler
                 _fail(p, exc)
             else:
@@ -239,18 +277,45 @@ class CreateCoalescer:
             conn, msgspec.Raw(body), default_lease_seconds=self.default_lease_seconds
         )
 
-    async def _batch(self, conn: Any, taken: list[_Pending]) -> list[Created]:
-        members = msgspec.Raw(b"[" + b",".join(p.body for p in taken) + b"]")
+    async def _batch(self, conn: Any, taken: list[_Pending[bytes, Created]]) -> list[Created]:
+        members = msgspec.Raw(b"[" + b",".join(p.item for p in taken) + b"]")
         return await db_batch.create_requests(
             conn, members, default_lease_seconds=self.default_lease_seconds
         )
 
-    async def close(self) -> None:
-        """Wait for the calls under way (at shutdown, before the pool closes)."""
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+Release = tuple[UUID, int | None]
 
 
-def _fail(p: _Pending, exc: BaseException) -> None:
+class ReleaseCoalescer(_Coalescer[Release, Request]):
+    """Releases handed to :meth:`release` through as few engine calls as the load allows: a
+    lone one is ``respool.release_request``; two or more waiting together are one
+    ``respool.release_requests`` call, which ends each exactly as its own call would, in arrival
+    order, and answers each with its document or its own error (unknown id, stale attempt).
+    One per app and pool (docs/api.md, "Coalesced releases")."""
+
+    name = "release"
+
+    async def release(self, request_id: UUID, attempt: int | None) -> Request:
+        """Release (a queued request: cancel) ``request_id``, fenced by ``attempt``: the answer
+        its own release call would give, or its error."""
+        return await self._submit((request_id, attempt))
+
+    async def _run(self, conn: Any, taken: list[_Pending[Release, Request]]) -> None:
+        if len(taken) == 1:
+            request_id, attempt = taken[0].item
+            results: list[Request | EngineError] = [
+                await db_requests.release_request(conn, request_id, attempt=attempt)
+            ]
+        else:
+            results = await db_requests.release_requests(conn, [p.item for p in taken])
+        for p, result in zip(taken, results, strict=True):
+            if isinstance(result, EngineError):
+                _fail(p, result)
+            elif not p.future.done():
+                p.future.set_result(result)
+
+
+def _fail(p: _Pending[Any, Any], exc: BaseException) -> None:
     if not p.future.done():
         p.future.set_exception(exc)

@@ -11,7 +11,7 @@ from litestar.datastructures import State
 from litestar.params import JSONBody, SkipValidation
 from msgspec import UNSET
 
-from app.api.coalesce import CreateCoalescer
+from app.api.coalesce import CreateCoalescer, ReleaseCoalescer
 from app.api.errors import error_responses, validation_error
 from app.api.numbers import refuse_extreme_numbers, refuse_string_decimals
 from app.notify import Notifier
@@ -25,6 +25,7 @@ __all__ = [
     "decode_body",
     "delete_by_ref",
     "notifier",
+    "releases",
     "sent",
     "settings",
 ]
@@ -49,6 +50,15 @@ def coalescer(state: State) -> CreateCoalescer:
         made = state.coalescer = CreateCoalescer(
             pool, default_lease_seconds=settings(state).default_lease_seconds
         )
+    return made
+
+
+def releases(state: State) -> ReleaseCoalescer:
+    """The app's release coalescer (app.api.coalesce) for its current pool, made on first use."""
+    pool = db(state)
+    made: ReleaseCoalescer | None = getattr(state, "release_coalescer", None)
+    if made is None or made.pool is not pool:
+        made = state.release_coalescer = ReleaseCoalescer(pool)
     return made
 
 

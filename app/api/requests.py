@@ -42,6 +42,7 @@ from app.api.common import (
     db,
     decode_body,
     notifier,
+    releases,
     settings,
 )
 from app.api.errors import ApiError, error_responses
@@ -352,7 +353,9 @@ class RequestController(Controller):
     async def release(
         self, state: State, request_id: FromPath[UUID], attempt: _Attempt = None
     ) -> ResourceRequest:
-        return await db_requests.release_request(db(state), request_id, attempt=attempt)
+        # Ended together with the releases waiting at the same time, each with its own answer
+        # (app.api.coalesce; docs/api.md, "Coalesced releases").
+        return await releases(state).release(request_id, attempt)
 
     @post(
         "/{request_id:uuid}/terminate",

@@ -210,3 +210,41 @@ def test_member_error_takes_off_the_members_prefix(
     index, single = named
     assert type(single) is type(error)
     assert (index, single.message.split(" does")[0], single.field) == expected
+
+
+# --- coalesced releases (docs/api.md, "Coalesced releases") ----------------------------------
+
+
+async def test_concurrent_releases_each_get_their_own_answer_and_error(server: Server) -> None:
+    c = server.client
+    await pool_with_policy(c, capacity={"gpu": 20})
+    held = [ok(await c.post(CREATE, json=team_gpu()), 201) for _ in range(12)]
+    waiting = ok(await c.post(CREATE, json=team_gpu(resources={"gpu": 20})), 201)
+    assert waiting["status"] == "queued"
+    calls = [(f"{CREATE}/{r['id']}/release", {}) for r in held[:10]]
+    calls.append((f"{CREATE}/{held[10]['id']}/release", {"attempt": 2}))  # stale attempt
+    calls.append((f"{CREATE}/00000000-0000-4000-8000-000000000000/release", {}))  # unknown
+    limits = httpx.Limits(max_connections=len(calls) + 1, max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits) as client:
+        async with busy_pool(server):
+            tasks = [asyncio.create_task(client.post(u, params=p)) for u, p in calls]
+            for _ in range(1000):  # every release waits in line before any is made
+                made = getattr(server.app.state, "release_coalescer", None)
+                if made is not None and made.pending >= len(calls):
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                raise AssertionError("the releases never met")
+        answers = await asyncio.gather(*tasks)
+    made = server.app.state.release_coalescer
+    assert made.batches >= 1 and made.largest >= 2
+    for r, a in zip(held[:10], answers[:10], strict=True):
+        body = ok(a, 200)
+        assert (body["id"], body["status"]) == (r["id"], "released")
+    assert "stale attempt" in error(answers[10], 409, "attempt")["detail"]
+    assert "not found" in error(answers[11], 404, "id")["detail"]
+    still = ok(await c.get(f"{CREATE}/{held[10]['id']}"), 200)
+    assert still["status"] == "allocated"  # its refused release changed nothing
+    assert ok(await c.get(f"{CREATE}/{held[11]['id']}"), 200)["status"] == "allocated"
+    # ten units back, two still held: the 20-GPU request waits on
+    assert ok(await c.get(f"{CREATE}/{waiting['id']}"), 200)["status"] == "queued"
