@@ -5,17 +5,14 @@ having changed nothing; a queued call waits past the 10 s acquire bound instead 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 
-import asyncpg
 import httpx
 import pytest
 
 from app.db import connect as connect_module
 from app.db.connect import WaitLine
 from support.http import error, ok, pool_with_policy, team_gpu
-from support.server import Server, running_server
+from support.server import Server, busy_pool, running_server
 
 CREATE = "/v1/requests"
 
@@ -23,18 +20,6 @@ CREATE = "/v1/requests"
 def line(server: Server) -> WaitLine:
     found: WaitLine = server.app.state.db.line
     return found
-
-
-@contextlib.asynccontextmanager
-async def busy_pool(server: Server) -> AsyncIterator[None]:
-    """Every connection of the server's pool held until the block ends."""
-    pool: asyncpg.Pool = server.app.state.db
-    held = [await pool.acquire(timeout=10) for _ in range(pool.get_max_size())]
-    try:
-        yield
-    finally:
-        for conn in held:
-            await pool.release(conn)
 
 
 async def fill_line(

@@ -9,18 +9,15 @@ of them wait; real HTTP clients on a real server throughout.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
-import asyncpg
 import httpx
 import pytest
 
 from app.api.coalesce import CreateCoalescer, member_error
 from app.db.errors import BadInput, NotFound
 from support.http import error, ok, pool_with_policy, team_gpu
-from support.server import Server, running_server, waiting_clients
+from support.server import Server, busy_pool, running_server, waiting_clients
 
 CREATE = "/v1/requests"
 
@@ -28,18 +25,6 @@ CREATE = "/v1/requests"
 def coalescer(server: Server) -> CreateCoalescer:
     made: CreateCoalescer = server.app.state.coalescer
     return made
-
-
-@contextlib.asynccontextmanager
-async def busy_pool(server: Server) -> AsyncIterator[None]:
-    """Every connection of the server's pool held until the block ends."""
-    pool: asyncpg.Pool = server.app.state.db
-    held = [await pool.acquire(timeout=10) for _ in range(pool.get_max_size())]
-    try:
-        yield
-    finally:
-        for conn in held:
-            await pool.release(conn)
 
 
 async def until_pending(server: Server, n: int) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 import uvicorn
 from litestar import Litestar
@@ -70,6 +71,18 @@ async def waiting_clients(server: Server, n: int) -> None:
 
 
 @contextlib.asynccontextmanager
+@contextlib.asynccontextmanager
+async def busy_pool(server: Server) -> AsyncIterator[None]:
+    """Every connection of the server's pool held until the block ends."""
+    pool: asyncpg.Pool = server.app.state.db
+    held = [await pool.acquire(timeout=10) for _ in range(pool.get_max_size())]
+    try:
+        yield
+    finally:
+        for conn in held:
+            await pool.release(conn)
+
+
 async def running_server(
     db_url: str, *, with_reconciler: bool = False, port: int = 0, **overrides: Any
 ) -> AsyncIterator[Server]:
