@@ -14,7 +14,8 @@ BEGIN
     -- Set-based: one INSERT for every row (in array order, so event ids follow it) and one
     -- notification per request, however many changed together (a large grant).
     INSERT INTO respool.events (request_id, at, from_status, to_status, reason, attempt, message)
-    SELECT r.id, p_now, p_from, r.status, r.reason, r.attempt, r.message
+    -- (at the row's own instant when it is later: a batch member granted at its queue time)
+    SELECT r.id, greatest(p_now, r.updated_at), p_from, r.status, r.reason, r.attempt, r.message
       FROM unnest(p_requests) WITH ORDINALITY AS r
      ORDER BY r.ordinality;
     -- No notification for the requests a create_request call or a batch is making

@@ -14,6 +14,13 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION respool._sum_units(jsonb[]) IS 'The key-wise sum of unit maps {key: n}.';
 
+CREATE OR REPLACE FUNCTION respool._granted_at(p_now timestamptz, r respool.requests)
+RETURNS timestamptz LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN r.gang_id IS NULL THEN greatest(p_now, r.queued_at) ELSE p_now END
+$$;
+COMMENT ON FUNCTION respool._granted_at(timestamptz, respool.requests) IS
+    'The instant a grant at p_now gives request r: p_now, but never before r was queued (members of a batch are queued i µs apart and a run of them is granted at once, each then at its own instant, as one by one); a gang member at p_now, so a gang is granted at one instant. Inlined (SQL).';
+
 CREATE OR REPLACE FUNCTION respool._grant_many(p_ids uuid[], p_pool_id uuid, p_policy_id uuid, p_now timestamptz,
                                                p_nodes uuid[] DEFAULT NULL)
 RETURNS integer LANGUAGE plpgsql AS $$
@@ -37,11 +44,12 @@ BEGIN
                np_charge = CASE WHEN r.preemptible THEN '{}'::jsonb
                                 ELSE (SELECT coalesce(jsonb_object_agg(x.key, x.value::bigint), '{}')
                                         FROM jsonb_each_text(r.resources) x WHERE x.key = ANY (v_tracked)) END,
-               allocated_at = p_now, preempt_deadline = NULL, earmark_pool_id = NULL, earmark_node_id = NULL,
-               lease_expires_at = p_now + make_interval(secs => r.lease_seconds),
-               run_deadline = p_now + make_interval(secs => r.max_seconds),  -- runtime cap (max_seconds)
+               allocated_at = respool._granted_at(p_now, r), preempt_deadline = NULL,
+               earmark_pool_id = NULL, earmark_node_id = NULL,
+               lease_expires_at = respool._granted_at(p_now, r) + make_interval(secs => r.lease_seconds),
+               run_deadline = respool._granted_at(p_now, r) + make_interval(secs => r.max_seconds),  -- runtime cap (max_seconds)
                status = 'allocated', reason = NULL, message = '', version = r.version + 1,
-               updated_at = p_now, finished_at = NULL
+               updated_at = respool._granted_at(p_now, r), finished_at = NULL
          WHERE r.id = ANY (p_ids) AND r.status = 'queued'
         RETURNING r.*)
     SELECT coalesce(array_agg(g::respool.requests ORDER BY g.queued_at, g.id), '{}') INTO v_granted FROM granted g;

@@ -184,7 +184,7 @@ async def snapshot(conn: asyncpg.Connection, ids: list[str]) -> dict[str, Any]:
         return names.get(str(rid), "?")
 
     requests = [
-        {**dict(r), "id": name(r["id"]), **{k: _ms(r[k]) for k in GRANT_TIMES}}
+        {**dict(r), "id": name(r["id"])}
         for r in await conn.fetch(
             "SELECT r.id::text, r.status, r.reason, r.message, r.pool_name, r.priority,"
             " r.attempt, r.version,"
@@ -207,7 +207,7 @@ async def snapshot(conn: asyncpg.Connection, ids: list[str]) -> dict[str, Any]:
     events = [
         (
             name(e["request_id"]),
-            _ms(e["at"]) if e["to_status"] == "allocated" else e["at"],
+            e["at"],
             e["from_status"],
             e["to_status"],
             e["reason"],
@@ -252,17 +252,6 @@ async def snapshot(conn: asyncpg.Connection, ids: list[str]) -> dict[str, Any]:
     }
 
 
-# A run of alike members is granted together at the time of its first one (docs/engine.md, "How a
-# batch is made"); one by one, member i is granted at its own clock, i µs after member 0. The
-# grant instants are compared to the millisecond (a batch's members span less than one).
-GRANT_TIMES = ("updated_at", "allocated_at", "lease_expires_at", "run_deadline")
-FRACTION = re.compile(r"(T\d\d:\d\d:\d\d)\.\d+")
-
-
-def _ms(at: datetime | None) -> datetime | None:
-    return None if at is None else at.replace(microsecond=at.microsecond // 1000 * 1000)
-
-
 UUID = re.compile(r"[0-9a-f]{8}(-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|…)")
 WAITED = re.compile(r"waiting \d+ s")
 
@@ -271,11 +260,7 @@ def _plain(value: Any) -> Any:
     """A document with every id (they differ between databases) and the seconds a head has
     waited by the database's clock (read at each answer) left out."""
     if isinstance(value, dict):
-        return {
-            k: FRACTION.sub(r"\1", v) if k in GRANT_TIMES and isinstance(v, str) else _plain(v)
-            for k, v in value.items()
-            if k != "eta"
-        }
+        return {k: _plain(v) for k, v in value.items() if k != "eta"}
     if isinstance(value, list):
         return [_plain(v) for v in value]
     if isinstance(value, str):
