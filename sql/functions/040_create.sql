@@ -300,6 +300,20 @@ END $$;
 COMMENT ON FUNCTION respool._claim_keys(jsonb[]) IS
     'Claims the idempotency keys of checked create bodies for this transaction in one global order (a transaction advisory lock per subject and key, in lock-key order), before any request is inserted: two creates or batches naming the same keys in another order wait for each other instead of each holding a key the other needs (a deadlock when no pool lock orders them).';
 
+CREATE OR REPLACE FUNCTION respool._batch_pools(p_bodies jsonb[])
+RETURNS uuid[] LANGUAGE sql STABLE AS $$
+    -- Per member: its subject's pools, only those its pool ref may name when it names one (a
+    -- name, or every id the ref is a prefix of: a superset of what respool.resolve_pool finds).
+    SELECT coalesce(array_agg(DISTINCT s.pool_id), '{}')
+      FROM (SELECT DISTINCT b ->> 'subject' AS subject, b ->> 'pool' AS ref FROM unnest(p_bodies) b) m
+     CROSS JOIN LATERAL respool._subject_policies(m.subject) s
+      JOIN respool.pools pl ON pl.id = s.pool_id
+     WHERE m.ref IS NULL OR pl.name = m.ref
+        OR (m.ref ~* '^[0-9a-f-]{4,36}$' AND pl.id::text LIKE lower(m.ref) || '%')
+$$;
+COMMENT ON FUNCTION respool._batch_pools(jsonb[]) IS
+    'The pools a batch of checked create bodies may lock: for each member the pools of its subject that it may be created in (all of them without a pool ref; with one, those the ref may name). A batch locks them all in id order up front, so each member then locks a subset it holds already, and batches naming different pools of the same subjects do not wait for each other.';
+
 CREATE OR REPLACE FUNCTION respool._gang_member_check(p_first jsonb, p_member jsonb, p_first_pool uuid)
 RETURNS void LANGUAGE plpgsql STABLE AS $$
 BEGIN
@@ -406,12 +420,10 @@ BEGIN
         END LOOP;
         PERFORM respool._claim_keys(v_bodies);
         IF v_count > 1 THEN
-            -- Every pool any member's subject may use, locked up front in id order: each member
+            -- Every pool any member may be created in, locked up front in id order: each member
             -- then locks a subset it already holds, so members that name different pools never
             -- take pool locks out of the global order (no deadlock with other writers).
-            PERFORM respool._lock_pools(array(
-                SELECT DISTINCT s.pool_id FROM (SELECT DISTINCT b ->> 'subject' AS subject FROM unnest(v_bodies) b) b
-                 CROSS JOIN LATERAL respool._subject_policies(b.subject) s));
+            PERFORM respool._lock_pools(respool._batch_pools(v_bodies));
         END IF;
         IF coalesce(p_all_or_nothing, false) THEN
             -- A gang is one request in many parts: one subject, one pool (or none named, so the

@@ -46,10 +46,8 @@ BEGIN
               FROM (SELECT DISTINCT b FROM jsonb_array_elements(p_members) b) d) c ON c.b = m.b;
     PERFORM respool._claim_keys(v_bodies);
     IF p_lock_subject_pools THEN
-        -- As the one-by-one path: every pool of every member's subject, in id order, up front.
-        PERFORM respool._lock_pools(array(
-            SELECT DISTINCT s.pool_id FROM (SELECT DISTINCT b ->> 'subject' AS subject FROM unnest(v_bodies) b) b
-             CROSS JOIN LATERAL respool._subject_policies(b.subject) s));
+        -- As the one-by-one path: every pool a member may be created in, in id order, up front.
+        PERFORM respool._lock_pools(respool._batch_pools(v_bodies));
     END IF;
 
     -- Session-local work tables, emptied at commit (kept between transactions, so the plans
@@ -310,4 +308,4 @@ BEGIN
     RETURN QUERY SELECT t.n, t.created, t.id FROM pg_temp.respool_batch t ORDER BY t.n;
 END $$;
 COMMENT ON FUNCTION respool._create_set(jsonb, integer, timestamptz, boolean) IS
-    'The set-based batch create behind respool.create_requests (not a gang): leaves exactly what creating the members one by one in member order through respool.create_request leaves (statuses, pools, nodes, queue order, events per request; no NOTIFY of a member''s own changes), with each distinct body checked once, each distinct value converted once, candidates and rejections computed once per distinct combination and one INSERT each for requests, events and queue entries, then the grants in member order (a shape blocked once is not tried again; a run of consecutive alike members granted together in one respool._grant_many at its first member''s time in a pool without nodes, one by one by respool._try_grant in a pool with nodes). Raises RP298 (nothing kept) when one by one is needed instead: a strict candidate pool, one that holds or may start holding for a starving head, a key taken concurrently; a member''s error (RP4xx) likewise leaves the naming of it to the one-by-one path. p_lock_subject_pools: lock every pool of every member''s subject first (a batch of more than one). One row per member: created and the request''s id.';
+    'The set-based batch create behind respool.create_requests (not a gang): leaves exactly what creating the members one by one in member order through respool.create_request leaves (statuses, pools, nodes, queue order, events per request; no NOTIFY of a member''s own changes), with each distinct body checked once, each distinct value converted once, candidates and rejections computed once per distinct combination and one INSERT each for requests, events and queue entries, then the grants in member order (a shape blocked once is not tried again; a run of consecutive alike members granted together in one respool._grant_many, each at its own queue instant, in a pool without nodes, one by one by respool._try_grant in a pool with nodes). Raises RP298 (nothing kept) when one by one is needed instead: a strict candidate pool, one that holds or may start holding for a starving head, a key taken concurrently; a member''s error (RP4xx) likewise leaves the naming of it to the one-by-one path. p_lock_subject_pools: lock every pool a member may be created in first (respool._batch_pools; a batch of more than one). One row per member: created and the request''s id.';

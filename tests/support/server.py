@@ -71,7 +71,6 @@ async def waiting_clients(server: Server, n: int) -> None:
 
 
 @contextlib.asynccontextmanager
-@contextlib.asynccontextmanager
 async def busy_pool(server: Server) -> AsyncIterator[None]:
     """Every connection of the server's pool held until the block ends."""
     pool: asyncpg.Pool = server.app.state.db
@@ -83,6 +82,7 @@ async def busy_pool(server: Server) -> AsyncIterator[None]:
             await pool.release(conn)
 
 
+@contextlib.asynccontextmanager
 async def running_server(
     db_url: str, *, with_reconciler: bool = False, port: int = 0, **overrides: Any
 ) -> AsyncIterator[Server]:
