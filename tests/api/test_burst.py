@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import signal
 from collections.abc import AsyncIterator
 
 import httpx
@@ -22,7 +21,7 @@ from app.api import create_app
 from app.api.server import KEEP_ALIVE_TIMEOUT, ApiServer, uvicorn_config
 from app.settings import Settings
 from support.http import pool_with_policy
-from support.ports import listening_socket
+from support.server import serving
 
 
 @contextlib.asynccontextmanager
@@ -31,22 +30,8 @@ async def serve_like_respool(db_url: str, pool_size: int) -> AsyncIterator[str]:
     settings = Settings(database_url=db_url, db_pool_size=pool_size, auth="off")
     app = create_app(settings)
     config = uvicorn_config(app, settings, log_level="warning", access_log=False)
-    server = ApiServer(config, app)
-    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
-    sock = listening_socket(0)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    for _ in range(1000):
-        if server.started or task.done():
-            break
-        await asyncio.sleep(0.01)
-    if task.done():
-        task.result()
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.handle_exit(signal.SIGTERM, None)
-        await asyncio.wait_for(task, 15)
-        sock.close()
+    async with serving(ApiServer(config, app)) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 def test_idle_connections_outlive_the_clients_idle_expiry() -> None:

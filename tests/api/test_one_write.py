@@ -6,9 +6,6 @@ HEAD requests too; a streamed answer still gets its head out before its body exi
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import signal
-from collections.abc import AsyncIterator
 from typing import Any
 
 import uvicorn
@@ -16,7 +13,7 @@ import uvicorn
 from app.api import create_app
 from app.api.server import ApiServer, GuardedH11Protocol, guarded_protocol, uvicorn_config
 from app.settings import Settings
-from support.ports import listening_socket
+from support.server import serving
 
 
 class CountingTransport:
@@ -44,25 +41,6 @@ def counting_protocol(writes: list[bytes]) -> type[GuardedH11Protocol]:
             super().connection_made(CountingTransport(transport, writes))  # type: ignore[arg-type]
 
     return Counting
-
-
-@contextlib.asynccontextmanager
-async def serving(config: uvicorn.Config, server: uvicorn.Server) -> AsyncIterator[int]:
-    sock = listening_socket(0)
-    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    for _ in range(1000):
-        if server.started or task.done():
-            break
-        await asyncio.sleep(0.01)
-    if task.done():
-        task.result()
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        server.handle_exit(signal.SIGTERM, None)
-        await asyncio.wait_for(task, 15)
-        sock.close()
 
 
 async def read_answer(reader: asyncio.StreamReader, *, head: bool = False) -> bytes:
@@ -96,7 +74,7 @@ async def test_each_answer_of_the_api_leaves_in_one_write(db_url: str) -> None:
     config = uvicorn_config(
         app, settings, http=counting_protocol(writes), log_level="warning", access_log=False
     )
-    async with serving(config, ApiServer(config, app)) as port:
+    async with serving(ApiServer(config, app)) as port:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         exchanges = [
             (request("GET", "/healthz"), False, 200),
@@ -156,7 +134,7 @@ async def test_a_streamed_answer_sends_its_head_before_its_body() -> None:
         log_level="warning",
         access_log=False,
     )
-    async with serving(config, uvicorn.Server(config)) as port:
+    async with serving(uvicorn.Server(config)) as port:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(request("GET", "/stream"))
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 20)

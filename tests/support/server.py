@@ -8,6 +8,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -101,22 +102,33 @@ async def running_server(
         app, lifespan="on", log_level="warning", ws="none", http="h11", access_log=False
     )
     srv = InProcessServer(config, app)
-    task = asyncio.create_task(srv.serve(sockets=[sock]))
-    for _ in range(500):
-        if srv.started or task.done():
+    async with serving(srv, sock) as bound:
+        url = f"http://127.0.0.1:{bound}"
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            yield Server(url=url, app=app, uvicorn=srv, client=client, db_url=db_url)
+
+
+@contextlib.asynccontextmanager
+async def serving(server: uvicorn.Server, sock: socket.socket | None = None) -> AsyncIterator[int]:
+    """``server`` in the current event loop on ``sock`` (default: a free loopback port), without
+    process signal handlers; yields the port. At the end a SIGTERM as ``respool serve`` gets it
+    (which also answers any open wait)."""
+    sock = sock or listening_socket(0)
+    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    for _ in range(1000):
+        if server.started or task.done():
             break
         await asyncio.sleep(0.01)
     if task.done():
         task.result()
-    assert srv.started, "server did not start"
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-        try:
-            yield Server(url=url, app=app, uvicorn=srv, client=client, db_url=db_url)
-        finally:
-            srv.handle_exit(signal.SIGTERM, None)  # also answers any open wait
-            await asyncio.wait_for(task, 15)
-            sock.close()
+    assert server.started, "server did not start"
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        server.handle_exit(signal.SIGTERM, None)
+        await asyncio.wait_for(task, 15)
+        sock.close()
 
 
 def tail(path: Path, chars: int) -> str:
