@@ -26,6 +26,7 @@ The pending creates count in the pool's line of calls waiting for a connection
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 from typing import Any, Generic, TypeVar
@@ -169,12 +170,15 @@ class _Coalescer(Generic[In, Out]):
             finally:
                 self._waiting -= 1
             try:
-                while self._pending and not conn.is_closed():
+                while self._pending and _usable(conn):
                     taken = self._take()
                     if taken:
                         await self._answer(conn, taken)
             finally:
-                await self.pool.release(conn)  # a closed one is replaced by the pool
+                # A closed one is replaced by the pool; one the pool took back already (it was
+                # closed or terminated meanwhile) needs nothing more.
+                with contextlib.suppress(asyncpg.InterfaceError):
+                    await self.pool.release(conn)
 
     async def _answer(self, conn: Any, taken: list[_Pending[In, Out]]) -> None:
         """Run ``taken`` on ``conn`` (:meth:`_run`); a call never sent goes back to the front of
@@ -314,6 +318,15 @@ class ReleaseCoalescer(_Coalescer[Release, Request]):
                 _fail(p, result)
             elif not p.future.done():
                 p.future.set_result(result)
+
+
+def _usable(conn: Any) -> bool:
+    """Whether a pooled connection can still run a call: open, and not taken back by its pool
+    (asyncpg raises InterfaceError for a proxy the pool has released, at a pool's close)."""
+    try:
+        return not conn.is_closed()
+    except asyncpg.InterfaceError:
+        return False
 
 
 def _fail(p: _Pending[Any, Any], exc: BaseException) -> None:

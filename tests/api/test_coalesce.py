@@ -9,12 +9,14 @@ of them wait; real HTTP clients on a real server throughout.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 
-from app.api.coalesce import CreateCoalescer, member_error
+from app.api.coalesce import CreateCoalescer, ReleaseCoalescer, member_error
 from app.db.errors import BadInput, NotFound
 from support.http import error, ok, pool_with_policy, team_gpu
 from support.server import Server, busy_pool, running_server, waiting_clients
@@ -233,3 +235,33 @@ async def test_concurrent_releases_each_get_their_own_answer_and_error(server: S
     assert ok(await c.get(f"{CREATE}/{held[11]['id']}"), 200)["status"] == "allocated"
     # ten units back, two still held: the 20-GPU request waits on
     assert ok(await c.get(f"{CREATE}/{waiting['id']}"), 200)["status"] == "queued"
+
+
+async def test_a_pool_closing_under_a_flusher_fails_the_waiting_calls_instead_of_hanging() -> None:
+    """asyncpg takes a connection back when its pool closes; the flusher holding it must not die
+    with the calls still waiting (their handlers would hang): they get the pool's error."""
+
+    class Released:
+        def is_closed(self) -> bool:
+            raise asyncpg.InterfaceError("connection has been released back to the pool")
+
+    class ClosingPool:
+        acquired = 0
+
+        def get_max_size(self) -> int:
+            return 4
+
+        async def acquire(self, timeout: float | None = None) -> Released:  # noqa: ASYNC109
+            self.acquired += 1
+            if self.acquired > 1:
+                raise asyncpg.InterfaceError("pool is closed")
+            return Released()
+
+        async def release(self, conn: object) -> None:
+            raise asyncpg.InterfaceError("connection has been released back to the pool")
+
+    releases = ReleaseCoalescer(ClosingPool())  # type: ignore[arg-type]
+    call = releases.release(uuid.uuid4(), None)
+    with pytest.raises(asyncpg.InterfaceError, match="pool is closed"):
+        await asyncio.wait_for(call, 5)
+    assert releases.pending == 0
