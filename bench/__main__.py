@@ -5,7 +5,8 @@ writes the report; ``python -m bench <scenario>`` runs one and prints its figure
 ``python -m bench wake`` is the stand-alone wake-latency benchmark (docs/api.md);
 ``python -m bench eta`` measures the ETA calibration on a replayed trace, before and after
 (docs/scheduling.md, "ETA");
-``python -m bench placement`` measures pools backed by nodes (docs/placement.md).
+``python -m bench placement`` measures pools backed by nodes (docs/placement.md);
+``python -m bench depth`` times a release that grants against the queue's length (docs/engine.md).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from bench import (
     burst,
     cycles,
     dashboard,
+    depth,
     eta,
     gang,
     placement,
@@ -45,6 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         (baseline, "baseline"),
         (batch, "batch"),
         (burst, "burst"),
+        (depth, "depth"),
         (gang, "gang"),
         (sweep, "sweep"),
         (placement, "placement"),
@@ -69,11 +72,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return dashboard.run(args)
     if args.command == "eta":
         return eta.run(args)
-    if args.command in ("baseline", "batch", "burst", "gang", "sweep", "placement"):
+    if args.command in ("baseline", "batch", "burst", "depth", "gang", "sweep", "placement"):
         runner: Callable[[argparse.Namespace], int] = {
             "baseline": baseline.run,
             "batch": batch.run,
             "burst": burst.run,
+            "depth": depth.run,
             "gang": gang.run,
             "sweep": sweep.run,
             "placement": placement.run,

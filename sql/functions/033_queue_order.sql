@@ -134,16 +134,28 @@ $$;
 COMMENT ON FUNCTION respool._queue_order(uuid) IS
     'A pool''s whole queue in grant order (docs/admission.md, docs/scheduling.md): priority lane first, policy priority desc, in-share first, dominant share asc (fair pools), queue time, id (respool._queue_top without a limit). Read-only; O(queue), for the respool.queue view and the positions of a page of requests (the engine itself works shape by shape).';
 
+DROP FUNCTION IF EXISTS respool._queue_positions(uuid, uuid[]);
+
 CREATE OR REPLACE FUNCTION respool._queue_positions(p_pool_id uuid, p_request_ids uuid[])
 RETURNS TABLE (request_id uuid, "position" bigint)
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql STABLE AS $$
+#variable_conflict use_column
+BEGIN
+    IF cardinality(p_request_ids) = 1 THEN
+        -- One request (the answer of a create or a read): count only the entries ahead of it
+        -- (respool._queue_position), rather than reading every entry of its shapes.
+        RETURN QUERY SELECT x.id, x.pos
+                       FROM (SELECT p_request_ids[1] AS id, respool._queue_position(p_pool_id, p_request_ids[1]) AS pos) x
+                      WHERE x.pos IS NOT NULL;
+        RETURN;
+    END IF;
     -- Counting what is ahead, as _queue_position does, but for many requests at once and
     -- without sorting the queue: per shape, its entries' queue times as one ascending array;
     -- a request is behind every entry of a shape of a higher (rank, in-share, -share) class
     -- and, in a shape of its own class, behind the entries queued before it (binary search,
     -- width_bucket) and those queued at the same instant with a smaller id (an index probe,
-    -- only when the shape has such an instant). The SET clause keeps it from being inlined
-    -- (one call per pool, counted by the tests).
+    -- only when the shape has such an instant).
+    RETURN QUERY
     WITH shapes AS MATERIALIZED (
         SELECT g.policy_id, g.preemptible, g.resources, g.node_selector, g.rank, g.in_share, g.share, t.times
           FROM respool._queue_groups(p_pool_id) g
@@ -175,10 +187,10 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
                        SELECT width_bucket(m.queued_at - interval '1 microsecond', s.times) AS before,
                               width_bucket(m.queued_at, s.times) AS up_to) b
                 WHERE (s.rank, s.in_share, -s.share) >= (m.rank, m.in_share, -m.share))
-      FROM me m
-$$;
+      FROM me m;
+END $$;
 COMMENT ON FUNCTION respool._queue_positions(uuid, uuid[]) IS
-    'The 1-based positions in one pool''s queue of those of p_request_ids that wait in it (others are left out), the same numbers as _queue_order and _queue_position, for a page of requests at once: O(queue) array building per shape plus O(requests * shapes * log(queue)), no sort of the queue. Read-only.';
+    'The 1-based positions in one pool''s queue of those of p_request_ids that wait in it (others are left out), the same numbers as _queue_order and _queue_position: for one request by counting the entries ahead of it (respool._queue_position); for a page at once, O(queue) array building per shape plus O(requests * shapes * log(queue)), no sort of the queue. Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._queue_position(p_pool_id uuid, p_request_id uuid)
 RETURNS bigint LANGUAGE plpgsql STABLE AS $$

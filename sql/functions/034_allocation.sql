@@ -125,40 +125,33 @@ CREATE OR REPLACE FUNCTION respool._grant_run(p_pool_id uuid, p_policy_id uuid, 
                                               p_before_at timestamptz, p_before_id uuid, p_now timestamptz)
 RETURNS uuid[] LANGUAGE plpgsql AS $$
 DECLARE
-    v_run uuid[];
-    v_fit integer;
-    v_low integer := 1;
-    v_high integer;
+    v_run uuid[] := '{}';
+    v_high bigint;
+    v_low integer := 2;
     v_mid integer;
     v_locked uuid[];
     v_prefix integer := 0;
+    c record;
 BEGIN
-    -- The run: the shape's entries from (p_from_at, p_from_id) on, in queue-time order, that
-    -- come before the next other shape's head in the queue order ((p_before_at, p_before_id),
-    -- NULL: none), up to the first gang entry (a gang is granted on its own).
-    SELECT coalesce(array_agg(c.request_id ORDER BY c.queued_at, c.request_id), '{}') INTO v_run
-      FROM (SELECT e.request_id, e.queued_at,
-                   bool_and(r.gang_id IS NULL) OVER (ORDER BY e.queued_at, e.request_id) AS plain
-              FROM respool.queue_entries e JOIN respool.requests r ON r.id = e.request_id
-             WHERE e.pool_id = p_pool_id AND e.policy_id = p_policy_id
-               AND e.preemptible = p_preemptible AND e.resources = p_resources AND e.node_selector = p_selector
-               AND (e.queued_at, e.request_id) >= (p_from_at, p_from_id)
-               AND (p_before_at IS NULL OR (e.queued_at, e.request_id) < (p_before_at, p_before_id))) c
-     WHERE c.plain;
-    -- How many of them fit together: k requests of one shape fit the pool's and the policy's
-    -- counters exactly when one request of k times the shape's need does (respool._fits without
-    -- the node rule); the largest such k by bisection. In a pool with nodes, at most as many as
-    -- the nodes have slots for (respool._node_slots).
-    v_high := cardinality(v_run);
-    IF respool._pool_has_nodes(p_pool_id) THEN
+    -- How many requests of the shape fit together, before reading the queue: k of them fit the
+    -- pool's and the policy's counters exactly when one request of k times the need does
+    -- (respool._fits without the node rule). The pool's free units divided by the need bound k
+    -- from above (and a pool with nodes, its nodes' slots: respool._node_slots); the largest k
+    -- that fits is found by bisection below that bound. So the work is O(log k), whatever the
+    -- length of the queue.
+    SELECT least(respool._max_batch(), min((pr.capacity - pr.used) / x.value::bigint)) INTO v_high
+      FROM jsonb_each_text(p_resources) x
+      JOIN respool.pool_resources pr ON pr.pool_id = p_pool_id AND pr.key = x.key AND pr.capacity IS NOT NULL
+     WHERE x.value::bigint > 0;
+    v_high := coalesce(v_high, respool._max_batch());
+    IF v_high >= 2 AND respool._pool_has_nodes(p_pool_id) THEN
         v_high := least(v_high, respool._node_slots(p_pool_id, p_resources, p_selector));
     END IF;
     IF v_high < 2 OR NOT respool._fits(respool._scale_units(p_resources, 2), p_preemptible, p_pool_id, p_policy_id,
                                        NULL, NULL, NULL) THEN
         RETURN '{}';  -- nothing to gain over the one-request path
     END IF;
-    v_low := 2;
-    IF NOT respool._fits(respool._scale_units(p_resources, v_high), p_preemptible, p_pool_id, p_policy_id,
+    IF NOT respool._fits(respool._scale_units(p_resources, v_high::integer), p_preemptible, p_pool_id, p_policy_id,
                          NULL, NULL, NULL) THEN
         WHILE v_high - v_low > 1 LOOP  -- invariant: v_low fits, v_high does not
             v_mid := (v_low + v_high) / 2;
@@ -169,16 +162,31 @@ BEGIN
                 v_high := v_mid;
             END IF;
         END LOOP;
-        v_fit := v_low;
-    ELSE
-        v_fit := v_high;
+        v_high := v_low;
     END IF;
-    v_run := v_run[1:v_fit];
+    -- The run: at most that many of the shape's entries from (p_from_at, p_from_id) on, in
+    -- queue-time order (an index range of queue_entries_shape_idx), that come before the next
+    -- other shape's head in the queue order ((p_before_at, p_before_id), NULL: none), up to the
+    -- first gang entry (a gang is granted on its own).
+    FOR c IN SELECT e.request_id, r.gang_id
+               FROM respool.queue_entries e JOIN respool.requests r ON r.id = e.request_id
+              WHERE e.pool_id = p_pool_id AND e.policy_id = p_policy_id
+                AND e.preemptible = p_preemptible AND e.resources = p_resources AND e.node_selector = p_selector
+                AND (e.queued_at, e.request_id) >= (p_from_at, p_from_id)
+                AND (p_before_at IS NULL OR (e.queued_at, e.request_id) < (p_before_at, p_before_id))
+              ORDER BY e.queued_at, e.request_id
+              LIMIT v_high LOOP
+        EXIT WHEN c.gang_id IS NOT NULL;
+        v_run := v_run || c.request_id;
+    END LOOP;
+    IF cardinality(v_run) < 2 THEN
+        RETURN '{}';
+    END IF;
     -- Lock them without waiting; the run ends before the first one another transaction holds
     -- or already took (the one-request path then decides on it: skip it, or stop a strict pool).
     v_locked := ARRAY(SELECT id FROM respool.requests WHERE id = ANY (v_run) AND status = 'queued'
                        ORDER BY id FOR UPDATE SKIP LOCKED);
-    WHILE v_prefix < v_fit AND v_run[v_prefix + 1] = ANY (v_locked) LOOP
+    WHILE v_prefix < cardinality(v_run) AND v_run[v_prefix + 1] = ANY (v_locked) LOOP
         v_prefix := v_prefix + 1;
     END LOOP;
     v_run := v_run[1:v_prefix];
@@ -188,7 +196,7 @@ BEGIN
     RETURN v_run;
 END $$;
 COMMENT ON FUNCTION respool._grant_run(uuid, uuid, boolean, jsonb, jsonb, timestamptz, uuid, timestamptz, uuid, timestamptz) IS
-    'Set-based grants for a pass of a pool the caller has locked: of one queue shape''s entries (resources and node selector) from a given one on and before a bound (the next other shape''s head), as many as fit together (at least two, else none) are locked without waiting and granted in one respool._grant_many; stops before a gang entry and before an entry locked or taken elsewhere. Returns the granted ids in queue order. Only for a pass without earmarks or a starvation hold (those need the per-request checks).';
+    'Set-based grants for a pass of a pool the caller has locked: of one queue shape''s entries (resources and node selector) from a given one on and before a bound (the next other shape''s head), as many as fit together (at least two, else none; at most respool._max_batch()) are locked without waiting and granted in one respool._grant_many; stops before a gang entry and before an entry locked or taken elsewhere. Reads only the entries it grants (plus one), never the rest of the queue. Returns the granted ids in queue order. Only for a pass without earmarks or a starvation hold (those need the per-request checks).';
 
 CREATE OR REPLACE FUNCTION respool.allocate_pool(p_pool_id uuid, p_now timestamptz DEFAULT now())
 RETURNS integer LANGUAGE plpgsql AS $$

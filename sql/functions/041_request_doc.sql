@@ -84,7 +84,9 @@ BEGIN
           JOIN respool.policies p ON p.id = e.policy_id
          CROSS JOIN LATERAL (SELECT respool._queue_position(e.pool_id, q.id) AS position OFFSET 0) o
          WHERE e.request_id = q.id;
-        v_eta := respool._request_eta(q.id, now());  -- docs/scheduling.md, ETA
+        IF v_position <= respool._eta_depth() THEN  -- further back: no estimate (respool._eta_depth)
+            v_eta := respool._request_eta(q.id, now());  -- docs/scheduling.md, ETA
+        END IF;
         IF r.gang_id IS NOT NULL THEN
             v_message := format('gang %s: ', r.gang_id)
                          || coalesce(v_message, 'waiting until every member has given its units back');
