@@ -1,0 +1,30 @@
+"""``python -m bench depth`` (docs/benchmarks.md, "Grant cost against queue depth") runs end to
+end on tiny settings against the test PostgreSQL server: every sample's release ends a holder and
+grants the queue's head (the bench checks that the pool stays full and no invariant breaks),
+prints one row per depth, and drops its databases. The figures are not asserted: a loaded
+machine says nothing about them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from support.bench import bench_databases, run_bench
+
+
+@pytest.mark.slow
+def test_depth_bench_times_a_granting_release_at_each_depth(admin_url: str) -> None:
+    before = bench_databases(admin_url)
+    run = run_bench(
+        "depth", "--dsn", admin_url, "--gpus", "4", "--samples", "10", "--depths", "0,30",
+        timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    doc = json.loads(run.stdout.split("\n\n|", 1)[0])
+    assert doc["depths"] == [0, 30]
+    assert len(doc["median_ms"]) == len(doc["p90_ms"]) == 2
+    assert all(m > 0 for m in doc["median_ms"])
+    assert doc["ratio_to_empty"][0] == 1.0
+    assert "| 30 |" in run.stdout
+    assert bench_databases(admin_url) == before
