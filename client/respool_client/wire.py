@@ -226,6 +226,9 @@ class Request(msgspec.Struct, frozen=True):
     node_selector: dict[str, str] = {}  # labels its node must carry (docs/placement.md)
     placement: Placement | None = None  # allocated or preempting in a pool with nodes
     preemption_group: str | None = None  # never preempts an allocation of its own group
+    # where it held units the last time, once it no longer does (finished, or queued again for a
+    # next attempt); null while it holds (see placement) or when it was never placed on a node
+    last_placement: Placement | None = None
 
     @property
     def terminal(self) -> bool:
@@ -259,6 +262,8 @@ class Event(msgspec.Struct, frozen=True, rename={"from_status": "from", "to_stat
     attempt: int
     message: str
     at: datetime
+    # an allocation in a pool with nodes: the node and devices it was granted (null otherwise)
+    placement: Placement | None = None
 
 
 class Created(msgspec.Struct, frozen=True):
