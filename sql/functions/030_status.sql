@@ -16,9 +16,11 @@ BEGIN
     INSERT INTO respool.events (request_id, at, from_status, to_status, reason, attempt, message, placement)
     -- (at the row's own instant when it is later: a batch member granted at its queue time)
     SELECT r.id, greatest(p_now, r.updated_at), p_from, r.status, r.reason, r.attempt, r.message,
-           -- a grant in a pool with nodes records where it was placed (docs/placement.md)
-           CASE WHEN r.status = 'allocated' THEN respool._placement_doc(r.id)::jsonb END
+           -- a grant in a pool with nodes records where it was placed (docs/placement.md); the
+           -- join keeps the document's build to the placed ones (none in a pool without nodes)
+           CASE WHEN pl.request_id IS NOT NULL THEN respool._placement_doc(r.id)::jsonb END
       FROM unnest(p_requests) WITH ORDINALITY AS r
+      LEFT JOIN respool.placements pl ON pl.request_id = r.id AND r.status = 'allocated'
      ORDER BY r.ordinality;
     -- No notification for the requests a create_request call or a batch is making
     -- (respool.unannounced, their ids separated by commas):
