@@ -17,7 +17,10 @@ import typer
 import yaml
 from respool_client.manifest import (
     Manifest,
+    NodeSpec,
     Plan,
+    PolicySpec,
+    PoolSpec,
     current_manifest,
     duplicate_names,
     duplicate_nodes,
@@ -171,6 +174,15 @@ def apply(
     emit(plan, output, lambda: plan_lines(plan))
 
 
+def _drop_defaults(item: dict[str, Any], spec: type[msgspec.Struct]) -> None:
+    """Leave out of an exported ``item`` every field equal to its default in ``spec``:
+    msgspec's ``omit_defaults`` compares some values by identity, so a default such as
+    ``starvation_seconds: 300`` could still be written."""
+    for f in msgspec.structs.fields(spec):
+        if f.default is not msgspec.NODEFAULT and item.get(f.encode_name, f) == f.default:
+            del item[f.encode_name]
+
+
 def export(
     output: Annotated[
         ExportFormat, typer.Option("-o", "--output", help="yaml (default) or json.")
@@ -190,6 +202,12 @@ def export(
         policies = api.call("GET", "/v1/policies", list[Policy])
         nodes = api.call("GET", "/v1/nodes", list[Node])
     doc = msgspec.to_builtins(current_manifest(pools, policies, nodes))
+    for pool in doc["pools"]:
+        _drop_defaults(pool, PoolSpec)
+        for policy in pool.get("policies", []):
+            _drop_defaults(policy, PolicySpec)
+    for node in doc["nodes"] or []:
+        _drop_defaults(node, NodeSpec)
     if not doc["nodes"]:
         del doc["nodes"]  # no node: a file that leaves nodes alone
     if output is ExportFormat.json:

@@ -86,6 +86,8 @@ Attempt = Annotated[
 
 
 PRUNE_BATCH = 10_000
+# The API's status filter for queued, allocated and preempting together: `request list`'s default.
+LIVE = "live"
 
 
 class Pruned(msgspec.Struct):
@@ -110,13 +112,16 @@ def _outcome(req: Request) -> str:
     return f"request {req.id}: {text}"
 
 
-def _give_up(api: Api, req: Request, keep_queued: bool, why: str) -> Request:
+def _give_up(api: Api, req: Request, keep_queued: bool, why: str) -> tuple[Request, str]:
+    """Stop waiting for ``req``: cancel it unless ``keep_queued``; the request as it is now
+    and the one line that says what happened."""
     if keep_queued:
-        note(f"{why}; it stays queued (cancel it with `respool request cancel {req.id}`)")
-        return req
+        stays = f"it stays queued (cancel it with `respool request cancel {req.id}`)"
+        return req, f"request {req.id}: {why}; {stays}"
     req = api.call("POST", f"/v1/requests/{req.id}/cancel", Request)
-    note(f"{why}; request cancelled")
-    return req
+    if req.status == "cancelled":
+        return req, f"request {req.id}: {why}; cancelled"
+    return req, _outcome(req)  # granted or ended just before the cancel
 
 
 @app.command("create")
@@ -211,11 +216,12 @@ def _create_one(
     token: str | None,
 ) -> None:
     """Create one request, wait for its grant if asked, show it (exit 1 unless it went well)."""
+    said = None
     with connect_api(url, token) as api:
         req = api.call("POST", "/v1/requests", Request, body=body)
         if wait is not None and req.status == "queued":
-            req = _wait_for_grant(api, req, wait, keep_queued, output)
-    note(_outcome(req))
+            req, said = _wait_for_grant(api, req, wait, keep_queued, output)
+    note(said or _outcome(req))
     _show(req, output)
     failed = req.status != "allocated" if wait is not None else req.status == "rejected"
     if failed:
@@ -224,17 +230,19 @@ def _create_one(
 
 def _wait_for_grant(
     api: Api, req: Request, wait: float, keep_queued: bool, output: OutputFormat
-) -> Request:
-    """``--wait``: the request once no longer queued; on timeout or Ctrl-C, given up."""
+) -> tuple[Request, str | None]:
+    """``--wait``: the request once no longer queued; on timeout or Ctrl-C, given up (then
+    also the line that says so, in place of the outcome)."""
     try:
         req = wait_until_not_queued(api, req, wait)
     except KeyboardInterrupt:
-        req = _give_up(api, req, keep_queued, "interrupted")
+        req, said = _give_up(api, req, keep_queued, "interrupted")
+        note(said)
         _show(req, output)
         raise typer.Exit(130) from None
     if req.status == "queued":
-        req = _give_up(api, req, keep_queued, f"not allocated within {wait:g}s")
-    return req
+        return _give_up(api, req, keep_queued, f"not allocated within {wait:g}s")
+    return req, None
 
 
 def _what_if(body: RequestCreate, output: OutputFormat, url: str, token: str | None) -> None:
@@ -288,9 +296,18 @@ def list_(
         typer.Option("--pool", help="Pool name, id or prefix.", autocompletion=complete_pool),
     ] = None,
     status: StatusFilter = None,
+    every_status: Annotated[
+        bool,
+        typer.Option(
+            "--all",
+            "-a",
+            help="Finished requests too (released, preempted, expired, cancelled, rejected);"
+            " without it and --status, only live ones: queued, allocated, preempting.",
+        ),
+    ] = False,
     subject: Annotated[
         str | None,
-        typer.Option("--subject", help="Only this subject.", autocompletion=complete_subject),
+        typer.Option("--subject", "-s", help="Only this subject.", autocompletion=complete_subject),
     ] = None,
     gang: Annotated[
         str | None,
@@ -312,11 +329,14 @@ def list_(
     url: Url = DEFAULT_URL,
     token: Token = None,
 ) -> None:
-    """List requests, newest first. REASON: why a queued request waits, else the reason of
-    its last change. -o wide adds LABELS.
+    """List live requests (queued, allocated, preempting), newest first; --all adds the
+    finished ones. REASON: why a queued request waits, else the reason of its last change.
+    NODE: the node it runs on, or ran on last (- in a pool without nodes). -o wide adds LABELS.
 
     Example:
 
+        respool request list
+        respool request list --all -s orchestrator:prod
         respool request list --pool training-gpus --status queued
         respool request list --label team=vision --label run=42 -o wide
         respool request list --status queued --watch 2
@@ -331,7 +351,7 @@ def list_(
             found = list_requests(
                 api,
                 pool=pool,
-                status=status,
+                status=status or (None if every_status else LIVE),
                 subject=subject,
                 gang_id=gang_id,
                 labels=labels,

@@ -90,7 +90,12 @@ Cpu = Annotated[
     typer.Option("--cpu", parser=parse_decimal, help="CPUs, e.g. 0.5 (mcpu = ceil(x*1000))."),
 ]
 Memory = Annotated[
-    str | None, typer.Option("--memory", help="Memory, e.g. 8GB or 16GiB (memory_mb).")
+    str | None,
+    typer.Option(
+        "--memory",
+        help="Memory (memory_mb): 8G or 8GB is 8x10^9 bytes (as in Kubernetes), 16Gi or 16GiB"
+        " is 16x2^30 (Slurm's 16G).",
+    ),
 ]
 Resource = Annotated[
     list[str] | None,

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
 from respool_client.durations import format_duration
-from respool_client.wire import Eta, Event, Node, Policy, Pool, Request
+from respool_client.wire import Eta, Event, Node, Placement, Policy, Pool, Request
 from rich.console import Group, RenderableType
 from rich.table import Column, Table
 from rich.text import Text
@@ -419,6 +419,7 @@ def requests_table(
             "ID",
             "SUBJECT",
             Col("POOL", drop=2),
+            Col("NODE", drop=3),
             "STATUS",
             "REASON",
             "RESOURCES",
@@ -427,10 +428,12 @@ def requests_table(
             title=title,
         )
         for r in requests:
+            where = r.placement or r.last_placement  # where it runs, else where it ran last
             out.add_row(
                 short(r.id),
                 r.subject,
                 r.pool or "-",
+                where.node if where else "-",
                 r.status,
                 request_reason(r),
                 fmt_map(r.resources),
@@ -476,6 +479,9 @@ def request_header(r: Request) -> Group:
     if r.placement is not None:
         where = f"node {r.placement.node}, devices {fmt_devices(r.placement.devices)}"
         rows.insert(-4, ("Placement", where))
+    elif r.last_placement is not None:  # where it ran, once it no longer holds units
+        was = r.last_placement
+        rows.insert(-4, ("Ran on", f"node {was.node}, devices {fmt_devices(was.devices)}"))
     if r.queue_position is not None:
         rows.insert(4, ("Queue position", r.queue_position))
         rows.insert(5, ("ETA", fmt_eta(r.eta)))
@@ -514,8 +520,12 @@ def _status_style(status: str) -> str:
 
 
 def events_table(events: Sequence[Event]) -> FitTable:
-    out = table("AT", "FROM", "TO", "REASON", Col("ATTEMPT", drop=1), "MESSAGE")
+    """PLACED ON (in a pool with nodes): the node and devices of each grant."""
+    placed = any(e.placement is not None for e in events)
+    cols: list[str | Col] = ["AT", "FROM", "TO", "REASON", Col("ATTEMPT", drop=1), "MESSAGE"]
+    out = table(*cols, *([Col("PLACED ON", shrink=True)] if placed else []))
     for e in events:
+        on = [] if not placed else [_placed_on(e.placement)]
         out.add_row(
             fmt_time(e.at),
             e.from_status or "-",
@@ -523,5 +533,13 @@ def events_table(events: Sequence[Event]) -> FitTable:
             e.reason or "-",
             str(e.attempt),
             e.message or "",
+            *on,
         )
     return out
+
+
+def _placed_on(placement: Placement | None) -> str:
+    if placement is None:
+        return ""
+    devices = fmt_devices(placement.devices)
+    return f"{placement.node} {devices}" if placement.devices else placement.node

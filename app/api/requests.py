@@ -8,7 +8,7 @@ import binascii
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Annotated, Any, cast
+from typing import Annotated, Any, Literal, cast
 from uuid import UUID
 
 import asyncpg
@@ -264,7 +264,10 @@ class RequestController(Controller):
         request: Request[Any, Any, Any],
         pool: FromQuery[str | None] = None,
         subject: FromQuery[str | None] = None,
-        status: FromQuery[Status | None] = None,
+        status: Annotated[
+            Status | Literal["live"] | None,
+            QueryParameter(description="Only this status; live: queued, allocated and preempting"),
+        ] = None,
         gang_id: Annotated[
             UUID | None,
             QueryParameter(description="Only the members of this gang (an all_or_nothing batch)"),

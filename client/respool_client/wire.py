@@ -226,6 +226,9 @@ class Request(msgspec.Struct, frozen=True):
     node_selector: dict[str, str] = {}  # labels its node must carry (docs/placement.md)
     placement: Placement | None = None  # allocated or preempting in a pool with nodes
     preemption_group: str | None = None  # never preempts an allocation of its own group
+    # where it held units the last time, once it no longer does (finished, or queued again for a
+    # next attempt); null while it holds (see placement) or when it was never placed on a node
+    last_placement: Placement | None = None
 
     @property
     def terminal(self) -> bool:
@@ -259,6 +262,8 @@ class Event(msgspec.Struct, frozen=True, rename={"from_status": "from", "to_stat
     attempt: int
     message: str
     at: datetime
+    # an allocation in a pool with nodes: the node and devices it was granted (null otherwise)
+    placement: Placement | None = None
 
 
 class Created(msgspec.Struct, frozen=True):
@@ -326,8 +331,9 @@ GROUP_PATTERN = "^[^\\x01-\\x1f\\x7f]{1,128}$"
 HHMM_PATTERN = "^([01][0-9]|2[0-3]):[0-5][0-9]$"  # a window's from / to
 MAX_DEVICE_ID = 128  # characters of one device id (a GPU UUID or MIG id fits)
 MAX_WINDOWS = 64  # windows of one policy
-# settings.memory: group 1 the number, group 2 the unit.
-MEMORY_PATTERN = "^\\s*([0-9]+(?:\\.[0-9]+)?)\\s*(KB|MB|GB|TB|PB|KiB|MiB|GiB|TiB|PiB)\\s*$"
+# settings.memory: group 1 the number, group 2 the unit: K M G T P (powers of 1000) or Ki Mi Gi
+# Ti Pi (powers of 1024), each with an optional B (8G = 8GB, 8Gi = 8GiB, as in Kubernetes).
+MEMORY_PATTERN = "^\\s*([0-9]+(?:\\.[0-9]+)?)\\s*([KMGTP]i?B?)\\s*$"
 
 Priority = Annotated[int, Meta(ge=-(2**31), le=INT32_MAX)]
 GraceSeconds = Annotated[int, Meta(ge=0, le=MAX_GRACE_SECONDS)]

@@ -31,10 +31,10 @@ COMMENT ON FUNCTION respool._subject_pattern() IS 'The regular expression of a s
 
 CREATE OR REPLACE FUNCTION respool._memory_pattern()
 RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT '^\s*([0-9]+(?:\.[0-9]+)?)\s*(KB|MB|GB|TB|PB|KiB|MiB|GiB|TiB|PiB)\s*$'
+    SELECT '^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGTP]i?B?)\s*$'
 $$;
 COMMENT ON FUNCTION respool._memory_pattern() IS
-    'The regular expression of settings.memory: group 1 the number, group 2 the unit.';
+    'The regular expression of settings.memory: group 1 the number, group 2 the unit (K M G T P, powers of 1000, with an optional B; Ki Mi Gi Ti Pi, powers of 1024, with an optional B).';
 
 CREATE OR REPLACE FUNCTION respool._max_seconds()
 RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 31536000 $$;

@@ -14,7 +14,7 @@ BEGIN
     m := regexp_match(p_memory #>> '{}', respool._memory_pattern());
     IF m IS NULL THEN
         PERFORM respool._fail('RP400', 'settings.memory', format(
-            'settings.memory %s is not <number><unit> with unit KB MB GB TB PB KiB MiB GiB TiB PiB',
+            'settings.memory %s is not <number><unit> with unit K M G T P (KB .. PB) or Ki Mi Gi Ti Pi (KiB .. PiB)',
             left(p_memory::text, 70)));
     END IF;
     -- More than 24 integer digits is beyond the bound in any unit (10^24 KB = 10^21 MB), and
@@ -26,10 +26,10 @@ BEGIN
     IF length(m[1]) > 1000 THEN  -- numeric takes at most 16383 decimal places
         PERFORM respool._fail('RP400', 'settings.memory', 'settings.memory has more than 1000 digits');
     END IF;
-    bytes := m[1]::numeric * CASE m[2]
-        WHEN 'KB' THEN 1e3 WHEN 'MB' THEN 1e6 WHEN 'GB' THEN 1e9 WHEN 'TB' THEN 1e12 WHEN 'PB' THEN 1e15
-        WHEN 'KiB' THEN 1024::numeric WHEN 'MiB' THEN 1024::numeric ^ 2 WHEN 'GiB' THEN 1024::numeric ^ 3
-        WHEN 'TiB' THEN 1024::numeric ^ 4 ELSE 1024::numeric ^ 5 END;
+    -- K M G T P: powers of 1000 (8G = 8GB = 8 x 10^9 bytes, as in Kubernetes); with an i
+    -- (Ki .. Pi, KiB .. PiB): powers of 1024. A trailing B changes nothing.
+    bytes := m[1]::numeric * CASE WHEN m[2] LIKE '_i%' THEN 1024::numeric ELSE 1000::numeric END
+                             ^ strpos('KMGTP', left(m[2], 1));
     IF ceil(bytes / 1e6) > respool._max_amount() THEN
         PERFORM respool._fail('RP400', 'settings.memory', format(
             'settings.memory is too large (at most %s MB)', respool._max_amount()));
@@ -37,7 +37,7 @@ BEGIN
     RETURN ceil(bytes / 1e6)::bigint;
 END $$;
 COMMENT ON FUNCTION respool._memory_mb(jsonb) IS
-    'Parses "<number><unit>" (KB..PB powers of 1000, KiB..PiB powers of 1024) into ceil(bytes / 1,000,000) MB, at most _max_amount(); RP400 naming settings.memory otherwise.';
+    'Parses "<number><unit>" (K..P and KB..PB powers of 1000, Ki..Pi and KiB..PiB powers of 1024) into ceil(bytes / 1,000,000) MB, at most _max_amount(); RP400 naming settings.memory otherwise.';
 
 CREATE OR REPLACE FUNCTION respool.settings_to_resources(p_settings jsonb)
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$

@@ -13,10 +13,14 @@ DECLARE
 BEGIN
     -- Set-based: one INSERT for every row (in array order, so event ids follow it) and one
     -- notification per request, however many changed together (a large grant).
-    INSERT INTO respool.events (request_id, at, from_status, to_status, reason, attempt, message)
+    INSERT INTO respool.events (request_id, at, from_status, to_status, reason, attempt, message, placement)
     -- (at the row's own instant when it is later: a batch member granted at its queue time)
-    SELECT r.id, greatest(p_now, r.updated_at), p_from, r.status, r.reason, r.attempt, r.message
+    SELECT r.id, greatest(p_now, r.updated_at), p_from, r.status, r.reason, r.attempt, r.message,
+           -- a grant in a pool with nodes records where it was placed (docs/placement.md); the
+           -- join keeps the document's build to the placed ones (none in a pool without nodes)
+           CASE WHEN pl.request_id IS NOT NULL THEN respool._placement_doc(r.id)::jsonb END
       FROM unnest(p_requests) WITH ORDINALITY AS r
+      LEFT JOIN respool.placements pl ON pl.request_id = r.id AND r.status = 'allocated'
      ORDER BY r.ordinality;
     -- No notification for the requests a create_request call or a batch is making
     -- (respool.unannounced, their ids separated by commas):
@@ -29,7 +33,7 @@ BEGIN
       WHERE v_quiet IS NULL OR r.id::text <> ALL (v_quiet);
 END $$;
 COMMENT ON FUNCTION respool._record_events(respool.requests[], text, timestamptz) IS
-    'Appends the event rows (in array order) and queues the NOTIFYs (delivered at commit) for requests that changed from p_from to their current status together; no NOTIFY for the requests that the current create_request call or batch is making (respool.unannounced: their ids, comma-separated).';
+    'Appends the event rows (in array order; an event into allocated carries the grant''s placement, placed before this is called) and queues the NOTIFYs (delivered at commit) for requests that changed from p_from to their current status together; no NOTIFY for the requests that the current create_request call or batch is making (respool.unannounced: their ids, comma-separated).';
 
 CREATE OR REPLACE FUNCTION respool._record_event(p_request respool.requests, p_from text, p_now timestamptz)
 RETURNS void LANGUAGE sql AS $$

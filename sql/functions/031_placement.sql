@@ -285,11 +285,23 @@ BEGIN
         UPDATE respool.node_resources nr SET used = nr.used - x.value::bigint
           FROM jsonb_each_text(v_units) x
          WHERE nr.node_id = v_node AND nr.key = x.key;
+        -- Where it ran stays readable once it ends (docs/placement.md, "Where a request ran"):
+        -- the same document as its placement had, from the node and the devices it still holds.
+        UPDATE respool.requests SET last_placement = (
+                   SELECT jsonb_build_object(
+                              'node', n.name, 'labels', n.labels,
+                              'devices', coalesce((SELECT jsonb_object_agg(d.key, d.ids)
+                                                     FROM (SELECT nd.key, jsonb_agg(nd.device ORDER BY nd.position) AS ids
+                                                             FROM respool.node_devices nd
+                                                            WHERE nd.holder_id = p_request_id
+                                                            GROUP BY nd.key) d), '{}'::jsonb))
+                     FROM respool.nodes n WHERE n.id = v_node)
+         WHERE id = p_request_id;
         UPDATE respool.node_devices SET holder_id = NULL WHERE holder_id = p_request_id;
     END IF;
 END $$;
 COMMENT ON FUNCTION respool._unplace(uuid) IS
-    'Gives a holding request''s units back: returns them to its pool''s and policy''s counters and, when it was placed on a node, to the node''s counters and devices, and removes its placement (CHECK used >= 0 catches a double return). Every path that ends a holding goes through it: release, cancel, lease expiry, max_seconds, preemption, grace end, forced deletes and node removal. The caller changes the status, which clears the lease, runtime cap and charge (respool._set_status).';
+    'Gives a holding request''s units back: returns them to its pool''s and policy''s counters and, when it was placed on a node, to the node''s counters and devices, and removes its placement (CHECK used >= 0 catches a double return), keeping it as the request''s last_placement. Every path that ends a holding goes through it: release, cancel, lease expiry, max_seconds, preemption, grace end, forced deletes and node removal. The caller changes the status, which clears the lease, runtime cap and charge (respool._set_status).';
 
 -- Nodes (docs/placement.md). In a pool backed by nodes every grant is also placed on one active node
 -- that matches the request's node_selector and has room for every key of the request it tracks

@@ -38,10 +38,12 @@ RETURNS json LANGUAGE sql STABLE AS $$
         'updated_at', r.updated_at, 'allocated_at', r.allocated_at, 'finished_at', r.finished_at,
         'max_seconds', r.max_seconds, 'run_deadline', r.run_deadline, 'eta', p_eta, 'gang_id', r.gang_id,
         'node_selector', r.node_selector, 'preemption_group', r.preemption_group,
-        'placement', CASE WHEN r.status IN ('allocated', 'preempting') THEN respool._placement_doc(r.id) END)
+        'placement', CASE WHEN r.status IN ('allocated', 'preempting') THEN respool._placement_doc(r.id) END,
+        -- where it ran last, once it no longer holds units (docs/placement.md, "Where a request ran")
+        'last_placement', CASE WHEN r.status NOT IN ('allocated', 'preempting') THEN r.last_placement END)
 $$;
 COMMENT ON FUNCTION respool._request_doc(respool.requests, bigint, text, jsonb) IS
-    'The one JSON shape of a request as the API shows it, from its row, its placement (respool._placement_doc, while it holds units) and the computed queue position, message (NULL: empty) and ETA: shared by the one-request read (as jsonb) and the page read (json_agg), so both give the same document.';
+    'The one JSON shape of a request as the API shows it, from its row, its placement (respool._placement_doc, while it holds units; after, last_placement, where it held units the last time) and the computed queue position, message (NULL: empty) and ETA: shared by the one-request read (as jsonb) and the page read (json_agg), so both give the same document.';
 
 CREATE OR REPLACE FUNCTION respool._request_json(p_id uuid)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$

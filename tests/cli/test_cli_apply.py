@@ -168,6 +168,7 @@ async def test_export_then_dry_run_is_empty(cli: Cli, tmp_path: Path) -> None:
     exported = (await cli.ok("export")).stdout
     assert "name: extra" in exported and "preemption_grace_seconds: 30" in exported
     assert "queueing: best_effort" not in exported  # defaults are left out
+    assert "starvation_seconds" not in exported  # 300, the default, too
 
     plan = await cli.json("apply", "-f", "-", "--dry-run", "--prune", input=exported)
     assert plan["changes"] == [] and plan["consequences"] == []

@@ -93,7 +93,9 @@ async def test_cancel_and_release_take_several_ids(module_cli: Cli) -> None:
     assert result.exit_code == 1
     assert "error: ffffffff: no request id starts with ffffffff" in result.stderr
     assert result.stderr.count(": cancelled: ") == 2
-    listed = {r["id"]: r["status"] for r in await cli.json("request", "list", "--pool", "several")}
+    listed = {
+        r["id"]: r["status"] for r in await cli.json("request", "list", "--pool", "several", "-a")
+    }
     assert listed[ids[2]] == listed[ids[3]] == "cancelled"
     # --attempt fences one request
     assert "--attempt" in failed(

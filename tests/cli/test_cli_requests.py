@@ -136,7 +136,7 @@ async def test_wait_timeout_cancels_or_keeps(module_cli: Cli) -> None:
     assert result.exit_code == 1
     req = json.loads(result.stdout)
     assert req["status"] == "cancelled"
-    assert "not allocated within 0.5s; request cancelled" in result.stderr
+    assert "not allocated within 0.5s; cancelled" in result.stderr
 
     kept = await cli.api(
         "request", "create", "-s", "team:full", "--gpu", "1", "--wait", "0.5", "--keep-queued",

@@ -117,7 +117,11 @@ async def test_no_check_writes_a_bound_or_pattern_itself(conn: asyncpg.Connectio
         ("KEY_PATTERN", "_key_pattern", ["gpu", "a" * 63, "a" * 64, "Gpu", "1x", "x-y", ""]),
         ("POOL_NAME_PATTERN", "_pool_name_pattern", ["p", "0a.b-c_d", "-a", "A", "a" * 64]),
         ("SUBJECT_PATTERN", "_subject_pattern", ["team", "a/b@c:d", "_a", "a b", "a" * 129]),
-        ("MEMORY_PATTERN", "_memory_pattern", ["8GB", " 1.5 GiB ", "1gb", "1.GB", "8", "GB"]),
+        (
+            "MEMORY_PATTERN",
+            "_memory_pattern",
+            ["8GB", " 1.5 GiB ", "8G", "8Gi", "1gb", "1.GB", "8", "GB", "8g", "8GBi"],
+        ),
         (
             "POLICY_SUBJECT_PATTERN",
             "_policy_subject_pattern",
