@@ -192,8 +192,9 @@ async def test_selector_on_a_pool_without_nodes_is_rejected(
     env: Env, selector: dict[str, str] | None, settings: dict[str, Any] | None
 ) -> None:
     await _flat_pool(env)
-    r = await env.req("s", "flat", {"gpu": 1} if settings is None else {}, selector=selector,
-                      settings=settings)
+    r = await env.req(
+        "s", "flat", {"gpu": 1} if settings is None else {}, selector=selector, settings=settings
+    )
     assert (r["status"], r["reason"]) == ("rejected", "no_fitting_node")
     assert "has no nodes" in r["message"]
     assert await env.conn.fetchval("SELECT used FROM respool.pool_resources WHERE key = 'gpu'") == 0
@@ -213,13 +214,15 @@ async def test_multi_pool_selector_request_skips_pools_without_nodes(env: Env) -
     assert first["placement"]["node"] == "box"
     # The plain pool has 4 free GPUs but no node: the second waits for the a100 node.
     assert second["status"] == "queued"
-    assert await env.conn.fetchval(
-        "SELECT count(*) FROM respool.queue_entries e JOIN respool.pools p ON p.id = e.pool_id"
-        " WHERE p.name = 'flat'"
-    ) == 0
+    assert (
+        await env.conn.fetchval(
+            "SELECT count(*) FROM respool.queue_entries e JOIN respool.pools p ON p.id = e.pool_id"
+            " WHERE p.name = 'flat'"
+        )
+        == 0
+    )
     v100 = await env.req("s", None, {"gpu": 1}, selector={"gpu-class": "v100"})
     assert (v100["status"], v100["reason"]) == ("rejected", "no_fitting_node")
     assert "has no nodes" in v100["message"]
     await env.release(first)
     assert (await env.get(second))["status"] == "allocated"
-
