@@ -32,10 +32,15 @@ DECLARE
     v_matching integer;
     v_bad record;
 BEGIN
+    v_pool := (SELECT name FROM respool.pools WHERE id = p_pool_id);
     IF NOT respool._pool_has_nodes(p_pool_id) THEN
+        -- A selector selects nodes: a pool without nodes is no candidate for it (docs/placement.md).
+        IF p_selector IS NOT NULL AND p_selector <> '{}' THEN
+            reason := 'no_fitting_node';
+            message := format('pool %s has no nodes, so no node matches node_selector %s', v_pool, p_selector::text);
+        END IF;
         RETURN;
     END IF;
-    v_pool := (SELECT name FROM respool.pools WHERE id = p_pool_id);
     -- A gang is placed member by member: each member must fit a node on its own.
     SELECT gang_id, distinct_nodes INTO v_gang, v_distinct FROM respool.requests WHERE id = p_request_id;
     IF v_gang IS NOT NULL THEN
@@ -94,11 +99,19 @@ BEGIN
             reason := 'no_fitting_node';
             message := format('a gang of %s members on distinct nodes: pool %s has %s matching nodes that could hold a member',
                               cardinality(v_needs), v_pool, v_matching);
+        ELSIF cardinality(v_needs) > 1
+              AND (respool._gang_arrangement(p_pool_id, v_needs, p_selector, v_distinct, false)).placeable = false THEN
+            -- Each member fits some node, but no arrangement of all of them on the matching
+            -- nodes exists, even with every node empty.
+            reason := 'no_fitting_node';
+            message := format('no arrangement of the gang''s %s members%s on the matching nodes of pool %s exists, even with every node empty',
+                              cardinality(v_needs), CASE WHEN v_distinct THEN ' (on distinct nodes)' ELSE '' END,
+                              v_pool);
         END IF;
     END IF;
 END $$;
 COMMENT ON FUNCTION respool._node_rejection(uuid, jsonb, jsonb, uuid) IS
-    'The node rule of the rejection table (docs/placement.md): in a pool with nodes, no_fitting_node when no node of the pool in any state could ever hold the request: none matches the selector, or no matching node could hold all its amounts at once even empty (an amount above the node capacity of a key, or a non-soft key the node lacks: respool._node_could_hold); a gang (p_request_id a member) is judged member by member, and with distinct_nodes needs as many matching nodes that could hold a member as members. (NULL, NULL) otherwise and in a pool without nodes. Read-only.';
+    'The node rule of the rejection table (docs/placement.md): in a pool with nodes, no_fitting_node when no node of the pool in any state could ever hold the request: none matches the selector, or no matching node could hold all its amounts at once even empty (an amount above the node capacity of a key, or a non-soft key the node lacks: respool._node_could_hold); a gang (p_request_id a member) is judged member by member, with distinct_nodes needs as many matching nodes that could hold a member as members, and needs an arrangement of all its members on the matching nodes, empty (respool._gang_arrangement: exact for small gangs, a necessary condition for large ones). In a pool without nodes: no_fitting_node for a request with a node selector (no node can match), (NULL, NULL) otherwise. Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._rejection(p_resources jsonb, p_preemptible boolean, p_pool_id uuid,
                                               p_policy_id uuid, p_selector jsonb DEFAULT '{}',

@@ -70,6 +70,8 @@ RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     r respool.requests;
     f record;
+    v_ids uuid[];
+    v_nodes uuid[];
 BEGIN
     -- Admission is decided before the row lock: it depends only on the request's fixed resources
     -- and on this pool's counters, which the caller's pool lock holds still. A blocked request is
@@ -99,18 +101,30 @@ BEGIN
     -- A gang: every member, in this transaction, at the same instant, in this pool. In a pool
     -- with nodes the members are placed one by one (docs/placement.md); when one finds no node
     -- the subtransaction takes the whole gang's grant back.
+    v_ids := ARRAY(SELECT id FROM respool.requests WHERE gang_id = r.gang_id AND status = 'queued'
+                    ORDER BY queued_at, id);
     BEGIN
-        PERFORM respool._grant_many(ARRAY(SELECT id FROM respool.requests
-                                           WHERE gang_id = r.gang_id AND status = 'queued'
-                                           ORDER BY queued_at, id),
-                                    p_pool_id, p_policy_id, p_now);
+        PERFORM respool._grant_many(v_ids, p_pool_id, p_policy_id, p_now);
     EXCEPTION WHEN SQLSTATE 'RP501' THEN
-        RETURN 'blocked';
+        -- Member by member, one member found no node: search an arrangement of all of them on
+        -- what is free now (one that the members taken in order miss, docs/placement.md).
+        v_nodes := (respool._gang_arrangement(
+                        p_pool_id, ARRAY(SELECT m.resources FROM respool.requests m WHERE m.id = ANY (v_ids)
+                                          ORDER BY m.queued_at, m.id),
+                        r.node_selector, r.distinct_nodes, true, r.id)).nodes;
+        IF v_nodes IS NULL THEN
+            RETURN 'blocked';
+        END IF;
+        BEGIN
+            PERFORM respool._grant_many(v_ids, p_pool_id, p_policy_id, p_now, v_nodes);
+        EXCEPTION WHEN SQLSTATE 'RP501' THEN
+            RETURN 'blocked';
+        END;
     END;
     RETURN 'granted';
 END $$;
 COMMENT ON FUNCTION respool._try_grant(uuid, uuid, uuid, timestamptz) IS
-    'Grants one queued request in a pool whose row the caller has locked, if admissible (respool._fit_node, a node included in a pool with nodes, placed there): granted | blocked | locked | gone. A gang''s queue entry grants every member together when their sum fits and, in a pool with nodes, every member finds a node (distinct ones with distinct_nodes), or none (docs/scheduling.md, gangs; docs/placement.md).';
+    'Grants one queued request in a pool whose row the caller has locked, if admissible (respool._fit_node, a node included in a pool with nodes, placed there): granted | blocked | locked | gone. A gang''s queue entry grants every member together when their sum fits and, in a pool with nodes, every member finds a node (distinct ones with distinct_nodes: member by member, else in an arrangement respool._gang_arrangement finds on the free units), or none (docs/scheduling.md, gangs; docs/placement.md).';
 
 CREATE OR REPLACE FUNCTION respool._scale_units(p_units jsonb, p_times integer)
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
@@ -284,7 +298,7 @@ BEGIN
         -- units free (a shape-wide test) or backfill: end by max_seconds before the shadow time
         -- (an entry-wide test: the shape's next entry that can is tried instead).
         ELSIF v_hold.head_id IS NOT NULL AND NOT g_backfill[best]
-           AND NOT respool._leaves_head_room(v_hold, g_resources[best], v_free) THEN
+           AND NOT respool._leaves_head_room(v_hold, g_resources[best], v_free, g_selector[best]) THEN
             SELECT n.queued_at, n.request_id INTO next_at, next_id
               FROM respool._next_backfill(p_pool_id, g_policy[best], g_preemptible[best], g_resources[best], g_selector[best],
                                           g_at[best], g_id[best], v_hold.shadow, p_now) n;

@@ -32,12 +32,36 @@ CREATE OR REPLACE FUNCTION respool._hold_for(p_pool_id uuid, p_head_id uuid, p_h
 RETURNS respool.pool_hold LANGUAGE plpgsql STABLE AS $$
 DECLARE
     h respool.pool_hold;
+    none respool.pool_hold;
+    v_head respool.requests;
 BEGIN
     IF p_head_id IS NULL OR p_starvation IS NULL OR p_now - p_head_queued_at < make_interval(secs => p_starvation)
        OR (SELECT queueing FROM respool.pools WHERE id = p_pool_id) <> 'best_effort' THEN
         RETURN h;  -- all NULL: no hold
     END IF;
     h.head_id := p_head_id;
+    h.pool_id := p_pool_id;
+    IF respool._pool_has_nodes(p_pool_id) THEN
+        -- With nodes, only the active nodes that match the head and could hold it (a member of
+        -- it, for a gang) are held; none, or a gang no arrangement of nodes can hold: no hold.
+        SELECT * INTO v_head FROM respool.requests WHERE id = p_head_id;
+        h.nodes := ARRAY(SELECT n.id FROM respool.nodes n
+                          WHERE n.pool_id = p_pool_id AND n.state = 'active'
+                            AND respool._node_matches(n.name, n.labels, v_head.node_selector)
+                            AND EXISTS (SELECT FROM respool.requests m
+                                         WHERE (m.id = p_head_id OR (v_head.gang_id IS NOT NULL
+                                                                     AND m.gang_id = v_head.gang_id AND m.status = 'queued'))
+                                           AND respool._node_could_hold(n.id, m.resources))
+                          ORDER BY n.id);
+        IF cardinality(h.nodes) = 0
+           OR (v_head.gang_id IS NOT NULL
+               AND (respool._gang_arrangement(p_pool_id,
+                        ARRAY(SELECT m.resources FROM respool.requests m
+                               WHERE m.gang_id = v_head.gang_id AND m.status = 'queued' ORDER BY m.queued_at, m.id),
+                        v_head.node_selector, v_head.distinct_nodes, false)).placeable = false) THEN
+            RETURN none;
+        END IF;
+    END IF;
     SELECT coalesce(jsonb_object_agg(x.key, x.value::bigint), '{}') INTO h.need
       FROM jsonb_each_text(p_head_resources) x
       JOIN respool.pool_resources pr ON pr.pool_id = p_pool_id AND pr.key = x.key AND pr.capacity IS NOT NULL
@@ -47,7 +71,7 @@ BEGIN
     RETURN h;
 END $$;
 COMMENT ON FUNCTION respool._hold_for(uuid, uuid, jsonb, timestamptz, integer, timestamptz) IS
-    'The hold of a best_effort pool for its head when the head has waited at least starvation_seconds (NULL fields otherwise, and in strict pools or with the guard off): its need on tracked keys and its shadow time. Read-only.';
+    'The hold of a best_effort pool for its head when the head has waited at least starvation_seconds (NULL fields otherwise, and in strict pools or with the guard off): its need on tracked keys and its shadow time; in a pool with nodes also the active nodes that match the head and could hold it (no hold when there is none, or for a gang no arrangement of the nodes can hold). Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._pool_hold(p_pool_id uuid, p_now timestamptz)
 RETURNS respool.pool_hold LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -64,19 +88,39 @@ END $$;
 COMMENT ON FUNCTION respool._pool_hold(uuid, timestamptz) IS
     'The hold of a pool now, for the first request of its queue order (docs/scheduling.md); NULL fields when the pool holds for nobody. Read-only; O(queue shapes).';
 
-CREATE OR REPLACE FUNCTION respool._leaves_head_room(p_hold respool.pool_hold, p_resources jsonb, p_free jsonb)
-RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS $$
+DROP FUNCTION IF EXISTS respool._leaves_head_room(respool.pool_hold, jsonb, jsonb);
+CREATE OR REPLACE FUNCTION respool._leaves_head_room(p_hold respool.pool_hold, p_resources jsonb, p_free jsonb,
+                                                     p_selector jsonb DEFAULT NULL)
+RETURNS boolean LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_need jsonb := p_hold.need;
 BEGIN
+    IF p_hold.nodes IS NOT NULL THEN
+        -- In a pool with nodes only the held nodes' free units count (docs/placement.md): a
+        -- request whose selector matches none of them costs the head nothing; otherwise it is
+        -- counted as taking from them, wherever it lands.
+        IF p_selector IS NOT NULL AND p_selector <> '{}'
+           AND NOT EXISTS (SELECT FROM respool.nodes n
+                            WHERE n.id = ANY (p_hold.nodes) AND respool._node_matches(n.name, n.labels, p_selector)) THEN
+            RETURN true;
+        END IF;
+        SELECT coalesce(jsonb_object_agg(s.key, s.free), '{}') INTO p_free
+          FROM (SELECT nr.key, sum(nr.capacity - nr.used) AS free FROM respool.node_resources nr
+                 WHERE nr.node_id = ANY (p_hold.nodes) GROUP BY nr.key) s;
+        -- (a soft key no held node lists is unbounded there)
+        SELECT coalesce(jsonb_object_agg(n.key, n.value), '{}') INTO v_need FROM jsonb_each(p_hold.need) n
+         WHERE p_free ? n.key OR NOT respool._is_soft_key(n.key);
+    END IF;
     -- Rule (a): for every key the head needs that this request takes, the free units left after
     -- granting it still cover the head's need (a key it does not take costs the head nothing).
     -- (an untracked key, absent from p_free, leaves no room).
     RETURN respool._fits_room_zero(
-        (SELECT coalesce(jsonb_object_agg(n.key, n.value), '{}') FROM jsonb_each(p_hold.need) n
+        (SELECT coalesce(jsonb_object_agg(n.key, n.value), '{}') FROM jsonb_each(v_need) n
           WHERE coalesce((p_resources ->> n.key)::bigint, 0) > 0),
         respool._take_units(p_free, p_resources, 1));
 END $$;
-COMMENT ON FUNCTION respool._leaves_head_room(respool.pool_hold, jsonb, jsonb) IS
-    'Backfill rule (a) (docs/scheduling.md): granting p_resources out of the free units p_free leaves the held-for head''s need covered on every key both need.';
+COMMENT ON FUNCTION respool._leaves_head_room(respool.pool_hold, jsonb, jsonb, jsonb) IS
+    'Backfill rule (a) (docs/scheduling.md): granting p_resources (node selector p_selector, NULL: any node) out of the free units p_free leaves the held-for head''s need covered on every key both need. In a pool with nodes only the held nodes count (docs/placement.md): true for a selector matching none of them, else the held nodes'' free units stand for p_free. Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._ends_before_shadow(p_hold respool.pool_hold, p_max_seconds integer,
                                                        p_now timestamptz)
@@ -117,7 +161,7 @@ DECLARE
     h respool.pool_hold := coalesce(p_hold, respool._pool_hold(p_pool_id, p_now));
 BEGIN
     IF h.head_id IS NULL OR h.head_id = p_request.id
-       OR respool._leaves_head_room(h, p_request.resources, respool._free_units(p_pool_id))
+       OR respool._leaves_head_room(h, p_request.resources, respool._free_units(p_pool_id), p_request.node_selector)
        OR respool._ends_before_shadow(h, p_request.max_seconds, p_now) THEN
         RETURN NULL;
     END IF;

@@ -237,7 +237,10 @@ BEGIN
     END IF;
     WITH s AS (SELECT nr.key, sum(nr.capacity)::bigint AS total
                  FROM respool.node_resources nr JOIN respool.nodes n ON n.id = nr.node_id
-                WHERE n.pool_id = p_pool_id GROUP BY nr.key),
+                WHERE n.pool_id = p_pool_id GROUP BY nr.key
+                -- a soft key some node does not list is unbounded on that node: not on the pool either
+               HAVING NOT respool._is_soft_key(nr.key)
+                   OR count(*) = (SELECT count(*) FROM respool.nodes WHERE pool_id = p_pool_id)),
     gone AS (UPDATE respool.pool_resources pr SET capacity = NULL
               WHERE pr.pool_id = p_pool_id AND pr.capacity IS NOT NULL
                 AND NOT EXISTS (SELECT FROM s WHERE s.key = pr.key))
@@ -248,7 +251,7 @@ BEGIN
     DELETE FROM respool.pool_resources WHERE pool_id = p_pool_id AND capacity IS NULL AND used = 0;
 END $$;
 COMMENT ON FUNCTION respool._derive_pool_capacity(uuid) IS
-    'Sets a pool''s capacity from its nodes: per key, the sum over its nodes in any state; a key no node provides any more loses its capacity (its used counter stays while holders remain). RP409 when a sum would pass respool._max_amount(). The caller holds the pool lock.';
+    'Sets a pool''s capacity from its nodes: per key, the sum over its nodes in any state (a soft key only when every node lists it: a node that does not leaves it unbounded); a key no node provides any more loses its capacity (its used counter stays while holders remain). RP409 when a sum would pass respool._max_amount(). The caller holds the pool lock.';
 
 CREATE OR REPLACE FUNCTION respool._node_evict(p_request_id uuid, p_reason text, p_message text, p_now timestamptz)
 RETURNS integer LANGUAGE plpgsql AS $$

@@ -197,8 +197,12 @@ class Model:
             total.update(r.resources)
         if reason := self.table(total, first.preemptible):
             return reason
-        if first.distinct and sum(n.could_hold(first.resources) for n in matching) < len(members):
+        if first.distinct and sum(
+            any(n.could_hold(r.resources) for r in members) for n in matching
+        ) < len(members):
             return "no_fitting_node"
+        if len(members) > 1 and arrangement(members, matching, self.placement, now=False) is None:
+            return "no_fitting_node"  # no arrangement of the members on the nodes, even empty
         return None
 
     # placement
@@ -276,7 +280,7 @@ class Model:
                     self.nodes[name].used, self.nodes[name].holder = used, holder
                 for r2, _ in chosen:
                     r2.node, r2.devices = None, []
-                return False
+                return self.grant_arranged(members, need)
             self.place(r, node)
             chosen.append((r, node))
             taken.add(node.name)
@@ -291,6 +295,24 @@ class Model:
         for members in self.entries():
             if not self.try_grant(members) and self.queueing == "strict":
                 break
+
+    def grant_arranged(self, members: list[MRequest], need: Counter[str]) -> bool:
+        """A gang member by member left without a node: the first arrangement on the active
+        matching nodes' free units (see ``arrangement``), or none."""
+        active = [
+            n for n in self.nodes.values() if n.state == "active" and n.matches(members[0].selector)
+        ]
+        found = arrangement(members, active, self.placement, now=True)
+        if found is None:
+            return False
+        for r, node in zip(members, found, strict=True):
+            self.place(r, node)
+        for r in members:
+            r.status = "allocated"
+            r.allocated_at = self.now
+        self.pool_used.update(need)
+        self.stats["granted_gang_arranged"] += 1
+        return True
 
     def revalidate(self) -> None:
         for members in self.entries():
@@ -401,6 +423,69 @@ class Model:
                     if unit.status == "allocated":
                         self.preempt(unit, "node_drain")
         self.allocate()
+
+
+def arrangement(
+    members: list[MRequest], nodes: list[MNode], placement: str, *, now: bool
+) -> list[MNode] | None:
+    """A gang's arrangement on nodes (docs/placement.md, gangs on nodes): each member on one
+    node (``distinct``: different ones) where every key fits (a soft key the node lacks is
+    unbounded, any other key it lacks has room 0); ``now``: on the nodes' free units, else on the
+    empty nodes. The first found, members largest first (by their share of the largest room of
+    each key, then member order) and nodes in the pool's placement order (free units over the
+    gang's keys: pack fewest first, spread most; then the name), depth first; None when none."""
+    keys = sorted({k for r in members for k, n in r.resources.items() if n > 0})
+    big = 2**63 - 1
+
+    def room0(n: MNode, k: str) -> int:
+        if k not in n.capacity:
+            return big if k in SOFT_KEYS else 0
+        return n.capacity[k] - (n.used[k] if now else 0)
+
+    sign = -1 if placement == "spread" else 1
+    order = sorted(
+        nodes,
+        key=lambda n: (
+            sign * sum(n.capacity[k] - (n.used[k] if now else 0) for k in keys if k in n.capacity),
+            n.name,
+        ),
+    )
+    room = [[room0(n, k) for k in keys] for n in order]
+    if not order or (members[0].distinct and len(order) < len(members)):
+        return None
+    need = [[r.resources.get(k, 0) for k in keys] for r in members]
+    largest = [
+        max(1, max(min(room[j][i], big // 2) for j in range(len(order)))) for i in range(len(keys))
+    ]
+    ords = sorted(
+        range(len(members)),
+        key=lambda m: (-sum(need[m][i] / largest[i] for i in range(len(keys))), m),
+    )
+    choice: list[int] = []
+    distinct = members[0].distinct
+
+    def dfs(d: int) -> bool:
+        if d == len(ords):
+            return True
+        m = ords[d]
+        for j in range(len(order)):
+            if distinct and j in choice:
+                continue
+            if all(need[m][i] <= room[j][i] for i in range(len(keys))):
+                for i in range(len(keys)):
+                    room[j][i] -= need[m][i]
+                choice.append(j)
+                if dfs(d + 1):
+                    return True
+                choice.pop()
+                for i in range(len(keys)):
+                    room[j][i] += need[m][i]
+        return False
+
+    if not dfs(0):
+        return None
+    by_member = dict(zip(ords, choice, strict=True))
+    return [order[by_member[m]] for m in range(len(members))]
 
 
 # --- the machine -------------------------------------------------------------------------------
@@ -585,6 +670,56 @@ class NodeMachine(DatabaseMachine):
         ]
         self.model.create(members)
         self.stats["create_gang"] += 1
+
+    @rule(
+        subject=st.sampled_from(SUBJECTS),
+        gpus=st.one_of(
+            # (1 then 3 then 2 on a 4-GPU and a 2-GPU node: member by member, pack leaves the
+            # 2 no node; 3 + 1 and 2 hold them)
+            st.just([1, 3, 2]),
+            st.lists(st.sampled_from([1, 2, 2, 3, 3, 4]), min_size=2, max_size=4),
+        ),
+        distinct=st.booleans(),
+        selector=st.sampled_from([{}, {}, {"gpu-type": "A100"}]),
+    )
+    def create_mixed_gang(
+        self, subject: str, gpus: list[int], distinct: bool, selector: dict[str, str]
+    ) -> None:
+        """A gang of members of different sizes: some no arrangement of the nodes can hold
+        (rejected no_fitting_node although each member fits a node and the sum fits the pool),
+        some that fit only in another arrangement than member by member."""
+        now = self.now()
+        bodies: list[dict[str, Any]] = [
+            {"subject": subject, "pool": POOL, "resources": {"gpu": g}}
+            | ({"node_selector": selector} if selector else {})
+            for g in gpus
+        ]
+        rows = self.runner.run(
+            self.conn.fetch(
+                "SELECT member, request FROM respool.create_requests($1,"
+                " p_all_or_nothing => true, p_now => $2, p_distinct_nodes => $3) ORDER BY member",
+                bodies,
+                now,
+                distinct,
+            )
+        )
+        gang = rows[0]["request"]["gang_id"]
+        members = [
+            MRequest(
+                row["request"]["id"],
+                self.seq,
+                subject,
+                {"gpu": g, "step_run": 1},
+                True,
+                dict(selector),
+                (self.seq, i),
+                gang=gang,
+                distinct=distinct,
+            )
+            for i, (row, g) in enumerate(zip(rows, gpus, strict=True))
+        ]
+        self.model.create(members)
+        self.stats["create_mixed_gang"] += 1
 
     def _pick(self, data: st.DataObject, statuses: tuple[str, ...]) -> MRequest:
         ids = sorted(

@@ -229,16 +229,20 @@ async def test_pool_capacity_is_the_sum_over_its_nodes_in_any_state(
     await node_pool(conn)
     assert await capacity(conn) == {}  # capacity 0 until a node joins
     await eight_gpus(conn, "a", capacity={"mcpu": 32000})
-    await eight_gpus(conn, "b")
+    await eight_gpus(conn, "b", capacity={"mcpu": 16000})
     pool = await db_pools.get_pool(conn, "gpus")
-    assert pool.capacity == {"gpu": 16, "mcpu": 32000} and pool.nodes == 2
+    assert pool.capacity == {"gpu": 16, "mcpu": 48000} and pool.nodes == 2
     await db_nodes.set_node_state(conn, "a", "cordoned")
     await db_nodes.set_node_state(conn, "b", "draining")
-    assert await capacity(conn) == {"gpu": 16, "mcpu": 32000}
+    assert await capacity(conn) == {"gpu": 16, "mcpu": 48000}
     await db_nodes.update_node(conn, "a", {"pool": None})  # leaves: registered, in no pool
-    assert await capacity(conn) == {"gpu": 8}
+    assert await capacity(conn) == {"gpu": 8, "mcpu": 16000}
     await db_nodes.update_node(conn, "a", {"pool": "gpus"})
-    assert await capacity(conn) == {"gpu": 16, "mcpu": 32000}
+    assert await capacity(conn) == {"gpu": 16, "mcpu": 48000}
+    # A soft key some node does not list is unbounded there, so the pool does not bound it.
+    await eight_gpus(conn, "c")
+    assert await capacity(conn) == {"gpu": 24}
+    await db_nodes.delete_node(conn, "c")
     await db_nodes.delete_node(conn, "a")
     await db_nodes.delete_node(conn, "b")
     assert await capacity(conn) == {}
