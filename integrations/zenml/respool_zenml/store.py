@@ -73,6 +73,25 @@ LABEL_TOLERANCE = "zenml_reclaim_tolerance"
 # How many respool requests one ZenML list call reads at most (newest first).
 MAX_LISTED = 5000
 
+# What ZENML_SERVER_RESOURCE_POOL_IMPLEMENTATION_SOURCE names (docs/zenml.md).
+SOURCE = "respool_zenml.store.RespoolResourcePoolStore"
+
+
+def __getattr__(name: str) -> Any:
+    """A name this module does not have, e.g. a misspelt class in
+    ``ZENML_SERVER_RESOURCE_POOL_IMPLEMENTATION_SOURCE``: the error says which source is meant.
+
+    ZenML's server treats only a module it cannot find as "no resource pools" (one warning, and
+    every step then runs unmanaged); any other error stops the server at start-up. A misspelt
+    class stops it with this message, rather than letting steps run unmanaged in silence.
+    """
+    if name.startswith("__"):  # dunder probes (copy, pickle, typing): the plain error
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    raise AttributeError(
+        f"module {__name__!r} has no attribute {name!r}: the respool resource-pool store is"
+        f" ZENML_SERVER_RESOURCE_POOL_IMPLEMENTATION_SOURCE={SOURCE}"
+    )
+
 
 def _naive_utc(value: str | datetime | None) -> datetime | None:
     """ZenML keeps naive UTC datetimes; respool answers ISO 8601 with an offset."""
