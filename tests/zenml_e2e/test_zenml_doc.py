@@ -211,7 +211,12 @@ def _check_two_trainings(page: Page, output: str) -> None:
     assert second["allocated_at"] >= first["finished_at"]
     history = page.rp(f"/v1/requests/{second['id']}/events")
     assert [e["to"] for e in history] == ["queued", "allocated", "released"]
-    assert "Waiting for resource request" in output
+    # What the page shows of the run's output (ZenML's launcher).
+    waited = f"Waiting for resource request `{second['id']}` of step `{second['labels']['step']}`"
+    assert waited in output
+    for r in reqs:
+        step = r["labels"]["step"]
+        assert f"Resource request `{r['id']}` for step `{step}` was approved" in output
     # `zenml resource-request list` shows them, read from respool.
     for r in reqs:
         assert r["id"] in output or r["id"][:8] in output
