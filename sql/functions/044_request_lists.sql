@@ -47,8 +47,10 @@ BEGIN
         PERFORM respool._fail('RP404', 'id', format('request %s not found', p_id));
     END IF;
     RETURN coalesce((SELECT jsonb_agg(jsonb_build_object('from', from_status, 'to', to_status, 'reason', reason,
-                                                         'attempt', attempt, 'message', message, 'at', at)
+                                                         'attempt', attempt, 'message', message, 'at', at,
+                                                         'cause_request_id', cause_request_id,
+                                                         'cause_subject', cause_subject)
                                       ORDER BY id)
                        FROM respool.events WHERE request_id = p_id), '[]'::jsonb);
 END $$;
-COMMENT ON FUNCTION respool.list_request_events(uuid) IS 'A request''s history in order (from, to, reason, attempt, message, at).';
+COMMENT ON FUNCTION respool.list_request_events(uuid) IS 'A request''s history in order (from, to, reason, attempt, message, at, and the request the change happened for: cause_request_id and cause_subject, null when none).';
