@@ -3,7 +3,7 @@
 * ``Authorization: Bearer <token>``. ``RESPOOL_ADMIN_TOKEN`` is an admin token compared in
   constant time; any other token is looked up by its sha256 (:mod:`app.db.tokens`) on every
   request, so a revocation takes effect at once.
-* Roles: ``admin`` everything; ``reader`` GET only; ``client`` GET on pools and policies, and
+* Roles: ``admin`` everything; ``reader`` GET only; ``client`` GET on pools, policies and nodes, and
   every request route for subjects matching its globs. Another subject's request is 404 (its
   existence is not leaked), creating one for another subject is 403, and listing is filtered.
 * What a client reads elsewhere (nodes, policies, events, what-if) names another request or
