@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
 from respool_client.durations import format_duration
-from respool_client.wire import Eta, Event, Node, Placement, Policy, Pool, Request
+from respool_client.wire import Eta, Event, Node, NodeAllocation, Placement, Policy, Pool, Request
 from rich.console import Group, RenderableType
 from rich.table import Column, Table
 from rich.text import Text
@@ -217,13 +217,20 @@ def node_keys_table(node: Node) -> FitTable:
     return out
 
 
+def _holder(a: NodeAllocation) -> tuple[str, str]:
+    """Its short id and subject; ``(hidden)`` where a client token may not read them."""
+    if a.request_id is None or a.subject is None:
+        return "(hidden)", "(hidden)"
+    return short(a.request_id), a.subject
+
+
 def node_devices_table(node: Node) -> FitTable:
     """Every named device in list order, and who holds it (``-``: free)."""
     holders: dict[tuple[str, str], tuple[str, str]] = {}
     for a in node.allocations:
         for key, ids in a.devices.items():
             for device in ids:
-                holders[(key, device)] = (short(a.request_id), a.subject)
+                holders[(key, device)] = _holder(a)
     out = table("KEY", "DEVICE", "HOLDER", "SUBJECT", title="Devices")
     for key in _key_order(node.devices):
         for device in node.devices[key]:
@@ -240,9 +247,7 @@ def fmt_devices(devices: Mapping[str, Sequence[str]]) -> str:
 def node_allocations_table(node: Node) -> FitTable:
     out = table("REQUEST", "SUBJECT", "STATUS", "RESOURCES", "DEVICES", title="Allocations")
     for a in node.allocations:
-        out.add_row(
-            short(a.request_id), a.subject, a.status, fmt_map(a.resources), fmt_devices(a.devices)
-        )
+        out.add_row(*_holder(a), a.status, fmt_map(a.resources), fmt_devices(a.devices))
     return out
 
 
@@ -532,7 +537,7 @@ def events_table(events: Sequence[Event]) -> FitTable:
             e.to_status,
             e.reason or "-",
             str(e.attempt),
-            e.message or "",
+            _event_message(e),
             *on,
         )
     return out
@@ -543,3 +548,10 @@ def _placed_on(placement: Placement | None) -> str:
         return ""
     devices = fmt_devices(placement.devices)
     return f"{placement.node} {devices}" if placement.devices else placement.node
+
+
+def _event_message(e: Event) -> str:
+    """The message, and the request the change happened for when the token may read it."""
+    if e.cause_request_id is None:
+        return e.message or ""
+    return f"{e.message} (request {short(e.cause_request_id)} of {e.cause_subject})"

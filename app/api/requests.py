@@ -34,7 +34,14 @@ from respool_client.wire import (
 from respool_client.wire import Request as ResourceRequest
 
 from app import globs
-from app.api.auth import AuthError, Principal, listing_patterns, principal_of, require_subject
+from app.api.auth import (
+    AuthError,
+    Principal,
+    listing_patterns,
+    principal_of,
+    require_subject,
+    subject_reader,
+)
 from app.api.common import (
     AnyRequest,
     StrictBody,
@@ -411,5 +418,14 @@ class RequestController(Controller):
         summary="The request's history",
         responses=error_responses(404),
     )
-    async def events(self, state: State, request_id: FromPath[UUID]) -> list[Event]:
-        return await db_requests.request_events(db(state), request_id)
+    async def events(
+        self, state: State, request: AnyRequest, request_id: FromPath[UUID]
+    ) -> list[Event]:
+        may_read = subject_reader(request)
+        return [
+            e
+            if e.cause_request_id is None or may_read(e.cause_subject)
+            # another subject's request: a client token learns that there was one, not which
+            else msgspec.structs.replace(e, cause_request_id=None, cause_subject=None)
+            for e in await db_requests.request_events(db(state), request_id)
+        ]

@@ -38,12 +38,27 @@ RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     v_status text := respool._preempt_member(p_victim_id, p_reason, p_message, p_now);
 BEGIN
-    -- The rest of its gang goes too (docs/scheduling.md, gangs); the message keeps the cause (what-if reads it).
+    -- The rest of its gang goes too (docs/scheduling.md, gangs); its events record the same cause.
     PERFORM respool._gang_follow(p_victim_id, 'preempted', p_reason, 'preempted; ' || p_message, p_now);
     RETURN v_status;
 END $$;
 COMMENT ON FUNCTION respool._preempt(uuid, text, text, timestamptz) IS
     'Preempts one victim unit: the request (respool._preempt_member) and, for a gang member, every other member still holding (docs/scheduling.md, gangs). Returns the victim''s new status.';
+
+CREATE OR REPLACE FUNCTION respool._preempt_for(p_victim_id uuid, p_mode text, p_for uuid, p_now timestamptz)
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    v_status text;
+BEGIN
+    -- The message does not name p_for: a victim's owner may not read that request. Every event
+    -- of this preemption records it as data instead (respool._record_events, 030_status.sql).
+    PERFORM set_config('respool.cause', p_for::text, true);
+    v_status := respool._preempt(p_victim_id, p_mode, format('preempted (%s) for another request', p_mode), p_now);
+    PERFORM set_config('respool.cause', '', true);
+    RETURN v_status;
+END $$;
+COMMENT ON FUNCTION respool._preempt_for(uuid, text, uuid, timestamptz) IS
+    'Preempts one victim unit (respool._preempt, reason p_mode) for the waiting request p_for: the messages say "preempted (<mode>) for another request" and every event this writes (the victim''s, its gang''s, a requeue) records p_for and its subject as cause_request_id / cause_subject (docs/api.md: the API shows them only to callers that may read that subject). Returns the victim''s new status.';
 
 CREATE OR REPLACE FUNCTION respool._finish_grace(p_pool_id uuid, p_now timestamptz)
 RETURNS integer LANGUAGE plpgsql AS $$
@@ -183,9 +198,7 @@ BEGIN
             -- Lock the requester before touching any victim; another pool's pass may hold it.
             CONTINUE WHEN NOT respool._lock_queued(v_req);
             FOREACH v_victim IN ARRAY v_victims LOOP
-                IF respool._preempt(v_victim, v_mode,
-                                    format('preempted (%s) for request %s of %s', v_mode, v_req, e.subject),
-                                    p_now) = 'rejected' THEN
+                IF respool._preempt_for(v_victim, v_mode, v_req, p_now) = 'rejected' THEN
                     rejected := rejected + 1;
                 END IF;
                 preempted := preempted + 1;

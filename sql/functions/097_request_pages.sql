@@ -40,9 +40,9 @@ BEGIN
         SELECT x.pool_id, x.hold,
                CASE WHEN (x.hold).head_id IS NOT NULL THEN respool._free_units(x.pool_id) END AS free,
                CASE WHEN (x.hold).head_id IS NOT NULL THEN format(
-                   'held: pool reserves %s for request %s… (waiting %s s)',
+                   'held: pool reserves %s for an earlier request (waiting %s s)',
                    (SELECT string_agg(k, ', ' ORDER BY k) FROM jsonb_object_keys((x.hold).need) k),
-                   left((x.hold).head_id::text, 8), (x.hold).waited_seconds) END AS held_sentence,
+                   (x.hold).waited_seconds) END AS held_sentence,
                -- (a scalar probe of requests_earmark_idx: as EXISTS, the planner hashed every
                -- queued request instead)
                (SELECT true FROM respool.requests b
