@@ -58,7 +58,7 @@ BEGIN
                -- that pool, that case has its own sentence, so no request to leave out)
                pp.earmarks AND NOT respool._leaves_earmarks(s.resources, s.pool_id, NULL, NULL) AS earmark_blocks,
                CASE WHEN (pp.hold).head_id IS NOT NULL
-                    THEN respool._leaves_head_room(pp.hold, s.resources, pp.free) END AS head_room
+                    THEN respool._leaves_head_room(pp.hold, s.resources, pp.free, s.node_selector) END AS head_room
           FROM (SELECT DISTINCT en.pool_id, en.policy_id, r.resources, r.preemptible, r.node_selector
                   FROM entries en JOIN req r ON r.id = en.request_id) s
           JOIN per_pool pp ON pp.pool_id = s.pool_id
