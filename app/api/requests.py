@@ -44,6 +44,7 @@ from app.api.auth import (
 )
 from app.api.common import (
     AnyRequest,
+    DecodedOnce,
     StrictBody,
     coalescer,
     db,
@@ -226,6 +227,9 @@ class RequestController(Controller):
             ),
             **error_responses(400, 404, 422, 429),
         },
+        # data arrives decoded once, strictly, from the raw body (app.api.common.DecodedOnce).
+        dto=DecodedOnce[RequestCreate],
+        return_dto=None,
     )
     async def create_request(
         self,
@@ -235,7 +239,7 @@ class RequestController(Controller):
         wait: _Wait = None,
         dry_run: _DryRun = False,
     ) -> Response[ResourceRequest]:  # a dry run answers a WhatIf, a Request subclass
-        body = await decode_body(request, RequestCreate)
+        body: RequestCreate = data
         require_subject(request, body.subject)
         # The body goes to the engine whole, as the client sent it (now known to be well-formed):
         # the engine fills the defaults (an absent lease_seconds: the server's default lease).
