@@ -85,7 +85,7 @@ async def decode_body(request: Request[Any, Any, Any], kind: type[T]) -> T:
     try:
         body = msgspec.json.decode(raw or b"{}", type=kind, strict=True)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise validation_error(exc) from None
+        raise validation_error(exc, raw or b"{}", kind) from None
     refuse_string_decimals(raw, kind)  # msgspec takes "1" for a Decimal even when strict
     return body
 
