@@ -107,18 +107,37 @@ def _named_path(path: str, raw: bytes, kind: type[Any], error: str) -> str | Non
     return out or None
 
 
+# Beyond this many entries a map is named as a whole (no field has that many keys; the search
+# would only cost the server time).
+_MOST_KEYS_SEARCHED = 1024
+
+
 def _failing_key(doc: Any, node: dict[str, Any], kind: type[Any], error: str) -> str | None:
+    """The key of ``node`` (a map inside ``doc``) whose value the decoder refused with
+    ``error``. "The body with ``node`` cut after its first n entries fails with ``error``" is
+    false up to the culprit and true from it on: a bisection, O(log n) decodes."""
     entries = list(node.items())
+
+    def fails_with_error(n: int) -> bool:
+        node.clear()
+        node.update(entries[:n])
+        try:
+            msgspec.json.decode(msgspec.json.encode(doc), type=kind, strict=True)
+        except msgspec.ValidationError as exc:
+            return str(exc) == error
+        return False
+
     try:
-        for i, (key, _) in enumerate(entries):
-            node.clear()
-            node.update(entries[: i + 1])
-            try:
-                msgspec.json.decode(msgspec.json.encode(doc), type=kind, strict=True)
-            except msgspec.ValidationError as exc:
-                if str(exc) == error:
-                    return key
-        return None
+        low, high = 0, len(entries)  # fails_with_error(high) is the body as sent
+        if not entries or len(entries) > _MOST_KEYS_SEARCHED or not fails_with_error(high):
+            return None
+        while high - low > 1:
+            mid = (low + high) // 2
+            if fails_with_error(mid):
+                high = mid
+            else:
+                low = mid
+        return str(entries[high - 1][0])
     finally:
         node.clear()
         node.update(entries)
