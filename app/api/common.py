@@ -99,7 +99,7 @@ def decode_strict(
     try:
         body = msgspec.json.decode(raw or b"{}", type=kind, strict=True)
     except msgspec.ValidationError as exc:
-        raise validation_error(exc) from None
+        raise validation_error(exc, raw or b"{}", kind) from None
     except msgspec.DecodeError as exc:
         raise not_json(exc) from None
     refuse_string_decimals(raw, kind)  # msgspec takes "1" for a Decimal even when strict
