@@ -486,9 +486,14 @@ def fmt_iso(value: datetime | None) -> str:
 
 
 def requests_table(
-    requests: Sequence[Request], *, view: str = "all", title: str | None = None
+    requests: Sequence[Request],
+    *,
+    view: str = "all",
+    title: str | None = None,
+    empty: str = "no requests",
 ) -> FitTable:
-    """``view``: ``queued`` (position and what it waits for), ``active`` (holders) or ``all``."""
+    """``view``: ``queued`` (position and what it waits for), ``active`` (holders) or ``all``;
+    ``empty``: the line shown when there is none."""
     labels = Col("LABELS", shrink=True, wide=True)
     if view == "queued":
         out = table(
@@ -562,7 +567,7 @@ def requests_table(
                 _age(r.created_at),
                 fmt_labels(r.labels),
             )
-    out.empty = "no requests"
+    out.empty = empty
     return out
 
 

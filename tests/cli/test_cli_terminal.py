@@ -157,7 +157,8 @@ async def test_a_pool_with_nodes_shows_how_many_per_state(cli: Cli) -> None:
 async def test_an_empty_table_is_one_line_saying_so(cli: Cli) -> None:
     for args, line in [
         (("pool", "list"), "no pools"),
-        (("request", "list"), "no requests"),
+        (("request", "list"), "no live requests (--all shows finished ones too)"),
+        (("request", "list", "--all"), "no requests"),
         (("node", "list"), "no nodes"),
         (("pool", "list-policies"), "no policies"),
     ]:
@@ -165,7 +166,7 @@ async def test_an_empty_table_is_one_line_saying_so(cli: Cli) -> None:
         assert result.stdout == f"{line}\n", (args, result.stdout)
         assert await cli.json(*args) == [], args  # scripts: unchanged
         assert (await cli.ok(*args, "-o", "yaml")).stdout == "[]\n", args
-    run = await _terminal(cli, "request", "list", columns=80)
+    run = await _terminal(cli, "request", "list", "--all", columns=80)
     assert run.stdout.strip() == "no requests", run.stdout
     await cli.ok("pool", "create", "quiet", "-c", "{gpu: 1}")
     held = (await cli.ok("pool", "requests", "quiet")).stdout
