@@ -345,11 +345,13 @@ BEGIN
     END LOOP;
     FOR v_id IN SELECT DISTINCT x FROM unnest(p_pool_ids) x WHERE x IS NOT NULL ORDER BY x LOOP
         UPDATE respool.pools SET updated_at = p_now WHERE id = v_id;
+        -- An earmark on a node that left, shrank or changed goes now (docs/placement.md)
+        PERFORM respool._drop_stale_earmarks(v_id, p_now);
         PERFORM respool._settle_pool(v_id, NULL, p_now);
     END LOOP;
 END $$;
 COMMENT ON FUNCTION respool._settle_node_pools(uuid[], timestamptz) IS
-    'After a node joined, left or changed (pools locked): derives each pool''s capacity from its nodes, RP409 naming the policies when reserved shares no longer fit, then settles each pool (rejects queued requests that can never fit, grants what fits now, wakes the reconcilers).';
+    'After a node joined, left or changed (pools locked): derives each pool''s capacity from its nodes, RP409 naming the policies when reserved shares no longer fit, drops the earmarks the change made stale (respool._drop_stale_earmarks: a node gone, moved, shrunk below the need), then settles each pool (rejects queued requests that can never fit, grants what fits now, wakes the reconcilers).';
 
 CREATE OR REPLACE FUNCTION respool._lock_node(p_name text, p_also_pool uuid, OUT node respool.nodes)
 LANGUAGE plpgsql AS $$
@@ -627,10 +629,12 @@ BEGIN
     UPDATE respool.nodes SET state = v_state, updated_at = p_now WHERE id = v_node.id;
     IF v_node.pool_id IS NOT NULL AND v_state IS DISTINCT FROM v_node.state THEN
         -- active: grants what now fits; draining: wakes the reconcilers, which preempt the node's
-        -- preemptible holders (docs/placement.md, "Cordon and drain").
+        -- preemptible holders (docs/placement.md, "Cordon and drain"). An earmark on a node that
+        -- is no longer active goes: its request reclaims on another node.
+        PERFORM respool._drop_stale_earmarks(v_node.pool_id, p_now);
         PERFORM respool._settle_pool(v_node.pool_id, NULL, p_now);
     END IF;
     RETURN respool.node_json(v_node.id);
 END $$;
 COMMENT ON FUNCTION respool.set_node_state(text, text, timestamptz) IS
-    'cordon (cordoned: no new grants, holders keep their units), drain (draining: the reconciler preempts its preemptible holders) or uncordon (active: grants what now fits). RP400 on another state, RP404 on an unknown node.';
+    'cordon (cordoned: no new grants, holders keep their units), drain (draining: the reconciler preempts its preemptible holders) or uncordon (active: grants what now fits); an earmark on a node that stops being active is dropped in the same transaction (respool._drop_stale_earmarks). RP400 on another state, RP404 on an unknown node.';
