@@ -78,6 +78,7 @@ DECLARE
     v_nodes boolean := respool._pool_has_nodes(p_pool_id);
     e record;
     v_stale boolean;
+    v_try text;
     n integer := 0;
 BEGIN
     -- An earmark keeps units that victims in their grace period free for the request they were
@@ -112,18 +113,21 @@ BEGIN
                    AND (NOT v_nodes OR EXISTS (SELECT FROM respool.placements pl
                                                 WHERE pl.request_id = v.id AND pl.node_id = e.earmark_node_id)));
             -- Its victims are gone: the units are free now and go to it first, if it fits.
-            CONTINUE WHEN respool._try_grant(e.id, p_pool_id, e.policy_id, p_now) IN ('granted', 'locked', 'gone');
+            v_try := respool._try_grant(e.id, p_pool_id, e.policy_id, p_now);
+            IF v_try = 'granted' THEN
+                n := n + 1;
+            END IF;
+            CONTINUE WHEN v_try IN ('granted', 'locked', 'gone');
         END IF;
         -- (a request another transaction holds keeps its earmark until the next pass)
         PERFORM FROM respool.requests WHERE id = e.id AND status = 'queued' FOR UPDATE SKIP LOCKED;
         CONTINUE WHEN NOT FOUND;
         UPDATE respool.requests SET earmark_pool_id = NULL, earmark_node_id = NULL WHERE id = e.id;
-        n := n + 1;
     END LOOP;
     RETURN n;
 END $$;
 COMMENT ON FUNCTION respool._drop_stale_earmarks(uuid, timestamptz) IS
-    'Earmarks that can no longer be honoured go (pool locked): a request''s earmark in this pool is dropped when it has no queue entry here, when (pool with nodes) its node is no longer an active node of the pool that matches the request and could hold it (cordoned, draining, deleted, moved out, shrunk, relabelled), or when no victim is in its grace period any more (on its node) and the request still cannot be granted (it is granted when it can). The request then waits and is a candidate for preemption again like any other (docs/preemption.md). Rows another transaction holds keep theirs until the next pass. Called by every node change and every reconciler pass. Returns how many were dropped.';
+    'Earmarks that can no longer be honoured go (pool locked): a request''s earmark in this pool is dropped when it has no queue entry here, when (pool with nodes) its node is no longer an active node of the pool that matches the request and could hold it (cordoned, draining, deleted, moved out, shrunk, relabelled), or when no victim is in its grace period any more (on its node) and the request still cannot be granted (it is granted when it can). The request then waits and is a candidate for preemption again like any other (docs/preemption.md). Rows another transaction holds keep theirs until the next pass. Called by every node change and every reconciler pass. Returns how many earmark holders it granted.';
 
 CREATE OR REPLACE FUNCTION respool._preempt_for_queue(p_pool_id uuid, p_now timestamptz,
                                                       OUT preempted integer, OUT allocated integer,
@@ -296,10 +300,10 @@ BEGIN
     -- A runtime cap (max_seconds) ends whatever the heartbeats, also right after an outage
     expired := expired + respool._expire_max_seconds(p_pool_id, p_now);
     -- Earmarks whose node changed or whose victims are gone (docs/preemption.md, earmarks)
-    PERFORM respool._drop_stale_earmarks(p_pool_id, p_now);
+    granted := respool._drop_stale_earmarks(p_pool_id, p_now);
     shed := respool._enforce_shrinks(p_pool_id, p_now);
     q := respool._preempt_for_queue(p_pool_id, p_now);
-    granted := respool.allocate_pool(p_pool_id, p_now);
+    granted := granted + respool.allocate_pool(p_pool_id, p_now);
     RETURN jsonb_build_object('pool', v_name, 'expired', expired, 'grace_ended', grace_ended,
                               'preempted', shed + q.preempted, 'allocated', q.allocated + granted,
                               'rejected', q.rejected);

@@ -198,3 +198,71 @@ async def test_uncordon_during_grace_keeps_the_reclaim_going(env: Env) -> None:
     got = await env.get(owner)
     assert got["status"] == "allocated", got["message"]
     assert await _earmarked_units(env, "gpus") == 0
+
+
+# --- device lists turned anonymous, or named again ----------------------------------------------
+
+
+async def _two_holders(env: Env, **node: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Pool ``gpus`` with node n1 (``node``: its capacity or gpus); ``s`` reserves 2 gpus and
+    holds 2 preemptible gpus, then 2 non-preemptible ones."""
+    await env.pool("gpus", grace=GRACE)
+    await env.node("n1", "gpus", **node)
+    await env.policy("s", "gpus", reserved={"gpu": 2})
+    pre = await env.req("s", "gpus", {"gpu": 2})
+    keep = await env.req("s", "gpus", {"gpu": 2}, preemptible=False)
+    assert [pre["status"], keep["status"]] == ["allocated", "allocated"]
+    return pre, keep
+
+
+async def _preemptions(env: Env) -> int:
+    n: int = await env.conn.fetchval(
+        "SELECT count(*) FROM respool.events WHERE to_status IN ('preempting', 'preempted')"
+    )
+    return n
+
+
+async def test_named_devices_turned_anonymous_preempt_nobody(env: Env) -> None:
+    pre, keep = await _two_holders(env, gpus=["0", "1", "2", "3"])
+    await env.update_node("n1", {"devices": {"gpu": None}})
+    await env.reconcile("gpus")
+    for doc in (pre, keep):
+        got = await env.get(doc)
+        assert got["status"] == "allocated"
+        assert got["placement"]["node"] == "n1"
+        assert got["placement"]["devices"] == {}  # the units are anonymous now
+    assert await _preemptions(env) == 0
+    assert await env.node_used("n1") == {"gpu": 4}
+    node = await env.conn.fetchval("SELECT respool.get_node('n1')")
+    assert node["capacity"] == {"gpu": 4}
+    assert node["devices"] == {}
+    assert await env.conn.fetch("SELECT * FROM respool.invariant_violations") == []
+
+
+async def test_anonymous_units_named_with_as_many_ids_preempt_nobody(env: Env) -> None:
+    pre, keep = await _two_holders(env, capacity={"gpu": 4})
+    await env.update_node("n1", {"devices": {"gpu": ["a", "b", "c", "d"]}})
+    await env.reconcile("gpus")
+    held = {}
+    for doc in (pre, keep):
+        got = await env.get(doc)
+        assert got["status"] == "allocated"
+        held[doc["id"]] = got["placement"]["devices"]["gpu"]
+    assert sorted(held[pre["id"]] + held[keep["id"]]) == ["a", "b", "c", "d"]
+    assert await _preemptions(env) == 0
+    assert await env.conn.fetch("SELECT * FROM respool.invariant_violations") == []
+
+
+async def test_naming_fewer_ids_than_units_held_keeps_the_non_preemptible_holder(
+    env: Env,
+) -> None:
+    """Anonymous 4 gpus, both holders at 2; naming only 2 ids removes 2 units at once: the
+    holder the victim order takes first (preemptible) goes, the non-preemptible one keeps its
+    units, on the named devices."""
+    pre, keep = await _two_holders(env, capacity={"gpu": 4})
+    await env.update_node("n1", {"devices": {"gpu": ["x", "y"]}})
+    assert await _status(env, pre) == "preempted"
+    got = await env.get(keep)
+    assert got["status"] == "allocated"
+    assert got["placement"]["devices"] == {"gpu": ["x", "y"]}
+    assert await env.conn.fetch("SELECT * FROM respool.invariant_violations") == []
