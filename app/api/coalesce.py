@@ -6,13 +6,14 @@ coalescer keeps the bodies in arrival order; up to ``flushers`` tasks at once (f
 pool's connections, so reads, heartbeats and releases keep some) each take a connection, then
 everything pending (at most a batch, 1,000), create it, answer each create, and go on while
 anything is pending. A lone create (nothing else pending) is one ``respool.create_request``, as
-without coalescing; two or more are one ``respool.create_requests`` call, in arrival order, which
-is then their queue order. Each create keeps its own answer (201 or 200, its document), its
+without coalescing; two or more are one ``respool.create_requests_each`` call, in arrival order,
+which is then their queue order. Each create keeps its own answer (201 or 200, its document), its
 idempotency key and its errors:
 
-* a member the engine refuses (the error names ``members[i]``) gets that error as a single create
-  gets it (the ``members[i]`` prefix taken off its message and field), and the others are created
-  by a new call without it (nothing of the refused call was kept);
+* a member the engine refuses gets its own row's error (``respool.create_requests_each`` answers
+  one row per member: its document, or the code, field and message its single create would
+  raise), rebuilt as that single create's error; it changes nothing and the others are created
+  as their single creates would be, in order;
 * a database that cannot serve (a lost connection, a timeout...) fails every create of the call
   with that error (the API answers 503, as it would each single create);
 * any other error (an engine guard, a value PostgreSQL refuses) makes the coalescer create each
@@ -28,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 from typing import Any, Generic, TypeVar
 from uuid import UUID
 
@@ -47,9 +47,6 @@ In = TypeVar("In")
 Out = TypeVar("Out")
 
 log = logging.getLogger("respool.api")
-
-_MEMBER_MESSAGE = re.compile(r"^members\[(?P<i>\d+)\]: ", re.DOTALL)
-_MEMBER_FIELD = re.compile(r"^members\[(?P<i>\d+)\](?:\.(?P<field>.+))?$", re.DOTALL)
 
 # Errors of a call that say the database could not serve it: every create of the call gets the
 # error (503 in the API, app.api.errors); retrying member by member would only wait longer.
@@ -72,26 +69,6 @@ def flushers_for(pool_size: int) -> int:
     least 1 and at most 4 (more only contend for the same pool locks), so the other half serves
     reads, heartbeats and releases during a burst of creates."""
     return max(1, min(4, pool_size // 2))
-
-
-def member_error(exc: EngineError, count: int) -> tuple[int, EngineError] | None:
-    """The member a batch error names and that error as its single create gives it (the same
-    class, message and field, without the ``members[i]`` prefix); None if it names no member."""
-    m = _MEMBER_MESSAGE.match(exc.message)
-    if m is None:
-        return None
-    index = int(m.group("i"))
-    if index >= count:
-        return None
-    field: str | None = None
-    if exc.field is not None:
-        f = _MEMBER_FIELD.match(exc.field)
-        if f is None or int(f.group("i")) != index:
-            return None
-        field = f.group("field")
-    single = type(exc)(exc.message[m.end() :], field)
-    single.__cause__ = exc.__cause__
-    return index, single
 
 
 class _Pending(Generic[In, Out]):
@@ -235,34 +212,21 @@ class CreateCoalescer(_Coalescer[bytes, Created]):
 
     async def _run(self, conn: Any, taken: list[_Pending[bytes, Created]]) -> None:
         """Create ``taken`` on ``conn`` and answer each create."""
-        while taken:
+        if len(taken) == 1:
+            results: list[Created | EngineError] = [await self._single(conn, taken[0].item)]
+        else:
             try:
-                if len(taken) == 1:
-                    created = [await self._single(conn, taken[0].item)]
-                else:
-                    created = await self._batch(conn, taken)
-            except EngineError as exc:
-                named = member_error(exc, len(taken)) if len(taken) > 1 else None
-                if named is None:
-                    if len(taken) == 1:
-                        raise
-                    await self._one_by_one(conn, taken)
-                    return
-                index, single = named
-                _fail(taken[index], single)
-                del taken[index]
-                continue  # the others, in a new call (nothing of this one was kept)
+                results = await self._batch(conn, taken)
             except _DATABASE_DOWN:
                 raise
-            except asyncpg.PostgresError:
-                if len(taken) == 1:
-                    raise
+            except (EngineError, asyncpg.PostgresError):
                 await self._one_by_one(conn, taken)
                 return
-            for p, c in zip(taken, created, strict=True):
-                if not p.future.done():
-                    p.future.set_result(c)
-            return
+        for p, result in zip(taken, results, strict=True):
+            if isinstance(result, EngineError):
+                _fail(p, result)
+            elif not p.future.done():
+                p.future.set_result(result)
 
     async def _one_by_one(self, conn: Any, taken: list[_Pending[bytes, Created]]) -> None:
         """Each create alone, each answered with its own result or error."""
@@ -281,9 +245,11 @@ class CreateCoalescer(_Coalescer[bytes, Created]):
             conn, msgspec.Raw(body), default_lease_seconds=self.default_lease_seconds
         )
 
-    async def _batch(self, conn: Any, taken: list[_Pending[bytes, Created]]) -> list[Created]:
+    async def _batch(
+        self, conn: Any, taken: list[_Pending[bytes, Created]]
+    ) -> list[Created | EngineError]:
         members = msgspec.Raw(b"[" + b",".join(p.item for p in taken) + b"]")
-        return await db_batch.create_requests(
+        return await db_batch.create_requests_each(
             conn, members, default_lease_seconds=self.default_lease_seconds
         )
 

@@ -8,11 +8,11 @@ from typing import Any
 import msgspec
 from respool_client.wire import Created, Request
 
-from app.db.errors import engine_errors
+from app.db.errors import EngineError, engine_errors, error_for
 from app.db.executor import Executor, _as
 from app.db.named import query
 
-__all__ = ["create_requests"]
+__all__ = ["create_requests", "create_requests_each"]
 
 
 @engine_errors
@@ -42,3 +42,21 @@ async def create_requests(
         distinct_nodes,
     )
     return [Created(created=r["created"], request=_as(Request, r["request"])) for r in rows]
+
+
+@engine_errors
+async def create_requests_each(
+    db: Executor, members: msgspec.Raw, *, default_lease_seconds: int | None = None
+) -> list[Created | EngineError]:
+    """Create (or replay) every member of ``members`` (a JSON array of create bodies) in one
+    transaction, each exactly as its single create would right after the ones before it, in
+    member order. One result per member, in order: what its single create answers, or the
+    :class:`EngineError` that create would raise (the same class, message and field), that
+    member changing nothing. Any other error fails the whole call."""
+    rows = await db.fetch(query("create_requests_each"), members, default_lease_seconds)
+    return [
+        Created(created=r["created"], request=_as(Request, r["request"]))
+        if r["error_code"] is None
+        else error_for(r["error_code"], r["error_message"], r["error_field"])
+        for r in rows
+    ]

@@ -2,8 +2,9 @@
 -- One function creates a request from that document, alone or as a batch member:
 -- respool.create_request (respool.create_requests makes a batch set-based, respool._create_set
 -- in 045_create_set.sql, with the outcome of calling it per member in member order, and calls it
--- per member where that cannot be decided set-based); respool._create_body, which both call, is the
--- one place on the server that checks the body's fields and types and fills its defaults.
+-- per member where that cannot be decided set-based; respool.create_requests_each does the same
+-- but refuses a member alone and answers a row per member); respool._create_body, which all call,
+-- is the one place on the server that checks the body's fields and types and fills its defaults.
 -- What-if takes the same document.
 -- See docs/api.md ("One create body, one path", "Batch create").
 
@@ -348,6 +349,48 @@ END $$;
 COMMENT ON FUNCTION respool._gang_member_check(jsonb, jsonb, uuid) IS
     'A gang member (a body respool._create_body completed) names the subject of member 0, a pool that resolves to member 0''s (or none when member 0 names none), and member 0''s preemptible, node selector, preemption_group and max_retries; RP400 naming the field otherwise (RP404/RP400 for a bad pool ref). See docs/scheduling.md (gangs).';
 
+CREATE OR REPLACE FUNCTION respool._batch_count(p_members jsonb, p_default_lease_seconds integer)
+RETURNS integer LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    IF p_members IS NULL OR jsonb_typeof(p_members) <> 'array' THEN
+        PERFORM respool._fail('RP400', 'members', 'members must be an array of request create bodies');
+    END IF;
+    v_count := jsonb_array_length(p_members);
+    IF v_count NOT BETWEEN 1 AND respool._max_batch() THEN
+        PERFORM respool._fail('RP400', 'members', format('a batch has 1 to %s members, got %s', respool._max_batch(), v_count));
+    END IF;
+    IF p_default_lease_seconds IS NOT NULL AND p_default_lease_seconds NOT BETWEEN 1 AND respool._max_seconds() THEN
+        PERFORM respool._fail('RP400', 'default_lease_seconds', 'default_lease_seconds must be between 1 and ' || respool._max_seconds());
+    END IF;
+    RETURN v_count;
+END $$;
+COMMENT ON FUNCTION respool._batch_count(jsonb, integer) IS
+    'The member count of a batch: p_members a JSON array of 1 to respool._max_batch() bodies and p_default_lease_seconds null or a valid lease, else RP400 naming members or default_lease_seconds.';
+
+CREATE OR REPLACE FUNCTION respool._try_create_set(p_members jsonb, p_default_lease_seconds integer,
+                                                   p_now timestamptz, p_lock_subject_pools boolean,
+                                                   OUT ids uuid[], OUT created boolean[])
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_state text;
+BEGIN
+    SELECT array_agg(s.request_id ORDER BY s.member), array_agg(s.created ORDER BY s.member)
+      INTO ids, created
+      FROM respool._create_set(p_members, p_default_lease_seconds, p_now, p_lock_subject_pools) s;
+EXCEPTION WHEN OTHERS THEN
+    GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE;
+    -- (42501: a role without the TEMPORARY privilege its work tables need.)
+    IF v_state NOT IN ('RP298', 'RP400', 'RP404', 'RP409', 'RP422', '42501') THEN
+        RAISE;
+    END IF;
+    ids := NULL;
+    created := NULL;
+END $$;
+COMMENT ON FUNCTION respool._try_create_set(jsonb, integer, timestamptz, boolean) IS
+    'respool._create_set in a subtransaction (docs/engine.md, "How a batch is made"): the members'' request ids and created flags in member order, or both NULL, nothing kept, where it gives way (RP298, a refused member, no TEMPORARY privilege); the caller then creates the members one by one. Any other error is raised.';
+
 CREATE OR REPLACE FUNCTION respool.create_requests(
     p_members jsonb,
     p_all_or_nothing boolean DEFAULT false,
@@ -370,37 +413,17 @@ DECLARE
     v_created boolean[] := '{}';
     c record;
 BEGIN
-    IF p_members IS NULL OR jsonb_typeof(p_members) <> 'array' THEN
-        PERFORM respool._fail('RP400', 'members', 'members must be an array of request create bodies');
-    END IF;
-    v_count := jsonb_array_length(p_members);
-    IF v_count NOT BETWEEN 1 AND respool._max_batch() THEN
-        PERFORM respool._fail('RP400', 'members', format('a batch has 1 to %s members, got %s', respool._max_batch(), v_count));
-    END IF;
+    v_count := respool._batch_count(p_members, p_default_lease_seconds);
     IF coalesce(p_distinct_nodes, false) AND NOT coalesce(p_all_or_nothing, false) THEN
         PERFORM respool._fail('RP400', 'distinct_nodes',
             'distinct_nodes places the members of a gang on different nodes: it needs all_or_nothing true');
     END IF;
-    IF p_default_lease_seconds IS NOT NULL AND p_default_lease_seconds NOT BETWEEN 1 AND respool._max_seconds() THEN
-        PERFORM respool._fail('RP400', 'default_lease_seconds', 'default_lease_seconds must be between 1 and ' || respool._max_seconds());
-    END IF;
 
     IF NOT coalesce(p_all_or_nothing, false) THEN
-        -- Set-based first (respool._create_set, docs/engine.md "How a batch is made"); where it
-        -- gives way (nothing of it kept), the members are created one by one below, which also
-        -- names the first refused member.
-        BEGIN
-            SELECT array_agg(s.request_id ORDER BY s.member), array_agg(s.created ORDER BY s.member)
-              INTO v_ids, v_created
-              FROM respool._create_set(p_members, p_default_lease_seconds, p_now, v_count > 1) s;
-        EXCEPTION WHEN OTHERS THEN
-            GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE;
-            -- (42501: a role without the TEMPORARY privilege its work tables need.)
-            IF v_state NOT IN ('RP298', 'RP400', 'RP404', 'RP409', 'RP422', '42501') THEN
-                RAISE;
-            END IF;
-            v_ids := NULL;
-        END;
+        -- Set-based first; where it gives way (nothing of it kept), the members are created one
+        -- by one below, which also names the first refused member.
+        SELECT s.ids, s.created INTO v_ids, v_created
+          FROM respool._try_create_set(p_members, p_default_lease_seconds, p_now, v_count > 1) s;
         IF v_ids IS NOT NULL THEN
             RETURN QUERY SELECT (x.n - 1)::integer, v_created[x.n], d.doc::jsonb
                            FROM unnest(v_ids) WITH ORDINALITY x(id, n)
@@ -487,6 +510,98 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION respool.create_requests(jsonb, boolean, integer, timestamptz, boolean) IS
     'Batch create (docs/api.md "Batch create"): p_members is a JSON array of 1 to 1000 create bodies, created in one transaction, each by respool.create_request exactly as a single create: every body checked and completed by respool._create_body before any work (absent lease_seconds: p_default_lease_seconds), their idempotency keys claimed in one global order (respool._claim_keys), the pools of every member''s subject locked in id order, then each created as by respool.create_request in member order, member i queued i microseconds after member 0 so queue order follows member order: set-based (respool._create_set: each distinct body checked once, one INSERT each for requests, events and queue entries, grants in member order) unless a candidate pool is strict or holds for a starving head, a member is refused or the batch is a gang, where the members are created one by one; the outcome is the same. Any member error refuses the whole batch, creating nothing: the same SQLSTATE, naming members[i].<field>. Each answer is the member''s state once the whole batch is done. With p_all_or_nothing the members are a gang (docs/scheduling.md): same subject, pool, preemptible and max_retries (RP400 naming the field), one gang_id, rejected together, granted together in one pool or not at all (p_distinct_nodes, only with a gang: each member on a different node of a pool with nodes, docs/placement.md); a retry whose idempotency keys name exactly the members of one gang answers that gang (RP422 otherwise). One row per member, in member order.';
+
+CREATE OR REPLACE FUNCTION respool.create_requests_each(
+    p_members jsonb,
+    p_default_lease_seconds integer DEFAULT NULL,
+    p_now timestamptz DEFAULT now())
+RETURNS TABLE (member integer, created boolean, request jsonb,
+               error_code text, error_field text, error_message text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_count integer := respool._batch_count(p_members, p_default_lease_seconds);
+    v_ids uuid[];
+    v_created boolean[];
+    v_bodies jsonb[] := '{}';
+    v_codes text[] := '{}';     -- per member: the SQLSTATE of its refusal, or NULL
+    v_fields text[] := '{}';
+    v_messages text[] := '{}';
+    v_state text;
+    v_message text;
+    v_column text;
+    v_from integer := 1;        -- the run of members [v_from, v_to) tried in one subtransaction
+    v_to integer;
+    v_at integer;
+    c record;
+BEGIN
+    SELECT s.ids, s.created INTO v_ids, v_created
+      FROM respool._try_create_set(p_members, p_default_lease_seconds, p_now, v_count > 1) s;
+    IF v_ids IS NULL THEN
+        v_ids := array_fill(NULL::uuid, ARRAY[v_count]);
+        v_created := array_fill(NULL::boolean, ARRAY[v_count]);
+        FOR i IN 1 .. v_count LOOP
+            BEGIN
+                v_bodies[i] := respool._create_body(p_members -> (i - 1), p_default_lease_seconds);
+            EXCEPTION WHEN SQLSTATE 'RP400' OR SQLSTATE 'RP404' OR SQLSTATE 'RP409' OR SQLSTATE 'RP422' THEN
+                GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT,
+                                        v_column = COLUMN_NAME;
+                v_codes[i] := v_state;
+                v_messages[i] := v_message;
+                v_fields[i] := v_column;
+            END;
+        END LOOP;
+        -- Keys and pools of the checked members taken up front, in their global orders, as a
+        -- batch does (respool.create_requests).
+        PERFORM respool._claim_keys(array_remove(v_bodies, NULL));
+        IF v_count > 1 THEN
+            PERFORM respool._lock_pools(respool._batch_pools(array_remove(v_bodies, NULL)));
+        END IF;
+        -- Runs of members, each in one subtransaction. A run stopped by a refused member is
+        -- rolled back and run again up to it, then that member is tried first in a run of its
+        -- own: refused there, right after the members kept, it gets its single create's error
+        -- (named in the state it sees, ids included) and changes nothing; the rest go on after it.
+        v_to := v_count + 1;
+        WHILE v_from <= v_count LOOP
+            BEGIN
+                FOR i IN v_from .. v_to - 1 LOOP
+                    CONTINUE WHEN v_codes[i] IS NOT NULL;
+                    v_at := i;
+                    -- Member i queued i - 1 microseconds after member 0, as in a batch.
+                    SELECT * INTO c FROM respool._create_checked(
+                        v_bodies[i], p_now + make_interval(secs => (i - 1) / 1000000.0), NULL, false);
+                    v_ids[i] := (c.request ->> 'id')::uuid;
+                    v_created[i] := c.created;
+                END LOOP;
+                v_from := v_to;
+                v_to := v_count + 1;
+            EXCEPTION WHEN SQLSTATE 'RP400' OR SQLSTATE 'RP404' OR SQLSTATE 'RP409' OR SQLSTATE 'RP422' THEN
+                GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT,
+                                        v_column = COLUMN_NAME;
+                FOR i IN v_from .. v_to - 1 LOOP
+                    v_ids[i] := NULL;
+                    v_created[i] := NULL;
+                END LOOP;
+                IF v_at = v_from THEN
+                    v_codes[v_at] := v_state;
+                    v_messages[v_at] := v_message;
+                    v_fields[v_at] := v_column;
+                    v_from := v_at + 1;
+                    v_to := v_count + 1;
+                ELSE
+                    v_to := v_at;
+                END IF;
+            END;
+        END LOOP;
+    END IF;
+    RETURN QUERY
+    SELECT (x.n - 1)::integer, v_created[x.n], d.doc::jsonb,
+           v_codes[x.n], nullif(v_fields[x.n], ''), v_messages[x.n]
+      FROM unnest(v_ids) WITH ORDINALITY x(id, n)
+      LEFT JOIN respool.request_docs(array_remove(v_ids, NULL)) d ON d.id = x.id
+     ORDER BY x.n;
+END $$;
+COMMENT ON FUNCTION respool.create_requests_each(jsonb, integer, timestamptz) IS
+    'Creates (or replays) each of 1 to 1000 create bodies in one transaction, in member order, exactly as its own respool.create_request would right after the members before it. One row per member: created and its document once all are done, or the SQLSTATE (RP400/RP404/RP409/RP422), field and message its single create raises, that member changing nothing. Any other error fails the call. See docs/engine.md ("How a batch reports each member").';
 
 CREATE OR REPLACE FUNCTION respool.what_if_request(
     p_body jsonb,

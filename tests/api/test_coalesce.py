@@ -16,8 +16,7 @@ import asyncpg
 import httpx
 import pytest
 
-from app.api.coalesce import CreateCoalescer, ReleaseCoalescer, member_error
-from app.db.errors import BadInput, NotFound
+from app.api.coalesce import CreateCoalescer, ReleaseCoalescer
 from support.http import error, ok, pool_with_policy, team_gpu
 from support.server import Server, busy_pool, running_server, waiting_clients
 
@@ -113,6 +112,25 @@ async def test_an_invalid_member_gets_a_single_creates_error(server: Server) -> 
     assert after == before + 6
 
 
+async def test_a_member_refused_by_an_earlier_member_gets_its_single_creates_error(
+    server: Server,
+) -> None:
+    """A key first used by an earlier create of the same call: the create that reuses it with
+    another body gets the 422 its single create gets right after the first, naming that request."""
+    c = server.client
+    await pool_with_policy(c, capacity={"gpu": 8})
+    first_body = team_gpu(idempotency_key="shared", labels={"who": "first"})
+    other_body = team_gpu(idempotency_key="shared", labels={"who": "other"})
+    answers = await together(server, [first_body, other_body, team_gpu()])
+    first = ok(answers[0], 201)
+    refused = error(answers[1], 422, "idempotency_key")
+    ok(answers[2], 201)
+    assert refused == error(await c.post(CREATE, json=other_body), 422, "idempotency_key")
+    assert first["id"] in refused["detail"]
+    page = ok(await c.get(CREATE, params={"subject": "team", "limit": 1000}))
+    assert {d["id"] for d in page["items"]} == {first["id"], answers[2].json()["id"]}
+
+
 async def test_idempotent_retries_racing_their_original(server: Server) -> None:
     c = server.client
     await pool_with_policy(c, capacity={"gpu": 8})
@@ -175,31 +193,6 @@ async def test_creates_keep_coming_while_a_batch_runs(db_url: str) -> None:
         assert {d["status"] for d in docs} == {"allocated"}
         page = ok(await server.client.get(CREATE, params={"limit": 1000}))
         assert len(page["items"]) == 300
-
-
-@pytest.mark.parametrize(
-    ("error", "expected"),
-    [
-        (NotFound("members[3]: pool nope does not exist", "members[3]"), (3, "pool nope", None)),
-        (BadInput("members[0]: bad x", "members[0].resources.gpu"), (0, "bad x", "resources.gpu")),
-        (BadInput("members[9]: beyond the batch", "members[9]"), None),
-        (BadInput("members must be an array", "members"), None),
-    ],
-)
-def test_member_error_takes_off_the_members_prefix(
-    error: BadInput, expected: tuple[int, str, str | None] | None
-) -> None:
-    named = member_error(error, 4)
-    if expected is None:
-        assert named is None
-        return
-    assert named is not None
-    index, single = named
-    assert type(single) is type(error)
-    assert (index, single.message.split(" does")[0], single.field) == expected
-
-
-# --- coalesced releases (docs/api.md, "Coalesced releases") ----------------------------------
 
 
 async def test_concurrent_releases_each_get_their_own_answer_and_error(server: Server) -> None:
