@@ -14,7 +14,7 @@ import pytest
 
 from support.http import ok
 from support.server import Server, running_server
-from tests.client.test_run import _until
+from support.wait import wait_until
 
 
 @pytest.fixture
@@ -65,7 +65,15 @@ async def test_closed_output_pipe_neither_stops_cmd_nor_the_release(
     finally:
         os.close(write_end)
         err_file.close()
-    queued = await _until(lambda: _borrower_request(live))
+    seen: list[dict[str, Any]] = []
+
+    async def queued_yet() -> bool:
+        request = await _borrower_request(live)
+        seen.extend([request] if request else [])
+        return request is not None
+
+    await wait_until(queued_yet, "the wrapper's request")
+    queued = seen[-1]
     assert queued["status"] == "queued"
     if reader == "head -1":
         if "stderr" in streams:  # the queued line came through, then the reader left
