@@ -4,7 +4,7 @@
 --
 -- Units held by victims in their grace period (`preempting`) count as already gone, and units
 -- earmarked for the requests they were preempted for count as already taken: respool._usage
--- (031_usage.sql) does that arithmetic. Without a grace period both are zero. Victim choice and
+-- (038_usage.sql) does that arithmetic. Without a grace period both are zero. Victim choice and
 -- shrink enforcement are in 070_victims.sql.
 
 CREATE OR REPLACE FUNCTION respool._preempt_member(p_victim_id uuid, p_reason text, p_message text, p_now timestamptz)
