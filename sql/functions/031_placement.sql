@@ -108,6 +108,10 @@ CREATE OR REPLACE FUNCTION respool._fit_node(p_resources jsonb, p_preemptible bo
                                              OUT fits boolean, OUT node_id uuid)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
+    -- The fit decision of every grant. p_selector NULL leaves the node rule to the caller, which
+    -- places a gang member by member. Without nodes, k requests of one shape fit together exactly
+    -- when one of k times the need fits (every rule is "used + need <= bound"); with nodes,
+    -- respool._node_slots bounds them.
     fits := respool._blocker(p_resources, p_preemptible, p_pool_id, p_policy_id) IS NULL
             AND respool._leaves_earmarks(p_resources, p_pool_id, p_request_id, p_earmark_pool_id);
     IF fits AND p_selector IS NOT NULL AND respool._pool_has_nodes(p_pool_id) THEN
@@ -116,7 +120,7 @@ BEGIN
     END IF;
 END $$;
 COMMENT ON FUNCTION respool._fit_node(jsonb, boolean, uuid, uuid, uuid, uuid, jsonb) IS
-    'THE fit decision of every grant: fits is true when p_resources (preemptible or not) of the subject of policy p_policy_id fit what is free in pool p_pool_id now: admission rules 1-3 on the pool and policy counters (respool._blocker), the earmark rule (respool._leaves_earmarks; p_request_id / p_earmark_pool_id: the request''s id and earmark, NULL for a request of that shape not stored yet) and, in a pool with nodes, an active node matching p_selector with room for it: node_id, the node the grant goes to (respool._node_for; p_selector NULL: the node rule is left to the caller, which places a gang member by member). Without nodes, k requests of one shape fit together exactly when one of k times the need fits (every rule is "used + need <= bound"); with nodes, respool._node_slots bounds them. Read-only; the caller holds the pool lock for the answer to stay true.';
+    'Whether p_resources (preemptible or not) of policy p_policy_id''s subject fit what is free in pool p_pool_id now: admission rules 1-3 (respool._blocker), the earmark rule (respool._leaves_earmarks; p_request_id / p_earmark_pool_id: the request''s id and earmark, NULL for one not stored yet) and, in a pool with nodes, an active node matching p_selector with room: node_id, the node respool._node_for chooses (p_selector NULL: no node check). Read-only; true only while the caller holds the pool lock.';
 
 CREATE OR REPLACE FUNCTION respool._fits(p_resources jsonb, p_preemptible boolean, p_pool_id uuid, p_policy_id uuid,
                                          p_request_id uuid DEFAULT NULL, p_earmark_pool_id uuid DEFAULT NULL,
@@ -243,6 +247,8 @@ DECLARE
     v_node uuid;
     v_gang_nodes uuid[] := '{}';
 BEGIN
+    -- The caller checked respool._fit_node first. RP501 (a gang that cannot be placed member by
+    -- member) is for the caller's subtransaction to take the whole grant back.
     -- The charge: one guarded statement per counter table for all of them.
     IF cardinality(p_granted) = 1 THEN
         PERFORM respool._move_units(p_pool_id, p_policy_id, p_granted[1].resources, p_granted[1].np_charge, 1);
@@ -270,7 +276,7 @@ BEGIN
     END LOOP;
 END $$;
 COMMENT ON FUNCTION respool._place(uuid, uuid, respool.requests[], uuid[]) IS
-    'Places requests the caller has just moved to allocated (in a pool it has locked, under one policy): charges their resources (np_charge: the non-preemptible part) on the pool''s and the policy''s counters in one guarded statement per table, RP500 rather than over-allocate; in a pool with nodes puts each, in order, on its node (p_nodes[i] when the caller''s respool._fit_node chose it, else the one respool._node_for chooses now) and its first free devices (respool._place_on_node; gang members with distinct_nodes on different nodes), RP501 when one fits no node (a gang that cannot be placed member by member: the caller''s subtransaction takes it back). The caller checked respool._fit_node first. The counterpart is respool._unplace.';
+    'Places requests the caller has just moved to allocated, in a pool it has locked, under one policy: charges their resources (np_charge: the non-preemptible part) on the pool''s and policy''s counters, RP500 rather than over-allocate; in a pool with nodes puts each, in order, on p_nodes[i] or else the node respool._node_for chooses now, with its devices (respool._place_on_node; distinct_nodes gang members on different nodes), RP501 when one fits no node. Counterpart: respool._unplace.';
 
 CREATE OR REPLACE FUNCTION respool._unplace(p_request_id uuid)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -338,6 +344,10 @@ DECLARE
     v_need bigint[];
     v_hard integer;  -- keys of the request a node must track (non-soft keys)
 BEGIN
+    -- The node rule: node used + need <= node capacity for every key the node tracks; a soft key
+    -- the node lacks is unbounded, any other key it lacks has room 0. Order: pack takes the node
+    -- left with the fewest free units of the request's device keys (keys the node names devices
+    -- for) once it is placed, then the fewest left over its keys, then the name; spread the most.
     SELECT placement = 'spread' INTO v_spread FROM respool.pools WHERE id = p_pool_id;
     IF p_request_id IS NOT NULL THEN
         SELECT earmark_node_id INTO v_mine FROM respool.requests WHERE id = p_request_id;
@@ -374,7 +384,7 @@ BEGIN
          LIMIT 1);
 END $$;
 COMMENT ON FUNCTION respool._node_for(uuid, jsonb, jsonb, uuid, uuid[]) IS
-    'The node a grant of p_resources goes to in a pool with nodes (docs/placement.md), NULL when none fits now: an active node of the pool, not in p_exclude, matching the selector, where every key of the request fits (node used + need <= node capacity; a soft key the node lacks is unbounded, any other key it lacks has room 0) and that leaves units earmarked on it for other requests to them. The node earmarked for p_request_id first; then the pool''s placement: pack takes the node left with the fewest free units of the request''s device keys (keys the node names devices for) once it is placed, then the fewest left over its keys, then the name; spread the most. Read-only; the caller holds the pool lock.';
+    'The node a grant of p_resources goes to in a pool with nodes (docs/placement.md), NULL when none fits now: an active node of the pool, not in p_exclude, matching the selector, where every key of the request fits (the node rule) and that leaves units earmarked on it for other requests to them. The node earmarked for p_request_id first; then the pool''s placement order (pack: least left over once placed; spread: most). Read-only; the caller holds the pool lock.';
 
 CREATE OR REPLACE FUNCTION respool._node_leaves_earmarks(p_node_id uuid, p_resources jsonb, p_request_id uuid)
 RETURNS boolean LANGUAGE plpgsql STABLE AS $$

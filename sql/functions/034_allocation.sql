@@ -147,6 +147,8 @@ DECLARE
     v_prefix integer := 0;
     c record;
 BEGIN
+    -- Only for a pass without earmarks or a starvation hold (those need the per-request checks:
+    -- the caller, respool.allocate_pool, decides). The bound is the next other shape's head.
     -- How many requests of the shape fit together, before reading the queue: k of them fit the
     -- pool's and the policy's counters exactly when one request of k times the need does
     -- (respool._fits without the node rule). The pool's free units divided by the need bound k
@@ -210,7 +212,7 @@ BEGIN
     RETURN v_run;
 END $$;
 COMMENT ON FUNCTION respool._grant_run(uuid, uuid, boolean, jsonb, jsonb, timestamptz, uuid, timestamptz, uuid, timestamptz) IS
-    'Set-based grants for a pass of a pool the caller has locked: of one queue shape''s entries (resources and node selector) from a given one on and before a bound (the next other shape''s head), as many as fit together (at least two, else none; at most respool._max_batch()) are locked without waiting and granted in one respool._grant_many; stops before a gang entry and before an entry locked or taken elsewhere. Reads only the entries it grants (plus one), never the rest of the queue. Returns the granted ids in queue order. Only for a pass without earmarks or a starvation hold (those need the per-request checks).';
+    'Set-based grants in a pass of a pool the caller has locked: of one queue shape''s entries (resources and node selector) from (p_from_at, p_from_id) on and before (p_before_at, p_before_id) (NULL: no bound), as many as fit together (at least two, else none; at most respool._max_batch()) are locked without waiting and granted in one respool._grant_many, stopping before a gang entry or an entry locked or taken elsewhere. Reads only the entries it grants, plus one. Returns the granted ids in queue order.';
 
 CREATE OR REPLACE FUNCTION respool._grant_earmarked(p_pool_id uuid, p_now timestamptz)
 RETURNS integer LANGUAGE plpgsql AS $$
