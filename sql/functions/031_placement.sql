@@ -108,6 +108,10 @@ CREATE OR REPLACE FUNCTION respool._fit_node(p_resources jsonb, p_preemptible bo
                                              OUT fits boolean, OUT node_id uuid)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
+    -- The fit decision of every grant. p_selector NULL leaves the node rule to the caller, which
+    -- places a gang member by member. Without nodes, k requests of one shape fit together exactly
+    -- when one of k times the need fits (every rule is "used + need <= bound"); with nodes,
+    -- respool._node_slots bounds them.
     fits := respool._blocker(p_resources, p_preemptible, p_pool_id, p_policy_id) IS NULL
             AND respool._leaves_earmarks(p_resources, p_pool_id, p_request_id, p_earmark_pool_id);
     IF fits AND p_selector IS NOT NULL AND respool._pool_has_nodes(p_pool_id) THEN
@@ -116,7 +120,7 @@ BEGIN
     END IF;
 END $$;
 COMMENT ON FUNCTION respool._fit_node(jsonb, boolean, uuid, uuid, uuid, uuid, jsonb) IS
-    'THE fit decision of every grant: fits is true when p_resources (preemptible or not) of the subject of policy p_policy_id fit what is free in pool p_pool_id now: admission rules 1-3 on the pool and policy counters (respool._blocker), the earmark rule (respool._leaves_earmarks; p_request_id / p_earmark_pool_id: the request''s id and earmark, NULL for a request of that shape not stored yet) and, in a pool with nodes, an active node matching p_selector with room for it: node_id, the node the grant goes to (respool._node_for; p_selector NULL: the node rule is left to the caller, which places a gang member by member). Without nodes, k requests of one shape fit together exactly when one of k times the need fits (every rule is "used + need <= bound"); with nodes, respool._node_slots bounds them. Read-only; the caller holds the pool lock for the answer to stay true.';
+    'Whether p_resources (preemptible or not) of policy p_policy_id''s subject fit what is free in pool p_pool_id now: admission rules 1-3 (respool._blocker), the earmark rule (respool._leaves_earmarks; p_request_id / p_earmark_pool_id: the request''s id and earmark, NULL for one not stored yet) and, in a pool with nodes, an active node matching p_selector with room: node_id, the node respool._node_for chooses (p_selector NULL: no node check). Read-only; true only while the caller holds the pool lock.';
 
 CREATE OR REPLACE FUNCTION respool._fits(p_resources jsonb, p_preemptible boolean, p_pool_id uuid, p_policy_id uuid,
                                          p_request_id uuid DEFAULT NULL, p_earmark_pool_id uuid DEFAULT NULL,
@@ -243,6 +247,8 @@ DECLARE
     v_node uuid;
     v_gang_nodes uuid[] := '{}';
 BEGIN
+    -- The caller checked respool._fit_node first. RP501 (a gang that cannot be placed member by
+    -- member) is for the caller's subtransaction to take the whole grant back.
     -- The charge: one guarded statement per counter table for all of them.
     IF cardinality(p_granted) = 1 THEN
         PERFORM respool._move_units(p_pool_id, p_policy_id, p_granted[1].resources, p_granted[1].np_charge, 1);
@@ -270,7 +276,7 @@ BEGIN
     END LOOP;
 END $$;
 COMMENT ON FUNCTION respool._place(uuid, uuid, respool.requests[], uuid[]) IS
-    'Places requests the caller has just moved to allocated (in a pool it has locked, under one policy): charges their resources (np_charge: the non-preemptible part) on the pool''s and the policy''s counters in one guarded statement per table, RP500 rather than over-allocate; in a pool with nodes puts each, in order, on its node (p_nodes[i] when the caller''s respool._fit_node chose it, else the one respool._node_for chooses now) and its first free devices (respool._place_on_node; gang members with distinct_nodes on different nodes), RP501 when one fits no node (a gang that cannot be placed member by member: the caller''s subtransaction takes it back). The caller checked respool._fit_node first. The counterpart is respool._unplace.';
+    'Places requests the caller has just moved to allocated, in a pool it has locked, under one policy: charges their resources (np_charge: the non-preemptible part) on the pool''s and policy''s counters, RP500 rather than over-allocate; in a pool with nodes puts each, in order, on p_nodes[i] or else the node respool._node_for chooses now, with its devices (respool._place_on_node; distinct_nodes gang members on different nodes), RP501 when one fits no node. Counterpart: respool._unplace.';
 
 CREATE OR REPLACE FUNCTION respool._unplace(p_request_id uuid)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -338,6 +344,10 @@ DECLARE
     v_need bigint[];
     v_hard integer;  -- keys of the request a node must track (non-soft keys)
 BEGIN
+    -- The node rule: node used + need <= node capacity for every key the node tracks; a soft key
+    -- the node lacks is unbounded, any other key it lacks has room 0. Order: pack takes the node
+    -- left with the fewest free units of the request's device keys (keys the node names devices
+    -- for) once it is placed, then the fewest left over its keys, then the name; spread the most.
     SELECT placement = 'spread' INTO v_spread FROM respool.pools WHERE id = p_pool_id;
     IF p_request_id IS NOT NULL THEN
         SELECT earmark_node_id INTO v_mine FROM respool.requests WHERE id = p_request_id;
@@ -374,7 +384,7 @@ BEGIN
          LIMIT 1);
 END $$;
 COMMENT ON FUNCTION respool._node_for(uuid, jsonb, jsonb, uuid, uuid[]) IS
-    'The node a grant of p_resources goes to in a pool with nodes (docs/placement.md), NULL when none fits now: an active node of the pool, not in p_exclude, matching the selector, where every key of the request fits (node used + need <= node capacity; a soft key the node lacks is unbounded, any other key it lacks has room 0) and that leaves units earmarked on it for other requests to them. The node earmarked for p_request_id first; then the pool''s placement: pack takes the node left with the fewest free units of the request''s device keys (keys the node names devices for) once it is placed, then the fewest left over its keys, then the name; spread the most. Read-only; the caller holds the pool lock.';
+    'The node a grant of p_resources goes to in a pool with nodes (docs/placement.md), NULL when none fits now: an active node of the pool, not in p_exclude, matching the selector, where every key of the request fits (the node rule) and that leaves units earmarked on it for other requests to them. The node earmarked for p_request_id first; then the pool''s placement order (pack: least left over once placed; spread: most). Read-only; the caller holds the pool lock.';
 
 CREATE OR REPLACE FUNCTION respool._node_leaves_earmarks(p_node_id uuid, p_resources jsonb, p_request_id uuid)
 RETURNS boolean LANGUAGE plpgsql STABLE AS $$
@@ -470,42 +480,14 @@ RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 12 $$;
 COMMENT ON FUNCTION respool._gang_max_exact() IS
     'The largest gang whose arrangement on nodes is searched exactly (respool._gang_arrangement); larger gangs are judged by a necessary condition only (docs/placement.md).';
 
-CREATE OR REPLACE FUNCTION respool._gang_arrangement(p_pool_id uuid, p_needs jsonb[], p_selector jsonb,
-                                                     p_distinct boolean, p_now boolean,
-                                                     p_request_id uuid DEFAULT NULL,
-                                                     OUT placeable boolean, OUT nodes uuid[])
+CREATE OR REPLACE FUNCTION respool._gang_rooms(p_pool_id uuid, p_keys text[], p_selector jsonb, p_now boolean,
+                                               p_request_id uuid, OUT node_ids uuid[], OUT room bigint[])
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    v_keys text[];
-    v_nk integer;
-    v_node_ids uuid[];
-    v_nn integer;
-    v_m integer := coalesce(cardinality(p_needs), 0);
-    room bigint[];      -- room[(n-1)*K + k]: what node n has left of key k (soft key it lacks: unbounded)
-    need bigint[];      -- need[(m-1)*K + k]
-    ord integer[];      -- members, largest first
-    choice integer[];
-    lob integer[];      -- per depth: the first node its member may take
-    used boolean[];
-    d integer;
-    m integer;
-    lo integer;
-    found integer;
-    ok boolean;
-    same boolean;
-    v_steps integer := 0;
     v_earmarks boolean;
     big constant bigint := 9223372036854775807;
     r record;
 BEGIN
-    nodes := NULL;
-    IF v_m = 0 THEN
-        placeable := true;
-        RETURN;
-    END IF;
-    SELECT array_agg(DISTINCT x.key ORDER BY x.key) INTO v_keys
-      FROM unnest(p_needs) nm CROSS JOIN LATERAL jsonb_each_text(nm) x WHERE x.value::bigint > 0;
-    v_nk := coalesce(cardinality(v_keys), 0);
     -- The candidate nodes: p_now, the active ones with what is free on them now (net of units
     -- earmarked there for other requests, victims in their grace period counted as gone);
     -- otherwise every node of the pool in any state, empty. In the pool's placement order
@@ -514,7 +496,7 @@ BEGIN
                                      WHERE b.earmark_pool_id = p_pool_id AND b.status = 'queued'
                                        AND b.earmark_node_id IS NOT NULL AND b.id IS DISTINCT FROM p_request_id);
     room := '{}';
-    v_node_ids := '{}';
+    node_ids := '{}';
     FOR r IN
         SELECT n.id,
                ARRAY(SELECT CASE WHEN nr.key IS NULL THEN CASE WHEN respool._is_soft_key(k.key) THEN big ELSE 0 END
@@ -529,76 +511,96 @@ BEGIN
                                                           JOIN respool.requests v ON v.id = pl.request_id
                                                          WHERE pl.node_id = n.id AND v.status = 'preempting'), 0))
                                              ELSE 0 END END
-                       FROM unnest(v_keys) WITH ORDINALITY k(key, i)
+                       FROM unnest(p_keys) WITH ORDINALITY k(key, i)
                        LEFT JOIN respool.node_resources nr ON nr.node_id = n.id AND nr.key = k.key
                       ORDER BY k.i) AS rm,
                (SELECT coalesce(sum(nr.capacity - CASE WHEN p_now THEN nr.used ELSE 0 END), 0)
-                  FROM respool.node_resources nr WHERE nr.node_id = n.id AND nr.key = ANY (v_keys)) AS free
+                  FROM respool.node_resources nr WHERE nr.node_id = n.id AND nr.key = ANY (p_keys)) AS free
           FROM respool.nodes n
          WHERE n.pool_id = p_pool_id AND (NOT p_now OR n.state = 'active')
            AND respool._node_matches(n.name, n.labels, p_selector)
          ORDER BY CASE WHEN (SELECT placement FROM respool.pools WHERE id = p_pool_id) = 'spread' THEN -1 ELSE 1 END
                   * (SELECT coalesce(sum(nr.capacity - CASE WHEN p_now THEN nr.used ELSE 0 END), 0)
-                       FROM respool.node_resources nr WHERE nr.node_id = n.id AND nr.key = ANY (v_keys)),
+                       FROM respool.node_resources nr WHERE nr.node_id = n.id AND nr.key = ANY (p_keys)),
                   n.name
     LOOP
-        v_node_ids := v_node_ids || r.id;
+        node_ids := node_ids || r.id;
         room := room || r.rm;
     END LOOP;
-    v_nn := cardinality(v_node_ids);
-    need := ARRAY(SELECT coalesce((p_needs[i] ->> k.key)::bigint, 0)
-                    FROM generate_series(1, v_m) i CROSS JOIN unnest(v_keys) WITH ORDINALITY k(key, j)
-                   ORDER BY i, k.j);
-    IF v_nn = 0 OR (p_distinct AND v_nn < v_m) THEN
-        placeable := false;
-        RETURN;
-    END IF;
-    IF v_m > respool._gang_max_exact() THEN
-        -- A necessary condition only (a large gang): per key the members' sum fits the nodes'
-        -- sum, and the nodes can hold as many members as there are, a node at most as many as
-        -- its room holds of the smallest needs of every key (distinct_nodes: one).
-        placeable := NOT EXISTS (
-                SELECT FROM generate_series(1, v_nk) k
-                 WHERE (SELECT sum(need[(i - 1) * v_nk + k]) FROM generate_series(1, v_m) i)
-                       > (SELECT sum(least(room[(n - 1) * v_nk + k], big / (v_nn + 1))) FROM generate_series(1, v_nn) n))
-            AND (SELECT sum(c.cnt) FROM (
-                    SELECT (SELECT CASE WHEN p_distinct THEN least(min(s.cnt), 1) ELSE min(s.cnt) END FROM (
-                              SELECT k, (SELECT count(*) FROM (
-                                           SELECT sum(need[(i - 1) * v_nk + k]) OVER (ORDER BY need[(i - 1) * v_nk + k], i) AS run
-                                             FROM generate_series(1, v_m) i) p
-                                          WHERE p.run <= room[(n - 1) * v_nk + k]) AS cnt
-                                FROM generate_series(1, v_nk) k) s) AS cnt
-                      FROM generate_series(1, v_nn) n) c) >= v_m;
-        RETURN;
-    END IF;
-    -- Exact: depth-first over the members, largest first (by their share of the largest room
-    -- of each key); alike members take nodes in increasing order and nodes with alike rooms are
-    -- tried once per member (both only cut arrangements that mirror one already tried).
-    ord := ARRAY(SELECT i FROM generate_series(1, v_m) i
-                  ORDER BY (SELECT sum(need[(i - 1) * v_nk + k]::double precision
-                                       / greatest(1, (SELECT max(least(room[(n - 1) * v_nk + k], big / 2))
-                                                        FROM generate_series(1, v_nn) n)))
-                              FROM generate_series(1, v_nk) k) DESC, i);
-    choice := array_fill(0, ARRAY[v_m]);
-    lob := array_fill(1, ARRAY[v_m]);
-    used := array_fill(false, ARRAY[v_nn]);
+END $$;
+COMMENT ON FUNCTION respool._gang_rooms(uuid, text[], jsonb, boolean, uuid) IS
+    'The nodes of a pool matching p_selector a gang may use, in the pool''s placement order, and each one''s room of p_keys, flattened (room[(n-1)*K + k]; a soft key the node lacks is unbounded, any other key it lacks has room 0). p_now: the active nodes, free units now net of earmarks held there for requests other than p_request_id; else every node in any state, empty. Read-only.';
+
+CREATE OR REPLACE FUNCTION respool._gang_bound(p_need bigint[], p_room bigint[], p_nk integer, p_m integer,
+                                               p_nn integer, p_distinct boolean)
+RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    big constant bigint := 9223372036854775807;
+BEGIN
+    -- Per key the members' sum fits the nodes' sum (unbounded rooms capped so the sum does not
+    -- overflow), and the nodes can hold as many members as there are, a node at most as many as
+    -- its room holds of the smallest needs of every key (distinct_nodes: one).
+    RETURN NOT EXISTS (
+            SELECT FROM generate_series(1, p_nk) k
+             WHERE (SELECT sum(p_need[(i - 1) * p_nk + k]) FROM generate_series(1, p_m) i)
+                   > (SELECT sum(least(p_room[(n - 1) * p_nk + k], big / (p_nn + 1))) FROM generate_series(1, p_nn) n))
+        AND (SELECT sum(c.cnt) FROM (
+                SELECT (SELECT CASE WHEN p_distinct THEN least(min(s.cnt), 1) ELSE min(s.cnt) END FROM (
+                          SELECT k, (SELECT count(*) FROM (
+                                       SELECT sum(p_need[(i - 1) * p_nk + k]) OVER (ORDER BY p_need[(i - 1) * p_nk + k], i) AS run
+                                         FROM generate_series(1, p_m) i) p
+                                      WHERE p.run <= p_room[(n - 1) * p_nk + k]) AS cnt
+                            FROM generate_series(1, p_nk) k) s) AS cnt
+                  FROM generate_series(1, p_nn) n) c) >= p_m;
+END $$;
+COMMENT ON FUNCTION respool._gang_bound(bigint[], bigint[], integer, integer, integer, boolean) IS
+    'A necessary condition for p_m members (needs flattened p_nk per member) to be arranged on p_nn nodes (rooms flattened p_nk per node), each on one node (p_distinct: different ones): per key the needs'' sum fits the rooms'' sum, and the nodes together can take p_m members. False means no arrangement exists; true decides nothing.';
+
+CREATE OR REPLACE FUNCTION respool._gang_search(p_need bigint[], p_room bigint[], p_nk integer, p_m integer,
+                                                p_nn integer, p_distinct boolean)
+RETURNS integer[] LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    room bigint[] := p_room;
+    ord integer[];      -- members, largest first
+    choice integer[];
+    lob integer[];      -- per depth: the first node its member may take
+    used boolean[];
+    d integer;
+    m integer;
+    lo integer;
+    found integer;
+    ok boolean;
+    same boolean;
+    v_steps integer := 0;
+    big constant bigint := 9223372036854775807;
+BEGIN
+    -- Depth-first over the members, largest first (by their share of the largest room of each
+    -- key); alike members take nodes in increasing order and nodes with alike rooms are tried
+    -- once per member (both only cut arrangements that mirror one already tried).
+    ord := ARRAY(SELECT i FROM generate_series(1, p_m) i
+                  ORDER BY (SELECT sum(p_need[(i - 1) * p_nk + k]::double precision
+                                       / greatest(1, (SELECT max(least(room[(n - 1) * p_nk + k], big / 2))
+                                                        FROM generate_series(1, p_nn) n)))
+                              FROM generate_series(1, p_nk) k) DESC, i);
+    choice := array_fill(0, ARRAY[p_m]);
+    lob := array_fill(1, ARRAY[p_m]);
+    used := array_fill(false, ARRAY[p_nn]);
     d := 1;
     LOOP
         v_steps := v_steps + 1;
         IF v_steps > 20000 THEN
-            placeable := NULL;  -- undecided within the budget: the caller treats it as may fit
-            RETURN;
+            RETURN NULL;  -- undecided within the budget
         END IF;
         m := ord[d];
         IF choice[d] > 0 THEN  -- take the member back from the node it was on, try the next
-            FOR k IN 1..v_nk LOOP
-                IF room[(choice[d] - 1) * v_nk + k] <> big THEN
-                    room[(choice[d] - 1) * v_nk + k] := room[(choice[d] - 1) * v_nk + k] + need[(m - 1) * v_nk + k];
+            FOR k IN 1..p_nk LOOP
+                IF room[(choice[d] - 1) * p_nk + k] <> big THEN
+                    room[(choice[d] - 1) * p_nk + k] := room[(choice[d] - 1) * p_nk + k] + p_need[(m - 1) * p_nk + k];
                 END IF;
             END LOOP;
             used[choice[d]] := false;
             lo := choice[d] + 1;
-        ELSIF d > 1 AND need[(m - 1) * v_nk + 1:m * v_nk] = need[(ord[d - 1] - 1) * v_nk + 1:ord[d - 1] * v_nk] THEN
+        ELSIF d > 1 AND p_need[(m - 1) * p_nk + 1:m * p_nk] = p_need[(ord[d - 1] - 1) * p_nk + 1:ord[d - 1] * p_nk] THEN
             lo := choice[d - 1] + CASE WHEN p_distinct THEN 1 ELSE 0 END;
             lob[d] := lo;
         ELSE
@@ -606,11 +608,11 @@ BEGIN
             lob[d] := lo;
         END IF;
         found := 0;
-        FOR n IN lo..v_nn LOOP
+        FOR n IN lo..p_nn LOOP
             CONTINUE WHEN p_distinct AND used[n];
             ok := true;
-            FOR k IN 1..v_nk LOOP
-                IF need[(m - 1) * v_nk + k] > room[(n - 1) * v_nk + k] THEN
+            FOR k IN 1..p_nk LOOP
+                IF p_need[(m - 1) * p_nk + k] > room[(n - 1) * p_nk + k] THEN
                     ok := false;
                     EXIT;
                 END IF;
@@ -619,7 +621,7 @@ BEGIN
             same := false;
             FOR n2 IN lob[d]..n - 1 LOOP
                 IF NOT (p_distinct AND used[n2])
-                   AND room[(n2 - 1) * v_nk + 1:n2 * v_nk] = room[(n - 1) * v_nk + 1:n * v_nk] THEN
+                   AND room[(n2 - 1) * p_nk + 1:n2 * p_nk] = room[(n - 1) * p_nk + 1:n * p_nk] THEN
                     same := true;
                     EXIT;
                 END IF;
@@ -632,25 +634,73 @@ BEGIN
             choice[d] := 0;
             d := d - 1;
             IF d = 0 THEN
-                placeable := false;
-                RETURN;
+                RETURN '{}';
             END IF;
         ELSE
-            FOR k IN 1..v_nk LOOP
-                IF room[(found - 1) * v_nk + k] <> big THEN
-                    room[(found - 1) * v_nk + k] := room[(found - 1) * v_nk + k] - need[(m - 1) * v_nk + k];
+            FOR k IN 1..p_nk LOOP
+                IF room[(found - 1) * p_nk + k] <> big THEN
+                    room[(found - 1) * p_nk + k] := room[(found - 1) * p_nk + k] - p_need[(m - 1) * p_nk + k];
                 END IF;
             END LOOP;
             used[found] := true;
             choice[d] := found;
             d := d + 1;
-            IF d > v_m THEN
-                placeable := true;
-                nodes := ARRAY(SELECT v_node_ids[choice[array_position(ord, i)]] FROM generate_series(1, v_m) i);
-                RETURN;
+            IF d > p_m THEN
+                RETURN ARRAY(SELECT choice[array_position(ord, i)] FROM generate_series(1, p_m) i);
             END IF;
         END IF;
     END LOOP;
 END $$;
+COMMENT ON FUNCTION respool._gang_search(bigint[], bigint[], integer, integer, integer, boolean) IS
+    'An exact, bounded search (at most 20,000 steps) for an arrangement of p_m members (needs flattened p_nk per member) on p_nn nodes (rooms flattened p_nk per node; a room of the bigint maximum is unbounded), each member on one node (p_distinct: different ones), every key fitting. Returns the node index of each member in member order, ''{}'' when none exists, NULL when undecided within the step budget.';
+
+CREATE OR REPLACE FUNCTION respool._gang_arrangement(p_pool_id uuid, p_needs jsonb[], p_selector jsonb,
+                                                     p_distinct boolean, p_now boolean,
+                                                     p_request_id uuid DEFAULT NULL,
+                                                     OUT placeable boolean, OUT nodes uuid[])
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_keys text[];
+    v_nk integer;
+    v_node_ids uuid[];
+    v_nn integer;
+    v_m integer := coalesce(cardinality(p_needs), 0);
+    v_room bigint[];    -- v_room[(n-1)*K + k]: what node n has left of key k
+    v_need bigint[];    -- v_need[(m-1)*K + k]
+    v_choice integer[];
+BEGIN
+    nodes := NULL;
+    IF v_m = 0 THEN
+        placeable := true;
+        RETURN;
+    END IF;
+    SELECT array_agg(DISTINCT x.key ORDER BY x.key) INTO v_keys
+      FROM unnest(p_needs) nm CROSS JOIN LATERAL jsonb_each_text(nm) x WHERE x.value::bigint > 0;
+    v_nk := coalesce(cardinality(v_keys), 0);
+    SELECT g.node_ids, g.room INTO v_node_ids, v_room
+      FROM respool._gang_rooms(p_pool_id, v_keys, p_selector, p_now, p_request_id) g;
+    v_nn := cardinality(v_node_ids);
+    v_need := ARRAY(SELECT coalesce((p_needs[i] ->> k.key)::bigint, 0)
+                      FROM generate_series(1, v_m) i CROSS JOIN unnest(v_keys) WITH ORDINALITY k(key, j)
+                     ORDER BY i, k.j);
+    IF v_nn = 0 OR (p_distinct AND v_nn < v_m) THEN
+        placeable := false;
+        RETURN;
+    END IF;
+    IF v_m > respool._gang_max_exact() THEN
+        -- A large gang: a necessary condition only.
+        placeable := respool._gang_bound(v_need, v_room, v_nk, v_m, v_nn, p_distinct);
+        RETURN;
+    END IF;
+    v_choice := respool._gang_search(v_need, v_room, v_nk, v_m, v_nn, p_distinct);
+    IF v_choice IS NULL THEN
+        placeable := NULL;  -- undecided within the budget: the caller treats it as may fit
+    ELSIF v_choice = '{}' THEN
+        placeable := false;
+    ELSE
+        placeable := true;
+        nodes := ARRAY(SELECT v_node_ids[c] FROM unnest(v_choice) WITH ORDINALITY u(c, i) ORDER BY u.i);
+    END IF;
+END $$;
 COMMENT ON FUNCTION respool._gang_arrangement(uuid, jsonb[], jsonb, boolean, boolean, uuid) IS
-    'Whether a gang''s members (p_needs, in member order) can be arranged on the nodes of a pool matching p_selector, each member on one node (with p_distinct on different nodes), every key of a member fitting its node (a soft key the node lacks is unbounded, any other key it lacks has room 0). p_now: on the active nodes'' free units now (net of units earmarked there for other requests), and nodes gives the node of each member; else on every node in any state, empty (can the gang ever be placed). Exact for gangs of up to respool._gang_max_exact() members (a bounded depth-first search; placeable NULL when it runs out of steps: undecided); above, placeable is a necessary condition only (per key the sum fits, and the nodes can hold as many members) and nodes is NULL. Read-only.';
+    'Whether a gang''s members (p_needs, in member order) can be arranged on the nodes of a pool matching p_selector, each on one node (p_distinct: different ones), every key fitting (the node rule of respool._gang_rooms). p_now: on the active nodes'' free units now, net of earmarks for other requests, and nodes gives each member''s node; else on every node, empty. Exact up to respool._gang_max_exact() members (placeable NULL: undecided within the search budget); above, a necessary condition only, nodes NULL. Read-only.';

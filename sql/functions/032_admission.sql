@@ -32,6 +32,11 @@ DECLARE
     v_matching integer;
     v_bad record;
 BEGIN
+    -- Could hold: no amount above the node capacity of a key, no non-soft key the node lacks
+    -- (respool._node_could_hold). A gang is judged member by member; with distinct_nodes it needs
+    -- as many matching nodes that could hold a member as members; and an arrangement of all its
+    -- members on the matching nodes, empty (exact for small gangs, a necessary condition for
+    -- large ones).
     v_pool := (SELECT name FROM respool.pools WHERE id = p_pool_id);
     IF NOT respool._pool_has_nodes(p_pool_id) THEN
         -- A selector selects nodes: a pool without nodes is no candidate for it (docs/placement.md).
@@ -111,7 +116,7 @@ BEGIN
     END IF;
 END $$;
 COMMENT ON FUNCTION respool._node_rejection(uuid, jsonb, jsonb, uuid) IS
-    'The node rule of the rejection table (docs/placement.md): in a pool with nodes, no_fitting_node when no node of the pool in any state could ever hold the request: none matches the selector, or no matching node could hold all its amounts at once even empty (an amount above the node capacity of a key, or a non-soft key the node lacks: respool._node_could_hold); a gang (p_request_id a member) is judged member by member, with distinct_nodes needs as many matching nodes that could hold a member as members, and needs an arrangement of all its members on the matching nodes, empty (respool._gang_arrangement: exact for small gangs, a necessary condition for large ones). In a pool without nodes: no_fitting_node for a request with a node selector (no node can match), (NULL, NULL) otherwise. Read-only.';
+    'The node rule of the rejection table (docs/placement.md). In a pool with nodes: no_fitting_node when no node of the pool, in any state and empty, could ever hold the request (none matches the selector, or none could hold all its amounts at once); a gang (p_request_id a member) also when its members could never be arranged on the matching nodes (respool._gang_arrangement). In a pool without nodes: no_fitting_node for a request with a node selector. Else (NULL, NULL). Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._rejection(p_resources jsonb, p_preemptible boolean, p_pool_id uuid,
                                               p_policy_id uuid, p_selector jsonb DEFAULT '{}',

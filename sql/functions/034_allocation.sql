@@ -147,6 +147,8 @@ DECLARE
     v_prefix integer := 0;
     c record;
 BEGIN
+    -- Only for a pass without earmarks or a starvation hold (those need the per-request checks:
+    -- the caller, respool.allocate_pool, decides). The bound is the next other shape's head.
     -- How many requests of the shape fit together, before reading the queue: k of them fit the
     -- pool's and the policy's counters exactly when one request of k times the need does
     -- (respool._fits without the node rule). The pool's free units divided by the need bound k
@@ -210,7 +212,58 @@ BEGIN
     RETURN v_run;
 END $$;
 COMMENT ON FUNCTION respool._grant_run(uuid, uuid, boolean, jsonb, jsonb, timestamptz, uuid, timestamptz, uuid, timestamptz) IS
-    'Set-based grants for a pass of a pool the caller has locked: of one queue shape''s entries (resources and node selector) from a given one on and before a bound (the next other shape''s head), as many as fit together (at least two, else none; at most respool._max_batch()) are locked without waiting and granted in one respool._grant_many; stops before a gang entry and before an entry locked or taken elsewhere. Reads only the entries it grants (plus one), never the rest of the queue. Returns the granted ids in queue order. Only for a pass without earmarks or a starvation hold (those need the per-request checks).';
+    'Set-based grants in a pass of a pool the caller has locked: of one queue shape''s entries (resources and node selector) from (p_from_at, p_from_id) on and before (p_before_at, p_before_id) (NULL: no bound), as many as fit together (at least two, else none; at most respool._max_batch()) are locked without waiting and granted in one respool._grant_many, stopping before a gang entry or an entry locked or taken elsewhere. Reads only the entries it grants, plus one. Returns the granted ids in queue order.';
+
+CREATE OR REPLACE FUNCTION respool._grant_earmarked(p_pool_id uuid, p_now timestamptz)
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    e record;
+    granted integer := 0;
+BEGIN
+    FOR e IN SELECT r.id AS request_id, q.policy_id
+               FROM respool.requests r
+               JOIN respool.queue_entries q ON q.request_id = r.id AND q.pool_id = p_pool_id
+              WHERE r.earmark_pool_id = p_pool_id AND r.status = 'queued'
+              ORDER BY r.queued_at, r.id LOOP
+        IF respool._try_grant(e.request_id, p_pool_id, e.policy_id, p_now) = 'granted' THEN
+            granted := granted + 1;
+        END IF;
+    END LOOP;
+    RETURN granted;
+END $$;
+COMMENT ON FUNCTION respool._grant_earmarked(uuid, timestamptz) IS
+    'Tries to grant, in queue-time order and one by one (respool._try_grant), every queued request holding an earmark in a pool the caller has locked. Returns the number granted.';
+
+CREATE OR REPLACE FUNCTION respool._best_head(p_rank bigint[], p_in_share boolean[], p_share double precision[],
+                                              p_at timestamptz[], p_id uuid[],
+                                              OUT best integer, OUT bound_at timestamptz, OUT bound_id uuid)
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    second integer;
+BEGIN
+    FOR i IN 1..coalesce(cardinality(p_id), 0) LOOP
+        CONTINUE WHEN p_id[i] IS NULL;  -- shape done for this pass
+        IF best IS NULL
+           OR (-p_rank[i], NOT p_in_share[i], p_share[i], p_at[i], p_id[i])
+              < (-p_rank[best], NOT p_in_share[best], p_share[best], p_at[best], p_id[best]) THEN
+            second := best;
+            best := i;
+        ELSIF second IS NULL
+           OR (-p_rank[i], NOT p_in_share[i], p_share[i], p_at[i], p_id[i])
+              < (-p_rank[second], NOT p_in_share[second], p_share[second], p_at[second], p_id[second]) THEN
+            second := i;
+        END IF;
+    END LOOP;
+    -- The bound of the best shape's run: the second-best head when it is of the same (rank,
+    -- in-share, share) class, else none (every entry of the best shape comes first).
+    IF second IS NOT NULL AND (p_rank[second], p_in_share[second], -p_share[second])
+                              = (p_rank[best], p_in_share[best], -p_share[best]) THEN
+        bound_at := p_at[second];
+        bound_id := p_id[second];
+    END IF;
+END $$;
+COMMENT ON FUNCTION respool._best_head(bigint[], boolean[], double precision[], timestamptz[], uuid[]) IS
+    'One merge step over the heads of a pool''s queue shapes (parallel arrays; a NULL id: shape done): best, the index of the head first in queue order (rank, in-share, share, queued_at, id), NULL when none is left; bound_at/bound_id, the next other head of the same (rank, in-share, share) class, NULL when there is none.';
 
 CREATE OR REPLACE FUNCTION respool.allocate_pool(p_pool_id uuid, p_now timestamptz DEFAULT now())
 RETURNS integer LANGUAGE plpgsql AS $$
@@ -222,7 +275,6 @@ DECLARE
     -- once it has waited starvation_seconds, the hold for it.
     v_head_seen boolean := false;
     v_hold respool.pool_hold;
-    e record;
     outcome text;
     granted integer := 0;
     g_policy uuid[];
@@ -236,8 +288,8 @@ DECLARE
     g_share double precision[];
     g_backfill boolean[];
     best integer;
-    second integer;
-    i integer;
+    bound_at timestamptz;   -- the end of the best shape's run (respool._best_head)
+    bound_id uuid;
     next_at timestamptz;
     next_id uuid;
     v_run uuid[];
@@ -250,15 +302,7 @@ BEGIN
     END IF;
     -- Requests that victims in their grace period were preempted for come first: the units
     -- those victims free are theirs (docs/preemption.md, earmarks), whatever the queue order or queueing mode.
-    FOR e IN SELECT r.id AS request_id, q.policy_id
-               FROM respool.requests r
-               JOIN respool.queue_entries q ON q.request_id = r.id AND q.pool_id = p_pool_id
-              WHERE r.earmark_pool_id = p_pool_id AND r.status = 'queued'
-              ORDER BY r.queued_at, r.id LOOP
-        IF respool._try_grant(e.request_id, p_pool_id, e.policy_id, p_now) = 'granted' THEN
-            granted := granted + 1;
-        END IF;
-    END LOOP;
+    granted := respool._grant_earmarked(p_pool_id, p_now);
     v_free := respool._free_units(p_pool_id);
     -- Set-based runs of one shape (respool._grant_run) unless earmarks are still pending here.
     v_runs := NOT EXISTS (SELECT FROM respool.requests WHERE earmark_pool_id = p_pool_id AND status = 'queued');
@@ -274,21 +318,8 @@ BEGIN
       INTO g_policy, g_preemptible, g_resources, g_priority, g_in_share, g_at, g_id, g_share, g_backfill, g_selector
       FROM respool._queue_groups(p_pool_id) g;
     LOOP
-        best := NULL;
-        second := NULL;
-        FOR i IN 1..cardinality(g_policy) LOOP
-            CONTINUE WHEN g_id[i] IS NULL;  -- shape done for this pass
-            IF best IS NULL
-               OR (-g_priority[i], NOT g_in_share[i], g_share[i], g_at[i], g_id[i])
-                  < (-g_priority[best], NOT g_in_share[best], g_share[best], g_at[best], g_id[best]) THEN
-                second := best;
-                best := i;
-            ELSIF second IS NULL
-               OR (-g_priority[i], NOT g_in_share[i], g_share[i], g_at[i], g_id[i])
-                  < (-g_priority[second], NOT g_in_share[second], g_share[second], g_at[second], g_id[second]) THEN
-                second := i;
-            END IF;
-        END LOOP;
+        SELECT h.best, h.bound_at, h.bound_id INTO best, bound_at, bound_id
+          FROM respool._best_head(g_priority, g_in_share, g_share, g_at, g_id) h;
         EXIT WHEN best IS NULL;
         -- Free units only shrink during a pass, and the limit and reserved-share rules only
         -- tighten: a shape that is blocked now stays blocked, whichever of its entries we try.
@@ -313,14 +344,7 @@ BEGIN
                 -- second is of a lower (priority, in-share, share) class, else those queued before it.
                 v_run := respool._grant_run(
                     p_pool_id, g_policy[best], g_preemptible[best], g_resources[best], g_selector[best],
-                    g_at[best], g_id[best],
-                    CASE WHEN second IS NOT NULL AND (g_priority[second], g_in_share[second], -g_share[second])
-                                                   = (g_priority[best], g_in_share[best], -g_share[best])
-                         THEN g_at[second] END,
-                    CASE WHEN second IS NOT NULL AND (g_priority[second], g_in_share[second], -g_share[second])
-                                                   = (g_priority[best], g_in_share[best], -g_share[best])
-                         THEN g_id[second] END,
-                    p_now);
+                    g_at[best], g_id[best], bound_at, bound_id, p_now);
             END IF;
             IF cardinality(v_run) > 0 THEN
                 outcome := 'granted';

@@ -72,6 +72,100 @@ RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 100 $$;
 COMMENT ON FUNCTION respool._eta_depth() IS
     'How deep in a queue an ETA is estimated (docs/scheduling.md, ETA): requests further back get eta null, so a read of a queued request stays O(shapes + this), not O(queue).';
 
+CREATE OR REPLACE FUNCTION respool._eta_holders(p_pool_id uuid, p_now timestamptz, p_hist double precision[],
+                                                p_q double precision, p_keys text[], p_nodes uuid[],
+                                                OUT h_end double precision[], OUT h_bin integer[],
+                                                OUT h_units bigint[])
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- Each holder ends at the quantile of its remaining hold given its age (the recorded holds
+    -- longer than its age, or the tail that grows with it), capped by its max_seconds and grace
+    -- deadlines. In a pool with nodes a holder frees its units on its node (holders of nodes
+    -- that take no grants do not count).
+    SELECT coalesce(array_agg(x.rem ORDER BY x.rem, x.id) FILTER (WHERE u.k = 1), '{}'),  -- one per holder
+           coalesce(array_agg(x.bin ORDER BY x.rem, x.id) FILTER (WHERE u.k = 1), '{}'),
+           coalesce(array_agg(u.n ORDER BY x.rem, x.id, u.k), '{}')
+      INTO h_end, h_bin, h_units
+      FROM (SELECT r.id, coalesce(pl.resources, r.resources) AS resources,
+                   CASE WHEN p_nodes = '{}' THEN 1 ELSE array_position(p_nodes, pl.node_id) END AS bin,
+                   greatest(least(respool._remaining_hold(p_hist, a.age, p_q),
+                             extract(epoch FROM r.run_deadline - p_now),
+                             extract(epoch FROM r.preempt_deadline - p_now)), 0) AS rem
+              FROM respool.requests r
+              LEFT JOIN respool.placements pl ON pl.request_id = r.id
+             CROSS JOIN LATERAL (SELECT extract(epoch FROM p_now - r.allocated_at)::double precision AS age) a
+             WHERE r.pool_id = p_pool_id AND r.status IN ('allocated', 'preempting')) x
+     CROSS JOIN LATERAL (SELECT k, coalesce((x.resources ->> p_keys[k])::bigint, 0) AS n
+                           FROM generate_series(1, greatest(cardinality(p_keys), 1)) k) u
+     WHERE x.bin IS NOT NULL;
+END $$;
+COMMENT ON FUNCTION respool._eta_holders(uuid, timestamptz, double precision[], double precision, text[], uuid[]) IS
+    'The holders of a pool in the ETA simulation at quantile p_q (docs/scheduling.md, ETA): each one''s simulated end in seconds from p_now (ascending; respool._remaining_hold, capped by its max_seconds and grace deadlines), its bin (1 without nodes, else its node''s index in p_nodes; holders on other nodes left out) and its units of p_keys (flattened). Read-only.';
+
+CREATE OR REPLACE FUNCTION respool._eta_walk(p_free bigint[], p_nk integer, p_nb integer,
+                                             h_end double precision[], h_bin integer[], h_units bigint[],
+                                             e_id uuid[], e_units bigint[], e_ok boolean[],
+                                             p_hold double precision, p_until uuid)
+RETURNS double precision[] LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_free bigint[] := p_free; -- flattened nk per bin
+    g_end double precision[] := '{}';  -- simulated grants: end times, non-decreasing (FIFO)
+    g_idx integer[] := '{}';           -- and the queue entry each one is
+    g_bin integer[] := '{}';           -- and its bin
+    v_out double precision[] := array_fill(NULL::double precision, ARRAY[cardinality(e_id)]);
+    t double precision := 0;
+    hp integer := 1;
+    gp integer := 1;
+    fit integer;
+    nk integer := p_nk;
+    nb integer := p_nb;
+BEGIN
+    <<entries>>
+    FOR i IN 1..cardinality(e_id) LOOP
+        CONTINUE WHEN NOT (true = ANY (e_ok[(i - 1) * nb + 1 : i * nb]));  -- (no bin it may use)
+        LOOP
+            fit := NULL;
+            FOR b IN 1..nb LOOP
+                IF e_ok[(i - 1) * nb + b]
+                   AND respool._fits_room_vector(e_units[(i - 1) * nk + 1 : i * nk],
+                                                 v_free[(b - 1) * nk + 1 : b * nk]) THEN
+                    fit := b;
+                    EXIT;
+                END IF;
+            END LOOP;
+            EXIT WHEN fit IS NOT NULL;
+            -- Free the next unit-holder to end: a real holder or a simulated grant.
+            IF hp <= cardinality(h_end) AND (gp > cardinality(g_end) OR h_end[hp] <= g_end[gp]) THEN
+                t := greatest(t, h_end[hp]);
+                FOR j IN 1..nk LOOP
+                    v_free[(h_bin[hp] - 1) * nk + j] := v_free[(h_bin[hp] - 1) * nk + j] + h_units[(hp - 1) * nk + j];
+                END LOOP;
+                hp := hp + 1;
+            ELSIF gp <= cardinality(g_end) THEN
+                t := greatest(t, g_end[gp]);
+                FOR j IN 1..nk LOOP
+                    v_free[(g_bin[gp] - 1) * nk + j] := v_free[(g_bin[gp] - 1) * nk + j]
+                                                        + e_units[(g_idx[gp] - 1) * nk + j];
+                END LOOP;
+                gp := gp + 1;
+            ELSE
+                EXIT entries;  -- nothing left to free: the rest cannot fit as the pool stands
+            END IF;
+        END LOOP;
+        v_out[i] := t;
+        EXIT entries WHEN e_id[i] = p_until;
+        FOR j IN 1..nk LOOP
+            v_free[(fit - 1) * nk + j] := v_free[(fit - 1) * nk + j] - e_units[(i - 1) * nk + j];
+        END LOOP;
+        g_end := g_end || (t + p_hold);
+        g_idx := g_idx || i;
+        g_bin := g_bin || fit;
+    END LOOP;
+    RETURN v_out;
+END $$;
+COMMENT ON FUNCTION respool._eta_walk(bigint[], integer, integer, double precision[], integer[], bigint[], uuid[], bigint[], boolean[], double precision, uuid) IS
+    'The queue walk of the ETA simulation (docs/scheduling.md, ETA): from the free units per bin (p_free, flattened p_nk per bin), the holders'' ends (respool._eta_holders) and the queue entries in order (units flattened p_nk, allowed bins flattened p_nb), each entry is granted at the first time a bin it may use has room and holds for p_hold. Returns each entry''s simulated start (seconds), NULL for entries never reached (after p_until, or past one that cannot fit as the pool stands).';
+
 CREATE OR REPLACE FUNCTION respool._eta_pool(p_pool_id uuid, p_now timestamptz, p_until uuid DEFAULT NULL)
 RETURNS TABLE (request_id uuid, p50_seconds bigint, p90_seconds bigint)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -83,32 +177,15 @@ DECLARE
     -- a pool with nodes (docs/placement.md), a request fitting one node.
     v_nodes uuid[];
     nb integer;
-    q integer;
-    v_q double precision[] := ARRAY[0.5, 0.9];
-    v_hold double precision;
-    -- holders: end times (ascending), bins and units, flattened nk per holder
-    h_end double precision[];
-    h_bin integer[];
-    h_units bigint[];
     -- queue: ids and units in queue order, flattened nk per entry; e_ok: which bins each entry
     -- may use, flattened nb per entry
     e_id uuid[];
     e_units bigint[];
     e_ok boolean[];
     v_free0 bigint[];
-    v_free bigint[];           -- flattened nk per bin
-    g_end double precision[];  -- simulated grants: end times, non-decreasing (FIFO)
-    g_idx integer[];           -- and the queue entry each one is
-    g_bin integer[];           -- and its bin
+    h record;
     out50 double precision[];
     out90 double precision[];
-    t double precision;
-    hp integer;
-    gp integer;
-    b integer;
-    fit integer;
-    i integer;
-    j integer;
 BEGIN
     IF cardinality(v_hist) < respool._eta_min_holds() THEN
         RETURN;  -- too few recorded holds: no estimate
@@ -157,79 +234,13 @@ BEGIN
          CROSS JOIN generate_subscripts(v_nodes, 1) nb_i(b)
           JOIN respool.nodes n ON n.id = v_nodes[nb_i.b];
     END IF;
-    out50 := array_fill(NULL::double precision, ARRAY[cardinality(e_id)]);
-    out90 := out50;
-    FOR q IN 1..2 LOOP
-        v_hold := respool._quantile(v_hist, v_q[q]);
-        -- Each holder ends at the quantile of its remaining hold given its age (the recorded
-        -- holds longer than its age, or the tail that grows with it), capped by its max_seconds
-        -- and grace deadlines. In a pool with nodes a holder
-        -- frees its units on its node (holders of nodes that take no grants do not count).
-        SELECT coalesce(array_agg(x.rem ORDER BY x.rem, x.id) FILTER (WHERE u.k = 1), '{}'),  -- one per holder
-               coalesce(array_agg(x.bin ORDER BY x.rem, x.id) FILTER (WHERE u.k = 1), '{}'),
-               coalesce(array_agg(u.n ORDER BY x.rem, x.id, u.k), '{}')
-          INTO h_end, h_bin, h_units
-          FROM (SELECT r.id, coalesce(pl.resources, r.resources) AS resources,
-                       CASE WHEN v_nodes = '{}' THEN 1 ELSE array_position(v_nodes, pl.node_id) END AS bin,
-                       greatest(least(respool._remaining_hold(v_hist, a.age, v_q[q]),
-                                 extract(epoch FROM r.run_deadline - p_now),
-                                 extract(epoch FROM r.preempt_deadline - p_now)), 0) AS rem
-                  FROM respool.requests r
-                  LEFT JOIN respool.placements pl ON pl.request_id = r.id
-                 CROSS JOIN LATERAL (SELECT extract(epoch FROM p_now - r.allocated_at)::double precision AS age) a
-                 WHERE r.pool_id = p_pool_id AND r.status IN ('allocated', 'preempting')) x
-         CROSS JOIN LATERAL (SELECT k, coalesce((x.resources ->> v_keys[k])::bigint, 0) AS n
-                               FROM generate_series(1, greatest(nk, 1)) k) u
-         WHERE x.bin IS NOT NULL;
-        v_free := v_free0;
-        g_end := '{}';
-        g_idx := '{}';
-        g_bin := '{}';
-        t := 0;
-        hp := 1;
-        gp := 1;
-        <<entries>>
-        FOR i IN 1..cardinality(e_id) LOOP
-            CONTINUE WHEN NOT (true = ANY (e_ok[(i - 1) * nb + 1 : i * nb]));  -- (no bin it may use)
-            LOOP
-                fit := NULL;
-                FOR b IN 1..nb LOOP
-                    IF e_ok[(i - 1) * nb + b]
-                       AND respool._fits_room_vector(e_units[(i - 1) * nk + 1 : i * nk],
-                                                     v_free[(b - 1) * nk + 1 : b * nk]) THEN
-                        fit := b;
-                        EXIT;
-                    END IF;
-                END LOOP;
-                EXIT WHEN fit IS NOT NULL;
-                -- Free the next unit-holder to end: a real holder or a simulated grant.
-                IF hp <= cardinality(h_end) AND (gp > cardinality(g_end) OR h_end[hp] <= g_end[gp]) THEN
-                    t := greatest(t, h_end[hp]);
-                    FOR j IN 1..nk LOOP
-                        v_free[(h_bin[hp] - 1) * nk + j] := v_free[(h_bin[hp] - 1) * nk + j] + h_units[(hp - 1) * nk + j];
-                    END LOOP;
-                    hp := hp + 1;
-                ELSIF gp <= cardinality(g_end) THEN
-                    t := greatest(t, g_end[gp]);
-                    FOR j IN 1..nk LOOP
-                        v_free[(g_bin[gp] - 1) * nk + j] := v_free[(g_bin[gp] - 1) * nk + j]
-                                                            + e_units[(g_idx[gp] - 1) * nk + j];
-                    END LOOP;
-                    gp := gp + 1;
-                ELSE
-                    EXIT entries;  -- nothing left to free: the rest cannot fit as the pool stands
-                END IF;
-            END LOOP;
-            IF q = 1 THEN out50[i] := t; ELSE out90[i] := t; END IF;
-            EXIT entries WHEN e_id[i] = p_until;
-            FOR j IN 1..nk LOOP
-                v_free[(fit - 1) * nk + j] := v_free[(fit - 1) * nk + j] - e_units[(i - 1) * nk + j];
-            END LOOP;
-            g_end := g_end || (t + v_hold);
-            g_idx := g_idx || i;
-            g_bin := g_bin || fit;
-        END LOOP;
-    END LOOP;
+    -- The simulation at the median, then at the 90th percentile of the recorded holds.
+    h := respool._eta_holders(p_pool_id, p_now, v_hist, 0.5, v_keys, v_nodes);
+    out50 := respool._eta_walk(v_free0, nk, nb, h.h_end, h.h_bin, h.h_units, e_id, e_units, e_ok,
+                               respool._quantile(v_hist, 0.5), p_until);
+    h := respool._eta_holders(p_pool_id, p_now, v_hist, 0.9, v_keys, v_nodes);
+    out90 := respool._eta_walk(v_free0, nk, nb, h.h_end, h.h_bin, h.h_units, e_id, e_units, e_ok,
+                               respool._quantile(v_hist, 0.9), p_until);
     FOR i IN 1..cardinality(e_id) LOOP
         CONTINUE WHEN out50[i] IS NULL OR out90[i] IS NULL;
         request_id := e_id[i];
@@ -240,7 +251,7 @@ BEGIN
     END LOOP;
 END $$;
 COMMENT ON FUNCTION respool._eta_pool(uuid, timestamptz, uuid) IS
-    'docs/scheduling.md, ETA for the first _eta_depth() requests of a pool queue (or up to p_until): per queued request, the simulated seconds from p_now until its units are free, at the median (p50) and the 90th percentile (p90) of the pool''s hold times: every holder ends at the quantile of its remaining hold given its age (respool._remaining_hold: the recorded holds longer than its age, or a tail growing with its age; capped by max_seconds and grace deadlines), the requests ahead are granted in queue order as units free up and hold for the quantile. In a pool with nodes (docs/placement.md) units live per active node: a holder frees them on its node, a request fits the first active node (by name) matching its selector that has room, and a gang gets no estimate. No rows while the pool has fewer than _eta_min_holds() recorded holds. Read-only; O(holders + shapes * depth * nodes) per pool.';
+    'The ETA of the first respool._eta_depth() requests of a pool''s queue (or up to p_until; docs/scheduling.md, ETA): per queued request, the simulated seconds from p_now until its units are free, at the median (p50) and 90th percentile (p90) of the pool''s recorded holds. In a pool with nodes units live per active node and a gang gets no estimate. No rows while the pool has fewer than respool._eta_min_holds() recorded holds. Read-only; O(holders + shapes * depth * nodes).';
 
 CREATE OR REPLACE FUNCTION respool._eta(p_pool_id uuid, p_request_id uuid, p_now timestamptz)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$

@@ -35,6 +35,10 @@ DECLARE
     v_pool uuid;
     m record;
 BEGIN
+    -- An event and a NOTIFY per status change. Grace 0, or p_force on a preempting request: preempted
+    -- at once, its units freed and the pool's queue granted in the same transaction; gang members
+    -- in their grace period go too, those already queued again are cancelled. Locks the pools
+    -- first, then the request.
     IF length(p_reason) > respool._max_description() THEN
         PERFORM respool._fail('RP400', 'reason', format('reason: at most %s characters, got %s',
                                                          respool._max_description(), length(p_reason)));
@@ -79,4 +83,4 @@ BEGIN
     RETURN respool.request_json(p_id);
 END $$;
 COMMENT ON FUNCTION respool.terminate_request(uuid, boolean, text, timestamptz) IS
-    'An admin ends a request (docs/preemption.md, "Terminate"); reason code terminated, message "terminated by an admin: <p_reason>", an event and a NOTIFY per status change, and it is never requeued whatever max_retries. Allocated and preemptible: as a preemption, through preempting with the pool''s grace period (grace 0: preempted at once, its units freed and the pool''s queue granted in the same transaction); the rest of its gang goes with it. Allocated and not preemptible: RP409 (field force) unless p_force, then the same. Preempting: with p_force preempted at once (units freed, the queue granted; its gang''s members in their grace period too, those already queued again cancelled); without, unchanged (already leaving). Queued: cancelled (with its gang). Terminal: unchanged. RP404 for an unknown id, RP400 (field reason) for a reason over 2000 characters. Locks the pools first, then the request. Returns the request''s JSON.';
+    'An admin ends a request (docs/preemption.md, "Terminate"): reason terminated, message "terminated by an admin: <p_reason>", never requeued. Allocated: preempted with the pool''s grace period, its gang with it; not preemptible: RP409 (field force) unless p_force. Preempting: with p_force preempted at once (with its gang), else unchanged. Queued: cancelled with its gang. Terminal: unchanged. RP404 unknown id, RP400 (field reason) over 2000 characters. Returns the request''s JSON.';

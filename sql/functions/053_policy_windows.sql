@@ -283,6 +283,9 @@ RETURNS void LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v record;
 BEGIN
+    -- The sweep is bounded to one year past p_now and past each one-time boundary still to come
+    -- (weekly windows repeat yearly; the proof is below), so a far end costs one year, never a
+    -- sweep to it.
     IF NOT EXISTS (SELECT FROM respool.policies p
                     WHERE p.pool_id = p_pool_id AND p.windows IS NOT NULL
                       AND EXISTS (SELECT FROM respool.policy_resources pr WHERE pr.policy_id = p.id AND pr.configured > 0)) THEN
@@ -380,4 +383,4 @@ BEGIN
     END IF;
 END $$;
 COMMENT ON FUNCTION respool._check_reserved_fits(uuid, timestamptz) IS
-    'RP409 when, for any key, the reserved shares (configured) of the pool''s policies in force at one instant exceed its capacity: policies without windows count at every instant; with windows, every instant from p_now on is checked, by a sweep bounded to one year past p_now and past each one-time boundary still to come (weekly windows repeat yearly; the proof is in the body), so a far end costs one year, never a sweep to it (docs/preemption.md, "Time windows"). The message names the key, the total, the first such instant (ISO UTC, only when a policy has windows), the capacity and the policies in force then.';
+    'RP409 when, for any key, the reserved shares (configured) of the pool''s policies in force at one instant from p_now on exceed its capacity: policies without windows count at every instant, windowed ones when in force (docs/preemption.md, "Time windows"). The message names the key, the total, the first such instant (ISO UTC, only when a policy has windows), the capacity and the policies in force then. Read-only.';

@@ -80,6 +80,9 @@ DECLARE
     v_reader text;
     v_temp_note text := '';
 BEGIN
+    -- TEMP is revoked from PUBLIC (the database owner keeps it), which is why owning the database
+    -- is needed. Refusing roles that can use the base tables (the service's own role) keeps
+    -- grant_reader from ever making the service read-only.
     IF p_role IS NULL OR p_role = '' THEN
         PERFORM respool._fail('RP400', 'role', 'role name is empty');
     ELSIF p_role LIKE 'respool\_reader%' OR p_role LIKE 'pg\_%' THEN
@@ -129,7 +132,7 @@ BEGIN
                   p_statement_timeout_ms);
 END $$;
 COMMENT ON FUNCTION respool.grant_reader(text, integer, boolean, integer, integer) IS
-    'Makes p_role a member of this database''s reader role (respool.reader_role(): SELECT on this database''s ops views only, created when missing), gives it a CONNECTION LIMIT, and for this database a temp_file_limit (when the caller is a superuser), no TEMP privilege (revoked from PUBLIC: the database owner keeps it), a statement_timeout and default_transaction_read_only = on. Creates it as a LOGIN role without password when p_create. Refuses superusers and roles that can already use the base tables (the service''s own role), so it never makes the service read-only. Needs CREATEROLE or superuser, and owning the database for the TEMP revoke.';
+    'Makes p_role a member of this database''s reader role (respool.reader_role(): SELECT on the ops views only, created when missing) with a CONNECTION LIMIT and, in this database, a temp_file_limit (when the caller is a superuser), no TEMP privilege, a statement_timeout and default_transaction_read_only = on; creates it as a passwordless LOGIN role when p_create. Refuses superusers and roles that can already use the base tables. Needs CREATEROLE or superuser, and owning the database.';
 
 CREATE OR REPLACE FUNCTION respool.revoke_reader(p_role text)
 RETURNS text LANGUAGE plpgsql AS $$

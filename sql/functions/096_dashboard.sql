@@ -49,4 +49,4 @@ LANGUAGE sql STABLE AS $$
      ORDER BY q.pool, q.position
 $$;
 COMMENT ON FUNCTION respool.dashboard_queue(integer) IS
-    'The first p_limit queue entries over all pools (by pool name, then grant order), each with what blocks it now (or ''fits, waiting for its turn'') and its ETA in that pool: {p50_seconds, p90_seconds} from respool._eta_pool, or NULL when the engine has no estimate (no recorded holds, or deeper than respool._eta_depth()). Reads each pool''s queue head once (respool._queue_top, O(shapes * p_limit) per pool, not O(queue)), runs the blocker check once per shape among the rows returned and the ETA simulation once per pool among them (it reads that pool''s first respool._eta_depth() entries). Read-only.';
+    'The first p_limit queue entries over all pools (by pool name, then grant order), each with what blocks it now (or ''fits, waiting for its turn'') and its ETA in that pool: {p50_seconds, p90_seconds} from respool._eta_pool, or NULL when the engine has no estimate (no recorded holds, or deeper than respool._eta_depth()). Cost O(shapes * p_limit) per pool shown, not O(queue). Read-only.';
