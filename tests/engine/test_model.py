@@ -60,7 +60,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     initialize,
@@ -69,7 +68,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from support.model import DatabaseMachine, run_machine
+from support.model import DatabaseMachine, model_sizes, run_machine
 
 SOFT_KEYS = frozenset({"mcpu", "memory_mb", "step_run"})
 SUBJECTS = ("s1", "s2", "s3")
@@ -1000,19 +999,7 @@ class EngineMachine(DatabaseMachine):
         return "\n".join(lines)
 
 
-# "full" passes in ~20 s and is ``slow``; "quick" (a tenth of the examples, half the steps) keeps
-# the model in the quick loop (`pytest -m "not slow"`). On a failure Hypothesis shrinks for up to
-# 5 minutes (every shrink attempt replays its steps against the database), so allow that before
-# pytest-timeout steps in.
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize(
-    ("examples", "steps"),
-    [
-        pytest.param(10, 20, id="quick"),
-        pytest.param(100, 40, id="full", marks=pytest.mark.slow),
-    ],
-)
+# "full" passes in ~20 s; "quick" has a tenth of the examples, half the steps.
+@model_sizes(quick=(10, 20))
 def test_engine_matches_reference_model(db_url: str, examples: int, steps: int) -> None:
-    # (RESPOOL_MODEL_TWIN names a broken twin the model must catch, e.g. broken_shrink_twin)
-    seconds = run_machine(EngineMachine, db_url, examples, steps)
-    print(f"\nmodel test: {dict(EngineMachine.stats)} in {seconds:.1f}s")
+    run_machine(EngineMachine, db_url, examples, steps, "model test")

@@ -55,7 +55,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
-import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     initialize,
@@ -65,7 +64,7 @@ from hypothesis.stateful import (
 )
 from test_placement import NODE_INVARIANTS_SQL
 
-from support.model import DatabaseMachine, run_machine
+from support.model import DatabaseMachine, model_sizes, run_machine
 
 SOFT_KEYS = frozenset({"mcpu", "memory_mb", "step_run"})
 CLOCK0 = datetime(2032, 1, 1, tzinfo=UTC)
@@ -868,21 +867,9 @@ class NodeMachine(DatabaseMachine):
         return "\n".join(lines)
 
 
-# "quick" keeps the model in the quick loop (`pytest -m "not slow"`); "full" runs many more
-# examples and is ``slow``. On a failure Hypothesis shrinks (every attempt replays its steps
-# against the database), so allow for that before pytest-timeout steps in.
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize(
-    ("examples", "steps"),
-    [
-        pytest.param(8, 20, id="quick"),
-        pytest.param(100, 40, id="full", marks=pytest.mark.slow),
-    ],
-)
+@model_sizes(quick=(8, 20))
 def test_engine_matches_node_model(db_url: str, examples: int, steps: int) -> None:
-    # (RESPOOL_MODEL_TWIN names a broken twin the model must catch, e.g. broken_shrink_twin)
-    seconds = run_machine(NodeMachine, db_url, examples, steps)
-    print(f"\nnode model test: {dict(NodeMachine.stats)} in {seconds:.1f}s")
+    run_machine(NodeMachine, db_url, examples, steps, "node model test")
 
 
 # --- node changes during a grace period: earmarks follow their node -----------------------------
@@ -1281,16 +1268,8 @@ class EarmarkNodeMachine(DatabaseMachine):
         ] == []
 
 
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize(
-    ("examples", "steps"),
-    [
-        pytest.param(10, 30, id="quick"),
-        pytest.param(80, 50, id="full", marks=pytest.mark.slow),
-    ],
-)
+@model_sizes(quick=(10, 30), full=(80, 50))
 def test_node_changes_during_grace_never_strand_a_request(
     db_url: str, examples: int, steps: int
 ) -> None:
-    seconds = run_machine(EarmarkNodeMachine, db_url, examples, steps)
-    print(f"\nearmark node model test: {dict(EarmarkNodeMachine.stats)} in {seconds:.1f}s")
+    run_machine(EarmarkNodeMachine, db_url, examples, steps, "earmark node model test")
