@@ -639,10 +639,6 @@ class EngineMachine(DatabaseMachine):
         super().__init__()
         self.model = Model()
         self.seq = 0
-        self.stats["examples"] += 1
-
-    def sql(self, query: str, *args: Any) -> Any:
-        return self.runner.run(self.conn.fetchval(query, *args))
 
     def now(self) -> datetime:
         self.seq += 1
@@ -672,16 +668,7 @@ class EngineMachine(DatabaseMachine):
         starvation: list[int | None],
         ordering: list[str],
     ) -> None:
-        # A fresh universe per example. DELETE rather than TRUNCATE: with a few dozen rows it is
-        # ~100x faster (TRUNCATE swaps files), and Hypothesis runs hundreds of examples.
-        self.runner.run(
-            self.conn.execute(
-                "DELETE FROM respool.events; DELETE FROM respool.queue_entries;"
-                " DELETE FROM respool.requests; DELETE FROM respool.policy_resources;"
-                " DELETE FROM respool.policies; DELETE FROM respool.pool_resources;"
-                " DELETE FROM respool.pools;"
-            )
-        )
+        self.wipe()
         cap_a = {"gpu": gpu_a, "tpu": 2} | ({"step_run": step_run_a} if step_run_a else {})
         cap_b = {"gpu": gpu_b} | ({"tpu": tpu_b} if tpu_b else {})
         pools = {"pa": (cap_a, queueing_a), "pb": (cap_b, queueing_b)}

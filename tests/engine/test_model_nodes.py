@@ -531,10 +531,6 @@ class NodeMachine(DatabaseMachine):
         self.model = Model("pack", "best_effort")
         self.seq = 0
         self.started = False
-        self.stats["examples"] += 1
-
-    def sql(self, query: str, *args: Any) -> Any:
-        return self.runner.run(self.conn.fetchval(query, *args))
 
     def now(self) -> datetime:
         self.seq += 1
@@ -546,15 +542,7 @@ class NodeMachine(DatabaseMachine):
         queueing=st.sampled_from(["best_effort", "best_effort", "strict"]),
     )
     def setup(self, placement: str, queueing: str) -> None:
-        self.runner.run(
-            self.conn.execute(
-                "DELETE FROM respool.events; DELETE FROM respool.queue_entries;"
-                " DELETE FROM respool.placements; DELETE FROM respool.nodes;"
-                " DELETE FROM respool.requests; DELETE FROM respool.policy_resources;"
-                " DELETE FROM respool.policies; DELETE FROM respool.pool_resources;"
-                " DELETE FROM respool.pools;"
-            )
-        )
+        self.wipe()
         self.model = Model(placement, queueing)
         self.sql(
             "SELECT respool.create_pool(p_name => $1, p_queueing => $2, p_placement => $3,"
@@ -961,10 +949,6 @@ class EarmarkNodeMachine(DatabaseMachine):
         self.started = False
         self.nodes: dict[str, str] = {}  # node -> pool it is in (EPOOL or ESIDE)
         self.capacity: dict[str, int] = {}
-        self.stats["examples"] += 1
-
-    def sql(self, query: str, *args: Any) -> Any:
-        return self.runner.run(self.conn.fetchval(query, *args))
 
     def now(self, step: int = 1) -> datetime:
         self.tick += step
@@ -983,15 +967,7 @@ class EarmarkNodeMachine(DatabaseMachine):
 
     @initialize(placement=st.sampled_from(["pack", "spread"]))
     def setup(self, placement: str) -> None:
-        self.runner.run(
-            self.conn.execute(
-                "DELETE FROM respool.events; DELETE FROM respool.queue_entries;"
-                " DELETE FROM respool.placements; DELETE FROM respool.nodes;"
-                " DELETE FROM respool.requests; DELETE FROM respool.policy_resources;"
-                " DELETE FROM respool.policies; DELETE FROM respool.pool_resources;"
-                " DELETE FROM respool.pools;"
-            )
-        )
+        self.wipe()
         for name, grace in ((EPOOL, EGRACE), (ESIDE, 0)):
             self.sql(
                 "SELECT respool.create_pool(p_name => $1, p_placement => $2,"

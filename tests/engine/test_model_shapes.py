@@ -236,13 +236,6 @@ class ShapesMachine(DatabaseMachine):
         self.now = CLOCK0
         self.policies: dict[str, str] = {}  # policy subject -> id
         self.requests: dict[str, tuple[str, str | None]] = {}  # id -> (subject, group)
-        self.stats["examples"] += 1
-
-    def sql(self, query: str, *args: Any) -> Any:
-        return self.runner.run(self.conn.fetchval(query, *args))
-
-    def fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
-        return self.runner.run(self.conn.fetch(query, *args))
 
     @initialize(
         gpu=st.sampled_from([8, 8, 10]),
@@ -263,14 +256,7 @@ class ShapesMachine(DatabaseMachine):
         windows: tuple[Any, Any, Any],
         team_limit: int | None,
     ) -> None:
-        self.runner.run(
-            self.conn.execute(
-                "DELETE FROM respool.events; DELETE FROM respool.queue_entries;"
-                " DELETE FROM respool.requests; DELETE FROM respool.policy_resources;"
-                " DELETE FROM respool.policies; DELETE FROM respool.pool_resources;"
-                " DELETE FROM respool.pools;"
-            )
-        )
+        self.wipe()
         self.sql(
             "SELECT respool.create_pool(p_name => 'gp', p_capacity => $1, p_queueing => $2,"
             " p_preemption_grace_seconds => $3, p_now => $4)",

@@ -47,6 +47,29 @@ class DatabaseMachine(RuleBasedStateMachine):
     conn: ClassVar[asyncpg.Connection]
     stats: ClassVar[Counter[str]] = Counter()
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.stats["examples"] += 1
+
+    def sql(self, query: str, *args: Any) -> Any:
+        return self.runner.run(self.conn.fetchval(query, *args))
+
+    def fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
+        return self.runner.run(self.conn.fetch(query, *args))
+
+    def wipe(self) -> None:
+        """A fresh universe per example. DELETE rather than TRUNCATE: with a few dozen rows it is
+        ~100x faster (TRUNCATE swaps files), and Hypothesis runs hundreds of examples."""
+        self.runner.run(
+            self.conn.execute(
+                "DELETE FROM respool.events; DELETE FROM respool.queue_entries;"
+                " DELETE FROM respool.placements; DELETE FROM respool.nodes;"
+                " DELETE FROM respool.requests; DELETE FROM respool.policy_resources;"
+                " DELETE FROM respool.policies; DELETE FROM respool.pool_resources;"
+                " DELETE FROM respool.pools;"
+            )
+        )
+
 
 def model_sizes(quick: tuple[int, int], full: tuple[int, int] = (100, 40)) -> Callable[[F], F]:
     """Parametrizes a model test with ``(examples, steps)``: "quick" keeps the model in the quick
