@@ -627,19 +627,30 @@ class NodeMachine(DatabaseMachine):
         distinct: bool,
         selector: dict[str, str],
     ) -> None:
-        now = self.now()
         resources = {"gpu": gpu} | ({"mcpu": mcpu} if mcpu else {})
-        body: dict[str, Any] = {"subject": subject, "pool": POOL, "resources": resources}
-        if selector:
-            body["node_selector"] = selector
-        rows = self.runner.run(
-            self.conn.fetch(
-                "SELECT member, request FROM respool.create_requests($1,"
-                " p_all_or_nothing => true, p_now => $2, p_distinct_nodes => $3) ORDER BY member",
-                [body] * size,
-                now,
-                distinct,
-            )
+        self._create_gang(subject, [resources] * size, distinct, selector)
+        self.stats["create_gang"] += 1
+
+    def _create_gang(
+        self,
+        subject: str,
+        resources: list[dict[str, int]],
+        distinct: bool,
+        selector: dict[str, str],
+    ) -> None:
+        """One all-or-nothing gang, a member per entry of ``resources``, into engine and model."""
+        now = self.now()
+        bodies: list[dict[str, Any]] = [
+            {"subject": subject, "pool": POOL, "resources": res}
+            | ({"node_selector": selector} if selector else {})
+            for res in resources
+        ]
+        rows = self.fetch(
+            "SELECT member, request FROM respool.create_requests($1,"
+            " p_all_or_nothing => true, p_now => $2, p_distinct_nodes => $3) ORDER BY member",
+            bodies,
+            now,
+            distinct,
         )
         gang = rows[0]["request"]["gang_id"]
         members = [
@@ -647,17 +658,16 @@ class NodeMachine(DatabaseMachine):
                 row["request"]["id"],
                 self.seq,
                 subject,
-                resources | {"step_run": 1},
+                res | {"step_run": 1},
                 True,
                 dict(selector),
                 (self.seq, i),
                 gang=gang,
                 distinct=distinct,
             )
-            for i, row in enumerate(rows)
+            for i, (row, res) in enumerate(zip(rows, resources, strict=True))
         ]
         self.model.create(members)
-        self.stats["create_gang"] += 1
 
     @rule(
         subject=st.sampled_from(SUBJECTS),
@@ -676,37 +686,7 @@ class NodeMachine(DatabaseMachine):
         """A gang of members of different sizes: some no arrangement of the nodes can hold
         (rejected no_fitting_node although each member fits a node and the sum fits the pool),
         some that fit only in another arrangement than member by member."""
-        now = self.now()
-        bodies: list[dict[str, Any]] = [
-            {"subject": subject, "pool": POOL, "resources": {"gpu": g}}
-            | ({"node_selector": selector} if selector else {})
-            for g in gpus
-        ]
-        rows = self.runner.run(
-            self.conn.fetch(
-                "SELECT member, request FROM respool.create_requests($1,"
-                " p_all_or_nothing => true, p_now => $2, p_distinct_nodes => $3) ORDER BY member",
-                bodies,
-                now,
-                distinct,
-            )
-        )
-        gang = rows[0]["request"]["gang_id"]
-        members = [
-            MRequest(
-                row["request"]["id"],
-                self.seq,
-                subject,
-                {"gpu": g, "step_run": 1},
-                True,
-                dict(selector),
-                (self.seq, i),
-                gang=gang,
-                distinct=distinct,
-            )
-            for i, (row, g) in enumerate(zip(rows, gpus, strict=True))
-        ]
-        self.model.create(members)
+        self._create_gang(subject, [{"gpu": g} for g in gpus], distinct, selector)
         self.stats["create_mixed_gang"] += 1
 
     def _pick(self, data: st.DataObject, statuses: tuple[str, ...]) -> MRequest:
