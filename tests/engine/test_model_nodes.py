@@ -339,15 +339,19 @@ class Model:
             return
         self.allocate()
 
+    def gang_of(self, r: MRequest) -> list[MRequest]:
+        """``r`` alone, or its gang's members still queued or allocated."""
+        if not r.gang:
+            return [r]
+        return [
+            m
+            for m in self.requests.values()
+            if m.gang == r.gang and m.status in ("queued", "allocated")
+        ]
+
     def finish(self, r: MRequest, status: str) -> None:
         """release / cancel: a gang member's cancel takes its gang along; a release does not."""
-        targets = [r]
-        if status == "cancelled" and r.gang:
-            targets = [
-                m
-                for m in self.requests.values()
-                if m.gang == r.gang and m.status in ("queued", "allocated")
-            ]
+        targets = self.gang_of(r) if status == "cancelled" else [r]
         for m in targets:
             if m.status == "allocated":
                 self.unplace(m)
@@ -355,13 +359,7 @@ class Model:
         self.allocate()
 
     def preempt(self, r: MRequest, reason: str) -> None:
-        targets = [r]
-        if r.gang:
-            targets = [
-                m
-                for m in self.requests.values()
-                if m.gang == r.gang and m.status in ("queued", "allocated")
-            ]
+        targets = self.gang_of(r)
         for m in targets:
             if m.status == "allocated":
                 self.unplace(m)
