@@ -60,7 +60,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     initialize,
@@ -69,7 +68,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from support.model import DatabaseMachine, run_machine
+from support.model import DatabaseMachine, model_sizes, run_machine
 
 SOFT_KEYS = frozenset({"mcpu", "memory_mb", "step_run"})
 SUBJECTS = ("s1", "s2", "s3")
@@ -640,10 +639,6 @@ class EngineMachine(DatabaseMachine):
         super().__init__()
         self.model = Model()
         self.seq = 0
-        self.stats["examples"] += 1
-
-    def sql(self, query: str, *args: Any) -> Any:
-        return self.runner.run(self.conn.fetchval(query, *args))
 
     def now(self) -> datetime:
         self.seq += 1
@@ -673,16 +668,7 @@ class EngineMachine(DatabaseMachine):
         starvation: list[int | None],
         ordering: list[str],
     ) -> None:
-        # A fresh universe per example. DELETE rather than TRUNCATE: with a few dozen rows it is
-        # ~100x faster (TRUNCATE swaps files), and Hypothesis runs hundreds of examples.
-        self.runner.run(
-            self.conn.execute(
-                "DELETE FROM respool.events; DELETE FROM respool.queue_entries;"
-                " DELETE FROM respool.requests; DELETE FROM respool.policy_resources;"
-                " DELETE FROM respool.policies; DELETE FROM respool.pool_resources;"
-                " DELETE FROM respool.pools;"
-            )
-        )
+        self.wipe()
         cap_a = {"gpu": gpu_a, "tpu": 2} | ({"step_run": step_run_a} if step_run_a else {})
         cap_b = {"gpu": gpu_b} | ({"tpu": tpu_b} if tpu_b else {})
         pools = {"pa": (cap_a, queueing_a), "pb": (cap_b, queueing_b)}
@@ -1000,19 +986,7 @@ class EngineMachine(DatabaseMachine):
         return "\n".join(lines)
 
 
-# "full" passes in ~20 s and is ``slow``; "quick" (a tenth of the examples, half the steps) keeps
-# the model in the quick loop (`pytest -m "not slow"`). On a failure Hypothesis shrinks for up to
-# 5 minutes (every shrink attempt replays its steps against the database), so allow that before
-# pytest-timeout steps in.
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize(
-    ("examples", "steps"),
-    [
-        pytest.param(10, 20, id="quick"),
-        pytest.param(100, 40, id="full", marks=pytest.mark.slow),
-    ],
-)
+# "full" passes in ~20 s; "quick" has a tenth of the examples, half the steps.
+@model_sizes(quick=(10, 20))
 def test_engine_matches_reference_model(db_url: str, examples: int, steps: int) -> None:
-    # (RESPOOL_MODEL_TWIN names a broken twin the model must catch, e.g. broken_shrink_twin)
-    seconds = run_machine(EngineMachine, db_url, examples, steps)
-    print(f"\nmodel test: {dict(EngineMachine.stats)} in {seconds:.1f}s")
+    run_machine(EngineMachine, db_url, examples, steps, "model test")

@@ -55,7 +55,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
-import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     initialize,
@@ -65,7 +64,7 @@ from hypothesis.stateful import (
 )
 from test_placement import NODE_INVARIANTS_SQL
 
-from support.model import DatabaseMachine, run_machine
+from support.model import DatabaseMachine, model_sizes, run_machine
 
 SOFT_KEYS = frozenset({"mcpu", "memory_mb", "step_run"})
 CLOCK0 = datetime(2032, 1, 1, tzinfo=UTC)
@@ -340,15 +339,19 @@ class Model:
             return
         self.allocate()
 
+    def gang_of(self, r: MRequest) -> list[MRequest]:
+        """``r`` alone, or its gang's members still queued or allocated."""
+        if not r.gang:
+            return [r]
+        return [
+            m
+            for m in self.requests.values()
+            if m.gang == r.gang and m.status in ("queued", "allocated")
+        ]
+
     def finish(self, r: MRequest, status: str) -> None:
         """release / cancel: a gang member's cancel takes its gang along; a release does not."""
-        targets = [r]
-        if status == "cancelled" and r.gang:
-            targets = [
-                m
-                for m in self.requests.values()
-                if m.gang == r.gang and m.status in ("queued", "allocated")
-            ]
+        targets = self.gang_of(r) if status == "cancelled" else [r]
         for m in targets:
             if m.status == "allocated":
                 self.unplace(m)
@@ -356,13 +359,7 @@ class Model:
         self.allocate()
 
     def preempt(self, r: MRequest, reason: str) -> None:
-        targets = [r]
-        if r.gang:
-            targets = [
-                m
-                for m in self.requests.values()
-                if m.gang == r.gang and m.status in ("queued", "allocated")
-            ]
+        targets = self.gang_of(r)
         for m in targets:
             if m.status == "allocated":
                 self.unplace(m)
@@ -532,10 +529,6 @@ class NodeMachine(DatabaseMachine):
         self.model = Model("pack", "best_effort")
         self.seq = 0
         self.started = False
-        self.stats["examples"] += 1
-
-    def sql(self, query: str, *args: Any) -> Any:
-        return self.runner.run(self.conn.fetchval(query, *args))
 
     def now(self) -> datetime:
         self.seq += 1
@@ -547,15 +540,7 @@ class NodeMachine(DatabaseMachine):
         queueing=st.sampled_from(["best_effort", "best_effort", "strict"]),
     )
     def setup(self, placement: str, queueing: str) -> None:
-        self.runner.run(
-            self.conn.execute(
-                "DELETE FROM respool.events; DELETE FROM respool.queue_entries;"
-                " DELETE FROM respool.placements; DELETE FROM respool.nodes;"
-                " DELETE FROM respool.requests; DELETE FROM respool.policy_resources;"
-                " DELETE FROM respool.policies; DELETE FROM respool.pool_resources;"
-                " DELETE FROM respool.pools;"
-            )
-        )
+        self.wipe()
         self.model = Model(placement, queueing)
         self.sql(
             "SELECT respool.create_pool(p_name => $1, p_queueing => $2, p_placement => $3,"
@@ -640,19 +625,30 @@ class NodeMachine(DatabaseMachine):
         distinct: bool,
         selector: dict[str, str],
     ) -> None:
-        now = self.now()
         resources = {"gpu": gpu} | ({"mcpu": mcpu} if mcpu else {})
-        body: dict[str, Any] = {"subject": subject, "pool": POOL, "resources": resources}
-        if selector:
-            body["node_selector"] = selector
-        rows = self.runner.run(
-            self.conn.fetch(
-                "SELECT member, request FROM respool.create_requests($1,"
-                " p_all_or_nothing => true, p_now => $2, p_distinct_nodes => $3) ORDER BY member",
-                [body] * size,
-                now,
-                distinct,
-            )
+        self._create_gang(subject, [resources] * size, distinct, selector)
+        self.stats["create_gang"] += 1
+
+    def _create_gang(
+        self,
+        subject: str,
+        resources: list[dict[str, int]],
+        distinct: bool,
+        selector: dict[str, str],
+    ) -> None:
+        """One all-or-nothing gang, a member per entry of ``resources``, into engine and model."""
+        now = self.now()
+        bodies: list[dict[str, Any]] = [
+            {"subject": subject, "pool": POOL, "resources": res}
+            | ({"node_selector": selector} if selector else {})
+            for res in resources
+        ]
+        rows = self.fetch(
+            "SELECT member, request FROM respool.create_requests($1,"
+            " p_all_or_nothing => true, p_now => $2, p_distinct_nodes => $3) ORDER BY member",
+            bodies,
+            now,
+            distinct,
         )
         gang = rows[0]["request"]["gang_id"]
         members = [
@@ -660,17 +656,16 @@ class NodeMachine(DatabaseMachine):
                 row["request"]["id"],
                 self.seq,
                 subject,
-                resources | {"step_run": 1},
+                res | {"step_run": 1},
                 True,
                 dict(selector),
                 (self.seq, i),
                 gang=gang,
                 distinct=distinct,
             )
-            for i, row in enumerate(rows)
+            for i, (row, res) in enumerate(zip(rows, resources, strict=True))
         ]
         self.model.create(members)
-        self.stats["create_gang"] += 1
 
     @rule(
         subject=st.sampled_from(SUBJECTS),
@@ -689,37 +684,7 @@ class NodeMachine(DatabaseMachine):
         """A gang of members of different sizes: some no arrangement of the nodes can hold
         (rejected no_fitting_node although each member fits a node and the sum fits the pool),
         some that fit only in another arrangement than member by member."""
-        now = self.now()
-        bodies: list[dict[str, Any]] = [
-            {"subject": subject, "pool": POOL, "resources": {"gpu": g}}
-            | ({"node_selector": selector} if selector else {})
-            for g in gpus
-        ]
-        rows = self.runner.run(
-            self.conn.fetch(
-                "SELECT member, request FROM respool.create_requests($1,"
-                " p_all_or_nothing => true, p_now => $2, p_distinct_nodes => $3) ORDER BY member",
-                bodies,
-                now,
-                distinct,
-            )
-        )
-        gang = rows[0]["request"]["gang_id"]
-        members = [
-            MRequest(
-                row["request"]["id"],
-                self.seq,
-                subject,
-                {"gpu": g, "step_run": 1},
-                True,
-                dict(selector),
-                (self.seq, i),
-                gang=gang,
-                distinct=distinct,
-            )
-            for i, (row, g) in enumerate(zip(rows, gpus, strict=True))
-        ]
-        self.model.create(members)
+        self._create_gang(subject, [{"gpu": g} for g in gpus], distinct, selector)
         self.stats["create_mixed_gang"] += 1
 
     def _pick(self, data: st.DataObject, statuses: tuple[str, ...]) -> MRequest:
@@ -868,21 +833,9 @@ class NodeMachine(DatabaseMachine):
         return "\n".join(lines)
 
 
-# "quick" keeps the model in the quick loop (`pytest -m "not slow"`); "full" runs many more
-# examples and is ``slow``. On a failure Hypothesis shrinks (every attempt replays its steps
-# against the database), so allow for that before pytest-timeout steps in.
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize(
-    ("examples", "steps"),
-    [
-        pytest.param(8, 20, id="quick"),
-        pytest.param(100, 40, id="full", marks=pytest.mark.slow),
-    ],
-)
+@model_sizes(quick=(8, 20))
 def test_engine_matches_node_model(db_url: str, examples: int, steps: int) -> None:
-    # (RESPOOL_MODEL_TWIN names a broken twin the model must catch, e.g. broken_shrink_twin)
-    seconds = run_machine(NodeMachine, db_url, examples, steps)
-    print(f"\nnode model test: {dict(NodeMachine.stats)} in {seconds:.1f}s")
+    run_machine(NodeMachine, db_url, examples, steps, "node model test")
 
 
 # --- node changes during a grace period: earmarks follow their node -----------------------------
@@ -974,10 +927,6 @@ class EarmarkNodeMachine(DatabaseMachine):
         self.started = False
         self.nodes: dict[str, str] = {}  # node -> pool it is in (EPOOL or ESIDE)
         self.capacity: dict[str, int] = {}
-        self.stats["examples"] += 1
-
-    def sql(self, query: str, *args: Any) -> Any:
-        return self.runner.run(self.conn.fetchval(query, *args))
 
     def now(self, step: int = 1) -> datetime:
         self.tick += step
@@ -996,15 +945,7 @@ class EarmarkNodeMachine(DatabaseMachine):
 
     @initialize(placement=st.sampled_from(["pack", "spread"]))
     def setup(self, placement: str) -> None:
-        self.runner.run(
-            self.conn.execute(
-                "DELETE FROM respool.events; DELETE FROM respool.queue_entries;"
-                " DELETE FROM respool.placements; DELETE FROM respool.nodes;"
-                " DELETE FROM respool.requests; DELETE FROM respool.policy_resources;"
-                " DELETE FROM respool.policies; DELETE FROM respool.pool_resources;"
-                " DELETE FROM respool.pools;"
-            )
-        )
+        self.wipe()
         for name, grace in ((EPOOL, EGRACE), (ESIDE, 0)):
             self.sql(
                 "SELECT respool.create_pool(p_name => $1, p_placement => $2,"
@@ -1281,16 +1222,8 @@ class EarmarkNodeMachine(DatabaseMachine):
         ] == []
 
 
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize(
-    ("examples", "steps"),
-    [
-        pytest.param(10, 30, id="quick"),
-        pytest.param(80, 50, id="full", marks=pytest.mark.slow),
-    ],
-)
+@model_sizes(quick=(10, 30), full=(80, 50))
 def test_node_changes_during_grace_never_strand_a_request(
     db_url: str, examples: int, steps: int
 ) -> None:
-    seconds = run_machine(EarmarkNodeMachine, db_url, examples, steps)
-    print(f"\nearmark node model test: {dict(EarmarkNodeMachine.stats)} in {seconds:.1f}s")
+    run_machine(EarmarkNodeMachine, db_url, examples, steps, "earmark node model test")

@@ -34,7 +34,6 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import asyncpg
-import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     initialize,
@@ -42,7 +41,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from support.model import DatabaseMachine, run_machine
+from support.model import DatabaseMachine, model_sizes, run_machine
 from support.twins import install_twin
 
 # A Monday, half a minute past midnight UTC; 40 steps of at most a day stay in January-February
@@ -237,13 +236,6 @@ class ShapesMachine(DatabaseMachine):
         self.now = CLOCK0
         self.policies: dict[str, str] = {}  # policy subject -> id
         self.requests: dict[str, tuple[str, str | None]] = {}  # id -> (subject, group)
-        self.stats["examples"] += 1
-
-    def sql(self, query: str, *args: Any) -> Any:
-        return self.runner.run(self.conn.fetchval(query, *args))
-
-    def fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
-        return self.runner.run(self.conn.fetch(query, *args))
 
     @initialize(
         gpu=st.sampled_from([8, 8, 10]),
@@ -264,14 +256,7 @@ class ShapesMachine(DatabaseMachine):
         windows: tuple[Any, Any, Any],
         team_limit: int | None,
     ) -> None:
-        self.runner.run(
-            self.conn.execute(
-                "DELETE FROM respool.events; DELETE FROM respool.queue_entries;"
-                " DELETE FROM respool.requests; DELETE FROM respool.policy_resources;"
-                " DELETE FROM respool.policies; DELETE FROM respool.pool_resources;"
-                " DELETE FROM respool.pools;"
-            )
-        )
+        self.wipe()
         self.sql(
             "SELECT respool.create_pool(p_name => 'gp', p_capacity => $1, p_queueing => $2,"
             " p_preemption_grace_seconds => $3, p_now => $4)",
@@ -475,20 +460,9 @@ class ShapesMachine(DatabaseMachine):
             )
 
 
-# "quick" stays in the quick loop (`pytest -m "not slow"`); "full" is ``slow``. On a failure
-# Hypothesis shrinks (each attempt replays its steps against the database): allow for it.
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize(
-    ("examples", "steps"),
-    [
-        pytest.param(15, 25, id="quick"),
-        pytest.param(100, 40, id="full", marks=pytest.mark.slow),
-    ],
-)
+@model_sizes(quick=(15, 25))
 def test_policy_shapes_hold_on_a_moving_clock(db_url: str, examples: int, steps: int) -> None:
-    # (RESPOOL_MODEL_TWIN names a broken twin the model must catch, e.g. broken_shrink_twin)
-    seconds = run_machine(ShapesMachine, db_url, examples, steps)
-    print(f"\nshapes model: {dict(ShapesMachine.stats)} in {seconds:.1f}s")
+    run_machine(ShapesMachine, db_url, examples, steps, "shapes model")
     # The rules were exercised, not just the empty cases.
     assert ShapesMachine.stats["passes_with_a_closed_window"] > 0
     assert ShapesMachine.stats["grouped_preemptions"] > 0 or examples < 50

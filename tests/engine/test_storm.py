@@ -24,7 +24,6 @@ checker can fail.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
 import time
@@ -41,9 +40,9 @@ from app.db import policies as db_policies
 from app.db import pools as db_pools
 from app.db import reconcile as db_reconcile
 from app.db import requests as db_requests
-from app.db.connect import APP_CLI, connect
 from app.db.errors import Conflict, IdempotencyMismatch, InvariantBroken
-from support.twins import install_twin
+from support import storm
+from support.storm import StormStats, storm_db
 
 STORM_SECONDS = float(os.environ.get("RESPOOL_STORM_SECONDS", "10"))
 TWIN_SECONDS = 3.0
@@ -91,25 +90,14 @@ HOLDING = ("queued", "allocated", "preempting")
 
 
 @dataclass
-class Storm:
-    deadline: float
+class Storm(StormStats):
     preemptible_only: bool = False
     retries_and_short_leases: bool = False  # for the reconciler storm (test_reconciler_storm.py)
     shrink_rate: float = 0.02  # share of _shrink ops: below usage, key removals, several keys
-    started: float = field(default_factory=time.monotonic)
-    ops: Counter[str] = field(default_factory=Counter)
-    expected_errors: Counter[str] = field(default_factory=Counter)
-    deadlocks: int = 0
     rp500: int = 0
-    unexpected: list[str] = field(default_factory=list)
     # request id -> attempt, for every request some worker saw queued or allocated
     live: dict[UUID, int] = field(default_factory=dict)
-    snapshots: int = 0
-    violations: list[str] = field(default_factory=list)
-    violation_kinds: Counter[str] = field(default_factory=Counter)
     max_connections_seen: int = 0
-    errors_sample: list[str] = field(default_factory=list)
-    ops_duration: float = 0.0
 
     def summary(self, duration: float) -> str:
         total = sum(self.ops.values())
@@ -329,44 +317,37 @@ async def _shrink(conn: asyncpg.Connection, st: Storm, rng: random.Random) -> st
     return f"shrink_{kind}"
 
 
+async def _step(conn: asyncpg.Connection, st: Storm, rng: random.Random) -> str:
+    roll = rng.random()
+    if len(st.live) > 400:
+        roll = 0.5  # keep the working set bounded: release
+    if roll < 0.42:
+        return await _create(conn, st, rng)
+    if roll < 0.68:
+        return await _act(conn, st, rng, "release")
+    if roll < 0.78:
+        return await _act(conn, st, rng, "cancel")
+    if 0.98 - st.shrink_rate <= roll < 0.98:
+        return await _shrink(conn, st, rng)
+    if roll < 0.99 or st.preemptible_only:
+        return await _act(conn, st, rng, "heartbeat")
+    return await _resize(conn, st, rng)
+
+
+def _on_error(st: Storm, exc: Exception) -> None:
+    if isinstance(exc, (Conflict, IdempotencyMismatch)):
+        st.expected(exc)
+    elif isinstance(exc, InvariantBroken):
+        st.rp500 += 1
+        st.errors_sample.append(f"RP500: {exc}")
+    else:
+        st.unexpected.append(f"{type(exc).__name__}: {exc}")
+
+
 async def _worker(dsn: str, st: Storm, seed: int, ready: asyncio.Barrier) -> None:
-    rng = random.Random(seed)
-    conn = await connect(dsn, application_name="respool-storm")
-    try:
-        await ready.wait()  # every connection is open before anyone starts
-        while time.monotonic() < st.deadline:
-            roll = rng.random()
-            if len(st.live) > 400:
-                roll = 0.5  # keep the working set bounded: release
-            try:
-                if roll < 0.42:
-                    kind = await _create(conn, st, rng)
-                elif roll < 0.68:
-                    kind = await _act(conn, st, rng, "release")
-                elif roll < 0.78:
-                    kind = await _act(conn, st, rng, "cancel")
-                elif 0.98 - st.shrink_rate <= roll < 0.98:
-                    kind = await _shrink(conn, st, rng)
-                elif roll < 0.99 or st.preemptible_only:
-                    kind = await _act(conn, st, rng, "heartbeat")
-                else:
-                    kind = await _resize(conn, st, rng)
-                st.ops[kind] += 1
-            except (Conflict, IdempotencyMismatch) as exc:
-                st.ops["expected_error"] += 1
-                st.expected_errors[type(exc).__name__] += 1
-            except InvariantBroken as exc:
-                st.rp500 += 1
-                st.errors_sample.append(f"RP500: {exc}")
-            except asyncpg.DeadlockDetectedError as exc:
-                st.deadlocks += 1
-                st.errors_sample.append(f"40P01: {exc}")
-            except Exception as exc:
-                st.unexpected.append(f"{type(exc).__name__}: {exc}")
-                if len(st.unexpected) > 50:
-                    return
-    finally:
-        await conn.close()
+    await storm.work(
+        dsn, st, seed, ready, application_name="respool-storm", step=_step, on_error=_on_error
+    )
 
 
 _AUDIT_SQL = """
@@ -389,17 +370,8 @@ async def _audit_once(conn: asyncpg.Connection, st: Storm) -> list[str]:
     st.snapshots += 1
     st.max_connections_seen = max(st.max_connections_seen, int(open_conns))
     found = [r[0] for r in rows]
-    for v in found:
-        st.violation_kinds[v.split(" ", 1)[0]] += 1
-    st.violations.extend(found)
+    st.record(found)
     return found
-
-
-async def _auditor(conn: asyncpg.Connection, st: Storm, stop: asyncio.Event) -> None:
-    while not stop.is_set():
-        await _audit_once(conn, st)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), 0.1)
 
 
 async def _setup(conn: asyncpg.Connection) -> None:
@@ -419,30 +391,16 @@ async def _run_storm(
     retries: bool = False,
     shrink_rate: float = 0.02,
 ) -> Storm:
-    audit_conn = await connect(dsn, application_name=APP_CLI)
-    try:
-        # Workers connect first; the clock starts when all 64 connections are open.
-        st = Storm(
-            deadline=float("inf"),
-            preemptible_only=preemptible_only,
-            retries_and_short_leases=retries,
-            shrink_rate=shrink_rate,
-        )
-        ready = asyncio.Barrier(WORKERS + 1)
-        workers = [asyncio.create_task(_worker(dsn, st, seed, ready)) for seed in range(WORKERS)]
-        await asyncio.wait_for(ready.wait(), 60)
-        st.started = time.monotonic()
-        st.deadline = st.started + seconds
-        stop = asyncio.Event()
-        auditor = asyncio.create_task(_auditor(audit_conn, st, stop))
-        await asyncio.gather(*workers)
-        st.ops_duration = time.monotonic() - st.started
-        stop.set()
-        await auditor
-        await _audit_once(audit_conn, st)  # the quiet state after the last commit
-    finally:
-        await audit_conn.close()
-    return st
+    # Workers connect first; the clock starts when all 64 connections are open.
+    st = Storm(
+        deadline=float("inf"),
+        preemptible_only=preemptible_only,
+        retries_and_short_leases=retries,
+        shrink_rate=shrink_rate,
+    )
+    return await storm.run(
+        dsn, st, seconds, workers=WORKERS, worker=_worker, audit_once=_audit_once, period=0.1
+    )
 
 
 async def drain(conn: asyncpg.Connection) -> tuple[list[dict[str, Any]], int, list[Any]]:
@@ -467,9 +425,7 @@ async def drain(conn: asyncpg.Connection) -> tuple[list[dict[str, Any]], int, li
 
 @pytest.mark.slow
 async def test_storm_keeps_invariants(db_url: str) -> None:
-    conn = await connect(db_url, application_name=APP_CLI)
-    try:
-        await _setup(conn)
+    async with storm_db(db_url, _setup) as conn:
         st = await _run_storm(db_url, STORM_SECONDS)
         duration = st.ops_duration
         summary = st.summary(duration)
@@ -499,17 +455,12 @@ async def test_storm_keeps_invariants(db_url: str) -> None:
         assert left == [], context
         assert queued_left == 0, context
         assert final_violations == [], context
-    finally:
-        await conn.close()
 
 
 @pytest.mark.slow
 async def test_broken_twin_is_caught(db_url: str) -> None:
     """The same storm against an allocation path without guards: the auditor must object."""
-    conn = await connect(db_url, application_name=APP_CLI)
-    try:
-        await _setup(conn)
-        await install_twin(conn, "broken_twin")
+    async with storm_db(db_url, _setup, "broken_twin"):
         st = await _run_storm(db_url, TWIN_SECONDS, preemptible_only=True, shrink_rate=0)
         summary = st.summary(st.ops_duration)
         print(f"\nbroken twin {summary}")
@@ -517,8 +468,6 @@ async def test_broken_twin_is_caught(db_url: str) -> None:
         assert not st.unexpected, context
         assert st.deadlocks == 0, context
         assert st.violation_kinds["I1"] + st.violation_kinds["I2"] > 0, context
-    finally:
-        await conn.close()
 
 
 @pytest.mark.slow
@@ -526,10 +475,7 @@ async def test_broken_shrink_twin_is_caught(db_url: str) -> None:
     """The storm against the shrink enforcement from before its fix: the checks must object to
     both bugs (a removed custom key left allocated: I1; a multi-key pass preempting a victim it
     did not need)."""
-    conn = await connect(db_url, application_name=APP_CLI)
-    try:
-        await _setup(conn)
-        await install_twin(conn, "broken_shrink_twin")
+    async with storm_db(db_url, _setup, "broken_shrink_twin"):
         st = await _run_storm(db_url, SHRINK_TWIN_SECONDS, shrink_rate=0.15)
         summary = st.summary(st.ops_duration)
         print(f"\nbroken shrink twin {summary}")
@@ -538,5 +484,3 @@ async def test_broken_shrink_twin_is_caught(db_url: str) -> None:
         assert st.deadlocks == 0, context
         assert st.violation_kinds["I1"] > 0, context  # lic removed, its holders kept it
         assert st.violation_kinds["unneeded_victim"] > 0, context
-    finally:
-        await conn.close()

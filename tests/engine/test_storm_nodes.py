@@ -21,11 +21,8 @@ their holders) must be caught: by a short deterministic test in the quick loop, 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
-import time
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,8 +30,9 @@ import asyncpg
 import pytest
 from test_placement import NODE_INVARIANTS_SQL
 
-from app.db.connect import APP_CLI, connect
 from app.db.errors import Conflict, NotFound, translate
+from support import storm
+from support.storm import StormStats, storm_db
 from support.twins import install_twin
 
 STORM_SECONDS = float(os.environ.get("RESPOOL_STORM_SECONDS", "10"))
@@ -76,20 +74,11 @@ HOLDING = ("queued", "allocated", "preempting")
 
 
 @dataclass
-class Storm:
-    deadline: float
+class Storm(StormStats):
     node_ops: bool = True
-    ops: Counter[str] = field(default_factory=Counter)
-    expected_errors: Counter[str] = field(default_factory=Counter)
-    deadlocks: int = 0
     invariant_broken: int = 0
-    unexpected: list[str] = field(default_factory=list)
-    errors_sample: list[str] = field(default_factory=list)
     live: set[Any] = field(default_factory=set)
     extra_nodes: int = 0
-    snapshots: int = 0
-    violations: list[str] = field(default_factory=list)
-    violation_kinds: Counter[str] = field(default_factory=Counter)
     placed_seen: int = 0
 
     def summary(self) -> str:
@@ -219,46 +208,39 @@ async def _node_op(conn: asyncpg.Connection, st: Storm, rng: random.Random) -> s
     return "node_delete"
 
 
+async def _step(conn: asyncpg.Connection, st: Storm, rng: random.Random) -> str:
+    roll = rng.random()
+    if len(st.live) > 150:
+        roll = 0.5
+    if roll < 0.4:
+        return await _create(conn, st, rng)
+    if roll < 0.65:
+        return await _finish(conn, st, rng, "release")
+    if roll < 0.8:
+        return await _finish(conn, st, rng, "cancel")
+    if roll < 0.87 or not st.node_ops:
+        return await _reconcile(conn, rng)
+    return await _node_op(conn, st, rng)
+
+
+def _on_error(st: Storm, exc: Exception) -> None:
+    if not isinstance(exc, asyncpg.PostgresError):
+        st.unexpected.append(f"{type(exc).__name__}: {exc}")
+        return
+    err = translate(exc)
+    if isinstance(err, (Conflict, NotFound)):
+        st.expected(err)
+    elif exc.sqlstate in ("RP500", "RP501"):
+        st.invariant_broken += 1
+        st.errors_sample.append(f"{exc.sqlstate}: {exc}")
+    else:
+        st.unexpected.append(f"{type(exc).__name__} {exc.sqlstate}: {exc}")
+
+
 async def _worker(dsn: str, st: Storm, seed: int, ready: asyncio.Barrier) -> None:
-    rng = random.Random(seed)
-    conn = await connect(dsn, application_name="respool-node-storm")
-    try:
-        await ready.wait()
-        while time.monotonic() < st.deadline:
-            roll = rng.random()
-            if len(st.live) > 150:
-                roll = 0.5
-            try:
-                if roll < 0.4:
-                    kind = await _create(conn, st, rng)
-                elif roll < 0.65:
-                    kind = await _finish(conn, st, rng, "release")
-                elif roll < 0.8:
-                    kind = await _finish(conn, st, rng, "cancel")
-                elif roll < 0.87 or not st.node_ops:
-                    kind = await _reconcile(conn, rng)
-                else:
-                    kind = await _node_op(conn, st, rng)
-                st.ops[kind] += 1
-            except asyncpg.DeadlockDetectedError as exc:
-                st.deadlocks += 1
-                st.errors_sample.append(f"40P01: {exc}")
-            except asyncpg.PostgresError as exc:
-                err = translate(exc)
-                if isinstance(err, (Conflict, NotFound)):
-                    st.ops["expected_error"] += 1
-                    st.expected_errors[type(err).__name__] += 1
-                elif exc.sqlstate in ("RP500", "RP501"):
-                    st.invariant_broken += 1
-                    st.errors_sample.append(f"{exc.sqlstate}: {exc}")
-                else:
-                    st.unexpected.append(f"{type(exc).__name__} {exc.sqlstate}: {exc}")
-            except Exception as exc:
-                st.unexpected.append(f"{type(exc).__name__}: {exc}")
-            if len(st.unexpected) > 50:
-                return
-    finally:
-        await conn.close()
+    await storm.work(
+        dsn, st, seed, ready, application_name="respool-node-storm", step=_step, on_error=_on_error
+    )
 
 
 AUDIT_SQL = (
@@ -280,16 +262,7 @@ async def _audit_once(conn: asyncpg.Connection, st: Storm) -> None:
     async with conn.transaction(isolation="repeatable_read", readonly=True):
         rows = await conn.fetch(AUDIT_SQL)
     st.snapshots += 1
-    for r in rows:
-        st.violations.append(r[0])
-        st.violation_kinds[r[0].split(" ", 1)[0]] += 1
-
-
-async def _auditor(conn: asyncpg.Connection, st: Storm, stop: asyncio.Event) -> None:
-    while not stop.is_set():
-        await _audit_once(conn, st)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), 0.05)
+    st.record([r[0] for r in rows])
 
 
 async def _setup(conn: asyncpg.Connection) -> None:
@@ -314,29 +287,15 @@ async def _setup(conn: asyncpg.Connection) -> None:
 
 
 async def _run(dsn: str, seconds: float, *, node_ops: bool = True) -> Storm:
-    audit_conn = await connect(dsn, application_name=APP_CLI)
-    try:
-        st = Storm(deadline=float("inf"), node_ops=node_ops)
-        ready = asyncio.Barrier(WORKERS + 1)
-        workers = [asyncio.create_task(_worker(dsn, st, seed, ready)) for seed in range(WORKERS)]
-        await asyncio.wait_for(ready.wait(), 60)
-        st.deadline = time.monotonic() + seconds
-        stop = asyncio.Event()
-        auditor = asyncio.create_task(_auditor(audit_conn, st, stop))
-        await asyncio.gather(*workers)
-        stop.set()
-        await auditor
-        await _audit_once(audit_conn, st)
-    finally:
-        await audit_conn.close()
-    return st
+    st = Storm(deadline=float("inf"), node_ops=node_ops)
+    return await storm.run(
+        dsn, st, seconds, workers=WORKERS, worker=_worker, audit_once=_audit_once, period=0.05
+    )
 
 
 @pytest.mark.slow
 async def test_node_storm_keeps_node_invariants(db_url: str) -> None:
-    conn = await connect(db_url, application_name=APP_CLI)
-    try:
-        await _setup(conn)
+    async with storm_db(db_url, _setup) as conn:
         st = await _run(db_url, STORM_SECONDS)
         print(f"\n{st.summary()}")
         # Quiet state: every node active again, one pass per pool, then end everything.
@@ -370,24 +329,17 @@ async def test_node_storm_keeps_node_invariants(db_url: str) -> None:
             == 0
         )
         assert [r[0] for r in await conn.fetch(AUDIT_SQL)] == []
-    finally:
-        await conn.close()
 
 
 @pytest.mark.slow
 async def test_broken_device_twin_is_caught_by_the_storm(db_url: str) -> None:
     """The storm against a _place_on_node that ignores device holders: the auditor objects."""
-    conn = await connect(db_url, application_name=APP_CLI)
-    try:
-        await _setup(conn)
-        await install_twin(conn, "broken_device_twin")
+    async with storm_db(db_url, _setup, "broken_device_twin"):
         st = await _run(db_url, TWIN_SECONDS, node_ops=False)
         print(f"\nbroken device twin {st.summary()}")
         context = f"{st.summary()}\nunexpected: {st.unexpected[:10]}"
         assert not st.unexpected, context
         assert st.violation_kinds["I6"] > 0, context
-    finally:
-        await conn.close()
 
 
 @pytest.mark.parametrize("twin", [None, "broken_device_twin"])
