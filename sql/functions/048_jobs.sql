@@ -96,6 +96,14 @@ $$;
 COMMENT ON FUNCTION respool.agent_may_see(uuid, uuid, uuid) IS
     'Whether an agent bound to node p_node_id (or, with p_node_id NULL, to pool p_pool_id) may see request p_id: a job placed on its node now, claimed by it, or last placed there (a pool agent: a job of its pool). Everything else is invisible to it (404).';
 
+CREATE OR REPLACE FUNCTION respool.agent_pool_id(p_node_id uuid, p_pool_id uuid)
+RETURNS uuid LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN p_node_id IS NULL THEN p_pool_id
+                ELSE (SELECT n.pool_id FROM respool.nodes n WHERE n.id = p_node_id) END
+$$;
+COMMENT ON FUNCTION respool.agent_pool_id(uuid, uuid) IS
+    'The pool an agent waits on for new jobs: its node''s pool (NULL while the node is in none), or the pool it is bound to. Read-only.';
+
 CREATE OR REPLACE FUNCTION respool.agent_jobs(p_node_id uuid, p_pool_id uuid, p_claimed boolean DEFAULT false)
 RETURNS jsonb LANGUAGE sql STABLE AS $$
     SELECT coalesce(jsonb_agg(respool.request_json(r.id) ORDER BY r.allocated_at, r.id), '[]')
