@@ -22,8 +22,7 @@ BEGIN
     IF jsonb_typeof(p_job -> 'command') IS DISTINCT FROM 'array'
        OR jsonb_array_length(p_job -> 'command') NOT BETWEEN 1 AND 256
        OR EXISTS (SELECT FROM jsonb_array_elements(p_job -> 'command') a
-                   WHERE jsonb_typeof(a) <> 'string' OR a #>> '{}' = '' OR length(a #>> '{}') > 65536
-                      OR position(chr(0) IN a #>> '{}') > 0) THEN
+                   WHERE jsonb_typeof(a) <> 'string' OR a #>> '{}' = '' OR length(a #>> '{}') > 65536) THEN
         PERFORM respool._fail('RP400', 'job.command',
                               'job.command must be a list of 1 to 256 non-empty strings (the argv)');
     END IF;
@@ -360,6 +359,7 @@ DECLARE
     a respool.job_log_attempts;
     v_chunks jsonb;
     v_first_tail integer;
+    v_marker text;
 BEGIN
     IF r.id IS NULL THEN
         PERFORM respool._fail('RP404', 'id', format('request %s not found', p_id));
@@ -368,13 +368,20 @@ BEGIN
     SELECT * INTO a FROM respool.job_log_attempts WHERE request_id = p_id AND attempt = v_attempt;
     SELECT min(seq) INTO v_first_tail FROM respool.job_logs
      WHERE request_id = p_id AND attempt = v_attempt AND NOT head;
+    IF coalesce(a.dropped_bytes, 0) > 0 THEN
+        -- A line of its own: after a newline when the head does not end with one.
+        v_marker := CASE WHEN (SELECT right(l.data, 1) FROM respool.job_logs l
+                                WHERE l.request_id = p_id AND l.attempt = v_attempt AND l.head
+                                ORDER BY CASE WHEN l.seq < 0 THEN -1 - l.seq ELSE l.seq END DESC LIMIT 1)
+                                IS DISTINCT FROM E'\n' THEN E'\n' ELSE '' END
+                    || format(E'[... %s bytes dropped ...]\n', a.dropped_bytes);
+    END IF;
     -- Chunks in seq order (a head part stored as -1 - seq sorts with its seq); the marker goes
     -- in front of the first tail chunk once bytes were dropped.
     SELECT coalesce(jsonb_agg(jsonb_build_object(
                         'seq', c.s, 'stream', c.stream,
-                        'data', CASE WHEN NOT c.head AND c.seq = v_first_tail AND coalesce(a.dropped_bytes, 0) > 0
-                                     THEN format(E'[... %s bytes dropped ...]\n', a.dropped_bytes) || c.data
-                                     ELSE c.data END)
+                        'data', CASE WHEN NOT c.head AND c.seq = v_first_tail AND v_marker IS NOT NULL
+                                     THEN v_marker || c.data ELSE c.data END)
                     ORDER BY c.s, c.head DESC), '[]')
       INTO v_chunks
       FROM (SELECT l.*, CASE WHEN l.seq < 0 THEN -1 - l.seq ELSE l.seq END AS s
