@@ -157,16 +157,20 @@ CREATE OR REPLACE FUNCTION respool.release_job(p_id uuid, p_attempt integer, p_e
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     r respool.requests;
+    v_reason text;
 BEGIN
-    IF p_reason IS NOT NULL AND p_reason <> 'agent_restarted' THEN
-        PERFORM respool._fail('RP400', 'reason', 'reason must be agent_restarted or null');
+    IF p_reason IS NOT NULL THEN
+        v_reason := 'agent_restarted';  -- the one reason an agent reports
+        IF p_reason <> v_reason THEN
+            PERFORM respool._fail('RP400', 'reason', 'reason must be agent_restarted or null');
+        END IF;
     END IF;
     r := respool._lock_request(p_id, p_attempt);
     IF p_exit_code IS NOT NULL AND r.status IN ('allocated', 'preempting') THEN
         UPDATE respool.requests SET exit_code = p_exit_code WHERE id = p_id;
     END IF;
-    PERFORM respool._end_locked(p_id, 'released', p_reason,
-                                CASE WHEN p_reason = 'agent_restarted'
+    PERFORM respool._end_locked(p_id, 'released', v_reason,
+                                CASE WHEN v_reason IS NOT NULL
                                      THEN 'released by a restarted agent: the job''s processes were gone'
                                      WHEN p_exit_code IS NOT NULL THEN format('exited with code %s', p_exit_code)
                                      ELSE '' END,
