@@ -7,6 +7,7 @@ lease lapses runs again while it has retries."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ import httpx
 import pytest
 
 from app.db import tokens
+from support.cli import Cli, failed
 from support.db import direct, reconcile
 from support.http import error, ok
 from support.server import Server, running_server, waiting_clients
@@ -351,3 +353,39 @@ async def test_agent_tokens_are_bound_to_one_node_or_a_pool_without_nodes(jobs: 
             assert "agent" in str(refused.value) or "nodes" in str(refused.value)
         listed = {t.name: t for t in await tokens.list_tokens(conn)}
     assert (listed["agent-n2"].role, listed["agent-n2"].node) == ("agent", "n2")
+
+
+async def test_a_restarted_agent_releases_a_claim_whose_processes_are_gone(jobs: Setup) -> None:
+    s = jobs
+    rid = (await submit(s))["id"]
+    ok(await s.c.post(path(rid, "claim"), headers=s.agent1, json={"attempt": 1}))
+    mine = ok(await s.c.get("/v1/agent/jobs", headers=s.agent1, params={"claimed": "true"}))
+    assert [j["id"] for j in mine["items"]] == [rid]
+    bad = {"reason": "bored"}
+    error(await s.c.post(path(rid, "release"), headers=s.agent1, json=bad), 400, "reason")
+    body = {"reason": "agent_restarted"}
+    done = ok(
+        await s.c.post(path(rid, "release"), headers=s.agent1, params={"attempt": 1}, json=body)
+    )
+    assert (done["status"], done["reason"], done["exit_code"]) == (
+        "released",
+        "agent_restarted",
+        None,
+    )
+
+
+async def test_token_create_binds_an_agent_token_from_the_cli(jobs: Setup) -> None:
+    cli = Cli(url=jobs.server.url, db_url=jobs.server.db_url)
+    made = await cli.db(
+        "token", "create", "--role", "agent", "--node", "n2", "--name", "a2", "-o", "json"
+    )
+    assert made.exit_code == 0, made.stderr
+    shown = json.loads(made.stdout)
+    assert (shown["role"], shown["node"], shown["pool"]) == ("agent", "n2", None)
+    table = (await cli.db("token", "list")).stdout
+    assert "node n2" in table
+    assert "exactly one" in failed(await cli.db("token", "create", "--role", "agent"))
+    hb = await jobs.c.post(
+        "/v1/agent/heartbeat", headers=bearer(shown["token"]), json={"interval_seconds": 5}
+    )
+    assert ok(hb) == {"node": "n2", "pool": "p"}
