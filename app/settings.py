@@ -23,6 +23,9 @@ class SettingsError(ValueError):
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
     database_url: str | None = None
+    # Where respool keeps its own data: the embedded PostgreSQL's data directory is
+    # ``<data_dir>/pgdata`` (None: the user's data directory, app.db.embedded.default_data_dir).
+    data_dir: str | None = None
     host: str = "127.0.0.1"
     port: int = 8080
     reconcile_interval: float = 1.0
@@ -71,6 +74,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
 
         return cls(
             database_url=get("RESPOOL_DATABASE_URL", _optional_str, None),
+            data_dir=get("RESPOOL_DATA_DIR", data_dir_value, None),
             host=get("RESPOOL_HOST", str, "127.0.0.1"),
             port=get("RESPOOL_PORT", _int_range(1, 65535), 8080),
             reconcile_interval=get("RESPOOL_RECONCILE_INTERVAL", _positive_seconds, 1.0),
@@ -103,6 +107,12 @@ MAX_WORKERS = 64
 
 def _optional_str(raw: str) -> str | None:
     return raw
+
+
+def data_dir_value(raw: str) -> str:
+    """``RESPOOL_DATA_DIR``: a directory path (``~`` expanded; a relative path is relative to
+    the working directory when respool starts)."""
+    return os.path.abspath(os.path.expanduser(raw))
 
 
 # A secret shorter than this is refused: 32 characters of a random token are >= 128 bits.

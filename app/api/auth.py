@@ -3,9 +3,11 @@
 * ``Authorization: Bearer <token>``. ``RESPOOL_ADMIN_TOKEN`` is an admin token compared in
   constant time; any other token is looked up by its sha256 (:mod:`app.db.tokens`) on every
   request, so a revocation takes effect at once.
-* Roles: ``admin`` everything; ``reader`` GET only; ``client`` GET on pools and policies, and
+* Roles: ``admin`` everything; ``reader`` GET only; ``client`` GET on pools, policies and nodes, and
   every request route for subjects matching its globs. Another subject's request is 404 (its
   existence is not leaked), creating one for another subject is 403, and listing is filtered.
+* What a client reads elsewhere (nodes, policies, events, what-if) names another request or
+  subject only when its globs cover that subject (:func:`subject_reader`); the rest is blanked.
 * 401 (with ``WWW-Authenticate: Bearer``) without a valid, unrevoked token; 403 for a role
   without the right. ``/healthz``, ``/readyz``, ``/metrics`` and ``/schema*`` stay open.
 * ``RESPOOL_AUTH=off``: no checks; refused unless the bind host is loopback.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
+from collections.abc import Callable
 from typing import Any
 from uuid import UUID
 
@@ -47,6 +50,7 @@ __all__ = [
     "is_loopback",
     "listing_patterns",
     "require_subject",
+    "subject_reader",
 ]
 
 log = logging.getLogger("respool.api")
@@ -270,3 +274,14 @@ def listing_patterns(request: Request[Any, Any, Any]) -> list[str] | None:
     if p.role != "client":
         return None
     return [globs.glob_to_like(g) for g in p.subject_patterns or ()]
+
+
+def subject_reader(request: Request[Any, Any, Any]) -> Callable[[str | None], bool]:
+    """Whether the caller may read a given subject (and the ids of its requests): every subject
+    for admin and reader tokens (and with auth off), for a client only those its globs cover;
+    ``None`` (unknown) only for callers that read everything. Other answers blank the rest."""
+    p = principal_of(request)
+    if p.role != "client":
+        return lambda subject: True
+    patterns = p.subject_patterns or ()
+    return lambda subject: subject is not None and globs.subject_matches(subject, patterns)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Generator
 from typing import Any, TypeAlias, TypeVar
 
 import asyncpg
 import msgspec
 from litestar import Request, delete
 from litestar.datastructures import State
+from litestar.dto import AbstractDTO
+from litestar.exceptions import SerializationException
 from litestar.params import JSONBody, SkipValidation
 from msgspec import UNSET
 
@@ -19,10 +22,12 @@ from app.settings import Settings
 
 __all__ = [
     "AnyRequest",
+    "DecodedOnce",
     "StrictBody",
     "coalescer",
     "db",
     "decode_body",
+    "decode_strict",
     "delete_by_ref",
     "notifier",
     "releases",
@@ -73,21 +78,70 @@ def settings(state: State) -> Settings:
 
 
 async def decode_body(request: Request[Any, Any, Any], kind: type[T]) -> T:
-    """Decode the raw JSON body strictly into ``kind``.
+    """Decode the raw JSON body strictly into ``kind`` (:func:`decode_strict`).
 
-    Litestar has already validated the body leniently (it converts via Python objects, where
-    ``"8"`` may pass as an int and ``cpu_count`` goes through a binary float). Decoding the raw
-    bytes again with ``strict=True`` refuses strings and floats for integers, and keeps a
-    ``Decimal`` exactly as written in the JSON text.
+    Litestar has already parsed the body (a ``StrictBody`` without :class:`DecodedOnce`), into
+    Python objects only: it does not validate it. Decoding the raw bytes with ``strict=True``
+    refuses strings and floats for integers, and keeps a ``Decimal`` exactly as written in the
+    JSON text.
     """
-    raw = await request.body()
+    return decode_strict(await request.body(), kind)
+
+
+def decode_strict(
+    raw: bytes,
+    kind: type[T],
+    not_json: Callable[[msgspec.DecodeError], Exception] = validation_error,
+) -> T:
+    """The JSON body ``raw`` decoded strictly into ``kind``, or a 400 naming the field
+    (``not_json(error)`` is raised when ``raw`` is not JSON at all)."""
     refuse_extreme_numbers(raw)  # 1e400, 10^30, 5000 digits: 400 naming the field
     try:
         body = msgspec.json.decode(raw or b"{}", type=kind, strict=True)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise validation_error(exc) from None
+    except msgspec.ValidationError as exc:
+        raise validation_error(exc, raw or b"{}", kind) from None
+    except msgspec.DecodeError as exc:
+        raise not_json(exc) from None
     refuse_string_decimals(raw, kind)  # msgspec takes "1" for a Decimal even when strict
     return body
+
+
+class DecodedOnce(AbstractDTO[T]):
+    """``dto=DecodedOnce[Kind]`` on a route whose ``data`` is a ``StrictBody[Kind]``: the handler
+    gets the body decoded by :func:`decode_strict` alone, from the raw bytes, where Litestar would
+    first parse it into Python objects that nothing reads. The OpenAPI document describes
+    ``data`` exactly as without it. (Set ``return_dto=None`` on the route: answers are
+    encoded as usual.)"""
+
+    @classmethod
+    def create_for_field_definition(cls, *args: Any, **kwargs: Any) -> None:
+        """Nothing to prepare: no transfer model, the body decodes straight into ``Kind``."""
+
+    @classmethod
+    def create_openapi_schema(
+        cls, field_definition: Any, handler_id: str, schema_creator: Any
+    ) -> Any:
+        return schema_creator.for_field_definition(field_definition)
+
+    @classmethod
+    def is_supported_model_type_field(cls, field_definition: Any) -> bool:
+        return False  # never an answer's DTO
+
+    @classmethod
+    def generate_field_definitions(cls, model_type: type[Any]) -> Generator[Any, None, None]:
+        yield from ()
+
+    @classmethod
+    def detect_nested_field(cls, field_definition: Any) -> bool:
+        return False
+
+    def decode_bytes(self, value: bytes) -> T:
+        # Not JSON: the 400 Litestar answers when it parses a body itself.
+        return decode_strict(value, self.model_type, not_json=_litestar_not_json)
+
+
+def _litestar_not_json(exc: msgspec.DecodeError) -> Exception:
+    return SerializationException(str(exc))
 
 
 def sent(body: msgspec.Struct) -> dict[str, Any]:

@@ -63,11 +63,84 @@ def _field_from_message(message: str, path: str | None) -> str | None:
 
 
 def _clean_path(path: str | None) -> str | None:
+    """A decoder's path in the documented form (``windows[0].days[1]``): an index stays in
+    brackets; ``[...]``, a value of a map whose key the decoder does not say, names the map."""
     if not path:
         return None
-    # "capacity[...]" is a value of a map (msgspec does not say which key); "[0]" an index.
-    path = path.replace("[...]", "")
-    return re.sub(r"\[(\d+)\]", r".\1", path) or None
+    return path.replace("[...]", "") or None
+
+
+# One step of a msgspec error path: ".name", "[0]" or "[...]" (a value of a map).
+_STEP = re.compile(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]")
+
+
+def _named_path(path: str, raw: bytes, kind: type[Any], error: str) -> str | None:
+    """``path`` (``.devices[...][1]``) with each map value named by its key
+    (``devices.gpu[1]``), found in the body ``raw``: the key is the first entry of the map such
+    that the body cut after it fails to decode into ``kind`` with the very same ``error``
+    (the decoder goes through the body in order and stops at the first error). None when a key
+    cannot be found (the caller names the map)."""
+    steps = [(m.group(1), m.group(2)) for m in _STEP.finditer(path)]
+    if "".join(m.group(0) for m in _STEP.finditer(path)) != path:
+        return None
+    try:
+        doc = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    out = ""
+    node = doc
+    for name, index in steps:
+        if name is not None and isinstance(node, dict) and name in node:
+            out += f".{name}" if out else name
+            node = node[name]
+        elif index is not None and index != "..." and isinstance(node, list):
+            out += f"[{index}]"
+            node = node[int(index)]
+        elif index == "..." and isinstance(node, dict):
+            key = _failing_key(doc, node, kind, error)
+            if key is None:
+                return None
+            out += f".{key}" if out else key
+            node = node[key]
+        else:
+            return None
+    return out or None
+
+
+# Beyond this many entries a map is named as a whole (no field has that many keys; the search
+# would only cost the server time).
+_MOST_KEYS_SEARCHED = 1024
+
+
+def _failing_key(doc: Any, node: dict[str, Any], kind: type[Any], error: str) -> str | None:
+    """The key of ``node`` (a map inside ``doc``) whose value the decoder refused with
+    ``error``. "The body with ``node`` cut after its first n entries fails with ``error``" is
+    false up to the culprit and true from it on: a bisection, O(log n) decodes."""
+    entries = list(node.items())
+
+    def fails_with_error(n: int) -> bool:
+        node.clear()
+        node.update(entries[:n])
+        try:
+            msgspec.json.decode(msgspec.json.encode(doc), type=kind, strict=True)
+        except msgspec.ValidationError as exc:
+            return str(exc) == error
+        return False
+
+    try:
+        low, high = 0, len(entries)  # fails_with_error(high) is the body as sent
+        if not entries or len(entries) > _MOST_KEYS_SEARCHED or not fails_with_error(high):
+            return None
+        while high - low > 1:
+            mid = (low + high) // 2
+            if fails_with_error(mid):
+                high = mid
+            else:
+                low = mid
+        return str(entries[high - 1][0])
+    finally:
+        node.clear()
+        node.update(entries)
 
 
 # --- numbers no field can take ----------------------------------------------------------------
@@ -124,15 +197,25 @@ def extreme_number_error(raw: bytes) -> ApiError | None:
     return ApiError(400, f"{name} {why}", field or None)
 
 
-def validation_error(exc: msgspec.ValidationError | msgspec.DecodeError) -> ApiError:
-    """A msgspec error as a 400 naming the offending field (``capacity.gpu``, ``labels``...)."""
+def validation_error(
+    exc: msgspec.ValidationError | msgspec.DecodeError,
+    raw: bytes | None = None,
+    kind: type[Any] | None = None,
+) -> ApiError:
+    """A msgspec error as a 400 naming the offending field as docs/api.md writes fields
+    (``windows[0].days[1]``, ``members[2].resources.gpu``, ``devices.gpu[0]``). With the body
+    ``raw`` and the type ``kind`` it was decoded into, a value of a map is named by its key;
+    without, by the map (``capacity``)."""
     text = str(exc)
     path: str | None = None
     m = _AT.search(text)
     if m:
         text = text[: m.start()]
-        path = m.group("path").lstrip(".") or None
-        path = _clean_path(path)
+        at = m.group("path")
+        if "[...]" in at and raw is not None and kind is not None:
+            path = _named_path(at, raw, kind, str(exc))
+        if path is None:
+            path = _clean_path(at.lstrip("."))
     if not isinstance(exc, msgspec.ValidationError):  # ValidationError is a DecodeError
         return ApiError(400, f"invalid JSON body: {text}", None)
     field = _field_from_message(text, path)

@@ -1,6 +1,7 @@
 """``/v1/nodes``: the machines that back a pool (docs/placement.md): register, list (by pool and
 label selector), read, update, delete, and cordon / drain / uncordon. Admin writes, every role
-reads (:mod:`app.api.auth`)."""
+reads (:mod:`app.api.auth`); a client token sees the request id and subject of an allocation
+only when its globs cover the subject (docs/api.md)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from litestar.datastructures import State
 from litestar.params import FromPath, QueryParameter
 from respool_client.wire import LABEL_KEY_PATTERN, Node, NodeCreate, NodeUpdate
 
+from app.api.auth import subject_reader
 from app.api.common import AnyRequest, StrictBody, db, decode_body, sent
 from app.api.errors import ApiError, error_responses
 from app.db import nodes as db_nodes
@@ -52,6 +54,19 @@ def parse_selector(pairs: list[str] | None) -> dict[str, str]:
     return selector
 
 
+def visible_node(request: AnyRequest, node: Node) -> Node:
+    """``node`` as the caller may see it: an allocation of a subject it may not read keeps its
+    status, units and devices (the node's usage) but not its request id and subject."""
+    may_read = subject_reader(request)
+    if all(may_read(a.subject) for a in node.allocations):
+        return node
+    allocations = [
+        a if may_read(a.subject) else msgspec.structs.replace(a, request_id=None, subject=None)
+        for a in node.allocations
+    ]
+    return msgspec.structs.replace(node, allocations=allocations)
+
+
 class NodeController(Controller):
     path = "/v1/nodes"
     tags = ["nodes"]
@@ -76,20 +91,22 @@ class NodeController(Controller):
     async def list_nodes(
         self,
         state: State,
+        request: AnyRequest,
         pool: Annotated[
             str | None, QueryParameter(description="Only the nodes of this pool (a ref)")
         ] = None,
         selector: _Selector = None,
     ) -> list[Node]:
-        return await db_nodes.list_nodes(db(state), pool=pool, selector=parse_selector(selector))
+        found = await db_nodes.list_nodes(db(state), pool=pool, selector=parse_selector(selector))
+        return [visible_node(request, n) for n in found]
 
     @get(
         "/{name:str}",
         summary="One node, its devices and allocations",
         responses=error_responses(404),
     )
-    async def get_node(self, state: State, name: FromPath[str]) -> Node:
-        return await db_nodes.get_node(db(state), name)
+    async def get_node(self, state: State, request: AnyRequest, name: FromPath[str]) -> Node:
+        return visible_node(request, await db_nodes.get_node(db(state), name))
 
     @patch(
         "/{name:str}",

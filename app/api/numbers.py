@@ -7,6 +7,7 @@ so ``settings.cpu_count: "1"`` would pass. :func:`refuse_string_decimals` finds 
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from typing import Any
 
@@ -76,9 +77,26 @@ def _decimal_paths(kind: Any) -> tuple[tuple[str, ...], ...]:
 
 
 def refuse_string_decimals(raw: bytes, kind: type[Any]) -> None:
-    """400 when a ``Decimal`` field of ``kind`` holds a JSON string in ``raw``."""
-    if decimal_paths(kind) and raw:
+    """400 when a ``Decimal`` field of ``kind`` holds a JSON string in ``raw``.
+
+    The body is decoded again only when its text could hold one (:func:`_maybe_string_decimal`),
+    so a body is usually decoded once, into ``kind``."""
+    hashable: Any = kind
+    hint = _maybe_string_decimal(hashable)
+    if hint is not None and raw and hint.search(raw):
         refuse_string_decimals_in(msgspec.json.decode(raw), kind)
+
+
+@cache
+def _maybe_string_decimal(kind: Any) -> re.Pattern[bytes] | None:
+    """Matches wherever a JSON text could give a ``Decimal`` field of ``kind`` a string: a key
+    spelled as one of those fields' names followed by a string, or any ``\\u`` escape (a key
+    may be spelled with escapes). No match: no such field holds a string. None: no such field."""
+    names = sorted({path[-1] for path in decimal_paths(kind)})
+    if not names:
+        return None
+    keys = b"|".join(re.escape(name.encode()) for name in names)
+    return re.compile(rb'"(?:' + keys + rb')"\s*:\s*"|\\u')
 
 
 def refuse_string_decimals_in(doc: Any, kind: type[Any], prefix: str = "") -> None:

@@ -35,9 +35,17 @@ from respool_client.wire import (
 from respool_client.wire import Request as ResourceRequest
 
 from app import globs
-from app.api.auth import AuthError, Principal, listing_patterns, principal_of, require_subject
+from app.api.auth import (
+    AuthError,
+    Principal,
+    listing_patterns,
+    principal_of,
+    require_subject,
+    subject_reader,
+)
 from app.api.common import (
     AnyRequest,
+    DecodedOnce,
     StrictBody,
     coalescer,
     db,
@@ -221,6 +229,9 @@ class RequestController(Controller):
             ),
             **error_responses(400, 404, 422, 429),
         },
+        # data arrives decoded once, strictly, from the raw body (app.api.common.DecodedOnce).
+        dto=DecodedOnce[RequestCreate],
+        return_dto=None,
     )
     async def create_request(
         self,
@@ -230,7 +241,7 @@ class RequestController(Controller):
         wait: _Wait = None,
         dry_run: _DryRun = False,
     ) -> Response[ResourceRequest]:  # a dry run answers a WhatIf, a Request subclass
-        body = await decode_body(request, RequestCreate)
+        body: RequestCreate = data
         require_subject(request, body.subject)
         # The body goes to the engine whole, as the client sent it (now known to be well-formed):
         # the engine fills the defaults (an absent lease_seconds: the server's default lease).
@@ -428,5 +439,14 @@ class RequestController(Controller):
         summary="The request's history",
         responses=error_responses(404),
     )
-    async def events(self, state: State, request_id: FromPath[UUID]) -> list[Event]:
-        return await db_requests.request_events(db(state), request_id)
+    async def events(
+        self, state: State, request: AnyRequest, request_id: FromPath[UUID]
+    ) -> list[Event]:
+        may_read = subject_reader(request)
+        return [
+            e
+            if e.cause_request_id is None or may_read(e.cause_subject)
+            # another subject's request: a client token learns that there was one, not which
+            else msgspec.structs.replace(e, cause_request_id=None, cause_subject=None)
+            for e in await db_requests.request_events(db(state), request_id)
+        ]

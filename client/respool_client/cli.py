@@ -2,29 +2,32 @@
 
 ``respool-client`` and the ``respool`` server both declare ``respool = respool_client.cli:main``.
 ``respool run`` is always served here, without loading the server's CLI, so that its first
-status line comes at once. With the server's CLI installed (the ``respool`` distribution),
-every other command goes to it (its Typer app also lists ``run``, delegating back to
-:mod:`respool_client.run`); with the client alone, any other command says what to install.
+status line comes at once. Every other command goes to the server's CLI when one is installed:
+the ``respool`` distribution registers it as the entry point ``main`` of the group
+:data:`SERVER_CLI_GROUP` (its Typer app also lists ``run``, delegating back to
+:mod:`respool_client.run`). The client names no module of the server; with the client alone,
+any other command says what to install.
 """
 
 from __future__ import annotations
 
-import importlib
 import importlib.metadata
 import sys
 from collections.abc import Callable, Sequence
 
-__all__ = ["main"]
+__all__ = ["SERVER_CLI_GROUP", "main"]
+
+# The entry-point group the server distribution registers its CLI in (its pyproject.toml,
+# [project.entry-points."respool.cli"]).
+SERVER_CLI_GROUP = "respool.cli"
 
 
 def _server_cli() -> Callable[[], object] | None:
-    """The server CLI's entry point, when the ``respool`` distribution is installed."""
-    try:
-        importlib.metadata.distribution("respool")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    entry: Callable[[], object] = importlib.import_module("cli.main").main
-    return entry
+    """The server CLI's entry point, when a distribution registers one (None otherwise)."""
+    for entry in importlib.metadata.entry_points(group=SERVER_CLI_GROUP, name="main"):
+        loaded: Callable[[], object] = entry.load()
+        return loaded
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> None:

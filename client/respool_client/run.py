@@ -33,6 +33,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import difflib
+import io
 import json
 import logging
 import os
@@ -44,7 +46,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
-from typing import TypeVar
+from typing import NoReturn, TextIO, TypeVar
 
 from msgspec import UNSET, UnsetType
 from respool_client._async import AsyncRespool
@@ -56,7 +58,17 @@ from respool_client.grant import Grant
 from respool_client.pairs import host_node_name, split_amount, split_pair
 from respool_client.wire import GROUP_PATTERN, HOLDING, Request, ResourceSettings
 
-__all__ = ["EXIT_CODES", "build_parser", "here", "host_node_name", "main", "node_selector", "run"]
+__all__ = [
+    "EXIT_CODES",
+    "OPTION_OF_FIELD",
+    "api_error_text",
+    "build_parser",
+    "here",
+    "host_node_name",
+    "main",
+    "node_selector",
+    "run",
+]
 
 EXIT_USAGE = 2
 EXIT_API = 69  # the server could not be reached or refused the call (EX_UNAVAILABLE)
@@ -92,7 +104,7 @@ STOP_SIGNALS = (
 
 def build_parser(prog: str = "respool run") -> argparse.ArgumentParser:
     codes = "; ".join(f"{code}: {what}" for code, what in EXIT_CODES.items())
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=prog,
         description="Run CMD under a respool allocation: wait for the grant, run CMD with "
         "RESPOOL_REQUEST_ID/POOL/ATTEMPT/RESOURCES set (placed on a node: also RESPOOL_NODE, "
@@ -164,9 +176,32 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "respool run") -> int:
-    """Parse ``argv`` (the options after ``run``) and run; returns the exit status."""
+    """Parse ``argv`` (the options after ``run``) and run; returns the exit status.
+
+    The wrapper's own output (usage errors, help, status lines) is best effort: a closed
+    stdout or stderr (``respool run … | head -1``) never stops CMD nor the release."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _BestEffort.over(sys.stdout), _BestEffort.over(sys.stderr)
+    # Python ignores SIGPIPE already; an embedding program may not have (CMD gets the default
+    # disposition back when it is started).
+    with contextlib.suppress(ValueError, OSError):  # ValueError: not the main thread
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    try:
+        return _main(argv, prog)
+    except SystemExit as exc:  # --help, a usage error
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            if isinstance(stream, _BestEffort):
+                stream.close()
+        sys.stdout, sys.stderr = saved
+
+
+def _main(argv: Sequence[str] | None, prog: str) -> int:
     parser = build_parser(prog)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.error(_unknown_options(parser, unknown))
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
@@ -182,6 +217,90 @@ def main(argv: Sequence[str] | None = None, prog: str = "respool run") -> int:
         return asyncio.run(run(args, cmd))
     except KeyboardInterrupt:
         return 128 + signal.SIGINT
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line (no usage block), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        # "argument --resource/-r: ..." -> "--resource: ..."
+        message = re.sub(r"^argument ([^/:\s]+)(?:/[^:\s]+)*: ", r"\1: ", message)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _unknown_options(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
+    """``unknown option --gpus (did you mean --gpu?)`` for what the parser did not know."""
+    known = [opt for action in parser._actions for opt in action.option_strings]
+    words = []
+    for arg in unknown:
+        name = arg.partition("=")[0] if arg.startswith("--") else arg
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+        words.append(name + (f" (did you mean {close[0]}?)" if close else ""))
+    if not any(arg.startswith("-") for arg in unknown):
+        return f"unexpected arguments: {' '.join(unknown)} (CMD goes after --)"
+    return ("unknown option " if len(words) == 1 else "unknown options ") + ", ".join(words)
+
+
+class _BestEffort(io.TextIOBase):
+    """A text stream for the wrapper's own messages that never fails: written straight to a
+    duplicate of the original descriptor (nothing is buffered, so nothing is left to fail at
+    exit); once a write fails (EPIPE: the reader is gone), the rest is dropped. CMD keeps the
+    original descriptors, and with them the closed pipe's usual SIGPIPE."""
+
+    def __init__(self, fd: int, tty: bool) -> None:
+        super().__init__()
+        self._fd: int | None = fd
+        self._tty = tty
+
+    @classmethod
+    def over(cls, stream: TextIO) -> TextIO:
+        """``stream`` made best effort (as is, when it has no descriptor: a test's capture)."""
+        try:
+            fd = os.dup(stream.fileno())
+        except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+            return stream
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+        tty = False
+        with contextlib.suppress(OSError, ValueError):
+            tty = stream.isatty()
+        best: TextIO = cls(fd, tty)  # type: ignore[assignment]
+        return best
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return self._tty
+
+    def fileno(self) -> int:
+        if self._fd is None:
+            raise io.UnsupportedOperation("the stream was closed by its reader")
+        return self._fd
+
+    def write(self, text: str) -> int:
+        data = text.encode(errors="replace")
+        while data and self._fd is not None:
+            try:
+                data = data[os.write(self._fd, data) :]
+            except InterruptedError:
+                continue
+            except OSError:  # EPIPE, EIO (the terminal went away), ENOSPC, ...
+                self._drop()
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self._drop()
+        super().close()
+
+    def _drop(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
 
 
 class _Runner:
@@ -449,7 +568,11 @@ class _Runner:
             while True:
                 grant = await self._wait_for_grant(state, sent, started)
                 self.rp.retry_until = None
-                code, last = await self._one_attempt(grant, time.monotonic() - started)
+                try:
+                    code, last = await self._one_attempt(grant, time.monotonic() - started)
+                except BaseException:  # a bug, or cancelled: give the units back all the same
+                    await asyncio.shield(self._release(grant))
+                    raise
                 if self.stop_signal is not None:
                     await self._release(grant)
                     self.status.say(f"stopped by signal {self.stop_signal}; released")
@@ -492,6 +615,11 @@ class _Runner:
         except Preempted as exc:
             self.status.say(f"preempted before it could run: {exc.reason}: {exc.message}")
             return EXIT_PREEMPTED
+        except ApiError as exc:
+            self.status.say(f"error: {api_error_text(exc)}")
+            # A value of an option the server refused as malformed is a usage error.
+            malformed = exc.status_code in (400, 422) and _option_of(exc.field) is not None
+            return EXIT_USAGE if malformed else EXIT_API
         except RespoolError as exc:
             self.status.say(f"error: {exc}")
             return EXIT_API
@@ -540,6 +668,61 @@ class _StatusLog(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if not self.status.troubled:
             self.status.say(record.getMessage())
+
+
+# --- errors, as the user typed the options ------------------------------------------------
+
+# The option that sets each field of the request body (a field ``resources.gpu`` is ``--resource``
+# with ``gpu``).
+OPTION_OF_FIELD = {
+    "subject": "--subject",
+    "pool": "--pool",
+    "settings.gpu_count": "--gpu",
+    "settings.cpu_count": "--cpu",
+    "settings.memory": "--memory",
+    "resources": "--resource",
+    "preemptible": "--non-preemptible",
+    "max_retries": "--max-retries",
+    "lease_seconds": "--lease",
+    "labels": "--label",
+    "node_selector": "--selector",
+    "preemption_group": "--group",
+}
+
+
+def api_error_text(exc: ApiError) -> str:
+    """The API's refusal in one line, the field named as the option the user typed:
+    ``settings.memory "8G" is not …`` → ``--memory: "8G" is not …``; ``pool 'boxx' not found``
+    → ``--pool: pool 'boxx' not found`` (the word naming a kind of thing is kept)."""
+    detail = " ".join((exc.detail or f"HTTP {exc.status_code}").split())
+    if exc.status_code == 401:
+        detail += " (pass --token or set RESPOOL_TOKEN)"
+    field = exc.field
+    found = _option_of(field)
+    if field is None:
+        return detail
+    if found is None:
+        return f"{detail} ({field})"
+    option, rest = found
+    head = field.partition(".")[0]
+    for prefix, named in ((field, rest), (head, "")):
+        if detail.startswith((f"{prefix} ", f"{prefix}:")) and not detail.startswith(f"{prefix} '"):
+            tail = detail[len(prefix) :].lstrip(": ")
+            return f"{option}: {named} {tail}" if named else f"{option}: {tail}"
+    return f"{option}: {detail}"
+
+
+def _option_of(field: str | None) -> tuple[str, str] | None:
+    """(option, rest of the field) of the option that sets ``field``: ``resources.gpu`` →
+    (``--resource``, ``gpu``), ``settings.memory`` → (``--memory``, ``""``); None: no option."""
+    if not field:
+        return None
+    if field in OPTION_OF_FIELD:
+        return OPTION_OF_FIELD[field], ""
+    head, _, rest = field.partition(".")
+    if head in OPTION_OF_FIELD:
+        return OPTION_OF_FIELD[head], rest
+    return None
 
 
 # --- where to run ----------------------------------------------------------------------------

@@ -158,8 +158,9 @@ class Placement(msgspec.Struct, frozen=True):
 class NodeAllocation(msgspec.Struct, frozen=True):
     """A request holding units on a node."""
 
-    request_id: UUID
-    subject: str
+    # null for a client token whose patterns do not cover the holder's subject (docs/api.md)
+    request_id: UUID | None
+    subject: str | None
     status: Status
     resources: dict[str, int]  # the units charged on this node
     devices: dict[str, list[str]]
@@ -307,6 +308,10 @@ class Event(msgspec.Struct, frozen=True, rename={"from_status": "from", "to_stat
     at: datetime
     # an allocation in a pool with nodes: the node and devices it was granted (null otherwise)
     placement: Placement | None = None
+    # the request this change happened for (a preemption's beneficiary); null: none, or another
+    # subject's request a client token may not read (docs/api.md)
+    cause_request_id: UUID | None = None
+    cause_subject: str | None = None
 
 
 class Created(msgspec.Struct, frozen=True):

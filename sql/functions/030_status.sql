@@ -10,15 +10,20 @@ CREATE OR REPLACE FUNCTION respool._record_events(p_requests respool.requests[],
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     v_quiet text[] := string_to_array(nullif(current_setting('respool.unannounced', true), ''), ',');
+    -- The request these changes happen for (a preemption's beneficiary: respool._preempt_for,
+    -- 071_reconcile.sql), recorded as data with each event; empty: none.
+    v_cause uuid := nullif(current_setting('respool.cause', true), '')::uuid;
 BEGIN
     -- Set-based: one INSERT for every row (in array order, so event ids follow it) and one
     -- notification per request, however many changed together (a large grant).
-    INSERT INTO respool.events (request_id, at, from_status, to_status, reason, attempt, message, placement)
+    INSERT INTO respool.events (request_id, at, from_status, to_status, reason, attempt, message, placement,
+                                cause_request_id, cause_subject)
     -- (at the row's own instant when it is later: a batch member granted at its queue time)
     SELECT r.id, greatest(p_now, r.updated_at), p_from, r.status, r.reason, r.attempt, r.message,
            -- a grant in a pool with nodes records where it was placed (docs/placement.md); the
            -- join keeps the document's build to the placed ones (none in a pool without nodes)
-           CASE WHEN pl.request_id IS NOT NULL THEN respool._placement_doc(r.id)::jsonb END
+           CASE WHEN pl.request_id IS NOT NULL THEN respool._placement_doc(r.id)::jsonb END,
+           v_cause, CASE WHEN v_cause IS NOT NULL THEN (SELECT subject FROM respool.requests WHERE id = v_cause) END
       FROM unnest(p_requests) WITH ORDINALITY AS r
       LEFT JOIN respool.placements pl ON pl.request_id = r.id AND r.status = 'allocated'
      ORDER BY r.ordinality;
@@ -33,7 +38,7 @@ BEGIN
       WHERE v_quiet IS NULL OR r.id::text <> ALL (v_quiet);
 END $$;
 COMMENT ON FUNCTION respool._record_events(respool.requests[], text, timestamptz) IS
-    'Appends the event rows (in array order; an event into allocated carries the grant''s placement, placed before this is called) and queues the NOTIFYs (delivered at commit) for requests that changed from p_from to their current status together; no NOTIFY for the requests that the current create_request call or batch is making (respool.unannounced: their ids, comma-separated).';
+    'Appends the event rows (in array order; an event into allocated carries the grant''s placement, placed before this is called) and queues the NOTIFYs (delivered at commit) for requests that changed from p_from to their current status together; each event records the request it happened for (respool.cause, set by respool._preempt_for: cause_request_id and its subject; none when unset); no NOTIFY for the requests that the current create_request call or batch is making (respool.unannounced: their ids, comma-separated).';
 
 CREATE OR REPLACE FUNCTION respool._record_event(p_request respool.requests, p_from text, p_now timestamptz)
 RETURNS void LANGUAGE sql AS $$

@@ -165,9 +165,10 @@ BEGIN
        OR respool._ends_before_shadow(h, p_request.max_seconds, p_now) THEN
         RETURN NULL;
     END IF;
-    RETURN format('held: pool reserves %s for request %s… (waiting %s s)',
+    -- (not naming the head: the reader may not read its subject; respool.queue shows held_for)
+    RETURN format('held: pool reserves %s for an earlier request (waiting %s s)',
                   (SELECT string_agg(k, ', ' ORDER BY k) FROM jsonb_object_keys(h.need) k),
-                  left(h.head_id::text, 8), h.waited_seconds);
+                  h.waited_seconds);
 END $$;
 COMMENT ON FUNCTION respool._held_back(uuid, respool.requests, timestamptz, respool.pool_hold) IS
-    'NULL when the starvation guard lets a queued request be granted in a pool now (no hold, it is the head, rule (a) or (b), docs/scheduling.md); else the sentence saying for whom the pool holds. Read-only.';
+    'NULL when the starvation guard lets a queued request be granted in a pool now (no hold, it is the head, rule (a) or (b), docs/scheduling.md); else the sentence saying what the pool holds and how long its head waited (never naming the head, another subject''s request maybe). Read-only.';

@@ -521,7 +521,7 @@ BEGIN
               INTO v_victims
               FROM respool.events ev JOIN respool.requests r ON r.id = ev.request_id
              WHERE ev.id > v_last_event AND ev.to_status IN ('preempting', 'preempted')
-               AND ev.message LIKE '%for request ' || (v_request ->> 'id') || ' %';
+               AND ev.cause_request_id = (v_request ->> 'id')::uuid;
         END IF;
         RAISE EXCEPTION 'what-if: roll back' USING ERRCODE = 'RP299';
     EXCEPTION WHEN SQLSTATE 'RP299' THEN
@@ -530,4 +530,4 @@ BEGIN
     RETURN v_request || jsonb_build_object('would_preempt', v_victims);
 END $$;
 COMMENT ON FUNCTION respool.what_if_request(jsonb, integer, timestamptz) IS
-    'What-if (docs/scheduling.md): what respool.create_request would answer now for the same create body (status, pool, queue position, message, reason, eta) plus would_preempt, the allocations (id, subject, pool, resources) the reconciler''s next pass would preempt for it; computed by the real create and reconcile in a rolled-back subtransaction: no row, event or NOTIFY remains. Input errors raise as for a create.';
+    'What-if (docs/scheduling.md): what respool.create_request would answer now for the same create body (status, pool, queue position, message, reason, eta) plus would_preempt, the allocations (id, subject, pool, resources) the reconciler''s next pass would preempt for it (their events'' cause_request_id); computed by the real create and reconcile in a rolled-back subtransaction: no row, event or NOTIFY remains. Input errors raise as for a create.';

@@ -51,8 +51,10 @@ BEGIN
     END IF;
     RETURN coalesce((SELECT jsonb_agg(jsonb_build_object('from', from_status, 'to', to_status, 'reason', reason,
                                                          'attempt', attempt, 'message', message, 'at', at,
-                                                         'placement', placement)
+                                                         'placement', placement,
+                                                         'cause_request_id', cause_request_id,
+                                                         'cause_subject', cause_subject)
                                       ORDER BY id)
                        FROM respool.events WHERE request_id = p_id), '[]'::jsonb);
 END $$;
-COMMENT ON FUNCTION respool.list_request_events(uuid) IS 'A request''s history in order (from, to, reason, attempt, message, at; placement: on a grant in a pool with nodes, its node and devices).';
+COMMENT ON FUNCTION respool.list_request_events(uuid) IS 'A request''s history in order (from, to, reason, attempt, message, at; placement: on a grant in a pool with nodes, its node and devices; cause_request_id and cause_subject: the request the change happened for, null when none).';

@@ -135,10 +135,12 @@ BEGIN
         v_i := v_i + 1;
     END LOOP;
     -- One read of pg_timezone_names (it reads the time zone files: tens of milliseconds).
+    -- The zone directory also holds files that are not IANA zones: localtime (the machine's
+    -- own zone), posixrules, and the posix/ and right/ copies of the whole tree.
     SELECT z.at, z.name INTO v_bad
       FROM unnest(v_zones, v_zones_at) z(name, at)
       LEFT JOIN pg_timezone_names t ON t.name = z.name
-     WHERE t.name IS NULL
+     WHERE t.name IS NULL OR z.name IN ('localtime', 'posixrules') OR z.name ~ '^(posix|right)/'
      ORDER BY z.at LIMIT 1;
     IF FOUND THEN
         PERFORM respool._fail('RP400', format('windows[%s].timezone', v_bad.at), format(
@@ -147,7 +149,40 @@ BEGIN
     RETURN v_out;
 END $$;
 COMMENT ON FUNCTION respool._windows(jsonb) IS
-    'Validates and normalizes a policy''s windows (docs/preemption.md, "Time windows"): SQL or JSON null gives NULL (always active); else a non-empty list of at most respool._max_windows() windows, each weekly {timezone (a name PostgreSQL knows), days (subset of mon..sun, default all, stored in week order), from, to (HH:MM)} or one time {start, end (timestamps with an offset, end after start; stored in UTC)}. RP400 naming the field, e.g. windows[2].timezone.';
+    'Validates and normalizes a policy''s windows (docs/preemption.md, "Time windows"): SQL or JSON null gives NULL (always active); else a non-empty list of at most respool._max_windows() windows, each weekly {timezone (an IANA name PostgreSQL knows: not localtime, posixrules, posix/..., right/...), days (subset of mon..sun, default all, stored in week order), from, to (HH:MM)} or one time {start, end (timestamps with an offset, end after start; stored in UTC)}. RP400 naming the field, e.g. windows[2].timezone.';
+
+CREATE OR REPLACE FUNCTION respool._gap_end(p_local timestamp, p_tz text)
+RETURNS timestamptz LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    -- PostgreSQL reads a local time in the gap with the offset in force before it: an instant
+    -- v_hi at or after the gap's end, whose local time is p_local plus the gap's length.
+    v_hi bigint := extract(epoch FROM p_local AT TIME ZONE p_tz)::bigint;
+    v_lo bigint := v_hi - extract(epoch FROM ((p_local AT TIME ZONE p_tz) AT TIME ZONE p_tz) - p_local)::bigint;
+    v_mid bigint;
+BEGIN
+    -- The gap's end is the first instant whose local time is >= p_local: it lies in (v_lo, v_hi]
+    -- (local(v_lo) = p_local minus the gap < p_local <= local(v_hi)), and local
+    -- time only moves forward there. Transitions fall on whole seconds: bisect over seconds.
+    WHILE v_hi - v_lo > 1 LOOP
+        v_mid := v_lo + (v_hi - v_lo) / 2;
+        IF (to_timestamp(v_mid) AT TIME ZONE p_tz) >= p_local THEN
+            v_hi := v_mid;
+        ELSE
+            v_lo := v_mid;
+        END IF;
+    END LOOP;
+    RETURN to_timestamp(v_hi);
+END $$;
+COMMENT ON FUNCTION respool._gap_end(timestamp, text) IS
+    'For a local time p_local that does not exist in zone p_tz (skipped when the clocks go forward): the first instant after the gap, i.e. the instant the clocks jumped. Only called for such times (respool._local_instant).';
+
+CREATE OR REPLACE FUNCTION respool._local_instant(p_local timestamp, p_tz text)
+RETURNS timestamptz LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN (p_local AT TIME ZONE p_tz) AT TIME ZONE p_tz = p_local THEN p_local AT TIME ZONE p_tz
+                ELSE respool._gap_end(p_local, p_tz) END
+$$;
+COMMENT ON FUNCTION respool._local_instant(timestamp, text) IS
+    'The instant a weekly window''s local time p_local means in zone p_tz: the instant itself when it exists; one that exists twice (the clocks go back) is the later one (standard time, PostgreSQL''s rule); one that does not exist (the clocks go forward) is the first instant after the gap, so a window starting or ending in the gap keeps the part of it that exists (docs/preemption.md, "Daylight saving time").';
 
 CREATE OR REPLACE FUNCTION respool._window_spans(p_windows jsonb, p_from timestamptz, p_to timestamptz)
 RETURNS TABLE (starts_at timestamptz, ends_at timestamptz) LANGUAGE sql STABLE AS $$
@@ -156,10 +191,10 @@ RETURNS TABLE (starts_at timestamptz, ends_at timestamptz) LANGUAGE sql STABLE A
     ), raw AS (
         -- Weekly windows: one per local date of their time zone (the date it starts on), from the
         -- day before p_from (a window crossing midnight) to the date of p_to. A local time is
-        -- made an instant by PostgreSQL's rule (docs/preemption.md, "Daylight saving time").
-        SELECT (d::date + (item ->> 'from')::time) AT TIME ZONE (item ->> 'timezone') AS s,
-               (d::date + CASE WHEN (item ->> 'to')::time <= (item ->> 'from')::time THEN 1 ELSE 0 END
-                        + (item ->> 'to')::time) AT TIME ZONE (item ->> 'timezone') AS e
+        -- made an instant by respool._local_instant (docs/preemption.md, "Daylight saving time").
+        SELECT respool._local_instant(d::date + (item ->> 'from')::time, item ->> 'timezone') AS s,
+               respool._local_instant(d::date + CASE WHEN (item ->> 'to')::time <= (item ->> 'from')::time THEN 1 ELSE 0 END
+                                              + (item ->> 'to')::time, item ->> 'timezone') AS e
           FROM item,
                generate_series(((p_from AT TIME ZONE (item ->> 'timezone'))::date - 1)::timestamp,
                                (p_to AT TIME ZONE (item ->> 'timezone'))::date::timestamp,
@@ -247,7 +282,6 @@ CREATE OR REPLACE FUNCTION respool._check_reserved_fits(p_pool_id uuid, p_now ti
 RETURNS void LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v record;
-    v_year timestamptz := p_now + interval '1 year';
 BEGIN
     IF NOT EXISTS (SELECT FROM respool.policies p
                     WHERE p.pool_id = p_pool_id AND p.windows IS NOT NULL
@@ -271,18 +305,40 @@ BEGIN
         END IF;
         RETURN;
     END IF;
-    -- A sweep over the instants a share starts or stops being in force: from p_now through one
-    -- year (every weekday of every DST period) and through every one-time window still to come.
+    -- A sweep over the instants a share starts or stops being in force, over a bounded set of
+    -- ranges. The boundaries b0 = p_now < b1 < ... < bk are p_now and every start and end of a
+    -- one-time window still to come; the ranges are [bi, min(bi+1, bi + 1 year)) for each i < k,
+    -- and [bk, bk + 1 year).
+    --
+    -- Why that is every instant there is to check: which shares are in force at an instant t
+    -- depends on (a) which one-time windows contain t and (b) where t falls in the week of each
+    -- weekly window's time zone, given that zone's UTC offset at t. (a) is the same all through
+    -- [bi, bi+1) and, from bk on, no one-time window is open any more. (b) repeats: a weekly
+    -- window is a function of the local weekday and time only, and the offsets follow yearly
+    -- rules whose periods (summer time, winter time) each last far longer than a week, with the
+    -- clocks changing on a rule-given weekday; so one year of weekly windows shows every
+    -- combination of offsets, each with every position in the week, and every change-of-clock
+    -- night, that any later year shows (this is what the one-year horizon has always rested on).
+    -- Hence the first year of each stretch [bi, bi+1), and one year from bk, meet every sum of
+    -- shares in force that the rest of that stretch, and all time after bk, can meet. The sweep
+    -- is thus at most k + 1 years of weekly windows, whatever the ends (a window ending in 9999
+    -- costs one more year, not eight millennia); k is bounded by the pool's policies times
+    -- respool._max_windows(). Gaps between ranges are harmless: every span is cut at its range's
+    -- end, so its share is added and taken away within the range.
     WITH pol AS (
         SELECT p.id, p.subject, p.windows FROM respool.policies p
          WHERE p.pool_id = p_pool_id
            AND EXISTS (SELECT FROM respool.policy_resources pr WHERE pr.policy_id = p.id AND pr.configured > 0)
-    ), ranges AS (
-        SELECT p_now AS r_from, v_year AS r_to
+    ), bounds AS (
+        SELECT p_now AS at
         UNION
-        SELECT greatest(p_now, (w ->> 'start')::timestamptz), (w ->> 'end')::timestamptz
-          FROM pol, jsonb_array_elements(pol.windows) w
-         WHERE w ? 'start' AND (w ->> 'end')::timestamptz > v_year
+        SELECT b.at
+          FROM pol, jsonb_array_elements(pol.windows) w,
+               LATERAL (VALUES ((w ->> 'start')::timestamptz), ((w ->> 'end')::timestamptz)) b(at)
+         WHERE w ? 'start' AND b.at > p_now
+    ), ranges AS (
+        -- least() ignores the NULL lead of the last boundary
+        SELECT at AS r_from, least(lead(at) OVER (ORDER BY at), at + interval '1 year') AS r_to FROM bounds
     ), pieces AS (
         SELECT pol.id, s.starts_at, s.ends_at
           FROM pol, ranges, respool._window_spans(pol.windows, ranges.r_from, ranges.r_to) s
@@ -324,4 +380,4 @@ BEGIN
     END IF;
 END $$;
 COMMENT ON FUNCTION respool._check_reserved_fits(uuid, timestamptz) IS
-    'RP409 when, for any key, the reserved shares (configured) of the pool''s policies in force at one instant exceed its capacity: policies without windows count at every instant; with windows, every instant from p_now through one year ahead and through every one-time window is checked (docs/preemption.md, "Time windows"). The message names the key, the total, the first such instant (ISO UTC, only when a policy has windows), the capacity and the policies in force then.';
+    'RP409 when, for any key, the reserved shares (configured) of the pool''s policies in force at one instant exceed its capacity: policies without windows count at every instant; with windows, every instant from p_now on is checked, by a sweep bounded to one year past p_now and past each one-time boundary still to come (weekly windows repeat yearly; the proof is in the body), so a far end costs one year, never a sweep to it (docs/preemption.md, "Time windows"). The message names the key, the total, the first such instant (ISO UTC, only when a policy has windows), the capacity and the policies in force then.';

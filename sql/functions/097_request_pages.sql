@@ -40,9 +40,9 @@ BEGIN
         SELECT x.pool_id, x.hold,
                CASE WHEN (x.hold).head_id IS NOT NULL THEN respool._free_units(x.pool_id) END AS free,
                CASE WHEN (x.hold).head_id IS NOT NULL THEN format(
-                   'held: pool reserves %s for request %s… (waiting %s s)',
+                   'held: pool reserves %s for an earlier request (waiting %s s)',
                    (SELECT string_agg(k, ', ' ORDER BY k) FROM jsonb_object_keys((x.hold).need) k),
-                   left((x.hold).head_id::text, 8), (x.hold).waited_seconds) END AS held_sentence,
+                   (x.hold).waited_seconds) END AS held_sentence,
                -- (a scalar probe of requests_earmark_idx: as EXISTS, the planner hashed every
                -- queued request instead)
                (SELECT true FROM respool.requests b
@@ -58,7 +58,7 @@ BEGIN
                -- that pool, that case has its own sentence, so no request to leave out)
                pp.earmarks AND NOT respool._leaves_earmarks(s.resources, s.pool_id, NULL, NULL) AS earmark_blocks,
                CASE WHEN (pp.hold).head_id IS NOT NULL
-                    THEN respool._leaves_head_room(pp.hold, s.resources, pp.free) END AS head_room
+                    THEN respool._leaves_head_room(pp.hold, s.resources, pp.free, s.node_selector) END AS head_room
           FROM (SELECT DISTINCT en.pool_id, en.policy_id, r.resources, r.preemptible, r.node_selector
                   FROM entries en JOIN req r ON r.id = en.request_id) s
           JOIN per_pool pp ON pp.pool_id = s.pool_id

@@ -96,7 +96,7 @@ async def test_list_by_pool_and_selector(server: Server) -> None:
         ({"name": "n", "labels": {"k": "v" * 64}}, "labels.k"),
         ({"name": "n", "labels": {"Bad Key": "v"}}, "labels.Bad Key"),
         ({"name": "n", "capacity": {"gpu": -1}}, "capacity.gpu"),
-        ({"name": "n", "capacity": {"gpu": "8"}}, "capacity"),
+        ({"name": "n", "capacity": {"gpu": "8"}}, "capacity.gpu"),
         ({"name": "n", "devices": {"gpu": ["0", "0"]}}, "devices.gpu"),
         ({"name": "n", "devices": {"gpu": []}}, "devices.gpu"),
         ({"name": "n", "devices": {"gpu": ["0"]}, "capacity": {"gpu": 2}}, "devices.gpu"),

@@ -47,9 +47,9 @@ async def test_create_get_list_update_delete(server: Server) -> None:
     ("body", "field"),
     [
         ({"name": "x", "capacity": {"gpu": -1}}, "capacity.gpu"),
-        ({"name": "x", "capacity": {"gpu": 1.5}}, "capacity"),
-        ({"name": "x", "capacity": {"gpu": 2.0}}, "capacity"),
-        ({"name": "x", "capacity": {"gpu": "2"}}, "capacity"),
+        ({"name": "x", "capacity": {"gpu": 1.5}}, "capacity.gpu"),
+        ({"name": "x", "capacity": {"gpu": 2.0}}, "capacity.gpu"),
+        ({"name": "x", "capacity": {"gpu": "2"}}, "capacity.gpu"),
         ({"name": "x", "capacity": {"Bad-Key": 1}}, "capacity.Bad-Key"),
         ({"name": "x", "capacity": {"gpu": 1}, "colour": "red"}, "colour"),
         ({"name": "Not A Name", "capacity": {"gpu": 1}}, "name"),

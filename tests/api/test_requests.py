@@ -60,14 +60,14 @@ async def test_rejected_is_stored_and_returned_201(server: Server) -> None:
     ("body", "field"),
     [
         ({"resources": {"gpu": -1}}, "resources.gpu"),
-        ({"resources": {"gpu": 1.5}}, "resources"),
+        ({"resources": {"gpu": 1.5}}, "resources.gpu"),
         ({"resources": {"GPU!": 1}}, "resources.GPU!"),
         ({"resources": {"step_run": 1}}, "resources.step_run"),
         ({"settings": {"gpu_count": 1, "cores": 2}}, "settings.cores"),
         ({"settings": {"cpu_count": "lots"}}, "settings.cpu_count"),
         ({"priority": 3}, "priority"),
         ({"lease_seconds": 1.5}, "lease_seconds"),
-        ({"labels": {"run": 1}}, "labels"),
+        ({"labels": {"run": 1}}, "labels.run"),
         ({"subject": None}, "subject"),
     ],
 )

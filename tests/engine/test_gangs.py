@@ -195,15 +195,20 @@ async def test_a_borrowing_gang_is_preempted_whole(conn: asyncpg.Connection) -> 
     assert (await es.get(conn, mine.id)).status == "allocated"
     history = await es.events(conn, members[1].id)
     assert history[-2:] == [("allocated", "preempted", "reclaim"), ("preempted", "queued", "retry")]
-    # the victim unit's member (the lowest id) keeps the cause, the others name the gang
-    sql = "SELECT message FROM respool.events WHERE request_id = $1 AND to_status = 'preempted'"
-    messages = sorted([await conn.fetchval(sql, m.id) for m in members])
-    cause = f"preempted (reclaim) for request {mine.id} of prod"
-    assert messages[2] == cause
+    # the victim unit's member (the lowest id) keeps the cause, the others name the gang; every
+    # member's event records the request they went for as data (the message does not name it)
+    sql = (
+        "SELECT message, cause_request_id, cause_subject FROM respool.events"
+        " WHERE request_id = $1 AND to_status = 'preempted'"
+    )
+    rows = sorted([tuple(await conn.fetchrow(sql, m.id)) for m in members])
+    cause = "preempted (reclaim) for another request"
+    assert rows[2] == (cause, mine.id, "prod")
     assert all(
         x.startswith(f"gang {members[0].gang_id}: member ")
         and x.endswith(f"was preempted; {cause}")
-        for x in messages[:2]
+        and (by, of) == (mine.id, "prod")
+        for x, by, of in rows[:2]
     )
     [row] = await es.queue(conn, "p")  # requeued as one entry again
     assert row["resources"] == {"gpu": 3, "step_run": 3}

@@ -31,7 +31,6 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from uuid import UUID
 from zoneinfo import ZoneInfo
 
 import asyncpg
@@ -132,13 +131,13 @@ windows_st = st.one_of(st.none(), st.lists(window_st(), min_size=1, max_size=3))
 
 _PREEMPTIONS_SQL = """
 SELECT v.id AS victim, v.pool_id AS victim_pool, v.preemption_group AS victim_group,
-       vp.subject AS victim_policy, vp.priority_lane AS victim_lane, e.reason, e.message
+       vp.subject AS victim_policy, vp.priority_lane AS victim_lane, e.reason, e.message,
+       e.cause_request_id
   FROM respool.events e
   JOIN respool.requests v ON v.id = e.request_id
   JOIN respool.policies vp ON vp.id = v.policy_id
  WHERE e.reason IN ('reclaim', 'priority') AND e.to_status IN ('preempting', 'preempted')
 """
-_FOR = re.compile(r"for request ([0-9a-f-]{36})")
 
 
 async def preemption_breaches(conn: asyncpg.Connection) -> list[str]:
@@ -146,8 +145,8 @@ async def preemption_breaches(conn: asyncpg.Connection) -> list[str]:
     own preemption group, or lane work the lane rules protect."""
     out = []
     for e in await conn.fetch(_PREEMPTIONS_SQL):
-        found = _FOR.search(e["message"] or "")
-        assert found, f"a preemption names no requester: {e['message']!r}"
+        found = e["cause_request_id"]
+        assert found, f"a preemption records no requester: {e['message']!r}"
         # The requester's policy: held, or queued; a requester that left the queue since
         # (cancelled, terminated) keeps neither, so its subject's policy in the victim's pool
         # (the policies never change during a run).
@@ -157,10 +156,10 @@ async def preemption_breaches(conn: asyncpg.Connection) -> list[str]:
             "   (SELECT q.policy_id FROM respool.queue_entries q WHERE q.request_id = r.id"
             "     LIMIT 1), respool._policy_for(r.subject, $2))"
             " WHERE r.id = $1",
-            UUID(found.group(1)),
+            found,
             e["victim_pool"],
         )
-        assert r is not None, f"requester {found.group(1)} has no policy"
+        assert r is not None, f"requester {found} has no policy"
         what = f"{e['reason']}: {r['subject']} took {e['victim']} of {e['victim_policy']}"
         if r["preemption_group"] is not None and r["preemption_group"] == e["victim_group"]:
             out.append(f"{what}, both in group {r['preemption_group']}")

@@ -194,7 +194,14 @@ async def test_victim_history_and_message(conn: asyncpg.Connection) -> None:
                     "allocated": 1, "rejected": 0}  # fmt: skip
     victim = await es.get(conn, ids["d3"])
     assert (victim.reason, victim.finished_at is not None) == ("reclaim", True)
-    assert str(ids["p1"]) in victim.message and "prod" in victim.message
+    # the message does not name the request it was preempted for; its event does, as data
+    assert victim.message == "preempted (reclaim) for another request"
+    cause = await conn.fetchrow(
+        "SELECT cause_request_id, cause_subject FROM respool.events"
+        " WHERE request_id = $1 AND to_status = 'preempted'",
+        ids["d3"],
+    )
+    assert tuple(cause) == (ids["p1"], "prod")
     assert await es.events(conn, ids["d3"]) == [
         (None, "queued", None),
         ("queued", "allocated", None),

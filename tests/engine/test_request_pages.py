@@ -132,7 +132,7 @@ async def test_a_page_shows_each_request_as_its_own_read_does(
     # sides), the strict pool, several pools at once, positions behind others and ETAs.
     messages = [i["message"] for i in page if i["status"] == "queued"]
     for part in (
-        "held: pool reserves gpu for request",
+        "held: pool reserves gpu for an earlier request",
         "waiting: freed units are earmarked",
         "preempted units are being released for it",
         "waiting for gpu: pool",

@@ -80,8 +80,8 @@ async def test_what_if_matches_the_real_create_and_leaves_nothing(
     victims = await conn.fetch(
         "SELECT r.id, r.subject, r.resources FROM respool.events e"
         " JOIN respool.requests r ON r.id = e.request_id"
-        " WHERE e.to_status = 'preempted' AND e.message LIKE '%' || $1 || '%' ORDER BY e.id",
-        str(real.id),
+        " WHERE e.to_status = 'preempted' AND e.cause_request_id = $1 ORDER BY e.id",
+        real.id,
     )
     assert len(victims) == preempts
     assert [(v.id, v.subject, v.resources) for v in what.would_preempt] == [

@@ -280,8 +280,8 @@ async def test_a_window_crossing_midnight_belongs_to_the_day_it_starts(
 
 
 async def test_local_times_that_do_not_exist_or_exist_twice(conn: asyncpg.Connection) -> None:
-    # PostgreSQL's rule (docs/preemption.md): a local time that does not exist is read as
-    # standard time, one that exists twice as standard time too (the later instant).
+    # docs/preemption.md: a local time that does not exist is the first instant after the gap,
+    # one that exists twice is read as standard time (the later instant, PostgreSQL's rule).
     small_hours = [{"timezone": "Europe/Berlin", "days": ["sun"], "from": "02:00", "to": "03:00"}]
     # 2026-03-29: 02:00 and 03:00 local both come out as 01:00 UTC: no window that day.
     assert await spans(conn, small_hours, utc("2026-03-28T00:00"), utc("2026-03-30T00:00")) == []

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SIDE = Path(__file__).resolve().parent / "zenml_side"
 ZENML_VENV = Path(os.environ.get("RESPOOL_ZENML_VENV", ROOT / ".venv-zenml"))
 ZENML_PYTHON = ZENML_VENV / "bin" / "python"
+PLUGIN = ROOT / "integrations" / "zenml" / "respool_zenml"
 STORE_SOURCE = "respool_zenml.store.RespoolResourcePoolStore"
 PASSWORD = "e2e-password"
 
@@ -34,13 +35,22 @@ def zenml_available() -> str | None:
     if not ZENML_PYTHON.exists():
         return f"no ZenML venv at {ZENML_VENV} (integrations/zenml/ci-install.sh makes it)"
     probe = subprocess.run(
-        [str(ZENML_PYTHON), "-c", "import zenml, respool_zenml.store"],
+        [str(ZENML_PYTHON), "-c", "import zenml, respool_zenml.store as s; print(s.__file__)"],
         capture_output=True,
         text=True,
         timeout=120,
     )
     if probe.returncode != 0:
         return f"the ZenML venv cannot import zenml and respool_zenml: {probe.stderr[-500:]}"
+    # The venv holds a copy of the plug-in (pip install, not editable): it must be this one.
+    installed = Path(probe.stdout.strip().splitlines()[-1]).parent
+    for source in sorted(PLUGIN.glob("*.py")):
+        copy = installed / source.name
+        if not copy.exists() or copy.read_bytes() != source.read_bytes():
+            return (
+                f"respool_zenml in {ZENML_VENV} is not {PLUGIN} ({source.name} differs):"
+                " run integrations/zenml/ci-install.sh again"
+            )
     return None
 
 

@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "integrations" / "z
 
 from respool_zenml.mapping import (  # type: ignore[import-not-found]  # noqa: E402  (sys.path above)
     UnsupportedDemand,
+    candidate_pools,
     demands_to_node_selector,
     demands_to_resources,
     preemption_group_for,
@@ -180,3 +181,36 @@ def test_status_reason_carries_respools_reason_and_message() -> None:
     )
     assert status_reason("queued", None, "waiting for gpu") == "waiting for gpu"
     assert status_reason("released", None, "") is None
+
+
+def _policy(subject: str, pool: str, priority: int = 0) -> dict[str, Any]:
+    return {"subject": subject, "pool": pool, "priority": priority}
+
+
+def test_candidate_pools_are_the_subjects_pools_in_the_order_respool_tries_them() -> None:
+    # What `zenml resource-request list` shows as the pool of a request rejected on several.
+    policies = [
+        _policy("orchestrator:default", "gpus"),
+        _policy("orchestrator:default", "a100s"),
+        _policy("orchestrator:other", "spare"),
+        _policy("orchestrator:*", "shared", priority=5),  # a pattern policy covers it too
+        _policy("step_operator:*", "elsewhere", priority=9),
+    ]
+    assert candidate_pools("orchestrator:default", policies) == ["shared", "a100s", "gpus"]
+    assert candidate_pools("orchestrator:other", policies) == ["shared", "spare"]
+    assert candidate_pools("orchestrator:nobody-else", policies) == ["shared"]
+    assert candidate_pools("experiment_tracker:x", policies) == []
+
+
+def test_on_one_pool_the_subjects_own_policy_wins_over_a_pattern() -> None:
+    policies = [
+        _policy("orchestrator:*", "gpus", priority=9),
+        _policy("orchestrator:prod*", "gpus", priority=4),
+        _policy("orchestrator:prod", "gpus", priority=0),
+        _policy("orchestrator:prod*", "cpus", priority=3),
+        _policy("orchestrator:*", "cpus", priority=0),
+        _policy("orchestrator:*", "big", priority=2),
+    ]
+    # gpus: the exact policy (priority 0), else prod* (4); cpus: prod*, the longer prefix (3).
+    assert candidate_pools("orchestrator:prod", policies) == ["cpus", "big", "gpus"]
+    assert candidate_pools("orchestrator:prod-2", policies) == ["gpus", "cpus", "big"]

@@ -76,3 +76,16 @@ def test_unreachable_respool_is_a_clear_error() -> None:
             api.create_request("orchestrator:prod", resources={"gpu": 1})
     assert "http://respool.test is unreachable" in str(info.value)
     assert "until it is back" in str(info.value)
+
+
+def test_list_policies_reads_every_policy_the_token_may_read(seen: list[httpx.Request]) -> None:
+    policy = {"subject": "orchestrator:prod", "pool": "gpus", "priority": 0}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json=[policy])
+
+    for api in _api(answer):
+        assert api.list_policies() == [policy]
+    (request,) = seen
+    assert (request.method, request.url.path) == ("GET", "/v1/policies")

@@ -6,7 +6,8 @@ Pool ``gpus`` has 1 GPU. ``orchestrator:default`` (ZenML's local orchestrator: i
 non-preemptible) holds a reserved share of 1; ``orchestrator:iso`` (a subprocess orchestrator:
 isolated, preemptible steps) may borrow; ``orchestrator:free`` has no policy.
 ``orchestrator:nodes`` has a policy only on pool ``a100s``, backed by two nodes of one GPU each:
-``box-a`` (``gpu-class=a100``) and ``box-h`` (``gpu-class=h100``).
+``box-a`` (``gpu-class=a100``) and ``box-h`` (``gpu-class=h100``). ``orchestrator:two`` has a
+policy without a reserved share on both pools.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ def zen(module_db_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             "/v1/policies",
             json={"subject": "orchestrator:nodes", "pool": "a100s", "reserved": {"gpu": 2}},
         )
+        for pool in ("gpus", "a100s"):
+            servers.rp("POST", "/v1/policies", json={"subject": "orchestrator:two", "pool": pool})
         yield servers
 
 
@@ -94,6 +97,21 @@ def test_resource_request_list_shows_respools_requests(zen: Servers) -> None:
     assert by_id[req["id"]]["pool_name"] == "gpus"
     everything = {r["id"] for r in zen.rp("GET", "/v1/requests", params={"limit": 1000})["items"]}
     assert set(by_id) <= everything
+
+
+def test_a_request_rejected_on_several_pools_is_listed_with_its_candidate_pools(
+    zen: Servers,
+) -> None:
+    # An inline step is non-preemptible, and orchestrator:two reserves nothing on either pool.
+    result = zen.drive("run", "one", "two", "1", "0")
+    assert result["status"] == "failed"
+    assert "exceeds_reserved" in result["output"], result["output"][-3000:]
+    (req,) = zen.requests_of_run(result["run"])
+    assert (req["status"], req["reason"], req["pool"]) == ("rejected", "exceeds_reserved", None)
+    listed = json.loads(zen.zenml_cli("resource-request", "list", "--output", "json"))["items"]
+    (item,) = [item for item in listed if item["id"] == req["id"]]
+    assert item["pool_name"] == "a100s, gpus"  # in the order respool tried them
+    assert item["status"] == "rejected"
 
 
 def test_step_of_a_subject_without_policy_runs_unmanaged(zen: Servers) -> None:

@@ -240,6 +240,29 @@ def preemption_group_for(pipeline_run_id: object | None) -> str | None:
     return group
 
 
+def candidate_pools(subject: str, policies: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The pools a request of ``subject`` without a pool is a candidate in, in the order respool
+    tries them (policy priority, highest first, then pool name; docs/admission.md): on each pool
+    the subject's own policy, else the pattern policy (``orchestrator:*``) with the longest text
+    before its first ``*``. ``policies`` are respool's policy documents (``GET /v1/policies``)."""
+    best: dict[str, tuple[int, Mapping[str, Any]]] = {}
+    for policy in policies:
+        pattern = str(policy.get("subject", ""))
+        if pattern == subject:
+            rank = 0
+        elif "*" in pattern and re.fullmatch(
+            ".*".join(re.escape(part) for part in pattern.split("*")), subject, re.DOTALL
+        ):
+            rank = 1 + 1000 - len(pattern.split("*", 1)[0])
+        else:
+            continue
+        pool = str(policy.get("pool", ""))
+        if pool and (pool not in best or rank < best[pool][0]):
+            best[pool] = (rank, policy)
+    chosen = sorted(best.items(), key=lambda item: (-int(item[1][1].get("priority") or 0), item[0]))
+    return [pool for pool, _ in chosen]
+
+
 def zenml_status(status: str, reason: str | None) -> str:
     """The ZenML ``ResourceRequestStatus`` value of a respool status and reason."""
     if status == "rejected" and reason == "no_policy":

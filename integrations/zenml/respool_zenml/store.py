@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
@@ -47,6 +47,7 @@ from zenml.zen_stores.schemas import (
 from respool_zenml.mapping import (
     GPU_CLASS_LABEL,
     RESPOOL_STATUSES,
+    candidate_pools,
     demands_to_node_selector,
     demands_to_resources,
     preemption_group_for,
@@ -72,6 +73,25 @@ LABEL_TOLERANCE = "zenml_reclaim_tolerance"
 
 # How many respool requests one ZenML list call reads at most (newest first).
 MAX_LISTED = 5000
+
+# What ZENML_SERVER_RESOURCE_POOL_IMPLEMENTATION_SOURCE names (docs/zenml.md).
+SOURCE = "respool_zenml.store.RespoolResourcePoolStore"
+
+
+def __getattr__(name: str) -> Any:
+    """A name this module does not have, e.g. a misspelt class in
+    ``ZENML_SERVER_RESOURCE_POOL_IMPLEMENTATION_SOURCE``: the error says which source is meant.
+
+    ZenML's server treats only a module it cannot find as "no resource pools" (one warning, and
+    every step then runs unmanaged); any other error stops the server at start-up. A misspelt
+    class stops it with this message, rather than letting steps run unmanaged in silence.
+    """
+    if name.startswith("__"):  # dunder probes (copy, pickle, typing): the plain error
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    raise AttributeError(
+        f"module {__name__!r} has no attribute {name!r}: the respool resource-pool store is"
+        f" ZENML_SERVER_RESOURCE_POOL_IMPLEMENTATION_SOURCE={SOURCE}"
+    )
 
 
 def _naive_utc(value: str | datetime | None) -> datetime | None:
@@ -213,7 +233,25 @@ class RespoolResourcePoolStore(ResourcePoolsSQLStoreInterface):
     def get_resource_request(
         self, resource_request_id: UUID, hydrate: bool = True
     ) -> ResourceRequestResponse:
-        return self._response(self.api.get_request(resource_request_id))
+        return self._response(self.api.get_request(resource_request_id), pools=self._pool_names())
+
+    def _pool_names(self) -> Callable[[str], str | None]:
+        """What ZenML shows as the pool of a request respool has not placed in one pool
+        (rejected on several, or waiting in several): its candidate pools, ``gpus, other``, in
+        the order respool tries them, from the subject's policies now (read once per call)."""
+        policies: list[dict[str, Any]] | None = None
+
+        def names(subject: str) -> str | None:
+            nonlocal policies
+            if policies is None:
+                try:
+                    policies = self.api.list_policies()
+                except (KeyError, ValueError) as exc:  # e.g. a token that may not read them
+                    log.debug("respool policies not readable: %s", exc)
+                    policies = []
+            return ", ".join(candidate_pools(subject, policies)) or None
+
+        return names
 
     def list_resource_requests(
         self, filter_model: ResourceRequestFilter, hydrate: bool = False
@@ -235,6 +273,7 @@ class RespoolResourcePoolStore(ResourcePoolsSQLStoreInterface):
                 raise ValueError(f"unknown resource request status {status!r}")
             respool_statuses = RESPOOL_STATUSES[status]
         items: list[ResourceRequestResponse] = []
+        pools = self._pool_names()
         for rstatus in respool_statuses:
             for doc in self._scan(status=rstatus, pool=pool):
                 labels: dict[str, str] = doc.get("labels") or {}
@@ -249,7 +288,7 @@ class RespoolResourcePoolStore(ResourcePoolsSQLStoreInterface):
                     labels.get("project"),
                 ):
                     continue
-                response = self._response(doc)
+                response = self._response(doc, pools=pools)
                 if status is not None and response.status != status:
                     continue  # rejected vs no_matching_pool
                 items.append(response)
@@ -344,6 +383,8 @@ class RespoolResourcePoolStore(ResourcePoolsSQLStoreInterface):
         self,
         doc: dict[str, Any],
         runtime_state: ResourceRequestRuntimeState | None = None,
+        *,
+        pools: Callable[[str], str | None] | None = None,
     ) -> ResourceRequestResponse:
         labels: dict[str, str] = doc.get("labels") or {}
         status = ResourceRequestStatus(zenml_status(doc["status"], doc.get("reason")))
@@ -366,7 +407,9 @@ class RespoolResourcePoolStore(ResourcePoolsSQLStoreInterface):
             step_name=labels.get("step"),
             pipeline_run_name=labels.get("run"),
             pool_id=_uuid(doc.get("pool_id")),
-            pool_name=doc.get("pool"),
+            # respool's pool once it is placed in one (or is the only candidate); else, when
+            # ``pools`` is given, the candidates (a rejection on several pools names none).
+            pool_name=doc.get("pool") or (pools(doc["subject"]) if pools else None),
             demands=_demands(doc.get("resources") or {}, doc.get("node_selector")),
             status=status,
             runtime_state=runtime_state or ResourceRequestRuntimeState.UNKNOWN,

@@ -78,6 +78,11 @@ class RespoolApi:
     def release(self, request_id: UUID | str) -> dict[str, Any]:
         return self._call("release", lambda: self._rp.release(request_id))
 
+    def list_policies(self) -> list[dict[str, Any]]:
+        """Every policy the token may read (``GET /v1/policies``)."""
+        with self._errors("list policies"):
+            return list(msgspec.to_builtins(self._rp.call("GET", "/v1/policies")))
+
     def list_requests(self, **filters: Any) -> tuple[list[dict[str, Any]], str | None]:
         """One page, newest first: ``(items, next_cursor)``."""
         page = self._call("list", lambda: self._rp.list_requests(**filters))

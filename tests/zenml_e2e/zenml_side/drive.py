@@ -68,8 +68,14 @@ def setup() -> None:
         source="isolated.SubprocessOrchestratorFlavor",
         component_type=StackComponentType.ORCHESTRATOR,
     )
-    # "nodes": a local orchestrator whose subject has a policy on the pool backed by nodes only.
-    for name, flavor in (("iso", "subprocess"), ("free", "local"), ("nodes", "local")):
+    # "nodes": a local orchestrator whose subject has a policy on the pool backed by nodes only;
+    # "two": one whose subject has policies on two pools.
+    for name, flavor in (
+        ("iso", "subprocess"),
+        ("free", "local"),
+        ("nodes", "local"),
+        ("two", "local"),
+    ):
         c.create_stack_component(
             name=name,
             flavor=flavor,
