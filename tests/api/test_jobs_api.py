@@ -384,7 +384,7 @@ async def test_token_create_binds_an_agent_token_from_the_cli(jobs: Setup) -> No
     assert (shown["role"], shown["node"], shown["pool"]) == ("agent", "n2", None)
     table = (await cli.db("token", "list")).stdout
     assert "node n2" in table
-    assert "exactly one" in failed(await cli.db("token", "create", "--role", "agent"))
+    assert "exactly one" in failed(await cli.db("token", "create", "--role", "agent"), code=2)
     hb = await jobs.c.post(
         "/v1/agent/heartbeat", headers=bearer(shown["token"]), json={"interval_seconds": 5}
     )
