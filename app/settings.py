@@ -50,6 +50,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     # Backpressure (docs/api.md, "Backpressure"): calls that may wait for a database connection
     # (creates waiting to be coalesced included) before one is refused with 429.
     max_pending: int = 20_000
+    # Bytes of a job's output kept per attempt: head and tail halves (docs/jobs.md).
+    log_limit: int = 1_048_576
 
     @property
     def auth_enabled(self) -> bool:
@@ -95,6 +97,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             body_timeout=get("RESPOOL_BODY_TIMEOUT", _positive_seconds, 30.0),
             workers=get("RESPOOL_WORKERS", _int_range(1, MAX_WORKERS), 1),
             max_pending=get("RESPOOL_MAX_PENDING", _int_range(1, 1_000_000), 20_000),
+            log_limit=get("RESPOOL_LOG_LIMIT", _int_range(1024, 1 << 30), 1_048_576),
         )
 
 

@@ -18,7 +18,7 @@ from cli.output import emit, note
 from cli.tables import fmt_time, table
 
 app = typer.Typer(
-    help="API tokens (admin, client, reader). Talks to the database, not to the API.",
+    help="API tokens (admin, client, reader, agent). Talks to the database, not to the API.",
     no_args_is_help=True,
 )
 
@@ -31,11 +31,17 @@ class NewToken(msgspec.Struct, kw_only=True):
     name: str
     role: str
     subject_patterns: list[str] | None
+    node: str | None = None  # an agent token's node (docs/jobs.md)
+    pool: str | None = None  # an agent token's pool without nodes
 
 
-async def _create(name: str, role: Role, subjects: list[str] | None) -> tuple[str, Token]:
+async def _create(
+    name: str, role: Role, subjects: list[str] | None, node: str | None, pool: str | None
+) -> tuple[str, Token]:
     async with database() as conn:
-        return await tokens.create_token(conn, name=name, role=role, subject_patterns=subjects)
+        return await tokens.create_token(
+            conn, name=name, role=role, subject_patterns=subjects, node=node, pool=pool
+        )
 
 
 async def _list(include_revoked: bool) -> list[Token]:
@@ -50,7 +56,7 @@ async def _revoke(ref: str) -> Token:
 
 @app.command("create")
 def create(
-    role: Annotated[Role, typer.Option("--role", help="admin, client or reader.")],
+    role: Annotated[Role, typer.Option("--role", help="admin, client, reader or agent.")],
     subject: Annotated[
         list[str] | None,
         typer.Option(
@@ -61,6 +67,14 @@ def create(
     name: Annotated[
         str | None, typer.Option("--name", help="A unique name (default: ROLE-<random>).")
     ] = None,
+    node: Annotated[
+        str | None,
+        typer.Option("--node", help="Agent tokens: the node whose jobs it runs (docs/jobs.md)."),
+    ] = None,
+    pool: Annotated[
+        str | None,
+        typer.Option("--pool", help="Agent tokens: a pool without nodes whose jobs it runs."),
+    ] = None,
     output: Output = OutputFormat.table,
 ) -> None:
     """Create a token and print it once (only its hash is stored).
@@ -69,15 +83,18 @@ def create(
 
         respool token create --role admin --name ops
         respool token create --role client --subject 'orchestrator:prod*' --name prod-stack
+        respool token create --role agent --node gpu-1 --name agent-gpu-1
     """
     name = name or f"{role}-{secrets.token_hex(3)}"
-    text, tok = run_async(_create(name, role, subject or None))
+    text, tok = run_async(_create(name, role, subject or None, node, pool))
     shown = NewToken(
         token=text,
         id=str(tok.id),
         name=tok.name,
         role=tok.role,
         subject_patterns=tok.subject_patterns,
+        node=tok.node,
+        pool=tok.pool,
     )
     note(f"created {tok.role} token {tok.name!r}; store it now, it is not shown again")
     emit(shown, output, lambda: [tokens_table([tok]), text])
@@ -122,7 +139,8 @@ def tokens_table(found: Sequence[Token]) -> FitTable:
             str(t.id),
             t.name,
             t.role,
-            " ".join(t.subject_patterns or []) or "-",
+            " ".join(t.subject_patterns or [])
+            or (f"node {t.node}" if t.node else f"pool {t.pool}" if t.pool else "-"),
             fmt_time(t.created_at),
             fmt_time(t.revoked_at),
         )

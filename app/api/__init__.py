@@ -26,6 +26,7 @@ from app.api.dashboard import DashboardController
 from app.api.edge import EdgeGuard
 from app.api.errors import ErrorBody, exception_handlers
 from app.api.health import HealthController
+from app.api.jobs import AgentController, JobController
 from app.api.metrics import EventTally, MetricsCache, MetricsController
 from app.api.nodes import NodeController
 from app.api.openapi import ClosedStructSchemaPlugin, answer_options
@@ -122,6 +123,8 @@ def create_app(
             PolicyController,
             NodeController,
             RequestController,
+            JobController,
+            AgentController,
             BatchController,
             HealthController,
             MetricsController,

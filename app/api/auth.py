@@ -38,7 +38,7 @@ from litestar.types import Scope
 from app import globs
 from app.api.body_type import body_type_problem
 from app.api.errors import ApiError
-from app.db import tokens
+from app.db import jobs, tokens
 from app.settings import Settings, SettingsError
 
 __all__ = [
@@ -64,6 +64,9 @@ class Principal(msgspec.Struct, frozen=True):
     name: str
     role: tokens.Role
     subject_patterns: tuple[str, ...] | None = None
+    # agents (docs/jobs.md): the node, or the pool without nodes, the token is bound to
+    node_id: UUID | None = None
+    pool_id: UUID | None = None
 
 
 OPEN = Principal(name="(auth off)", role="admin")
@@ -165,7 +168,13 @@ class Authenticator:
         if found is None:
             raise AuthError(401, "invalid or revoked token")
         patterns = tuple(found.subject_patterns or ()) if found.role == "client" else None
-        return Principal(name=found.name, role=found.role, subject_patterns=patterns)
+        return Principal(
+            name=found.name,
+            role=found.role,
+            subject_patterns=patterns,
+            node_id=found.node_id,
+            pool_id=found.pool_id,
+        )
 
 
 async def auth_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
@@ -191,6 +200,11 @@ async def _authorize(
     """403 (or 404 for another subject's request) unless ``principal`` may do this."""
     if principal.role == "admin":
         return
+    if principal.role == "agent":
+        await _authorize_agent(connection, principal, path, method)
+        return
+    if path.startswith("/v1/agent/") or path == "/v1/agent":
+        raise AuthError(403, f"only agent tokens call /v1/agent (token {principal.name!r})")
     if principal.role == "reader":
         if method not in _READ_METHODS:
             raise AuthError(403, f"role reader may only read (token {principal.name!r})")
@@ -210,6 +224,36 @@ async def _authorize(
         if subject is None or not globs.subject_matches(subject, principal.subject_patterns or ()):
             # Same answer as a missing request: a client learns nothing about other subjects.
             raise ApiError(404, f"request {rid} not found", "id")
+
+
+_AGENT_ACTIONS = frozenset({"claim", "heartbeat", "release", "logs"})
+_AGENT_READS = frozenset({"", "events", "logs"})
+
+
+async def _authorize_agent(
+    connection: ASGIConnection[Any, Any, Any, Any], principal: Principal, path: str, method: str
+) -> None:
+    """An agent token (docs/jobs.md): its own routes, and reads and holder actions on the jobs
+    of its node (or pool); 404 for any other request, 403 for everything else."""
+    if path.startswith("/v1/agent/"):
+        return
+    request_id = connection.path_params.get("request_id")
+    if request_id is not None and path.startswith("/v1/requests/"):
+        rid = request_id if isinstance(request_id, UUID) else UUID(str(request_id))
+        tail = path.rstrip("/").split("/")[4:]
+        action = tail[0] if tail else ""
+        allowed = _AGENT_READS if method in _READ_METHODS else _AGENT_ACTIONS
+        if len(tail) <= 1 and action in allowed:
+            if not await jobs.agent_may_see(
+                connection.app.state.db, rid, node_id=principal.node_id, pool_id=principal.pool_id
+            ):
+                raise ApiError(404, f"request {rid} not found", "id")
+            return
+    raise AuthError(
+        403,
+        f"role agent may only run its node's jobs: claim, heartbeat, log and release them"
+        f" (token {principal.name!r})",
+    )
 
 
 def principal_of(request: Request[Any, Any, Any]) -> Principal:

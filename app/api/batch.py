@@ -53,6 +53,22 @@ class _Members(msgspec.Struct):
     members: msgspec.Raw
 
 
+def _array_members(body: RequestBatchCreate, members: msgspec.Raw) -> msgspec.Raw:
+    """An array batch (docs/jobs.md): member i's job gets array_index i and
+    RESPOOL_ARRAY_INDEX=i in its environment; every member must carry a job."""
+    missing = [i for i, m in enumerate(body.members) if m.job is None]
+    if missing:
+        raise ApiError(
+            400, f"array: every member needs a job (members[{missing[0]}] has none)", "array"
+        )
+    docs = msgspec.json.decode(members)
+    for i, doc in enumerate(docs):
+        job = doc["job"]
+        job["array_index"] = i
+        job["env"] = {**(job.get("env") or {}), "RESPOOL_ARRAY_INDEX": str(i)}
+    return msgspec.Raw(msgspec.json.encode(docs))
+
+
 class BatchController(Controller):
     path = "/v1/requests/batch"
     tags = ["requests"]
@@ -84,6 +100,8 @@ class BatchController(Controller):
         # The members go to the engine whole, as the client sent them (now known to be
         # well-formed): the engine fills the defaults, as for a single create.
         members = msgspec.json.decode(await request.body(), type=_Members).members
+        if body.array:
+            members = _array_members(body, members)
         made = await db_batch.create_requests(
             db(state),
             members,

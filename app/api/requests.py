@@ -25,6 +25,7 @@ from respool_client.wire import (
     MAX_BATCH,
     MAX_SECONDS,
     Event,
+    JobRelease,
     RequestCreate,
     RequestPage,
     RequestTerminate,
@@ -55,6 +56,7 @@ from app.api.common import (
 )
 from app.api.errors import ApiError, error_responses
 from app.api.reader import RequestReader, encode
+from app.db import jobs as db_jobs
 from app.db import requests as db_requests
 from app.db.requests import Seen
 from app.logs import log_created
@@ -361,12 +363,27 @@ class RequestController(Controller):
     @post(
         "/{request_id:uuid}/release",
         status_code=200,
-        summary="Release (queued: cancel)",
+        summary="Release (queued: cancel); a job's agent may report exit_code and reason",
         responses=_ACTION_ERRORS,
     )
     async def release(
-        self, state: State, request_id: FromPath[UUID], attempt: _Attempt = None
+        self,
+        state: State,
+        request: AnyRequest,
+        request_id: FromPath[UUID],
+        attempt: _Attempt = None,
+        data: StrictBody[JobRelease | None] = None,  # a job's run: exit_code, reason
     ) -> ResourceRequest:
+        if (await request.body()).strip() not in (b"", b"null"):
+            ran = await decode_body(request, JobRelease)
+            if ran.exit_code is not None or ran.reason is not None:  # docs/jobs.md
+                return await db_jobs.release_job(
+                    db(state),
+                    request_id,
+                    attempt=attempt,
+                    exit_code=ran.exit_code,
+                    reason=ran.reason,
+                )
         # Ended together with the releases waiting at the same time, each with its own answer
         # (app.api.coalesce; docs/api.md, "Coalesced releases").
         return await releases(state).release(request_id, attempt)

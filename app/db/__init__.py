@@ -17,6 +17,8 @@ module                 queries                 what
 ``reconcile``          ``reconcile.sql``       the reconciler's per-pool pass and engine steps,
                                                invariant violations
 ``tokens``             ``tokens.sql``          API tokens (stored as sha256 hashes)
+``jobs``               ``jobs.sql``            jobs and agents: claim, agent jobs and heartbeat,
+                                               logs, release with an exit code (docs/jobs.md)
 ``ops``                ``ops.sql``             retention (prune) and the reader role
 ``metrics``            ``metrics.sql``         usage, queue and event reads for ``/metrics``
 ``dashboard``          ``dashboard.sql``       the dashboard's one-snapshot read

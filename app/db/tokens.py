@@ -34,7 +34,7 @@ __all__ = [
     "verify_token",
 ]
 
-Role = Literal["admin", "client", "reader"]
+Role = Literal["admin", "client", "reader", "agent"]
 
 
 class Token(msgspec.Struct, frozen=True):
@@ -44,6 +44,11 @@ class Token(msgspec.Struct, frozen=True):
     subject_patterns: list[str] | None
     created_at: datetime
     revoked_at: datetime | None
+    # an agent token's binding (docs/jobs.md): one node, or one pool without nodes
+    node: str | None = None
+    node_id: UUID | None = None
+    pool: str | None = None
+    pool_id: UUID | None = None
 
 
 def new_token() -> str:
@@ -64,8 +69,11 @@ async def create_token(
     role: Role,
     subject_patterns: Sequence[str] | None = None,
     token: str | None = None,
+    node: str | None = None,
+    pool: str | None = None,
 ) -> tuple[str, Token]:
-    """Register a token; returns ``(token_text, token)``. The text is not recoverable later."""
+    """Register a token; returns ``(token_text, token)``. The text is not recoverable later.
+    An agent token is bound to ``node`` or to ``pool`` (a pool without nodes)."""
     text = token if token is not None else new_token()
     doc = await db.fetchval(
         query("create_token"),
@@ -73,6 +81,8 @@ async def create_token(
         role,
         hash_token(text),
         list(subject_patterns) if subject_patterns is not None else None,
+        node,
+        pool,
     )
     return text, _as(Token, doc)
 

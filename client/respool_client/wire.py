@@ -38,8 +38,19 @@ __all__ = [
     "NodeUpdate",
     "Placement",
     "PlacementMode",
+    "AgentHeartbeat",
+    "AgentHeartbeatAnswer",
+    "AgentJobs",
     "ErrorBody",
     "Eta",
+    "Job",
+    "JobClaim",
+    "JobClaimed",
+    "JobLogChunk",
+    "JobLogs",
+    "JobLogWrite",
+    "JobRelease",
+    "JobSpec",
     "Event",
     "PolicyCreate",
     "PolicyUpdate",
@@ -101,6 +112,11 @@ Reason = Literal[
     "node_removed",  # its node was deleted or moved to another pool with force
     "terminated",  # an admin terminated it (docs/preemption.md)
     "retry",
+    # jobs (docs/jobs.md): queued again after a lease lapsed / never claimed on a lost node;
+    # released by a restarted agent whose job's processes were gone
+    "expired",
+    "unclaimed",
+    "agent_restarted",
 ]
 REASONS: frozenset[str] = frozenset(get_args(Reason))
 
@@ -162,6 +178,9 @@ class Node(msgspec.Struct, frozen=True):
     allocations: list[NodeAllocation]
     created_at: datetime
     updated_at: datetime
+    # its agent (docs/jobs.md): ready, lost (takes no new jobs), null (never ran one)
+    agent: Literal["ready", "lost"] | None = None
+    agent_seen_at: datetime | None = None
 
 
 class Policy(msgspec.Struct, frozen=True):
@@ -190,6 +209,27 @@ class Eta(msgspec.Struct, frozen=True):
 
     p50_seconds: int
     p90_seconds: int
+
+
+class JobClaimed(msgspec.Struct, frozen=True):
+    """Which agent claimed a job's attempt (docs/jobs.md)."""
+
+    node: str | None  # null: the agent of a pool without nodes
+    attempt: int
+    at: datetime
+
+
+class Job(msgspec.Struct, frozen=True):
+    """A request's job as every reader sees it: the env NAMES only (docs/jobs.md)."""
+
+    command: list[str]
+    workdir: str | None = None
+    name: str | None = None
+    env_keys: list[str] = []
+    array_index: int | None = None  # a member of an array batch: RESPOOL_ARRAY_INDEX
+    claimed: JobClaimed | None = None
+    # The values: only in the answer of POST /v1/requests/{id}/claim, to the claiming agent.
+    env: dict[str, str] | None = None
 
 
 class Request(msgspec.Struct, frozen=True):
@@ -230,6 +270,8 @@ class Request(msgspec.Struct, frozen=True):
     # where it held units the last time, once it no longer does (finished, or queued again for a
     # next attempt); null while it holds (see placement) or when it was never placed on a node
     last_placement: Placement | None = None
+    job: Job | None = None  # a request that carries a command (docs/jobs.md)
+    exit_code: int | None = None  # what the release of its last run reported
 
     @property
     def terminal(self) -> bool:
@@ -516,6 +558,30 @@ def _as_decimal(value: object) -> Decimal:
     return d
 
 
+_ENV_NAME = "^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+
+
+class JobSpec(_Body):
+    """The ``job`` of a create body (docs/jobs.md): run ``command`` (an argv, no shell) on
+    the granted node, by its agent, with ``env`` added to the grant's environment."""
+
+    command: Annotated[
+        list[str],
+        Meta(min_length=1, max_length=256),
+        _declare(items={"minLength": 1, "pattern": _NO_NUL}),
+    ]
+    env: Annotated[
+        dict[str, str] | None,
+        _declare(
+            max_properties=128,
+            property_names={"pattern": _ENV_NAME},
+            additional_properties={"type": "string", "pattern": _NO_NUL},
+        ),
+    ] = None
+    workdir: Annotated[str | None, _declare(min_length=1, max_length=4096, pattern=_NO_NUL)] = None
+    name: Annotated[str | None, _declare(min_length=1, max_length=128, pattern=_NO_NUL)] = None
+
+
 class RequestCreate(_Body):
     """A create body (``POST /v1/requests``, and each batch member). The server sends it to
     the engine as the client wrote it; the engine checks it and fills the defaults declared
@@ -545,6 +611,7 @@ class RequestCreate(_Body):
     node_selector: Annotated[dict[str, str] | None, _LABELS] = None
     # Requests of one group never preempt each other (docs/preemption.md).
     preemption_group: PreemptionGroup | None = None
+    job: JobSpec | None = None  # a job: the node's agent runs it (docs/jobs.md)
 
 
 class RequestTerminate(_Body):
@@ -563,6 +630,9 @@ class RequestBatchCreate(_Body):
     all_or_nothing: bool = False
     # A gang with every member on a different node (docs/placement.md); needs all_or_nothing.
     distinct_nodes: bool = False
+    # Jobs (docs/jobs.md): member i gets job.array_index i and RESPOOL_ARRAY_INDEX=i; every
+    # member must carry a job.
+    array: bool = False
 
 
 class RequestBatch(msgspec.Struct, kw_only=True):
@@ -594,3 +664,61 @@ class NodeUpdate(_Body):
     capacity: Annotated[dict[str, int] | UnsetType, _AMOUNTS] = UNSET
     devices: Annotated[dict[str, list[str] | None] | UnsetType, _DEVICES] = UNSET
     state: NodeState | UnsetType = UNSET
+
+
+# --- jobs and agents (docs/jobs.md) -----------------------------------------------------------
+
+
+class AgentHeartbeat(_Body):
+    """``POST /v1/agent/heartbeat``: the agent is alive and heartbeats every interval."""
+
+    interval_seconds: Annotated[int, Meta(ge=1, le=300)]
+
+
+class AgentHeartbeatAnswer(msgspec.Struct, frozen=True):
+    node: str | None  # null: an agent of a pool without nodes
+    pool: str | None
+
+
+class AgentJobs(msgspec.Struct, frozen=True):
+    """``GET /v1/agent/jobs``: jobs for the calling agent's node, oldest grant first."""
+
+    items: list[Request]
+
+
+class JobClaim(_Body):
+    """``POST /v1/requests/{id}/claim``: the attempt the agent runs (one claim per attempt)."""
+
+    attempt: Annotated[int, Meta(ge=1, le=INT32_MAX)]
+
+
+class JobRelease(_Body):
+    """Optional body of ``POST /v1/requests/{id}/release``: what the run reported."""
+
+    exit_code: Annotated[int, Meta(ge=-(2**31), le=INT32_MAX)] | None = None
+    reason: Literal["agent_restarted"] | None = None
+
+
+class JobLogWrite(_Body):
+    """``POST /v1/requests/{id}/logs`` (agent only): one output chunk of an attempt."""
+
+    attempt: Annotated[int, Meta(ge=1, le=INT32_MAX)]
+    seq: Annotated[int, Meta(ge=0, le=INT32_MAX)]
+    stream: Literal["stdout", "stderr"]
+    data: Annotated[str, _declare(pattern=_NO_NUL)]
+
+
+class JobLogChunk(msgspec.Struct, frozen=True):
+    seq: int
+    stream: Literal["stdout", "stderr"]
+    data: str
+
+
+class JobLogs(msgspec.Struct, frozen=True):
+    """``GET /v1/requests/{id}/logs``: an attempt's stored output after a seq."""
+
+    attempt: int
+    chunks: list[JobLogChunk]
+    next: int  # the last seq stored: pass it as ``after`` to read on
+    truncated: bool  # bytes were dropped between head and tail (a marker line says how many)
+    done: bool  # the attempt has ended: nothing more will come

@@ -337,10 +337,11 @@ DECLARE
     v_keys text[];
     v_need bigint[];
     v_hard integer;  -- keys of the request a node must track (non-soft keys)
+    v_job boolean := false;
 BEGIN
     SELECT placement = 'spread' INTO v_spread FROM respool.pools WHERE id = p_pool_id;
     IF p_request_id IS NOT NULL THEN
-        SELECT earmark_node_id INTO v_mine FROM respool.requests WHERE id = p_request_id;
+        SELECT earmark_node_id, command IS NOT NULL INTO v_mine, v_job FROM respool.requests WHERE id = p_request_id;
     END IF;
     -- Units that victims in their grace period free on a node are kept for the request they were
     -- preempted for (docs/preemption.md): others get a node's room net of them.
@@ -357,6 +358,7 @@ BEGIN
           FROM respool.nodes n
           LEFT JOIN respool.node_resources nr ON nr.node_id = n.id AND nr.key = ANY (v_keys)
          WHERE n.pool_id = p_pool_id AND n.state = 'active' AND n.id <> ALL (p_exclude)
+           AND (NOT v_job OR n.agent IS DISTINCT FROM 'lost')  -- a lost agent takes no new jobs (docs/jobs.md)
            AND (p_selector = '{}' OR (n.labels || jsonb_build_object('node', n.name)) @> p_selector)
          GROUP BY n.id, n.name
         HAVING bool_and(nr.key IS NULL OR nr.used + v_need[array_position(v_keys, nr.key)] <= nr.capacity)
@@ -374,7 +376,7 @@ BEGIN
          LIMIT 1);
 END $$;
 COMMENT ON FUNCTION respool._node_for(uuid, jsonb, jsonb, uuid, uuid[]) IS
-    'The node a grant of p_resources goes to in a pool with nodes (docs/placement.md), NULL when none fits now: an active node of the pool, not in p_exclude, matching the selector, where every key of the request fits (node used + need <= node capacity; a soft key the node lacks is unbounded, any other key it lacks has room 0) and that leaves units earmarked on it for other requests to them. The node earmarked for p_request_id first; then the pool''s placement: pack takes the node left with the fewest free units of the request''s device keys (keys the node names devices for) once it is placed, then the fewest left over its keys, then the name; spread the most. Read-only; the caller holds the pool lock.';
+    'The node a grant of p_resources goes to in a pool with nodes (docs/placement.md), NULL when none fits now: an active node of the pool, not in p_exclude, matching the selector (for a job: whose agent is not lost, docs/jobs.md), where every key of the request fits (node used + need <= node capacity; a soft key the node lacks is unbounded, any other key it lacks has room 0) and that leaves units earmarked on it for other requests to them. The node earmarked for p_request_id first; then the pool''s placement: pack takes the node left with the fewest free units of the request''s device keys (keys the node names devices for) once it is placed, then the fewest left over its keys, then the name; spread the most. Read-only; the caller holds the pool lock.';
 
 CREATE OR REPLACE FUNCTION respool._node_leaves_earmarks(p_node_id uuid, p_resources jsonb, p_request_id uuid)
 RETURNS boolean LANGUAGE plpgsql STABLE AS $$

@@ -191,6 +191,9 @@ BEGIN
               ORDER BY e.queued_at, e.request_id
               LIMIT v_high LOOP
         EXIT WHEN c.gang_id IS NOT NULL;
+        -- (a job may not go to every node _node_slots counts: docs/jobs.md; one by one instead)
+        EXIT WHEN EXISTS (SELECT FROM respool.requests j WHERE j.id = c.request_id AND j.command IS NOT NULL)
+                  AND EXISTS (SELECT FROM respool.nodes n WHERE n.pool_id = p_pool_id AND n.agent = 'lost');
         v_run := v_run || c.request_id;
     END LOOP;
     IF cardinality(v_run) < 2 THEN

@@ -77,7 +77,7 @@ BEGIN
     END IF;
     v_unknown := p_body - ARRAY['subject', 'pool', 'resources', 'settings', 'preemptible', 'max_retries',
                                 'max_seconds', 'lease_seconds', 'idempotency_key', 'labels', 'node_selector',
-                                'preemption_group'];
+                                'preemption_group', 'job'];
     IF v_unknown <> '{}' THEN
         PERFORM respool._fail('RP400', left(k, 70), format('unknown field %L', left(k, 70)))
            FROM (SELECT min(k) AS k FROM jsonb_object_keys(v_unknown) k) first;
@@ -132,6 +132,7 @@ BEGIN
         PERFORM respool._body_int(p_body -> 'max_seconds', 'max_seconds', 1, respool._max_seconds(),
                                   format('max_seconds must be between 1 and %s (or null for no cap)', respool._max_seconds()));
     END IF;
+    PERFORM respool._job_check(p_body -> 'job');  -- a job (docs/jobs.md)
     -- The server's defaults, in this one place: absent lease_seconds is the server's default
     -- lease (explicit null: no lease).
     RETURN jsonb_build_object('preemptible', true, 'max_retries', 0, 'lease_seconds', p_default_lease_seconds)
@@ -252,6 +253,7 @@ BEGIN
     -- Until this call answers, nobody knows the request: its own changes are not notified.
     PERFORM set_config('respool.unannounced', r.id::text, true);
     PERFORM respool._record_event(r, NULL, p_now);
+    PERFORM respool._job_store(r.id, v_in -> 'job');  -- before any grant (docs/jobs.md)
 
     -- A gang member waits for its gang (respool._gang_start queues and grants it; docs/scheduling.md).
     IF r.status = 'queued' AND p_gang_id IS NULL AND NOT respool._grant_at_once(r, v_at_pool, v_at_policy, p_now) THEN

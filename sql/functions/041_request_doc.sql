@@ -40,7 +40,16 @@ RETURNS json LANGUAGE sql STABLE AS $$
         'node_selector', r.node_selector, 'preemption_group', r.preemption_group,
         'placement', CASE WHEN r.status IN ('allocated', 'preempting') THEN respool._placement_doc(r.id) END,
         -- where it ran last, once it no longer holds units (docs/placement.md, "Where a request ran")
-        'last_placement', CASE WHEN r.status NOT IN ('allocated', 'preempting') THEN r.last_placement END)
+        'last_placement', CASE WHEN r.status NOT IN ('allocated', 'preempting') THEN r.last_placement END,
+        -- a job (docs/jobs.md): never the env values, only their names
+        'job', CASE WHEN r.command IS NOT NULL THEN json_build_object(
+                   'command', r.command, 'workdir', r.workdir, 'name', r.job_name,
+                   'env_keys', (SELECT coalesce(json_agg(k ORDER BY k), '[]') FROM jsonb_object_keys(r.job_env) k),
+                   'array_index', r.array_index,
+                   'claimed', CASE WHEN r.claimed_attempt IS NOT NULL THEN json_build_object(
+                       'node', (SELECT n.name FROM respool.nodes n WHERE n.id = r.claimed_node_id),
+                       'attempt', r.claimed_attempt, 'at', r.claimed_at) END) END,
+        'exit_code', r.exit_code)
 $$;
 COMMENT ON FUNCTION respool._request_doc(respool.requests, bigint, text, jsonb) IS
     'The one JSON shape of a request as the API shows it, from its row, its placement (respool._placement_doc, while it holds units; after, last_placement, where it held units the last time) and the computed queue position, message (NULL: empty) and ETA: shared by the one-request read (as jsonb) and the page read (json_agg), so both give the same document.';

@@ -74,6 +74,9 @@ BEGIN
         RETURN 0;  -- it already followed its gang
     END IF;
     PERFORM respool._unplace(p_id);
+    IF p_reason = 'lease_expired' AND respool._job_requeue_expired(p_id, p_now) THEN
+        RETURN 1;  -- a job with retries left runs again (docs/jobs.md)
+    END IF;
     PERFORM respool._set_status(p_id, 'expired', p_reason, p_message, p_now);
     RETURN 1 + respool._gang_follow(p_id, 'expired', p_reason, 'expired', p_now);  -- gangs: docs/scheduling.md
 END $$;

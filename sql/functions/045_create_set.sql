@@ -38,6 +38,9 @@ DECLARE
     v_outcome text;
     j integer;
 BEGIN
+    IF jsonb_path_exists(p_members, '$[*].job') THEN  -- jobs (docs/jobs.md) are created one by one
+        RAISE EXCEPTION 'batch: created one by one' USING ERRCODE = 'RP298';
+    END IF;
     -- Each distinct body checked and completed once (respool._create_body); a member's error
     -- makes the caller create one by one, which names the first refused member.
     SELECT array_agg(c.body ORDER BY m.n) INTO v_bodies

@@ -172,7 +172,8 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
                    ORDER BY r.id)
               FROM respool.placements pl JOIN respool.requests r ON r.id = pl.request_id
              WHERE pl.node_id = n.id), '[]'),
-        'created_at', n.created_at, 'updated_at', n.updated_at)
+        'created_at', n.created_at, 'updated_at', n.updated_at,
+        'agent', n.agent, 'agent_seen_at', n.agent_seen_at)  -- docs/jobs.md
       FROM respool.nodes n WHERE n.id = p_id
 $$;
 COMMENT ON FUNCTION respool.node_json(uuid) IS

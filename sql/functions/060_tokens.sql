@@ -5,23 +5,47 @@ CREATE OR REPLACE FUNCTION respool.token_json(p_id uuid)
 RETURNS jsonb LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object('id', t.id, 'name', t.name, 'role', t.role,
                               'subject_patterns', to_jsonb(t.subject_patterns),
-                              'created_at', t.created_at, 'revoked_at', t.revoked_at)
+                              'created_at', t.created_at, 'revoked_at', t.revoked_at,
+                              -- an agent token's binding (docs/jobs.md)
+                              'node', (SELECT n.name FROM respool.nodes n WHERE n.id = t.node_id), 'node_id', t.node_id,
+                              'pool', (SELECT p.name FROM respool.pools p WHERE p.id = t.pool_id), 'pool_id', t.pool_id)
       FROM respool.tokens t WHERE t.id = p_id
 $$;
 COMMENT ON FUNCTION respool.token_json(uuid) IS 'A token as shown to admins: everything but its hash.';
 
+DROP FUNCTION IF EXISTS respool.create_token(text, text, text, text[]);
 CREATE OR REPLACE FUNCTION respool.create_token(p_name text, p_role text, p_token_hash text,
-                                                p_subject_patterns text[] DEFAULT NULL)
+                                                p_subject_patterns text[] DEFAULT NULL,
+                                                p_node text DEFAULT NULL, p_pool text DEFAULT NULL)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     v_id uuid;
     v_pattern text;
+    v_node uuid;
+    v_pool uuid;
 BEGIN
     IF p_name IS NULL OR p_name !~ respool._subject_pattern() THEN
         PERFORM respool._fail('RP400', 'name', 'name must be 1-128 characters of A-Z a-z 0-9 _ . : / @ -, starting with a letter or digit');
     END IF;
-    IF p_role IS NULL OR p_role NOT IN ('admin', 'client', 'reader') THEN
-        PERFORM respool._fail('RP400', 'role', 'role must be admin, client or reader');
+    IF p_role IS NULL OR p_role NOT IN ('admin', 'client', 'reader', 'agent') THEN
+        PERFORM respool._fail('RP400', 'role', 'role must be admin, client, reader or agent');
+    END IF;
+    -- An agent token is bound to one node, or to one pool without nodes (docs/jobs.md).
+    IF p_role = 'agent' THEN
+        IF num_nonnulls(p_node, p_pool) <> 1 THEN
+            PERFORM respool._fail('RP400', 'node', 'an agent token is bound to one node (--node) or one pool (--pool)');
+        END IF;
+        IF p_node IS NOT NULL THEN
+            v_node := respool._node_id(p_node);
+        ELSE
+            v_pool := respool.resolve_pool(p_pool);
+            IF respool._pool_has_nodes(v_pool) THEN
+                PERFORM respool._fail('RP400', 'pool', format(
+                    'pool %s has nodes: bind the agent token to one of its nodes (--node)', p_pool));
+            END IF;
+        END IF;
+    ELSIF p_node IS NOT NULL OR p_pool IS NOT NULL THEN
+        PERFORM respool._fail('RP400', 'node', 'only agent tokens are bound to a node or pool');
     END IF;
     IF p_token_hash IS NULL OR p_token_hash !~ '^[0-9a-f]{64}$' THEN
         PERFORM respool._fail('RP400', 'token_hash', 'token_hash must be a lower-case hex sha256');
@@ -45,13 +69,13 @@ BEGIN
     IF EXISTS (SELECT FROM respool.tokens WHERE token_hash = p_token_hash) THEN
         PERFORM respool._fail('RP409', 'token_hash', 'this token is already registered');
     END IF;
-    INSERT INTO respool.tokens (name, role, subject_patterns, token_hash)
-    VALUES (p_name, p_role, CASE WHEN p_role = 'client' THEN p_subject_patterns END, p_token_hash)
+    INSERT INTO respool.tokens (name, role, subject_patterns, token_hash, node_id, pool_id)
+    VALUES (p_name, p_role, CASE WHEN p_role = 'client' THEN p_subject_patterns END, p_token_hash, v_node, v_pool)
     RETURNING id INTO v_id;
     RETURN respool.token_json(v_id);
 END $$;
-COMMENT ON FUNCTION respool.create_token(text, text, text, text[]) IS
-    'Registers a token by its sha256 hex (RP400 bad input, RP409 name in use or hash known); returns it without the hash.';
+COMMENT ON FUNCTION respool.create_token(text, text, text, text[], text, text) IS
+    'Registers a token by its sha256 hex (RP400 bad input, RP409 name in use or hash known); an agent token is bound to node p_node or to pool p_pool without nodes (RP404 unknown); returns it without the hash.';
 
 CREATE OR REPLACE FUNCTION respool.verify_token(p_token_hash text)
 RETURNS jsonb LANGUAGE sql STABLE AS $$

@@ -252,6 +252,7 @@ BEGIN
         expired := respool._expire_pool(p_pool_id, p_now)
                    + respool._abandon_queue_leases(p_pool_id, p_now);  -- queue leases (043_leases.sql)
         grace_ended := respool._finish_grace(p_pool_id, p_now);
+        expired := expired + respool._agent_pass(p_pool_id, p_now);  -- lost agents (docs/jobs.md)
     END IF;
     -- A runtime cap (max_seconds) ends whatever the heartbeats, also right after an outage
     expired := expired + respool._expire_max_seconds(p_pool_id, p_now);

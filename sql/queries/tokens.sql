@@ -3,7 +3,7 @@
 -- create_token --
 -- Register a token by its hash; returns the token as JSON.
 SELECT respool.create_token(p_name => $1, p_role => $2, p_token_hash => $3,
-                            p_subject_patterns => $4);
+                            p_subject_patterns => $4, p_node => $5, p_pool => $6);
 
 -- verify_token --
 -- The active token with this hash as JSON, or NULL.

@@ -1,0 +1,219 @@
+"""Jobs and agents (docs/jobs.md): the agent's routes (heartbeat, its jobs, claim, logs) and the
+log reader. An agent token reaches only its node's jobs (:mod:`app.api.auth`); the long-polls
+here wait on the notifier (:mod:`app.notify`) and hold no database connection while waiting."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+from uuid import UUID
+
+from litestar import Controller, get, post
+from litestar.connection import ASGIConnection
+from litestar.datastructures import State
+from litestar.handlers.base import BaseRouteHandler
+from litestar.params import FromPath, QueryParameter
+from respool_client.wire import (
+    INT32_MAX,
+    AgentHeartbeat,
+    AgentHeartbeatAnswer,
+    AgentJobs,
+    JobClaim,
+    JobLogs,
+    JobLogWrite,
+    Request,
+)
+
+from app.api.auth import AuthError, Principal, principal_of
+from app.api.common import AnyRequest, StrictBody, db, decode_body, notifier, settings
+from app.api.errors import ApiError, error_responses
+from app.db import jobs as db_jobs
+
+__all__ = ["AgentController", "JobController", "agent_only"]
+
+# A waiting agent or log follower reads again at least this often, whatever the notifications do.
+POLL_BACKSTOP = 2.0
+
+_Wait = Annotated[
+    float | None,
+    QueryParameter(
+        ge=0,
+        description="Seconds to wait (capped by RESPOOL_MAX_WAIT)",
+        schema_extra={"minimum": 0},
+    ),
+]
+
+
+async def agent_only(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    """Claims and log writes are for agent tokens: clients (and admins) cannot claim."""
+    principal = connection.scope.get("state", {}).get("principal")
+    if not isinstance(principal, Principal) or principal.role != "agent":
+        name = principal.name if isinstance(principal, Principal) else "?"
+        raise AuthError(403, f"only an agent token may do this (token {name!r})")
+
+
+def _agent(request: AnyRequest) -> Principal:
+    p = principal_of(request)
+    if p.role != "agent":
+        raise AuthError(403, f"only an agent token may do this (token {p.name!r})")
+    return p
+
+
+def _capped(state: State, wait: float | None) -> float:
+    return min(float(wait), settings(state).max_wait) if wait else 0.0
+
+
+class AgentController(Controller):
+    path = "/v1/agent"
+    tags = ["agents"]
+    guards = [agent_only]
+
+    @post(
+        "/heartbeat",
+        status_code=200,
+        summary="Agent heartbeat: its node's agent is ready (lost after 3 silent intervals)",
+        responses=error_responses(400, 403, 404),
+    )
+    async def heartbeat(
+        self, state: State, request: AnyRequest, data: StrictBody[AgentHeartbeat]
+    ) -> AgentHeartbeatAnswer:
+        body = await decode_body(request, AgentHeartbeat)
+        p = _agent(request)
+        return await db_jobs.agent_heartbeat(
+            db(state), node_id=p.node_id, pool_id=p.pool_id, interval_seconds=body.interval_seconds
+        )
+
+    @get(
+        "/jobs",
+        summary="The agent's jobs: allocated on its node and not claimed on this attempt"
+        " (long-poll with wait); claimed=true: the ones it claimed that still hold units",
+        responses=error_responses(400, 403),
+    )
+    async def jobs(
+        self,
+        state: State,
+        request: AnyRequest,
+        wait: _Wait = None,
+        claimed: Annotated[
+            bool, QueryParameter(description="The jobs this agent claimed and still runs")
+        ] = False,
+    ) -> AgentJobs:
+        p = _agent(request)
+        pool = db(state)
+        seconds = 0.0 if claimed else _capped(state, wait)
+        items = await db_jobs.agent_jobs(
+            pool, node_id=p.node_id, pool_id=p.pool_id, claimed=claimed
+        )
+        if items or seconds <= 0:
+            return AgentJobs(items=items)
+        hub = notifier(state)
+        deadline = time.monotonic() + seconds
+        key = await db_jobs.agent_pool_id(pool, node_id=p.node_id, pool_id=p.pool_id)
+        # Register, read, wait: a grant committed between the read and the wait still wakes it.
+        with hub.waiter(key or p.node_id or UUID(int=0)) as waiter:
+            items = await db_jobs.agent_jobs(pool, node_id=p.node_id, pool_id=p.pool_id)
+            while not items and not hub.closing:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                await waiter.wait(min(remaining, POLL_BACKSTOP))
+                items = await db_jobs.agent_jobs(pool, node_id=p.node_id, pool_id=p.pool_id)
+        return AgentJobs(items=items)
+
+
+class JobController(Controller):
+    path = "/v1/requests"
+    tags = ["requests"]
+
+    @post(
+        "/{request_id:uuid}/claim",
+        status_code=200,
+        guards=[agent_only],
+        summary="Claim an attempt of a job (agent only; one claim per attempt)",
+        description=(
+            "The answer is the request document plus job.env, the environment's values: the only"
+            " answer that carries them. 409 when the attempt is stale or already claimed, or the"
+            " job no longer holds units; 404 for a job not placed on the agent's node."
+        ),
+        responses=error_responses(400, 403, 404, 409),
+    )
+    async def claim(
+        self,
+        state: State,
+        request: AnyRequest,
+        request_id: FromPath[UUID],
+        data: StrictBody[JobClaim],
+    ) -> Request:
+        body = await decode_body(request, JobClaim)
+        p = _agent(request)
+        return await db_jobs.claim_job(
+            db(state), request_id, attempt=body.attempt, node_id=p.node_id, pool_id=p.pool_id
+        )
+
+    @post(
+        "/{request_id:uuid}/logs",
+        status_code=204,
+        guards=[agent_only],
+        summary="Append an output chunk of an attempt (agent only)",
+        description=(
+            "Chunks are numbered by seq from 0 per attempt; a seq already stored is ignored (a"
+            " retried send). At most RESPOOL_LOG_LIMIT bytes are kept per attempt: the first"
+            " half and the last half, with a marker line between."
+        ),
+        responses=error_responses(400, 403, 404, 409),
+    )
+    async def append_log(
+        self,
+        state: State,
+        request: AnyRequest,
+        request_id: FromPath[UUID],
+        data: StrictBody[JobLogWrite],
+    ) -> None:
+        body = await decode_body(request, JobLogWrite)
+        if "\x00" in body.data:
+            raise ApiError(400, "data: must not contain NUL characters", "data")
+        await db_jobs.append_job_log(
+            db(state),
+            request_id,
+            attempt=body.attempt,
+            seq=body.seq,
+            stream=body.stream,
+            data=body.data,
+            limit=settings(state).log_limit,
+        )
+
+    @get(
+        "/{request_id:uuid}/logs",
+        summary="A job's output of one attempt (long-poll with wait: follow)",
+        responses=error_responses(400, 404),
+    )
+    async def logs(
+        self,
+        state: State,
+        request_id: FromPath[UUID],
+        attempt: Annotated[
+            int | None,
+            QueryParameter(ge=1, le=INT32_MAX, description="The attempt (default: the current)"),
+        ] = None,
+        after: Annotated[
+            int, QueryParameter(ge=-1, le=INT32_MAX, description="Only chunks after this seq")
+        ] = -1,
+        wait: _Wait = None,
+    ) -> JobLogs:
+        pool = db(state)
+        seconds = _capped(state, wait)
+        found = await db_jobs.job_logs(pool, request_id, attempt=attempt, after=after)
+        if found.chunks or found.done or seconds <= 0:
+            return found
+        hub = notifier(state)
+        deadline = time.monotonic() + seconds
+        # Register, read, wait: a chunk stored between the read and the wait still wakes it.
+        with hub.waiter(request_id) as waiter:
+            found = await db_jobs.job_logs(pool, request_id, attempt=found.attempt, after=after)
+            while not found.chunks and not found.done and not hub.closing:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                await waiter.wait(min(remaining, POLL_BACKSTOP))
+                found = await db_jobs.job_logs(pool, request_id, attempt=found.attempt, after=after)
+        return found

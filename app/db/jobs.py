@@ -1,0 +1,94 @@
+"""Jobs and agents (``sql/queries/jobs.sql``): typed wrappers around 048_jobs.sql (docs/jobs.md)."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+from respool_client.wire import AgentHeartbeatAnswer, JobLogs, Request
+
+from app.db.errors import engine_errors
+from app.db.executor import Executor, _as
+from app.db.named import query
+
+__all__ = [
+    "agent_heartbeat",
+    "agent_jobs",
+    "agent_may_see",
+    "agent_pool_id",
+    "append_job_log",
+    "claim_job",
+    "job_logs",
+    "release_job",
+]
+
+
+@engine_errors
+async def agent_may_see(
+    db: Executor, request_id: UUID, *, node_id: UUID | None, pool_id: UUID | None
+) -> bool:
+    """Whether an agent bound to ``node_id`` (or ``pool_id``) may see the request."""
+    return bool(await db.fetchval(query("agent_may_see"), request_id, node_id, pool_id))
+
+
+@engine_errors
+async def agent_pool_id(db: Executor, *, node_id: UUID | None, pool_id: UUID | None) -> UUID | None:
+    """The pool whose job grants wake the agent (its node's, or its own)."""
+    value = await db.fetchval(query("agent_pool_id"), node_id, pool_id)
+    return value if isinstance(value, UUID) or value is None else UUID(str(value))
+
+
+@engine_errors
+async def agent_jobs(
+    db: Executor, *, node_id: UUID | None, pool_id: UUID | None, claimed: bool = False
+) -> list[Request]:
+    return _as(list[Request], await db.fetchval(query("agent_jobs"), node_id, pool_id, claimed))
+
+
+@engine_errors
+async def agent_heartbeat(
+    db: Executor, *, node_id: UUID | None, pool_id: UUID | None, interval_seconds: int
+) -> AgentHeartbeatAnswer:
+    doc = await db.fetchval(query("agent_heartbeat"), node_id, pool_id, interval_seconds)
+    return _as(AgentHeartbeatAnswer, doc)
+
+
+@engine_errors
+async def claim_job(
+    db: Executor, request_id: UUID, *, attempt: int, node_id: UUID | None, pool_id: UUID | None
+) -> Request:
+    doc = await db.fetchval(query("claim_job"), request_id, attempt, node_id, pool_id)
+    return _as(Request, doc)
+
+
+@engine_errors
+async def release_job(
+    db: Executor,
+    request_id: UUID,
+    *,
+    attempt: int | None,
+    exit_code: int | None,
+    reason: str | None,
+) -> Request:
+    doc = await db.fetchval(query("release_job"), request_id, attempt, exit_code, reason)
+    return _as(Request, doc)
+
+
+@engine_errors
+async def append_job_log(
+    db: Executor,
+    request_id: UUID,
+    *,
+    attempt: int,
+    seq: int,
+    stream: str,
+    data: str,
+    limit: int,
+) -> None:
+    await db.execute(query("append_job_log"), request_id, attempt, seq, stream, data, limit)
+
+
+@engine_errors
+async def job_logs(
+    db: Executor, request_id: UUID, *, attempt: int | None, after: int | None
+) -> JobLogs:
+    return _as(JobLogs, await db.fetchval(query("job_logs"), request_id, attempt, after))
