@@ -36,6 +36,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         from respool_client.run import main as run_main
 
         sys.exit(run_main(args[1:]))
+    if args and args[0] == "agent":
+        from respool_client.agent import main as agent_main
+
+        sys.exit(agent_main(args[1:]))
     server = _server_cli() if argv is None else None
     if server is not None:
         server()
