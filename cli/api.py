@@ -14,7 +14,7 @@ import msgspec
 from respool_client import ApiError, Respool, RespoolError
 from respool_client.wire import Policy, Pool
 
-from cli.common import CliError, user_message
+from cli.common import BadValue, CliError, names_parameter, user_message
 
 __all__ = ["Api", "connect_api", "segment"]
 
@@ -83,7 +83,9 @@ class Api:
             )
         except ApiError as exc:
             self.last_status = exc.status_code
-            raise CliError(self._named(_error_text(exc))) from None
+            # A value the user typed that the API refused as malformed: a usage error (exit 2).
+            bad = exc.status_code in (400, 422) and names_parameter(exc.field)
+            raise (BadValue if bad else CliError)(self._named(_error_text(exc))) from None
         except RespoolError as exc:
             raise CliError(self._unreachable(exc)) from None
         if kind is None:
@@ -145,6 +147,6 @@ def connect_api(url: str, token: str | None, *, timeout: float = 30.0) -> Iterat
     """An :class:`Api` for ``url`` (with ``token`` as a Bearer token), closed on exit."""
     base = url.rstrip("/")
     if not base.startswith(("http://", "https://")):
-        raise CliError(f"--url must start with http:// or https://, got {url!r}")
+        raise BadValue(f"--url must start with http:// or https://, got {url!r}")
     with Respool(base, token, request_timeout=timeout, retry_for=0) as client:
         yield Api(client, base)

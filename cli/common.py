@@ -11,18 +11,41 @@ import typer
 from typer._click.globals import get_current_context  # Typer vendors click
 
 __all__ = [
+    "BadValue",
     "CliError",
     "KNOWN_ERRORS",
+    "USAGE",
     "confirm",
     "describe_error",
+    "exit_code_of",
     "fail",
     "given",
+    "names_parameter",
     "user_message",
 ]
+
+# Exit codes (docs/cli.md, "Errors and exit codes"): 1 when the API or the database refused or
+# failed, 2 for a usage error (also a malformed value the user typed, found here or by the API).
+FAILED = 1
+USAGE = 2
 
 
 class CliError(Exception):
     """A user-facing failure: printed as ``error: <message>``, exit code 1."""
+
+    exit_code = FAILED
+
+
+class BadValue(CliError):
+    """A malformed value the user typed (an option or an argument): exit code 2, as click's
+    usage errors."""
+
+    exit_code = USAGE
+
+
+def exit_code_of(exc: BaseException) -> int:
+    """The exit code of a known error: 2 for a :class:`BadValue`, else 1."""
+    return exc.exit_code if isinstance(exc, CliError) else FAILED
 
 
 # The database commands add theirs (cli.database.DATABASE_ERRORS) where they run.
@@ -44,7 +67,11 @@ _PARAM_OF_FIELD = {
     "settings.cpu_count": "cpu",
     "settings.gpu_count": "gpu",
     "subject_patterns": "subject",
+    "windows": "window",
 }
+
+# ``windows[1].timezone``: the item of a list the user gave (one ``--window`` of several).
+_ITEM = re.compile(r"^(?P<name>[a-z_]+)\[(?P<index>[0-9]+)\]$")
 
 
 def _param_label(field: str) -> tuple[str, str] | None:
@@ -55,13 +82,29 @@ def _param_label(field: str) -> tuple[str, str] | None:
         return None
     head, _, rest = field.partition(".")
     name, rest = (_PARAM_OF_FIELD[field], "") if field in _PARAM_OF_FIELD else (head, rest)
+    item = _ITEM.match(name)
+    if item is not None:  # the API's names inside an item mean nothing to the user: name the item
+        name, rest = item["name"], ""
     name = _PARAM_OF_FIELD.get(name, name)
     for param in ctx.command.params:
         if param.name == name:
             if param.param_type_name == "option":
-                return max(param.opts, key=len), rest
-            return (param.metavar or (param.name or field).upper()), rest
+                label = max(param.opts, key=len)
+            else:
+                label = param.metavar or (param.name or field).upper()
+            typed = ctx.params.get(name)
+            if item is not None and isinstance(typed, list | tuple) and len(typed) > 1:
+                index = int(item["index"])
+                if index < len(typed):
+                    label = f"{label} {str(typed[index])!r}"
+            return label, rest
     return None
+
+
+def names_parameter(field: str | None) -> bool:
+    """Whether ``field`` (of an API or engine error) is a value the user typed: an option or
+    an argument of the current command."""
+    return field is not None and _param_label(field) is not None
 
 
 def user_message(detail: str, field: str | None) -> str:
@@ -88,9 +131,9 @@ def describe_error(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-def fail(message: str) -> NoReturn:
+def fail(message: str, code: int = FAILED) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(1)
+    raise typer.Exit(code)
 
 
 def given(**fields: Any) -> dict[str, Any]:

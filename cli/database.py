@@ -16,7 +16,15 @@ from app.db.embedded import EmbeddedDatabaseError, embedded_database_url, embedd
 from app.db.errors import EngineError
 from app.db.migrate import MigrationError
 from app.settings import Settings, SettingsError
-from cli.common import KNOWN_ERRORS, describe_error, fail, user_message
+from cli.common import (
+    KNOWN_ERRORS,
+    USAGE,
+    describe_error,
+    exit_code_of,
+    fail,
+    names_parameter,
+    user_message,
+)
 
 __all__ = [
     "DATABASE_ERRORS",
@@ -53,11 +61,14 @@ def describe_database_error(exc: BaseException) -> str:
 
 @contextmanager
 def handle_errors() -> Iterator[None]:
-    """Convert known errors into ``error: ...`` on stderr and exit code 1 (no traceback)."""
+    """Convert known errors into ``error: ...`` on stderr and exit code 1, or 2 for a malformed
+    value the user typed (no traceback)."""
     try:
         yield
     except (*KNOWN_ERRORS, *DATABASE_ERRORS) as exc:
-        fail(describe_database_error(exc))
+        typed = isinstance(exc, EngineError) and exc.status_code in (400, 422)
+        bad = typed and names_parameter(getattr(exc, "field", None))
+        fail(describe_database_error(exc), USAGE if bad else exit_code_of(exc))
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:

@@ -3,7 +3,8 @@
 * usage errors (bad option, missing argument): exit code 2, with a pointer to ``--help``;
 * known errors (:data:`cli.common.KNOWN_ERRORS`: API answers, an unreachable API, unreadable
   files; the database commands report theirs the same way, through
-  :func:`cli.database.handle_errors`): exit code 1;
+  :func:`cli.database.handle_errors`): exit code 1, or 2 for a malformed value the user typed
+  (:class:`cli.common.BadValue`);
 * anything else is a bug, reported on one line too (exit code 1); the traceback is printed only
   with ``RESPOOL_LOG_LEVEL=DEBUG``.
 """
@@ -19,7 +20,7 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from cli.common import KNOWN_ERRORS, describe_error, fail
+from cli.common import KNOWN_ERRORS, describe_error, exit_code_of, fail
 from cli.help import tidy
 
 __all__ = ["RespoolGroup"]
@@ -68,7 +69,7 @@ class RespoolGroup(TyperGroup):
         except (typer.Exit, typer.Abort, typer.TyperException):
             raise
         except KNOWN_ERRORS as exc:
-            fail(describe_error(exc))
+            fail(describe_error(exc), exit_code_of(exc))
         except Exception as exc:
             if os.environ.get("RESPOOL_LOG_LEVEL", "").strip().upper() == "DEBUG":
                 traceback.print_exc()

@@ -11,7 +11,7 @@ import typer
 
 from cli import db, node, pool, request, token
 from cli.apply import apply, export
-from cli.common import KNOWN_ERRORS, describe_error
+from cli.common import KNOWN_ERRORS, describe_error, exit_code_of
 from cli.group import RespoolGroup
 from cli.reconcile import reconcile
 from cli.run import run
@@ -58,12 +58,13 @@ def _root(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Console-script entry point: known errors become ``error: ...`` and exit code 1."""
+    """Console-script entry point: known errors become ``error: ...`` and exit code 1 (2 for a
+    malformed value)."""
     try:
         app(args=list(argv) if argv is not None else None, prog_name="respool")
     except KNOWN_ERRORS as exc:
         print(f"error: {describe_error(exc)}", file=sys.stderr)
-        sys.exit(1)
+        sys.exit(exit_code_of(exc))
 
 
 if __name__ == "__main__":

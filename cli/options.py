@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from respool_client.wire import STATUSES
 
-from cli.common import CliError
+from cli.common import BadValue
 from cli.complete import complete_pool, complete_status
 
 __all__ = [
@@ -92,9 +92,9 @@ StatusFilter = Annotated[
 
 
 def check_status(status: str | None) -> None:
-    """``--status``: one of the statuses; a bad value lists them (exit 1)."""
+    """``--status``: one of the statuses; a bad value lists them (exit 2)."""
     if status is None or status in STATUSES:
         return
     close = get_close_matches(status, STATUSES, n=1)
     hint = f" (did you mean {close[0]}?)" if close else ""
-    raise CliError(f"--status: {status!r} is not a status{hint}; use one of {', '.join(STATUSES)}")
+    raise BadValue(f"--status: {status!r} is not a status{hint}; use one of {', '.join(STATUSES)}")

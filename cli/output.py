@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -16,7 +17,16 @@ from rich.measure import Measurement
 from cli.fit import show_wide
 from cli.options import OutputFormat
 
-__all__ = ["console", "emit", "fits_terminal", "note", "print_parts", "to_json", "to_yaml"]
+__all__ = [
+    "console",
+    "emit",
+    "fits_terminal",
+    "note",
+    "print_parts",
+    "print_trimmed",
+    "to_json",
+    "to_yaml",
+]
 
 _WIDE = 10_000
 
@@ -26,6 +36,28 @@ _json = msgspec.json.Encoder(decimal_format="number")
 def console(*, stderr: bool = False) -> Console:
     """A rich console on the current stdout (or stderr)."""
     return Console(stderr=stderr, highlight=False, soft_wrap=False)
+
+
+# Spaces at the end of a line, before any style codes that close it.
+_TRAILING = re.compile(r" +((?:\x1b\[[0-9;]*m)*)$", re.MULTILINE)
+
+
+def _trim(text: str) -> str:
+    """``text`` without spaces at the ends of its lines (style codes kept)."""
+    while True:
+        trimmed = _TRAILING.sub(r"\1", text)
+        if trimmed == text:
+            return text
+        text = trimmed
+
+
+def print_trimmed(out: Console, part: RenderableType) -> None:
+    """Print ``part`` with no spaces at the ends of its lines: rich pads every cell of a table
+    to its column's width, which a pipe or a file would keep (and ``diff`` would show)."""
+    with out.capture() as captured:
+        out.print(part)
+    out.file.write(_trim(captured.get()))
+    out.file.flush()
 
 
 def fits_terminal() -> bool:
@@ -41,7 +73,7 @@ def print_parts(out: Console, parts: Iterable[RenderableType]) -> None:
     for part in parts:
         natural = Measurement.get(out, out.options.update(max_width=_WIDE), part).maximum
         out.width = max(base, natural)
-        out.print(part)
+        print_trimmed(out, part)
     out.width = base
 
 
@@ -71,7 +103,7 @@ def emit(
         if fmt is OutputFormat.table and fits_terminal():
             out = console()
             for part in parts:
-                out.print(part)
+                print_trimmed(out, part)
         else:
             print_parts(console(), parts)
     sys.stdout.flush()

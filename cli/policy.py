@@ -207,4 +207,5 @@ def list_policies(
         policies = api.call(
             "GET", "/v1/policies", list[Policy], params={"pool": pool, "subject": subject}
         )
-    emit(policies, output, lambda: [policies_table(policies)])
+    # One pool asked for: its name is in every row, so no POOL column (as kubectl -n).
+    emit(policies, output, lambda: [policies_table(policies, show_pool=pool is None)])

@@ -154,8 +154,8 @@ class PoolDescription(msgspec.Struct, kw_only=True):
     nodes: list[Node] = []
 
 
-def _pool_view(pool: Pool) -> list[RenderableType]:
-    return [pool_header(pool), Text(), pool_keys_table(pool)]
+def _pool_view(pool: Pool, nodes: list[Node] | None = None) -> list[RenderableType]:
+    return [pool_header(pool, nodes or ()), Text(), pool_keys_table(pool)]
 
 
 def _queue(api: Api, pool: str, limit: int) -> list[Request]:
@@ -255,7 +255,7 @@ def describe(
         )
 
     def table() -> Iterable[RenderableType]:
-        yield from _pool_view(pool)
+        yield from _pool_view(pool, data.nodes)
         yield Text()
         yield policies_table(data.policies, title="Policies", show_pool=False)
         if data.nodes:

@@ -357,7 +357,9 @@ def list_(
                 labels=labels,
                 limit=limit,
             )
-        emit(found, output, lambda: [requests_table(found)])
+        live_only = not (status or every_status)
+        empty = "no live requests (--all shows finished ones too)" if live_only else "no requests"
+        emit(found, output, lambda: [requests_table(found, empty=empty)])
 
     watch(every, output, draw)
 

@@ -66,19 +66,24 @@ def serve(
         if workers:
             settings = msgspec.structs.replace(settings, workers=workers)
         check_auth_settings(settings)  # before touching the database
+    # The port first: one in use is one line, before anything is started or said to listen.
+    try:
+        sock = bind_listener(settings.host, settings.port)
+    except OSError as exc:
+        fail(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}")
+    sock.set_inheritable(False)  # not by the PostgreSQL an embedded database starts
+    listening = f"http://{settings.host}:{sock.getsockname()[1]}"  # (--port 0: the one chosen)
+    with handle_errors():
         dsn = resolve_database_url(settings)
     run_async(_migrate(dsn))
     configure_logging(settings.log_level, settings.log_format)
     if settings.workers > 1:
-        try:
-            sock = bind_listener(settings.host, settings.port)
-        except OSError as exc:
-            fail(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}")
         typer.echo(
-            f"respool API on http://{settings.host}:{settings.port} with {settings.workers} "
+            f"respool API on {listening} with {settings.workers} "
             f"workers (database {redact_dsn(dsn)})",
             err=True,
         )
+        sock.set_inheritable(True)  # the workers' own
         with handle_errors():
             status = serve_workers(
                 settings, dsn, sock, workers=settings.workers, with_reconciler=not no_reconciler
@@ -94,7 +99,7 @@ def serve(
         log_config=None,  # configure_logging already routes uvicorn's loggers
     )
     typer.echo(
-        f"respool API on http://{config.host}:{config.port} (database {redact_dsn(dsn)})",
+        f"respool API on {listening} (database {redact_dsn(dsn)})",
         err=True,
     )
-    ApiServer(config, app).run()
+    ApiServer(config, app).run(sockets=[sock])

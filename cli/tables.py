@@ -7,7 +7,8 @@ from datetime import UTC, datetime
 
 from respool_client.durations import format_duration
 from respool_client.wire import Eta, Event, Node, NodeAllocation, Placement, Policy, Pool, Request
-from rich.console import Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.measure import Measurement
 from rich.table import Column, Table
 from rich.text import Text
 
@@ -21,6 +22,7 @@ __all__ = [
     "fmt_devices",
     "fmt_iso",
     "fmt_map",
+    "fmt_resources",
     "fmt_time",
     "node_allocations_table",
     "node_devices_table",
@@ -51,6 +53,13 @@ def short(value: object) -> str:
 def fmt_map(values: Mapping[str, int]) -> str:
     """``{"gpu": 4, "step_run": 2}`` → ``gpu=4 step_run=2``; zeros left out; empty → ``-``."""
     return " ".join(f"{k}={v}" for k, v in sorted(values.items()) if v) or "-"
+
+
+def fmt_resources(values: Mapping[str, int]) -> str:
+    """A request's resources in a table: as :func:`fmt_map`, without the ``step_run=1`` every
+    request carries (the server adds it) unless it is all there is."""
+    shown = {k: v for k, v in values.items() if not (k == "step_run" and v == 1)}
+    return fmt_map(shown) if any(shown.values()) else fmt_map(values)
 
 
 def fmt_time(value: datetime | None) -> str:
@@ -97,11 +106,14 @@ def _pool_keys(pool: Pool) -> list[tuple[str, int, int | None]]:
     return [(k, pool.usage.get(k, 0), pool.capacity.get(k)) for k in keys]
 
 
-def _usage_cell(pool: Pool) -> RenderableType:
+def _usage_cell(pool: Pool, key_width: int = 0) -> RenderableType:
+    """A pool's keys with their usage bars; ``key_width``: the widest key of every pool in the
+    table, so that the bars of all pools line up."""
     rows = _pool_keys(pool)
     if not rows:
         return Text("-", style="dim")
-    grid = Table.grid(Column(no_wrap=True), Column(no_wrap=True), padding=(0, 1))
+    keys = Column(no_wrap=True, min_width=key_width)
+    grid = Table.grid(keys, Column(no_wrap=True), padding=(0, 1))
     for key, used, total in rows:
         grid.add_row(Text(key), usage_bar(used, total))
     return grid
@@ -113,15 +125,87 @@ _TEXT = frozenset(
 )
 
 
-def table(*headers: str | Col, title: str | None = None) -> FitTable:
+class Listing(FitTable):
+    """A table that, without rows, is one line instead of a lone header: ``no pools`` (its
+    ``empty``), or ``Policies: none`` under a title. Its ``whole`` columns (a policy's subject)
+    are cut only when nothing else can go: low-value columns are left out first."""
+
+    empty = ""
+    whole: frozenset[str] = frozenset()
+
+    def _keep_whole(self, table: Table) -> Table:
+        for column in table.columns:
+            if column.header in self.whole:
+                column.max_width, column.no_wrap = None, True
+        return table
+
+    def layout(self, console: Console, width: int) -> Table:
+        if self.wide or not self.whole:
+            return super().layout(console, width)
+        shown = list(self.cols)
+        wide = console.options.update(max_width=10_000)
+        droppable = sorted((c for c in self.cols if c[1].drop), key=lambda c: c[1].drop)
+        for col in [*droppable, None]:
+            narrow = self._keep_whole(self._build(shown, floor=True))
+            if Measurement.get(console, wide, narrow).maximum <= width:
+                return self._keep_whole(self._build(shown))
+            if col is not None:
+                shown.remove(col)
+        return super().layout(console, width)  # too narrow even so: cut them too
+
+    def _none(self) -> Text | None:
+        if self.rows or not self.empty:
+            return None
+        return Text(f"{self.title}: none", style="bold") if self.title else Text(self.empty)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        none = self._none()
+        if none is not None:
+            yield none
+        else:
+            yield from super().__rich_console__(console, options)
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        none = self._none()
+        if none is not None:
+            return Measurement.get(console, options, none)
+        return super().__rich_measure__(console, options)
+
+
+def table(*headers: str | Col, title: str | None = None, empty: str = "") -> Listing:
     """A borderless table in the house style that fits the terminal (see :mod:`cli.fit`);
-    a plain header is a column that may shrink when it holds free text."""
+    a plain header is a column that may shrink when it holds free text. ``empty``: the line
+    shown instead when it has no rows (``no pools``)."""
     cols = [Col(h, shrink=h in _TEXT) if isinstance(h, str) else h for h in headers]
-    return FitTable(*cols, title=title)
+    out = Listing(*cols, title=title)
+    out.empty = empty
+    return out
+
+
+_BLANK = frozenset({"", "-", "0"})
+
+
+def _plain(cell: RenderableType) -> str | None:
+    return cell if isinstance(cell, str) else cell.plain if isinstance(cell, Text) else None
+
+
+def drop_blank(out: FitTable, *headers: str, blank: frozenset[str] = _BLANK) -> None:
+    """Leave out those of ``headers`` whose every cell is empty, ``-`` or ``0`` (or in
+    ``blank``): they say nothing and take the room of the subjects and windows. ``-o wide``
+    keeps every column."""
+    if out.wide or not out.rows:
+        return
+    out.cols = [
+        (i, col)
+        for i, col in out.cols
+        if col.header not in headers or any(_plain(row[i]) not in blank for row in out.rows)
+    ]
 
 
 def pools_table(pools: Sequence[Pool]) -> FitTable:
-    """NODES: how many nodes back a pool; ``-`` for a pool of abstract units."""
+    """NODES: how many nodes back a pool; ``-`` for a pool of abstract units (``0`` for one
+    waiting for its first node). The usage bars of all pools line up."""
+    key_width = max((len(k) for p in pools for k, _, _ in _pool_keys(p)), default=0)
     out = table(
         "NAME",
         Col("ID", drop=2),
@@ -130,18 +214,25 @@ def pools_table(pools: Sequence[Pool]) -> FitTable:
         "QUEUED",
         Col("QUEUEING", drop=1),
         Col("DESCRIPTION", shrink=True, drop=4),
+        empty="no pools",
     )
     for p in pools:
         out.add_row(
             p.name,
             short(p.id),
-            _usage_cell(p),
-            str(p.nodes) if p.nodes else "-",
+            _usage_cell(p, key_width),
+            str(p.nodes) if p.nodes or _awaits_nodes(p) else "-",
             str(p.queued),
             p.queueing,
             p.description or "",
         )
+    drop_blank(out, "NODES", "DESCRIPTION", blank=frozenset({"", "-"}))
     return out
+
+
+def _awaits_nodes(pool: Pool) -> bool:
+    """A pool created without capacity is meant for nodes: it has none until a node joins."""
+    return not pool.nodes and not pool.capacity and not any(pool.usage.values())
 
 
 # --- nodes (docs/cli.md, "Nodes") ---------------------------------------------------------------
@@ -177,7 +268,7 @@ def nodes_table(
     headers.append(Col("LABELS", shrink=True, drop=1))
     if not show_pool:
         del headers[1]
-    out = table(*headers, title=title)
+    out = table(*headers, title=title, empty="no nodes")
     for n in nodes:
         cells: list[RenderableType] = [n.name, n.pool or "-", _state_text(n.state)]
         if not show_pool:
@@ -247,7 +338,7 @@ def fmt_devices(devices: Mapping[str, Sequence[str]]) -> str:
 def node_allocations_table(node: Node) -> FitTable:
     out = table("REQUEST", "SUBJECT", "STATUS", "RESOURCES", "DEVICES", title="Allocations")
     for a in node.allocations:
-        out.add_row(*_holder(a), a.status, fmt_map(a.resources), fmt_devices(a.devices))
+        out.add_row(*_holder(a), a.status, fmt_resources(a.resources), fmt_devices(a.devices))
     return out
 
 
@@ -262,6 +353,7 @@ def placed_table(requests: Sequence[Request], *, title: str | None = None) -> Fi
         Col("DEVICES", shrink=True),
         Col("HELD", drop=1),
         title=title,
+        empty="no requests",
     )
     rows = sorted(requests, key=lambda r: (r.placement.node if r.placement else "", str(r.id)))
     for r in rows:
@@ -270,7 +362,7 @@ def placed_table(requests: Sequence[Request], *, title: str | None = None) -> Fi
             short(r.id),
             r.subject,
             r.status,
-            fmt_map(r.resources),
+            fmt_resources(r.resources),
             fmt_devices(r.placement.devices) if r.placement else "-",
             _age(r.allocated_at),
         )
@@ -288,7 +380,23 @@ def fields(rows: Iterable[tuple[str, object]]) -> Table:
     return grid
 
 
-def pool_header(pool: Pool) -> Table:
+_NODE_STATES = ("active", "cordoned", "draining")
+
+
+def _fmt_nodes(pool: Pool, nodes: Sequence[Node]) -> str:
+    """``3 (2 active, 1 cordoned)``; ``none yet`` for a pool waiting for its first node;
+    ``- (abstract units)`` for a pool of its own capacity."""
+    if _awaits_nodes(pool):
+        return f"none yet: its capacity is its nodes' (respool node add NAME --pool {pool.name})"
+    if not pool.nodes:
+        return "- (abstract units)"
+    states = [(s, sum(n.state == s for n in nodes)) for s in _NODE_STATES]
+    counts = ", ".join(f"{count} {state}" for state, count in states if count)
+    return f"{pool.nodes} ({counts})" if counts else str(pool.nodes)
+
+
+def pool_header(pool: Pool, nodes: Sequence[Node] = ()) -> Table:
+    """The pool's fields; ``nodes``: its nodes, when known, for their count per state."""
     return fields(
         [
             ("Pool", pool.name),
@@ -301,7 +409,7 @@ def pool_header(pool: Pool) -> Table:
                 "off" if pool.starvation_seconds is None else f"{pool.starvation_seconds}s",
             ),
             ("Ordering", pool.ordering),
-            ("Nodes", pool.nodes or "- (abstract units)"),
+            ("Nodes", _fmt_nodes(pool, nodes)),
             ("Placement", pool.placement),
             ("Queued", pool.queued),
             ("Created", fmt_time(pool.created_at)),
@@ -310,7 +418,9 @@ def pool_header(pool: Pool) -> Table:
     )
 
 
-def pool_keys_table(pool: Pool) -> FitTable:
+def pool_keys_table(pool: Pool) -> RenderableType:
+    if _awaits_nodes(pool):
+        return Text("Capacity: none yet (no nodes)", style="bold")
     out = table("KEY", "CAPACITY", "USED", "FREE", "USAGE", title="Capacity")
     for key, used, total in _pool_keys(pool):
         free = "-" if total is None else str(total - used)
@@ -324,23 +434,27 @@ def policies_table(
 ) -> FitTable:
     """Policies with their shares, usage and shape: LANE, WINDOWS (the ``--window`` syntax),
     ACTIVE and NEXT CHANGE (UTC); COVERS (the subjects a pattern serves now) when any policy
-    is a pattern (docs/preemption.md)."""
+    is a pattern (docs/preemption.md). Columns with nothing in them are left out (but for
+    ``-o wide``), so that subjects and windows have the room."""
     patterns = any("*" in p.subject for p in policies)
     headers: list[str | Col] = [
         Col("SUBJECT", shrink=True),
         "PRIORITY",
         Col("RESERVED", shrink=True),
-        Col("LIMIT", shrink=True, drop=6),
+        Col("LIMIT", shrink=True, drop=5),
         Col("USED", shrink=True),
-        Col("BORROWED", shrink=True, drop=4),
-        Col("LANE", drop=5),
+        Col("BORROWED", shrink=True, drop=3),
+        Col("LANE", drop=4),
         Col("WINDOWS", shrink=True, drop=7),
         "ACTIVE",
-        Col("NEXT CHANGE", drop=3),
+        Col("NEXT CHANGE", drop=6),
         *([Col("COVERS", shrink=True, drop=2)] if patterns else []),
         Col("ID", drop=1),
     ]
-    out = table(*([Col("POOL"), *headers] if show_pool else headers), title=title)
+    out = table(
+        *([Col("POOL"), *headers] if show_pool else headers), title=title, empty="no policies"
+    )
+    out.whole = frozenset({"SUBJECT"})
     for p in policies:
         cells = [
             p.subject,
@@ -358,6 +472,9 @@ def policies_table(
             cells.append(", ".join(p.covers) if "*" in p.subject and p.covers else "-")
         cells.append(short(p.id))
         out.add_row(*([p.pool, *cells] if show_pool else cells))
+    blank = ("PRIORITY", "RESERVED", "LIMIT", "USED", "BORROWED", "NEXT CHANGE", "COVERS")
+    drop_blank(out, *blank)
+    drop_blank(out, "LANE", blank=frozenset({"no"}))
     return out
 
 
@@ -369,9 +486,14 @@ def fmt_iso(value: datetime | None) -> str:
 
 
 def requests_table(
-    requests: Sequence[Request], *, view: str = "all", title: str | None = None
+    requests: Sequence[Request],
+    *,
+    view: str = "all",
+    title: str | None = None,
+    empty: str = "no requests",
 ) -> FitTable:
-    """``view``: ``queued`` (position and what it waits for), ``active`` (holders) or ``all``."""
+    """``view``: ``queued`` (position and what it waits for), ``active`` (holders) or ``all``;
+    ``empty``: the line shown when there is none."""
     labels = Col("LABELS", shrink=True, wide=True)
     if view == "queued":
         out = table(
@@ -390,7 +512,7 @@ def requests_table(
                 str(r.queue_position or "-"),
                 short(r.id),
                 r.subject,
-                fmt_map(r.resources),
+                fmt_resources(r.resources),
                 "yes" if r.preemptible else "no",
                 _age(r.created_at),
                 r.message,
@@ -413,7 +535,7 @@ def requests_table(
                 short(r.id),
                 r.subject,
                 r.status,
-                fmt_map(r.resources),
+                fmt_resources(r.resources),
                 "yes" if r.preemptible else "no",
                 _age(r.allocated_at),
                 _left(r.lease_expires_at),
@@ -441,10 +563,11 @@ def requests_table(
                 where.node if where else "-",
                 r.status,
                 request_reason(r),
-                fmt_map(r.resources),
+                fmt_resources(r.resources),
                 _age(r.created_at),
                 fmt_labels(r.labels),
             )
+    out.empty = empty
     return out
 
 
@@ -528,7 +651,7 @@ def events_table(events: Sequence[Event]) -> FitTable:
     """PLACED ON (in a pool with nodes): the node and devices of each grant."""
     placed = any(e.placement is not None for e in events)
     cols: list[str | Col] = ["AT", "FROM", "TO", "REASON", Col("ATTEMPT", drop=1), "MESSAGE"]
-    out = table(*cols, *([Col("PLACED ON", shrink=True)] if placed else []))
+    out = table(*cols, *([Col("PLACED ON", shrink=True)] if placed else []), empty="no events")
     for e in events:
         on = [] if not placed else [_placed_on(e.placement)]
         out.add_row(

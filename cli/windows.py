@@ -30,7 +30,10 @@ _HHMM = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]"
 _WEEKLY = re.compile(
     rf"^(?:(?P<days>[a-z,-]+)\s+)?(?P<from>{_HHMM})-(?P<to>{_HHMM})\s+(?P<tz>\S+)$"
 )
-_EXAMPLES = "e.g. 'mon-fri 09:00-17:00 Europe/Berlin' or '2026-12-24T00:00Z/2026-12-27T00:00Z'"
+_EXAMPLES = (
+    "a window is '[DAYS] HH:MM-HH:MM ZONE', e.g. 'mon-fri 09:00-17:00 Europe/Berlin' or"
+    " '22:00-06:00 UTC', or 'START/END', e.g. '2026-12-24T00:00Z/2026-12-27T00:00Z'"
+)
 
 
 class WindowError(ValueError):
@@ -76,6 +79,11 @@ def window_from_text(text: str) -> PolicyWindow:
     # Days and times in any case; the time zone as written (IANA names are case-sensitive).
     spec = " ".join([*(t.lower() for t in tokens[:-1]), *tokens[-1:]])
     found = _WEEKLY.match(spec)
+    if found is None and _WEEKLY.match(f"{spec} UTC"):
+        raise WindowError(
+            f"{text!r} has no time zone: end it with one, e.g. '{text.strip()} UTC' or"
+            f" '{text.strip()} Europe/Berlin'"
+        )
     if found is None:
         raise WindowError(f"{text!r} is not a window ({_EXAMPLES})")
     days = _days(found["days"]) if found["days"] else None

@@ -228,8 +228,9 @@ class Job(msgspec.Struct, frozen=True):
     env_keys: list[str] = []
     array_index: int | None = None  # a member of an array batch: RESPOOL_ARRAY_INDEX
     claimed: JobClaimed | None = None
-    # The values: only in the answer of POST /v1/requests/{id}/claim, to the claiming agent.
-    env: dict[str, str] | None = None
+    # The values: only in the answer of POST /v1/requests/{id}/claim, to the claiming agent
+    # (absent everywhere else).
+    env: dict[str, str] | UnsetType = UNSET
 
 
 class Request(msgspec.Struct, frozen=True):

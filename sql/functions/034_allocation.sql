@@ -182,7 +182,7 @@ BEGIN
     -- queue-time order (an index range of queue_entries_shape_idx), that come before the next
     -- other shape's head in the queue order ((p_before_at, p_before_id), NULL: none), up to the
     -- first gang entry (a gang is granted on its own).
-    FOR c IN SELECT e.request_id, r.gang_id
+    FOR c IN SELECT e.request_id, r.gang_id, r.command IS NOT NULL AS job
                FROM respool.queue_entries e JOIN respool.requests r ON r.id = e.request_id
               WHERE e.pool_id = p_pool_id AND e.policy_id = p_policy_id
                 AND e.preemptible = p_preemptible AND e.resources = p_resources AND e.node_selector = p_selector
@@ -191,9 +191,8 @@ BEGIN
               ORDER BY e.queued_at, e.request_id
               LIMIT v_high LOOP
         EXIT WHEN c.gang_id IS NOT NULL;
-        -- (a job may not go to every node _node_slots counts: docs/jobs.md; one by one instead)
-        EXIT WHEN EXISTS (SELECT FROM respool.requests j WHERE j.id = c.request_id AND j.command IS NOT NULL)
-                  AND EXISTS (SELECT FROM respool.nodes n WHERE n.pool_id = p_pool_id AND n.agent = 'lost');
+        -- (a job may not go to a lost agent's node, which _node_slots counts: one by one, docs/jobs.md)
+        EXIT WHEN c.job AND EXISTS (SELECT FROM respool.nodes n WHERE n.pool_id = p_pool_id AND n.agent = 'lost');
         v_run := v_run || c.request_id;
     END LOOP;
     IF cardinality(v_run) < 2 THEN

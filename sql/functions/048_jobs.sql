@@ -22,8 +22,7 @@ BEGIN
     IF jsonb_typeof(p_job -> 'command') IS DISTINCT FROM 'array'
        OR jsonb_array_length(p_job -> 'command') NOT BETWEEN 1 AND 256
        OR EXISTS (SELECT FROM jsonb_array_elements(p_job -> 'command') a
-                   WHERE jsonb_typeof(a) <> 'string' OR a #>> '{}' = '' OR length(a #>> '{}') > 65536
-                      OR position(chr(0) IN a #>> '{}') > 0) THEN
+                   WHERE jsonb_typeof(a) <> 'string' OR a #>> '{}' = '' OR length(a #>> '{}') > 65536) THEN
         PERFORM respool._fail('RP400', 'job.command',
                               'job.command must be a list of 1 to 256 non-empty strings (the argv)');
     END IF;
@@ -158,16 +157,20 @@ CREATE OR REPLACE FUNCTION respool.release_job(p_id uuid, p_attempt integer, p_e
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     r respool.requests;
+    v_reason text;
 BEGIN
-    IF p_reason IS NOT NULL AND p_reason <> 'agent_restarted' THEN
-        PERFORM respool._fail('RP400', 'reason', 'reason must be agent_restarted or null');
+    IF p_reason IS NOT NULL THEN
+        v_reason := 'agent_restarted';  -- the one reason an agent reports
+        IF p_reason <> v_reason THEN
+            PERFORM respool._fail('RP400', 'reason', 'reason must be agent_restarted or null');
+        END IF;
     END IF;
     r := respool._lock_request(p_id, p_attempt);
     IF p_exit_code IS NOT NULL AND r.status IN ('allocated', 'preempting') THEN
         UPDATE respool.requests SET exit_code = p_exit_code WHERE id = p_id;
     END IF;
-    PERFORM respool._end_locked(p_id, 'released', p_reason,
-                                CASE WHEN p_reason = 'agent_restarted'
+    PERFORM respool._end_locked(p_id, 'released', v_reason,
+                                CASE WHEN v_reason IS NOT NULL
                                      THEN 'released by a restarted agent: the job''s processes were gone'
                                      WHEN p_exit_code IS NOT NULL THEN format('exited with code %s', p_exit_code)
                                      ELSE '' END,
@@ -360,6 +363,7 @@ DECLARE
     a respool.job_log_attempts;
     v_chunks jsonb;
     v_first_tail integer;
+    v_marker text;
 BEGIN
     IF r.id IS NULL THEN
         PERFORM respool._fail('RP404', 'id', format('request %s not found', p_id));
@@ -368,13 +372,20 @@ BEGIN
     SELECT * INTO a FROM respool.job_log_attempts WHERE request_id = p_id AND attempt = v_attempt;
     SELECT min(seq) INTO v_first_tail FROM respool.job_logs
      WHERE request_id = p_id AND attempt = v_attempt AND NOT head;
+    IF coalesce(a.dropped_bytes, 0) > 0 THEN
+        -- A line of its own: after a newline when the head does not end with one.
+        v_marker := CASE WHEN (SELECT right(l.data, 1) FROM respool.job_logs l
+                                WHERE l.request_id = p_id AND l.attempt = v_attempt AND l.head
+                                ORDER BY CASE WHEN l.seq < 0 THEN -1 - l.seq ELSE l.seq END DESC LIMIT 1)
+                                IS DISTINCT FROM E'\n' THEN E'\n' ELSE '' END
+                    || format(E'[... %s bytes dropped ...]\n', a.dropped_bytes);
+    END IF;
     -- Chunks in seq order (a head part stored as -1 - seq sorts with its seq); the marker goes
     -- in front of the first tail chunk once bytes were dropped.
     SELECT coalesce(jsonb_agg(jsonb_build_object(
                         'seq', c.s, 'stream', c.stream,
-                        'data', CASE WHEN NOT c.head AND c.seq = v_first_tail AND coalesce(a.dropped_bytes, 0) > 0
-                                     THEN format(E'[... %s bytes dropped ...]\n', a.dropped_bytes) || c.data
-                                     ELSE c.data END)
+                        'data', CASE WHEN NOT c.head AND c.seq = v_first_tail AND v_marker IS NOT NULL
+                                     THEN v_marker || c.data ELSE c.data END)
                     ORDER BY c.s, c.head DESC), '[]')
       INTO v_chunks
       FROM (SELECT l.*, CASE WHEN l.seq < 0 THEN -1 - l.seq ELSE l.seq END AS s

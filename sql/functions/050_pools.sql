@@ -216,6 +216,7 @@ DECLARE
     v_changes jsonb := respool._resource_map(p_capacity, 'capacity', true);
     k text;
     n bigint;
+    v_refusal text;
 BEGIN
     PERFORM respool._pool_settings(p_description, p_queueing, p_preemption_grace_seconds,
                                    p_starvation_seconds, p_ordering, p_placement);
@@ -232,7 +233,16 @@ BEGIN
         ON CONFLICT (pool_id, key) DO UPDATE SET capacity = excluded.capacity;
     END LOOP;
     DELETE FROM respool.pool_resources WHERE pool_id = v_id AND capacity IS NULL AND used = 0;
-    PERFORM respool._check_reserved_fits(v_id, p_now);
+    BEGIN
+        PERFORM respool._check_reserved_fits(v_id, p_now);
+    EXCEPTION WHEN SQLSTATE 'RP409' THEN
+        -- The same refusal, with what to do about it (the policies are named by the message).
+        GET STACKED DIAGNOSTICS v_refusal = MESSAGE_TEXT;
+        PERFORM respool._fail('RP409', 'capacity', v_refusal || format(
+            '; detach or shrink the policy first (respool pool detach-policy %s SUBJECT, or attach-policy '
+            'with a smaller reserved share), then change the capacity',
+            (SELECT name FROM respool.pools WHERE id = v_id)));
+    END;
     UPDATE respool.pools
        SET description = coalesce(p_description, description),
            queueing = coalesce(p_queueing, queueing),
@@ -247,7 +257,7 @@ BEGIN
     RETURN respool.pool_json(v_id);
 END $$;
 COMMENT ON FUNCTION respool.update_pool(text, jsonb, text, text, integer, timestamptz, integer, boolean, text, text) IS
-    'Updates a pool: capacity merges (0 removes a key), RP409 if reserved shares would exceed it or the pool is backed by nodes (its capacity is theirs); queued requests that can never fit are rejected and what fits is granted, in one transaction. Usage above a shrunk capacity is left to the reconciler. NULL arguments keep a field; p_starvation_off turns the starvation guard off.';
+    'Updates a pool: capacity merges (0 removes a key), RP409 if reserved shares would exceed it (naming the policies and saying to detach or shrink them first) or the pool is backed by nodes (its capacity is theirs); queued requests that can never fit are rejected and what fits is granted, in one transaction. Usage above a shrunk capacity is left to the reconciler. NULL arguments keep a field; p_starvation_off turns the starvation guard off.';
 
 CREATE OR REPLACE FUNCTION respool.delete_pool(p_ref text, p_force boolean DEFAULT false,
                                                p_now timestamptz DEFAULT now())

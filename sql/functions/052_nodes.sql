@@ -316,16 +316,27 @@ RETURNS void LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_pool text := (SELECT name FROM respool.pools WHERE id = p_pool_id);
     v_held bigint;
+    v_reserving text;
 BEGIN
     IF EXISTS (SELECT FROM respool.nodes WHERE pool_id = p_pool_id) THEN
         RETURN;
     END IF;
     IF EXISTS (SELECT FROM respool.pool_resources WHERE pool_id = p_pool_id AND capacity IS NOT NULL) THEN
+        -- Reserved shares need the capacity: they have to go first, and the message says so.
+        SELECT string_agg(format('%s reserves %s', x.subject, x.units), ', ' ORDER BY x.subject) INTO v_reserving
+          FROM (SELECT p.subject, string_agg(format('%s %s', pr.key, pr.configured), ', ' ORDER BY pr.key) AS units
+                  FROM respool.policies p JOIN respool.policy_resources pr ON pr.policy_id = p.id
+                 WHERE p.pool_id = p_pool_id AND pr.configured > 0
+                 GROUP BY p.subject) x;
         PERFORM respool._fail('RP409', 'pool', format(
             'pool %s has a capacity set by hand (%s); a pool backed by nodes takes its capacity from them: '
             'remove the pool''s capacity first (set each key to 0) or use a pool created without capacity',
             v_pool, (SELECT string_agg(format('%s: %s', key, capacity), ', ' ORDER BY key)
-                       FROM respool.pool_resources WHERE pool_id = p_pool_id AND capacity IS NOT NULL)));
+                       FROM respool.pool_resources WHERE pool_id = p_pool_id AND capacity IS NOT NULL))
+            || CASE WHEN v_reserving IS NULL THEN '' ELSE format(
+            '; its policies reserve units (%s): detach or shrink the policy first (respool pool detach-policy %s '
+            'SUBJECT, or attach-policy with its reserved keys at 0), then set the capacity to 0, add the nodes '
+            'and reserve again', v_reserving, v_pool) END);
     END IF;
     SELECT count(*) INTO v_held FROM respool.requests
      WHERE pool_id = p_pool_id AND status IN ('allocated', 'preempting');
@@ -336,7 +347,7 @@ BEGIN
     END IF;
 END $$;
 COMMENT ON FUNCTION respool._check_node_join(uuid, text) IS
-    'Before the first node joins a pool: RP409 (naming the fix) while the pool has a capacity set by hand or allocations placed on no node.';
+    'Before the first node joins a pool: RP409 (naming the fix) while the pool has a capacity set by hand (naming the policies whose reserved shares must be detached or shrunk first) or allocations placed on no node.';
 
 CREATE OR REPLACE FUNCTION respool._settle_node_pools(p_pool_ids uuid[], p_now timestamptz)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -349,11 +360,13 @@ BEGIN
     END LOOP;
     FOR v_id IN SELECT DISTINCT x FROM unnest(p_pool_ids) x WHERE x IS NOT NULL ORDER BY x LOOP
         UPDATE respool.pools SET updated_at = p_now WHERE id = v_id;
+        -- An earmark on a node that left, shrank or changed goes now (docs/placement.md)
+        PERFORM respool._drop_stale_earmarks(v_id, p_now);
         PERFORM respool._settle_pool(v_id, NULL, p_now);
     END LOOP;
 END $$;
 COMMENT ON FUNCTION respool._settle_node_pools(uuid[], timestamptz) IS
-    'After a node joined, left or changed (pools locked): derives each pool''s capacity from its nodes, RP409 naming the policies when reserved shares no longer fit, then settles each pool (rejects queued requests that can never fit, grants what fits now, wakes the reconcilers).';
+    'After a node joined, left or changed (pools locked): derives each pool''s capacity from its nodes, RP409 naming the policies when reserved shares no longer fit, drops the earmarks the change made stale (respool._drop_stale_earmarks: a node gone, moved, shrunk below the need), then settles each pool (rejects queued requests that can never fit, grants what fits now, wakes the reconcilers).';
 
 CREATE OR REPLACE FUNCTION respool._lock_node(p_name text, p_also_pool uuid, OUT node respool.nodes)
 LANGUAGE plpgsql AS $$
@@ -431,13 +444,16 @@ BEGIN
         SELECT p_node.id, k, d.id, d.n - 1, (v_holders ->> d.id)::uuid
           FROM jsonb_array_elements_text(p_devices -> k) WITH ORDINALITY d(id, n);
         -- Holders of units that had no device ids (anonymous until now) take the first free ones.
+        -- With as many ids as units held, all of them do; with fewer (the node was over its
+        -- capacity, a shrink not enforced yet), those the victim order takes last go first:
+        -- non-preemptible, then allocated before leaving victims, highest priority, earliest.
         FOR v_id, v_need IN
             SELECT pl.request_id, (pl.resources ->> k)::bigint
                    - (SELECT count(*) FROM respool.node_devices h
                        WHERE h.node_id = p_node.id AND h.key = k AND h.holder_id = pl.request_id)
-              FROM respool.placements pl
+              FROM respool.placements pl JOIN respool.requests r ON r.id = pl.request_id
              WHERE pl.node_id = p_node.id AND coalesce((pl.resources ->> k)::bigint, 0) > 0
-             ORDER BY pl.request_id LOOP
+             ORDER BY r.preemptible, r.status = 'preempting', r.priority DESC, r.allocated_at, pl.request_id LOOP
             CONTINUE WHEN v_need <= 0;
             v_free := array(SELECT device FROM respool.node_devices
                              WHERE node_id = p_node.id AND key = k AND holder_id IS NULL
@@ -463,9 +479,13 @@ DECLARE
     n integer := 0;
 BEGIN
     -- Holders of a device id that goes: always, at once (docs/placement.md, "Node changes").
+    -- A key whose list goes while the key stays (devices null: anonymous units, its capacity
+    -- kept or set) loses no unit: its holders keep their units, which are anonymous now (a
+    -- capacity below their usage is a shrink, left to the reconciler).
     FOR v IN SELECT d.holder_id, min(format('%s %s', d.key, d.device)) AS what
                FROM respool.node_devices d
               WHERE d.node_id = p_node.id AND d.holder_id IS NOT NULL
+                AND (p_devices ? d.key OR NOT p_capacity ? d.key)
                 AND NOT coalesce(p_devices -> d.key, '[]') ? d.device
               GROUP BY d.holder_id ORDER BY d.holder_id LOOP
         n := n + respool._node_evict(v.holder_id, 'capacity_shrink',
@@ -483,7 +503,7 @@ BEGIN
     RETURN n;
 END $$;
 COMMENT ON FUNCTION respool._node_preempt_removed(respool.nodes, jsonb, jsonb, timestamptz) IS
-    'Before a node''s new capacity and devices are written: preempts at once (reason capacity_shrink) the holders of every device id that goes and of every non-soft key the node stops providing. A shrink of anonymous units is left to the reconciler (minimal victim set on that node).';
+    'Before a node''s new capacity and devices are written: preempts at once (reason capacity_shrink) the holders of every device id that goes from a list (or with its key) and of every non-soft key the node stops providing. A key whose devices become anonymous (list null, key kept) preempts nobody: no unit went away. A shrink of anonymous units is left to the reconciler (minimal victim set on that node).';
 
 CREATE OR REPLACE FUNCTION respool.create_node(p_body jsonb, p_now timestamptz DEFAULT now())
 RETURNS jsonb LANGUAGE plpgsql AS $$
@@ -494,6 +514,8 @@ DECLARE
     v_state text;
     v_pool_id uuid;
     v_node respool.nodes;
+    v_capacity jsonb;
+    v_zero text;
 BEGIN
     PERFORM respool._body_fields(p_body, ARRAY['name', 'pool', 'labels', 'capacity', 'devices', 'state'], 'node');
     v_name := p_body ->> 'name';
@@ -501,7 +523,14 @@ BEGIN
         PERFORM respool._fail('RP400', 'name', 'name must match ' || respool._pool_name_pattern());
     END IF;
     v_labels := respool._node_labels(p_body -> 'labels', false);
-    SELECT * INTO v_target FROM respool._node_target('{}', '{}', respool._resource_map(p_body -> 'capacity', 'capacity'),
+    -- A new node lists the keys it has, each with a positive amount (on update 0 removes a key).
+    v_capacity := respool._resource_map(p_body -> 'capacity', 'capacity', true);
+    v_zero := (SELECT min(key) FROM jsonb_each_text(v_capacity) WHERE value::bigint = 0);
+    IF v_zero IS NOT NULL THEN
+        PERFORM respool._fail('RP400', 'capacity.' || v_zero, format(
+            'capacity.%s must be a positive amount: leave out a key the node does not have', v_zero));
+    END IF;
+    SELECT * INTO v_target FROM respool._node_target('{}', '{}', v_capacity,
                                                      respool._node_devices(p_body -> 'devices', false));
     v_state := CASE WHEN p_body ? 'state' THEN respool._node_state(p_body -> 'state') ELSE 'active' END;
     v_pool_id := respool._node_pool_ref(p_body -> 'pool');
@@ -521,7 +550,7 @@ BEGIN
     RETURN respool.node_json(v_node.id);
 END $$;
 COMMENT ON FUNCTION respool.create_node(jsonb, timestamptz) IS
-    'Registers a node from a NodeCreate body (name, pool, labels, capacity, devices, state): RP400 naming the field on bad input, RP409 on a taken name, on a pool with a capacity set by hand, or when the pool''s reserved shares would not fit. In a pool, the pool''s capacity becomes the sum over its nodes and its queue settles (grants what now fits).';
+    'Registers a node from a NodeCreate body (name, pool, labels, capacity, devices, state): RP400 naming the field on bad input (a capacity of 0: capacity.<key>), RP409 on a taken name, on a pool with a capacity set by hand, or when the pool''s reserved shares would not fit. In a pool, the pool''s capacity becomes the sum over its nodes and its queue settles (grants what now fits).';
 
 CREATE OR REPLACE FUNCTION respool.update_node(p_name text, p_body jsonb, p_force boolean DEFAULT false,
                                                p_now timestamptz DEFAULT now())
@@ -631,10 +660,12 @@ BEGIN
     UPDATE respool.nodes SET state = v_state, updated_at = p_now WHERE id = v_node.id;
     IF v_node.pool_id IS NOT NULL AND v_state IS DISTINCT FROM v_node.state THEN
         -- active: grants what now fits; draining: wakes the reconcilers, which preempt the node's
-        -- preemptible holders (docs/placement.md, "Cordon and drain").
+        -- preemptible holders (docs/placement.md, "Cordon and drain"). An earmark on a node that
+        -- is no longer active goes: its request reclaims on another node.
+        PERFORM respool._drop_stale_earmarks(v_node.pool_id, p_now);
         PERFORM respool._settle_pool(v_node.pool_id, NULL, p_now);
     END IF;
     RETURN respool.node_json(v_node.id);
 END $$;
 COMMENT ON FUNCTION respool.set_node_state(text, text, timestamptz) IS
-    'cordon (cordoned: no new grants, holders keep their units), drain (draining: the reconciler preempts its preemptible holders) or uncordon (active: grants what now fits). RP400 on another state, RP404 on an unknown node.';
+    'cordon (cordoned: no new grants, holders keep their units), drain (draining: the reconciler preempts its preemptible holders) or uncordon (active: grants what now fits); an earmark on a node that stops being active is dropped in the same transaction (respool._drop_stale_earmarks). RP400 on another state, RP404 on an unknown node.';

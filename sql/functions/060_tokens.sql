@@ -33,7 +33,7 @@ BEGIN
     -- An agent token is bound to one node, or to one pool without nodes (docs/jobs.md).
     IF p_role = 'agent' THEN
         IF num_nonnulls(p_node, p_pool) <> 1 THEN
-            PERFORM respool._fail('RP400', 'node', 'an agent token is bound to one node (--node) or one pool (--pool)');
+            PERFORM respool._fail('RP400', 'node', 'an agent token is bound to exactly one node, or to one pool without nodes');
         END IF;
         IF p_node IS NOT NULL THEN
             v_node := respool._node_id(p_node);

@@ -87,6 +87,63 @@ END $$;
 COMMENT ON FUNCTION respool._finish_grace(uuid, timestamptz) IS
     'Victims whose grace deadline passed lose their units and become preempted (or requeued) with reason grace_expired; a terminated one (reason terminated, 047_terminate.sql) keeps its reason and admin''s message and is never requeued. The units go to the earmark holders first.';
 
+CREATE OR REPLACE FUNCTION respool._drop_stale_earmarks(p_pool_id uuid, p_now timestamptz)
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    v_nodes boolean := respool._pool_has_nodes(p_pool_id);
+    e record;
+    v_stale boolean;
+    v_try text;
+    n integer := 0;
+BEGIN
+    -- An earmark keeps units that victims in their grace period free for the request they were
+    -- preempted for (docs/preemption.md, "Grace periods and earmarks"). It has no point once
+    -- (a) the request has no queue entry in the pool any more, or, in a pool with nodes, its
+    --     node is no longer an active node of the pool that matches the request and could hold
+    --     it (cordoned, draining, deleted, moved out, shrunk below the need, relabelled);
+    -- (b) no victim is in its grace period any more (on its node, in a pool with nodes) and the
+    --     request still cannot be granted.
+    -- Then it goes: the units stop counting as taken, and the request is a candidate for
+    -- preemption again (reclaim on another node), in queue order.
+    FOR e IN SELECT r.id, r.earmark_node_id, r.resources, r.node_selector, q.policy_id
+               FROM respool.requests r
+               LEFT JOIN respool.queue_entries q ON q.request_id = r.id AND q.pool_id = p_pool_id
+              WHERE r.earmark_pool_id = p_pool_id AND r.status = 'queued'
+              ORDER BY r.queued_at, r.id LOOP
+        v_stale := e.policy_id IS NULL
+                   OR v_nodes AND NOT EXISTS (
+                       SELECT FROM respool.nodes nd
+                        WHERE nd.id = e.earmark_node_id AND nd.pool_id = p_pool_id AND nd.state = 'active'
+                          AND respool._node_matches(nd.name, nd.labels, e.node_selector)
+                          AND NOT EXISTS (  -- a key of the request the node can never hold
+                              SELECT FROM jsonb_each_text(e.resources) x
+                                LEFT JOIN respool.node_resources nr ON nr.node_id = nd.id AND nr.key = x.key
+                               WHERE x.value::bigint > 0
+                                 AND CASE WHEN nr.key IS NULL THEN NOT respool._is_soft_key(x.key)
+                                          ELSE x.value::bigint > nr.capacity END));
+        IF NOT v_stale THEN
+            CONTINUE WHEN EXISTS (
+                SELECT FROM respool.requests v
+                 WHERE v.pool_id = p_pool_id AND v.status = 'preempting'
+                   AND (NOT v_nodes OR EXISTS (SELECT FROM respool.placements pl
+                                                WHERE pl.request_id = v.id AND pl.node_id = e.earmark_node_id)));
+            -- Its victims are gone: the units are free now and go to it first, if it fits.
+            v_try := respool._try_grant(e.id, p_pool_id, e.policy_id, p_now);
+            IF v_try = 'granted' THEN
+                n := n + 1;
+            END IF;
+            CONTINUE WHEN v_try IN ('granted', 'locked', 'gone');
+        END IF;
+        -- (a request another transaction holds keeps its earmark until the next pass)
+        PERFORM FROM respool.requests WHERE id = e.id AND status = 'queued' FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        UPDATE respool.requests SET earmark_pool_id = NULL, earmark_node_id = NULL WHERE id = e.id;
+    END LOOP;
+    RETURN n;
+END $$;
+COMMENT ON FUNCTION respool._drop_stale_earmarks(uuid, timestamptz) IS
+    'Earmarks that can no longer be honoured go (pool locked): a request''s earmark in this pool is dropped when it has no queue entry here, when (pool with nodes) its node is no longer an active node of the pool that matches the request and could hold it (cordoned, draining, deleted, moved out, shrunk, relabelled), or when no victim is in its grace period any more (on its node) and the request still cannot be granted (it is granted when it can). The request then waits and is a candidate for preemption again like any other (docs/preemption.md). Rows another transaction holds keep theirs until the next pass. Called by every node change and every reconciler pass. Returns how many earmark holders it granted.';
+
 CREATE OR REPLACE FUNCTION respool._preempt_for_queue(p_pool_id uuid, p_now timestamptz,
                                                       OUT preempted integer, OUT allocated integer,
                                                       OUT rejected integer)
@@ -256,9 +313,11 @@ BEGIN
     END IF;
     -- A runtime cap (max_seconds) ends whatever the heartbeats, also right after an outage
     expired := expired + respool._expire_max_seconds(p_pool_id, p_now);
+    -- Earmarks whose node changed or whose victims are gone (docs/preemption.md, earmarks)
+    granted := respool._drop_stale_earmarks(p_pool_id, p_now);
     shed := respool._enforce_shrinks(p_pool_id, p_now);
     q := respool._preempt_for_queue(p_pool_id, p_now);
-    granted := respool.allocate_pool(p_pool_id, p_now);
+    granted := granted + respool.allocate_pool(p_pool_id, p_now);
     RETURN jsonb_build_object('pool', v_name, 'expired', expired, 'grace_ended', grace_ended,
                               'preempted', shed + q.preempted, 'allocated', q.allocated + granted,
                               'rejected', q.rejected);

@@ -22,7 +22,7 @@ CREATE INDEX requests_jobs_idx ON respool.requests (pool_id) WHERE command IS NO
 CREATE TABLE respool.job_logs (
     request_id uuid NOT NULL REFERENCES respool.requests (id) ON DELETE CASCADE,
     attempt    integer NOT NULL CHECK (attempt >= 1),
-    seq        integer NOT NULL CHECK (seq >= 0),
+    seq        integer NOT NULL,  -- -1 - seq: the head part of chunk seq, whose rest is in the tail
     stream     text NOT NULL CHECK (stream IN ('stdout', 'stderr')),
     data       text NOT NULL,
     bytes      integer NOT NULL CHECK (bytes >= 0),

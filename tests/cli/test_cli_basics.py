@@ -92,7 +92,7 @@ async def test_unreachable_api_is_one_line() -> None:
         assert err.startswith(f"cannot reach the respool API at {NOWHERE}"), err
     env = await cli.run("pool", "list", RESPOOL_URL=NOWHERE)  # the variable works too
     assert failed(env).startswith(f"cannot reach the respool API at {NOWHERE}")
-    assert "http://" in failed(await cli.run("pool", "list", "--url", "localhost:8080"))
+    assert "http://" in failed(await cli.run("pool", "list", "--url", "localhost:8080"), code=2)
 
 
 async def test_usage_errors_exit_2_in_one_line() -> None:

@@ -173,7 +173,7 @@ async def test_register_without_detect(cli: Cli, smi_dir: Path) -> None:
     assert node["capacity"] == {"mcpu": 32000, "memory_mb": 128000}
     err = failed(await cli.api("node", "register", "--name", "cpu-08"), code=2)
     assert "--capacity" in err and "--detect" in err
-    bad = failed(await cli.api("node", "register", "--name", "Bad Name", "-c", "{mcpu: 1}"))
+    bad = failed(await cli.api("node", "register", "--name", "Bad Name", "-c", "{mcpu: 1}"), 2)
     assert bad.startswith("--name")
     # no nvidia-smi and --detect: CPU and memory only, said in one line
     result = await cli.ok("node", "register", "--name", "cpu-09", "--detect", "-o", "json")

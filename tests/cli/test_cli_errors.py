@@ -1,5 +1,6 @@
-"""User mistakes: one ``error:`` line, exit code 1, naming the flag as the user
-typed it and a pool by its name, never "internal error" nor an id the user did not give."""
+"""User mistakes: one ``error:`` line naming the flag as the user typed it and a pool by its
+name, never "internal error" nor an id the user did not give; exit code 2 for a malformed
+value (found by the CLI or refused by the API), 1 for the rest (not found, conflicts)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ async def busy(module_cli: Cli) -> Cli:
     ],
 )
 async def test_bad_input_names_the_flag(busy: Cli, args: list[str], expected: str) -> None:
-    err = failed(await busy.api(*args))
+    err = failed(await busy.api(*args), code=1 if "not found" in expected else 2)
     assert err.startswith(expected), err
     assert "internal error" not in err
 
@@ -61,5 +62,5 @@ async def test_conflicts_name_the_pool_and_the_force_flag(busy: Cli) -> None:
     ],
 )
 async def test_token_mistakes_are_not_bugs(module_cli: Cli, args: list[str], expected: str) -> None:
-    err = failed(await module_cli.db(*args))
+    err = failed(await module_cli.db(*args), code=1 if "not found" in expected else 2)
     assert err.startswith(expected), err

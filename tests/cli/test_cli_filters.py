@@ -68,7 +68,7 @@ async def test_label_filters_every_pair_and_wide_shows_labels(
 
 
 async def test_a_bad_status_lists_the_valid_ones(module_cli: Cli) -> None:
-    err = failed(await module_cli.api("request", "list", "--status", "quued"))
+    err = failed(await module_cli.api("request", "list", "--status", "quued"), code=2)
     assert err.startswith("--status: 'quued' is not a status (did you mean queued?)")
     for status in ("queued", "allocated", "preempting", "released", "cancelled", "rejected"):
         assert status in err

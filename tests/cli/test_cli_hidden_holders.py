@@ -53,7 +53,10 @@ def test_an_event_names_its_cause_only_when_the_answer_has_it() -> None:
     cause = uuid4()
     at = datetime.now(UTC)
     message = "preempted (reclaim) for another request"
-    seen = Event("allocated", "preempted", "reclaim", 1, message, at, cause, "team-a:y")
+    seen = Event(
+        "allocated", "preempted", "reclaim", 1, message, at,
+        cause_request_id=cause, cause_subject="team-a:y",
+    )  # fmt: skip
     blanked = Event("allocated", "preempted", "reclaim", 1, message, at)
     assert f"{message} (request {str(cause)[:8]} of team-a:y)" in _text(events_table([seen]))
     text = _text(events_table([blanked]))

@@ -228,11 +228,12 @@ async def test_add_errors(cli: Cli) -> None:
     assert "--devices" in err and "listed twice" in err
     assert "--devices" in failed(await cli.api("node", "add", "a", "--devices", "gpu=0,,1"), code=2)
     assert "-c" in failed(await cli.api("node", "add", "a"), code=2)
-    err = failed(await cli.api("node", "add", "a", "-c", "{gpu: 3}", "--devices", "gpu=0,1"))
+    err = failed(await cli.api("node", "add", "a", "-c", "{gpu: 3}", "--devices", "gpu=0,1"), 2)
     assert err.startswith("--devices")
-    assert failed(await cli.api("node", "add", "Bad Name", "-c", "{gpu: 1}")).startswith("NAME")
+    bad_name = failed(await cli.api("node", "add", "Bad Name", "-c", "{gpu: 1}"), code=2)
+    assert bad_name.startswith("NAME")
     assert "--label" in failed(
-        await cli.api("node", "add", "a", "-c", "{gpu: 1}", "--label", "Bad Key=x")
+        await cli.api("node", "add", "a", "-c", "{gpu: 1}", "--label", "Bad Key=x"), code=2
     )
     assert "not found" in failed(
         await cli.api("node", "add", "a", "-c", "{gpu: 1}", "--pool", "no")

@@ -41,8 +41,8 @@ async def test_create_errors(module_cli: Cli) -> None:
     cli = module_cli
     await cli.ok("pool", "create", "dup", "-c", '{"gpu": 1}')
     assert "already exists" in failed(await cli.api("pool", "create", "dup", "-c", '{"gpu": 1}'))
-    assert "capacity" in failed(await cli.api("pool", "create", "neg", "-c", '{"gpu": -1}'))
-    assert "NAME: must match" in failed(await cli.api("pool", "create", "Bad Name"))
+    assert "capacity" in failed(await cli.api("pool", "create", "neg", "-c", '{"gpu": -1}'), 2)
+    assert "NAME: must match" in failed(await cli.api("pool", "create", "Bad Name"), code=2)
     # malformed option values are usage errors: exit code 2, still one line
     err = failed(await cli.api("pool", "create", "x", "-c", '{"gpu": 1.5}'), code=2)
     assert "--capacity" in err and "not an integer" in err
@@ -130,7 +130,7 @@ async def test_attach_update_list_detach_policy(module_cli: Cli) -> None:
     )
     assert "limit" in failed(
         await cli.api("pool", "attach-policy", "pol", "orchestrator:x", "-r", "{gpu: 2}",
-                      "-l", "{gpu: 1}")
+                      "-l", "{gpu: 1}"), code=2,
     )  # fmt: skip
     assert "not found" in failed(await cli.api("pool", "attach-policy", "nopool", "a:b"))
 

@@ -78,10 +78,10 @@ async def test_create_input_errors(module_cli: Cli) -> None:
     cli = module_cli
     await _pool(cli, "bad")
     assert "step_run" in failed(
-        await cli.api("request", "create", "-s", "team:bad", "-r", "step_run=1")
+        await cli.api("request", "create", "-s", "team:bad", "-r", "step_run=1"), code=2
     )
     assert "memory" in failed(
-        await cli.api("request", "create", "-s", "team:bad", "--memory", "8XB")
+        await cli.api("request", "create", "-s", "team:bad", "--memory", "8XB"), code=2
     )
     assert "KEY=VALUE" in failed(
         await cli.api("request", "create", "-s", "team:bad", "-r", "tpu"), code=2
@@ -160,7 +160,7 @@ async def test_list_filters(module_cli: Cli) -> None:
     assert [r["id"] for r in queued] == [b["id"]]
     one = await cli.json("request", "list", "--pool", "listed", "--limit", "1")
     assert [r["id"] for r in one] == [b["id"]]
-    assert "status" in failed(await cli.api("request", "list", "--status", "sleeping"))
+    assert "status" in failed(await cli.api("request", "list", "--status", "sleeping"), code=2)
 
 
 async def test_prune_older_than(cli: Cli) -> None:

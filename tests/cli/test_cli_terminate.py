@@ -77,7 +77,9 @@ async def test_queued_is_cancelled(cli: Cli) -> None:
 async def test_bad_reason_and_unknown_id_are_one_line_errors(cli: Cli) -> None:
     subject = await _pool(cli, "b")
     req = await cli.json("request", "create", "-s", subject, "--gpu", "1")
-    message = failed(await cli.api("request", "terminate", req["id"], "--reason", "x" * 2001))
+    message = failed(
+        await cli.api("request", "terminate", req["id"], "--reason", "x" * 2001), code=2
+    )
     assert message.startswith("--reason")
     assert (await cli.json("request", "describe", req["id"]))["status"] == "allocated"
     assert "not found" in failed(
