@@ -241,9 +241,14 @@ class Agent:
             self.say(f"error: {exc}")
             return EXIT_API
         node, pool = hello.get("node"), hello.get("pool")
-        for option, given, bound in (("--node", self.args.node, node), ("--pool", self.args.pool, pool)):
+        for option, given, bound in (
+            ("--node", self.args.node, node),
+            ("--pool", self.args.pool, pool),
+        ):
             if given is not None and given != bound:
-                self.say(f"error: {option} {given}: the token is bound to node {node} of pool {pool}")
+                self.say(
+                    f"error: {option} {given}: the token is bound to node {node} of pool {pool}"
+                )
                 return EXIT_USAGE
         self.say(f"serving node {node} of pool {pool}" if node else f"serving pool {pool}")
         beat = asyncio.create_task(self.beat())

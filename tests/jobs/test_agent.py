@@ -87,12 +87,16 @@ class Cluster:
         return self.server.client
 
     async def start_agent(self, node: str) -> asyncio.subprocess.Process:
-        env = {**os.environ, "RESPOOL_URL": self.server.url, "RESPOOL_TOKEN": self.agent_tokens[node]}
-        err = (self.tmp / f"agent-{node}.err").open("ab")
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "respool_client.agent", "--node", node, "--interval", "1",
-            env=env, stdout=asyncio.subprocess.DEVNULL, stderr=err,
-        )  # fmt: skip
+        env = {
+            **os.environ,
+            "RESPOOL_URL": self.server.url,
+            "RESPOOL_TOKEN": self.agent_tokens[node],
+        }
+        with (self.tmp / f"agent-{node}.err").open("ab") as err:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "respool_client.agent", "--node", node, "--interval", "1",
+                env=env, stdout=asyncio.subprocess.DEVNULL, stderr=err,
+            )  # fmt: skip
         self.agents[node] = proc
         return proc
 
@@ -100,7 +104,9 @@ class Cluster:
         job = {"command": argv, **kw.pop("job", {})}
         body = {"subject": kw.pop("subject", "team"), "pool": "p", "resources": {"gpu": gpus},
                 "job": job, **kw}  # fmt: skip
-        made: dict[str, Any] = ok(await self.c.post("/v1/requests", headers=self.client, json=body), 201)
+        made: dict[str, Any] = ok(
+            await self.c.post("/v1/requests", headers=self.client, json=body), 201
+        )
         return made
 
     async def get(self, rid: str) -> dict[str, Any]:
@@ -190,7 +196,9 @@ def waiter(cl: Cluster) -> list[str]:
 
 
 @pytest.mark.slow
-async def test_twenty_jobs_of_four_gpus_run_on_two_nodes_with_disjoint_gpus(cluster: Cluster) -> None:
+async def test_twenty_jobs_of_four_gpus_run_on_two_nodes_with_disjoint_gpus(
+    cluster: Cluster,
+) -> None:
     cl = cluster
     await cl.start_agent("n1")
     await cl.start_agent("n2")
@@ -286,11 +294,11 @@ async def test_a_higher_priority_submission_preempts_a_running_job_with_sigterm(
 ) -> None:
     cl = cluster
     await cl.start_agent("n1")
-    # team borrows all of n1 and n2 (8 + 8 GPUs); boss owns them (reserved) and asks for 16
+    # team borrows all of n1; boss owns the pool's GPUs (reserved) and asks for n1's 8
     first = await cl.submit(waiter(cl), gpus=8, node_selector={"node": "n1"})
     rid = first["id"]
     await until(lambda: (cl.tmp / f"started-{rid}-1").exists())
-    await cl.submit(["true"], gpus=16, subject="boss")
+    await cl.submit(["true"], gpus=8, subject="boss", node_selector={"node": "n1"})
     await until(lambda: (cl.tmp / f"term-{rid}").exists(), within=20)
     assert (cl.tmp / f"term-{rid}").read_text() == str(int(signal.SIGTERM))
     done = await cl.until_done(rid)
