@@ -25,7 +25,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from respool_client._async import AsyncRespool
@@ -59,7 +59,7 @@ def build_parser(prog: str = "respool agent") -> argparse.ArgumentParser:
     add("--node", metavar="NAME",
         help="The node this agent serves; must be the token's node (a check).")  # fmt: skip
     add("--pool", metavar="POOL",
-        help="The pool (without nodes) this agent serves; must be the token's (a check).")  # fmt: skip
+        help="The pool (without nodes) this agent serves; must be the token's.")  # fmt: skip
     add("--interval", type=int, default=10, metavar="S",
         help="Heartbeat every S seconds (1..300, default 10); not heard for 3 intervals, the "
         "node takes no new jobs.")  # fmt: skip
@@ -296,10 +296,16 @@ class Agent:
                 claimed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 claims.append(claimed)
                 self.tasks[key] = asyncio.create_task(self.run_job(doc, claimed))
-                self.tasks[key].add_done_callback(lambda _, key=key: self.tasks.pop(key, None))
+                self.tasks[key].add_done_callback(self._done(key))
             if claims:  # the list answers at once while they are unclaimed: claim them first
                 await asyncio.wait(claims, timeout=CLAIM_WAIT)
         stop.cancel()
+
+    def _done(self, key: tuple[str, int]) -> Callable[[asyncio.Task[None]], None]:
+        def forget(_: asyncio.Task[None]) -> None:
+            self.tasks.pop(key, None)
+
+        return forget
 
     async def run_job(self, doc: dict[str, Any], claimed: asyncio.Future[None]) -> None:
         request_id, attempt = str(doc["id"]), int(doc["attempt"])
