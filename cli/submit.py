@@ -119,7 +119,8 @@ def submit(
         node=node,
         group=group,
     )
-    spec = JobSpec(command=[str(a) for a in argv], **{k: v for k, v in job.items() if v})
+    extra = {k: v for k, v in job.items() if v and k != "command"}
+    spec = JobSpec(command=[str(a) for a in argv], **extra)
     body = msgspec.structs.replace(body, job=spec)
     with connect_api(url, token) as api:
         if array is None:

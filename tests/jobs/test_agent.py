@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -20,7 +21,7 @@ import pytest
 from app.db import tokens
 from support.db import direct
 from support.http import ok
-from support.server import Server, running_server
+from support.server import Server, respool_command, running_server
 
 ADMIN = "test-admin-token-agent-0123456789abcdef"
 
@@ -225,7 +226,6 @@ async def test_a_job_gets_the_grants_environment_and_its_output_and_exit_code_ar
     done = await cl.until_done(made["id"])
     assert (done["status"], done["exit_code"]) == ("released", 3)
     seen = (cl.tmp / "seen" / f"{made['id']}-1").read_text()
-    import json
 
     env = json.loads(seen)["env"]
     assert env["RESPOOL_REQUEST_ID"] == made["id"] and env["RESPOOL_NODE"] == "n1"
@@ -264,7 +264,6 @@ async def test_an_array_of_ten_sets_the_array_index(cluster: Cluster) -> None:
         ),
         201,
     )
-    import json
 
     indexes = []
     for m in made["items"]:
@@ -329,3 +328,67 @@ async def test_an_agent_killed_mid_job_its_job_runs_again_on_the_other_node(
 def _started(cl: Cluster, rid: str, attempt: int) -> str | None:
     path = cl.tmp / f"started-{rid}-{attempt}"
     return path.read_text() if path.exists() else None
+
+
+async def respool(cl: Cluster, *args: str) -> tuple[int, str, str]:
+    """The ``respool`` command as a user runs it (a real process)."""
+    env = {
+        **os.environ,
+        "RESPOOL_URL": cl.server.url,
+        "RESPOOL_TOKEN": cl.client["Authorization"][7:],
+    }
+    proc = await asyncio.create_subprocess_exec(
+        *respool_command(), *args, env=env, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_submit_jobs_and_logs_from_the_cli(cluster: Cluster) -> None:
+    cl = cluster
+    await cl.start_agent("n1")
+    await cl.start_agent("n2")
+    code, out, err = await respool(
+        cl, "submit", "-s", "team", "--pool", "p", "--gpu", "2", "--name", "hello",
+        "--env", "JOB_COLOR=blue", "--", *job(cl, code=3),
+    )  # fmt: skip
+    assert code == 0, err
+    rid = out.strip()
+    code, out, err = await respool(cl, "logs", rid, "-f")
+    assert code == 0 and f"hello from {rid}" in out and "to stderr" in err
+    done = await cl.until_done(rid)
+    assert done["exit_code"] == 3 and done["job"]["env_keys"] == ["JOB_COLOR"]
+    code, out, err = await respool(cl, "jobs", "--all")
+    row = next((line for line in out.splitlines() if rid[:8] in line), out)
+    assert row.split()[:4] == [rid[:8], "hello", "team", "released"], out
+    assert row.split()[-1] == "3", out
+    assert all(len(line) <= 80 for line in out.splitlines())
+    code, out, err = await respool(cl, "jobs")  # live ones only: it has ended
+    assert rid[:8] not in out
+
+    # gpuctl's job file
+    (cl.tmp / "job.yaml").write_text(
+        "kind: job\nversion: v0.1\nname: from-file\n"
+        "resources:\n  pool: p\n  gpu: 1\n"
+        f"command: {json.dumps(job(cl, code=5))}\n"
+        "env:\n  JOB_FROM: file\n"
+    )
+    code, out, err = await respool(
+        cl, "submit", "-s", "team", "-f", str(cl.tmp / "job.yaml"), "--wait"
+    )
+    assert code == 5, err
+    rid = out.strip()
+    seen = json.loads((cl.tmp / "seen" / f"{rid}-1").read_text())
+    assert seen["env"]["JOB_FROM"] == "file" and seen["env"]["CUDA_VISIBLE_DEVICES"]
+    assert (await cl.get(rid))["job"]["name"] == "from-file"
+
+    code, out, err = await respool(
+        cl, "submit", "-s", "team", "--gpu", "1", "--array", "3", "--", *job(cl)
+    )
+    assert code == 0, err
+    ids = out.split()
+    assert len(ids) == 3
+    for i, one in enumerate(ids):
+        assert (await cl.get(one))["job"]["array_index"] == i
