@@ -110,6 +110,10 @@ class Cluster:
         )
         return made
 
+    async def agent_ready(self, node: str) -> bool:
+        doc = ok(await self.c.get(f"/v1/nodes/{node}", headers=self.admin))
+        return bool(doc.get("agent") == "ready")
+
     async def get(self, rid: str) -> dict[str, Any]:
         doc: dict[str, Any] = ok(await self.c.get(f"/v1/requests/{rid}", headers=self.client))
         return doc
@@ -310,11 +314,13 @@ async def test_an_agent_killed_mid_job_its_job_runs_again_on_the_other_node(
 ) -> None:
     cl = cluster
     a1 = await cl.start_agent("n1")
-    made = await cl.submit(waiter(cl), gpus=8, max_retries=2, lease_seconds=3)
+    await until(lambda: cl.agent_ready("n1"))
+    made = await cl.submit(waiter(cl), gpus=8, max_retries=2, lease_seconds=8)
     rid = made["id"]
     first = await until(lambda: _started(cl, rid, 1))
     assert first == "n1"
     await cl.start_agent("n2")
+    await until(lambda: cl.agent_ready("n2"))
     a1.kill()  # SIGKILL: its job's group dies with it (parent-death signal, guard)
     await a1.wait()
     second = await until(lambda: _started(cl, rid, 2), within=60)
