@@ -28,6 +28,7 @@ import asyncpg
 import httpx
 
 from app.db import tokens
+from app.db.connect import APP_CLI, connect
 from bench.wake import fresh_database, serve
 
 SUMMARY = "jobs: respool submit to the first output line; 1,000 jobs drained by two agents"
@@ -130,7 +131,7 @@ async def measure(admin_dsn: str, rounds: int, jobs: int) -> dict[str, Any]:
                     (await http.post("/v1/nodes", json=body)).raise_for_status()
                 body = {"subject": "bench", "pool": "p"}
                 (await http.post("/v1/policies", json=body)).raise_for_status()
-                conn = await asyncpg.connect(dsn)
+                conn = await connect(dsn, application_name=APP_CLI)
                 try:
                     secrets = {}
                     for node in ("n1", "n2"):
