@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import typer
+from respool_client.agent import main as agent_main
 from respool_client.wire import Request
 
 from cli.api import connect_api
@@ -16,7 +17,7 @@ from cli.options import DEFAULT_URL, Output, OutputFormat, Token, Url
 from cli.output import emit
 from cli.tables import short, table
 
-__all__ = ["jobs", "logs"]
+__all__ = ["agent", "jobs", "logs"]
 
 LIVE = "live"
 SCAN = 1000  # requests read to find the jobs among them
@@ -105,3 +106,10 @@ def logs(
             after = max(after, page["next"])
             if not follow or (page["done"] and not page["chunks"]):
                 break
+
+
+def agent(ctx: typer.Context) -> None:
+    """Run the jobs granted to this node: respool agent --node NAME (or --pool P), with a token
+    of role agent (RESPOOL_TOKEN). `respool agent --help` lists its options; docs/jobs.md says
+    what it does."""
+    raise typer.Exit(agent_main(list(ctx.args)))

@@ -13,7 +13,7 @@ from cli import db, node, pool, request, token
 from cli.apply import apply, export
 from cli.common import KNOWN_ERRORS, describe_error, exit_code_of
 from cli.group import RespoolGroup
-from cli.jobs import jobs, logs
+from cli.jobs import agent, jobs, logs
 from cli.reconcile import reconcile
 from cli.run import run
 from cli.serve import serve
@@ -46,6 +46,11 @@ app.command("submit", context_settings={"allow_extra_args": True, "ignore_unknow
     submit
 )
 app.command("jobs")(jobs)
+app.command(
+    "agent",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)(agent)
 app.command("logs")(logs)
 
 
