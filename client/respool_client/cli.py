@@ -5,8 +5,8 @@
 so that ``run``'s first status line comes at once. Every other command goes to the server's CLI
 when one is installed: the ``respool`` distribution registers it as the entry point ``main`` of
 the group :data:`SERVER_CLI_GROUP` (its Typer app also lists ``run`` and ``agent``, delegating
-back to :mod:`respool_client.run` and :mod:`respool_client.agent`). The client names no module of the server; with the client alone,
-any other command says what to install.
+back to :mod:`respool_client.run` and :mod:`respool_client.agent`). The client names no module
+of the server; with the client alone, any other command says what to install.
 """
 
 from __future__ import annotations
