@@ -6,6 +6,7 @@ writes the report; ``python -m bench <scenario>`` runs one and prints its figure
 ``python -m bench eta`` measures the ETA calibration on a replayed trace, before and after
 (docs/scheduling.md, "ETA");
 ``python -m bench placement`` measures pools backed by nodes (docs/placement.md);
+``python -m bench jobs`` measures jobs run by node agents (docs/jobs.md);
 ``python -m bench depth`` times a release that grants against the queue's length (docs/engine.md).
 """
 
@@ -24,6 +25,7 @@ from bench import (
     depth,
     eta,
     gang,
+    jobs,
     placement,
     suite,
     sweep,
@@ -51,6 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         (gang, "gang"),
         (sweep, "sweep"),
         (placement, "placement"),
+        (jobs, "jobs"),
     ):
         mod.add_arguments(commands.add_parser(name, help=mod.SUMMARY, description=mod.SUMMARY))
     dashboard.add_arguments(
@@ -72,12 +75,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return dashboard.run(args)
     if args.command == "eta":
         return eta.run(args)
-    if args.command in ("baseline", "batch", "burst", "depth", "gang", "sweep", "placement"):
+    if args.command in (
+        "baseline",
+        "batch",
+        "burst",
+        "depth",
+        "gang",
+        "sweep",
+        "placement",
+        "jobs",
+    ):
         runner: Callable[[argparse.Namespace], int] = {
             "baseline": baseline.run,
             "batch": batch.run,
             "burst": burst.run,
             "depth": depth.run,
+            "jobs": jobs.run,
             "gang": gang.run,
             "sweep": sweep.run,
             "placement": placement.run,

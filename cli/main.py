@@ -13,9 +13,11 @@ from cli import db, node, pool, request, token
 from cli.apply import apply, export
 from cli.common import KNOWN_ERRORS, describe_error, exit_code_of
 from cli.group import RespoolGroup
+from cli.jobs import agent, jobs, logs
 from cli.reconcile import reconcile
 from cli.run import run
 from cli.serve import serve
+from cli.submit import submit
 
 app = typer.Typer(
     name="respool",
@@ -40,6 +42,16 @@ app.command(
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
     add_help_option=False,
 )(run)
+app.command("submit", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
+    submit
+)
+app.command("jobs")(jobs)
+app.command(
+    "agent",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)(agent)
+app.command("logs")(logs)
 
 
 def _version(value: bool) -> None:

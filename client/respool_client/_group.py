@@ -61,9 +61,16 @@ class ProcessGroup:
         self._guard = guard
 
     @classmethod
-    async def start(cls, cmd: list[str], env: Mapping[str, str]) -> ProcessGroup:
-        """Start ``cmd`` in a new session (its pid is the group id), guarded; ``OSError`` when
-        it cannot be run."""
+    async def start(
+        cls,
+        cmd: list[str],
+        env: Mapping[str, str],
+        cwd: str | None = None,
+        capture: bool = False,
+    ) -> ProcessGroup:
+        """Start ``cmd`` in a new session (its pid is the group id), guarded, in ``cwd``
+        (default: ours), its stdout and stderr pipes when ``capture`` (else ours); ``OSError``
+        when it cannot be run."""
         prctl = _prctl()
         if prctl is not None:
             prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -78,6 +85,10 @@ class ProcessGroup:
                 *cmd,
                 env=dict(env),
                 start_new_session=True,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL if capture else None,
+                stdout=subprocess.PIPE if capture else None,
+                stderr=subprocess.PIPE if capture else None,
                 preexec_fn=None if prctl is None else _die_with(os.getpid(), prctl),
             )
         except BaseException:

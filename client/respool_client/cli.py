@@ -1,12 +1,12 @@
 """The ``respool`` console script of both distributions.
 
 ``respool-client`` and the ``respool`` server both declare ``respool = respool_client.cli:main``.
-``respool run`` is always served here, without loading the server's CLI, so that its first
-status line comes at once. Every other command goes to the server's CLI when one is installed:
-the ``respool`` distribution registers it as the entry point ``main`` of the group
-:data:`SERVER_CLI_GROUP` (its Typer app also lists ``run``, delegating back to
-:mod:`respool_client.run`). The client names no module of the server; with the client alone,
-any other command says what to install.
+``respool run`` and ``respool agent`` are always served here, without loading the server's CLI,
+so that ``run``'s first status line comes at once. Every other command goes to the server's CLI
+when one is installed: the ``respool`` distribution registers it as the entry point ``main`` of
+the group :data:`SERVER_CLI_GROUP` (its Typer app also lists ``run`` and ``agent``, delegating
+back to :mod:`respool_client.run` and :mod:`respool_client.agent`). The client names no module
+of the server; with the client alone, any other command says what to install.
 """
 
 from __future__ import annotations
@@ -36,6 +36,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         from respool_client.run import main as run_main
 
         sys.exit(run_main(args[1:]))
+    if args and args[0] == "agent":
+        from respool_client.agent import main as agent_main
+
+        sys.exit(agent_main(args[1:]))
     server = _server_cli() if argv is None else None
     if server is not None:
         server()
@@ -43,12 +47,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not args or args[0] in ("-h", "--help"):
         print(
             "usage: respool run [options] -- CMD [ARGS...]\n"
-            "(the light client serves `respool run` only; `respool run --help` for its options)"
+            "       respool agent [--node NAME | --pool P]\n"
+            "(the light client serves `respool run` and `respool agent` only; "
+            "`respool run --help` for their options)"
         )
         sys.exit(0 if args else 2)
     print(
         f"respool: install the respool server CLI for `respool {args[0]}` "
-        "(this is the light client, which serves `respool run` only)",
+        "(this is the light client, which serves `respool run` and `respool agent` only)",
         file=sys.stderr,
     )
     sys.exit(2)

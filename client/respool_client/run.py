@@ -50,11 +50,11 @@ from typing import NoReturn, TextIO, TypeVar
 
 from msgspec import UNSET, UnsetType
 from respool_client._async import AsyncRespool
-from respool_client._group import ProcessGroup
 from respool_client._hold import QUEUE_LEASE, await_grant, start_holding
 from respool_client._status import Status
 from respool_client.errors import AllocationTimeout, ApiError, Preempted, Rejected, RespoolError
 from respool_client.grant import Grant
+from respool_client.launcher import Launched, Launcher, LocalLauncher, OnOutput
 from respool_client.pairs import host_node_name, split_amount, split_pair
 from respool_client.wire import GROUP_PATTERN, HOLDING, Request, ResourceSettings
 
@@ -85,6 +85,8 @@ EXIT_CODES = {
 # Seconds CMD gets after SIGTERM when its units are already gone (no grace deadline), when it
 # exited leaving processes in its group, or when the wrapper got a signal.
 GONE_KILL_AFTER = 10.0
+# Seconds to read what is left in CMD's output pipes (on_output) once its group is gone.
+DRAIN_AFTER = 2.0
 # How an attempt that was requeued ended (its history), and how long to try to read it.
 ENDED = frozenset({"preempted", "expired", "cancelled"})
 ENDED_LOOKUP = 2.0
@@ -304,13 +306,38 @@ class _BestEffort(io.TextIOBase):
 
 
 class _Runner:
-    def __init__(self, rp: AsyncRespool, args: argparse.Namespace, cmd: list[str]) -> None:
+    """Runs CMD under a grant: ``respool run``'s whole life (:meth:`run`), and one attempt of a
+    job for ``respool agent`` (:meth:`_one_attempt`), started through ``launcher``
+    (:mod:`respool_client.launcher`). ``base_env`` (default: ours), then ``extra_env``, then the
+    grant's variables make CMD's environment; ``on_output``: CMD's output goes there instead of
+    our stdout and stderr."""
+
+    def __init__(
+        self,
+        rp: AsyncRespool,
+        args: argparse.Namespace,
+        cmd: list[str],
+        *,
+        launcher: Launcher | None = None,
+        status: Status | None = None,
+        base_env: dict[str, str] | None = None,
+        extra_env: dict[str, str] | None = None,
+        workdir: str | None = None,
+        on_output: OnOutput | None = None,
+    ) -> None:
         self.rp = rp
         self.args = args
         self.cmd = cmd
-        self.status = Status(sys.stderr)
-        rp.listener = self.status
-        self.group: ProcessGroup | None = None
+        self.launcher = launcher or LocalLauncher()
+        self.base_env = base_env
+        self.extra_env = extra_env or {}
+        self.workdir = workdir
+        self.on_output = on_output
+        if status is None:
+            status = Status(sys.stderr)
+            rp.listener = status
+        self.status = status
+        self.group: Launched | None = None
         self.stop_signal: int | None = None
         self.stopping = asyncio.Event()
         self.poked = asyncio.Event()  # kill_at changed: the attempt loop re-reads it
@@ -399,7 +426,8 @@ class _Runner:
         """Run CMD under ``grant`` (got after ``waited`` seconds) until no process of its group
         is left; CMD's exit status and the last state seen of the request."""
         # This attempt's grant, not the first one's: a requeued attempt may run elsewhere.
-        env = {**os.environ, **grant.env()}
+        base = os.environ if self.base_env is None else self.base_env
+        env = {**base, **self.extra_env, **grant.env()}
         self.term_sent, self.kill_at, self.preempting = False, None, False
         where = ""
         if grant.placement is not None:
@@ -414,7 +442,7 @@ class _Runner:
         )
         self.status.holding(lambda: _lease_left(grant))
         try:
-            group = await ProcessGroup.start(self.cmd, env)
+            group = await self.launcher.start(self.cmd, env, self.workdir, self.on_output)
         except OSError as exc:
             self.status.say(f"cannot run {self.cmd[0]}: {exc}")
             return 127, None
@@ -426,25 +454,26 @@ class _Runner:
             self._terminate(self._kill_after(), "stopping", forward)
         try:
             last = await self._until_group_gone(grant, group, changes)
+            await group.drained(DRAIN_AFTER)  # the output still in the pipes
         finally:
             hold.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await hold
             group.close()
             self.group = None
-        code = group.proc.returncode
+        code = group.returncode
         assert code is not None
         while not changes.empty():
             last = changes.get_nowait()
         return (128 - code if code < 0 else code), last
 
     async def _until_group_gone(
-        self, grant: Grant, group: ProcessGroup, changes: asyncio.Queue[Request]
+        self, grant: Grant, group: Launched, changes: asyncio.Queue[Request]
     ) -> Request | None:
         """React to the request's changes until CMD exits, then stop what it left in its group
         (SIGTERM, SIGKILL at the deadline) and return once no process of the group is left."""
         last: Request | None = None
-        exited = asyncio.create_task(group.proc.wait())
+        exited = asyncio.create_task(group.wait())
         leader_gone = False
         while True:
             if exited.done() and not leader_gone:

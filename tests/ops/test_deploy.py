@@ -136,7 +136,12 @@ def _compose() -> dict[str, Any]:
 
 def test_compose_services() -> None:
     services = _compose()["services"]
-    assert set(services) == {"postgres", "migrate", "api", "reconciler"}
+    assert set(services) == {"postgres", "migrate", "api", "reconciler", "agent"}
+    agent = services["agent"]  # docs/jobs.md: opt-in, unprivileged, its token from the env
+    assert agent["command"][:2] == ["agent", "--node"] and agent["profiles"] == ["agent"]
+    assert agent["user"] != "root" and not agent["user"].startswith("0")
+    assert agent["environment"]["RESPOOL_TOKEN"].startswith("${")
+    assert agent["healthcheck"] == {"disable": True}
 
     pg = services["postgres"]
     major = int(re.fullmatch(r"postgres:(\d+)(?:[.-].*)?", pg["image"]).group(1))  # type: ignore[union-attr]
