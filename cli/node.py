@@ -19,8 +19,8 @@ from cli.api import Api, connect_api, segment
 from cli.common import CliError, confirm
 from cli.complete import complete_pool
 from cli.detect import GPU_TYPE_LABEL, Machine, detect
-from cli.maps import parse_labels, parse_map
-from cli.options import DEFAULT_URL, MAP, Output, OutputFormat, Token, Url, Yes
+from cli.maps import parse_labels
+from cli.options import DEFAULT_URL, Output, OutputFormat, Token, Url, Yes, map_option
 from cli.output import emit, note
 from cli.tables import (
     node_allocations_table,
@@ -51,11 +51,9 @@ PoolOpt = Annotated[
 ]
 Capacity = Annotated[
     dict[str, int] | None,
-    typer.Option(
+    map_option(
         "-c",
         "--capacity",
-        parser=parse_map,
-        metavar=MAP,
         help="""Units per key, JSON or YAML: '{"gpu": 8, "mcpu": 64000}'. A key given by"""
         " --devices may be left out (its units are its ids).",
     ),
@@ -413,60 +411,52 @@ def label(
     emit(node, output, lambda: _node_view(node))
 
 
-def _set_state(verb: str, name: str, output: OutputFormat, url: str, token: str | None) -> None:
-    with connect_api(url, token) as api:
-        node = api.call("POST", f"{_path(name)}/{verb}", Node)
-    note(f"node {node.name} is {node.state}")
-    emit(node, output, lambda: _node_view(node))
+def _state_command(verb: str, doc: str) -> None:
+    """Register ``node <verb> NAME``: POST /v1/nodes/NAME/<verb>, then show the node."""
+
+    def command(
+        name: NodeName,
+        output: Output = OutputFormat.table,
+        url: Url = DEFAULT_URL,
+        token: Token = None,
+    ) -> None:
+        with connect_api(url, token) as api:
+            node = api.call("POST", f"{_path(name)}/{verb}", Node)
+        note(f"node {node.name} is {node.state}")
+        emit(node, output, lambda: _node_view(node))
+
+    command.__doc__ = doc
+    app.command(verb)(command)
 
 
-@app.command("cordon")
-def cordon(
-    name: NodeName,
-    output: Output = OutputFormat.table,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
-) -> None:
+_state_command(
+    "cordon",
     """Take no new grants on the node; what it holds stays.
 
     Example:
 
         respool node cordon gpu-01
-    """
-    _set_state("cordon", name, output, url, token)
-
-
-@app.command("uncordon")
-def uncordon(
-    name: NodeName,
-    output: Output = OutputFormat.table,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
-) -> None:
+    """,
+)
+_state_command(
+    "uncordon",
     """Make the node active again: it takes grants.
 
     Example:
 
         respool node uncordon gpu-01
-    """
-    _set_state("uncordon", name, output, url, token)
-
-
-@app.command("drain")
-def drain(
-    name: NodeName,
-    output: Output = OutputFormat.table,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
-) -> None:
+    """,
+)
+_state_command(
+    "drain",
     """Cordon the node and preempt its preemptible holders (with the pool's grace);
     non-preemptible ones finish on their own.
 
     Example:
 
         respool node drain gpu-01
-    """
-    _set_state("drain", name, output, url, token)
+    """,
+)
 
 
 @app.command("delete")

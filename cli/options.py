@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from difflib import get_close_matches
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from respool_client.wire import STATUSES
 
 from cli.common import BadValue
 from cli.complete import complete_pool, complete_status
+from cli.maps import parse_map
 
 __all__ = [
     "DEFAULT_URL",
@@ -25,6 +26,7 @@ __all__ = [
     "Url",
     "Yes",
     "check_status",
+    "map_option",
 ]
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -78,6 +80,13 @@ PoolRef = Annotated[
         help="Pool name, id or unique id prefix (>= 4 hex).", autocompletion=complete_pool
     ),
 ]
+
+
+def map_option(*names: str, help: str) -> Any:
+    """An option whose value is a map of resource key to amount, JSON or YAML."""
+    return typer.Option(*names, parser=parse_map, metavar=MAP, help=help)
+
+
 Description = Annotated[str | None, typer.Option("-d", "--description", help="Free text.")]
 
 StatusFilter = Annotated[

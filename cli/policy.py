@@ -13,10 +13,8 @@ from respool_client.wire import Policy
 from cli.api import Api, connect_api
 from cli.common import CliError, confirm, given
 from cli.complete import complete_subject
-from cli.maps import parse_map
 from cli.options import (
     DEFAULT_URL,
-    MAP,
     Description,
     Force,
     Output,
@@ -25,6 +23,7 @@ from cli.options import (
     Token,
     Url,
     Yes,
+    map_option,
 )
 from cli.output import emit, note
 from cli.tables import policies_table
@@ -47,21 +46,17 @@ Priority = Annotated[
 ]
 Reserved = Annotated[
     dict[str, int] | None,
-    typer.Option(
+    map_option(
         "-r",
         "--reserved",
-        parser=parse_map,
-        metavar=MAP,
         help="Reserved share per key, JSON or YAML (merges on update; 0 removes a key).",
     ),
 ]
 Ceiling = Annotated[
     dict[str, int] | None,
-    typer.Option(
+    map_option(
         "-l",
         "--limit",
-        parser=parse_map,
-        metavar=MAP,
         help="Hard ceiling per key, JSON or YAML (merges on update; 0 removes a key).",
     ),
 ]

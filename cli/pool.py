@@ -25,10 +25,8 @@ from cli import policy
 from cli.api import Api, connect_api, segment
 from cli.common import confirm, given
 from cli.fetch import list_requests
-from cli.maps import parse_map
 from cli.options import (
     DEFAULT_URL,
-    MAP,
     Description,
     Force,
     Output,
@@ -37,6 +35,7 @@ from cli.options import (
     Token,
     Url,
     Yes,
+    map_option,
 )
 from cli.output import emit, note
 from cli.tables import (
@@ -65,11 +64,9 @@ class View(StrEnum):
 
 Capacity = Annotated[
     dict[str, int] | None,
-    typer.Option(
+    map_option(
         "-c",
         "--capacity",
-        parser=parse_map,
-        metavar=MAP,
         help="""Capacity per key, JSON or YAML: '{"gpu": 8, "step_run": 32}'.""",
     ),
 ]
