@@ -23,9 +23,16 @@ BEGIN
            -- a grant in a pool with nodes records where it was placed (docs/placement.md); the
            -- join keeps the document's build to the placed ones (none in a pool without nodes)
            CASE WHEN pl.request_id IS NOT NULL THEN respool._placement_doc(r.id)::jsonb END,
-           v_cause, CASE WHEN v_cause IS NOT NULL THEN (SELECT subject FROM respool.requests WHERE id = v_cause) END
+           c.id, CASE WHEN c.id IS NOT NULL THEN (SELECT subject FROM respool.requests WHERE id = c.id) END
       FROM unnest(p_requests) WITH ORDINALITY AS r
       LEFT JOIN respool.placements pl ON pl.request_id = r.id AND r.status = 'allocated'
+      -- A victim leaving its grace period (released, or its deadline passed) ends the same
+      -- preemption: its event names the request its preempting event named.
+     CROSS JOIN LATERAL (
+            SELECT coalesce(v_cause, CASE WHEN p_from = 'preempting' THEN (
+                       SELECT pe.cause_request_id FROM respool.events pe
+                        WHERE pe.request_id = r.id AND pe.to_status = 'preempting'
+                        ORDER BY pe.id DESC LIMIT 1) END) AS id) c
      ORDER BY r.ordinality;
     -- No notification for the requests a create_request call or a batch is making
     -- (respool.unannounced, their ids separated by commas):
@@ -38,7 +45,7 @@ BEGIN
       WHERE v_quiet IS NULL OR r.id::text <> ALL (v_quiet);
 END $$;
 COMMENT ON FUNCTION respool._record_events(respool.requests[], text, timestamptz) IS
-    'Appends the event rows (in array order; an event into allocated carries the grant''s placement, placed before this is called) and queues the NOTIFYs (delivered at commit) for requests that changed from p_from to their current status together; each event records the request it happened for (respool.cause, set by respool._preempt_for: cause_request_id and its subject; none when unset); no NOTIFY for the requests that the current create_request call or batch is making (respool.unannounced: their ids, comma-separated).';
+    'Appends the event rows (in array order; an event into allocated carries the grant''s placement, placed before this is called) and queues the NOTIFYs (delivered at commit) for requests that changed from p_from to their current status together; each event records the request it happened for (respool.cause, set by respool._preempt_for, or for a victim leaving its grace period the one its preempting event named: cause_request_id and its subject); no NOTIFY for the requests that the current create_request call or batch is making (respool.unannounced: their ids, comma-separated).';
 
 CREATE OR REPLACE FUNCTION respool._record_event(p_request respool.requests, p_from text, p_now timestamptz)
 RETURNS void LANGUAGE sql AS $$
