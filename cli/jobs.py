@@ -67,7 +67,13 @@ def jobs(
     token: Token = None,
 ) -> None:
     """List jobs like squeue: ID NAME SUBJECT STATE NODE GPUS TIME EXIT, newest first; live
-    ones (queued, allocated, preempting) unless --all."""
+    ones (queued, allocated, preempting) unless --all.
+
+    Example:
+
+        respool jobs
+        respool jobs --pool gpus --all
+    """
     with connect_api(url, token) as api:
         found = [
             r
@@ -89,7 +95,13 @@ def logs(
     url: Url = DEFAULT_URL,
     token: Token = None,
 ) -> None:
-    """Print a job's output (stdout, and stderr to stderr); -f follows it to the end."""
+    """Print a job's output (stdout, and stderr to stderr); -f follows it to the end.
+
+    Example:
+
+        respool logs 3f2a9c1e
+        respool logs 3f2a9c1e -f --attempt 2
+    """
     after = -1
     with connect_api(url, token) as api:
         rid = resolve_request(api, job_id)

@@ -33,7 +33,7 @@ from respool_client._status import Status
 from respool_client.errors import ApiError, RespoolError
 from respool_client.grant import Grant
 from respool_client.launcher import Launcher, LocalLauncher, Stream
-from respool_client.run import EXIT_API, EXIT_USAGE, GONE_KILL_AFTER, _Runner
+from respool_client.run import EXIT_API, EXIT_USAGE, GONE_KILL_AFTER, _HelpFormatter, _Runner
 
 __all__ = ["build_parser", "main"]
 
@@ -50,6 +50,10 @@ def build_parser(prog: str = "respool agent") -> argparse.ArgumentParser:
         description="Run the jobs granted to this node (or to a pool without nodes): claim "
         "each, run it in its own process group with the grant's environment, send its output, "
         "stop it when preempted or cancelled, release it with its exit code.",
+        epilog="Examples:\n"
+        f"  RESPOOL_TOKEN=... {prog} --node gpu-box-1\n"
+        f"  RESPOOL_TOKEN=... {prog} --pool cpu-pool --interval 5",
+        formatter_class=_HelpFormatter,
     )
     add = parser.add_argument
     add("--url", default=os.environ.get("RESPOOL_URL", "http://127.0.0.1:8080"), metavar="URL",
