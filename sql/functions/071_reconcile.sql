@@ -142,7 +142,7 @@ BEGIN
     RETURN n;
 END $$;
 COMMENT ON FUNCTION respool._drop_stale_earmarks(uuid, timestamptz) IS
-    'Earmarks that can no longer be honoured go (pool locked): a request''s earmark in this pool is dropped when it has no queue entry here, when (pool with nodes) its node is no longer an active node of the pool that matches the request and could hold it (cordoned, draining, deleted, moved out, shrunk, relabelled), or when no victim is in its grace period any more (on its node) and the request still cannot be granted (it is granted when it can). The request then waits and is a candidate for preemption again like any other (docs/preemption.md). Rows another transaction holds keep theirs until the next pass. Called by every node change and every reconciler pass. Returns how many earmark holders it granted.';
+    'Drops the earmarks in a locked pool that can no longer be honoured: the request left this pool''s queue, its node is no longer an active node of the pool that matches and could hold it, or its victims are gone and it still cannot be granted (it is granted when it can). The request is then a preemption candidate again (docs/preemption.md); rows another transaction holds keep theirs until the next pass. Returns how many earmark holders it granted.';
 
 CREATE OR REPLACE FUNCTION respool._preempt_for_queue(p_pool_id uuid, p_now timestamptz,
                                                       OUT preempted integer, OUT allocated integer,
