@@ -9,7 +9,9 @@ later is covered without editing a list, and checks the rules that hold for all 
 * client (``team-a:*``): GET on pools and policies answers, writes there 403; a request of
   another subject is 404 on every request route, creating one for it 403, listing answers;
   ``/v1/apply``, ``/v1/retention`` and ``/v1/dashboard`` (every subject) 403;
-* admin: never 401/403.
+* agent routes (``/v1/agent/*``, claiming an attempt, writing its output): 403 for every
+  caller but an agent token, admins included (docs/jobs.md);
+* admin: never 401/403 elsewhere.
 """
 
 from __future__ import annotations
@@ -36,6 +38,11 @@ def _expected(role: str, method: str, path: str) -> str:
     """'ok' (neither 401 nor 403) or the status code expected."""
     if role in ("none", "revoked"):
         return "401"
+    agent_only = path.startswith("/v1/agent") or (
+        method == "POST" and path.endswith(("/claim", "/logs"))
+    )
+    if agent_only:
+        return "404" if role == "client" and path.startswith("/v1/requests/{") else "403"
     if role == "admin":
         return "ok"
     read = method in ("GET", "HEAD")
