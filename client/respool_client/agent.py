@@ -301,9 +301,16 @@ class Agent:
                 await asyncio.sleep(1.0)
                 continue
             claims: list[asyncio.Future[None]] = []
+            earlier: set[asyncio.Future[Any]] = set()
             for doc in answer["items"]:
                 key = (doc["id"], doc["attempt"])
                 if key in self.tasks:
+                    continue
+                # An earlier attempt of the same job still running here (being stopped: its
+                # attempt is stale): the next one is claimed once it is gone, never beside it.
+                running = [t for (rid, _), t in self.tasks.items() if rid == doc["id"]]
+                if running:
+                    earlier.update(running)
                     continue
                 claimed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 claims.append(claimed)
@@ -311,6 +318,10 @@ class Agent:
                 self.tasks[key].add_done_callback(self._done(key))
             if claims:  # the list answers at once while they are unclaimed: claim them first
                 await asyncio.wait(claims, timeout=CLAIM_WAIT)
+            elif earlier:
+                await asyncio.wait(
+                    earlier | {stop}, timeout=CLAIM_WAIT, return_when=asyncio.FIRST_COMPLETED
+                )
         stop.cancel()
 
     def _done(self, key: tuple[str, int]) -> Callable[[asyncio.Task[None]], None]:

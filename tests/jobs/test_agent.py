@@ -331,6 +331,72 @@ async def test_an_agent_killed_mid_job_its_job_runs_again_on_the_other_node(
     ok(await cl.c.post(f"/v1/requests/{rid}/cancel", headers=cl.client))
 
 
+# A job that says when it starts (its pid) and when it gets SIGTERM (it then takes 1.5 s to clean
+# up), and whether the process of an earlier attempt of it was still alive when it started.
+ATTEMPT = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    out, rid, attempt = sys.argv[1], os.environ["RESPOOL_REQUEST_ID"], int(os.environ["RESPOOL_ATTEMPT"])
+    def on_term(signum, frame):
+        with open(os.path.join(out, f"term-{rid}-{attempt}"), "w") as f:
+            f.write(str(signum))
+        time.sleep(1.5)  # cleaning up
+        sys.exit(143)
+    signal.signal(signal.SIGTERM, on_term)
+    for earlier in range(1, attempt):
+        path = os.path.join(out, f"pid-{rid}-{earlier}")
+        try:
+            os.kill(int(open(path).read()), 0)
+        except (OSError, ValueError):
+            continue
+        open(os.path.join(out, f"overlap-{rid}"), "w").close()
+    with open(os.path.join(out, f"pid-{rid}-{attempt}"), "w") as f:
+        f.write(str(os.getpid()))
+    while True:
+        time.sleep(0.05)
+    """
+)
+
+
+async def test_a_stalled_agent_whose_lease_lapsed_stops_its_stale_run_before_the_next(
+    cluster: Cluster,
+) -> None:
+    cl = cluster
+    (cl.tmp / "attempt.py").write_text(ATTEMPT)
+    a1 = await cl.start_agent("n1")
+    await until(lambda: cl.agent_ready("n1"))
+    made = await cl.submit(
+        [sys.executable, str(cl.tmp / "attempt.py"), str(cl.tmp)], gpus=8,
+        node_selector={"node": "n1"}, max_retries=1, lease_seconds=3,
+    )  # fmt: skip
+    rid = made["id"]
+    await until(lambda: (cl.tmp / f"pid-{rid}-1").exists())
+    loop = asyncio.get_running_loop()
+    a1.send_signal(signal.SIGSTOP)  # no heartbeat gets through: the lease lapses meanwhile
+    try:
+        await until(lambda: _attempt(cl, rid, 2), within=60)
+    finally:
+        a1.send_signal(signal.SIGCONT)
+    resumed = loop.time()
+    # the agent learns that attempt 1 is stale (its lease lapsed, the job requeued) and stops it
+    await until(lambda: (cl.tmp / f"term-{rid}-1").exists(), within=30)
+    stopped = loop.time() - resumed
+    print(f"attempt 1 got SIGTERM {stopped:.2f} s after the agent resumed")
+    assert (cl.tmp / f"term-{rid}-1").read_text() == str(int(signal.SIGTERM))
+    # attempt 2 runs on n1 too, but only once attempt 1's process is gone
+    await until(lambda: (cl.tmp / f"pid-{rid}-2").exists(), within=60)
+    assert not (cl.tmp / f"overlap-{rid}").exists()
+    doc = await cl.get(rid)
+    assert (doc["attempt"], doc["status"], doc["job"]["claimed"]["attempt"]) == (2, "allocated", 2)
+    events = ok(await cl.c.get(f"/v1/requests/{rid}/events", headers=cl.client))
+    assert ("allocated", "queued", "expired") in [(e["from"], e["to"], e["reason"]) for e in events]
+    ok(await cl.c.post(f"/v1/requests/{rid}/cancel", headers=cl.client))
+
+
+async def _attempt(cl: Cluster, rid: str, attempt: int) -> bool:
+    return bool((await cl.get(rid))["attempt"] >= attempt)
+
+
 def _started(cl: Cluster, rid: str, attempt: int) -> str | None:
     path = cl.tmp / f"started-{rid}-{attempt}"
     return path.read_text() if path.exists() else None
