@@ -163,10 +163,12 @@ async def _drain(http: httpx.AsyncClient, dsn: str, n: int) -> dict[str, Any]:
             await asyncio.sleep(0.1)
         seconds = time.monotonic() - started
         steps = await conn.fetchrow(
-            "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM claimed_at - allocated_at)) AS claim,"
-            " percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - claimed_at)) AS run"
-            " FROM (SELECT * FROM respool.requests WHERE status = 'released'"
-            " ORDER BY finished_at DESC LIMIT $1) r",
+            "SELECT percentile_cont(0.5) WITHIN GROUP"
+            "         (ORDER BY extract(epoch FROM claimed_at - allocated_at)) AS claim,"
+            "       percentile_cont(0.5) WITHIN GROUP"
+            "         (ORDER BY extract(epoch FROM finished_at - claimed_at)) AS run"
+            "  FROM (SELECT * FROM respool.requests WHERE status = 'released'"
+            "         ORDER BY finished_at DESC LIMIT $1) r",
             n,
         )
     finally:

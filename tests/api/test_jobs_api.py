@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from datetime import datetime
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -186,6 +186,13 @@ async def test_an_agent_reaches_only_its_nodes_jobs_and_clients_cannot_claim(
     error(await s.c.get(path(rid), headers=s.agent2), 404)
     error(await s.c.post(path(rid, "claim"), headers=s.agent2, json={"attempt": 1}), 404)
     error(await s.c.post(path(rid, "release"), headers=s.agent2), 404)
+    error(await s.c.get(path(rid, "logs"), headers=s.agent2), 404)
+    error(await s.c.get(path(rid, "events"), headers=s.agent2), 404)
+    log = {"attempt": 1, "seq": 0, "stream": "stdout", "data": "x"}
+    error(await s.c.post(path(rid, "logs"), headers=s.agent2, json=log), 404)
+    error(await s.c.post(path(rid, "heartbeat"), headers=s.agent2), 404)
+    assert ok(await s.c.get("/v1/agent/jobs", headers=s.agent2))["items"] == []
+    error(await s.c.get("/v1/requests", headers=s.agent2), 403)
     # the agent of n1 can read it; nothing but its routes and its jobs
     assert ok(await s.c.get(path(rid), headers=s.agent1))["id"] == rid
     error(await s.c.get("/v1/pools", headers=s.agent1), 403)
@@ -267,7 +274,9 @@ async def test_a_grant_wakes_the_agent_of_its_node_at_commit(jobs: Setup) -> Non
     s = jobs
     got: asyncio.Queue[str] = asyncio.Queue()
     async with direct(s.server.db_url) as conn:
-        ids = {r["name"]: str(r["id"]) for r in await conn.fetch("SELECT name, id FROM respool.nodes")}
+        ids = {
+            r["name"]: str(r["id"]) for r in await conn.fetch("SELECT name, id FROM respool.nodes")
+        }
         await conn.add_listener("respool_request", lambda *a: got.put_nowait(a[3]))
 
         async def woken() -> set[str]:
