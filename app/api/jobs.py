@@ -108,9 +108,9 @@ class AgentController(Controller):
             return AgentJobs(items=items)
         hub = notifier(state)
         deadline = time.monotonic() + seconds
-        key = await db_jobs.agent_pool_id(pool, node_id=p.node_id, pool_id=p.pool_id)
+        # A grant placed on its node wakes it (keyed by the node's id; a pool agent: the pool's).
         # Register, read, wait: a grant committed between the read and the wait still wakes it.
-        with hub.waiter(key or p.node_id or UUID(int=0)) as waiter:
+        with hub.waiter(p.node_id or p.pool_id or UUID(int=0)) as waiter:
             items = await db_jobs.agent_jobs(pool, node_id=p.node_id, pool_id=p.pool_id)
             while not items and not hub.closing:
                 remaining = deadline - time.monotonic()

@@ -14,7 +14,6 @@ __all__ = [
     "agent_heartbeat",
     "agent_jobs",
     "agent_may_see",
-    "agent_pool_id",
     "append_job_log",
     "claim_job",
     "job_logs",
@@ -28,13 +27,6 @@ async def agent_may_see(
 ) -> bool:
     """Whether an agent bound to ``node_id`` (or ``pool_id``) may see the request."""
     return bool(await db.fetchval(query("agent_may_see"), request_id, node_id, pool_id))
-
-
-@engine_errors
-async def agent_pool_id(db: Executor, *, node_id: UUID | None, pool_id: UUID | None) -> UUID | None:
-    """The pool whose job grants wake the agent (its node's, or its own)."""
-    value = await db.fetchval(query("agent_pool_id"), node_id, pool_id)
-    return value if isinstance(value, UUID) or value is None else UUID(str(value))
 
 
 @engine_errors

@@ -20,6 +20,7 @@ import ctypes
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -122,13 +123,18 @@ class ProcessGroup:
     def close(self) -> None:
         """Let the guard go: without killing when the group is gone; else (the wrapper is
         leaving on an unexpected error) the guard SIGKILLs what is left of the group."""
-        _close_guard(self._guard, b"" if self.alive() else b"done\n")
+        _close_guard(self._guard, b"" if self.alive() else b"done\n", wait=False)
 
 
-def _close_guard(guard: subprocess.Popen[bytes], last: bytes) -> None:
+def _close_guard(guard: subprocess.Popen[bytes], last: bytes, *, wait: bool = True) -> None:
+    """Tell the guard ``last`` and close its pipe; reap it now, or (``wait`` False) from a
+    thread of its own: the guard may still be starting, and an agent's loop runs other jobs."""
     assert guard.stdin is not None
     with contextlib.suppress(BrokenPipeError):
         if last:
             guard.stdin.write(last)
         guard.stdin.close()
-    guard.wait()
+    if wait:
+        guard.wait()
+    elif guard.poll() is None:
+        threading.Thread(target=guard.wait, name="respool-guard-reaper", daemon=True).start()

@@ -75,15 +75,19 @@ def build_parser(prog: str = "respool agent") -> argparse.ArgumentParser:
 
 class _Logs:
     """One attempt's output on its way to the server: numbered chunks, sent in order, kept and
-    resent while the API does not answer (at most :data:`PENDING_LIMIT` characters waiting)."""
+    resent while the API does not answer (at most :data:`PENDING_LIMIT` characters waiting).
+
+    The first output goes out at once; what arrives while a chunk is on its way waits in
+    :attr:`pending` and goes in the next sends (up to :data:`CHUNK` characters each). A chunk
+    on its way is never touched again: output is only ever added to chunks not yet sent."""
 
     def __init__(self, rp: AsyncRespool, request_id: str, attempt: int) -> None:
         self.rp = rp
         self.path = f"/v1/requests/{request_id}/logs"
         self.attempt = attempt
         self.seq = 0
-        self.pending: list[tuple[Stream, str]] = []
-        self.size = 0
+        self.pending: list[tuple[Stream, str]] = []  # not sent yet, oldest first
+        self.size = 0  # characters pending or on their way
         self.dropped = 0
         self.more = asyncio.Event()
         self.closed = False
@@ -106,6 +110,7 @@ class _Logs:
         if self.dropped:
             text = f"[... {self.dropped} characters dropped: the API did not answer ...]\n" + text
             self.dropped = 0
+        self.size += len(text)
         if self.pending and self.pending[-1][0] == stream and len(self.pending[-1][1]) < CHUNK:
             head = self.pending[-1][1]
             self.pending[-1] = (stream, head + text[: CHUNK - len(head)])
@@ -113,7 +118,6 @@ class _Logs:
         while text:
             self.pending.append((stream, text[:CHUNK]))
             text = text[CHUNK:]
-        self.size = sum(len(t) for _, t in self.pending)
         self.more.set()
 
     async def _send(self) -> None:
@@ -121,25 +125,29 @@ class _Logs:
             await self.more.wait()
             self.more.clear()
             while self.pending:
-                stream, data = self.pending[0]
-                body = {"attempt": self.attempt, "seq": self.seq, "stream": stream, "data": data}
-                try:
-                    await self.rp.call("POST", self.path, body=body)
-                except ApiError as exc:
-                    if exc.status_code in (408, 429) or exc.status_code >= 500:
-                        await asyncio.sleep(1.0)
-                        continue
+                stream, data = self.pending.pop(0)  # on its way: no longer added to
+                if not await self._post(stream, data):
                     self.gone = True  # 404 / 409: the attempt is no longer ours
                     self.pending.clear()
                     return
-                except RespoolError:
-                    await asyncio.sleep(1.0)  # the API does not answer: keep it, try again
-                    continue
-                self.pending.pop(0)
                 self.size -= len(data)
                 self.seq += 1
             if self.closed:
                 return
+
+    async def _post(self, stream: Stream, data: str) -> bool:
+        """Send chunk :attr:`seq` until the server stores it (True) or refuses it (False)."""
+        body = {"attempt": self.attempt, "seq": self.seq, "stream": stream, "data": data}
+        while True:
+            try:
+                await self.rp.call("POST", self.path, body=body)
+                return True
+            except ApiError as exc:
+                if exc.status_code not in (408, 429) and exc.status_code < 500:
+                    return False
+            except RespoolError:
+                pass  # the API does not answer: keep it, try again
+            await asyncio.sleep(1.0)
 
     async def close(self, within: float) -> None:
         """Send what is left (at most ``within`` seconds), then stop."""
@@ -293,9 +301,16 @@ class Agent:
                 await asyncio.sleep(1.0)
                 continue
             claims: list[asyncio.Future[None]] = []
+            earlier: set[asyncio.Future[Any]] = set()
             for doc in answer["items"]:
                 key = (doc["id"], doc["attempt"])
                 if key in self.tasks:
+                    continue
+                # An earlier attempt of the same job still running here (being stopped: its
+                # attempt is stale): the next one is claimed once it is gone, never beside it.
+                running = [t for (rid, _), t in self.tasks.items() if rid == doc["id"]]
+                if running:
+                    earlier.update(running)
                     continue
                 claimed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 claims.append(claimed)
@@ -303,6 +318,10 @@ class Agent:
                 self.tasks[key].add_done_callback(self._done(key))
             if claims:  # the list answers at once while they are unclaimed: claim them first
                 await asyncio.wait(claims, timeout=CLAIM_WAIT)
+            elif earlier:
+                await asyncio.wait(
+                    earlier | {stop}, timeout=CLAIM_WAIT, return_when=asyncio.FIRST_COMPLETED
+                )
         stop.cancel()
 
     def _done(self, key: tuple[str, int]) -> Callable[[asyncio.Task[None]], None]:

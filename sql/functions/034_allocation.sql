@@ -46,7 +46,9 @@ BEGIN
                                         FROM jsonb_each_text(r.resources) x WHERE x.key = ANY (v_tracked)) END,
                allocated_at = respool._granted_at(p_now, r), preempt_deadline = NULL,
                earmark_pool_id = NULL, earmark_node_id = NULL,
-               lease_expires_at = respool._granted_at(p_now, r) + make_interval(secs => r.lease_seconds),
+               -- (a job's lease runs from its claim, respool.claim_job; a gang member's from here)
+               lease_expires_at = CASE WHEN r.command IS NULL OR r.gang_id IS NOT NULL
+                                       THEN respool._granted_at(p_now, r) + make_interval(secs => r.lease_seconds) END,
                run_deadline = respool._granted_at(p_now, r) + make_interval(secs => r.max_seconds),  -- runtime cap (max_seconds)
                status = 'allocated', reason = NULL, message = '', version = r.version + 1,
                updated_at = respool._granted_at(p_now, r), finished_at = NULL
@@ -63,7 +65,7 @@ BEGIN
     RETURN cardinality(v_granted);
 END $$;
 COMMENT ON FUNCTION respool._grant_many(uuid[], uuid, uuid, timestamptz, uuid[]) IS
-    'Moves queued requests the caller has locked (in a pool it has locked, under one policy) to allocated, set-based: placed (p_nodes: the nodes respool._fit_node chose, one per id in queue order) and charged by respool._place (one guarded statement per counter table, RP500 on a would-be over-allocation), every queue left, leases and runtime caps (max_seconds) started, one row version, event and NOTIFY each. Returns how many (all of p_ids, else RP500).';
+    'Moves queued requests the caller has locked (in a pool it has locked, under one policy) to allocated, set-based: placed (p_nodes: the nodes respool._fit_node chose, one per id in queue order) and charged by respool._place (one guarded statement per counter table, RP500 on a would-be over-allocation), every queue left, leases (a job''s at its claim) and runtime caps (max_seconds) started, one row version, event and NOTIFY each. Returns how many (all of p_ids, else RP500).';
 
 CREATE OR REPLACE FUNCTION respool._try_grant(p_request_id uuid, p_pool_id uuid, p_policy_id uuid, p_now timestamptz)
 RETURNS text LANGUAGE plpgsql AS $$

@@ -27,10 +27,11 @@ BEGIN
        AND respool.leases_may_lapse() THEN
         -- The lease already lapsed: expire it now rather than revive it (no double use).
         -- Not while respool looks down (an outage): the lapse was ours, the lease is extended.
+        -- As the reconciler would: a job with retries left is queued again as the next attempt.
         r := respool._lock_request(p_id, p_attempt);
         IF r.status = 'allocated' AND r.lease_expires_at <= p_now THEN
-            PERFORM respool._end_holding(p_id, 'expired', 'lease_expired',
-                                         'lease lapsed without a heartbeat', p_now);
+            PERFORM respool._expire_one(p_id, 'lease_expired', 'lease lapsed without a heartbeat', p_now);
+            PERFORM respool.allocate_pool(r.pool_id, p_now);
         END IF;
         RETURN respool.request_json(p_id);
     END IF;
@@ -46,9 +47,11 @@ BEGIN
     -- skip it (SKIP LOCKED; a strict pool stops there). Only the lease UPDATE locks the row,
     -- and only while it is still allocated on the same attempt.
     IF r.status = 'allocated' AND v_seconds IS NOT NULL THEN
+        -- (a job not claimed yet has no lease: it starts at the claim, respool.claim_job)
         UPDATE respool.requests SET lease_expires_at = p_now + make_interval(secs => v_seconds),
                                     updated_at = p_now
-         WHERE id = p_id AND status = 'allocated' AND attempt = r.attempt;
+         WHERE id = p_id AND status = 'allocated' AND attempt = r.attempt
+           AND (command IS NULL OR gang_id IS NOT NULL OR claimed_attempt = attempt);
         IF NOT FOUND THEN
             SELECT * INTO r FROM respool.requests WHERE id = p_id;  -- it moved on meanwhile
             IF p_attempt IS NOT NULL AND p_attempt <> r.attempt THEN
@@ -65,7 +68,7 @@ BEGIN
     RETURN respool.request_json(p_id);
 END $$;
 COMMENT ON FUNCTION respool.heartbeat_request(uuid, integer, timestamptz, integer, integer) IS
-    'Heartbeat (docs/api.md). Allocated: the lease becomes now + p_lease_seconds (default: the request''s lease_seconds; none when it has none), locking only the request row; a lapsed lease is expired instead, never revived; p_queue_lease_seconds changes nothing here. Queued: sets the queue lease (respool.queue_leases) to now + p_queue_lease_seconds (default: the lease length above) without locking the request; when it lapses the reconciler cancels the request (abandoned). A waiting client sends p_queue_lease_seconds alone, so a heartbeat that arrives just after the grant renews the allocation with its own lease, never the short queue lease. RP400 for a bad length, RP409 for a stale p_attempt; returns the request so a preempted step learns it.';
+    'Heartbeat. Allocated: lease = now + p_lease_seconds (default lease_seconds), locking only the request row (a job not yet claimed gets none; p_queue_lease_seconds never sets it); a lapsed lease is never revived but expired as the reconciler would (a job with retries left is requeued). Queued: sets the queue lease (respool.queue_leases) to now + p_queue_lease_seconds without locking the request; when it lapses the request is cancelled (abandoned). RP400 for a bad length, RP409 for a stale p_attempt; returns the request.';
 
 CREATE OR REPLACE FUNCTION respool._expire_one(p_id uuid, p_reason text, p_message text, p_now timestamptz)
 RETURNS integer LANGUAGE plpgsql AS $$

@@ -95,14 +95,6 @@ $$;
 COMMENT ON FUNCTION respool.agent_may_see(uuid, uuid, uuid) IS
     'Whether an agent bound to node p_node_id (or, with p_node_id NULL, to pool p_pool_id) may see request p_id: a job placed on its node now, claimed by it, or last placed there (a pool agent: a job of its pool). Everything else is invisible to it (404).';
 
-CREATE OR REPLACE FUNCTION respool.agent_pool_id(p_node_id uuid, p_pool_id uuid)
-RETURNS uuid LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN p_node_id IS NULL THEN p_pool_id
-                ELSE (SELECT n.pool_id FROM respool.nodes n WHERE n.id = p_node_id) END
-$$;
-COMMENT ON FUNCTION respool.agent_pool_id(uuid, uuid) IS
-    'The pool an agent waits on for new jobs: its node''s pool (NULL while the node is in none), or the pool it is bound to. Read-only.';
-
 CREATE OR REPLACE FUNCTION respool.agent_jobs(p_node_id uuid, p_pool_id uuid, p_claimed boolean DEFAULT false)
 RETURNS jsonb LANGUAGE sql STABLE AS $$
     SELECT coalesce(jsonb_agg(respool.request_json(r.id) ORDER BY r.allocated_at, r.id), '[]')
@@ -132,7 +124,13 @@ BEGIN
     IF NOT respool.agent_may_see(p_id, p_node_id, p_pool_id) THEN
         PERFORM respool._fail('RP404', 'id', format('request %s not found', p_id));
     END IF;
-    r := respool._lock_request(p_id, p_attempt);  -- RP409 for a stale attempt
+    -- The request's row lock only: a claim changes no units, so it does not queue behind the
+    -- pool's grants and releases (nor they behind it); the attempt is fenced under this lock.
+    SELECT * INTO r FROM respool.requests WHERE id = p_id FOR UPDATE;
+    IF p_attempt <> r.attempt THEN
+        PERFORM respool._fail('RP409', 'attempt',
+                              format('stale attempt %s: request %s is on attempt %s', p_attempt, p_id, r.attempt));
+    END IF;
     IF r.status <> 'allocated' THEN
         PERFORM respool._fail('RP409', 'status', format('request %s is %s, not allocated: nothing to run', p_id, r.status));
     END IF;
@@ -142,15 +140,19 @@ BEGIN
     IF r.claimed_attempt = r.attempt THEN
         PERFORM respool._fail('RP409', 'attempt', format('attempt %s of request %s is already claimed', r.attempt, p_id));
     END IF;
+    -- The lease runs from the claim: until then the job waits for its agent, not for a heartbeat
+    -- (an unclaimed job on a lost node goes back to the queue, respool._agent_pass).
     UPDATE respool.requests
        SET claimed_node_id = p_node_id, claimed_attempt = r.attempt, claimed_at = p_now, exit_code = NULL,
+           lease_expires_at = CASE WHEN gang_id IS NULL THEN p_now + make_interval(secs => lease_seconds)
+                                   ELSE lease_expires_at END,
            updated_at = p_now
      WHERE id = p_id AND attempt = r.attempt AND status = 'allocated';
     v_doc := respool.request_json(p_id);
     RETURN jsonb_set(v_doc, '{job,env}', respool._job_env_doc(p_id));
 END $$;
 COMMENT ON FUNCTION respool.claim_job(uuid, integer, uuid, uuid, timestamptz) IS
-    'An agent claims attempt p_attempt of a job placed on its node (pool agent: in its pool): exactly once per attempt, fenced under the request''s lock (RP409 for a stale attempt, one already claimed, or a job no longer allocated; RP404 for a job it cannot see). Clears the previous run''s exit_code. Returns the request document plus job.env, the values: the only answer that carries them.';
+    'An agent claims attempt p_attempt of a job placed on its node (pool agent: in its pool): exactly once per attempt, fenced under the request''s lock (RP409 for a stale attempt, one already claimed, or a job no longer allocated; RP404 for a job it cannot see). Starts the lease (a gang member''s runs from its grant) and clears the previous run''s exit_code. Only the request row is locked. Returns the request document plus job.env, the values: the only answer that carries them.';
 
 CREATE OR REPLACE FUNCTION respool.release_job(p_id uuid, p_attempt integer, p_exit_code integer, p_reason text,
                                                p_now timestamptz DEFAULT now())
@@ -404,12 +406,22 @@ COMMENT ON FUNCTION respool.job_logs(uuid, integer, integer) IS
 CREATE OR REPLACE FUNCTION respool._job_granted_notify()
 RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    -- Agents long-poll per pool: a job granted in it wakes them (after commit).
-    PERFORM pg_notify('respool_request', json_build_object('id', NEW.pool_id)::text);
+    -- An agent long-polls under its node's id (a pool agent: its pool's id); a grant wakes the
+    -- agent that is to run it (after commit). In a pool with nodes the grant's placement row
+    -- names the node: the placements trigger sends that one.
+    IF TG_TABLE_NAME = 'placements' THEN
+        IF EXISTS (SELECT FROM respool.requests r WHERE r.id = NEW.request_id AND r.command IS NOT NULL) THEN
+            PERFORM pg_notify('respool_request', json_build_object('id', NEW.node_id)::text);
+        END IF;
+    ELSIF NOT respool._pool_has_nodes(NEW.pool_id) THEN
+        PERFORM pg_notify('respool_request', json_build_object('id', NEW.pool_id)::text);
+    END IF;
     RETURN NULL;
 END $$;
 COMMENT ON FUNCTION respool._job_granted_notify() IS
-    'Trigger: a job that becomes allocated wakes the agents waiting for jobs of its pool (a NOTIFY keyed by the pool id, delivered at commit; a hint, they read their list again).';
+    'Trigger: a job granted wakes the agent that is to run it, at commit: a NOTIFY keyed by the id of the node it is placed on (placements insert), or of its pool when the pool has no nodes (requests update). A hint: the agent reads its list again, and re-reads every few seconds anyway.';
 CREATE OR REPLACE TRIGGER requests_job_granted AFTER UPDATE OF status ON respool.requests
     FOR EACH ROW WHEN (NEW.command IS NOT NULL AND NEW.status = 'allocated' AND OLD.status IS DISTINCT FROM 'allocated')
     EXECUTE FUNCTION respool._job_granted_notify();
+CREATE OR REPLACE TRIGGER placements_job_placed AFTER INSERT ON respool.placements
+    FOR EACH ROW EXECUTE FUNCTION respool._job_granted_notify();

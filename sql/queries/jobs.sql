@@ -28,7 +28,3 @@ SELECT respool.append_job_log(p_id => $1, p_attempt => $2, p_seq => $3, p_stream
 -- job_logs --
 -- An attempt's stored output after a seq.
 SELECT respool.job_logs(p_id => $1, p_attempt => $2, p_after => $3);
-
--- agent_pool_id --
--- The pool whose job grants wake an agent bound to node $1 (or pool $2).
-SELECT respool.agent_pool_id(p_node_id => $1, p_pool_id => $2);

@@ -11,6 +11,7 @@ import json
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -185,6 +186,13 @@ async def test_an_agent_reaches_only_its_nodes_jobs_and_clients_cannot_claim(
     error(await s.c.get(path(rid), headers=s.agent2), 404)
     error(await s.c.post(path(rid, "claim"), headers=s.agent2, json={"attempt": 1}), 404)
     error(await s.c.post(path(rid, "release"), headers=s.agent2), 404)
+    error(await s.c.get(path(rid, "logs"), headers=s.agent2), 404)
+    error(await s.c.get(path(rid, "events"), headers=s.agent2), 404)
+    log = {"attempt": 1, "seq": 0, "stream": "stdout", "data": "x"}
+    error(await s.c.post(path(rid, "logs"), headers=s.agent2, json=log), 404)
+    error(await s.c.post(path(rid, "heartbeat"), headers=s.agent2), 404)
+    assert ok(await s.c.get("/v1/agent/jobs", headers=s.agent2))["items"] == []
+    error(await s.c.get("/v1/requests", headers=s.agent2), 403)
     # the agent of n1 can read it; nothing but its routes and its jobs
     assert ok(await s.c.get(path(rid), headers=s.agent1))["id"] == rid
     error(await s.c.get("/v1/pools", headers=s.agent1), 403)
@@ -258,6 +266,38 @@ async def test_the_agents_job_list_waits_for_a_grant(jobs: Setup) -> None:
     made = await submit(s)
     listed = ok(await asyncio.wait_for(waiting, timeout=8))
     assert [j["id"] for j in listed["items"]] == [made["id"]]
+
+
+async def test_a_grant_wakes_the_agent_of_its_node_at_commit(jobs: Setup) -> None:
+    """Granted at create, in a batch, or by a release: a NOTIFY keyed by the node's id (what
+    the node's agent waits on), none for the other node."""
+    s = jobs
+    got: asyncio.Queue[str] = asyncio.Queue()
+    async with direct(s.server.db_url) as conn:
+        ids = {
+            r["name"]: str(r["id"]) for r in await conn.fetch("SELECT name, id FROM respool.nodes")
+        }
+        await conn.add_listener("respool_request", lambda *a: got.put_nowait(a[3]))
+
+        async def woken() -> set[str]:
+            await asyncio.sleep(0.3)
+            seen = set()
+            while not got.empty():
+                seen.add(json.loads(got.get_nowait())["id"])
+            return seen & set(ids.values())
+
+        first = await submit(s, node_selector={"node": "n1"})  # granted by its create
+        assert await woken() == {ids["n1"]}
+        members = [job_body(gpus=1, node_selector={"node": "n2"}) for _ in range(2)]
+        ok(await s.c.post("/v1/requests/batch", headers=s.client, json={"members": members}), 201)
+        assert await woken() == {ids["n2"]}
+        waiting = await submit(s, node_selector={"node": "n1"})
+        assert waiting["status"] == "queued" and await woken() == set()
+        ok(await s.c.post(path(first["id"], "cancel"), headers=s.client))  # granted by a release
+        assert await woken() == {ids["n1"]}
+        plain = {"subject": "team", "pool": "p", "resources": {"gpu": 1}}  # not a job
+        ok(await s.c.post("/v1/requests", headers=s.client, json=plain), 201)
+        assert await woken() == set()
 
 
 async def test_release_records_the_exit_code(jobs: Setup) -> None:
@@ -343,6 +383,97 @@ async def test_an_expired_job_lease_requeues_as_the_next_attempt(jobs: Setup) ->
         await reconcile(conn, "p", await db.fetchval("SELECT now() + interval '1 hour'"))
     final = ok(await s.c.get(path(rid), headers=s.client))
     assert (final["status"], final["reason"], final["attempt"]) == ("expired", "lease_expired", 2)
+
+
+async def test_a_jobs_lease_runs_from_its_claim(jobs: Setup) -> None:
+    s = jobs
+    made = await submit(s, lease_seconds=5)
+    rid = made["id"]
+    assert made["status"] == "allocated" and made["lease_expires_at"] is None
+    db = s.server.app.state.db
+    # waiting for its agent (none ever ran on n1): no lease lapses, an hour later still waiting
+    async with direct(s.server.db_url) as conn:
+        await reconcile(conn, "p", await db.fetchval("SELECT now() + interval '1 hour'"))
+    waiting = ok(await s.c.get(path(rid), headers=s.client))
+    assert (waiting["status"], waiting["attempt"], waiting["lease_expires_at"]) == (
+        "allocated",
+        1,
+        None,
+    )
+    # a client's heartbeat does not start it either
+    hb = ok(await s.c.post(path(rid, "heartbeat"), headers=s.client, params={"attempt": 1}))
+    assert hb["lease_expires_at"] is None
+    before = await db.fetchval("SELECT now()")
+    claimed = ok(await s.c.post(path(rid, "claim"), headers=s.agent1, json={"attempt": 1}))
+    assert claimed["lease_expires_at"] is not None
+    ends = datetime.fromisoformat(claimed["lease_expires_at"].replace("Z", "+00:00"))
+    assert 4 <= (ends - before).total_seconds() <= 5 + 30  # claim + 5 s (a slow machine: +30)
+    # from then on the lease governs it
+    async with direct(s.server.db_url) as conn:
+        await reconcile(conn, "p", await db.fetchval("SELECT now() + interval '1 minute'"))
+    final = ok(await s.c.get(path(rid), headers=s.client))
+    assert (final["status"], final["reason"], final["attempt"]) == ("expired", "lease_expired", 1)
+
+
+async def test_a_job_waiting_for_a_lost_agent_goes_back_unclaimed_not_expired(
+    jobs: Setup,
+) -> None:
+    s = jobs
+    ok(await s.c.post("/v1/agent/heartbeat", headers=s.agent1, json={"interval_seconds": 5}))
+    made = await submit(s, lease_seconds=2, node_selector={"node": "n1"})
+    rid = made["id"]
+    assert made["placement"]["node"] == "n1"
+    db = s.server.app.state.db
+    # 4 s on: the lease (had it run from the grant) would have lapsed; the agent is not lost yet
+    async with direct(s.server.db_url) as conn:
+        await reconcile(conn, "p", await db.fetchval("SELECT now() + interval '4 seconds'"))
+    doc = ok(await s.c.get(path(rid), headers=s.client))
+    assert (doc["status"], doc["attempt"]) == ("allocated", 1)
+    # 3 intervals of silence: n1 is lost and the job goes back to the queue, same attempt
+    async with direct(s.server.db_url) as conn:
+        await reconcile(conn, "p", await db.fetchval("SELECT now() + interval '20 seconds'"))
+    doc = ok(await s.c.get(path(rid), headers=s.client))
+    assert (doc["status"], doc["reason"], doc["attempt"]) == ("queued", "unclaimed", 1)
+    events = ok(await s.c.get(path(rid, "events"), headers=s.client))
+    assert "expired" not in [e["to"] for e in events]
+
+
+async def test_a_heartbeat_after_the_lease_lapsed_requeues_the_job(jobs: Setup) -> None:
+    s = jobs
+    rid = (await submit(s, max_retries=1, lease_seconds=30))["id"]
+    ok(await s.c.post(path(rid, "claim"), headers=s.agent1, json={"attempt": 1}))
+    # the heartbeat of attempt 1 arrives a minute on, before any reconciler pass
+    async with direct(s.server.db_url) as conn:
+        late = json.loads(
+            await conn.fetchval(
+                "SELECT respool.heartbeat_request($1::uuid, 1, now() + interval '1 minute')::text",
+                rid,
+            )
+        )
+    # not ended "expired": queued again as attempt 2 (and granted again at once)
+    assert (late["status"], late["attempt"]) == ("allocated", 2), late
+    events = ok(await s.c.get(path(rid, "events"), headers=s.client))
+    assert ("allocated", "queued", "expired") in [(e["from"], e["to"], e["reason"]) for e in events]
+    assert "expired" not in [e["to"] for e in events]
+    # attempt 1 is refused everywhere: heartbeat, claim, release
+    for action, kw in (
+        ("heartbeat", {"params": {"attempt": 1}}),
+        ("claim", {"json": {"attempt": 1}}),
+        ("release", {"params": {"attempt": 1}, "json": {"exit_code": 0}}),
+    ):
+        answer = await s.c.post(path(rid, action), headers=s.agent1, **kw)
+        assert answer.status_code == 409, (action, answer.text)
+    # attempt 2, with no retries left: a late heartbeat ends it expired
+    node = s.agent1 if late["placement"]["node"] == "n1" else s.agent2
+    ok(await s.c.post(path(rid, "claim"), headers=node, json={"attempt": 2}))
+    async with direct(s.server.db_url) as conn:
+        ended = json.loads(
+            await conn.fetchval(
+                "SELECT respool.heartbeat_request($1::uuid, 2, now() + interval '1 hour')::text",
+                rid,
+            )
+        )
+    assert (ended["status"], ended["reason"], ended["attempt"]) == ("expired", "lease_expired", 2)
 
 
 async def test_agent_tokens_are_bound_to_one_node_or_a_pool_without_nodes(jobs: Setup) -> None:

@@ -74,6 +74,34 @@ WAITER = textwrap.dedent(
 )
 
 
+# A job that says when it starts (its pid) and when it gets SIGTERM (it then takes 1.5 s to clean
+# up), and whether the process of an earlier attempt of it was still alive when it started.
+ATTEMPT = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    out, rid = sys.argv[1], os.environ["RESPOOL_REQUEST_ID"]
+    attempt = int(os.environ["RESPOOL_ATTEMPT"])
+    def on_term(signum, frame):
+        with open(os.path.join(out, f"term-{rid}-{attempt}"), "w") as f:
+            f.write(str(signum))
+        time.sleep(1.5)  # cleaning up
+        sys.exit(143)
+    signal.signal(signal.SIGTERM, on_term)
+    for earlier in range(1, attempt):
+        path = os.path.join(out, f"pid-{rid}-{earlier}")
+        try:
+            os.kill(int(open(path).read()), 0)
+        except (OSError, ValueError):
+            continue
+        open(os.path.join(out, f"overlap-{rid}"), "w").close()
+    with open(os.path.join(out, f"pid-{rid}-{attempt}"), "w") as f:
+        f.write(str(os.getpid()))
+    while True:
+        time.sleep(0.05)
+    """
+)
+
+
 @dataclass
 class Cluster:
     server: Server
@@ -281,15 +309,35 @@ async def test_an_array_of_ten_sets_the_array_index(cluster: Cluster) -> None:
 async def test_cancel_of_a_running_job_stops_its_group(cluster: Cluster) -> None:
     cl = cluster
     await cl.start_agent("n1")
-    made = await cl.submit(waiter(cl), node_selector={"node": "n1"})
-    rid = made["id"]
+    # a shell that started a child of its own (same group) and waits for it
+    script = f"sleep 300 & echo $! > {cl.tmp}/child-$RESPOOL_REQUEST_ID; wait"
+    made = await cl.submit(["sh", "-c", script], node_selector={"node": "n1"})
+    child_file = cl.tmp / f"child-{made['id']}"
+    waiting = await cl.submit(waiter(cl), node_selector={"node": "n1"})
+    rid = waiting["id"]
     await until(lambda: (cl.tmp / f"started-{rid}-1").exists())
-    ok(await cl.c.post(f"/v1/requests/{rid}/cancel", headers=cl.client))
+    await until(lambda: child_file.exists() and child_file.read_text().strip())
+    child = int(child_file.read_text())
+    loop = asyncio.get_running_loop()
+    asked = loop.time()
+    for one in (rid, made["id"]):
+        ok(await cl.c.post(f"/v1/requests/{one}/cancel", headers=cl.client))
     await until(lambda: (cl.tmp / f"term-{rid}").exists(), within=20)
+    print(f"SIGTERM {loop.time() - asked:.2f} s after the cancel")
     assert (cl.tmp / f"term-{rid}").read_text() == str(int(signal.SIGTERM))
-    await until(lambda: (cl.tmp / f"term-{rid}").exists())
-    done = await cl.get(rid)
-    assert done["status"] == "cancelled"
+    await until(lambda: not _alive(child), within=20)  # the child of the group too
+    for one in (rid, made["id"]):
+        done = await cl.until_done(one)
+        assert done["status"] == "cancelled"
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
 
 
 async def test_a_higher_priority_submission_preempts_a_running_job_with_sigterm(
@@ -301,8 +349,13 @@ async def test_a_higher_priority_submission_preempts_a_running_job_with_sigterm(
     first = await cl.submit(waiter(cl), gpus=8, node_selector={"node": "n1"})
     rid = first["id"]
     await until(lambda: (cl.tmp / f"started-{rid}-1").exists())
+    loop = asyncio.get_running_loop()
+    asked = loop.time()
     await cl.submit(["true"], gpus=8, subject="boss", node_selector={"node": "n1"})
     await until(lambda: (cl.tmp / f"term-{rid}").exists(), within=20)
+    took = loop.time() - asked
+    print(f"SIGTERM {took:.2f} s after the higher-priority submission")
+    assert took <= 5.0  # "within a second", generous for a loaded machine
     assert (cl.tmp / f"term-{rid}").read_text() == str(int(signal.SIGTERM))
     done = await cl.until_done(rid)
     assert done["status"] in ("preempted", "released")
@@ -313,22 +366,64 @@ async def test_an_agent_killed_mid_job_its_job_runs_again_on_the_other_node(
     cluster: Cluster,
 ) -> None:
     cl = cluster
+    (cl.tmp / "attempt.py").write_text(ATTEMPT)
     a1 = await cl.start_agent("n1")
     await until(lambda: cl.agent_ready("n1"))
-    made = await cl.submit(waiter(cl), gpus=8, max_retries=2, lease_seconds=8)
+    argv = [sys.executable, str(cl.tmp / "attempt.py"), str(cl.tmp)]
+    made = await cl.submit(argv, gpus=8, max_retries=2, lease_seconds=8)
     rid = made["id"]
-    first = await until(lambda: _started(cl, rid, 1))
-    assert first == "n1"
+    await until(lambda: (cl.tmp / f"pid-{rid}-1").exists())
+    assert (await cl.get(rid))["placement"]["node"] == "n1"
+    first = int((cl.tmp / f"pid-{rid}-1").read_text())
     await cl.start_agent("n2")
     await until(lambda: cl.agent_ready("n2"))
     a1.kill()  # SIGKILL: its job's group dies with it (parent-death signal, guard)
     await a1.wait()
-    second = await until(lambda: _started(cl, rid, 2), within=60)
-    assert second == "n2"
-    # never two copies at once: attempt 1's process is gone
+    await until(lambda: (cl.tmp / f"pid-{rid}-2").exists(), within=60)
     doc = await cl.get(rid)
-    assert doc["attempt"] == 2 and doc["status"] == "allocated"
+    assert (doc["attempt"], doc["status"], doc["placement"]["node"]) == (2, "allocated", "n2")
+    # never two copies at once: attempt 1's process was gone when attempt 2 started
+    assert not (cl.tmp / f"overlap-{rid}").exists() and not _alive(first)
     ok(await cl.c.post(f"/v1/requests/{rid}/cancel", headers=cl.client))
+
+
+async def test_a_stalled_agent_whose_lease_lapsed_stops_its_stale_run_before_the_next(
+    cluster: Cluster,
+) -> None:
+    cl = cluster
+    (cl.tmp / "attempt.py").write_text(ATTEMPT)
+    a1 = await cl.start_agent("n1")
+    await until(lambda: cl.agent_ready("n1"))
+    made = await cl.submit(
+        [sys.executable, str(cl.tmp / "attempt.py"), str(cl.tmp)], gpus=8,
+        node_selector={"node": "n1"}, max_retries=1, lease_seconds=3,
+    )  # fmt: skip
+    rid = made["id"]
+    await until(lambda: (cl.tmp / f"pid-{rid}-1").exists())
+    loop = asyncio.get_running_loop()
+    a1.send_signal(signal.SIGSTOP)  # no heartbeat gets through: the lease lapses meanwhile
+    try:
+        await until(lambda: _attempt(cl, rid, 2), within=60)
+    finally:
+        a1.send_signal(signal.SIGCONT)
+    resumed = loop.time()
+    # the agent learns that attempt 1 is stale (its lease lapsed, the job requeued) and stops it
+    await until(lambda: (cl.tmp / f"term-{rid}-1").exists(), within=30)
+    stopped = loop.time() - resumed
+    print(f"attempt 1 got SIGTERM {stopped:.2f} s after the agent resumed")
+    assert (cl.tmp / f"term-{rid}-1").read_text() == str(int(signal.SIGTERM))
+    # attempt 2 runs on n1 too, but only once attempt 1's process is gone
+    await until(lambda: (cl.tmp / f"pid-{rid}-2").exists(), within=60)
+    assert not (cl.tmp / f"overlap-{rid}").exists()
+    doc = await cl.get(rid)
+    assert (doc["attempt"], doc["status"], doc["job"]["claimed"]["attempt"]) == (2, "allocated", 2)
+    events = ok(await cl.c.get(f"/v1/requests/{rid}/events", headers=cl.client))
+    assert ("allocated", "queued", "expired") in [(e["from"], e["to"], e["reason"]) for e in events]
+    ok(await cl.c.post(f"/v1/requests/{rid}/cancel", headers=cl.client))
+
+
+async def _attempt(cl: Cluster, rid: str, attempt: int) -> bool:
+    return bool((await cl.get(rid))["attempt"] >= attempt)
 
 
 def _started(cl: Cluster, rid: str, attempt: int) -> str | None:
