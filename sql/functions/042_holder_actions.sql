@@ -170,7 +170,7 @@ BEGIN
      ORDER BY x.n;
 END $$;
 COMMENT ON FUNCTION respool.release_requests(uuid[], integer[], timestamptz) IS
-    'Several releases in one transaction (the API coalesces concurrent POST /v1/requests/{id}/release calls into one, docs/api.md): member i is ended exactly as respool.release_request(p_ids[i], p_attempts[i]) would end it right after members 0..i-1 (allocated -> released, preempting -> preempted, queued -> cancelled, terminal unchanged; units freed and what fits granted in the same transaction). Pools and rows are locked up front in id order. One row per member, in member order: its document once all are done, or, for an unknown id (RP404, field id) or a stale attempt (RP409, field attempt), the error a single release would raise, that member changing nothing. RP400 for an empty or oversized list or a mismatched attempts list.';
+    'Several releases in one transaction: member i ends exactly as respool.release_request(p_ids[i], p_attempts[i]) would end it right after members 0..i-1. Pools, then rows, are locked up front in id order. One row per member, in member order: its document once all are done, or the error its own release would raise (RP404 field id, RP409 field attempt), that member changing nothing. RP400 for an empty or oversized list or a mismatched attempts list.';
 
 CREATE OR REPLACE FUNCTION respool.cancel_request(p_id uuid, p_attempt integer DEFAULT NULL,
                                                   p_now timestamptz DEFAULT now())

@@ -65,7 +65,7 @@ BEGIN
     RETURN respool.request_json(p_id);
 END $$;
 COMMENT ON FUNCTION respool.heartbeat_request(uuid, integer, timestamptz, integer, integer) IS
-    'Heartbeat (docs/api.md). Allocated: the lease becomes now + p_lease_seconds (default: the request''s lease_seconds; none when it has none), locking only the request row; a lapsed lease is expired instead, never revived; p_queue_lease_seconds changes nothing here. Queued: sets the queue lease (respool.queue_leases) to now + p_queue_lease_seconds (default: the lease length above) without locking the request; when it lapses the reconciler cancels the request (abandoned). A waiting client sends p_queue_lease_seconds alone, so a heartbeat that arrives just after the grant renews the allocation with its own lease, never the short queue lease. RP400 for a bad length, RP409 for a stale p_attempt; returns the request so a preempted step learns it.';
+    'Allocated: the lease becomes now + p_lease_seconds (default: the request''s lease_seconds; none without one), locking only the request row; a lapsed lease is expired instead, never revived. Queued: the queue lease (respool.queue_leases) becomes now + p_queue_lease_seconds (default: that lease length), the request row unlocked; the reconciler cancels a request whose queue lease lapsed (abandoned). p_queue_lease_seconds never applies to an allocation. RP400 for a bad length, RP404, RP409 for a stale p_attempt. Returns the request.';
 
 CREATE OR REPLACE FUNCTION respool._expire_one(p_id uuid, p_reason text, p_message text, p_now timestamptz)
 RETURNS integer LANGUAGE plpgsql AS $$
