@@ -27,14 +27,13 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
 from bench.common import (
     Figures,
     add_dsn_argument,
     bench_connect,
     durable_server,
     fresh_database,
+    gpu_create,
     log,
     report,
 )
@@ -94,17 +93,8 @@ async def _connection(
     creates never got a final answer."""
     lost = 0
     try:
-        for i in numbers:
-            if i >= total:
-                break
-            body = msgspec.json.encode(
-                {
-                    "subject": "burst",
-                    "pool": "burst",
-                    "resources": {"gpu": 1},
-                    "idempotency_key": f"burst-{i}",
-                }
-            )
+        for i in itertools.takewhile(lambda i: i < total, numbers):
+            body = gpu_create("burst", f"burst-{i}")
             try:
                 reply = await conn.call("POST", "/v1/requests", body)
             except GaveUp as exc:

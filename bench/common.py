@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import msgspec
 
 from app.db.connect import APP_CLI, connect
 from app.db.dsn import with_database
@@ -173,6 +174,19 @@ async def durable_server(dsn: str) -> ServerInfo:
     require_durable(info)
     log(f"server: {info.line()}; load average {load_average()}")
     return info
+
+
+def positive_ints(text: str) -> list[int]:
+    """An argument of comma-separated positive integers (``1,8,32``)."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError("expected positive integers")
+    return values
 
 
 def add_dsn_argument(parser: argparse.ArgumentParser) -> None:
@@ -358,6 +372,13 @@ def gpu_members(subject: str, n: int, tag: str) -> list[dict[str, Any]]:
         }
         for i in range(n)
     ]
+
+
+def gpu_create(subject: str, key: str, **fields: Any) -> bytes:
+    """The JSON body of one create of one GPU for ``subject`` in the pool of the same name, with
+    the idempotency key ``key`` (and ``fields``)."""
+    body = {"subject": subject, "pool": subject, "resources": {"gpu": 1}, **fields}
+    return msgspec.json.encode(body | {"idempotency_key": key})
 
 
 def report(
