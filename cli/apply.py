@@ -30,7 +30,7 @@ from respool_client.wire import Node, Policy, Pool
 
 from cli.api import Api
 from cli.common import CliError, confirm
-from cli.options import Remote, Shown, Yes, option_groups
+from cli.options import Remote, Shown, Yes
 from cli.output import console, emit, print_parts, to_json, to_yaml
 from cli.plan_view import plan_lines
 
@@ -124,7 +124,6 @@ def _confirm_deletions(plan: Plan, path: str) -> None:
     confirm(f"Delete {what} not in {path}?", yes=False)
 
 
-@option_groups
 def apply(
     file: Annotated[
         str, typer.Option("-f", "--file", help="The manifest (YAML or JSON); - reads stdin.")
@@ -183,7 +182,6 @@ def _drop_defaults(item: dict[str, Any], spec: type[msgspec.Struct]) -> None:
             del item[f.encode_name]
 
 
-@option_groups
 def export(
     output: Annotated[
         ExportFormat, typer.Option("-o", "--output", help="yaml (default) or json.")

@@ -141,6 +141,13 @@ def given(**fields: Any) -> dict[str, Any]:
     return {k: v for k, v in fields.items() if v is not None}
 
 
+def given_of(options: object, *names: str, **renamed: str) -> dict[str, Any]:
+    """:func:`given` of the attributes ``names`` of ``options`` (an option group), and of
+    those ``renamed`` (body field name: attribute name)."""
+    pairs = {name: name for name in names} | renamed
+    return given(**{field: getattr(options, name) for field, name in pairs.items()})
+
+
 def confirm(question: str, *, yes: bool) -> None:
     """Ask ``question`` on stderr unless ``yes``; anything but yes (also no input) aborts."""
     if yes:

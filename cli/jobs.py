@@ -12,7 +12,7 @@ from respool_client.wire import Request
 
 from cli.complete import complete_pool
 from cli.fetch import list_requests, resolve_request
-from cli.options import Remote, Shown, option_groups
+from cli.options import Remote, Shown
 from cli.output import emit
 from cli.tables import short, table
 
@@ -54,7 +54,6 @@ def jobs_table(found: list[Request], empty: str) -> Any:
     return out
 
 
-@option_groups
 def jobs(
     pool: Annotated[
         str | None, typer.Option("--pool", help="Only this pool.", autocompletion=complete_pool)
@@ -83,7 +82,6 @@ def jobs(
     emit(found, shown.output, lambda: [jobs_table(found, empty)])
 
 
-@option_groups
 def logs(
     job_id: Annotated[str, typer.Argument(metavar="ID", help="The job (request) id or a prefix.")],
     follow: Annotated[

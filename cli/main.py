@@ -14,12 +14,13 @@ from cli.apply import apply, export
 from cli.common import KNOWN_ERRORS, describe_error, exit_code_of
 from cli.group import RespoolGroup
 from cli.jobs import agent, jobs, logs
+from cli.options import Typer
 from cli.reconcile import reconcile
 from cli.run import run
 from cli.serve import serve
 from cli.submit import submit
 
-app = typer.Typer(
+app = Typer(
     name="respool",
     help="respool: a PostgreSQL-backed resource-pool allocator.",
     no_args_is_help=True,

@@ -6,7 +6,7 @@ label ``pool`` moves a node between pools, ``cordon``/``uncordon``/``drain``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -22,7 +22,7 @@ from cli.complete import complete_pool
 from cli.detect import GPU_TYPE_LABEL, Machine, detect
 from cli.help import with_examples
 from cli.maps import parse_labels
-from cli.options import Remote, Shown, Yes, map_option, option_groups
+from cli.options import Remote, Shown, Typer, Yes, map_option
 from cli.output import emit, note
 from cli.tables import (
     node_allocations_table,
@@ -34,7 +34,7 @@ from cli.tables import (
 
 __all__ = ["POOL_LABEL", "app", "parse_devices", "parse_selector"]
 
-app = typer.Typer(
+app = Typer(
     help="Nodes: the machines behind a pool, their devices, labels and state.",
     no_args_is_help=True,
 )
@@ -91,9 +91,9 @@ Devices = Annotated[
     list[str] | None,
     typer.Option(
         "--devices",
-        metavar="KEY=ID,ID,...",
         help="Named devices of a key in order, e.g. gpu=0,1,2,3 (GPU indices, UUIDs or MIG"
         " ids: what CUDA_VISIBLE_DEVICES takes); repeat for another key.",
+        metavar="KEY=ID,ID,...",
     ),
 ]
 Labels = Annotated[
@@ -195,7 +195,6 @@ class NodeUnits:
 
 
 @app.command("add")
-@option_groups
 def add(name: NewNodeName, pool: PoolOpt = None, *, units: NodeUnits, shown: Shown) -> None:
     """Add a node (a machine) to respool, in a pool or in none.
 
@@ -248,7 +247,6 @@ def _registration(
 
 
 @app.command("register")
-@option_groups
 def register(
     pool: PoolOpt = None,
     name: HostName = None,
@@ -304,7 +302,6 @@ def register(
 
 
 @app.command("list")
-@option_groups
 def list_(pool: PoolOpt = None, select: Selector = None, *, shown: Shown) -> None:
     """List nodes: pool, state, used/total per key and labels.
 
@@ -323,7 +320,6 @@ def list_(pool: PoolOpt = None, select: Selector = None, *, shown: Shown) -> Non
 
 
 @app.command("describe")
-@option_groups
 def describe(name: NodeName, *, shown: Shown) -> None:
     """Show a node: capacity and usage per key, its devices and who holds each.
 
@@ -336,53 +332,50 @@ def describe(name: NodeName, *, shown: Shown) -> None:
     emit(node, shown.output, lambda: _node_view(node))
 
 
-def _label_changes(
-    node: Node, items: Sequence[str], overwrite: bool
-) -> tuple[dict[str, str | None], tuple[str | None] | None]:
-    """kubectl's rule: ``k=v`` sets, ``k-`` removes; changing a label that has another value
-    needs ``overwrite``. Returns (label changes, (new pool,) or None when the pool stays)."""
-    labels: dict[str, str | None] = {}
-    pool: tuple[str | None] | None = None
-    for item in items:
-        if "=" not in item and item.endswith("-") and len(item) > 1:
-            key = item[:-1].strip()
+@dataclass(frozen=True)
+class LabelEdit:
+    """``node label``'s changes and whether they may change a label that has a value."""
+
+    changes: LabelChanges
+    overwrite: Overwrite = False
+
+    def changes_of(self, node: Node) -> tuple[dict[str, str | None], tuple[str | None] | None]:
+        """kubectl's rule: ``k=v`` sets, ``k-`` removes; changing a label that has another value
+        needs ``--overwrite``. Returns (label changes, (new pool,) or None when the pool stays)."""
+        labels: dict[str, str | None] = {}
+        pool: tuple[str | None] | None = None
+        for item in self.changes:
+            if "=" not in item and item.endswith("-") and len(item) > 1:
+                key = item[:-1].strip()
+                if key == POOL_LABEL:
+                    pool = (None,)
+                elif key in node.labels:
+                    labels[key] = None
+                else:
+                    note(f"label {key!r} not found on node {node.name}")
+                continue
+            try:
+                key, value = split_pair(item)
+            except ValueError:
+                raise typer.BadParameter(
+                    f"{item!r}: expected KEY=VALUE to set a label or KEY- to remove one",
+                    param_hint="LABELS",
+                ) from None
+            old = node.pool if key == POOL_LABEL else node.labels.get(key)
+            if old is not None and old != value and not self.overwrite:
+                raise CliError(
+                    f"label {key!r} of node {node.name} already has the value {old!r}; "
+                    "pass --overwrite to change it"
+                )
             if key == POOL_LABEL:
-                pool = (None,)
-            elif key in node.labels:
-                labels[key] = None
-            else:
-                note(f"label {key!r} not found on node {node.name}")
-            continue
-        try:
-            key, value = split_pair(item)
-        except ValueError:
-            raise typer.BadParameter(
-                f"{item!r}: expected KEY=VALUE to set a label or KEY- to remove one",
-                param_hint="LABELS",
-            ) from None
-        old = node.pool if key == POOL_LABEL else node.labels.get(key)
-        if old is not None and old != value and not overwrite:
-            raise CliError(
-                f"label {key!r} of node {node.name} already has the value {old!r}; "
-                "pass --overwrite to change it"
-            )
-        if key == POOL_LABEL:
-            pool = (value,)
-        elif old != value:
-            labels[key] = value
-    return labels, pool
+                pool = (value,)
+            elif old != value:
+                labels[key] = value
+        return labels, pool
 
 
 @app.command("label")
-@option_groups
-def label(
-    name: NodeName,
-    changes: LabelChanges,
-    overwrite: Overwrite = False,
-    force: NodeForce = False,
-    *,
-    shown: Shown,
-) -> None:
+def label(name: NodeName, edit: LabelEdit, force: NodeForce = False, *, shown: Shown) -> None:
     """Set or remove a node's labels (kubectl's rules); the label pool moves it.
 
     Moving a node out of its pool (pool=Q, pool-) is refused while it holds allocations,
@@ -397,7 +390,7 @@ def label(
     """
     with shown.api() as api:
         node = api.call("GET", _path(name), Node)
-        labels, pool = _label_changes(node, changes, overwrite)
+        labels, pool = edit.changes_of(node)
         body: dict[str, Any] = {}
         if labels:
             body["labels"] = labels
@@ -416,7 +409,6 @@ def label(
 def _state_command(verb: str, doc: str) -> None:
     """Register ``node <verb> NAME``: POST /v1/nodes/NAME/<verb>, then show the node."""
 
-    @option_groups
     def command(name: NodeName, *, shown: Shown) -> None:
         with shown.api() as api:
             node = api.call("POST", f"{_path(name)}/{verb}", Node)
@@ -437,7 +429,6 @@ _state_command(
 
 
 @app.command("delete")
-@option_groups
 def delete(name: NodeName, yes: Yes = False, force: NodeForce = False, *, remote: Remote) -> None:
     """Delete a node (asks first unless --yes); its pool loses its capacity.
 

@@ -10,7 +10,7 @@ from contextlib import AbstractContextManager
 from dataclasses import MISSING
 from difflib import get_close_matches
 from enum import StrEnum
-from typing import Annotated, Any, get_type_hints
+from typing import Annotated, Any, TypeVar, get_type_hints
 
 import typer
 from respool_client.wire import STATUSES
@@ -21,6 +21,7 @@ from cli.complete import complete_pool, complete_status
 from cli.maps import parse_map
 
 _KEYWORD_ONLY = inspect.Parameter.KEYWORD_ONLY
+Command = TypeVar("Command", bound=Callable[..., Any])
 
 __all__ = [
     "DEFAULT_URL",
@@ -38,6 +39,7 @@ __all__ = [
     "Yes",
     "check_status",
     "map_option",
+    "Typer",
     "option_groups",
 ]
 
@@ -177,3 +179,16 @@ def option_groups(command: Callable[..., None]) -> Callable[..., None]:
     call.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     call.__annotations__ = {p.name: p.annotation for p in params}
     return call
+
+
+class Typer(typer.Typer):
+    """A Typer whose commands may take option groups (:func:`option_groups`)."""
+
+    def command(self, *args: Any, **kwargs: Any) -> Callable[[Command], Command]:
+        register = super().command(*args, **kwargs)
+
+        def decorator(command: Command) -> Command:
+            register(option_groups(command))
+            return command
+
+        return decorator

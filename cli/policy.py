@@ -12,16 +12,16 @@ import typer
 from respool_client.wire import Policy
 
 from cli.api import Api
-from cli.common import CliError, confirm, given
+from cli.common import CliError, confirm, given_of
 from cli.complete import complete_subject
-from cli.options import Description, Force, PoolRef, Remote, Shown, Yes, map_option, option_groups
+from cli.options import Description, Force, PoolRef, Remote, Shown, Typer, Yes, map_option
 from cli.output import emit, note
 from cli.tables import policies_table
 from cli.windows import parse_windows
 
 __all__ = ["app"]
 
-app = typer.Typer()
+app = Typer()
 
 Subject = Annotated[
     str,
@@ -30,52 +30,6 @@ Subject = Annotated[
         " shared quota, e.g. 'team-vision:*' (quote it in a shell).",
         autocompletion=complete_subject,
     ),
-]
-Priority = Annotated[
-    int | None, typer.Option("-p", "--priority", help="Higher is preferred (default 0).")
-]
-Reserved = Annotated[
-    dict[str, int] | None,
-    map_option(
-        "-r",
-        "--reserved",
-        help="Reserved share per key, JSON or YAML (merges on update; 0 removes a key).",
-    ),
-]
-Ceiling = Annotated[
-    dict[str, int] | None,
-    map_option(
-        "-l",
-        "--limit",
-        help="Hard ceiling per key, JSON or YAML (merges on update; 0 removes a key).",
-    ),
-]
-
-
-Lane = Annotated[
-    bool | None,
-    typer.Option(
-        "--lane/--no-lane",
-        help="Priority lane: its requests come before every other request and may preempt"
-        " borrowing allocations of other policies whatever their priority (default: no lane).",
-        show_default=False,
-    ),
-]
-Window = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--window",
-        metavar="WINDOW",
-        help="When the reserved share is in force; repeat for more (replaces the policy's"
-        " windows): 'mon-fri 09:00-17:00 Europe/Berlin', '09:00-17:00 UTC' (every day),"
-        " 'mon,wed,fri 22:00-06:00 UTC' (crosses midnight),"
-        " START/END in ISO with a zone (one time, see the examples). Left out: kept on an update;"
-        " a new policy is always in force.",
-    ),
-]
-NoWindows = Annotated[
-    bool,
-    typer.Option("--no-windows", help="Remove the policy's windows: always in force again."),
 ]
 Detached = Annotated[str, typer.Argument(help="The subject to detach.")]
 OnlyPool = Annotated[str | None, typer.Argument(help="Only this pool (name, id or prefix).")]
@@ -89,24 +43,57 @@ OnlySubject = Annotated[
 class PolicyFields:
     """The options that set a policy's fields (``attach-policy`` creates or updates)."""
 
-    priority: Priority = None
-    reserved: Reserved = None
-    limit: Ceiling = None
+    priority: Annotated[
+        int | None, typer.Option("-p", "--priority", help="Higher is preferred (default 0).")
+    ] = None
+    reserved: Annotated[
+        dict[str, int] | None,
+        map_option(
+            "-r",
+            "--reserved",
+            help="Reserved share per key, JSON or YAML (merges on update; 0 removes a key).",
+        ),
+    ] = None
+    limit: Annotated[
+        dict[str, int] | None,
+        map_option(
+            "-l",
+            "--limit",
+            help="Hard ceiling per key, JSON or YAML (merges on update; 0 removes a key).",
+        ),
+    ] = None
     description: Description = None
-    lane: Lane = None
-    window: Window = None
-    no_windows: NoWindows = False
+    lane: Annotated[
+        bool | None,
+        typer.Option(
+            "--lane/--no-lane",
+            help="Priority lane: its requests come before every other request and may preempt"
+            " borrowing allocations of other policies whatever their priority (default: no lane).",
+            show_default=False,
+        ),
+    ] = None
+    window: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--window",
+            metavar="WINDOW",
+            help="When the reserved share is in force; repeat for more (replaces the policy's"
+            " windows): 'mon-fri 09:00-17:00 Europe/Berlin', '09:00-17:00 UTC' (every day),"
+            " 'mon,wed,fri 22:00-06:00 UTC' (crosses midnight),"
+            " START/END in ISO with a zone (one time, see the examples). Left out: kept on an"
+            " update; a new policy is always in force.",
+        ),
+    ] = None
+    no_windows: Annotated[
+        bool,
+        typer.Option("--no-windows", help="Remove the policy's windows: always in force again."),
+    ] = False
 
     def body(self) -> dict[str, object]:
         """The fields given, as the API names them: a list of window objects replaces the
         policy's windows, null (``--no-windows``) removes them."""
-        fields = given(
-            priority=self.priority,
-            reserved=self.reserved,
-            limit=self.limit,
-            description=self.description,
-            priority_lane=self.lane,
-        )
+        names = ("priority", "reserved", "limit", "description")
+        fields = given_of(self, *names, priority_lane="lane")
         if self.window and self.no_windows:
             raise typer.BadParameter(
                 "give --window or --no-windows, not both", param_hint="--window"
@@ -125,7 +112,6 @@ def find_policy(api: Api, pool: str, subject: str) -> Policy | None:
 
 
 @app.command("attach-policy")
-@option_groups
 def attach_policy(pool: PoolRef, subject: Subject, *, fields: PolicyFields, shown: Shown) -> None:
     """Bind a subject (or a pattern of subjects) to a pool, or update its existing policy there.
 
@@ -158,7 +144,6 @@ def attach_policy(pool: PoolRef, subject: Subject, *, fields: PolicyFields, show
 
 
 @app.command("detach-policy")
-@option_groups
 def detach_policy(
     pool: PoolRef, subject: Detached, yes: Yes = False, force: Force = False, *, remote: Remote
 ) -> None:
@@ -178,7 +163,6 @@ def detach_policy(
 
 
 @app.command("list-policies")
-@option_groups
 def list_policies(pool: OnlyPool = None, subject: OnlySubject = None, *, shown: Shown) -> None:
     """List policies with reserved, limit, used and borrowed units per key, their lane,
     windows, whether the reserved share is in force now (ACTIVE) and when that flips next

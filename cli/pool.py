@@ -24,9 +24,9 @@ from rich.text import Text
 
 from cli import policy
 from cli.api import Api, segment
-from cli.common import confirm, given
+from cli.common import confirm, given_of
 from cli.fetch import list_requests
-from cli.options import Description, Force, PoolRef, Remote, Shown, Yes, map_option, option_groups
+from cli.options import Description, Force, PoolRef, Remote, Shown, Typer, Yes, map_option
 from cli.output import emit, note
 from cli.tables import (
     nodes_table,
@@ -39,7 +39,7 @@ from cli.tables import (
 )
 from cli.watch import Watch, watch
 
-app = typer.Typer(
+app = Typer(
     help="Pools of capacity and the subject policies that draw from them.",
     no_args_is_help=True,
 )
@@ -52,22 +52,6 @@ class View(StrEnum):
     all = "all"
 
 
-Capacity = Annotated[
-    dict[str, int] | None,
-    map_option(
-        "-c",
-        "--capacity",
-        help="""Capacity per key, JSON or YAML: '{"gpu": 8, "step_run": 32}'.""",
-    ),
-]
-QueueingOpt = Annotated[
-    Queueing | None,
-    typer.Option("--queueing", help="best_effort grants whatever fits; strict keeps order."),
-]
-Grace = Annotated[
-    int | None,
-    typer.Option("--grace", min=0, help="Preemption grace period in seconds."),
-]
 Limit = Annotated[int, typer.Option("--limit", min=1, help="At most this many requests.")]
 ViewOpt = Annotated[
     View,
@@ -90,54 +74,56 @@ def parse_starvation(text: str) -> str:
     raise typer.BadParameter(f"give seconds (0 to {MAX_SECONDS}) or 'off'")
 
 
-Starvation = Annotated[
-    str | None,
-    typer.Option(
-        "--starvation-seconds",
-        parser=parse_starvation,
-        metavar="SECONDS|off",
-        help="best_effort: after the queue head waited this long, hold free units for it"
-        " (backfill only with max_seconds); 'off' disables. Default 300.",
-    ),
-]
-OrderingOpt = Annotated[
-    Ordering | None,
-    typer.Option(
-        "--ordering", help="fifo: queue time; fair: lower dominant share first at equal priority."
-    ),
-]
-
-PlacementOpt = Annotated[
-    PlacementMode | None,
-    typer.Option(
-        "--placement",
-        help="Pools with nodes: pack fills the busiest node that fits (keeps whole machines"
-        " free), spread the emptiest. Default pack.",
-    ),
-]
-
-
 @dataclass(frozen=True)
 class PoolFields:
     """The options that set a pool's fields, create's and update's."""
 
-    capacity: Capacity = None
+    capacity: Annotated[
+        dict[str, int] | None,
+        map_option(
+            "-c",
+            "--capacity",
+            help="""Capacity per key, JSON or YAML: '{"gpu": 8, "step_run": 32}'.""",
+        ),
+    ] = None
     description: Description = None
-    queueing: QueueingOpt = None
-    grace: Grace = None
-    starvation: Starvation = None
-    ordering: OrderingOpt = None
-    placement: PlacementOpt = None
+    queueing: Annotated[
+        Queueing | None,
+        typer.Option("--queueing", help="best_effort grants whatever fits; strict keeps order."),
+    ] = None
+    grace: Annotated[
+        int | None, typer.Option("--grace", min=0, help="Preemption grace period in seconds.")
+    ] = None
+    starvation: Annotated[
+        str | None,
+        typer.Option(
+            "--starvation-seconds",
+            parser=parse_starvation,
+            metavar="SECONDS|off",
+            help="best_effort: after the queue head waited this long, hold free units for it"
+            " (backfill only with max_seconds); 'off' disables. Default 300.",
+        ),
+    ] = None
+    ordering: Annotated[
+        Ordering | None,
+        typer.Option(
+            "--ordering",
+            help="fifo: queue time; fair: lower dominant share first at equal priority.",
+        ),
+    ] = None
+    placement: Annotated[
+        PlacementMode | None,
+        typer.Option(
+            "--placement",
+            help="Pools with nodes: pack fills the busiest node that fits (keeps whole machines"
+            " free), spread the emptiest. Default pack.",
+        ),
+    ] = None
 
     def body(self) -> dict[str, Any]:
         """The fields given but the capacity, as the API names them."""
-        body = given(
-            description=self.description,
-            queueing=self.queueing,
-            preemption_grace_seconds=self.grace,
-            ordering=self.ordering,
-            placement=self.placement,
-        )
+        names = ("description", "queueing", "ordering", "placement")
+        body = given_of(self, *names, preemption_grace_seconds="grace")
         if (
             self.starvation is not None
         ):  # off is sent as null: the guard is off (docs/scheduling.md)
@@ -180,7 +166,6 @@ def _active(api: Api, pool: str, limit: int) -> list[Request]:
 
 
 @app.command("create")
-@option_groups
 def create(name: NewPoolName, *, fields: PoolFields, shown: Shown) -> None:
     """Create a pool of capacity.
 
@@ -200,7 +185,6 @@ def create(name: NewPoolName, *, fields: PoolFields, shown: Shown) -> None:
 
 
 @app.command("list")
-@option_groups
 def list_(*, shown: Shown) -> None:
     """List pools: used vs total per key, nodes and the number of queued requests.
 
@@ -215,7 +199,6 @@ def list_(*, shown: Shown) -> None:
 
 
 @app.command("describe")
-@option_groups
 def describe(ref: PoolRef, limit: Limit = 100, *, shown: Shown) -> None:
     """Show a pool: capacity and usage, its policies, its queue and what holds its units;
     for a pool with nodes, its nodes and the requests running on each.
@@ -258,7 +241,6 @@ def describe(ref: PoolRef, limit: Limit = 100, *, shown: Shown) -> None:
 
 
 @app.command("update")
-@option_groups
 def update(ref: PoolRef, *, fields: PoolFields, shown: Shown) -> None:
     """Update a pool. Capacity merges: keys given are replaced or added, 0 removes a key.
 
@@ -283,7 +265,6 @@ def update(ref: PoolRef, *, fields: PoolFields, shown: Shown) -> None:
 
 
 @app.command("delete")
-@option_groups
 def delete(ref: PoolRef, yes: Yes = False, force: Force = False, *, remote: Remote) -> None:
     """Delete a pool and its policies (asks first unless --yes).
 
@@ -301,7 +282,6 @@ def delete(ref: PoolRef, yes: Yes = False, force: Force = False, *, remote: Remo
 
 
 @app.command("requests")
-@option_groups
 def requests(
     pool: PoolRef,
     view: ViewOpt = View.queued,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, TypeVar
 
@@ -29,7 +30,7 @@ from cli.dry_run import outcome, plan_view
 from cli.fetch import LABEL_SCAN, list_requests, resolve_gang, resolve_request
 from cli.help import with_examples
 from cli.maps import parse_labels
-from cli.options import OutputFormat, Remote, Shown, StatusFilter, check_status, option_groups
+from cli.options import OutputFormat, Remote, Shown, StatusFilter, Typer, check_status
 from cli.output import emit, note
 from cli.request_options import (
     AllOrNothing,
@@ -47,7 +48,7 @@ from cli.tables import events_table, fmt_time, request_header, requests_table
 from cli.wait import wait_until_not_queued
 from cli.watch import Watch, watch
 
-app = typer.Typer(
+app = Typer(
     help="Resource requests: ask for capacity, follow, release and clean up.",
     no_args_is_help=True,
 )
@@ -115,7 +116,6 @@ def _give_up(api: Api, req: Request, keep_queued: bool, why: str) -> tuple[Reque
 
 
 @app.command("create")
-@option_groups
 def create(
     subject: Subject,
     fields: RequestFields,
@@ -238,14 +238,15 @@ def _create_many(body: RequestCreate, count: int, gang: bool, shown: Shown) -> N
         raise typer.Exit(1)
 
 
-@app.command("list")
-@option_groups
-def list_(
+@dataclass(frozen=True)
+class RequestFilters:
+    """``request list``'s filters."""
+
     pool: Annotated[
         str | None,
         typer.Option("--pool", help="Pool name, id or prefix.", autocompletion=complete_pool),
-    ] = None,
-    status: StatusFilter = None,
+    ] = None
+    status: StatusFilter = None
     every_status: Annotated[
         bool,
         typer.Option(
@@ -254,15 +255,15 @@ def list_(
             help="Finished requests too (released, preempted, expired, cancelled, rejected);"
             " without it and --status, only live ones: queued, allocated, preempting.",
         ),
-    ] = False,
+    ] = False
     subject: Annotated[
         str | None,
         typer.Option("--subject", "-s", help="Only this subject.", autocompletion=complete_subject),
-    ] = None,
+    ] = None
     gang: Annotated[
         str | None,
         typer.Option("--gang", help="Only the members of this gang (its gang_id or a prefix)."),
-    ] = None,
+    ] = None
     label: Annotated[
         list[str] | None,
         typer.Option(
@@ -272,12 +273,24 @@ def list_(
             help="Only requests with this label; repeat: all of them. Filtered by the CLI"
             f" among the {LABEL_SCAN} newest requests that match the other filters.",
         ),
-    ] = None,
-    limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many.")] = 100,
-    every: Watch = None,
-    *,
-    shown: Shown,
-) -> None:
+    ] = None
+    limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many.")] = 100
+
+    @property
+    def live_only(self) -> bool:
+        return not (self.status or self.every_status)
+
+    def query(self) -> dict[str, Any]:
+        """The filters as :func:`list_requests` takes them, but the gang (the API resolves its
+        prefix); a malformed ``--label`` or ``--status`` is refused here, before any call."""
+        labels = parse_labels(self.label or [])
+        check_status(self.status)
+        status = self.status or (None if self.every_status else LIVE)
+        return {"pool": self.pool, "status": status, "subject": self.subject, "labels": labels}
+
+
+@app.command("list")
+def list_(filters: RequestFilters, every: Watch = None, *, shown: Shown) -> None:
     """List live requests (queued, allocated, preempting), newest first; --all adds the
     finished ones. REASON: why a queued request waits, else the reason of its last change.
     NODE: the node it runs on, or ran on last (- in a pool without nodes). -o wide adds LABELS.
@@ -291,23 +304,16 @@ def list_(
         respool request list --status queued --watch 2
         respool request list --gang 5f0c2a1e
     """
-    labels = parse_labels(label or [])
-    check_status(status)
+    query = filters.query()
+    empty = "no requests"
+    if filters.live_only:
+        empty = "no live requests (--all shows finished ones too)"
 
     def draw() -> None:
         with shown.api() as api:
+            gang = filters.gang
             gang_id = None if gang is None else str(resolve_gang(api, gang))
-            found = list_requests(
-                api,
-                pool=pool,
-                status=status or (None if every_status else LIVE),
-                subject=subject,
-                gang_id=gang_id,
-                labels=labels,
-                limit=limit,
-            )
-        live_only = not (status or every_status)
-        empty = "no live requests (--all shows finished ones too)" if live_only else "no requests"
+            found = list_requests(api, gang_id=gang_id, limit=filters.limit, **query)
         emit(found, shown.output, lambda: [requests_table(found, empty=empty)])
 
     watch(every, shown.output, draw)
@@ -317,7 +323,6 @@ def _reader(name: str, tail: str, kind: type[T], view: Callable[[T], Any], doc: 
     """Register ``request <name> ID``: GET ``/v1/requests/<id><tail>`` for a request named by
     id or id prefix, shown as ``view`` draws it."""
 
-    @option_groups
     def command(request_id: RequestId, *, shown: Shown) -> None:
         with shown.api() as api:
             rid = resolve_request(api, request_id)
@@ -349,7 +354,6 @@ def _action(name: str, doc: str) -> None:
     in order. An id that fails is reported on its own line and the others still go ahead;
     exit 1 if any failed."""
 
-    @option_groups
     def command(request_ids: RequestIds, attempt: Attempt = None, *, shown: Shown) -> None:
         if attempt is not None and len(request_ids) > 1:
             raise typer.BadParameter("fences one request: give one id", param_hint="--attempt")
@@ -415,7 +419,6 @@ _action(
 
 
 @app.command("terminate")
-@option_groups
 def terminate(
     request_id: RequestId,
     force: Annotated[
@@ -453,7 +456,6 @@ def terminate(
 
 
 @app.command("delete")
-@option_groups
 def delete(request_id: RequestId, *, remote: Remote) -> None:
     """Delete a finished request and its history (refused while it is live).
 
@@ -476,7 +478,6 @@ def _duration(text: str) -> str:
 
 
 @app.command("prune")
-@option_groups
 def prune(
     older_than: Annotated[
         str,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from msgspec import UNSET, UnsetType
@@ -229,14 +229,9 @@ class RequestFields:
     node: NodeChoice = None
     group: Group = None
 
-    def body(
-        self,
-        subject: str,
-        *,
-        idempotency_key: str | None = None,
-        max_seconds: int | None = None,
-    ) -> RequestCreate:
-        """The create body of these options (``select`` is ``--selector``)."""
+    def body(self, subject: str, **more: Any) -> RequestCreate:
+        """The create body of these options (``select`` is ``--selector``) and ``more`` of its
+        fields (``idempotency_key``, ``max_seconds``)."""
         gpu, cpu, memory = _set(self.gpu), _set(self.cpu), _set(self.memory)
         settings = ResourceSettings(gpu_count=gpu, cpu_count=cpu, memory=memory)
         return RequestCreate(
@@ -249,8 +244,7 @@ class RequestFields:
             max_retries=self.max_retries,
             # left out: the server's default
             lease_seconds=UNSET if self.lease is None else self.lease.seconds,
-            idempotency_key=idempotency_key,
-            max_seconds=max_seconds,
+            **more,
             node_selector=_selector(self.select or [], self.node) or None,
             preemption_group=_group(self.group),
         )

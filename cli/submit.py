@@ -19,7 +19,7 @@ from respool_client.wire import (
 )
 
 from cli.common import fail
-from cli.options import Remote, option_groups
+from cli.options import Remote
 from cli.output import note
 from cli.request_options import RequestFields
 
@@ -28,7 +28,6 @@ __all__ = ["submit"]
 ENDED = frozenset({"released", "cancelled", "expired", "preempted", "rejected"})
 
 
-@option_groups
 def submit(
     ctx: typer.Context,
     subject: Annotated[
