@@ -31,6 +31,8 @@ from bench.common import (
     Figures,
     add_dsn_argument,
     bench_connect,
+    broken_invariants,
+    checked,
     durable_server,
     fresh_database,
     gpu_create,
@@ -142,7 +144,7 @@ async def measure(dsn: str, creates: int, connections: int, db_pool: int) -> Bur
         assert row is not None
         if not row["n"] == row["keys"] == row["allocated"] == creates:
             problems.append(f"in the database: {dict(row)}")
-        if await conn.fetchval("SELECT count(*) FROM respool.invariant_violations"):
+        if await broken_invariants(conn):
             problems.append("invariant violations")
     finally:
         await conn.close()
@@ -159,8 +161,7 @@ async def measure(dsn: str, creates: int, connections: int, db_pool: int) -> Bur
             if k.startswith("transport ")
         },
         unanswered=unanswered,
-        correct=not problems,
-        problems=tuple(problems[:20]),
+        **checked(problems),
     )
     log(
         f"  burst: {creates:,} creates over {connections} connections, database pool {db_pool}: "

@@ -356,6 +356,16 @@ async def run_pgbench(
     raise SystemExit(f"no TPS in pgbench output:\n{text}")
 
 
+async def broken_invariants(conn: asyncpg.Connection) -> int:
+    """How many of the engine's invariants (``respool.invariant_violations``) are broken now."""
+    return int(await conn.fetchval("SELECT count(*) FROM respool.invariant_violations"))
+
+
+def checked(problems: Sequence[str]) -> dict[str, Any]:
+    """A result's ``correct`` and ``problems`` fields (the first 20 problems found)."""
+    return {"correct": not problems, "problems": tuple(problems[:20])}
+
+
 def log(*parts: object) -> None:
     print(*parts, file=sys.stderr, flush=True)
 

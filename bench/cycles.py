@@ -24,7 +24,15 @@ from pathlib import Path
 
 import asyncpg
 
-from bench.common import PerClients, Spread, bench_connect, find_pgbench, log, run_pgbench
+from bench.common import (
+    PerClients,
+    Spread,
+    bench_connect,
+    broken_invariants,
+    find_pgbench,
+    log,
+    run_pgbench,
+)
 
 SUMMARY = "physical limit (pgbench one-row UPDATE, with and without NOTIFY) and engine cycles"
 ROWS = 100_000
@@ -101,7 +109,7 @@ async def check_engine_run(conn: asyncpg.Connection) -> int:
     assert row is not None
     if row["not_released"] or row["waited"]:
         raise SystemExit(f"engine cycles went wrong: {dict(row)}")
-    bad = await conn.fetchval("SELECT count(*) FROM respool.invariant_violations")
+    bad = await broken_invariants(conn)
     if bad:
         raise SystemExit(f"engine cycles left {bad} invariant violations")
     await conn.execute("DELETE FROM respool.requests")

@@ -26,7 +26,7 @@ import asyncpg
 from app.db import batch as db_batch
 from app.db import requests as db_requests
 from bench import common
-from bench.common import DEFAULT_DSN, Figures, gpu_members, log, report
+from bench.common import DEFAULT_DSN, Figures, broken_invariants, gpu_members, log, report
 
 SUMMARY = "release → grant time against queue depth (engine, one connection)"
 DEPTHS = (0, 100, 1000, 3000, 10000)
@@ -87,7 +87,7 @@ async def _one_depth(dsn: str, gpus: int, depth: int, samples: int) -> list[floa
         )
         if allocated != gpus:
             raise SystemExit(f"depth: {allocated} allocated after the run, expected {gpus}")
-        if await conn.fetchval("SELECT count(*) FROM respool.invariant_violations"):
+        if await broken_invariants(conn):
             raise SystemExit("depth: invariant violations")
         return times
     finally:

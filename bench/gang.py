@@ -26,7 +26,7 @@ import asyncpg
 from app.db import batch as db_batch
 from app.db import requests as db_requests
 from bench import common
-from bench.common import DEFAULT_DSN, Figures, gpu_members, log, report
+from bench.common import DEFAULT_DSN, Figures, broken_invariants, gpu_members, log, report
 
 SUMMARY = "gangs/s created and granted (all_or_nothing batches)"
 
@@ -62,7 +62,7 @@ async def _check(conn: asyncpg.Connection, status: str, expected: int) -> None:
         raise SystemExit(f"gang: {n} {status}, expected {expected}")
     if await conn.fetchval(PARTIAL):
         raise SystemExit("gang: a gang is partly granted")
-    if await conn.fetchval("SELECT count(*) FROM respool.invariant_violations"):
+    if await broken_invariants(conn):
         raise SystemExit("gang: invariant violations")
 
 

@@ -35,6 +35,8 @@ from bench.common import (
     Figures,
     add_dsn_argument,
     bench_connect,
+    broken_invariants,
+    checked,
     durable_server,
     fresh_database,
     log,
@@ -231,16 +233,13 @@ async def measure(
         assert row is not None
         if row["n"] != steps or row["released"] != steps or row["odd"]:
             problems.append(f"in the database: {dict(row)}")
-        if await conn.fetchval("SELECT count(*) FROM respool.invariant_violations"):
+        if await broken_invariants(conn):
             problems.append("invariant violations")
     finally:
         await conn.close()
+    setup = (steps, gpus, holds_s, time_scale, workers)  # the fields of the run asked for
     result = SweepResult(
-        steps=steps,
-        gpus=gpus,
-        holds_s=holds_s,
-        time_scale=time_scale,
-        workers=workers,
+        *setup,
         makespan_s=makespan,
         ideal_s=ideal_s,
         submitted_s=submitted,
@@ -252,8 +251,7 @@ async def measure(
         transport_errors=counts["transport"],
         failed_steps=out["failed"],
         timed_out=timed_out,
-        correct=not problems,
-        problems=tuple(problems[:20]),
+        **checked(problems),
     )
     log(
         f"  sweep: {steps:,} steps on {gpus:,} GPUs: makespan {makespan:.1f} s, ideal "

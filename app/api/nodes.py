@@ -68,7 +68,7 @@ def visible_node(request: AnyRequest, node: Node) -> Node:
     return msgspec.structs.replace(node, allocations=allocations)
 
 
-def _state_route(verb: str, to: str, summary: str) -> HTTPRouteHandler:
+def _state_route(verb: str, to: db_nodes.NodeState, summary: str) -> HTTPRouteHandler:
     """``POST /v1/nodes/{name}/<verb>``: the node's state becomes ``to``; the node as it is."""
 
     async def set_state(self: Controller, state: State, name: FromPath[str]) -> Node:

@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import asyncpg
 import msgspec
@@ -52,15 +52,22 @@ class PoolKeyRow(msgspec.Struct, frozen=True):
     queued_demand: int
 
 
+Row = TypeVar("Row", bound=msgspec.Struct)
+
+
 def _whole(row: asyncpg.Record) -> dict[str, Any]:
     """A row whose numeric sums (Decimals: a total of many amounts may pass 2^63) are ints."""
     return {k: int(v) if isinstance(v, Decimal) else v for k, v in row.items()}
 
 
+async def _rows(db: Executor, name: str, kind: type[Row]) -> list[Row]:
+    """The rows of the named query ``name``, each a ``kind`` (:func:`_whole`)."""
+    return [_as(kind, _whole(r)) for r in await db.fetch(query(name))]
+
+
 async def pool_key_rows(db: Executor) -> list[PoolKeyRow]:
     """Per pool and key: ``respool.pool_usage`` plus reserved/borrowed sums of policy_usage."""
-    rows = await db.fetch(query("pool_key_rows"))
-    return _as(list[PoolKeyRow], [_whole(r) for r in rows])
+    return await _rows(db, "pool_key_rows", PoolKeyRow)
 
 
 class NodeKeyRow(msgspec.Struct, frozen=True):
@@ -77,8 +84,7 @@ class NodeKeyRow(msgspec.Struct, frozen=True):
 
 async def node_key_rows(db: Executor) -> list[NodeKeyRow]:
     """Per node and key: ``respool.node_usage``."""
-    rows = await db.fetch(query("node_key_rows"))
-    return _as(list[NodeKeyRow], [_whole(r) for r in rows])
+    return await _rows(db, "node_key_rows", NodeKeyRow)
 
 
 class NodeStateRow(msgspec.Struct, frozen=True):
@@ -89,8 +95,7 @@ class NodeStateRow(msgspec.Struct, frozen=True):
 
 async def node_states(db: Executor) -> list[NodeStateRow]:
     """Every node (with or without capacity rows), its pool and state."""
-    rows = await db.fetch(query("node_states"))
-    return _as(list[NodeStateRow], [dict(r) for r in rows])
+    return await _rows(db, "node_states", NodeStateRow)
 
 
 class PolicyRow(msgspec.Struct, frozen=True):
@@ -106,8 +111,7 @@ class PolicyRow(msgspec.Struct, frozen=True):
 
 
 async def policy_rows(db: Executor) -> list[PolicyRow]:
-    rows = await db.fetch(query("policy_rows"))
-    return _as(list[PolicyRow], [_whole(r) for r in rows])
+    return await _rows(db, "policy_rows", PolicyRow)
 
 
 class PolicyShapeRow(msgspec.Struct, frozen=True):
@@ -121,8 +125,7 @@ class PolicyShapeRow(msgspec.Struct, frozen=True):
 
 async def policy_shape_rows(db: Executor) -> list[PolicyShapeRow]:
     """Per policy, keys or not: ``active`` and, for a pattern, the subjects it covers now."""
-    rows = await db.fetch(query("policy_shape_rows"))
-    return _as(list[PolicyShapeRow], [_whole(r) for r in rows])
+    return await _rows(db, "policy_shape_rows", PolicyShapeRow)
 
 
 async def queue_stats(db: Executor) -> dict[str, tuple[int, float]]:
