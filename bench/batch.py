@@ -35,16 +35,7 @@ import httpx
 
 from app.db import batch as db_batch
 from bench import common
-from bench.common import (
-    Figures,
-    Spread,
-    add_dsn_argument,
-    broken_invariants,
-    gpu_create,
-    gpu_members,
-    log,
-    report,
-)
+from bench.common import Figures, Spread, add_dsn_argument, gpu_create, gpu_members, log, report
 from bench.rawhttp import split_url
 from bench.retrying import GaveUp, RetryingConnection
 from bench.wake import serve
@@ -83,7 +74,7 @@ async def _check(conn: asyncpg.Connection, expected: int, *, in_order: bool = Tr
     if queued != expected:
         raise SystemExit(f"batch: {queued} queued, expected {expected}")
     if not in_order:  # concurrent clients: no order between them to check
-        if await broken_invariants(conn):
+        if await common.broken_invariants(conn):
             raise SystemExit("batch: invariant violations")
         return
     disorder = await conn.fetchval(
@@ -93,7 +84,7 @@ async def _check(conn: asyncpg.Connection, expected: int, *, in_order: bool = Tr
     )
     if disorder:
         raise SystemExit(f"batch: {disorder} members out of queue order")
-    if await broken_invariants(conn):
+    if await common.broken_invariants(conn):
         raise SystemExit("batch: invariant violations")
 
 

@@ -43,16 +43,7 @@ from uuid import UUID
 import asyncpg
 
 from bench import common
-from bench.common import (
-    DEFAULT_DSN,
-    Figures,
-    Spread,
-    broken_invariants,
-    log,
-    positive_ints,
-    ratio,
-    report,
-)
+from bench.common import DEFAULT_DSN, Figures, Spread, log, positive_ints, ratio, report
 from bench.cycles import check_engine_run
 from bench.wake import percentile
 
@@ -148,7 +139,7 @@ async def _create(
 
 
 async def _healthy(conn: asyncpg.Connection, what: str) -> None:
-    bad = await broken_invariants(conn)
+    bad = await common.broken_invariants(conn)
     if bad:
         raise SystemExit(f"placement: {what} left {bad} invariant violations")
 

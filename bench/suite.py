@@ -17,15 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from app.db.dsn import redact_dsn
-from bench import cycles, httpcycles, peer, reconcile, waiters, wake
+from bench import common, cycles, httpcycles, peer, reconcile, waiters, wake
 from bench.common import (
     DEFAULT_DSN,
     REPO,
     ServerInfo,
     Spread,
-    embedded_server,
-    find_pgbench,
-    fresh_database,
     load_average,
     log,
     machine,
@@ -33,8 +30,6 @@ from bench.common import (
     pgbench_version,
     positive_ints,
     ratio,
-    require_durable,
-    server_info,
 )
 
 SCENARIOS = ("cycles", "http", "wake", "waiters", "reconcile", "peer")
@@ -134,7 +129,7 @@ class Run:
 @contextlib.asynccontextmanager
 async def _server(args: argparse.Namespace) -> AsyncIterator[str]:
     if args.embedded:
-        with embedded_server() as dsn:
+        with common.embedded_server() as dsn:
             yield dsn
     else:
         yield args.dsn
@@ -143,12 +138,12 @@ async def _server(args: argparse.Namespace) -> AsyncIterator[str]:
 async def run_suite(args: argparse.Namespace, only: Sequence[str]) -> Run:
     started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     async with _server(args) as admin:
-        info = await server_info(admin)
-        require_durable(info)
+        info = await common.server_info(admin)
+        common.require_durable(info)
         log(f"server: {info.line()}")
         versions = package_versions("asyncpg", "litestar", "uvicorn", "msgspec", "pgqueuer")
         if "cycles" in only:
-            versions["pgbench"] = pgbench_version(find_pgbench()).removeprefix("pgbench ")
+            versions["pgbench"] = pgbench_version(common.find_pgbench()).removeprefix("pgbench ")
         run = Run(
             command=" ".join(shlex.quote(a) for a in ["python", "-m", "bench", *sys.argv[1:]]),
             started=started,
@@ -160,19 +155,19 @@ async def run_suite(args: argparse.Namespace, only: Sequence[str]) -> Run:
         steps: list[tuple[str, Callable[[], Any]]] = []
 
         async def do_cycles() -> None:
-            async with fresh_database(admin) as dsn:
+            async with common.fresh_database(admin) as dsn:
                 run.cycles = await cycles.measure(
                     dsn, args.clients, args.seconds, args.repeats, args.subjects, args.pools
                 )
 
         async def do_http() -> None:
-            async with fresh_database(admin) as dsn:
+            async with common.fresh_database(admin) as dsn:
                 run.http = await httpcycles.measure(
                     dsn, args.clients, args.seconds, args.repeats, args.subjects, args.pools
                 )
 
         async def do_wake() -> None:
-            async with fresh_database(admin) as dsn:
+            async with common.fresh_database(admin) as dsn:
                 raw = await wake.measure_raw_notify(dsn, args.wakes, min(20, args.wakes))
                 with wake.serve(dsn) as url:
                     got = await wake.measure_wakes(url, dsn, args.wakes, min(20, args.wakes))
@@ -184,7 +179,7 @@ async def run_suite(args: argparse.Namespace, only: Sequence[str]) -> Run:
             log(f"  wake: {run.wake['wake'].line()}; raw NOTIFY {run.wake['raw_notify'].line()}")
 
         async def do_waiters() -> None:
-            async with fresh_database(admin) as dsn:
+            async with common.fresh_database(admin) as dsn:
                 run.waiters = await waiters.measure(dsn, args.waiters, args.waiter_capacity)
 
         async def do_reconcile() -> None:
@@ -193,7 +188,7 @@ async def run_suite(args: argparse.Namespace, only: Sequence[str]) -> Run:
             )
 
         async def do_peer() -> None:
-            async with fresh_database(admin, migrated=False) as dsn:
+            async with common.fresh_database(admin, migrated=False) as dsn:
                 run.peer = await peer.measure(dsn, args.seconds, args.repeats)
 
         table = {

@@ -31,17 +31,8 @@ from typing import Any
 
 import msgspec
 
-from bench.common import (
-    Figures,
-    add_dsn_argument,
-    bench_connect,
-    broken_invariants,
-    checked,
-    durable_server,
-    fresh_database,
-    log,
-    report,
-)
+from bench import common
+from bench.common import Figures, add_dsn_argument, checked, log, report
 from bench.rawhttp import split_url
 from bench.retrying import RETRY_FOR, GaveUp, RetryingConnection
 from bench.waiters import _raise_fd_limit
@@ -172,7 +163,7 @@ async def measure(
     ideal_s = max(s + h for s, h in zip(ideal, holds, strict=True))
     budget = run_for if run_for is not None else retry_for + 5 * ideal_s + 120
     _raise_fd_limit(steps + 1000)
-    conn = await bench_connect(dsn)
+    conn = await common.bench_connect(dsn)
     counts: Counter[str] = Counter()
     out: dict[str, Any] = {
         "submitted": [0.0] * steps,
@@ -233,7 +224,7 @@ async def measure(
         assert row is not None
         if row["n"] != steps or row["released"] != steps or row["odd"]:
             problems.append(f"in the database: {dict(row)}")
-        if await broken_invariants(conn):
+        if await common.broken_invariants(conn):
             problems.append("invariant violations")
     finally:
         await conn.close()
@@ -307,8 +298,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def _run(args: argparse.Namespace) -> SweepResult:
-    await durable_server(args.dsn)
-    async with fresh_database(args.dsn) as dsn:
+    await common.durable_server(args.dsn)
+    async with common.fresh_database(args.dsn) as dsn:
         return await measure(
             dsn,
             args.steps,

@@ -26,6 +26,7 @@ from app.api.errors import RETRY_AFTER
 from app.db import pools as db_pools
 from app.db.connect import APP_API, APP_CLI, DeadConnectionError, connect, create_pool
 from app.reconciler import Reconciler
+from support.db import direct
 from support.http import error, ok
 from support.server import Server, running_server
 
@@ -164,11 +165,8 @@ async def test_the_reconciler_survives_a_dead_connection(
 ) -> None:
     """Its backend terminated while it waited between passes: the reconciler reconnects and
     keeps running passes (it used to end on asyncpg's InternalClientError)."""
-    conn = await connect(db_url, application_name=APP_CLI)
-    try:
+    async with direct(db_url) as conn:
         await db_pools.create_pool(conn, name="p", capacity={"gpu": 1})
-    finally:
-        await conn.close()
     broken = _dead_once("fetch", monkeypatch)
     reconciler = Reconciler(db_url, interval=0.05)
     task = asyncio.create_task(reconciler.run())

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from respool_client.wire import MAX_AMOUNT
 
-from app.db.connect import APP_CLI, connect
+from support.db import direct
 from support.http import error, ok
 from support.server import Server
 
@@ -120,8 +120,7 @@ async def test_queued_amounts_beyond_int64_in_total_keep_reads_working(
     for _ in range(2):
         body = {"subject": "a", "resources": {"gpu": 1, "memory_mb": 1}}
         assert ok(await c.post("/v1/requests", json=body), 201)["status"] == "queued"
-    conn = await connect(db_url, application_name=APP_CLI)
-    try:
+    async with direct(db_url) as conn:
         await conn.execute(
             "UPDATE respool.queue_entries SET resources = resources || $1::text::jsonb",
             '{"memory_mb": 9223372036854775807}',
@@ -130,8 +129,6 @@ async def test_queued_amounts_beyond_int64_in_total_keep_reads_working(
             "SELECT queued_demand FROM respool.pool_usage WHERE key = 'memory_mb'"
         )
         assert demand == 2 * (2**63 - 1)
-    finally:
-        await conn.close()
     assert ok(await c.get("/v1/dashboard"))
     metrics = (await c.get("/metrics")).text
     assert "respool_database_up 1" in metrics

@@ -22,7 +22,7 @@ import asyncpg
 import pytest
 
 from app.db import tokens
-from app.db.connect import APP_CLI, connect
+from support.db import direct
 from support.server import Server, running_server
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -84,13 +84,9 @@ async def showcase(srv: Server, conn: asyncpg.Connection) -> dict[str, Any]:
 
 @pytest.fixture
 async def live(db_url: str) -> AsyncIterator[Server]:
-    conn = await connect(db_url, application_name=APP_CLI)
-    try:
-        async with running_server(db_url) as srv:
-            await showcase(srv, conn)
-            yield srv
-    finally:
-        await conn.close()
+    async with direct(db_url) as conn, running_server(db_url) as srv:
+        await showcase(srv, conn)
+        yield srv
 
 
 async def test_page_and_assets(live: Server) -> None:
@@ -144,14 +140,11 @@ async def test_queue_rows_carry_the_engines_eta(live: Server) -> None:
 
 
 async def test_dashboard_under_auth(db_url: str) -> None:
-    conn = await connect(db_url, application_name=APP_CLI)
-    try:
+    async with direct(db_url) as conn:
         reader, _ = await tokens.create_token(conn, name="wall", role="reader")
         client, _ = await tokens.create_token(
             conn, name="ci", role="client", subject_patterns=["ci:*"]
         )
-    finally:
-        await conn.close()
     async with running_server(db_url, auth="on", admin_token="adm") as srv:
         c = srv.client
         assert (await c.get("/")).status_code == 200  # the page holds no data
@@ -389,11 +382,8 @@ async def test_chromium_draws_one_cell_per_device_coloured_by_holder(
 @pytest.fixture
 async def guarded(db_url: str) -> AsyncIterator[tuple[Server, str]]:
     """A server with auth on, one pool, and a reader token."""
-    conn = await connect(db_url, application_name=APP_CLI)
-    try:
+    async with direct(db_url) as conn:
         reader, _ = await tokens.create_token(conn, name="wall", role="reader")
-    finally:
-        await conn.close()
     async with running_server(db_url, auth="on", admin_token="adm") as srv:
         r = await srv.client.post(
             "/v1/pools",
