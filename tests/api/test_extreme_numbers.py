@@ -4,6 +4,7 @@ nothing; no amount is so large that a sum of them breaks a view, the dashboard o
 
 from __future__ import annotations
 
+import httpx
 import pytest
 from respool_client.wire import MAX_AMOUNT
 
@@ -54,6 +55,17 @@ CASES = [
 
 
 @pytest.mark.parametrize(("path", "body", "number", "field"), CASES, ids=[c[3] for c in CASES])
+async def queued_memory(c: httpx.AsyncClient) -> list[float]:
+    """/metrics (with the database up): the queued demand of memory_mb, per pool."""
+    metrics = (await c.get("/metrics")).text
+    assert "respool_database_up 1" in metrics
+    return [
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("respool_pool_queued_demand{") and 'key="memory_mb"' in line
+    ]
+
+
 async def test_extreme_numbers_name_their_field(
     module_server: Server, path: str, body: str, number: str, field: str
 ) -> None:
@@ -97,13 +109,7 @@ async def test_the_largest_amounts_keep_views_dashboard_and_metrics_working(
     assert pool["usage"]["memory_mb"] == MAX_AMOUNT + 10
     dashboard = ok(await c.get("/v1/dashboard"))
     assert "p" in str(dashboard)
-    metrics = (await c.get("/metrics")).text
-    assert "respool_database_up 1" in metrics
-    demand = [
-        float(line.rsplit(" ", 1)[1])
-        for line in metrics.splitlines()
-        if line.startswith("respool_pool_queued_demand{") and 'key="memory_mb"' in line
-    ]
+    demand = await queued_memory(c)
     assert demand == [2.0 * MAX_AMOUNT], demand
 
 
@@ -130,11 +136,4 @@ async def test_queued_amounts_beyond_int64_in_total_keep_reads_working(
         )
         assert demand == 2 * (2**63 - 1)
     assert ok(await c.get("/v1/dashboard"))
-    metrics = (await c.get("/metrics")).text
-    assert "respool_database_up 1" in metrics
-    demand_lines = [
-        float(line.rsplit(" ", 1)[1])
-        for line in metrics.splitlines()
-        if line.startswith("respool_pool_queued_demand{") and 'key="memory_mb"' in line
-    ]
-    assert demand_lines == [2.0 * (2**63 - 1)]
+    assert await queued_memory(c) == [2.0 * (2**63 - 1)]

@@ -26,7 +26,7 @@ from app.db import tokens
 from app.settings import Settings, SettingsError
 from support.db import direct
 from support.http import error, ok
-from support.server import Server, running_server
+from support.server import Server, running_server, serving
 from support.wait import wait_until
 
 JSON = {"content-type": "application/json"}
@@ -184,18 +184,10 @@ async def guarded_server(db_url: str, **limits: Any) -> AsyncIterator[int]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     config = uvicorn_config(app, settings, log_level="warning", access_log=False)
-    srv = ApiServer(config, app)
-    srv.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
-    task = asyncio.create_task(srv.serve(sockets=[sock]))
-    for _ in range(1000):
-        if srv.started or task.done():
-            break
-        await asyncio.sleep(0.01)
     try:
-        yield sock.getsockname()[1]
+        async with serving(ApiServer(config, app), sock) as port:
+            yield port
     finally:
-        srv.should_exit = True
-        await asyncio.wait_for(task, 15)
         sock.close()
 
 

@@ -22,6 +22,7 @@ import asyncpg
 import pytest
 
 from app.db.connect import APP_CLI, connect
+from support.db import RECONCILE_POOL
 
 CLOCK0 = datetime(2031, 3, 1, tzinfo=UTC)
 
@@ -139,11 +140,7 @@ class Env:
         )
 
     async def reconcile(self, pool: str) -> None:
-        await self.conn.fetchval(
-            "SELECT respool.reconcile_pool((SELECT id FROM respool.pools WHERE name = $1), $2)",
-            pool,
-            self.now(),
-        )
+        await self.conn.fetchval(RECONCILE_POOL, pool, self.now())
 
     async def where(self, doc: dict[str, Any]) -> tuple[str, list[str]] | None:
         """(node, gpu device ids) of a request as its document shows it; None: not placed."""

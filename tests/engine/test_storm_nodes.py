@@ -210,10 +210,8 @@ async def _step(conn: asyncpg.Connection, st: Storm, rng: random.Random) -> str:
         roll = 0.5
     if roll < 0.4:
         return await _create(conn, st, rng)
-    if roll < 0.65:
-        return await _finish(conn, st, rng, "release")
     if roll < 0.8:
-        return await _finish(conn, st, rng, "cancel")
+        return await _finish(conn, st, rng, "release" if roll < 0.65 else "cancel")
     if roll < 0.87 or not st.node_ops:
         return await _reconcile(conn, rng)
     return await _node_op(conn, st, rng)

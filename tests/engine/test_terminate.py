@@ -57,6 +57,15 @@ async def pool_s(conn: asyncpg.Connection, grace: int = 0) -> None:
     await es.mk_pool_s(conn, {"gpu": 4}, preemption_grace_seconds=grace)
 
 
+async def held_and_waiting(
+    conn: asyncpg.Connection, *, grace: int, retries: int, waiting: int
+) -> tuple[Request, Request]:
+    """Pool ``p`` (:func:`pool_s`) held whole by a request with ``retries``, and a request of
+    ``waiting`` GPUs queued behind it."""
+    await pool_s(conn, grace)
+    return await mk(conn, 4, max_retries=retries), await mk(conn, waiting)
+
+
 async def reclaim_pool(conn: asyncpg.Connection, grace: int, borrower: str = "dev") -> None:
     """Pool ``p`` of 4 GPUs, all reserved for ``prod``; ``borrower`` may borrow them."""
     await es.mk_pool(conn, "p", {"gpu": 4}, preemption_grace_seconds=grace)
@@ -109,9 +118,7 @@ async def test_release_in_grace_ends_it_terminated_and_never_requeued(
 async def test_grace_deadline_ends_it_terminated_and_never_requeued(
     conn: asyncpg.Connection,
 ) -> None:
-    await pool_s(conn, 30)
-    r = await mk(conn, 4, max_retries=3)
-    waiting = await mk(conn, 1)
+    r, waiting = await held_and_waiting(conn, grace=30, retries=3, waiting=1)
     assert waiting.status == "queued"
     await terminate(conn, r.id, reason="bad job")
     now = await es.db_now(conn)
@@ -213,9 +220,7 @@ async def test_non_preemptible_with_force_and_no_grace_is_preempted(
 async def test_second_forced_call_ends_a_preempting_request_at_once(
     conn: asyncpg.Connection,
 ) -> None:
-    await pool_s(conn, 300)
-    r = await mk(conn, 4, max_retries=2)
-    waiting = await mk(conn, 4)
+    r, waiting = await held_and_waiting(conn, grace=300, retries=2, waiting=4)
     await terminate(conn, r.id, reason="first")
     again = await terminate(conn, r.id, reason="second")  # without force: already leaving
     assert (again.status, again.message) == ("preempting", (await es.get(conn, r.id)).message)

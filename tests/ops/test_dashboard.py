@@ -14,9 +14,9 @@ import json
 import os
 import re
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 import pytest
@@ -27,10 +27,16 @@ from support.server import Server, running_server
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DOCS_SHOT = Path(__file__).resolve().parents[2] / "docs" / "img" / "dashboard.png"
+Test = TypeVar("Test", bound=Callable[..., Any])
 needs_chromium = pytest.mark.skipif(
     not os.access(CHROMIUM, os.X_OK),
     reason=f"{CHROMIUM} not found: install Debian's chromium package (.ci/run does)",
 )
+
+
+def in_chromium(test: Test) -> Test:
+    """A test in a headless browser: slow, and skipped without one."""
+    return needs_chromium(pytest.mark.slow(test))
 
 
 HISTORY = 20  # finished holds recorded in cpu-batch (licences has none)
@@ -189,8 +195,7 @@ async def _chromium(profile: Path, *args: str) -> bytes:
     return out
 
 
-@needs_chromium
-@pytest.mark.slow  # a headless browser
+@in_chromium
 async def test_chromium_renders_pools_queue_and_events(live: Server, tmp_path: Path) -> None:
     url = live.url + "/"
     dom = (
@@ -334,8 +339,7 @@ async def test_dashboard_data_has_each_pools_nodes(
                 assert d["subject"] is None
 
 
-@needs_chromium
-@pytest.mark.slow  # a headless browser
+@in_chromium
 async def test_chromium_draws_one_cell_per_device_coloured_by_holder(
     node_live: tuple[Server, dict[str, Any]], tmp_path: Path
 ) -> None:
@@ -394,8 +398,7 @@ async def guarded(db_url: str) -> AsyncIterator[tuple[Server, str]]:
         yield srv, reader
 
 
-@needs_chromium
-@pytest.mark.slow  # a headless browser
+@in_chromium
 async def test_chromium_without_a_token_asks_for_one(
     guarded: tuple[Server, str], tmp_path: Path
 ) -> None:
@@ -546,8 +549,7 @@ def _screen(dt: DevTools) -> Any:
     )
 
 
-@needs_chromium
-@pytest.mark.slow  # a headless browser
+@in_chromium
 async def test_chromium_token_prompt_rejected_then_accepted(
     guarded: tuple[Server, str], tmp_path: Path
 ) -> None:

@@ -9,6 +9,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine
+from datetime import datetime
 from typing import Any, ClassVar, TypeVar
 
 import asyncpg
@@ -17,6 +18,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 from app.db.connect import APP_CLI, connect
+from support.db import RECONCILE_POOL
 from support.twins import install_twin
 
 T = TypeVar("T")
@@ -54,6 +56,10 @@ class DatabaseMachine(RuleBasedStateMachine):
     def sql(self, query: str, *args: Any) -> Any:
         return self.runner.run(self.conn.fetchval(query, *args))
 
+    def reconcile_pool(self, pool: str, now: datetime) -> Any:
+        """One reconciler pass over ``pool`` at ``now``."""
+        return self.sql(RECONCILE_POOL, pool, now)
+
     def fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
         return self.runner.run(self.conn.fetch(query, *args))
 
@@ -86,6 +92,22 @@ def model_sizes(quick: tuple[int, int], full: tuple[int, int] = (100, 40)) -> Ca
         return pytest.mark.timeout(900)(test)  # type: ignore[no-any-return]
 
     return mark
+
+
+def model_test(
+    machine: type[DatabaseMachine],
+    label: str,
+    *,
+    quick: tuple[int, int],
+    full: tuple[int, int] = (100, 40),
+) -> Callable[[str, int, int], None]:
+    """A model test (:func:`model_sizes`) that runs ``machine`` (:func:`run_machine`)."""
+
+    @model_sizes(quick, full)
+    def test(db_url: str, examples: int, steps: int) -> None:
+        run_machine(machine, db_url, examples, steps, label)
+
+    return test
 
 
 def run_machine(

@@ -18,11 +18,13 @@ from typing import Any
 
 import asyncpg
 import httpx
+import pytest
 import uvicorn
 from litestar import Litestar
 
 from app.api import create_app
 from app.api.server import ApiServer
+from app.db import pools as db_pools
 from app.notify import Notifier
 from app.settings import Settings
 from support.ports import free_port, listening_socket
@@ -255,3 +257,16 @@ class ServeProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(10)
+
+
+async def list_pools_failing(
+    server: Server, monkeypatch: pytest.MonkeyPatch, exc: BaseException
+) -> httpx.Response:
+    """``GET /v1/pools`` while the database layer's ``list_pools`` raises ``exc`` (it stays so
+    for the rest of the test)."""
+
+    async def failing(*_: Any, **__: Any) -> Any:
+        raise exc
+
+    monkeypatch.setattr(db_pools, "list_pools", failing)
+    return await server.client.get("/v1/pools")
