@@ -95,12 +95,14 @@ Method = TypeVar("Method", bound=Callable[..., Awaitable[Any]])
 
 
 def _closed_by_server_around(method: Method) -> Method:
-    """``method`` of asyncpg's connection, run inside :meth:`Connection._closed_by_server`."""
+    """``method`` of asyncpg's connection (looked up when called, as ``super()`` does), run
+    inside :meth:`Connection._closed_by_server`."""
+    name = method.__name__
 
     @functools.wraps(method)
     async def call(self: Connection, *args: Any, **kwargs: Any) -> Any:
         with self._closed_by_server():
-            return await method(self, *args, **kwargs)
+            return await getattr(super(Connection, self), name)(*args, **kwargs)
 
     return cast(Method, call)
 

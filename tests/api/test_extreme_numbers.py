@@ -54,7 +54,6 @@ CASES = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("path", "body", "number", "field"), CASES, ids=[c[3] for c in CASES])
 async def queued_memory(c: httpx.AsyncClient) -> list[float]:
     """/metrics (with the database up): the queued demand of memory_mb, per pool."""
     metrics = (await c.get("/metrics")).text
@@ -66,6 +65,7 @@ async def queued_memory(c: httpx.AsyncClient) -> list[float]:
     ]
 
 
+@pytest.mark.parametrize(("path", "body", "number", "field"), CASES, ids=[c[3] for c in CASES])
 async def test_extreme_numbers_name_their_field(
     module_server: Server, path: str, body: str, number: str, field: str
 ) -> None:

@@ -957,13 +957,7 @@ class EarmarkNodeMachine(DatabaseMachine):
                 self.now(),
             )
         for name in ENODES:
-            self.sql(
-                "SELECT respool.create_node($1, p_now => $2)",
-                {"name": name, "pool": EPOOL, "capacity": {"gpu": EGPUS}},
-                self.now(),
-            )
-            self.nodes[name] = EPOOL
-            self.capacity[name] = EGPUS
+            self._add_node(name)
         for subject, priority, reserved in (
             ("owner", 0, {"gpu": OWNER_SHARE}),
             ("b1", 1, {}),
@@ -1054,6 +1048,13 @@ class EarmarkNodeMachine(DatabaseMachine):
         self.reconcile_pool(EPOOL, self.now(EGRACE + 1))
         self.stats["grace_passes"] += 1
 
+    def _add_node(self, name: str) -> None:
+        """Node ``name`` of EGPUS anonymous GPUs joins EPOOL."""
+        body = {"name": name, "pool": EPOOL, "capacity": {"gpu": EGPUS}}
+        self.sql("SELECT respool.create_node($1, p_now => $2)", body, self.now())
+        self.nodes[name] = EPOOL
+        self.capacity[name] = EGPUS
+
     def _in_pool(self) -> list[str]:
         return sorted(n for n, p in self.nodes.items() if p == EPOOL)
 
@@ -1071,13 +1072,7 @@ class EarmarkNodeMachine(DatabaseMachine):
         gone = sorted(set(ENODES) - set(self.nodes))
         if gone and data.draw(st.booleans()):
             name = gone[0]
-            self.sql(
-                "SELECT respool.create_node($1, p_now => $2)",
-                {"name": name, "pool": EPOOL, "capacity": {"gpu": EGPUS}},
-                self.now(),
-            )
-            self.nodes[name] = EPOOL
-            self.capacity[name] = EGPUS
+            self._add_node(name)
             self.stats["rejoin"] += 1
             return
         if len(self._in_pool()) < 2:

@@ -110,6 +110,21 @@ async def running_server(
             yield Server(url=url, app=app, uvicorn=srv, client=client, db_url=db_url)
 
 
+ADMIN_TOKEN = "rp_test-admin-token-0123456789abcdef"
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}  # the headers of admin calls
+
+
+@contextlib.asynccontextmanager
+async def admin_server(db_url: str, pool_gpus: int) -> AsyncIterator[Server]:
+    """The API with auth on (admin calls with :data:`ADMIN`) and pool ``p`` of ``pool_gpus``
+    GPUs."""
+    async with running_server(db_url, auth="on", admin_token=ADMIN_TOKEN) as server:
+        pool = {"name": "p", "capacity": {"gpu": pool_gpus}}
+        response = await server.client.post("/v1/pools", headers=ADMIN, json=pool)
+        assert response.status_code == 201, response.text
+        yield server
+
+
 @contextlib.asynccontextmanager
 async def serving(server: uvicorn.Server, sock: socket.socket | None = None) -> AsyncIterator[int]:
     """``server`` in the current event loop on ``sock`` (default: a free loopback port), without
