@@ -30,8 +30,7 @@ BEGIN
     PERFORM respool._unplace(p_victim_id);
     RETURN (respool._after_preemption(p_victim_id, p_reason, p_message, p_now)).status;
 END $$;
-COMMENT ON FUNCTION respool._preempt_member(uuid, text, text, timestamptz) IS
-    'Preempts one allocated, preemptible request of a pool the caller has locked: with a grace period it goes to preempting and keeps its units until release or deadline; without, its units are freed and it becomes preempted (or queued again while retries are left). Returns the new status.';
+COMMENT ON FUNCTION respool._preempt_member(uuid, text, text, timestamptz) IS 'Preempts one allocated, preemptible request of a pool the caller has locked: with a grace period it goes to preempting and keeps its units until release or deadline; without, its units are freed and it becomes preempted (or queued again while retries are left). Returns the new status.';
 
 CREATE OR REPLACE FUNCTION respool._preempt(p_victim_id uuid, p_reason text, p_message text, p_now timestamptz)
 RETURNS text LANGUAGE plpgsql AS $$
@@ -42,8 +41,7 @@ BEGIN
     PERFORM respool._gang_follow(p_victim_id, 'preempted', p_reason, 'preempted; ' || p_message, p_now);
     RETURN v_status;
 END $$;
-COMMENT ON FUNCTION respool._preempt(uuid, text, text, timestamptz) IS
-    'Preempts one victim unit: the request (respool._preempt_member) and, for a gang member, every other member still holding (docs/scheduling.md, gangs). Returns the victim''s new status.';
+COMMENT ON FUNCTION respool._preempt(uuid, text, text, timestamptz) IS 'Preempts one victim unit: the request (respool._preempt_member) and, for a gang member, every other member still holding (docs/scheduling.md, gangs). Returns the victim''s new status.';
 
 CREATE OR REPLACE FUNCTION respool._preempt_for(p_victim_id uuid, p_mode text, p_for uuid, p_now timestamptz)
 RETURNS text LANGUAGE plpgsql AS $$
@@ -57,8 +55,7 @@ BEGIN
     PERFORM set_config('respool.cause', '', true);
     RETURN v_status;
 END $$;
-COMMENT ON FUNCTION respool._preempt_for(uuid, text, uuid, timestamptz) IS
-    'Preempts one victim unit (respool._preempt, reason p_mode) for the waiting request p_for: the messages say "preempted (<mode>) for another request" and every event this writes (the victim''s, its gang''s, a requeue) records p_for and its subject as cause_request_id / cause_subject (docs/api.md: the API shows them only to callers that may read that subject). Returns the victim''s new status.';
+COMMENT ON FUNCTION respool._preempt_for(uuid, text, uuid, timestamptz) IS 'Preempts one victim unit (respool._preempt, reason p_mode) for the waiting request p_for: the messages say "preempted (<mode>) for another request" and every event this writes (the victim''s, its gang''s, a requeue) records p_for and its subject as cause_request_id / cause_subject (docs/api.md: the API shows them only to callers that may read that subject). Returns the victim''s new status.';
 
 CREATE OR REPLACE FUNCTION respool._finish_grace(p_pool_id uuid, p_now timestamptz)
 RETURNS integer LANGUAGE plpgsql AS $$
@@ -84,8 +81,7 @@ BEGIN
     END LOOP;
     RETURN n;
 END $$;
-COMMENT ON FUNCTION respool._finish_grace(uuid, timestamptz) IS
-    'Victims whose grace deadline passed lose their units and become preempted (or requeued) with reason grace_expired; a terminated one (reason terminated, 047_terminate.sql) keeps its reason and admin''s message and is never requeued. The units go to the earmark holders first.';
+COMMENT ON FUNCTION respool._finish_grace(uuid, timestamptz) IS 'Victims whose grace deadline passed lose their units and become preempted (or requeued) with reason grace_expired; a terminated one (reason terminated, 047_terminate.sql) keeps its reason and admin''s message and is never requeued. The units go to the earmark holders first.';
 
 CREATE OR REPLACE FUNCTION respool._drop_stale_earmarks(p_pool_id uuid, p_now timestamptz)
 RETURNS integer LANGUAGE plpgsql AS $$
@@ -141,8 +137,7 @@ BEGIN
     END LOOP;
     RETURN n;
 END $$;
-COMMENT ON FUNCTION respool._drop_stale_earmarks(uuid, timestamptz) IS
-    'Drops the earmarks in a locked pool that can no longer be honoured: the request left this pool''s queue, its node is no longer an active node of the pool that matches and could hold it, or its victims are gone and it still cannot be granted (it is granted when it can). The request is then a preemption candidate again (docs/preemption.md); rows another transaction holds keep theirs until the next pass. Returns how many earmark holders it granted.';
+COMMENT ON FUNCTION respool._drop_stale_earmarks(uuid, timestamptz) IS 'Drops the earmarks in a locked pool that can no longer be honoured: the request left this pool''s queue, its node is no longer an active node of the pool that matches and could hold it, or its victims are gone and it still cannot be granted (it is granted when it can). The request is then a preemption candidate again (docs/preemption.md); rows another transaction holds keep theirs until the next pass. Returns how many earmark holders it granted.';
 
 CREATE OR REPLACE FUNCTION respool._stand_in_victims(p_pool_id uuid, p_nodes boolean, p_request_id uuid,
                                                      p_policy_id uuid, p_preemptible boolean,
@@ -178,8 +173,7 @@ BEGIN
         EXIT WHEN stand_in IS NULL;
     END LOOP;
 END $$;
-COMMENT ON FUNCTION respool._stand_in_victims(uuid, boolean, uuid, uuid, boolean, jsonb, jsonb, text) IS
-    'The victims (respool._choose_victims, or respool._choose_node_victims and their node in a pool with nodes: p_nodes) that would let a queued shape in under p_mode, tried for its first entry p_request_id and then, while a preemption group may be what keeps the stand-in from preempting, for the shape''s first entry of another group. victim_ids NULL: no victim set helps the shape.';
+COMMENT ON FUNCTION respool._stand_in_victims(uuid, boolean, uuid, uuid, boolean, jsonb, jsonb, text) IS 'The victims (respool._choose_victims, or respool._choose_node_victims and their node in a pool with nodes: p_nodes) that would let a queued shape in under p_mode, tried for its first entry p_request_id and then, while a preemption group may be what keeps the stand-in from preempting, for the shape''s first entry of another group. victim_ids NULL: no victim set helps the shape.';
 
 CREATE OR REPLACE FUNCTION respool._preempt_then_grant(p_pool_id uuid, p_nodes boolean, p_request_id uuid,
                                                        p_policy_id uuid, p_mode text, p_victims uuid[],
@@ -213,8 +207,7 @@ BEGIN
             USING ERRCODE = 'RP500';
     END IF;
 END $$;
-COMMENT ON FUNCTION respool._preempt_then_grant(uuid, boolean, uuid, uuid, text, uuid[], uuid, timestamptz) IS
-    'Preempts p_victims for the queued request p_request_id (locked by the caller, with the pool), then grants it, or earmarks the units (on p_node_id in a pool with nodes) while victims are in their grace period. A pool without nodes where it still does not fit raises RP500. Returns the counts preempted, allocated, rejected.';
+COMMENT ON FUNCTION respool._preempt_then_grant(uuid, boolean, uuid, uuid, text, uuid[], uuid, timestamptz) IS 'Preempts p_victims for the queued request p_request_id (locked by the caller, with the pool), then grants it, or earmarks the units (on p_node_id in a pool with nodes) while victims are in their grace period. A pool without nodes where it still does not fit raises RP500. Returns the counts preempted, allocated, rejected.';
 
 CREATE OR REPLACE FUNCTION respool._preempt_for_queue(p_pool_id uuid, p_now timestamptz,
                                                       OUT preempted integer, OUT allocated integer,
@@ -312,8 +305,7 @@ BEGIN
         EXIT refresh WHEN NOT v_changed;
     END LOOP;
 END $$;
-COMMENT ON FUNCTION respool._preempt_for_queue(uuid, timestamptz) IS
-    'Step 3, in queue order: for each queued request that only the pool''s capacity blocks, reclaim (in share) or priority preemption (preemptible borrower); the victims'' units go to it in the same transaction (granted now, or earmarked until a grace period ends). No victim set, no preemption.';
+COMMENT ON FUNCTION respool._preempt_for_queue(uuid, timestamptz) IS 'Step 3, in queue order: for each queued request that only the pool''s capacity blocks, reclaim (in share) or priority preemption (preemptible borrower); the victims'' units go to it in the same transaction (granted now, or earmarked until a grace period ends). No victim set, no preemption.';
 
 CREATE OR REPLACE FUNCTION respool.reconcile_pool(p_pool_id uuid, p_now timestamptz DEFAULT now())
 RETURNS jsonb LANGUAGE plpgsql AS $$
@@ -352,5 +344,4 @@ BEGIN
                               'preempted', shed + q.preempted, 'allocated', q.allocated + granted,
                               'rejected', q.rejected);
 END $$;
-COMMENT ON FUNCTION respool.reconcile_pool(uuid, timestamptz) IS
-    'One reconciler pass over one pool in the caller''s transaction (docs/preemption.md): apply the window boundaries due (respool._apply_windows), expire lapsed leases, runtime caps (max_seconds) and grace periods, enforce shrunk capacities and limits, preempt for queued requests with a right to run, grant what fits. Returns {pool, expired, grace_ended, preempted, allocated, rejected}, or NULL when the pool is locked elsewhere (skip it: SKIP LOCKED) or gone.';
+COMMENT ON FUNCTION respool.reconcile_pool(uuid, timestamptz) IS 'One reconciler pass over one pool in the caller''s transaction (docs/preemption.md): apply the window boundaries due (respool._apply_windows), expire lapsed leases, runtime caps (max_seconds) and grace periods, enforce shrunk capacities and limits, preempt for queued requests with a right to run, grant what fits. Returns {pool, expired, grace_ended, preempted, allocated, rejected}, or NULL when the pool is locked elsewhere (skip it: SKIP LOCKED) or gone.';
