@@ -29,6 +29,8 @@ _Force = Annotated[
         " refusing with 409"
     ),
 ]
+_WRITES = error_responses(400, 404, 409)  # the answers of a write besides its own
+_Pool = Annotated[str | None, QueryParameter(description="Only the nodes of this pool (a ref)")]
 _Selector = Annotated[
     list[str] | None,
     QueryParameter(
@@ -84,10 +86,7 @@ class NodeController(Controller):
     tags = ["nodes"]
 
     @post(
-        "/",
-        status_code=201,
-        summary="Register a node (in a pool, or in none)",
-        responses=error_responses(400, 404, 409),
+        "/", status_code=201, summary="Register a node (in a pool, or in none)", responses=_WRITES
     )
     async def create_node(
         self, state: State, request: AnyRequest, data: StrictBody[NodeCreate]
@@ -101,13 +100,7 @@ class NodeController(Controller):
         responses=error_responses(400, 404),
     )
     async def list_nodes(
-        self,
-        state: State,
-        request: AnyRequest,
-        pool: Annotated[
-            str | None, QueryParameter(description="Only the nodes of this pool (a ref)")
-        ] = None,
-        selector: _Selector = None,
+        self, state: State, request: AnyRequest, pool: _Pool = None, selector: _Selector = None
     ) -> list[Node]:
         found = await db_nodes.list_nodes(db(state), pool=pool, selector=parse_selector(selector))
         return [visible_node(request, n) for n in found]

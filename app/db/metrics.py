@@ -9,7 +9,7 @@ only for what the views do not carry.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, TypeVar, cast
@@ -60,14 +60,17 @@ def _whole(row: asyncpg.Record) -> dict[str, Any]:
     return {k: int(v) if isinstance(v, Decimal) else v for k, v in row.items()}
 
 
-async def _rows(db: Executor, name: str, kind: type[Row]) -> list[Row]:
-    """The rows of the named query ``name``, each a ``kind`` (:func:`_whole`)."""
-    return [_as(kind, _whole(r)) for r in await db.fetch(query(name))]
+def _reader(name: str, kind: type[Row]) -> Callable[[Executor], Awaitable[list[Row]]]:
+    """The reader of the named query ``name``: its rows, each a ``kind`` (:func:`_whole`)."""
+
+    async def read(db: Executor) -> list[Row]:
+        return [_as(kind, _whole(r)) for r in await db.fetch(query(name))]
+
+    return read
 
 
-async def pool_key_rows(db: Executor) -> list[PoolKeyRow]:
-    """Per pool and key: ``respool.pool_usage`` plus reserved/borrowed sums of policy_usage."""
-    return await _rows(db, "pool_key_rows", PoolKeyRow)
+# Per pool and key: ``respool.pool_usage`` plus reserved/borrowed sums of policy_usage.
+pool_key_rows = _reader("pool_key_rows", PoolKeyRow)
 
 
 class NodeKeyRow(msgspec.Struct, frozen=True):
@@ -82,9 +85,8 @@ class NodeKeyRow(msgspec.Struct, frozen=True):
     free: int  # capacity - allocated: negative after a shrink until the reconciler acts
 
 
-async def node_key_rows(db: Executor) -> list[NodeKeyRow]:
-    """Per node and key: ``respool.node_usage``."""
-    return await _rows(db, "node_key_rows", NodeKeyRow)
+# Per node and key: ``respool.node_usage``.
+node_key_rows = _reader("node_key_rows", NodeKeyRow)
 
 
 class NodeStateRow(msgspec.Struct, frozen=True):
@@ -93,9 +95,8 @@ class NodeStateRow(msgspec.Struct, frozen=True):
     state: str
 
 
-async def node_states(db: Executor) -> list[NodeStateRow]:
-    """Every node (with or without capacity rows), its pool and state."""
-    return await _rows(db, "node_states", NodeStateRow)
+# Every node (with or without capacity rows), its pool and state.
+node_states = _reader("node_states", NodeStateRow)
 
 
 class PolicyRow(msgspec.Struct, frozen=True):
@@ -110,8 +111,7 @@ class PolicyRow(msgspec.Struct, frozen=True):
     np_used: int
 
 
-async def policy_rows(db: Executor) -> list[PolicyRow]:
-    return await _rows(db, "policy_rows", PolicyRow)
+policy_rows = _reader("policy_rows", PolicyRow)
 
 
 class PolicyShapeRow(msgspec.Struct, frozen=True):
@@ -123,9 +123,8 @@ class PolicyShapeRow(msgspec.Struct, frozen=True):
     covered_subjects: int | None  # a pattern: subjects holding or queued through it; else None
 
 
-async def policy_shape_rows(db: Executor) -> list[PolicyShapeRow]:
-    """Per policy, keys or not: ``active`` and, for a pattern, the subjects it covers now."""
-    return await _rows(db, "policy_shape_rows", PolicyShapeRow)
+# Per policy, keys or not: ``active`` and, for a pattern, the subjects it covers now.
+policy_shape_rows = _reader("policy_shape_rows", PolicyShapeRow)
 
 
 async def queue_stats(db: Executor) -> dict[str, tuple[int, float]]:

@@ -154,6 +154,7 @@ async def test_wait_says_when_it_queues_and_when_it_is_granted(module_cli: Cli) 
     result = await asyncio.wait_for(waiting, 30)
     assert result.exit_code == 0, result.stderr
     final = json.loads(result.stdout)  # stdout: the result only
+    assert final["status"] == "allocated"
     lines = result.stderr.splitlines()
     # the runner's stderr is not a terminal: plain lines, the queued one first
     assert lines[0].startswith(f"request {final['id']}: queued #1 in the queue of pipe")
