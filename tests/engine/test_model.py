@@ -57,7 +57,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from hypothesis import strategies as st
@@ -68,7 +68,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from support.model import DatabaseMachine, model_test
+from support.model import ModelClockMachine, model_test
 
 SOFT_KEYS = frozenset({"mcpu", "memory_mb", "step_run"})
 SUBJECTS = ("s1", "s2", "s3")
@@ -634,16 +634,12 @@ def request_st(draw: st.DrawFn) -> Shape:
 MAX_SECONDS = [None, None, 2, 6]  # the clock moves 1 s per step
 
 
-class EngineMachine(DatabaseMachine):
+class EngineMachine(ModelClockMachine):
+    clock0 = CLOCK0
+
     def __init__(self) -> None:
         super().__init__()
         self.model = Model()
-        self.seq = 0
-
-    def now(self) -> datetime:
-        self.seq += 1
-        self.model.now = self.seq
-        return CLOCK0 + timedelta(seconds=self.seq)
 
     @initialize(
         queueing_a=st.sampled_from(["best_effort", "strict"]),

@@ -65,7 +65,7 @@ from hypothesis.stateful import (
 )
 from test_placement import NODE_INVARIANTS_SQL
 
-from support.model import DatabaseMachine, model_test
+from support.model import DatabaseMachine, ModelClockMachine, model_test
 
 SOFT_KEYS = frozenset({"mcpu", "memory_mb", "step_run"})
 CLOCK0 = datetime(2032, 1, 1, tzinfo=UTC)
@@ -535,17 +535,13 @@ def node_violations(machine: DatabaseMachine, but_over: Collection[str]) -> list
     ]
 
 
-class NodeMachine(DatabaseMachine):
+class NodeMachine(ModelClockMachine):
+    clock0 = CLOCK0
+
     def __init__(self) -> None:
         super().__init__()
         self.model = Model("pack", "best_effort")
-        self.seq = 0
         self.started = False
-
-    def now(self) -> datetime:
-        self.seq += 1
-        self.model.now = self.seq
-        return CLOCK0 + timedelta(seconds=self.seq)
 
     @initialize(
         placement=st.sampled_from(["pack", "spread"]),

@@ -9,7 +9,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, ClassVar, TypeVar
 
 import asyncpg
@@ -75,6 +75,23 @@ class DatabaseMachine(RuleBasedStateMachine):
                 " DELETE FROM respool.pools;"
             )
         )
+
+
+class ModelClockMachine(DatabaseMachine):
+    """A machine whose clock (:meth:`now`) moves one second per call, from ``clock0``; its
+    ``model`` (anything with a ``now``) keeps the same time, in seconds since ``clock0``."""
+
+    clock0: ClassVar[datetime]
+    model: Any
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seq = 0
+
+    def now(self) -> datetime:
+        self.seq += 1
+        self.model.now = self.seq
+        return self.clock0 + timedelta(seconds=self.seq)
 
 
 def model_sizes(quick: tuple[int, int], full: tuple[int, int] = (100, 40)) -> Callable[[F], F]:
