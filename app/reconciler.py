@@ -57,8 +57,8 @@ class PoolPass(msgspec.Struct, frozen=True):
     allocated: int = 0
     rejected: int = 0
 
-    @property
     def acted(self) -> bool:
+        """Whether the pass changed anything."""
         return any((self.expired, self.grace_ended, self.preempted, self.allocated, self.rejected))
 
 
@@ -223,7 +223,7 @@ class Reconciler:
             passes, retry = await reconcile_pools(conn, targets, self._failed)
             self.passes += len(passes)
             for p in passes:
-                if p.acted:
+                if p.acted():
                     log.info("reconcile %s: %s", p.pool, msgspec.json.encode(p).decode())
             await self._maybe_prune(conn)
             boundary = await self._next_boundary(conn)

@@ -20,19 +20,8 @@ from typing import Any
 
 import asyncpg
 
-from bench.common import (
-    PerClients,
-    Spread,
-    add_dsn_argument,
-    bench_connect,
-    durable_server,
-    find_pgbench,
-    fresh_database,
-    log,
-    ratio,
-    report,
-    run_pgbench,
-)
+from bench import common
+from bench.common import PerClients, Spread, add_dsn_argument, log, ratio, report
 from bench.cycles import ENGINE_SQL, check_engine_run, setup_engine
 
 SUMMARY = "engine cycle vs a minimal same-essentials allocator cycle (bench/baseline.sql)"
@@ -103,12 +92,12 @@ async def check_minimal_run(conn: asyncpg.Connection) -> int:
 async def measure(
     dsn: str, clients: list[int], seconds: float, repeats: int, subjects: int, pools: int
 ) -> BaselineResults:
-    pgbench = find_pgbench()
+    pgbench = common.find_pgbench()
     samples: dict[str, dict[int, list[float]]] = {
         "minimal": {c: [] for c in clients},
         "engine": {c: [] for c in clients},
     }
-    conn = await bench_connect(dsn)
+    conn = await common.bench_connect(dsn)
     try:
         await setup_engine(conn, subjects, pools)
         await setup_minimal(conn, subjects, pools)
@@ -120,7 +109,7 @@ async def measure(
             for rep in range(repeats):
                 for c in clients:
                     for name in ("minimal", "engine"):
-                        tps = await run_pgbench(
+                        tps = await common.run_pgbench(
                             pgbench, dsn, scripts[name], clients=c, seconds=seconds,
                             defines=defines,
                         )  # fmt: skip
@@ -148,8 +137,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def _run(args: argparse.Namespace, clients: list[int]) -> BaselineResults:
-    await durable_server(args.dsn)
-    async with fresh_database(args.dsn) as dsn:
+    await common.durable_server(args.dsn)
+    async with common.fresh_database(args.dsn) as dsn:
         return await measure(dsn, clients, args.seconds, args.repeats, args.subjects, args.pools)
 
 

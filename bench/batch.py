@@ -32,20 +32,10 @@ from typing import Any
 
 import asyncpg
 import httpx
-import msgspec
 
 from app.db import batch as db_batch
-from bench.common import (
-    Figures,
-    Spread,
-    add_dsn_argument,
-    bench_connect,
-    durable_server,
-    fresh_database,
-    gpu_members,
-    log,
-    report,
-)
+from bench import common
+from bench.common import Figures, Spread, add_dsn_argument, gpu_create, gpu_members, log, report
 from bench.rawhttp import split_url
 from bench.retrying import GaveUp, RetryingConnection
 from bench.wake import serve
@@ -84,7 +74,7 @@ async def _check(conn: asyncpg.Connection, expected: int, *, in_order: bool = Tr
     if queued != expected:
         raise SystemExit(f"batch: {queued} queued, expected {expected}")
     if not in_order:  # concurrent clients: no order between them to check
-        if await conn.fetchval("SELECT count(*) FROM respool.invariant_violations"):
+        if await common.broken_invariants(conn):
             raise SystemExit("batch: invariant violations")
         return
     disorder = await conn.fetchval(
@@ -94,7 +84,7 @@ async def _check(conn: asyncpg.Connection, expected: int, *, in_order: bool = Tr
     )
     if disorder:
         raise SystemExit(f"batch: {disorder} members out of queue order")
-    if await conn.fetchval("SELECT count(*) FROM respool.invariant_violations"):
+    if await common.broken_invariants(conn):
         raise SystemExit("batch: invariant violations")
 
 
@@ -131,7 +121,7 @@ async def _path(
     dsn: str, name: str, path: BatchPath, batches: int, batch_size: int
 ) -> tuple[list[float], float]:
     """Rates per batch and overall of ``batches`` batches created one after another."""
-    conn = await bench_connect(dsn)
+    conn = await common.bench_connect(dsn)
     try:
         await _setup(conn)
         rates: list[float] = []
@@ -156,18 +146,8 @@ async def _single_client(
     host, port = split_url(url)
     conn = RetryingConnection(host, port, counts)
     try:
-        for i in numbers:
-            if i >= total:
-                return
-            body = msgspec.json.encode(
-                {
-                    "subject": "b",
-                    "pool": "b",
-                    "resources": {"gpu": 1},
-                    "labels": {"member": f"single-{i}"},
-                    "idempotency_key": f"single-{i}",
-                }
-            )
+        for i in itertools.takewhile(lambda i: i < total, numbers):
+            body = gpu_create("b", f"single-{i}", labels={"member": f"single-{i}"})
             reply = await conn.call("POST", "/v1/requests", body)
             if reply.status not in (200, 201):
                 raise SystemExit(f"single create answered {reply.status}: {reply.body[:300]!r}")
@@ -179,7 +159,7 @@ async def _single_client(
 
 async def _singles(dsn: str, singles: int, clients: int) -> tuple[float, Counter[str]]:
     """Single creates per second from ``clients`` concurrent keep-alive clients."""
-    conn = await bench_connect(dsn)
+    conn = await common.bench_connect(dsn)
     counts: Counter[str] = Counter()
     try:
         await _setup(conn)
@@ -211,11 +191,11 @@ async def _singles(dsn: str, singles: int, clients: int) -> tuple[float, Counter
 async def measure(
     admin_dsn: str, batches: int, batch_size: int, singles: int = 10_000, clients: int = 200
 ) -> BatchResults:
-    async with fresh_database(admin_dsn) as dsn:
+    async with common.fresh_database(admin_dsn) as dsn:
         engine, engine_overall = await _path(dsn, "engine", _engine, batches, batch_size)
-    async with fresh_database(admin_dsn) as dsn:
+    async with common.fresh_database(admin_dsn) as dsn:
         http, http_overall = await _path(dsn, "HTTP", _http, batches, batch_size)
-    async with fresh_database(admin_dsn) as dsn:
+    async with common.fresh_database(admin_dsn) as dsn:
         singles_rate, counts = await _singles(dsn, singles, clients)
     return BatchResults(
         batches=batches,
@@ -246,7 +226,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def _run(args: argparse.Namespace) -> BatchResults:
-    await durable_server(args.dsn)
+    await common.durable_server(args.dsn)
     return await measure(args.dsn, args.batches, args.batch_size, args.singles, args.clients)
 
 

@@ -27,17 +27,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
-from bench.common import (
-    Figures,
-    add_dsn_argument,
-    bench_connect,
-    durable_server,
-    fresh_database,
-    log,
-    report,
-)
+from bench import common
+from bench.common import Figures, add_dsn_argument, checked, gpu_create, log, report
 from bench.rawhttp import split_url
 from bench.retrying import GaveUp, RetryingConnection
 from bench.waiters import _raise_fd_limit
@@ -94,17 +85,8 @@ async def _connection(
     creates never got a final answer."""
     lost = 0
     try:
-        for i in numbers:
-            if i >= total:
-                break
-            body = msgspec.json.encode(
-                {
-                    "subject": "burst",
-                    "pool": "burst",
-                    "resources": {"gpu": 1},
-                    "idempotency_key": f"burst-{i}",
-                }
-            )
+        for i in itertools.takewhile(lambda i: i < total, numbers):
+            body = gpu_create("burst", f"burst-{i}")
             try:
                 reply = await conn.call("POST", "/v1/requests", body)
             except GaveUp as exc:
@@ -121,7 +103,7 @@ async def _connection(
 
 async def measure(dsn: str, creates: int, connections: int, db_pool: int) -> BurstResult:
     _raise_fd_limit(connections + 1000)
-    conn = await bench_connect(dsn)
+    conn = await common.bench_connect(dsn)
     counts: Counter[str] = Counter()  # retried answers and transport errors
     statuses: Counter[str] = Counter()  # final answers
     problems: list[str] = []
@@ -152,7 +134,7 @@ async def measure(dsn: str, creates: int, connections: int, db_pool: int) -> Bur
         assert row is not None
         if not row["n"] == row["keys"] == row["allocated"] == creates:
             problems.append(f"in the database: {dict(row)}")
-        if await conn.fetchval("SELECT count(*) FROM respool.invariant_violations"):
+        if await common.broken_invariants(conn):
             problems.append("invariant violations")
     finally:
         await conn.close()
@@ -169,8 +151,7 @@ async def measure(dsn: str, creates: int, connections: int, db_pool: int) -> Bur
             if k.startswith("transport ")
         },
         unanswered=unanswered,
-        correct=not problems,
-        problems=tuple(problems[:20]),
+        **checked(problems),
     )
     log(
         f"  burst: {creates:,} creates over {connections} connections, database pool {db_pool}: "
@@ -188,8 +169,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def _run(args: argparse.Namespace) -> BurstResult:
-    await durable_server(args.dsn)
-    async with fresh_database(args.dsn) as dsn:
+    await common.durable_server(args.dsn)
+    async with common.fresh_database(args.dsn) as dsn:
         return await measure(dsn, args.creates, args.connections, args.db_pool)
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import msgspec
 
 from app.db.connect import APP_CLI, connect
 from app.db.dsn import with_database
@@ -173,6 +174,19 @@ async def durable_server(dsn: str) -> ServerInfo:
     require_durable(info)
     log(f"server: {info.line()}; load average {load_average()}")
     return info
+
+
+def positive_ints(text: str) -> list[int]:
+    """An argument of comma-separated positive integers (``1,8,32``)."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError("expected positive integers")
+    return values
 
 
 def add_dsn_argument(parser: argparse.ArgumentParser) -> None:
@@ -342,6 +356,16 @@ async def run_pgbench(
     raise SystemExit(f"no TPS in pgbench output:\n{text}")
 
 
+async def broken_invariants(conn: asyncpg.Connection) -> int:
+    """How many of the engine's invariants (``respool.invariant_violations``) are broken now."""
+    return int(await conn.fetchval("SELECT count(*) FROM respool.invariant_violations"))
+
+
+def checked(problems: Sequence[str]) -> dict[str, Any]:
+    """A result's ``correct`` and ``problems`` fields (the first 20 problems found)."""
+    return {"correct": not problems, "problems": tuple(problems[:20])}
+
+
 def log(*parts: object) -> None:
     print(*parts, file=sys.stderr, flush=True)
 
@@ -358,6 +382,13 @@ def gpu_members(subject: str, n: int, tag: str) -> list[dict[str, Any]]:
         }
         for i in range(n)
     ]
+
+
+def gpu_create(subject: str, key: str, **fields: Any) -> bytes:
+    """The JSON body of one create of one GPU for ``subject`` in the pool of the same name, with
+    the idempotency key ``key`` (and ``fields``)."""
+    body = {"subject": subject, "pool": subject, "resources": {"gpu": 1}, **fields}
+    return msgspec.json.encode(body | {"idempotency_key": key})
 
 
 def report(

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import asyncpg
 
-from bench.common import PerClients, Spread, bench_connect, find_pgbench, log, run_pgbench
+from bench import common
+from bench.common import PerClients, Spread, log
 
 SUMMARY = "physical limit (pgbench one-row UPDATE, with and without NOTIFY) and engine cycles"
 ROWS = 100_000
@@ -101,7 +102,7 @@ async def check_engine_run(conn: asyncpg.Connection) -> int:
     assert row is not None
     if row["not_released"] or row["waited"]:
         raise SystemExit(f"engine cycles went wrong: {dict(row)}")
-    bad = await conn.fetchval("SELECT count(*) FROM respool.invariant_violations")
+    bad = await common.broken_invariants(conn)
     if bad:
         raise SystemExit(f"engine cycles left {bad} invariant violations")
     await conn.execute("DELETE FROM respool.requests")
@@ -122,14 +123,14 @@ async def measure(
 ) -> CycleResults:
     """Runs every (repeat, clients) round as update, notify, engine in turn, so that drift in
     the machine's load touches all three alike."""
-    pgbench = find_pgbench()
+    pgbench = common.find_pgbench()
     results = CycleResults(clients)
     samples: dict[str, dict[int, list[float]]] = {
         "update": {c: [] for c in clients},
         "notify": {c: [] for c in clients},
         "engine": {c: [] for c in clients},
     }
-    conn = await bench_connect(dsn)
+    conn = await common.bench_connect(dsn)
     listener = await asyncpg.connect(dsn, timeout=30)
     heard = 0
 
@@ -153,7 +154,7 @@ async def measure(
             for rep in range(repeats):
                 for c in clients:
                     for name in ("update", "notify", "engine"):
-                        tps = await run_pgbench(
+                        tps = await common.run_pgbench(
                             pgbench,
                             dsn,
                             scripts[name],

@@ -25,16 +25,8 @@ import asyncpg
 
 from app.db import batch as db_batch
 from app.db import requests as db_requests
-from bench.common import (
-    DEFAULT_DSN,
-    Figures,
-    bench_connect,
-    durable_server,
-    fresh_database,
-    gpu_members,
-    log,
-    report,
-)
+from bench import common
+from bench.common import DEFAULT_DSN, Figures, broken_invariants, gpu_members, log, report
 
 SUMMARY = "release → grant time against queue depth (engine, one connection)"
 DEPTHS = (0, 100, 1000, 3000, 10000)
@@ -61,7 +53,7 @@ async def _queue(conn: asyncpg.Connection, n: int, tag: str) -> list[UUID]:
 
 
 async def _one_depth(dsn: str, gpus: int, depth: int, samples: int) -> list[float]:
-    conn = await bench_connect(dsn)
+    conn = await common.bench_connect(dsn)
     try:
         # The engine's work, not the disk's: each sample's commit does not wait for its flush.
         await conn.execute("SET synchronous_commit = off")
@@ -95,7 +87,7 @@ async def _one_depth(dsn: str, gpus: int, depth: int, samples: int) -> list[floa
         )
         if allocated != gpus:
             raise SystemExit(f"depth: {allocated} allocated after the run, expected {gpus}")
-        if await conn.fetchval("SELECT count(*) FROM respool.invariant_violations"):
+        if await broken_invariants(conn):
             raise SystemExit("depth: invariant violations")
         return times
     finally:
@@ -103,11 +95,11 @@ async def _one_depth(dsn: str, gpus: int, depth: int, samples: int) -> list[floa
 
 
 async def _run(args: argparse.Namespace) -> DepthResults:
-    await durable_server(args.dsn)
+    await common.durable_server(args.dsn)
     medians: list[float] = []
     p90s: list[float] = []
     for depth in args.depths:
-        async with fresh_database(args.dsn) as dsn:
+        async with common.fresh_database(args.dsn) as dsn:
             times = await _one_depth(dsn, args.gpus, depth, args.samples)
         medians.append(round(statistics.median(times), 3))
         p90s.append(round(statistics.quantiles(times, n=10)[-1], 3))

@@ -25,16 +25,8 @@ import asyncpg
 
 from app.db import batch as db_batch
 from app.db import requests as db_requests
-from bench.common import (
-    DEFAULT_DSN,
-    Figures,
-    bench_connect,
-    durable_server,
-    fresh_database,
-    gpu_members,
-    log,
-    report,
-)
+from bench import common
+from bench.common import DEFAULT_DSN, Figures, broken_invariants, gpu_members, log, report
 
 SUMMARY = "gangs/s created and granted (all_or_nothing batches)"
 
@@ -70,7 +62,7 @@ async def _check(conn: asyncpg.Connection, status: str, expected: int) -> None:
         raise SystemExit(f"gang: {n} {status}, expected {expected}")
     if await conn.fetchval(PARTIAL):
         raise SystemExit("gang: a gang is partly granted")
-    if await conn.fetchval("SELECT count(*) FROM respool.invariant_violations"):
+    if await broken_invariants(conn):
         raise SystemExit("gang: invariant violations")
 
 
@@ -89,7 +81,7 @@ async def _create(conn: asyncpg.Connection, gangs: int, size: int, what: str) ->
 
 
 async def _granted_at_create(dsn: str, gangs: int, size: int) -> float:
-    conn = await bench_connect(dsn)
+    conn = await common.bench_connect(dsn)
     try:
         await _setup(conn, gangs * size)
         rate = await _create(conn, gangs, size, "granted at create")
@@ -100,7 +92,7 @@ async def _granted_at_create(dsn: str, gangs: int, size: int) -> float:
 
 
 async def _queued_then_released(dsn: str, gangs: int, size: int) -> tuple[float, float]:
-    conn = await bench_connect(dsn)
+    conn = await common.bench_connect(dsn)
     try:
         await _setup(conn, gangs * size)
         made = await db_batch.create_requests(
@@ -120,9 +112,9 @@ async def _queued_then_released(dsn: str, gangs: int, size: int) -> tuple[float,
 
 
 async def measure(admin_dsn: str, gangs: int, size: int) -> GangResults:
-    async with fresh_database(admin_dsn) as dsn:
+    async with common.fresh_database(admin_dsn) as dsn:
         at_create = await _granted_at_create(dsn, gangs, size)
-    async with fresh_database(admin_dsn) as dsn:
+    async with common.fresh_database(admin_dsn) as dsn:
         created, granted = await _queued_then_released(dsn, gangs, size)
     return GangResults(gangs, size, at_create, created, granted)
 
@@ -136,7 +128,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.gangs < 1 or not 1 <= args.gang_size <= 1000:
         raise SystemExit("--gangs must be >= 1 and --gang-size 1..1000")
-    asyncio.run(durable_server(args.dsn))
+    asyncio.run(common.durable_server(args.dsn))
     r = asyncio.run(measure(args.dsn, args.gangs, args.gang_size))
     return report(
         r,

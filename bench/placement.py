@@ -42,19 +42,8 @@ from uuid import UUID
 
 import asyncpg
 
-from bench.common import (
-    DEFAULT_DSN,
-    Figures,
-    Spread,
-    bench_connect,
-    durable_server,
-    find_pgbench,
-    fresh_database,
-    log,
-    ratio,
-    report,
-    run_pgbench,
-)
+from bench import common
+from bench.common import DEFAULT_DSN, Figures, Spread, log, positive_ints, ratio, report
 from bench.cycles import check_engine_run
 from bench.wake import percentile
 
@@ -150,7 +139,7 @@ async def _create(
 
 
 async def _healthy(conn: asyncpg.Connection, what: str) -> None:
-    bad = await conn.fetchval("SELECT count(*) FROM respool.invariant_violations")
+    bad = await common.broken_invariants(conn)
     if bad:
         raise SystemExit(f"placement: {what} left {bad} invariant violations")
 
@@ -192,9 +181,9 @@ def _write_script(path: Path) -> Path:
 async def measure_cycles(
     dsn: str, clients: list[int], seconds: float, repeats: int, nodes: int, gpn: int, subjects: int
 ) -> CycleFigures:
-    pgbench = find_pgbench()
+    pgbench = common.find_pgbench()
     samples: dict[bool, dict[int, list[float]]] = {False: {}, True: {}}
-    conn = await bench_connect(dsn)
+    conn = await common.bench_connect(dsn)
     try:
         for with_nodes in (False, True):
             await make_pool(
@@ -212,7 +201,7 @@ async def measure_cycles(
             for rep in range(repeats):
                 for c in clients:
                     for with_nodes in (False, True):
-                        tps = await run_pgbench(
+                        tps = await common.run_pgbench(
                             pgbench, dsn, script, clients=c, seconds=seconds,
                             defines={"subjects": str(subjects), "nodes": str(int(with_nodes))},
                         )  # fmt: skip
@@ -365,7 +354,7 @@ async def _replay(
     dsn: str, mode: str, jobs: list[tuple[int, float]], nodes: int, depth: int, starve: int | None
 ) -> FragFigures:
     gpn = 8
-    conn = await bench_connect(dsn)
+    conn = await common.bench_connect(dsn)
     try:
         pool = f"frag-{mode}"
         pool_id = await make_pool(
@@ -432,7 +421,7 @@ async def measure_fragmentation(
     work = trace(jobs, seed)
     out = {}
     for mode in ("pack", "spread", "abstract"):
-        async with fresh_database(admin_dsn) as dsn:
+        async with common.fresh_database(admin_dsn) as dsn:
             out[mode] = await _replay(dsn, mode, work, nodes, depth, starve)
     return out
 
@@ -531,8 +520,8 @@ async def measure_preemption(
 ) -> PreemptFigures:
     times: dict[bool, list[float]] = {False: [], True: []}
     victims: dict[bool, list[float]] = {False: [], True: []}
-    async with fresh_database(admin_dsn) as dsn:
-        conn = await bench_connect(dsn)
+    async with common.fresh_database(admin_dsn) as dsn:
+        conn = await common.bench_connect(dsn)
         try:
             ids = {}
             for with_nodes in (False, True):
@@ -607,18 +596,6 @@ class PlacementResults(Figures):
         return out
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError("expected positive integers")
-    return values
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dsn", default=DEFAULT_DSN, help="server (default: %(default)s)")
     parser.add_argument(
@@ -626,7 +603,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seconds", type=float, default=10, help="cycles: seconds per run (10)")
     parser.add_argument("--repeats", type=int, default=3, help="cycles: runs per figure (3)")
-    parser.add_argument("--clients", type=_ints, default=[1, 8], help="cycles: clients (1,8)")
+    parser.add_argument(
+        "--clients", type=positive_ints, default=[1, 8], help="cycles: clients (1,8)"
+    )
     parser.add_argument("--subjects", type=int, default=1, help="cycles: subjects (1)")
     parser.add_argument(
         "--nodes", type=int, default=100, help="cycles, preemption: nodes of 8 GPUs (100)"
@@ -664,11 +643,11 @@ def _check(args: argparse.Namespace) -> None:
 
 
 async def _measure(args: argparse.Namespace) -> PlacementResults:
-    await durable_server(args.dsn)
+    await common.durable_server(args.dsn)
     only = [args.scenario] if args.scenario else list(SCENARIOS)
     out = PlacementResults()
     if "cycles" in only:
-        async with fresh_database(args.dsn) as dsn:
+        async with common.fresh_database(args.dsn) as dsn:
             out.cycles = await measure_cycles(
                 dsn, args.clients, args.seconds, args.repeats, args.nodes, 8, args.subjects
             )

@@ -55,13 +55,7 @@ class Connection:
         first = await self._reader.readexactly(1)
         arrived = time.perf_counter()
         head = first + await self._reader.readuntil(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        status = int(lines[0].split()[1])
-        length = 0
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            if name.strip().lower() == "content-length":
-                length = int(value)
+        status, length = parse_head(head)
         return Reply(status, await self._reader.readexactly(length), arrived)
 
     async def close(self) -> None:
@@ -69,6 +63,17 @@ class Connection:
             self._writer.close()
             with contextlib.suppress(OSError):
                 await self._writer.wait_closed()
+
+
+def parse_head(head: bytes) -> tuple[int, int]:
+    """(status, Content-Length, 0 without one) of an HTTP/1.1 answer's head."""
+    lines = head.decode("latin-1").split("\r\n")
+    length = 0
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "content-length":
+            length = int(value)
+    return int(lines[0].split()[1]), length
 
 
 def split_url(url: str) -> tuple[str, int]:

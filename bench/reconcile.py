@@ -22,7 +22,7 @@ from typing import Any
 
 import asyncpg
 
-from bench.common import Spread, bench_connect, fresh_database, log, log_medians
+from bench.common import Spread, bench_connect, broken_invariants, fresh_database, log, log_medians
 
 CAPACITY = 64
 SHAPES = (("a", 1), ("b", 1), ("a", 2), ("b", 2))
@@ -163,7 +163,7 @@ async def measure_one(
                         raise SystemExit(f"a churn pass did not expire {k} and grant: {doc}")
                     times.append(ms)
                 modes[f"churn {k}"] = Spread.of(times)
-            bad = await conn.fetchval("SELECT count(*) FROM respool.invariant_violations")
+            bad = await broken_invariants(conn)
             if bad:
                 raise SystemExit(f"{bad} invariant violations after the passes")
         finally:

@@ -31,15 +31,8 @@ from typing import Any
 
 import msgspec
 
-from bench.common import (
-    Figures,
-    add_dsn_argument,
-    bench_connect,
-    durable_server,
-    fresh_database,
-    log,
-    report,
-)
+from bench import common
+from bench.common import Figures, add_dsn_argument, checked, log, report
 from bench.rawhttp import split_url
 from bench.retrying import RETRY_FOR, GaveUp, RetryingConnection
 from bench.waiters import _raise_fd_limit
@@ -170,7 +163,7 @@ async def measure(
     ideal_s = max(s + h for s, h in zip(ideal, holds, strict=True))
     budget = run_for if run_for is not None else retry_for + 5 * ideal_s + 120
     _raise_fd_limit(steps + 1000)
-    conn = await bench_connect(dsn)
+    conn = await common.bench_connect(dsn)
     counts: Counter[str] = Counter()
     out: dict[str, Any] = {
         "submitted": [0.0] * steps,
@@ -231,16 +224,13 @@ async def measure(
         assert row is not None
         if row["n"] != steps or row["released"] != steps or row["odd"]:
             problems.append(f"in the database: {dict(row)}")
-        if await conn.fetchval("SELECT count(*) FROM respool.invariant_violations"):
+        if await common.broken_invariants(conn):
             problems.append("invariant violations")
     finally:
         await conn.close()
+    setup = (steps, gpus, holds_s, time_scale, workers)  # the fields of the run asked for
     result = SweepResult(
-        steps=steps,
-        gpus=gpus,
-        holds_s=holds_s,
-        time_scale=time_scale,
-        workers=workers,
+        *setup,
         makespan_s=makespan,
         ideal_s=ideal_s,
         submitted_s=submitted,
@@ -252,8 +242,7 @@ async def measure(
         transport_errors=counts["transport"],
         failed_steps=out["failed"],
         timed_out=timed_out,
-        correct=not problems,
-        problems=tuple(problems[:20]),
+        **checked(problems),
     )
     log(
         f"  sweep: {steps:,} steps on {gpus:,} GPUs: makespan {makespan:.1f} s, ideal "
@@ -309,8 +298,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def _run(args: argparse.Namespace) -> SweepResult:
-    await durable_server(args.dsn)
-    async with fresh_database(args.dsn) as dsn:
+    await common.durable_server(args.dsn)
+    async with common.fresh_database(args.dsn) as dsn:
         return await measure(
             dsn,
             args.steps,

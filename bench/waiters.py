@@ -23,7 +23,7 @@ import asyncpg
 import httpx
 import msgspec
 
-from bench.common import bench_connect, log
+from bench.common import bench_connect, broken_invariants, checked, log
 from bench.rawhttp import Connection, Reply, split_url
 from bench.wake import percentile, serve_process
 
@@ -203,7 +203,7 @@ async def measure(dsn: str, waiters: int, capacity: int, max_wait: int = 600) ->
                 f"{len(allocated_ids - answered)} granted without an answer, "
                 f"{len(answered - allocated_ids)} answered without a grant"
             )
-        if await conn.fetchval("SELECT count(*) FROM respool.invariant_violations"):
+        if await broken_invariants(conn):
             problems.append("invariant violations")
     finally:
         await conn.close()
@@ -218,6 +218,5 @@ async def measure(dsn: str, waiters: int, capacity: int, max_wait: int = 600) ->
         wake_all_ms=max(arrivals) * 1000 if arrivals else float("nan"),
         wake_p50_ms=percentile(arrivals, 50) * 1000 if arrivals else float("nan"),
         release_txn_ms=(committed - before) * 1000,
-        correct=not problems,
-        problems=tuple(problems[:20]),
+        **checked(problems),
     )

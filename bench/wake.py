@@ -129,16 +129,10 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve(
-    dsn: str,
-    *,
-    reconciler: bool = False,
-    env: dict[str, str] | None = None,
-    options: Sequence[str] = (),
-) -> Iterator[str]:
+def serve(dsn: str, **settings: Any) -> Iterator[str]:
     """``respool serve`` on a free loopback port against ``dsn``; yields its base URL.
-    ``options``: more command-line options of ``respool serve`` (``--workers 2``)."""
-    with serve_process(dsn, reconciler=reconciler, env=env, options=options) as (url, _proc):
+    ``settings``: :func:`serve_process`'s."""
+    with serve_process(dsn, **settings) as (url, _proc):
         yield url
 
 
@@ -164,7 +158,9 @@ def serve_process(
     env: dict[str, str] | None = None,
     options: Sequence[str] = (),
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """Like :func:`serve`, and also yields the server's process (for its RSS)."""
+    """``respool serve`` on a free loopback port against ``dsn``; yields its base URL and its
+    process (for its RSS). ``options``: more command-line options of ``respool serve``
+    (``--workers 2``)."""
     port = _free_port()
     full_env = {
         **os.environ,

@@ -28,9 +28,9 @@ from respool_client.manifest import (
 )
 from respool_client.wire import Node, Policy, Pool
 
-from cli.api import Api, connect_api
+from cli.api import Api
 from cli.common import CliError, confirm
-from cli.options import DEFAULT_URL, Output, OutputFormat, Token, Url, Yes
+from cli.options import Remote, Shown, Yes
 from cli.output import console, emit, print_parts, to_json, to_yaml
 from cli.plan_view import plan_lines
 
@@ -149,9 +149,8 @@ def apply(
         ),
     ] = False,
     yes: Yes = False,
-    output: Output = OutputFormat.table,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
+    *,
+    shown: Shown,
 ) -> None:
     """Make pools, policies and nodes match a file, in one transaction; idempotent.
 
@@ -167,11 +166,11 @@ def apply(
         respool export | respool apply -f - --dry-run
     """
     manifest = load_manifest(file)
-    with connect_api(url, token) as api:
+    with shown.api() as api:
         if prune and not dry_run and not yes:
             _confirm_deletions(_post(api, manifest, prune=True, dry_run=True, force=force), file)
         plan = _post(api, manifest, prune=prune, dry_run=dry_run, force=force)
-    emit(plan, output, lambda: plan_lines(plan))
+    emit(plan, shown.output, lambda: plan_lines(plan))
 
 
 def _drop_defaults(item: dict[str, Any], spec: type[msgspec.Struct]) -> None:
@@ -187,8 +186,8 @@ def export(
     output: Annotated[
         ExportFormat, typer.Option("-o", "--output", help="yaml (default) or json.")
     ] = ExportFormat.yaml,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
+    *,
+    remote: Remote,
 ) -> None:
     """Write every pool, policy and node in the format `respool apply` reads.
 
@@ -197,7 +196,7 @@ def export(
         respool export > pools.yaml
         respool export | respool apply -f - --dry-run
     """
-    with connect_api(url, token) as api:
+    with remote.api() as api:
         pools = api.call("GET", "/v1/pools", list[Pool])
         policies = api.call("GET", "/v1/policies", list[Policy])
         nodes = api.call("GET", "/v1/nodes", list[Node])

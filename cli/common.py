@@ -19,7 +19,6 @@ __all__ = [
     "describe_error",
     "exit_code_of",
     "fail",
-    "given",
     "names_parameter",
     "user_message",
 ]
@@ -136,9 +135,12 @@ def fail(message: str, code: int = FAILED) -> NoReturn:
     raise typer.Exit(code)
 
 
-def given(**fields: Any) -> dict[str, Any]:
-    """The fields of a request body the user gave: the options left at ``None`` are dropped."""
-    return {k: v for k, v in fields.items() if v is not None}
+def given_of(options: object, *names: str, **renamed: str) -> dict[str, Any]:
+    """The body fields the user gave among the attributes ``names`` of ``options`` (an option
+    group) and those ``renamed`` (body field: attribute): the ones left at ``None`` dropped."""
+    pairs = {name: name for name in names} | renamed
+    values = {field: getattr(options, name) for field, name in pairs.items()}
+    return {field: value for field, value in values.items() if value is not None}
 
 
 def confirm(question: str, *, yes: bool) -> None:

@@ -20,7 +20,7 @@ from typing import get_args
 from typer._click.core import Command, Context, Parameter  # Typer vendors click
 from typer.core import TyperGroup, TyperOption
 
-__all__ = ["EXAMPLE_WIDTH", "tidy"]
+__all__ = ["EXAMPLE_WIDTH", "tidy", "with_examples"]
 
 # An example line longer than this is continued on the next (80 columns less the epilog's
 # padding and a little room).
@@ -48,6 +48,11 @@ def tidy(command: Command) -> None:
     if isinstance(command, TyperGroup):
         for sub in command.commands.values():
             tidy(sub)
+
+
+def with_examples(text: str, *examples: str) -> str:
+    """The help of a command made by a factory: ``text``, then its ``Example:`` block."""
+    return "\n\n".join((text, "Example:", "\n".join(f"    {line}" for line in examples)))
 
 
 def _split(text: str) -> tuple[str, str | None]:

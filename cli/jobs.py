@@ -10,10 +10,9 @@ import typer
 from respool_client.agent import main as agent_main
 from respool_client.wire import Request
 
-from cli.api import connect_api
 from cli.complete import complete_pool
 from cli.fetch import list_requests, resolve_request
-from cli.options import DEFAULT_URL, Output, OutputFormat, Token, Url
+from cli.options import Remote, Shown
 from cli.output import emit
 from cli.tables import short, table
 
@@ -62,9 +61,8 @@ def jobs(
     every: Annotated[
         bool, typer.Option("--all", "-a", help="Finished jobs too (default: live ones).")
     ] = False,
-    output: Output = OutputFormat.table,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
+    *,
+    shown: Shown,
 ) -> None:
     """List jobs like squeue: ID NAME SUBJECT STATE NODE GPUS TIME EXIT, newest first; live
     ones (queued, allocated, preempting) unless --all.
@@ -74,14 +72,14 @@ def jobs(
         respool jobs
         respool jobs --pool gpus --all
     """
-    with connect_api(url, token) as api:
+    with shown.api() as api:
         found = [
             r
             for r in list_requests(api, pool=pool, status=None if every else LIVE, limit=SCAN)
             if r.job is not None
         ]
     empty = "no jobs" if every else "no live jobs (--all shows finished ones too)"
-    emit(found, output, lambda: [jobs_table(found, empty)])
+    emit(found, shown.output, lambda: [jobs_table(found, empty)])
 
 
 def logs(
@@ -92,8 +90,8 @@ def logs(
     attempt: Annotated[
         int | None, typer.Option("--attempt", min=1, help="This attempt (default: the current).")
     ] = None,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
+    *,
+    remote: Remote,
 ) -> None:
     """Print a job's output (stdout, and stderr to stderr); -f follows it to the end.
 
@@ -103,7 +101,7 @@ def logs(
         respool logs 3f2a9c1e -f --attempt 2
     """
     after = -1
-    with connect_api(url, token) as api:
+    with remote.api() as api:
         rid = resolve_request(api, job_id)
         while True:
             params: dict[str, Any] = {"after": after, "attempt": attempt}

@@ -14,12 +14,13 @@ from cli.apply import apply, export
 from cli.common import KNOWN_ERRORS, describe_error, exit_code_of
 from cli.group import RespoolGroup
 from cli.jobs import agent, jobs, logs
+from cli.options import Typer
 from cli.reconcile import reconcile
 from cli.run import run
 from cli.serve import serve
 from cli.submit import submit
 
-app = typer.Typer(
+app = Typer(
     name="respool",
     help="respool: a PostgreSQL-backed resource-pool allocator.",
     no_args_is_help=True,
@@ -37,20 +38,12 @@ app.add_typer(token.app, name="token")
 app.add_typer(db.app, name="db")
 app.command("serve")(serve)
 app.command("reconcile")(reconcile)
-app.command(
-    "run",
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-    add_help_option=False,
-)(run)
-app.command("submit", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
-    submit
-)
+# The commands that take a command line of their own (after --) or pass theirs on.
+PASS_ON = {"allow_extra_args": True, "ignore_unknown_options": True}
+app.command("run", context_settings=PASS_ON, add_help_option=False)(run)
+app.command("submit", context_settings=PASS_ON)(submit)
 app.command("jobs")(jobs)
-app.command(
-    "agent",
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-    add_help_option=False,
-)(agent)
+app.command("agent", context_settings=PASS_ON, add_help_option=False)(agent)
 app.command("logs")(logs)
 
 

@@ -6,7 +6,8 @@ label ``pool`` moves a node between pools, ``cordon``/``uncordon``/``drain``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
@@ -15,12 +16,13 @@ from respool_client.wire import Node
 from rich.console import RenderableType
 from rich.text import Text
 
-from cli.api import Api, connect_api, segment
+from cli.api import Api, segment
 from cli.common import CliError, confirm
 from cli.complete import complete_pool
 from cli.detect import GPU_TYPE_LABEL, Machine, detect
+from cli.help import with_examples
 from cli.maps import parse_labels
-from cli.options import DEFAULT_URL, Output, OutputFormat, Token, Url, Yes, map_option
+from cli.options import Remote, Shown, Typer, Yes, map_option
 from cli.output import emit, note
 from cli.tables import (
     node_allocations_table,
@@ -32,7 +34,7 @@ from cli.tables import (
 
 __all__ = ["POOL_LABEL", "app", "parse_devices", "parse_selector"]
 
-app = typer.Typer(
+app = Typer(
     help="Nodes: the machines behind a pool, their devices, labels and state.",
     no_args_is_help=True,
 )
@@ -41,6 +43,33 @@ app = typer.Typer(
 POOL_LABEL = "pool"
 
 NodeName = Annotated[str, typer.Argument(help="The node's name.")]
+NewNodeName = Annotated[
+    str, typer.Argument(help="Node name: lower-case letters, digits, '.', '_' and '-'.")
+]
+HostName = Annotated[
+    str | None,
+    typer.Option("--name", help="The node's name (default: this machine's hostname)."),
+]
+Detect = Annotated[
+    bool,
+    typer.Option(
+        "--detect",
+        help="Find GPUs with nvidia-smi and mcpu, memory_mb from the OS. The gpu device ids"
+        " are the GPU indices (what CUDA_VISIBLE_DEVICES takes), or on a MIG machine the MIG"
+        " UUIDs (a MIG instance has no index); a gpu-type label from the product name.",
+    ),
+]
+LabelChanges = Annotated[
+    list[str],
+    typer.Argument(
+        metavar="LABELS...",
+        help="KEY=VALUE sets a label, KEY- removes it; pool=P moves the node to pool P,"
+        " pool- takes it out of its pool.",
+    ),
+]
+Overwrite = Annotated[
+    bool, typer.Option("--overwrite", help="Let KEY=VALUE change a label that has a value.")
+]
 PoolOpt = Annotated[
     str | None,
     typer.Option(
@@ -62,9 +91,9 @@ Devices = Annotated[
     list[str] | None,
     typer.Option(
         "--devices",
-        metavar="KEY=ID,ID,...",
         help="Named devices of a key in order, e.g. gpu=0,1,2,3 (GPU indices, UUIDs or MIG"
         " ids: what CUDA_VISIBLE_DEVICES takes); repeat for another key.",
+        metavar="KEY=ID,ID,...",
     ),
 ]
 Labels = Annotated[
@@ -149,19 +178,24 @@ def _body(
     return body
 
 
+@dataclass(frozen=True)
+class NodeUnits:
+    """The options that say what a node has: add's and register's."""
+
+    capacity: Capacity = None
+    devices: Devices = None
+    label: Labels = None
+
+    def named(self) -> dict[str, list[str]]:
+        """``--devices`` as device ids per key."""
+        return parse_devices(self.devices or [])
+
+    def labels(self) -> dict[str, str]:
+        return parse_labels(self.label or [])
+
+
 @app.command("add")
-def add(
-    name: Annotated[
-        str, typer.Argument(help="Node name: lower-case letters, digits, '.', '_' and '-'.")
-    ],
-    pool: PoolOpt = None,
-    capacity: Capacity = None,
-    devices: Devices = None,
-    label: Labels = None,
-    output: Output = OutputFormat.table,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
-) -> None:
+def add(name: NewNodeName, pool: PoolOpt = None, *, units: NodeUnits, shown: Shown) -> None:
     """Add a node (a machine) to respool, in a pool or in none.
 
     A pool backed by nodes has their summed capacity; every allocation in it is placed on one
@@ -172,16 +206,14 @@ def add(
         respool node add gpu-01 --pool training -c '{"gpu": 8, "mcpu": 64000}' \\
             --devices gpu=0,1,2,3,4,5,6,7 --label gpu-type=A100-80G
     """
-    named = parse_devices(devices or [])
-    if not capacity and not named:
+    named = units.named()
+    if not units.capacity and not named:
         raise typer.BadParameter("give the node's units: -c '{\"gpu\": 8}' or --devices gpu=0,1")
-    body = {"name": name} | _body(
-        pool=pool, capacity=capacity, devices=named, labels=parse_labels(label or [])
-    )
-    with connect_api(url, token) as api:
-        node = api.call("POST", "/v1/nodes", Node, body=body)
+    fields = _body(pool=pool, capacity=units.capacity, devices=named, labels=units.labels())
+    with shown.api() as api:
+        node = api.call("POST", "/v1/nodes", Node, body={"name": name} | fields)
     note(f"added node {node.name}" + (f" to pool {node.pool}" if node.pool else " (in no pool)"))
-    emit(node, output, lambda: _node_view(node))
+    emit(node, shown.output, lambda: _node_view(node))
 
 
 def _registration(
@@ -217,25 +249,11 @@ def _registration(
 @app.command("register")
 def register(
     pool: PoolOpt = None,
-    name: Annotated[
-        str | None,
-        typer.Option("--name", help="The node's name (default: this machine's hostname)."),
-    ] = None,
-    detect_: Annotated[
-        bool,
-        typer.Option(
-            "--detect",
-            help="Find GPUs with nvidia-smi and mcpu, memory_mb from the OS. The gpu device ids"
-            " are the GPU indices (what CUDA_VISIBLE_DEVICES takes), or on a MIG machine the MIG"
-            " UUIDs (a MIG instance has no index); a gpu-type label from the product name.",
-        ),
-    ] = False,
-    capacity: Capacity = None,
-    devices: Devices = None,
-    label: Labels = None,
-    output: Output = OutputFormat.table,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
+    name: HostName = None,
+    detect_: Detect = False,
+    *,
+    units: NodeUnits,
+    shown: Shown,
 ) -> None:
     """Register this machine as a node; registering it again updates it.
 
@@ -256,41 +274,35 @@ def register(
     found = detect() if detect_ else Machine()
     for line in found.notes:
         note(line)
-    given = parse_devices(devices or [])
+    given = units.named()
     named = found.devices | given
-    units = found.capacity | (capacity or {})
+    capacity = found.capacity | (units.capacity or {})
     for key, ids in given.items():
-        if capacity is None or key not in capacity:
-            units[key] = len(ids)  # a key listed by --devices has as many units as ids
-    if not units and not named:
+        if units.capacity is None or key not in units.capacity:
+            capacity[key] = len(ids)  # a key listed by --devices has as many units as ids
+    if not capacity and not named:
         raise typer.BadParameter(
             "give the machine's units with -c '{\"gpu\": 8}', or let --detect find them",
             param_hint="--capacity",
         )
-    labels = found.labels | parse_labels(label or [])
-    with connect_api(url, token) as api:
+    labels = found.labels | units.labels()
+    with shown.api() as api:
         node, created = _registration(
             api,
             node_name,
             pool=pool,
-            capacity=units,
+            capacity=capacity,
             devices=named,
             labels=labels,
             detected=detect_,
         )
     where = f" in pool {node.pool}" if node.pool else " (in no pool)"
     note(f"{'registered' if created else 'updated'} node {node.name}{where}")
-    emit(node, output, lambda: _node_view(node))
+    emit(node, shown.output, lambda: _node_view(node))
 
 
 @app.command("list")
-def list_(
-    pool: PoolOpt = None,
-    select: Selector = None,
-    output: Output = OutputFormat.table,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
-) -> None:
+def list_(pool: PoolOpt = None, select: Selector = None, *, shown: Shown) -> None:
     """List nodes: pool, state, used/total per key and labels.
 
     Example:
@@ -302,85 +314,68 @@ def list_(
     params: dict[str, Any] = {"pool": pool}
     if wanted:
         params["selector"] = [f"{k}={v}" for k, v in wanted.items()]
-    with connect_api(url, token) as api:
+    with shown.api() as api:
         nodes = api.call("GET", "/v1/nodes", list[Node], params=params)
-    emit(nodes, output, lambda: [nodes_table(nodes)])
+    emit(nodes, shown.output, lambda: [nodes_table(nodes)])
 
 
 @app.command("describe")
-def describe(
-    name: NodeName,
-    output: Output = OutputFormat.table,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
-) -> None:
+def describe(name: NodeName, *, shown: Shown) -> None:
     """Show a node: capacity and usage per key, its devices and who holds each.
 
     Example:
 
         respool node describe gpu-01
     """
-    with connect_api(url, token) as api:
+    with shown.api() as api:
         node = api.call("GET", _path(name), Node)
-    emit(node, output, lambda: _node_view(node))
+    emit(node, shown.output, lambda: _node_view(node))
 
 
-def _label_changes(
-    node: Node, items: Sequence[str], overwrite: bool
-) -> tuple[dict[str, str | None], tuple[str | None] | None]:
-    """kubectl's rule: ``k=v`` sets, ``k-`` removes; changing a label that has another value
-    needs ``overwrite``. Returns (label changes, (new pool,) or None when the pool stays)."""
-    labels: dict[str, str | None] = {}
-    pool: tuple[str | None] | None = None
-    for item in items:
-        if "=" not in item and item.endswith("-") and len(item) > 1:
-            key = item[:-1].strip()
+@dataclass(frozen=True)
+class LabelEdit:
+    """``node label``'s changes and whether they may change a label that has a value."""
+
+    changes: LabelChanges
+    overwrite: Overwrite = False
+
+    def changes_of(self, node: Node) -> tuple[dict[str, str | None], tuple[str | None] | None]:
+        """kubectl's rule: ``k=v`` sets, ``k-`` removes; changing a label that has another value
+        needs ``--overwrite``. Returns (label changes, (new pool,) or None when the pool stays)."""
+        labels: dict[str, str | None] = {}
+        pool: tuple[str | None] | None = None
+        for item in self.changes:
+            if "=" not in item and item.endswith("-") and len(item) > 1:
+                key = item[:-1].strip()
+                if key == POOL_LABEL:
+                    pool = (None,)
+                elif key in node.labels:
+                    labels[key] = None
+                else:
+                    note(f"label {key!r} not found on node {node.name}")
+                continue
+            try:
+                key, value = split_pair(item)
+            except ValueError:
+                raise typer.BadParameter(
+                    f"{item!r}: expected KEY=VALUE to set a label or KEY- to remove one",
+                    param_hint="LABELS",
+                ) from None
+            old = node.pool if key == POOL_LABEL else node.labels.get(key)
+            if old is not None and old != value and not self.overwrite:
+                raise CliError(
+                    f"label {key!r} of node {node.name} already has the value {old!r}; "
+                    "pass --overwrite to change it"
+                )
             if key == POOL_LABEL:
-                pool = (None,)
-            elif key in node.labels:
-                labels[key] = None
-            else:
-                note(f"label {key!r} not found on node {node.name}")
-            continue
-        try:
-            key, value = split_pair(item)
-        except ValueError:
-            raise typer.BadParameter(
-                f"{item!r}: expected KEY=VALUE to set a label or KEY- to remove one",
-                param_hint="LABELS",
-            ) from None
-        old = node.pool if key == POOL_LABEL else node.labels.get(key)
-        if old is not None and old != value and not overwrite:
-            raise CliError(
-                f"label {key!r} of node {node.name} already has the value {old!r}; "
-                "pass --overwrite to change it"
-            )
-        if key == POOL_LABEL:
-            pool = (value,)
-        elif old != value:
-            labels[key] = value
-    return labels, pool
+                pool = (value,)
+            elif old != value:
+                labels[key] = value
+        return labels, pool
 
 
 @app.command("label")
-def label(
-    name: NodeName,
-    changes: Annotated[
-        list[str],
-        typer.Argument(
-            metavar="LABELS...",
-            help="KEY=VALUE sets a label, KEY- removes it; pool=P moves the node to pool P,"
-            " pool- takes it out of its pool.",
-        ),
-    ],
-    overwrite: Annotated[
-        bool, typer.Option("--overwrite", help="Let KEY=VALUE change a label that has a value.")
-    ] = False,
-    force: NodeForce = False,
-    output: Output = OutputFormat.table,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
-) -> None:
+def label(name: NodeName, edit: LabelEdit, force: NodeForce = False, *, shown: Shown) -> None:
     """Set or remove a node's labels (kubectl's rules); the label pool moves it.
 
     Moving a node out of its pool (pool=Q, pool-) is refused while it holds allocations,
@@ -393,9 +388,9 @@ def label(
         respool node label gpu-01 zone-
         respool node label gpu-01 pool=inference --overwrite
     """
-    with connect_api(url, token) as api:
+    with shown.api() as api:
         node = api.call("GET", _path(name), Node)
-        labels, pool = _label_changes(node, changes, overwrite)
+        labels, pool = edit.changes_of(node)
         body: dict[str, Any] = {}
         if labels:
             body["labels"] = labels
@@ -408,65 +403,33 @@ def label(
             note(f"labelled node {node.name}")
         else:
             note(f"node {node.name} already has these labels")
-    emit(node, output, lambda: _node_view(node))
+    emit(node, shown.output, lambda: _node_view(node))
 
 
 def _state_command(verb: str, doc: str) -> None:
     """Register ``node <verb> NAME``: POST /v1/nodes/NAME/<verb>, then show the node."""
 
-    def command(
-        name: NodeName,
-        output: Output = OutputFormat.table,
-        url: Url = DEFAULT_URL,
-        token: Token = None,
-    ) -> None:
-        with connect_api(url, token) as api:
+    def command(name: NodeName, *, shown: Shown) -> None:
+        with shown.api() as api:
             node = api.call("POST", f"{_path(name)}/{verb}", Node)
         note(f"node {node.name} is {node.state}")
-        emit(node, output, lambda: _node_view(node))
+        emit(node, shown.output, lambda: _node_view(node))
 
-    command.__doc__ = doc
+    command.__doc__ = with_examples(doc, f"respool node {verb} gpu-01")
     app.command(verb)(command)
 
 
-_state_command(
-    "cordon",
-    """Take no new grants on the node; what it holds stays.
-
-    Example:
-
-        respool node cordon gpu-01
-    """,
-)
-_state_command(
-    "uncordon",
-    """Make the node active again: it takes grants.
-
-    Example:
-
-        respool node uncordon gpu-01
-    """,
-)
+_state_command("cordon", "Take no new grants on the node; what it holds stays.")
+_state_command("uncordon", "Make the node active again: it takes grants.")
 _state_command(
     "drain",
-    """Cordon the node and preempt its preemptible holders (with the pool's grace);
-    non-preemptible ones finish on their own.
-
-    Example:
-
-        respool node drain gpu-01
-    """,
+    "Cordon the node and preempt its preemptible holders (with the pool's grace);"
+    " non-preemptible ones finish on their own.",
 )
 
 
 @app.command("delete")
-def delete(
-    name: NodeName,
-    yes: Yes = False,
-    force: NodeForce = False,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
-) -> None:
+def delete(name: NodeName, yes: Yes = False, force: NodeForce = False, *, remote: Remote) -> None:
     """Delete a node (asks first unless --yes); its pool loses its capacity.
 
     Refused while it holds allocations, unless --force preempts them.
@@ -475,7 +438,7 @@ def delete(
 
         respool node delete gpu-01 --yes
     """
-    with connect_api(url, token) as api:
+    with remote.api() as api:
         node = api.call("GET", _path(name), Node)
         where = f" from pool {node.pool}" if node.pool else ""
         confirm(f"Delete node {node.name}{where}?", yes=yes)

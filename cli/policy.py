@@ -5,33 +5,23 @@ Registered under ``respool pool`` (see :mod:`cli.pool`); the command names stay 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated
 
 import typer
 from respool_client.wire import Policy
 
-from cli.api import Api, connect_api
-from cli.common import CliError, confirm, given
+from cli.api import Api
+from cli.common import CliError, confirm, given_of
 from cli.complete import complete_subject
-from cli.options import (
-    DEFAULT_URL,
-    Description,
-    Force,
-    Output,
-    OutputFormat,
-    PoolRef,
-    Token,
-    Url,
-    Yes,
-    map_option,
-)
+from cli.options import Description, Force, PoolRef, Remote, Shown, Typer, Yes, map_option
 from cli.output import emit, note
 from cli.tables import policies_table
 from cli.windows import parse_windows
 
 __all__ = ["app"]
 
-app = typer.Typer()
+app = Typer()
 
 Subject = Annotated[
     str,
@@ -41,65 +31,78 @@ Subject = Annotated[
         autocompletion=complete_subject,
     ),
 ]
-Priority = Annotated[
-    int | None, typer.Option("-p", "--priority", help="Higher is preferred (default 0).")
-]
-Reserved = Annotated[
-    dict[str, int] | None,
-    map_option(
-        "-r",
-        "--reserved",
-        help="Reserved share per key, JSON or YAML (merges on update; 0 removes a key).",
-    ),
-]
-Ceiling = Annotated[
-    dict[str, int] | None,
-    map_option(
-        "-l",
-        "--limit",
-        help="Hard ceiling per key, JSON or YAML (merges on update; 0 removes a key).",
-    ),
+Detached = Annotated[str, typer.Argument(help="The subject to detach.")]
+OnlyPool = Annotated[str | None, typer.Argument(help="Only this pool (name, id or prefix).")]
+OnlySubject = Annotated[
+    str | None,
+    typer.Option("--subject", help="Only this subject.", autocompletion=complete_subject),
 ]
 
 
-Lane = Annotated[
-    bool | None,
-    typer.Option(
-        "--lane/--no-lane",
-        help="Priority lane: its requests come before every other request and may preempt"
-        " borrowing allocations of other policies whatever their priority (default: no lane).",
-        show_default=False,
-    ),
-]
-Window = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--window",
-        metavar="WINDOW",
-        help="When the reserved share is in force; repeat for more (replaces the policy's"
-        " windows): 'mon-fri 09:00-17:00 Europe/Berlin', '09:00-17:00 UTC' (every day),"
-        " 'mon,wed,fri 22:00-06:00 UTC' (crosses midnight),"
-        " START/END in ISO with a zone (one time, see the examples). Left out: kept on an update;"
-        " a new policy is always in force.",
-    ),
-]
-NoWindows = Annotated[
-    bool,
-    typer.Option("--no-windows", help="Remove the policy's windows: always in force again."),
-]
+@dataclass(frozen=True)
+class PolicyFields:
+    """The options that set a policy's fields (``attach-policy`` creates or updates)."""
 
+    priority: Annotated[
+        int | None, typer.Option("-p", "--priority", help="Higher is preferred (default 0).")
+    ] = None
+    reserved: Annotated[
+        dict[str, int] | None,
+        map_option(
+            "-r",
+            "--reserved",
+            help="Reserved share per key, JSON or YAML (merges on update; 0 removes a key).",
+        ),
+    ] = None
+    limit: Annotated[
+        dict[str, int] | None,
+        map_option(
+            "-l",
+            "--limit",
+            help="Hard ceiling per key, JSON or YAML (merges on update; 0 removes a key).",
+        ),
+    ] = None
+    description: Description = None
+    lane: Annotated[
+        bool | None,
+        typer.Option(
+            "--lane/--no-lane",
+            help="Priority lane: its requests come before every other request and may preempt"
+            " borrowing allocations of other policies whatever their priority (default: no lane).",
+            show_default=False,
+        ),
+    ] = None
+    window: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--window",
+            metavar="WINDOW",
+            help="When the reserved share is in force; repeat for more (replaces the policy's"
+            " windows): 'mon-fri 09:00-17:00 Europe/Berlin', '09:00-17:00 UTC' (every day),"
+            " 'mon,wed,fri 22:00-06:00 UTC' (crosses midnight),"
+            " START/END in ISO with a zone (one time, see the examples). Left out: kept on an"
+            " update; a new policy is always in force.",
+        ),
+    ] = None
+    no_windows: Annotated[
+        bool,
+        typer.Option("--no-windows", help="Remove the policy's windows: always in force again."),
+    ] = False
 
-def _shape(lane: bool | None, window: list[str] | None, no_windows: bool) -> dict[str, object]:
-    """The body fields of ``--lane/--no-lane``, ``--window`` and ``--no-windows`` (a list of
-    window objects replaces the policy's windows, null removes them)."""
-    fields: dict[str, object] = {} if lane is None else {"priority_lane": lane}
-    if window and no_windows:
-        raise typer.BadParameter("give --window or --no-windows, not both", param_hint="--window")
-    if window:
-        fields["windows"] = parse_windows(window)
-    elif no_windows:
-        fields["windows"] = None
-    return fields
+    def body(self) -> dict[str, object]:
+        """The fields given, as the API names them: a list of window objects replaces the
+        policy's windows, null (``--no-windows``) removes them."""
+        names = ("priority", "reserved", "limit", "description")
+        fields = given_of(self, *names, priority_lane="lane")
+        if self.window and self.no_windows:
+            raise typer.BadParameter(
+                "give --window or --no-windows, not both", param_hint="--window"
+            )
+        if self.window:
+            fields["windows"] = parse_windows(self.window)
+        elif self.no_windows:
+            fields["windows"] = None
+        return fields
 
 
 def find_policy(api: Api, pool: str, subject: str) -> Policy | None:
@@ -109,20 +112,7 @@ def find_policy(api: Api, pool: str, subject: str) -> Policy | None:
 
 
 @app.command("attach-policy")
-def attach_policy(
-    pool: PoolRef,
-    subject: Subject,
-    priority: Priority = None,
-    reserved: Reserved = None,
-    limit: Ceiling = None,
-    description: Description = None,
-    lane: Lane = None,
-    window: Window = None,
-    no_windows: NoWindows = False,
-    output: Output = OutputFormat.table,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
-) -> None:
+def attach_policy(pool: PoolRef, subject: Subject, *, fields: PolicyFields, shown: Shown) -> None:
     """Bind a subject (or a pattern of subjects) to a pool, or update its existing policy there.
 
     A pattern policy ('team-vision:*') is one quota shared by every subject it covers: a
@@ -140,28 +130,22 @@ def attach_policy(
         respool pool attach-policy training-gpus orchestrator:prod \\
             --window 2026-12-24T00:00Z/2026-12-27T00:00Z
     """
-    fields = given(priority=priority, reserved=reserved, limit=limit, description=description)
-    fields |= _shape(lane, window, no_windows)
-    with connect_api(url, token) as api:
+    body = fields.body()
+    with shown.api() as api:
         existing = find_policy(api, pool, subject)
         if existing is None:
-            body = {"subject": subject, "pool": pool, **fields}
+            body = {"subject": subject, "pool": pool, **body}
             policy = api.call("POST", "/v1/policies", Policy, body=body)
             note(f"attached {subject} to pool {policy.pool}")
         else:
-            policy = api.call("PATCH", f"/v1/policies/{existing.id}", Policy, body=fields)
+            policy = api.call("PATCH", f"/v1/policies/{existing.id}", Policy, body=body)
             note(f"updated the policy of {subject} on pool {policy.pool}")
-    emit(policy, output, lambda: [policies_table([policy])])
+    emit(policy, shown.output, lambda: [policies_table([policy])])
 
 
 @app.command("detach-policy")
 def detach_policy(
-    pool: PoolRef,
-    subject: Annotated[str, typer.Argument(help="The subject to detach.")],
-    yes: Yes = False,
-    force: Force = False,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
+    pool: PoolRef, subject: Detached, yes: Yes = False, force: Force = False, *, remote: Remote
 ) -> None:
     """Remove a subject's policy from a pool (asks first unless --yes).
 
@@ -169,7 +153,7 @@ def detach_policy(
 
         respool pool detach-policy training-gpus orchestrator:dev -y
     """
-    with connect_api(url, token) as api:
+    with remote.api() as api:
         policy = find_policy(api, pool, subject)
         if policy is None:
             raise CliError(f"subject {subject} has no policy on pool {pool}")
@@ -179,16 +163,7 @@ def detach_policy(
 
 
 @app.command("list-policies")
-def list_policies(
-    pool: Annotated[str | None, typer.Argument(help="Only this pool (name, id or prefix).")] = None,
-    subject: Annotated[
-        str | None,
-        typer.Option("--subject", help="Only this subject.", autocompletion=complete_subject),
-    ] = None,
-    output: Output = OutputFormat.table,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
-) -> None:
+def list_policies(pool: OnlyPool = None, subject: OnlySubject = None, *, shown: Shown) -> None:
     """List policies with reserved, limit, used and borrowed units per key, their lane,
     windows, whether the reserved share is in force now (ACTIVE) and when that flips next
     (NEXT CHANGE, UTC), and for a pattern the subjects it covers now (COVERS).
@@ -198,9 +173,9 @@ def list_policies(
         respool pool list-policies training-gpus
         respool pool list-policies --subject orchestrator:prod -o json
     """
-    with connect_api(url, token) as api:
+    with shown.api() as api:
         policies = api.call(
             "GET", "/v1/policies", list[Policy], params={"pool": pool, "subject": subject}
         )
     # One pool asked for: its name is in every row, so no POOL column (as kubectl -n).
-    emit(policies, output, lambda: [policies_table(policies, show_pool=pool is None)])
+    emit(policies, shown.output, lambda: [policies_table(policies, show_pool=pool is None)])

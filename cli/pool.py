@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -22,21 +23,10 @@ from rich.console import RenderableType
 from rich.text import Text
 
 from cli import policy
-from cli.api import Api, connect_api, segment
-from cli.common import confirm, given
+from cli.api import Api, segment
+from cli.common import confirm, given_of
 from cli.fetch import list_requests
-from cli.options import (
-    DEFAULT_URL,
-    Description,
-    Force,
-    Output,
-    OutputFormat,
-    PoolRef,
-    Token,
-    Url,
-    Yes,
-    map_option,
-)
+from cli.options import Description, Force, PoolRef, Remote, Shown, Typer, Yes, map_option
 from cli.output import emit, note
 from cli.tables import (
     nodes_table,
@@ -49,7 +39,7 @@ from cli.tables import (
 )
 from cli.watch import Watch, watch
 
-app = typer.Typer(
+app = Typer(
     help="Pools of capacity and the subject policies that draw from them.",
     no_args_is_help=True,
 )
@@ -62,23 +52,16 @@ class View(StrEnum):
     all = "all"
 
 
-Capacity = Annotated[
-    dict[str, int] | None,
-    map_option(
-        "-c",
-        "--capacity",
-        help="""Capacity per key, JSON or YAML: '{"gpu": 8, "step_run": 32}'.""",
+Limit = Annotated[int, typer.Option("--limit", min=1, help="At most this many requests.")]
+ViewOpt = Annotated[
+    View,
+    typer.Option(
+        "--view", help="queued (in grant order), active (holding units) or all (newest first)."
     ),
 ]
-QueueingOpt = Annotated[
-    Queueing | None,
-    typer.Option("--queueing", help="best_effort grants whatever fits; strict keeps order."),
+NewPoolName = Annotated[
+    str, typer.Argument(help="Pool name: lower-case letters, digits, '.', '_' and '-'.")
 ]
-Grace = Annotated[
-    int | None,
-    typer.Option("--grace", min=0, help="Preemption grace period in seconds."),
-]
-Limit = Annotated[int, typer.Option("--limit", min=1, help="At most this many requests.")]
 
 OFF = "off"
 
@@ -91,52 +74,61 @@ def parse_starvation(text: str) -> str:
     raise typer.BadParameter(f"give seconds (0 to {MAX_SECONDS}) or 'off'")
 
 
-Starvation = Annotated[
-    str | None,
-    typer.Option(
-        "--starvation-seconds",
-        parser=parse_starvation,
-        metavar="SECONDS|off",
-        help="best_effort: after the queue head waited this long, hold free units for it"
-        " (backfill only with max_seconds); 'off' disables. Default 300.",
-    ),
-]
-OrderingOpt = Annotated[
-    Ordering | None,
-    typer.Option(
-        "--ordering", help="fifo: queue time; fair: lower dominant share first at equal priority."
-    ),
-]
+@dataclass(frozen=True)
+class PoolFields:
+    """The options that set a pool's fields, create's and update's."""
 
-PlacementOpt = Annotated[
-    PlacementMode | None,
-    typer.Option(
-        "--placement",
-        help="Pools with nodes: pack fills the busiest node that fits (keeps whole machines"
-        " free), spread the emptiest. Default pack.",
-    ),
-]
+    capacity: Annotated[
+        dict[str, int] | None,
+        map_option(
+            "-c",
+            "--capacity",
+            help="""Capacity per key, JSON or YAML: '{"gpu": 8, "step_run": 32}'.""",
+        ),
+    ] = None
+    description: Description = None
+    queueing: Annotated[
+        Queueing | None,
+        typer.Option("--queueing", help="best_effort grants whatever fits; strict keeps order."),
+    ] = None
+    grace: Annotated[
+        int | None, typer.Option("--grace", min=0, help="Preemption grace period in seconds.")
+    ] = None
+    starvation: Annotated[
+        str | None,
+        typer.Option(
+            "--starvation-seconds",
+            parser=parse_starvation,
+            metavar="SECONDS|off",
+            help="best_effort: after the queue head waited this long, hold free units for it"
+            " (backfill only with max_seconds); 'off' disables. Default 300.",
+        ),
+    ] = None
+    ordering: Annotated[
+        Ordering | None,
+        typer.Option(
+            "--ordering",
+            help="fifo: queue time; fair: lower dominant share first at equal priority.",
+        ),
+    ] = None
+    placement: Annotated[
+        PlacementMode | None,
+        typer.Option(
+            "--placement",
+            help="Pools with nodes: pack fills the busiest node that fits (keeps whole machines"
+            " free), spread the emptiest. Default pack.",
+        ),
+    ] = None
 
-
-def _pool_fields(
-    description: str | None,
-    queueing: Queueing | None,
-    grace: int | None,
-    starvation: str | None,
-    ordering: Ordering | None,
-    placement: PlacementMode | None,
-) -> dict[str, Any]:
-    """The pool fields the user gave (create and update), as the API names them."""
-    body = given(
-        description=description,
-        queueing=queueing,
-        preemption_grace_seconds=grace,
-        ordering=ordering,
-        placement=placement,
-    )
-    if starvation is not None:  # off is sent as null: the guard is off (docs/scheduling.md)
-        body["starvation_seconds"] = None if starvation == OFF else int(starvation)
-    return body
+    def body(self) -> dict[str, Any]:
+        """The fields given but the capacity, as the API names them."""
+        names = ("description", "queueing", "ordering", "placement")
+        body = given_of(self, *names, preemption_grace_seconds="grace")
+        if (
+            self.starvation is not None
+        ):  # off is sent as null: the guard is off (docs/scheduling.md)
+            body["starvation_seconds"] = None if self.starvation == OFF else int(self.starvation)
+        return body
 
 
 class PoolDescription(msgspec.Struct, kw_only=True):
@@ -174,21 +166,7 @@ def _active(api: Api, pool: str, limit: int) -> list[Request]:
 
 
 @app.command("create")
-def create(
-    name: Annotated[
-        str, typer.Argument(help="Pool name: lower-case letters, digits, '.', '_' and '-'.")
-    ],
-    capacity: Capacity = None,
-    description: Description = None,
-    queueing: QueueingOpt = None,
-    grace: Grace = None,
-    starvation: Starvation = None,
-    ordering: OrderingOpt = None,
-    placement: PlacementOpt = None,
-    output: Output = OutputFormat.table,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
-) -> None:
+def create(name: NewPoolName, *, fields: PoolFields, shown: Shown) -> None:
     """Create a pool of capacity.
 
     A pool meant for nodes is created without --capacity: its capacity is the sum of its
@@ -199,20 +177,15 @@ def create(
         respool pool create training-gpus -c '{"gpu": 8, "step_run": 32}' -d "Shared GPUs"
         respool pool create gpu-boxes --placement spread
     """
-    body: dict[str, Any] = {"name": name, "capacity": capacity or {}}
-    body |= _pool_fields(description, queueing, grace, starvation, ordering, placement)
-    with connect_api(url, token) as api:
+    body = {"name": name, "capacity": fields.capacity or {}} | fields.body()
+    with shown.api() as api:
         pool = api.call("POST", "/v1/pools", Pool, body=body)
     note(f"created pool {pool.name} ({pool.id})")
-    emit(pool, output, lambda: _pool_view(pool))
+    emit(pool, shown.output, lambda: _pool_view(pool))
 
 
 @app.command("list")
-def list_(
-    output: Output = OutputFormat.table,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
-) -> None:
+def list_(*, shown: Shown) -> None:
     """List pools: used vs total per key, nodes and the number of queued requests.
 
     Example:
@@ -220,19 +193,13 @@ def list_(
         respool pool list
         respool pool list -o json | jq '.[].name'
     """
-    with connect_api(url, token) as api:
+    with shown.api() as api:
         pools = api.call("GET", "/v1/pools", list[Pool])
-    emit(pools, output, lambda: [pools_table(pools)])
+    emit(pools, shown.output, lambda: [pools_table(pools)])
 
 
 @app.command("describe")
-def describe(
-    ref: PoolRef,
-    limit: Limit = 100,
-    output: Output = OutputFormat.table,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
-) -> None:
+def describe(ref: PoolRef, limit: Limit = 100, *, shown: Shown) -> None:
     """Show a pool: capacity and usage, its policies, its queue and what holds its units;
     for a pool with nodes, its nodes and the requests running on each.
 
@@ -241,7 +208,7 @@ def describe(
         respool pool describe training-gpus
         respool pool describe 3f2a -o yaml
     """
-    with connect_api(url, token) as api:
+    with shown.api() as api:
         pool = api.call("GET", f"/v1/pools/{segment(ref)}", Pool)
         data = PoolDescription(
             pool=pool,
@@ -270,23 +237,11 @@ def describe(
             else:
                 yield requests_table(found, view=view, title=f"{title} ({len(found)})")
 
-    emit(data, output, table)
+    emit(data, shown.output, table)
 
 
 @app.command("update")
-def update(
-    ref: PoolRef,
-    capacity: Capacity = None,
-    description: Description = None,
-    queueing: QueueingOpt = None,
-    grace: Grace = None,
-    starvation: Starvation = None,
-    ordering: OrderingOpt = None,
-    placement: PlacementOpt = None,
-    output: Output = OutputFormat.table,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
-) -> None:
+def update(ref: PoolRef, *, fields: PoolFields, shown: Shown) -> None:
     """Update a pool. Capacity merges: keys given are replaced or added, 0 removes a key.
 
     Shrinking below what is allocated makes the reconciler preempt preemptible work.
@@ -297,27 +252,20 @@ def update(
         respool pool update training-gpus -c '{step_run: 0}' --queueing strict
         respool pool update training-gpus --starvation-seconds 600 --ordering fair
     """
-    body: dict[str, Any] = {} if capacity is None else {"capacity": capacity}
-    body |= _pool_fields(description, queueing, grace, starvation, ordering, placement)
+    body = ({} if fields.capacity is None else {"capacity": fields.capacity}) | fields.body()
     if not body:
         raise typer.BadParameter(
             "nothing to update: give --capacity, --description, --queueing, --grace,"
             " --starvation-seconds, --ordering or --placement"
         )
-    with connect_api(url, token) as api:
+    with shown.api() as api:
         pool = api.call("PATCH", f"/v1/pools/{segment(ref)}", Pool, body=body)
     note(f"updated pool {pool.name}")
-    emit(pool, output, lambda: _pool_view(pool))
+    emit(pool, shown.output, lambda: _pool_view(pool))
 
 
 @app.command("delete")
-def delete(
-    ref: PoolRef,
-    yes: Yes = False,
-    force: Force = False,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
-) -> None:
+def delete(ref: PoolRef, yes: Yes = False, force: Force = False, *, remote: Remote) -> None:
     """Delete a pool and its policies (asks first unless --yes).
 
     Refused while requests are queued or allocated in it, unless --force cancels them.
@@ -326,7 +274,7 @@ def delete(
 
         respool pool delete training-gpus --yes
     """
-    with connect_api(url, token) as api:
+    with remote.api() as api:
         pool = api.call("GET", f"/v1/pools/{segment(ref)}", Pool)
         confirm(f"Delete pool {pool.name} ({pool.id}) and its policies?", yes=yes)
         api.call("DELETE", f"/v1/pools/{pool.id}", params={"force": str(force).lower()})
@@ -336,17 +284,11 @@ def delete(
 @app.command("requests")
 def requests(
     pool: PoolRef,
-    view: Annotated[
-        View,
-        typer.Option(
-            "--view", help="queued (in grant order), active (holding units) or all (newest first)."
-        ),
-    ] = View.queued,
+    view: ViewOpt = View.queued,
     limit: Limit = 100,
     every: Watch = None,
-    output: Output = OutputFormat.table,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
+    *,
+    shown: Shown,
 ) -> None:
     """List a pool's requests: its queue, what holds units, or everything.
 
@@ -357,7 +299,7 @@ def requests(
     """
 
     def draw() -> None:
-        with connect_api(url, token) as api:
+        with shown.api() as api:
             ref = str(api.call("GET", f"/v1/pools/{segment(pool)}", Pool).id)
             if view is View.queued:
                 found = _queue(api, ref, limit)
@@ -365,6 +307,6 @@ def requests(
                 found = _active(api, ref, limit)
             else:
                 found = list_requests(api, pool=ref, limit=limit)
-        emit(found, output, lambda: [requests_table(found, view=view.value)])
+        emit(found, shown.output, lambda: [requests_table(found, view=view.value)])
 
-    watch(every, output, draw)
+    watch(every, shown.output, draw)

@@ -4,8 +4,10 @@ prune."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 import typer
@@ -21,43 +23,32 @@ from respool_client.wire import (
     WhatIf,
 )
 
-from cli.api import Api, connect_api, segment
+from cli.api import Api, segment
 from cli.common import CliError, describe_error
 from cli.complete import complete_pool, complete_request, complete_subject
 from cli.dry_run import outcome, plan_view
 from cli.fetch import LABEL_SCAN, list_requests, resolve_gang, resolve_request
+from cli.help import with_examples
 from cli.maps import parse_labels
-from cli.options import DEFAULT_URL, Output, OutputFormat, StatusFilter, Token, Url, check_status
+from cli.options import OutputFormat, Remote, Shown, StatusFilter, Typer, check_status
 from cli.output import emit, note
 from cli.request_options import (
     AllOrNothing,
     Count,
-    Cpu,
     DryRun,
     Gang,
-    Gpu,
-    Group,
     IdempotencyKey,
     KeepQueued,
-    Label,
-    LeaseOption,
-    MaxRetries,
     MaxSeconds,
-    Memory,
-    NodeChoice,
-    NonPreemptible,
-    PoolChoice,
-    Resource,
-    Selector,
+    RequestFields,
     Subject,
     Wait,
-    request_body,
 )
 from cli.tables import events_table, fmt_time, request_header, requests_table
 from cli.wait import wait_until_not_queued
 from cli.watch import Watch, watch
 
-app = typer.Typer(
+app = Typer(
     help="Resource requests: ask for capacity, follow, release and clean up.",
     no_args_is_help=True,
 )
@@ -127,29 +118,17 @@ def _give_up(api: Api, req: Request, keep_queued: bool, why: str) -> tuple[Reque
 @app.command("create")
 def create(
     subject: Subject,
-    pool: PoolChoice = None,
-    gpu: Gpu = None,
-    cpu: Cpu = None,
-    memory: Memory = None,
-    resource: Resource = None,
-    label: Label = None,
-    non_preemptible: NonPreemptible = False,
-    max_retries: MaxRetries = 0,
-    lease: LeaseOption = None,
+    fields: RequestFields,
     idempotency_key: IdempotencyKey = None,
     max_seconds: MaxSeconds = None,
-    select: Selector = None,
-    node: NodeChoice = None,
-    group: Group = None,
     dry_run: DryRun = False,
     count: Count = 1,
     gang: Gang = False,
     all_or_nothing: AllOrNothing = False,
     wait: Wait = None,
     keep_queued: KeepQueued = False,
-    output: Output = OutputFormat.table,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
+    *,
+    shown: Shown,
 ) -> None:
     """Ask for capacity. Without --wait, prints the request as created (exit 1 if rejected).
 
@@ -170,29 +149,13 @@ def create(
     gang = gang or all_or_nothing
     many = count > 1 or gang
     _check_combination(many=many, dry_run=dry_run, wait=wait)
-    body = request_body(
-        subject=subject,
-        pool=pool,
-        gpu=gpu,
-        cpu=cpu,
-        memory=memory,
-        resource=resource,
-        label=label,
-        non_preemptible=non_preemptible,
-        max_retries=max_retries,
-        lease=lease,
-        idempotency_key=idempotency_key,
-        max_seconds=max_seconds,
-        select=select,
-        node=node,
-        group=group,
-    )
+    body = fields.body(subject, idempotency_key=idempotency_key, max_seconds=max_seconds)
     if dry_run:
-        _what_if(body, output, url, token)
+        _what_if(body, shown)
     elif many:
-        _create_many(body, count, gang, output, url, token)
+        _create_many(body, count, gang, shown)
     else:
-        _create_one(body, wait, keep_queued, output, url, token)
+        _create_one(body, wait, keep_queued, shown)
 
 
 def _check_combination(*, many: bool, dry_run: bool, wait: float | None) -> None:
@@ -207,22 +170,15 @@ def _check_combination(*, many: bool, dry_run: bool, wait: float | None) -> None
         raise typer.BadParameter("--wait follows one request; leave it out", param_hint="--count")
 
 
-def _create_one(
-    body: RequestCreate,
-    wait: float | None,
-    keep_queued: bool,
-    output: OutputFormat,
-    url: str,
-    token: str | None,
-) -> None:
+def _create_one(body: RequestCreate, wait: float | None, keep_queued: bool, shown: Shown) -> None:
     """Create one request, wait for its grant if asked, show it (exit 1 unless it went well)."""
     said = None
-    with connect_api(url, token) as api:
+    with shown.api() as api:
         req = api.call("POST", "/v1/requests", Request, body=body)
         if wait is not None and req.status == "queued":
-            req, said = _wait_for_grant(api, req, wait, keep_queued, output)
+            req, said = _wait_for_grant(api, req, wait, keep_queued, shown.output)
     note(said or _outcome(req))
-    _show(req, output)
+    _show(req, shown.output)
     failed = req.status != "allocated" if wait is not None else req.status == "rejected"
     if failed:
         raise typer.Exit(1)
@@ -245,9 +201,9 @@ def _wait_for_grant(
     return req, None
 
 
-def _what_if(body: RequestCreate, output: OutputFormat, url: str, token: str | None) -> None:
+def _what_if(body: RequestCreate, shown: Shown) -> None:
     """``create --dry-run``: POST /v1/requests?dry_run=true, shown as a plan."""
-    with connect_api(url, token) as api:
+    with shown.api() as api:
         what = api.call("POST", "/v1/requests", WhatIf, body=body, params={"dry_run": "true"})
         grace = None
         if what.would_preempt and what.pool:
@@ -255,7 +211,7 @@ def _what_if(body: RequestCreate, output: OutputFormat, url: str, token: str | N
                 "GET", f"/v1/pools/{segment(what.pool)}", Pool
             ).preemption_grace_seconds
     note(f"dry run, nothing created: {outcome(what, grace)}")
-    emit(what, output, lambda: plan_view(what, grace))
+    emit(what, shown.output, lambda: plan_view(what, grace))
     if what.status == "rejected":
         raise typer.Exit(1)
 
@@ -268,34 +224,29 @@ def _members(body: RequestCreate, count: int) -> list[RequestCreate]:
     return [msgspec.structs.replace(body, idempotency_key=f"{key}-{i}") for i in range(count)]
 
 
-def _create_many(
-    body: RequestCreate,
-    count: int,
-    gang: bool,
-    output: OutputFormat,
-    url: str,
-    token: str | None,
-) -> None:
+def _create_many(body: RequestCreate, count: int, gang: bool, shown: Shown) -> None:
     """``--count N``: N copies of ``body`` through ``POST /v1/requests/batch`` (exit 1 if any
     is rejected); with ``--gang`` one gang (``all_or_nothing``)."""
     batch = RequestBatchCreate(members=_members(body, count), all_or_nothing=gang)
-    with connect_api(url, token) as api:
+    with shown.api() as api:
         made = api.call("POST", "/v1/requests/batch", RequestBatch, body=batch).items
     tally = Counter(r.status for r in made)
     what = f"gang {made[0].gang_id}: " if gang and made else ""
     note(f"{what}{len(made)} requests: " + ", ".join(f"{n} {s}" for s, n in sorted(tally.items())))
-    emit(made, output, lambda: [requests_table(made)])
+    emit(made, shown.output, lambda: [requests_table(made)])
     if tally["rejected"]:
         raise typer.Exit(1)
 
 
-@app.command("list")
-def list_(
+@dataclass(frozen=True)
+class RequestFilters:
+    """``request list``'s filters."""
+
     pool: Annotated[
         str | None,
         typer.Option("--pool", help="Pool name, id or prefix.", autocompletion=complete_pool),
-    ] = None,
-    status: StatusFilter = None,
+    ] = None
+    status: StatusFilter = None
     every_status: Annotated[
         bool,
         typer.Option(
@@ -304,15 +255,15 @@ def list_(
             help="Finished requests too (released, preempted, expired, cancelled, rejected);"
             " without it and --status, only live ones: queued, allocated, preempting.",
         ),
-    ] = False,
+    ] = False
     subject: Annotated[
         str | None,
         typer.Option("--subject", "-s", help="Only this subject.", autocompletion=complete_subject),
-    ] = None,
+    ] = None
     gang: Annotated[
         str | None,
         typer.Option("--gang", help="Only the members of this gang (its gang_id or a prefix)."),
-    ] = None,
+    ] = None
     label: Annotated[
         list[str] | None,
         typer.Option(
@@ -322,13 +273,24 @@ def list_(
             help="Only requests with this label; repeat: all of them. Filtered by the CLI"
             f" among the {LABEL_SCAN} newest requests that match the other filters.",
         ),
-    ] = None,
-    limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many.")] = 100,
-    every: Watch = None,
-    output: Output = OutputFormat.table,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
-) -> None:
+    ] = None
+    limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many.")] = 100
+
+    @property
+    def live_only(self) -> bool:
+        return not (self.status or self.every_status)
+
+    def query(self) -> dict[str, Any]:
+        """The filters as :func:`list_requests` takes them, but the gang (the API resolves its
+        prefix); a malformed ``--label`` or ``--status`` is refused here, before any call."""
+        labels = parse_labels(self.label or [])
+        check_status(self.status)
+        status = self.status or (None if self.every_status else LIVE)
+        return {"pool": self.pool, "status": status, "subject": self.subject, "labels": labels}
+
+
+@app.command("list")
+def list_(filters: RequestFilters, every: Watch = None, *, shown: Shown) -> None:
     """List live requests (queued, allocated, preempting), newest first; --all adds the
     finished ones. REASON: why a queued request waits, else the reason of its last change.
     NODE: the node it runs on, or ran on last (- in a pool without nodes). -o wide adds LABELS.
@@ -342,66 +304,49 @@ def list_(
         respool request list --status queued --watch 2
         respool request list --gang 5f0c2a1e
     """
-    labels = parse_labels(label or [])
-    check_status(status)
+    query = filters.query()
+    empty = "no requests"
+    if filters.live_only:
+        empty = "no live requests (--all shows finished ones too)"
 
     def draw() -> None:
-        with connect_api(url, token) as api:
+        with shown.api() as api:
+            gang = filters.gang
             gang_id = None if gang is None else str(resolve_gang(api, gang))
-            found = list_requests(
-                api,
-                pool=pool,
-                status=status or (None if every_status else LIVE),
-                subject=subject,
-                gang_id=gang_id,
-                labels=labels,
-                limit=limit,
-            )
-        live_only = not (status or every_status)
-        empty = "no live requests (--all shows finished ones too)" if live_only else "no requests"
-        emit(found, output, lambda: [requests_table(found, empty=empty)])
+            found = list_requests(api, gang_id=gang_id, limit=filters.limit, **query)
+        emit(found, shown.output, lambda: [requests_table(found, empty=empty)])
 
-    watch(every, output, draw)
+    watch(every, shown.output, draw)
 
 
-def _read(url: str, token: str | None, request_id: str, tail: str, kind: type[T]) -> T:
-    """GET ``/v1/requests/<id><tail>`` for a request named by id or id prefix."""
-    with connect_api(url, token) as api:
-        rid = resolve_request(api, request_id)
-        return api.call("GET", f"/v1/requests/{rid}{tail}", kind)
+def _reader(name: str, tail: str, kind: type[T], view: Callable[[T], Any], doc: str) -> None:
+    """Register ``request <name> ID``: GET ``/v1/requests/<id><tail>`` for a request named by
+    id or id prefix, shown as ``view`` draws it."""
+
+    def command(request_id: RequestId, *, shown: Shown) -> None:
+        with shown.api() as api:
+            rid = resolve_request(api, request_id)
+            found = api.call("GET", f"/v1/requests/{rid}{tail}", kind)
+        emit(found, shown.output, lambda: view(found))
+
+    command.__doc__ = with_examples(doc, f"respool request {name} 0b7c1e9e")
+    app.command(name)(command)
 
 
-@app.command("describe")
-def describe(
-    request_id: RequestId,
-    output: Output = OutputFormat.table,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
-) -> None:
-    """Show one request: status, reason, queue position, resources, lease.
-
-    Example:
-
-        respool request describe 0b7c1e9e
-    """
-    _show(_read(url, token, request_id, "", Request), output)
-
-
-@app.command("events")
-def events(
-    request_id: RequestId,
-    output: Output = OutputFormat.table,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
-) -> None:
-    """Show a request's history: every status change with its reason.
-
-    Example:
-
-        respool request events 0b7c1e9e
-    """
-    found = _read(url, token, request_id, "/events", list[Event])
-    emit(found, output, lambda: [events_table(found)])
+_reader(
+    "describe",
+    "",
+    Request,
+    lambda req: [request_header(req)],
+    "Show one request: status, reason, queue position, resources, lease.",
+)
+_reader(
+    "events",
+    "/events",
+    list[Event],
+    lambda found: [events_table(found)],
+    "Show a request's history: every status change with its reason.",
+)
 
 
 def _action(name: str, doc: str) -> None:
@@ -409,18 +354,12 @@ def _action(name: str, doc: str) -> None:
     in order. An id that fails is reported on its own line and the others still go ahead;
     exit 1 if any failed."""
 
-    def command(
-        request_ids: RequestIds,
-        attempt: Attempt = None,
-        output: Output = OutputFormat.table,
-        url: Url = DEFAULT_URL,
-        token: Token = None,
-    ) -> None:
+    def command(request_ids: RequestIds, attempt: Attempt = None, *, shown: Shown) -> None:
         if attempt is not None and len(request_ids) > 1:
             raise typer.BadParameter("fences one request: give one id", param_hint="--attempt")
         done: list[Request] = []
         failures = 0
-        with connect_api(url, token) as api:
+        with shown.api() as api:
             for ref in request_ids:
                 try:
                     rid = resolve_request(api, ref)
@@ -436,9 +375,9 @@ def _action(name: str, doc: str) -> None:
                 note(_outcome(req))
                 done.append(req)
         if len(request_ids) == 1:
-            _show(done[0], output)
+            _show(done[0], shown.output)
         else:
-            emit(done, output, lambda: [requests_table(done)])
+            emit(done, shown.output, lambda: [requests_table(done)])
         if failures:
             raise typer.Exit(1)
 
@@ -493,9 +432,8 @@ def terminate(
         str,
         typer.Option("--reason", metavar="TEXT", help="Why: shown in the request's message."),
     ] = "",
-    output: Output = OutputFormat.table,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
+    *,
+    shown: Shown,
 ) -> None:
     """End a request as a preemption would; it is never requeued (admin only).
 
@@ -510,26 +448,22 @@ def terminate(
         respool request terminate 0b7c1e9e --force
     """
     body = RequestTerminate(force=force, reason=reason)
-    with connect_api(url, token) as api:
+    with shown.api() as api:
         rid = resolve_request(api, request_id)
         req = api.call("POST", f"/v1/requests/{rid}/terminate", Request, body=body)
     note(_outcome(req))
-    _show(req, output)
+    _show(req, shown.output)
 
 
 @app.command("delete")
-def delete(
-    request_id: RequestId,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
-) -> None:
+def delete(request_id: RequestId, *, remote: Remote) -> None:
     """Delete a finished request and its history (refused while it is live).
 
     Example:
 
         respool request delete 0b7c1e9e
     """
-    with connect_api(url, token) as api:
+    with remote.api() as api:
         rid = resolve_request(api, request_id)
         api.call("DELETE", f"/v1/requests/{rid}")
     note(f"deleted request {rid}")
@@ -554,9 +488,8 @@ def prune(
             help="Finished longer ago than this: 90s, 30m, 12h, 7d.",
         ),
     ],
-    output: Output = OutputFormat.table,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
+    *,
+    shown: Shown,
 ) -> None:
     """Delete finished requests older than a duration, with their history (admin only).
 
@@ -567,7 +500,7 @@ def prune(
 
         respool request prune --older-than 7d
     """
-    with connect_api(url, token) as api:
+    with shown.api() as api:
         # In batches: each call is one short transaction, well under the statement timeout.
         body = {"older_than": older_than, "limit": PRUNE_BATCH}
         result = api.call("POST", "/v1/retention/prune", Pruned, body=body)
@@ -577,4 +510,4 @@ def prune(
             total += result.pruned
         result = Pruned(pruned=total, before=result.before)
     note(f"deleted {result.pruned} requests finished before {fmt_time(result.before)}")
-    emit(result, output, lambda: [])
+    emit(result, shown.output, lambda: [])

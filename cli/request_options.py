@@ -1,12 +1,13 @@
-"""The options of a request body (``respool request create``), declared once as ``Annotated``
-types, and :func:`request_body`, which turns them into the wire type the API decodes."""
+"""The options of a request body (``respool request create``, ``respool submit``), declared once
+as ``Annotated`` types and grouped in :class:`RequestFields`, which turns them into the wire type
+the API decodes."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from msgspec import UNSET, UnsetType
@@ -36,11 +37,11 @@ __all__ = [
     "NodeChoice",
     "NonPreemptible",
     "PoolChoice",
+    "RequestFields",
     "Resource",
     "Selector",
     "Subject",
     "parse_lease",
-    "request_body",
 ]
 
 
@@ -211,41 +212,42 @@ KeepQueued = Annotated[
 ]
 
 
-def request_body(
-    *,
-    subject: str,
-    pool: str | None = None,
-    gpu: int | None = None,
-    cpu: Decimal | None = None,
-    memory: str | None = None,
-    resource: list[str] | None = None,
-    label: list[str] | None = None,
-    non_preemptible: bool = False,
-    max_retries: int = 0,
-    lease: Lease | None = None,
-    idempotency_key: str | None = None,
-    max_seconds: int | None = None,
-    select: list[str] | None = None,
-    node: str | None = None,
-    group: str | None = None,
-) -> RequestCreate:
-    """The create body of these options (each parameter is the option of the same name;
-    ``select`` is ``--selector``)."""
-    settings = ResourceSettings(gpu_count=_set(gpu), cpu_count=_set(cpu), memory=_set(memory))
-    return RequestCreate(
-        subject=subject,
-        pool=pool,
-        settings=settings if settings.to_json() else None,
-        resources=parse_pairs(resource or [], "--resource") or None,
-        labels=parse_labels(label or []) or None,
-        preemptible=not non_preemptible,
-        max_retries=max_retries,
-        lease_seconds=UNSET if lease is None else lease.seconds,  # left out: server default
-        idempotency_key=idempotency_key,
-        max_seconds=max_seconds,
-        node_selector=_selector(select or [], node) or None,
-        preemption_group=_group(group),
-    )
+@dataclass(frozen=True)
+class RequestFields:
+    """The options of a request body but its subject: ``request create``'s and ``submit``'s."""
+
+    pool: PoolChoice = None
+    gpu: Gpu = None
+    cpu: Cpu = None
+    memory: Memory = None
+    resource: Resource = None
+    label: Label = None
+    non_preemptible: NonPreemptible = False
+    max_retries: MaxRetries = 0
+    lease: LeaseOption = None
+    select: Selector = None
+    node: NodeChoice = None
+    group: Group = None
+
+    def body(self, subject: str, **more: Any) -> RequestCreate:
+        """The create body of these options (``select`` is ``--selector``) and ``more`` of its
+        fields (``idempotency_key``, ``max_seconds``)."""
+        gpu, cpu, memory = _set(self.gpu), _set(self.cpu), _set(self.memory)
+        settings = ResourceSettings(gpu_count=gpu, cpu_count=cpu, memory=memory)
+        return RequestCreate(
+            subject=subject,
+            pool=self.pool,
+            settings=settings if settings.to_json() else None,
+            resources=parse_pairs(self.resource or [], "--resource") or None,
+            labels=parse_labels(self.label or []) or None,
+            preemptible=not self.non_preemptible,
+            max_retries=self.max_retries,
+            # left out: the server's default
+            lease_seconds=UNSET if self.lease is None else self.lease.seconds,
+            **more,
+            node_selector=_selector(self.select or [], self.node) or None,
+            preemption_group=_group(self.group),
+        )
 
 
 def _group(group: str | None) -> str | None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any
@@ -17,25 +18,10 @@ from respool_client.wire import (
     RequestBatchCreate,
 )
 
-from cli.api import connect_api
 from cli.common import fail
-from cli.options import DEFAULT_URL, Token, Url
+from cli.options import Remote
 from cli.output import note
-from cli.request_options import (
-    Cpu,
-    Gpu,
-    Group,
-    Label,
-    LeaseOption,
-    MaxRetries,
-    Memory,
-    NodeChoice,
-    NonPreemptible,
-    PoolChoice,
-    Resource,
-    Selector,
-    request_body,
-)
+from cli.request_options import RequestFields
 
 __all__ = ["submit"]
 
@@ -47,18 +33,7 @@ def submit(
     subject: Annotated[
         str, typer.Option("--subject", "-s", envvar="RESPOOL_SUBJECT", help="Who asks.")
     ],
-    pool: PoolChoice = None,
-    gpu: Gpu = None,
-    cpu: Cpu = None,
-    memory: Memory = None,
-    resource: Resource = None,
-    label: Label = None,
-    non_preemptible: NonPreemptible = False,
-    max_retries: MaxRetries = 0,
-    lease: LeaseOption = None,
-    select: Selector = None,
-    node: NodeChoice = None,
-    group: Group = None,
+    fields: RequestFields,
     array: Annotated[
         int | None,
         typer.Option("--array", min=1, max=1000, help="N jobs; job i gets RESPOOL_ARRAY_INDEX=i."),
@@ -76,8 +51,8 @@ def submit(
     wait: Annotated[
         bool, typer.Option("--wait", help="Wait for the job(s) to end; exit with its exit code.")
     ] = False,
-    url: Url = DEFAULT_URL,
-    token: Token = None,
+    *,
+    remote: Remote,
 ) -> None:
     """Submit CMD as a job and go home: the agent of the node it is granted on runs it.
 
@@ -93,36 +68,28 @@ def submit(
     argv = list(ctx.args)
     if argv and argv[0] == "--":
         argv = argv[1:]
-    fields: dict[str, Any] = {}
     job: dict[str, Any] = {"name": name, "workdir": workdir}
     job["env"] = dict(_pair(p) for p in env or []) or None
     if file is not None:
-        fields, from_file = _job_file(file)
-        job.update({k: v for k, v in from_file.items() if v is not None})
+        from_file, job_file = _job_file(file)
+        job.update({k: v for k, v in job_file.items() if v is not None})
         if argv:
             fail("give CMD or --file, not both")
-        argv = from_file["command"]
+        argv = job_file["command"]
+        fields = replace(
+            fields,
+            pool=fields.pool or from_file["pool"],
+            gpu=fields.gpu if fields.gpu is not None else from_file["gpu"],
+            cpu=fields.cpu if fields.cpu is not None else from_file["cpu"],
+            memory=fields.memory or from_file["memory"],
+        )
     if not argv:
         raise typer.BadParameter("no command: respool submit [options] -- CMD [ARGS...]")
-    body = request_body(
-        subject=subject,
-        pool=pool or fields.get("pool"),
-        gpu=gpu if gpu is not None else fields.get("gpu"),
-        cpu=cpu if cpu is not None else fields.get("cpu"),
-        memory=memory or fields.get("memory"),
-        resource=resource,
-        label=label,
-        non_preemptible=non_preemptible,
-        max_retries=max_retries,
-        lease=lease,
-        select=select,
-        node=node,
-        group=group,
-    )
+    body = fields.body(subject)
     extra = {k: v for k, v in job.items() if v and k != "command"}
     spec = JobSpec(command=[str(a) for a in argv], **extra)
     body = msgspec.structs.replace(body, job=spec)
-    with connect_api(url, token) as api:
+    with remote.api() as api:
         if array is None:
             made = [api.call("POST", "/v1/requests", Request, body=body)]
         else:

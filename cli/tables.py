@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
 from respool_client.durations import format_duration
@@ -463,9 +463,9 @@ def policies_table(
             fmt_map(p.limit),
             fmt_map(p.usage),
             fmt_map(p.borrowed),
-            "yes" if p.priority_lane else "no",
+            _yes(p.priority_lane),
             fmt_windows(p.windows),
-            "yes" if p.active else "no",
+            _yes(p.active),
             fmt_iso(p.next_change),
         ]
         if patterns:
@@ -485,6 +485,59 @@ def fmt_iso(value: datetime | None) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+# A column of a requests table: its header and how a request fills its cell.
+_RequestColumn = tuple[str | Col, Callable[[Request], RenderableType]]
+_ID: _RequestColumn = ("ID", lambda r: short(r.id))
+_SUBJECT: _RequestColumn = ("SUBJECT", lambda r: r.subject)
+_STATUS: _RequestColumn = ("STATUS", lambda r: r.status)
+_RESOURCES: _RequestColumn = ("RESOURCES", lambda r: fmt_resources(r.resources))
+_PREEMPTIBLE: _RequestColumn = (Col("PREEMPTIBLE", drop=1), lambda r: _yes(r.preemptible))
+_LABELS: _RequestColumn = (Col("LABELS", shrink=True, wide=True), lambda r: fmt_labels(r.labels))
+_REQUEST_VIEWS: dict[str, tuple[_RequestColumn, ...]] = {
+    "queued": (
+        ("POS", lambda r: str(r.queue_position or "-")),
+        _ID,
+        _SUBJECT,
+        _RESOURCES,
+        _PREEMPTIBLE,
+        (Col("WAITING", drop=2), lambda r: _age(r.created_at)),
+        ("WAITING FOR", lambda r: r.message),
+        _LABELS,
+    ),
+    "active": (
+        _ID,
+        _SUBJECT,
+        _STATUS,
+        _RESOURCES,
+        _PREEMPTIBLE,
+        (Col("HELD", drop=3), lambda r: _age(r.allocated_at)),
+        (Col("LEASE LEFT", drop=2), lambda r: _left(r.lease_expires_at)),
+        _LABELS,
+    ),
+    "all": (
+        _ID,
+        _SUBJECT,
+        (Col("POOL", drop=2), lambda r: r.pool or "-"),
+        (Col("NODE", drop=3), lambda r: _node_name(r)),
+        _STATUS,
+        ("REASON", lambda r: request_reason(r)),
+        _RESOURCES,
+        (Col("AGE", drop=1), lambda r: _age(r.created_at)),
+        _LABELS,
+    ),
+}
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def _node_name(r: Request) -> str:
+    """Where it runs, else where it ran last; ``-`` for neither."""
+    where = r.placement or r.last_placement
+    return where.node if where else "-"
+
+
 def requests_table(
     requests: Sequence[Request],
     *,
@@ -494,80 +547,10 @@ def requests_table(
 ) -> FitTable:
     """``view``: ``queued`` (position and what it waits for), ``active`` (holders) or ``all``;
     ``empty``: the line shown when there is none."""
-    labels = Col("LABELS", shrink=True, wide=True)
-    if view == "queued":
-        out = table(
-            "POS",
-            "ID",
-            "SUBJECT",
-            "RESOURCES",
-            Col("PREEMPTIBLE", drop=1),
-            Col("WAITING", drop=2),
-            "WAITING FOR",
-            labels,
-            title=title,
-        )
-        for r in requests:
-            out.add_row(
-                str(r.queue_position or "-"),
-                short(r.id),
-                r.subject,
-                fmt_resources(r.resources),
-                "yes" if r.preemptible else "no",
-                _age(r.created_at),
-                r.message,
-                fmt_labels(r.labels),
-            )
-    elif view == "active":
-        out = table(
-            "ID",
-            "SUBJECT",
-            "STATUS",
-            "RESOURCES",
-            Col("PREEMPTIBLE", drop=1),
-            Col("HELD", drop=3),
-            Col("LEASE LEFT", drop=2),
-            labels,
-            title=title,
-        )
-        for r in requests:
-            out.add_row(
-                short(r.id),
-                r.subject,
-                r.status,
-                fmt_resources(r.resources),
-                "yes" if r.preemptible else "no",
-                _age(r.allocated_at),
-                _left(r.lease_expires_at),
-                fmt_labels(r.labels),
-            )
-    else:
-        out = table(
-            "ID",
-            "SUBJECT",
-            Col("POOL", drop=2),
-            Col("NODE", drop=3),
-            "STATUS",
-            "REASON",
-            "RESOURCES",
-            Col("AGE", drop=1),
-            labels,
-            title=title,
-        )
-        for r in requests:
-            where = r.placement or r.last_placement  # where it runs, else where it ran last
-            out.add_row(
-                short(r.id),
-                r.subject,
-                r.pool or "-",
-                where.node if where else "-",
-                r.status,
-                request_reason(r),
-                fmt_resources(r.resources),
-                _age(r.created_at),
-                fmt_labels(r.labels),
-            )
-    out.empty = empty
+    columns = _REQUEST_VIEWS.get(view, _REQUEST_VIEWS["all"])
+    out = table(*(header for header, _ in columns), title=title, empty=empty)
+    for r in requests:
+        out.add_row(*(cell(r) for _, cell in columns))
     return out
 
 
@@ -588,7 +571,7 @@ def request_header(r: Request) -> Group:
         ("Reason", r.reason or "-"),
         ("Message", r.message or "-"),
         ("Resources", fmt_map(r.resources)),
-        ("Preemptible", "yes" if r.preemptible else "no"),
+        ("Preemptible", _yes(r.preemptible)),
         ("Priority", r.priority),
         ("Attempt", f"{r.attempt} (max retries {r.max_retries})"),
         ("Lease", f"{r.lease_seconds}s" if r.lease_seconds else "none"),

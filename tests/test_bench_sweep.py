@@ -5,9 +5,8 @@ request sent again, and a call gives up after its budget instead of hanging."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
+from support.proc import run_python
 from support.repo import REPO
 
 SCRIPT = r"""
@@ -58,14 +57,7 @@ asyncio.run(main())
 
 
 def _run(scripted: str, retry_for: float) -> dict[str, object]:
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, scripted, str(retry_for)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_python("-c", SCRIPT, scripted, str(retry_for), cwd=REPO, timeout=60)
     assert done.returncode == 0, done.stderr
     doc: dict[str, object] = json.loads(done.stdout)
     return doc

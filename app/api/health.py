@@ -35,31 +35,23 @@ class HealthController(Controller):
         },
     )
     async def readyz(self, state: State) -> Response[Readiness]:
-        database = schema_current = False
-        detail = node = None
+        body = Readiness(ready=False, database=False, schema_current=False, listener=False)
         try:
             async with asyncio.timeout(5):
                 async with db(state).acquire() as conn:
                     # A pool connection proxy behaves as the connection it wraps.
                     role = await server_role(cast(asyncpg.Connection, conn))
-                    node, database = role.node, role.primary
-                    schema_current = (await migrate.status(cast(asyncpg.Connection, conn))).current
-            if not database:
-                detail = f"database {node} is a standby (in recovery), not the primary"
-            elif not schema_current:
-                detail = "schema is not current (run `respool db migrate`)"
+                    body.node, body.database = role.node, role.primary
+                    status = await migrate.status(cast(asyncpg.Connection, conn))
+                    body.schema_current = status.current
+            if not body.database:
+                body.detail = f"database {body.node} is a standby (in recovery), not the primary"
+            elif not body.schema_current:
+                body.detail = "schema is not current (run `respool db migrate`)"
         except Exception as exc:  # any failure means "not ready", never a 500
-            detail = f"database unreachable: {type(exc).__name__}"
-        listener = notifier(state).healthy
-        if detail is None and not listener:
-            detail = "notification listener is down"
-        ready = database and schema_current and listener
-        body = Readiness(
-            ready=ready,
-            database=database,
-            schema_current=schema_current,
-            listener=listener,
-            detail=detail,
-            node=node,
-        )
-        return Response(body, status_code=200 if ready else 503)
+            body.detail = f"database unreachable: {type(exc).__name__}"
+        body.listener = notifier(state).healthy
+        if body.detail is None and not body.listener:
+            body.detail = "notification listener is down"
+        body.ready = body.database and body.schema_current and body.listener
+        return Response(body, status_code=200 if body.ready else 503)

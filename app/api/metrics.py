@@ -139,40 +139,30 @@ def event_tally(state: State) -> EventTally:
     return tally
 
 
-# The gauges per pool and key, and per policy and key: (row field, metric, help), in the order
-# /metrics lists them. A row field that is None (no capacity, no limit) gives no sample.
-_POOL_KEY_GAUGES = (
-    ("capacity", "respool_pool_capacity", "Capacity per pool and tracked key"),
-    ("allocated", "respool_pool_allocated", "Allocated units per pool and key"),
-    ("free", "respool_pool_free", "Capacity minus allocated, per pool and tracked key"),
-    ("reserved", "respool_pool_reserved", "Sum of the policies' reserved shares"),
-    (
-        "borrowed",
-        "respool_pool_borrowed",
-        "Units held above reserved shares (borrowed idle capacity)",
-    ),
-    (
-        "queued_demand",
-        "respool_pool_queued_demand",
-        "Units asked for by queued requests, per pool and key",
-    ),
-)
+# The gauges per pool and key, and per policy and key: row field -> help, in the order /metrics
+# lists them; the metric is respool_<scope>_<field>. A row field that is None (no capacity, no
+# limit) gives no sample.
+_POOL_KEY_GAUGES = {
+    "capacity": "Capacity per pool and tracked key",
+    "allocated": "Allocated units per pool and key",
+    "free": "Capacity minus allocated, per pool and tracked key",
+    "reserved": "Sum of the policies' reserved shares",
+    "borrowed": "Units held above reserved shares (borrowed idle capacity)",
+    "queued_demand": "Units asked for by queued requests, per pool and key",
+}
 # Per node and key (a node in no pool has pool=""), from respool.node_usage.
-_NODE_KEY_GAUGES = (
-    ("capacity", "respool_node_capacity", "Capacity per node and key it tracks"),
-    ("allocated", "respool_node_allocated", "Units placed on a node, per key"),
-    (
-        "free",
-        "respool_node_free",
-        "Node capacity minus allocated, per key (below 0 after a shrink until the reconciler acts)",
-    ),
-)
-_POLICY_GAUGES = (
-    ("used", "respool_policy_used", "Units a subject holds in a pool"),
-    ("reserved", "respool_policy_reserved", "A subject's reserved share"),
-    ("limit", "respool_policy_limit", "A subject's limit (keys with a limit only)"),
-    ("borrowed", "respool_policy_borrowed", "Units a subject holds above its reserved share"),
-)
+_NODE_KEY_GAUGES = {
+    "capacity": "Capacity per node and key it tracks",
+    "allocated": "Units placed on a node, per key",
+    "free": "Node capacity minus allocated, per key (below 0 after a shrink until the reconciler"
+    " acts)",
+}
+_POLICY_GAUGES = {
+    "used": "Units a subject holds in a pool",
+    "reserved": "A subject's reserved share",
+    "limit": "A subject's limit (keys with a limit only)",
+    "borrowed": "Units a subject holds above its reserved share",
+}
 
 
 def _set_fields(gauges: list[tuple[str, Gauge]], row: object, *labels: str) -> None:
@@ -186,11 +176,12 @@ async def _state_gauges(registry: CollectorRegistry, pool: asyncpg.Pool) -> None
     def gauge(name: str, doc: str, *labels: str) -> Gauge:
         return Gauge(name, doc, labels, registry=registry)
 
-    per_key = [(f, gauge(name, doc, "pool", "key")) for f, name, doc in _POOL_KEY_GAUGES]
-    per_policy = [
-        (f, gauge(name, doc, "pool", "subject", "key")) for f, name, doc in _POLICY_GAUGES
-    ]
-    per_node = [(f, gauge(name, doc, "pool", "node", "key")) for f, name, doc in _NODE_KEY_GAUGES]
+    def per(scope: str, docs: dict[str, str], *labels: str) -> list[tuple[str, Gauge]]:
+        return [(f, gauge(f"respool_{scope}_{f}", doc, *labels)) for f, doc in docs.items()]
+
+    per_key = per("pool", _POOL_KEY_GAUGES, "pool", "key")
+    per_policy = per("policy", _POLICY_GAUGES, "pool", "subject", "key")
+    per_node = per("node", _NODE_KEY_GAUGES, "pool", "node", "key")
     node_state = gauge(
         "respool_node_state",
         "1 for a node's current state (active, cordoned, draining), 0 for the others",

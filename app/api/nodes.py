@@ -11,6 +11,7 @@ from typing import Annotated
 import msgspec
 from litestar import Controller, delete, get, patch, post
 from litestar.datastructures import State
+from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, QueryParameter
 from respool_client.wire import LABEL_KEY_PATTERN, Node, NodeCreate, NodeUpdate
 
@@ -28,6 +29,8 @@ _Force = Annotated[
         " refusing with 409"
     ),
 ]
+_WRITES = error_responses(400, 404, 409)  # the answers of a write besides its own
+_Pool = Annotated[str | None, QueryParameter(description="Only the nodes of this pool (a ref)")]
 _Selector = Annotated[
     list[str] | None,
     QueryParameter(
@@ -67,15 +70,23 @@ def visible_node(request: AnyRequest, node: Node) -> Node:
     return msgspec.structs.replace(node, allocations=allocations)
 
 
+def _state_route(verb: str, to: db_nodes.NodeState, summary: str) -> HTTPRouteHandler:
+    """``POST /v1/nodes/{name}/<verb>``: the node's state becomes ``to``; the node as it is."""
+
+    async def set_state(self: Controller, state: State, name: FromPath[str]) -> Node:
+        return await db_nodes.set_node_state(db(state), name, to)
+
+    set_state.__name__ = f"{verb}_node"
+    path = f"/{{name:str}}/{verb}"
+    return post(path, status_code=200, summary=summary, responses=error_responses(404))(set_state)
+
+
 class NodeController(Controller):
     path = "/v1/nodes"
     tags = ["nodes"]
 
     @post(
-        "/",
-        status_code=201,
-        summary="Register a node (in a pool, or in none)",
-        responses=error_responses(400, 404, 409),
+        "/", status_code=201, summary="Register a node (in a pool, or in none)", responses=_WRITES
     )
     async def create_node(
         self, state: State, request: AnyRequest, data: StrictBody[NodeCreate]
@@ -89,13 +100,7 @@ class NodeController(Controller):
         responses=error_responses(400, 404),
     )
     async def list_nodes(
-        self,
-        state: State,
-        request: AnyRequest,
-        pool: Annotated[
-            str | None, QueryParameter(description="Only the nodes of this pool (a ref)")
-        ] = None,
-        selector: _Selector = None,
+        self, state: State, request: AnyRequest, pool: _Pool = None, selector: _Selector = None
     ) -> list[Node]:
         found = await db_nodes.list_nodes(db(state), pool=pool, selector=parse_selector(selector))
         return [visible_node(request, n) for n in found]
@@ -134,29 +139,12 @@ class NodeController(Controller):
     async def delete_node(self, state: State, name: FromPath[str], force: _Force = False) -> None:
         await db_nodes.delete_node(db(state), name, force=force)
 
-    @post(
-        "/{name:str}/cordon",
-        status_code=200,
-        summary="Cordon a node: no new grants, its holders keep their units",
-        responses=error_responses(404),
+    cordon_node = _state_route(
+        "cordon", "cordoned", "Cordon a node: no new grants, its holders keep their units"
     )
-    async def cordon_node(self, state: State, name: FromPath[str]) -> Node:
-        return await db_nodes.set_node_state(db(state), name, "cordoned")
-
-    @post(
-        "/{name:str}/drain",
-        status_code=200,
-        summary="Drain a node: cordoned, and its preemptible holders are preempted",
-        responses=error_responses(404),
+    drain_node = _state_route(
+        "drain", "draining", "Drain a node: cordoned, and its preemptible holders are preempted"
     )
-    async def drain_node(self, state: State, name: FromPath[str]) -> Node:
-        return await db_nodes.set_node_state(db(state), name, "draining")
-
-    @post(
-        "/{name:str}/uncordon",
-        status_code=200,
-        summary="Uncordon a node: active again, grants what now fits",
-        responses=error_responses(404),
+    uncordon_node = _state_route(
+        "uncordon", "active", "Uncordon a node: active again, grants what now fits"
     )
-    async def uncordon_node(self, state: State, name: FromPath[str]) -> Node:
-        return await db_nodes.set_node_state(db(state), name, "active")

@@ -29,6 +29,9 @@ def visible_policy(request: AnyRequest, policy: Policy) -> Policy:
     return msgspec.structs.replace(policy, covers=covers)
 
 
+_READ_ERRORS = error_responses(400, 404)
+
+
 class PolicyController(Controller):
     path = "/v1/policies"
     tags = ["policies"]
@@ -40,11 +43,7 @@ class PolicyController(Controller):
         body = await decode_body(request, PolicyCreate)
         return await db_policies.create_policy(db(state), **msgspec.structs.asdict(body))
 
-    @get(
-        "/",
-        summary="List policies with usage and borrowed units",
-        responses=error_responses(400, 404),
-    )
+    @get("/", summary="List policies with usage and borrowed units", responses=_READ_ERRORS)
     async def list_policies(
         self,
         state: State,

@@ -44,11 +44,7 @@ class PoolController(Controller):
         responses=error_responses(400, 404, 409),
     )
     async def update_pool(
-        self,
-        state: State,
-        request: AnyRequest,
-        ref: FromPath[str],
-        data: StrictBody[PoolUpdate],
+        self, state: State, request: AnyRequest, ref: FromPath[str], data: StrictBody[PoolUpdate]
     ) -> Pool:
         body = await decode_body(request, PoolUpdate)
         fields = sent(body)

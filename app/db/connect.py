@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any
+import functools
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar, cast
 
 import asyncpg
 import msgspec
@@ -90,6 +91,22 @@ def is_dead_connection(exc: BaseException) -> bool:
     )
 
 
+Method = TypeVar("Method", bound=Callable[..., Awaitable[Any]])
+
+
+def _closed_by_server_around(method: Method) -> Method:
+    """``method`` of asyncpg's connection (looked up when called, as ``super()`` does), run
+    inside :meth:`Connection._closed_by_server`."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    async def call(self: Connection, *args: Any, **kwargs: Any) -> Any:
+        with self._closed_by_server():
+            return await getattr(super(Connection, self), name)(*args, **kwargs)
+
+    return cast(Method, call)
+
+
 class Connection(asyncpg.Connection):
     """asyncpg's connection, except that a statement on a connection the server already closed
     raises :class:`DeadConnectionError` and closes it (``connect`` and ``create_pool`` use it),
@@ -107,43 +124,12 @@ class Connection(asyncpg.Connection):
             self.terminate()
             raise DeadConnectionError(f"connection closed by the server: {exc}") from exc
 
-    # The overrides keep asyncpg's signatures (its ``timeout`` arguments included).
-    async def execute(
-        self,
-        query: str,
-        *args: object,
-        timeout: float | None = None,  # noqa: ASYNC109
-    ) -> str:
-        with self._closed_by_server():
-            return await super().execute(query, *args, timeout=timeout)
-
-    async def fetch(  # type: ignore[override]
-        self,
-        query: str,
-        *args: object,
-        timeout: float | None = None,  # noqa: ASYNC109
-    ) -> list[asyncpg.Record]:
-        with self._closed_by_server():
-            return await super().fetch(query, *args, timeout=timeout)
-
-    async def fetchrow(  # type: ignore[override]
-        self,
-        query: str,
-        *args: object,
-        timeout: float | None = None,  # noqa: ASYNC109
-    ) -> asyncpg.Record | None:
-        with self._closed_by_server():
-            return await super().fetchrow(query, *args, timeout=timeout)
-
-    async def fetchval(
-        self,
-        query: str,
-        *args: object,
-        column: int = 0,
-        timeout: float | None = None,  # noqa: ASYNC109
-    ) -> Any:
-        with self._closed_by_server():
-            return await super().fetchval(query, *args, column=column, timeout=timeout)
+    # asyncpg's own methods (their signatures, ``timeout`` included), each inside
+    # _closed_by_server.
+    execute = _closed_by_server_around(asyncpg.Connection.execute)
+    fetch = _closed_by_server_around(asyncpg.Connection.fetch)
+    fetchrow = _closed_by_server_around(asyncpg.Connection.fetchrow)
+    fetchval = _closed_by_server_around(asyncpg.Connection.fetchval)
 
 
 async def init_connection(conn: asyncpg.Connection) -> None:

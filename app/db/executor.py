@@ -12,6 +12,8 @@ from typing import Any, TypeVar
 import asyncpg
 import msgspec
 
+from app.db.named import query
+
 Executor = asyncpg.Connection | asyncpg.Pool
 
 T = TypeVar("T")
@@ -19,3 +21,8 @@ T = TypeVar("T")
 
 def _as(kind: type[T], doc: Any) -> T:
     return msgspec.convert(doc, kind, strict=False)
+
+
+async def fetch_as(db: Executor, kind: type[T], name: str, *args: Any) -> T:
+    """The one value the named query ``name`` answers (the engine's JSON), read as ``kind``."""
+    return _as(kind, await db.fetchval(query(name), *args))

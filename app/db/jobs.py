@@ -7,7 +7,7 @@ from uuid import UUID
 from respool_client.wire import AgentHeartbeatAnswer, JobLogs, Request
 
 from app.db.errors import engine_errors
-from app.db.executor import Executor, _as
+from app.db.executor import Executor, fetch_as
 from app.db.named import query
 
 __all__ = [
@@ -33,23 +33,22 @@ async def agent_may_see(
 async def agent_jobs(
     db: Executor, *, node_id: UUID | None, pool_id: UUID | None, claimed: bool = False
 ) -> list[Request]:
-    return _as(list[Request], await db.fetchval(query("agent_jobs"), node_id, pool_id, claimed))
+    return await fetch_as(db, list[Request], "agent_jobs", node_id, pool_id, claimed)
 
 
 @engine_errors
 async def agent_heartbeat(
     db: Executor, *, node_id: UUID | None, pool_id: UUID | None, interval_seconds: int
 ) -> AgentHeartbeatAnswer:
-    doc = await db.fetchval(query("agent_heartbeat"), node_id, pool_id, interval_seconds)
-    return _as(AgentHeartbeatAnswer, doc)
+    args = (node_id, pool_id, interval_seconds)
+    return await fetch_as(db, AgentHeartbeatAnswer, "agent_heartbeat", *args)
 
 
 @engine_errors
 async def claim_job(
     db: Executor, request_id: UUID, *, attempt: int, node_id: UUID | None, pool_id: UUID | None
 ) -> Request:
-    doc = await db.fetchval(query("claim_job"), request_id, attempt, node_id, pool_id)
-    return _as(Request, doc)
+    return await fetch_as(db, Request, "claim_job", request_id, attempt, node_id, pool_id)
 
 
 @engine_errors
@@ -61,8 +60,7 @@ async def release_job(
     exit_code: int | None,
     reason: str | None,
 ) -> Request:
-    doc = await db.fetchval(query("release_job"), request_id, attempt, exit_code, reason)
-    return _as(Request, doc)
+    return await fetch_as(db, Request, "release_job", request_id, attempt, exit_code, reason)
 
 
 @engine_errors
@@ -83,4 +81,4 @@ async def append_job_log(
 async def job_logs(
     db: Executor, request_id: UUID, *, attempt: int | None, after: int | None
 ) -> JobLogs:
-    return _as(JobLogs, await db.fetchval(query("job_logs"), request_id, attempt, after))
+    return await fetch_as(db, JobLogs, "job_logs", request_id, attempt, after)

@@ -9,10 +9,10 @@ only for what the views do not carry.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import asyncpg
 import msgspec
@@ -52,15 +52,25 @@ class PoolKeyRow(msgspec.Struct, frozen=True):
     queued_demand: int
 
 
+Row = TypeVar("Row", bound=msgspec.Struct)
+
+
 def _whole(row: asyncpg.Record) -> dict[str, Any]:
     """A row whose numeric sums (Decimals: a total of many amounts may pass 2^63) are ints."""
     return {k: int(v) if isinstance(v, Decimal) else v for k, v in row.items()}
 
 
-async def pool_key_rows(db: Executor) -> list[PoolKeyRow]:
-    """Per pool and key: ``respool.pool_usage`` plus reserved/borrowed sums of policy_usage."""
-    rows = await db.fetch(query("pool_key_rows"))
-    return _as(list[PoolKeyRow], [_whole(r) for r in rows])
+def _reader(name: str, kind: type[Row]) -> Callable[[Executor], Awaitable[list[Row]]]:
+    """The reader of the named query ``name``: its rows, each a ``kind`` (:func:`_whole`)."""
+
+    async def read(db: Executor) -> list[Row]:
+        return [_as(kind, _whole(r)) for r in await db.fetch(query(name))]
+
+    return read
+
+
+# Per pool and key: ``respool.pool_usage`` plus reserved/borrowed sums of policy_usage.
+pool_key_rows = _reader("pool_key_rows", PoolKeyRow)
 
 
 class NodeKeyRow(msgspec.Struct, frozen=True):
@@ -75,10 +85,8 @@ class NodeKeyRow(msgspec.Struct, frozen=True):
     free: int  # capacity - allocated: negative after a shrink until the reconciler acts
 
 
-async def node_key_rows(db: Executor) -> list[NodeKeyRow]:
-    """Per node and key: ``respool.node_usage``."""
-    rows = await db.fetch(query("node_key_rows"))
-    return _as(list[NodeKeyRow], [_whole(r) for r in rows])
+# Per node and key: ``respool.node_usage``.
+node_key_rows = _reader("node_key_rows", NodeKeyRow)
 
 
 class NodeStateRow(msgspec.Struct, frozen=True):
@@ -87,10 +95,8 @@ class NodeStateRow(msgspec.Struct, frozen=True):
     state: str
 
 
-async def node_states(db: Executor) -> list[NodeStateRow]:
-    """Every node (with or without capacity rows), its pool and state."""
-    rows = await db.fetch(query("node_states"))
-    return _as(list[NodeStateRow], [dict(r) for r in rows])
+# Every node (with or without capacity rows), its pool and state.
+node_states = _reader("node_states", NodeStateRow)
 
 
 class PolicyRow(msgspec.Struct, frozen=True):
@@ -105,9 +111,7 @@ class PolicyRow(msgspec.Struct, frozen=True):
     np_used: int
 
 
-async def policy_rows(db: Executor) -> list[PolicyRow]:
-    rows = await db.fetch(query("policy_rows"))
-    return _as(list[PolicyRow], [_whole(r) for r in rows])
+policy_rows = _reader("policy_rows", PolicyRow)
 
 
 class PolicyShapeRow(msgspec.Struct, frozen=True):
@@ -119,10 +123,8 @@ class PolicyShapeRow(msgspec.Struct, frozen=True):
     covered_subjects: int | None  # a pattern: subjects holding or queued through it; else None
 
 
-async def policy_shape_rows(db: Executor) -> list[PolicyShapeRow]:
-    """Per policy, keys or not: ``active`` and, for a pattern, the subjects it covers now."""
-    rows = await db.fetch(query("policy_shape_rows"))
-    return _as(list[PolicyShapeRow], [_whole(r) for r in rows])
+# Per policy, keys or not: ``active`` and, for a pattern, the subjects it covers now.
+policy_shape_rows = _reader("policy_shape_rows", PolicyShapeRow)
 
 
 async def queue_stats(db: Executor) -> dict[str, tuple[int, float]]:

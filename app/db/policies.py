@@ -10,7 +10,7 @@ from msgspec import UNSET, UnsetType
 from respool_client.wire import Policy, PolicyWindow
 
 from app.db.errors import engine_errors
-from app.db.executor import Executor, _as
+from app.db.executor import Executor, _as, fetch_as
 from app.db.named import query
 
 WindowsIn = Sequence[PolicyWindow | Mapping[str, Any]]
@@ -50,6 +50,11 @@ async def create_policy(
 
 
 @engine_errors
+async def get_policy(db: Executor, ref: str) -> Policy:
+    return await fetch_as(db, Policy, "get_policy", ref)
+
+
+@engine_errors
 async def update_policy(
     db: Executor,
     ref: str,
@@ -79,11 +84,6 @@ async def update_policy(
 @engine_errors
 async def delete_policy(db: Executor, ref: str, *, force: bool = False) -> None:
     await db.execute(query("delete_policy"), ref, force)
-
-
-@engine_errors
-async def get_policy(db: Executor, ref: str) -> Policy:
-    return _as(Policy, await db.fetchval(query("get_policy"), ref))
 
 
 @engine_errors

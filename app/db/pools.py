@@ -8,7 +8,7 @@ from typing import Any
 from respool_client.wire import Pool
 
 from app.db.errors import engine_errors
-from app.db.executor import Executor, _as
+from app.db.executor import Executor, _as, fetch_as
 from app.db.named import query
 
 
@@ -79,9 +79,9 @@ async def delete_pool(db: Executor, ref: str, *, force: bool = False) -> None:
 
 @engine_errors
 async def get_pool(db: Executor, ref: str) -> Pool:
-    return _as(Pool, await db.fetchval(query("get_pool"), ref))
+    return await fetch_as(db, Pool, "get_pool", ref)
 
 
 @engine_errors
 async def list_pools(db: Executor) -> list[Pool]:
-    return _as(list[Pool], await db.fetchval(query("list_pools")))
+    return await fetch_as(db, list[Pool], "list_pools")

@@ -30,9 +30,7 @@ class _Ended(RespoolError):
         self, reason: str | None, message: str = "", request_id: UUID | None = None
     ) -> None:
         super().__init__(f"{self.verb}: {reason}" + (f": {message}" if message else ""))
-        self.reason = reason
-        self.message = message
-        self.request_id = request_id
+        self.reason, self.message, self.request_id = reason, message, request_id
 
 
 class Rejected(_Ended):

@@ -5,13 +5,11 @@
 
 CREATE OR REPLACE FUNCTION respool._max_amount()
 RETURNS bigint LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 1000000000000000::bigint $$;
-COMMENT ON FUNCTION respool._max_amount() IS
-    'The largest amount, capacity, reservation or limit of one key (10^15): exact in every JSON client (below 2^53), and 9,223 of them sum within bigint, so usage and demand sums cannot overflow.';
+COMMENT ON FUNCTION respool._max_amount() IS 'The largest amount, capacity, reservation or limit of one key (10^15): exact in every JSON client (below 2^53), and 9,223 of them sum within bigint, so usage and demand sums cannot overflow.';
 
 CREATE OR REPLACE FUNCTION respool._max_total()
 RETURNS bigint LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 4611686018427387904::bigint $$;
-COMMENT ON FUNCTION respool._max_total() IS
-    'The ceiling of a usage counter that no capacity or limit bounds (an untracked soft key of a pool, a key a policy does not limit): 2^62, so that counter + one amount (<= _max_amount()) never overflows bigint.';
+COMMENT ON FUNCTION respool._max_total() IS 'The ceiling of a usage counter that no capacity or limit bounds (an untracked soft key of a pool, a key a policy does not limit): 2^62, so that counter + one amount (<= _max_amount()) never overflows bigint.';
 
 CREATE OR REPLACE FUNCTION respool._max_keys()
 RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 64 $$;
@@ -33,13 +31,11 @@ CREATE OR REPLACE FUNCTION respool._memory_pattern()
 RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT '^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGTP]i?B?)\s*$'
 $$;
-COMMENT ON FUNCTION respool._memory_pattern() IS
-    'The regular expression of settings.memory: group 1 the number, group 2 the unit (K M G T P, powers of 1000, with an optional B; Ki Mi Gi Ti Pi, powers of 1024, with an optional B).';
+COMMENT ON FUNCTION respool._memory_pattern() IS 'The regular expression of settings.memory: group 1 the number, group 2 the unit (K M G T P, powers of 1000, with an optional B; Ki Mi Gi Ti Pi, powers of 1024, with an optional B).';
 
 CREATE OR REPLACE FUNCTION respool._max_seconds()
 RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 31536000 $$;
-COMMENT ON FUNCTION respool._max_seconds() IS
-    'The longest lease, run cap or starvation guard, in seconds (one year).';
+COMMENT ON FUNCTION respool._max_seconds() IS 'The longest lease, run cap or starvation guard, in seconds (one year).';
 
 CREATE OR REPLACE FUNCTION respool._max_grace_seconds()
 RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 86400 $$;
@@ -79,8 +75,7 @@ COMMENT ON FUNCTION respool._max_device_id() IS 'The longest device id, in chara
 
 CREATE OR REPLACE FUNCTION respool._policy_subject_pattern()
 RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT '^[A-Za-z0-9*][A-Za-z0-9_.:/@*-]{0,127}$' $$;
-COMMENT ON FUNCTION respool._policy_subject_pattern() IS
-    'The regular expression of a policy''s subject: a subject, or a pattern with * covering a team''s subjects (docs/preemption.md, "Team quotas").';
+COMMENT ON FUNCTION respool._policy_subject_pattern() IS 'The regular expression of a policy''s subject: a subject, or a pattern with * covering a team''s subjects (docs/preemption.md, "Team quotas").';
 
 CREATE OR REPLACE FUNCTION respool._group_pattern()
 RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT '^[^\x01-\x1f\x7f]{1,128}$' $$;

@@ -8,8 +8,16 @@ RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
     RAISE EXCEPTION '%', p_message USING ERRCODE = p_code, COLUMN = coalesce(p_field, '');
 END $$;
-COMMENT ON FUNCTION respool._fail(text, text, text) IS
-    'Raises an expected error: SQLSTATE p_code, the field in COLUMN, a one-line message.';
+COMMENT ON FUNCTION respool._fail(text, text, text) IS 'Raises an expected error: SQLSTATE p_code, the field in COLUMN, a one-line message.';
+
+CREATE OR REPLACE FUNCTION respool._check_one_of(p_field text, p_value text, VARIADIC p_allowed text[])
+RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_value IS NOT NULL AND p_value <> ALL (p_allowed) THEN
+        PERFORM respool._fail('RP400', p_field, format('%s must be %s', p_field, array_to_string(p_allowed, ' or ')));
+    END IF;
+END $$;
+COMMENT ON FUNCTION respool._check_one_of(text, text, text[]) IS 'RP400 naming p_field ("<field> must be a or b") unless p_value is NULL or one of p_allowed.';
 
 CREATE OR REPLACE FUNCTION respool._absent_object(p_value jsonb, p_field text, p_message text)
 RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS $$
@@ -22,15 +30,13 @@ BEGIN
     END IF;
     RETURN false;
 END $$;
-COMMENT ON FUNCTION respool._absent_object(jsonb, text, text) IS
-    'The shared first check of an optional JSON object argument: true when absent (SQL or JSON null), false when an object; RP400 naming p_field with p_message otherwise.';
+COMMENT ON FUNCTION respool._absent_object(jsonb, text, text) IS 'The shared first check of an optional JSON object argument: true when absent (SQL or JSON null), false when an object; RP400 naming p_field with p_message otherwise.';
 
 CREATE OR REPLACE FUNCTION respool._is_soft_key(p_key text)
 RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT p_key IN ('mcpu', 'memory_mb', 'step_run')
 $$;
-COMMENT ON FUNCTION respool._is_soft_key(text) IS
-    'Soft keys are unbounded at the pool layer when the pool has no capacity row for them (docs/admission.md, "Keys").';
+COMMENT ON FUNCTION respool._is_soft_key(text) IS 'Soft keys are unbounded at the pool layer when the pool has no capacity row for them (docs/admission.md, "Keys").';
 
 CREATE OR REPLACE FUNCTION respool._effective_capacity(p_key text, p_capacity bigint)
 RETURNS bigint LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
@@ -38,15 +44,14 @@ RETURNS bigint LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
                 WHEN respool._is_soft_key(p_key) THEN NULL
                 ELSE 0 END
 $$;
-COMMENT ON FUNCTION respool._effective_capacity(text, bigint) IS
-    'Capacity the admission rules use: NULL means untracked (unbounded); a missing non-soft key is 0.';
+COMMENT ON FUNCTION respool._effective_capacity(text, bigint) IS 'Capacity the admission rules use: NULL means untracked (unbounded); a missing non-soft key is 0.';
 
 CREATE OR REPLACE FUNCTION respool._amount(p_value jsonb, p_field text, p_positive boolean DEFAULT false)
 RETURNS bigint LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     v numeric;
 BEGIN
-    IF p_value IS NULL OR jsonb_typeof(p_value) <> 'number' THEN
+    IF jsonb_typeof(p_value) IS DISTINCT FROM 'number' THEN  -- SQL NULL too
         PERFORM respool._fail('RP400', p_field, format('%s must be an integer', p_field));
     END IF;
     v := p_value::numeric;
@@ -60,8 +65,7 @@ BEGIN
     END IF;
     RETURN v::bigint;
 END $$;
-COMMENT ON FUNCTION respool._amount(jsonb, text, boolean) IS
-    'Validates one amount: a JSON integer in [0, _max_amount()] (or [1, ...] when p_positive); RP400 naming the field otherwise. The bound keeps every sum of amounts within bigint.';
+COMMENT ON FUNCTION respool._amount(jsonb, text, boolean) IS 'Validates one amount: a JSON integer in [0, _max_amount()] (or [1, ...] when p_positive); RP400 naming the field otherwise. The bound keeps every sum of amounts within bigint.';
 
 CREATE OR REPLACE FUNCTION respool._resource_map(p_map jsonb, p_field text, p_keep_zeros boolean DEFAULT false)
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
@@ -89,5 +93,4 @@ BEGIN
     END LOOP;
     RETURN result;
 END $$;
-COMMENT ON FUNCTION respool._resource_map(jsonb, text, boolean) IS
-    'Validates a {key: amount} map (key pattern, integer in [0, _max_amount()], at most _max_keys() keys); drops zeros unless p_keep_zeros (update merges, where 0 removes a key).';
+COMMENT ON FUNCTION respool._resource_map(jsonb, text, boolean) IS 'Validates a {key: amount} map (key pattern, integer in [0, _max_amount()], at most _max_keys() keys); drops zeros unless p_keep_zeros (update merges, where 0 removes a key).';

@@ -36,8 +36,7 @@ BEGIN
     END IF;
     RETURN ceil(bytes / 1e6)::bigint;
 END $$;
-COMMENT ON FUNCTION respool._memory_mb(jsonb) IS
-    'Parses "<number><unit>" (K..P and KB..PB powers of 1000, Ki..Pi and KiB..PiB powers of 1024) into ceil(bytes / 1,000,000) MB, at most _max_amount(); RP400 naming settings.memory otherwise.';
+COMMENT ON FUNCTION respool._memory_mb(jsonb) IS 'Parses "<number><unit>" (K..P and KB..PB powers of 1000, Ki..Pi and KiB..PiB powers of 1024) into ceil(bytes / 1,000,000) MB, at most _max_amount(); RP400 naming settings.memory otherwise.';
 
 CREATE OR REPLACE FUNCTION respool.settings_to_resources(p_settings jsonb)
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
@@ -77,8 +76,7 @@ BEGIN
     END IF;
     RETURN result;
 END $$;
-COMMENT ON FUNCTION respool.settings_to_resources(jsonb) IS
-    'The one ResourceSettings conversion (docs/admission.md, "ResourceSettings conversion"): gpu_count -> gpu, cpu_count -> mcpu (decimal ceil), memory -> memory_mb; typed fields override pool_resources. gpu_type and gpu_class are node labels, not resources (respool.build_node_selector).';
+COMMENT ON FUNCTION respool.settings_to_resources(jsonb) IS 'The one ResourceSettings conversion (docs/admission.md, "ResourceSettings conversion"): gpu_count -> gpu, cpu_count -> mcpu (decimal ceil), memory -> memory_mb; typed fields override pool_resources. gpu_type and gpu_class are node labels, not resources (respool.build_node_selector).';
 
 CREATE OR REPLACE FUNCTION respool._label_map(p_map jsonb, p_field text, p_allow_null boolean DEFAULT false)
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
@@ -108,8 +106,7 @@ BEGIN
     END LOOP;
     RETURN p_map;
 END $$;
-COMMENT ON FUNCTION respool._label_map(jsonb, text, boolean) IS
-    'Validates a map of node labels (a node''s labels, a request''s node selector; docs/placement.md): label keys match respool._label_key_pattern(), values are strings of at most 63 printable characters (p_allow_null: a null value passes, an update removing the label), at most _max_keys() entries. RP400 naming p_field.<key>. NULL or JSON null: {}.';
+COMMENT ON FUNCTION respool._label_map(jsonb, text, boolean) IS 'Validates a map of node labels (a node''s labels, a request''s node selector; docs/placement.md): label keys match respool._label_key_pattern(), values are strings of at most 63 printable characters (p_allow_null: a null value passes, an update removing the label), at most _max_keys() entries. RP400 naming p_field.<key>. NULL or JSON null: {}.';
 
 CREATE OR REPLACE FUNCTION respool.build_node_selector(p_selector jsonb, p_settings jsonb)
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
@@ -126,8 +123,7 @@ BEGIN
     END IF;
     RETURN respool._label_map(p_selector, 'node_selector') || v_typed;
 END $$;
-COMMENT ON FUNCTION respool.build_node_selector(jsonb, jsonb) IS
-    'A request''s final node selector (docs/placement.md): node_selector merged with the settings gpu_type -> label gpu-type and gpu_class -> label gpu-class (settings win, as the typed settings fields do for resources); {} when none. RP400 naming the field for a bad label or value.';
+COMMENT ON FUNCTION respool.build_node_selector(jsonb, jsonb) IS 'A request''s final node selector (docs/placement.md): node_selector merged with the settings gpu_type -> label gpu-type and gpu_class -> label gpu-class (settings win, as the typed settings fields do for resources); {} when none. RP400 naming the field for a bad label or value.';
 
 CREATE OR REPLACE FUNCTION respool.build_resources(p_resources jsonb, p_settings jsonb)
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
@@ -145,5 +141,4 @@ BEGIN
       FROM jsonb_each(merged) WHERE value <> '0'::jsonb;
     RETURN merged || '{"step_run": 1}'::jsonb;
 END $$;
-COMMENT ON FUNCTION respool.build_resources(jsonb, jsonb) IS
-    'Final request map: resources merged with converted settings (settings win), zeros dropped, step_run: 1 added; RP400 if the client sent step_run.';
+COMMENT ON FUNCTION respool.build_resources(jsonb, jsonb) IS 'Final request map: resources merged with converted settings (settings win), zeros dropped, step_run: 1 added; RP400 if the client sent step_run.';

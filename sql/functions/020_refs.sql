@@ -12,8 +12,7 @@ BEGIN
     PERFORM respool._fail('RP404', p_kind, format('%s %L not found', p_kind, p_ref));
     RETURN NULL;
 END $$;
-COMMENT ON FUNCTION respool._resolve_ref(text, text, uuid[], text[]) IS
-    'Turns the matches of a ref into one id, or RP404 (none) / RP400 listing the candidates (several).';
+COMMENT ON FUNCTION respool._resolve_ref(text, text, uuid[], text[]) IS 'Turns the matches of a ref into one id, or RP404 (none) / RP400 listing the candidates (several).';
 
 CREATE OR REPLACE FUNCTION respool.resolve_pool(p_ref text)
 RETURNS uuid LANGUAGE plpgsql STABLE AS $$
@@ -36,8 +35,7 @@ BEGIN
               FROM respool.pools
              WHERE name = p_ref OR id::text LIKE lower(p_ref) || '%');
 END $$;
-COMMENT ON FUNCTION respool.resolve_pool(text) IS
-    'Pool id for a name, a full id or a unique id prefix of >= 4 hex chars; RP400 listing the candidates when the ref is one pool''s name and another''s id prefix.';
+COMMENT ON FUNCTION respool.resolve_pool(text) IS 'Pool id for a name, a full id or a unique id prefix of >= 4 hex chars; RP400 listing the candidates when the ref is one pool''s name and another''s id prefix.';
 
 CREATE OR REPLACE FUNCTION respool.resolve_policy(p_ref text)
 RETURNS uuid LANGUAGE sql STABLE AS $$
@@ -53,13 +51,11 @@ RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM 1 FROM respool.pools WHERE id = ANY (p_pool_ids) ORDER BY id FOR NO KEY UPDATE;
 END $$;
-COMMENT ON FUNCTION respool._lock_pools(uuid[]) IS
-    'Locks pool rows in id order: the first step of every change that moves units, so no two transactions deadlock.';
+COMMENT ON FUNCTION respool._lock_pools(uuid[]) IS 'Locks pool rows in id order: the first step of every change that moves units, so no two transactions deadlock.';
 
 CREATE OR REPLACE FUNCTION respool.lock_pools(p_pool_ids uuid[])
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM respool._lock_pools(p_pool_ids);
 END $$;
-COMMENT ON FUNCTION respool.lock_pools(uuid[]) IS
-    'Public entry for callers outside SQL (a manifest apply): locks the given pool rows FOR NO KEY UPDATE in id order, the order every engine function uses, so the caller''s transaction cannot deadlock with them; unknown ids are ignored. Held until the transaction ends.';
+COMMENT ON FUNCTION respool.lock_pools(uuid[]) IS 'Public entry for callers outside SQL (a manifest apply): locks the given pool rows FOR NO KEY UPDATE in id order, the order every engine function uses, so the caller''s transaction cannot deadlock with them; unknown ids are ignored. Held until the transaction ends.';

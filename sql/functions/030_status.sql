@@ -44,22 +44,19 @@ BEGIN
        FROM unnest(p_requests) r
       WHERE v_quiet IS NULL OR r.id::text <> ALL (v_quiet);
 END $$;
-COMMENT ON FUNCTION respool._record_events(respool.requests[], text, timestamptz) IS
-    'Appends the event rows (in array order; an event into allocated carries the grant''s placement, placed before this is called) and queues the NOTIFYs (delivered at commit) for requests that changed from p_from to their current status together; each event records the request it happened for (respool.cause, set by respool._preempt_for, or for a victim leaving its grace period the one its preempting event named: cause_request_id and its subject); no NOTIFY for the requests that the current create_request call or batch is making (respool.unannounced: their ids, comma-separated).';
+COMMENT ON FUNCTION respool._record_events(respool.requests[], text, timestamptz) IS 'Appends the event rows (in array order; an event into allocated carries the grant''s placement, placed before this is called) and queues the NOTIFYs (delivered at commit) for requests that changed from p_from to their current status together; each event records the request it happened for (respool.cause, set by respool._preempt_for, or for a victim leaving its grace period the one its preempting event named: cause_request_id and its subject); no NOTIFY for the requests that the current create_request call or batch is making (respool.unannounced: their ids, comma-separated).';
 
 CREATE OR REPLACE FUNCTION respool._record_event(p_request respool.requests, p_from text, p_now timestamptz)
 RETURNS void LANGUAGE sql AS $$
     SELECT respool._record_events(ARRAY[p_request], p_from, p_now)
 $$;
-COMMENT ON FUNCTION respool._record_event(respool.requests, text, timestamptz) IS
-    'Appends the event row and queues the NOTIFY (delivered at commit) for one status change.';
+COMMENT ON FUNCTION respool._record_event(respool.requests, text, timestamptz) IS 'Appends the event row and queues the NOTIFY (delivered at commit) for one status change.';
 
 CREATE OR REPLACE FUNCTION respool._pool_changed(p_pool_id uuid)
 RETURNS void LANGUAGE sql AS $$
     SELECT pg_notify('respool_pool', p_pool_id::text)
 $$;
-COMMENT ON FUNCTION respool._pool_changed(uuid) IS
-    'Wakes the reconcilers (after commit) for a pool whose state may call for preemption: a new queued request, a capacity or policy change.';
+COMMENT ON FUNCTION respool._pool_changed(uuid) IS 'Wakes the reconcilers (after commit) for a pool whose state may call for preemption: a new queued request, a capacity or policy change.';
 
 CREATE OR REPLACE FUNCTION respool._set_status(p_id uuid, p_to text, p_reason text, p_message text, p_now timestamptz)
 RETURNS respool.requests LANGUAGE plpgsql AS $$
@@ -85,5 +82,4 @@ BEGIN
     PERFORM respool._record_event(r, v_from, p_now);
     RETURN r;
 END $$;
-COMMENT ON FUNCTION respool._set_status(uuid, text, text, text, timestamptz) IS
-    'The way a request changes status (a grant does the same in respool._grant_many, set-based): bumps version, stamps finished_at, drops an earmark when it leaves the queue, a grace deadline when it leaves preempting, and the lease, runtime cap and non-preemptible charge when it stops holding units; writes the event, notifies.';
+COMMENT ON FUNCTION respool._set_status(uuid, text, text, text, timestamptz) IS 'The way a request changes status (a grant does the same in respool._grant_many, set-based): bumps version, stamps finished_at, drops an earmark when it leaves the queue, a grace deadline when it leaves preempting, and the lease, runtime cap and non-preemptible charge when it stops holding units; writes the event, notifies.';

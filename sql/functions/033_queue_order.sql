@@ -5,8 +5,7 @@ CREATE OR REPLACE FUNCTION respool._rank(p_priority integer, p_lane boolean)
 RETURNS bigint LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT p_priority::bigint + CASE WHEN p_lane THEN 4294967296 ELSE 0 END
 $$;
-COMMENT ON FUNCTION respool._rank(integer, boolean) IS
-    'A policy''s place in queue order and priority preemption (docs/preemption.md, priority lanes): its priority, above every priority (2^32 higher) in a priority lane. A lane request outranks every non-lane one; lane allocations never preempt each other, which the victim rule (respool._may_preempt) adds.';
+COMMENT ON FUNCTION respool._rank(integer, boolean) IS 'A policy''s place in queue order and priority preemption (docs/preemption.md, priority lanes): its priority, above every priority (2^32 higher) in a priority lane. A lane request outranks every non-lane one; lane allocations never preempt each other, which the victim rule (respool._may_preempt) adds.';
 
 DROP FUNCTION IF EXISTS respool._queue_groups(uuid, boolean);
 
@@ -67,8 +66,7 @@ LANGUAGE sql STABLE AS $$
                                     WHERE r.id = e.request_id AND r.earmark_pool_id IS NOT NULL))
              ORDER BY e.queued_at, e.request_id LIMIT 1) h
 $$;
-COMMENT ON FUNCTION respool._queue_groups(uuid, boolean) IS
-    'A pool''s queue by shape (policy, preemptible, resources, node selector): each shape''s policy priority and rank (respool._rank: lane first), in-share flag, dominant share (fair pools; 0 in fifo pools) and first entry (with p_skip_earmarked, its first entry holding no earmark; a shape with none is left out). Entries of one shape are granted in queue-time order, so the queue order is the merge of the shapes by (rank desc, in-share first, share asc, queue time, id). Costs O(shapes), not O(queue). Read-only.';
+COMMENT ON FUNCTION respool._queue_groups(uuid, boolean) IS 'A pool''s queue by shape (policy, preemptible, resources, node selector): each shape''s policy priority and rank (respool._rank: lane first), in-share flag, dominant share (fair pools; 0 in fifo pools) and first entry (with p_skip_earmarked, its first entry holding no earmark; a shape with none is left out). Entries of one shape are granted in queue-time order, so the queue order is the merge of the shapes by (rank desc, in-share first, share asc, queue time, id). Costs O(shapes), not O(queue). Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._next_of_shape(p_pool_id uuid, p_policy_id uuid, p_preemptible boolean,
                                                   p_resources jsonb, p_selector jsonb,
@@ -82,8 +80,7 @@ BEGIN
        AND (e.queued_at, e.request_id) > (p_after_at, p_after_id)
      ORDER BY e.queued_at, e.request_id LIMIT 1;
 END $$;
-COMMENT ON FUNCTION respool._next_of_shape(uuid, uuid, boolean, jsonb, jsonb, timestamptz, uuid) IS
-    'The entry of one queue shape that follows (p_after_at, p_after_id) in queue-time order (NULLs when none): one index probe.';
+COMMENT ON FUNCTION respool._next_of_shape(uuid, uuid, boolean, jsonb, jsonb, timestamptz, uuid) IS 'The entry of one queue shape that follows (p_after_at, p_after_id) in queue-time order (NULLs when none): one index probe.';
 
 CREATE OR REPLACE FUNCTION respool._next_other_group(p_pool_id uuid, p_policy_id uuid, p_preemptible boolean,
                                                     p_resources jsonb, p_selector jsonb, p_tried text[])
@@ -95,8 +92,7 @@ RETURNS uuid LANGUAGE sql STABLE AS $$
        AND (r.preemption_group IS NULL OR r.preemption_group <> ALL (p_tried))
      ORDER BY e.queued_at, e.request_id LIMIT 1
 $$;
-COMMENT ON FUNCTION respool._next_other_group(uuid, uuid, boolean, jsonb, jsonb, text[]) IS
-    'The first entry (queue-time order, holding no earmark) of one queue shape whose preemption group is none of p_tried (or that has no group): the next stand-in of the shape for preemption when its own group kept the one before from preempting (docs/preemption.md, preemption groups). NULL when none. Read-only.';
+COMMENT ON FUNCTION respool._next_other_group(uuid, uuid, boolean, jsonb, jsonb, text[]) IS 'The first entry (queue-time order, holding no earmark) of one queue shape whose preemption group is none of p_tried (or that has no group): the next stand-in of the shape for preemption when its own group kept the one before from preempting (docs/preemption.md, preemption groups). NULL when none. Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._queue_top(p_pool_id uuid, p_limit integer)
 RETURNS TABLE (request_id uuid, policy_id uuid, subject text, priority integer, in_share boolean,
@@ -122,8 +118,7 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
      ORDER BY g.rank DESC, g.in_share DESC, g.share, e.queued_at, e.request_id
      LIMIT p_limit
 $$;
-COMMENT ON FUNCTION respool._queue_top(uuid, integer) IS
-    'The first p_limit entries (NULL: all) of a pool''s queue in grant order (docs/admission.md, docs/scheduling.md: priority lane first, policy priority desc, in-share first, dominant share asc in fair pools, queue time, id) with their 1-based positions. Read-only; O(shapes * p_limit) index reads plus one sort of them, whatever the queue length.';
+COMMENT ON FUNCTION respool._queue_top(uuid, integer) IS 'The first p_limit entries (NULL: all) of a pool''s queue in grant order (docs/admission.md, docs/scheduling.md: priority lane first, policy priority desc, in-share first, dominant share asc in fair pools, queue time, id) with their 1-based positions. Read-only; O(shapes * p_limit) index reads plus one sort of them, whatever the queue length.';
 
 CREATE OR REPLACE FUNCTION respool._queue_order(p_pool_id uuid)
 RETURNS TABLE (request_id uuid, policy_id uuid, subject text, priority integer, in_share boolean,
@@ -131,8 +126,7 @@ RETURNS TABLE (request_id uuid, policy_id uuid, subject text, priority integer, 
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     SELECT * FROM respool._queue_top(p_pool_id, NULL)
 $$;
-COMMENT ON FUNCTION respool._queue_order(uuid) IS
-    'A pool''s whole queue in grant order (docs/admission.md, docs/scheduling.md): priority lane first, policy priority desc, in-share first, dominant share asc (fair pools), queue time, id (respool._queue_top without a limit). Read-only; O(queue), for the respool.queue view and the positions of a page of requests (the engine itself works shape by shape).';
+COMMENT ON FUNCTION respool._queue_order(uuid) IS 'A pool''s whole queue in grant order (docs/admission.md, docs/scheduling.md): priority lane first, policy priority desc, in-share first, dominant share asc (fair pools), queue time, id (respool._queue_top without a limit). Read-only; O(queue), for the respool.queue view and the positions of a page of requests (the engine itself works shape by shape).';
 
 DROP FUNCTION IF EXISTS respool._queue_positions(uuid, uuid[]);
 
@@ -189,8 +183,7 @@ BEGIN
                 WHERE (s.rank, s.in_share, -s.share) >= (m.rank, m.in_share, -m.share))
       FROM me m;
 END $$;
-COMMENT ON FUNCTION respool._queue_positions(uuid, uuid[]) IS
-    'The 1-based positions in one pool''s queue of those of p_request_ids that wait in it (others are left out), the same numbers as _queue_order and _queue_position: for one request by counting the entries ahead of it (respool._queue_position); for a page at once, O(queue) array building per shape plus O(requests * shapes * log(queue)), no sort of the queue. Read-only.';
+COMMENT ON FUNCTION respool._queue_positions(uuid, uuid[]) IS 'The 1-based positions in one pool''s queue of those of p_request_ids that wait in it (others are left out), the same numbers as _queue_order and _queue_position: for one request by counting the entries ahead of it (respool._queue_position); for a page at once, O(queue) array building per shape plus O(requests * shapes * log(queue)), no sort of the queue. Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._queue_position(p_pool_id uuid, p_request_id uuid)
 RETURNS bigint LANGUAGE plpgsql STABLE AS $$
@@ -238,5 +231,4 @@ BEGIN
     END LOOP;
     RETURN ahead + 1;
 END $$;
-COMMENT ON FUNCTION respool._queue_position(uuid, uuid) IS
-    'A queued request''s 1-based position in one pool''s queue, exactly as in _queue_order, by counting only the entries ahead of it (whole shapes of a higher class, earlier entries of its own class); NULL when it is not in that queue.';
+COMMENT ON FUNCTION respool._queue_position(uuid, uuid) IS 'A queued request''s 1-based position in one pool''s queue, exactly as in _queue_order, by counting only the entries ahead of it (whole shapes of a higher class, earlier entries of its own class); NULL when it is not in that queue.';

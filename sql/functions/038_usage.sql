@@ -40,8 +40,7 @@ BEGIN
       FROM respool.policy_resources pol JOIN respool.policies p ON p.id = pol.policy_id
      WHERE p.pool_id = p_pool_id;
 END $$;
-COMMENT ON FUNCTION respool._usage(uuid, uuid) IS
-    'The usage arithmetic of one pool, in one place: per pool counter (policy_id NULL) and per policy counter, its bound (effective capacity / limit), reserved share, used, units leaving with victims in their grace period and (pool rows) units earmarked for requests other than p_except. Read-only.';
+COMMENT ON FUNCTION respool._usage(uuid, uuid) IS 'The usage arithmetic of one pool, in one place: per pool counter (policy_id NULL) and per policy counter, its bound (effective capacity / limit), reserved share, used, units leaving with victims in their grace period and (pool rows) units earmarked for requests other than p_except. Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._free_units(p_pool_id uuid)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$

@@ -19,8 +19,7 @@ BEGIN
               FROM respool.placements pl JOIN respool.nodes n ON n.id = pl.node_id
              WHERE pl.request_id = p_request_id);
 END $$;
-COMMENT ON FUNCTION respool._placement_doc(uuid) IS
-    'Where a holding request is placed (docs/placement.md): {"node": name, "labels": {...}, "devices": {key: [ids in list order]}}; NULL when it has no placement (a pool without nodes, or not holding). Read-only.';
+COMMENT ON FUNCTION respool._placement_doc(uuid) IS 'Where a holding request is placed (docs/placement.md): {"node": name, "labels": {...}, "devices": {key: [ids in list order]}}; NULL when it has no placement (a pool without nodes, or not holding). Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._request_doc(r respool.requests, p_position bigint, p_message text,
                                                 p_eta jsonb)
@@ -51,8 +50,7 @@ RETURNS json LANGUAGE sql STABLE AS $$
                        'attempt', r.claimed_attempt, 'at', r.claimed_at) END) END,
         'exit_code', r.exit_code)
 $$;
-COMMENT ON FUNCTION respool._request_doc(respool.requests, bigint, text, jsonb) IS
-    'The one JSON shape of a request as the API shows it, from its row, its placement (respool._placement_doc, while it holds units; after, last_placement, where it held units the last time) and the computed queue position, message (NULL: empty) and ETA: shared by the one-request read (as jsonb) and the page read (json_agg), so both give the same document.';
+COMMENT ON FUNCTION respool._request_doc(respool.requests, bigint, text, jsonb) IS 'The one JSON shape of a request as the API shows it, from its row, its placement (respool._placement_doc, while it holds units; after, last_placement, where it held units the last time) and the computed queue position, message (NULL: empty) and ETA: shared by the one-request read (as jsonb) and the page read (json_agg), so both give the same document.';
 
 CREATE OR REPLACE FUNCTION respool._request_json(p_id uuid)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
@@ -105,15 +103,13 @@ BEGIN
     END IF;
     RETURN respool._request_doc(r, v_position, v_message, v_eta)::jsonb;
 END $$;
-COMMENT ON FUNCTION respool._request_json(uuid) IS
-    'A request as the API shows it; for a queued one, its best queue position, what blocks it (or the starvation hold) and its ETA, computed now for this request alone (for a gang member: its gang''s, docs/scheduling.md, gangs).';
+COMMENT ON FUNCTION respool._request_json(uuid) IS 'A request as the API shows it; for a queued one, its best queue position, what blocks it (or the starvation hold) and its ETA, computed now for this request alone (for a gang member: its gang''s, docs/scheduling.md, gangs).';
 
 CREATE OR REPLACE FUNCTION respool.request_json(p_id uuid)
 RETURNS jsonb LANGUAGE sql STABLE AS $$
     SELECT respool._request_json(p_id)
 $$;
-COMMENT ON FUNCTION respool.request_json(uuid) IS
-    'A request as the API shows it; for a queued one, its best queue position, what blocks it (or the starvation hold) and its ETA, computed now.';
+COMMENT ON FUNCTION respool.request_json(uuid) IS 'A request as the API shows it; for a queued one, its best queue position, what blocks it (or the starvation hold) and its ETA, computed now.';
 
 CREATE OR REPLACE FUNCTION respool.get_request(p_id uuid)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$

@@ -18,8 +18,7 @@ BEGIN
     END IF;
     RETURN r;
 END $$;
-COMMENT ON FUNCTION respool._lock_request(uuid, integer) IS
-    'Locks a request''s candidate pools (id order) and then the request; RP404 if unknown, RP409 when p_attempt is stale (fencing).';
+COMMENT ON FUNCTION respool._lock_request(uuid, integer) IS 'Locks a request''s candidate pools (id order) and then the request; RP404 if unknown, RP409 when p_attempt is stale (fencing).';
 
 CREATE OR REPLACE FUNCTION respool._leave_queue(p_id uuid, p_to text, p_reason text, p_message text, p_now timestamptz)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -45,8 +44,7 @@ BEGIN
         PERFORM respool.allocate_pool(v_pool, p_now);
     END LOOP;
 END $$;
-COMMENT ON FUNCTION respool._leave_queue(uuid, text, text, text, timestamptz) IS
-    'Takes a locked queued request (and the rest of its gang, docs/scheduling.md, gangs) out of every queue with a terminal status, then lets strict queues behind it move (and best_effort queues whose starvation hold it may have been), and grants in the pool where members of its gang gave units back.';
+COMMENT ON FUNCTION respool._leave_queue(uuid, text, text, text, timestamptz) IS 'Takes a locked queued request (and the rest of its gang, docs/scheduling.md, gangs) out of every queue with a terminal status, then lets strict queues behind it move (and best_effort queues whose starvation hold it may have been), and grants in the pool where members of its gang gave units back.';
 
 CREATE OR REPLACE FUNCTION respool._unqueue(p_id uuid)
 RETURNS uuid[] LANGUAGE plpgsql AS $$
@@ -62,8 +60,7 @@ BEGIN
     SELECT array_agg(DISTINCT pool_id) INTO v_pools FROM gone;
     RETURN coalesce(v_pools, '{}');
 END $$;
-COMMENT ON FUNCTION respool._unqueue(uuid) IS
-    'Removes the queue entries of a request, and of its gang (whose one entry per pool may be another member''s); returns the pools it waited in.';
+COMMENT ON FUNCTION respool._unqueue(uuid) IS 'Removes the queue entries of a request, and of its gang (whose one entry per pool may be another member''s); returns the pools it waited in.';
 
 CREATE OR REPLACE FUNCTION respool._end_holding(p_id uuid, p_to text, p_reason text, p_message text, p_now timestamptz)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -82,8 +79,7 @@ BEGIN
     END IF;
     PERFORM respool.allocate_pool(r.pool_id, p_now);
 END $$;
-COMMENT ON FUNCTION respool._end_holding(uuid, text, text, text, timestamptz) IS
-    'Frees a locked allocated/preempting request, sets its final status (a preempting one becomes preempted; a cancelled or expired gang member takes the rest of its gang along, docs/scheduling.md, gangs), and grants what now fits in its pool.';
+COMMENT ON FUNCTION respool._end_holding(uuid, text, text, text, timestamptz) IS 'Frees a locked allocated/preempting request, sets its final status (a preempting one becomes preempted; a cancelled or expired gang member takes the rest of its gang along, docs/scheduling.md, gangs), and grants what now fits in its pool.';
 
 CREATE OR REPLACE FUNCTION respool._end_locked(p_id uuid, p_status text, p_reason text, p_message text,
                                                p_queued_reason text, p_queued_message text, p_now timestamptz)
@@ -97,8 +93,7 @@ BEGIN
         PERFORM respool._leave_queue(p_id, 'cancelled', p_queued_reason, p_queued_message, p_now);
     END IF;
 END $$;
-COMMENT ON FUNCTION respool._end_locked(uuid, text, text, text, text, text, timestamptz) IS
-    'Release and cancel in one place, for a request the caller has locked with its pools (respool._lock_request): holding, it ends as p_status (preempting -> preempted) with its units freed and what fits granted; queued, it becomes cancelled with p_queued_reason; terminal, it is unchanged. Reads the status itself, so a caller ending several requests sees what the earlier ones did (a gang member that followed its gang).';
+COMMENT ON FUNCTION respool._end_locked(uuid, text, text, text, text, text, timestamptz) IS 'Release and cancel in one place, for a request the caller has locked with its pools (respool._lock_request): holding, it ends as p_status (preempting -> preempted) with its units freed and what fits granted; queued, it becomes cancelled with p_queued_reason; terminal, it is unchanged. Reads the status itself, so a caller ending several requests sees what the earlier ones did (a gang member that followed its gang).';
 
 CREATE OR REPLACE FUNCTION respool._end_request(p_id uuid, p_attempt integer, p_status text,
                                                 p_reason text, p_message text,
@@ -110,8 +105,7 @@ BEGIN
     PERFORM respool._end_locked(p_id, p_status, p_reason, p_message, p_queued_reason, p_queued_message, p_now);
     RETURN respool.request_json(p_id);
 END $$;
-COMMENT ON FUNCTION respool._end_request(uuid, integer, text, text, text, text, text, timestamptz) IS
-    'Release and cancel of one request: locked with its pools and attempt-fenced (respool._lock_request: RP404, RP409), then ended by respool._end_locked. Returns the request''s JSON.';
+COMMENT ON FUNCTION respool._end_request(uuid, integer, text, text, text, text, text, timestamptz) IS 'Release and cancel of one request: locked with its pools and attempt-fenced (respool._lock_request: RP404, RP409), then ended by respool._end_locked. Returns the request''s JSON.';
 
 CREATE OR REPLACE FUNCTION respool.release_request(p_id uuid, p_attempt integer DEFAULT NULL,
                                                    p_now timestamptz DEFAULT now())
@@ -119,8 +113,7 @@ RETURNS jsonb LANGUAGE sql AS $$
     SELECT respool._end_request(p_id, p_attempt, 'released', NULL, '',
                                 'released_while_queued', 'released before it was allocated', p_now)
 $$;
-COMMENT ON FUNCTION respool.release_request(uuid, integer, timestamptz) IS
-    'allocated -> released (preempting -> preempted), queued -> cancelled, terminal unchanged; frees units and grants what fits in the same transaction.';
+COMMENT ON FUNCTION respool.release_request(uuid, integer, timestamptz) IS 'allocated -> released (preempting -> preempted), queued -> cancelled, terminal unchanged; frees units and grants what fits in the same transaction.';
 
 DROP FUNCTION IF EXISTS respool.release_requests(uuid[], integer[], timestamptz);
 CREATE OR REPLACE FUNCTION respool.release_requests(p_ids uuid[], p_attempts integer[] DEFAULT NULL,
@@ -169,8 +162,7 @@ BEGIN
              ON d.id = x.id AND v_status[x.n] IS NULL
      ORDER BY x.n;
 END $$;
-COMMENT ON FUNCTION respool.release_requests(uuid[], integer[], timestamptz) IS
-    'Several releases in one transaction (the API coalesces concurrent POST /v1/requests/{id}/release calls into one, docs/api.md): member i is ended exactly as respool.release_request(p_ids[i], p_attempts[i]) would end it right after members 0..i-1 (allocated -> released, preempting -> preempted, queued -> cancelled, terminal unchanged; units freed and what fits granted in the same transaction). Pools and rows are locked up front in id order. One row per member, in member order: its document once all are done, or, for an unknown id (RP404, field id) or a stale attempt (RP409, field attempt), the error a single release would raise, that member changing nothing. RP400 for an empty or oversized list or a mismatched attempts list.';
+COMMENT ON FUNCTION respool.release_requests(uuid[], integer[], timestamptz) IS 'Several releases in one transaction: member i ends exactly as respool.release_request(p_ids[i], p_attempts[i]) would end it right after members 0..i-1. Pools, then rows, are locked up front in id order. One row per member, in member order: its document once all are done, or the error its own release would raise (RP404 field id, RP409 field attempt), that member changing nothing. RP400 for an empty or oversized list or a mismatched attempts list.';
 
 CREATE OR REPLACE FUNCTION respool.cancel_request(p_id uuid, p_attempt integer DEFAULT NULL,
                                                   p_now timestamptz DEFAULT now())
@@ -178,8 +170,7 @@ RETURNS jsonb LANGUAGE sql AS $$
     SELECT respool._end_request(p_id, p_attempt, 'cancelled', 'cancelled', 'cancelled by the client',
                                 'cancelled', 'cancelled by the client', p_now)
 $$;
-COMMENT ON FUNCTION respool.cancel_request(uuid, integer, timestamptz) IS
-    'queued/allocated/preempting -> cancelled (units freed, the queue moves); terminal unchanged.';
+COMMENT ON FUNCTION respool.cancel_request(uuid, integer, timestamptz) IS 'queued/allocated/preempting -> cancelled (units freed, the queue moves); terminal unchanged.';
 
 CREATE OR REPLACE FUNCTION respool.delete_request(p_id uuid)
 RETURNS void LANGUAGE plpgsql AS $$

@@ -67,8 +67,7 @@ BEGIN
     END IF;
     RETURN respool.request_json(p_id);
 END $$;
-COMMENT ON FUNCTION respool.heartbeat_request(uuid, integer, timestamptz, integer, integer) IS
-    'Heartbeat. Allocated: lease = now + p_lease_seconds (default lease_seconds), locking only the request row (a job not yet claimed gets none; p_queue_lease_seconds never sets it); a lapsed lease is never revived but expired as the reconciler would (a job with retries left is requeued). Queued: sets the queue lease (respool.queue_leases) to now + p_queue_lease_seconds without locking the request; when it lapses the request is cancelled (abandoned). RP400 for a bad length, RP409 for a stale p_attempt; returns the request.';
+COMMENT ON FUNCTION respool.heartbeat_request(uuid, integer, timestamptz, integer, integer) IS 'Allocated: the lease becomes now + p_lease_seconds (default: the request''s lease_seconds; none without one, nor for a job not yet claimed), locking only the request row; a lapsed lease is expired as the reconciler would (a job with retries left is requeued), never revived. Queued: the queue lease (respool.queue_leases) becomes now + p_queue_lease_seconds, the request row unlocked; when it lapses the request is cancelled (abandoned). RP400 for a bad length, RP404, RP409 for a stale p_attempt. Returns the request.';
 
 CREATE OR REPLACE FUNCTION respool._expire_one(p_id uuid, p_reason text, p_message text, p_now timestamptz)
 RETURNS integer LANGUAGE plpgsql AS $$
@@ -83,8 +82,7 @@ BEGIN
     PERFORM respool._set_status(p_id, 'expired', p_reason, p_message, p_now);
     RETURN 1 + respool._gang_follow(p_id, 'expired', p_reason, 'expired', p_now);  -- gangs: docs/scheduling.md
 END $$;
-COMMENT ON FUNCTION respool._expire_one(uuid, text, text, timestamptz) IS
-    'An allocated request the caller has locked (in a pool it has locked) becomes expired with p_reason, its units freed, and the rest of its gang follows (docs/scheduling.md, gangs). Returns how many requests expired (0 when it was no longer allocated).';
+COMMENT ON FUNCTION respool._expire_one(uuid, text, text, timestamptz) IS 'An allocated request the caller has locked (in a pool it has locked) becomes expired with p_reason, its units freed, and the rest of its gang follows (docs/scheduling.md, gangs). Returns how many requests expired (0 when it was no longer allocated).';
 
 CREATE OR REPLACE FUNCTION respool._expire_pool(p_pool_id uuid, p_now timestamptz)
 RETURNS integer LANGUAGE plpgsql AS $$
@@ -94,31 +92,15 @@ BEGIN
                      WHERE pool_id = p_pool_id AND status = 'allocated' AND lease_expires_at <= p_now
                      ORDER BY lease_expires_at, id FOR UPDATE SKIP LOCKED) due);
 END $$;
-COMMENT ON FUNCTION respool._expire_pool(uuid, timestamptz) IS
-    'In a pool the caller has locked: allocated requests whose lease lapsed become expired (with the rest of their gang, docs/scheduling.md, gangs) and their units are freed. A request locked by a concurrent heartbeat is left for the next pass.';
-
-CREATE OR REPLACE FUNCTION respool.expire_leases(p_pool_id uuid, p_now timestamptz DEFAULT now())
-RETURNS integer LANGUAGE plpgsql AS $$
-DECLARE
-    expired integer;
-BEGIN
-    PERFORM respool._lock_pools(ARRAY[p_pool_id]);
-    expired := respool._expire_pool(p_pool_id, p_now);
-    IF expired > 0 THEN
-        PERFORM respool.allocate_pool(p_pool_id, p_now);
-    END IF;
-    RETURN expired;
-END $$;
-COMMENT ON FUNCTION respool.expire_leases(uuid, timestamptz) IS
-    'Lease expiry alone for one pool (reconcile_pool does it as its step 1): lapsed leases become expired, their units are freed and the queue is granted.';
+COMMENT ON FUNCTION respool._expire_pool(uuid, timestamptz) IS 'In a pool the caller has locked: allocated requests whose lease lapsed become expired (with the rest of their gang, docs/scheduling.md, gangs) and their units are freed. A request locked by a concurrent heartbeat is left for the next pass.';
 
 CREATE OR REPLACE FUNCTION respool._abandon_queue_leases(p_pool_id uuid, p_now timestamptz)
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
+    abandoned integer := 0;
     v_id uuid;
     v_pool uuid;
     v_pools uuid[];
-    abandoned integer := 0;
 BEGIN
     -- Queued requests of this pool whose queue lease (on their current attempt) lapsed. A request
     -- locked elsewhere (being granted, or a heartbeat's lease update) is left for the next pass.
@@ -163,17 +145,28 @@ BEGIN
                              FOR UPDATE SKIP LOCKED);
     RETURN abandoned;
 END $$;
-COMMENT ON FUNCTION respool._abandon_queue_leases(uuid, timestamptz) IS
-    'Reconciler step 1, in a pool the caller has locked: queued requests of the pool whose queue lease lapsed on their current attempt become cancelled (reason abandoned; with the rest of their gang, docs/scheduling.md, gangs) and leave every queue; other candidate pools'' reconcilers are woken. Also removes queue leases that no longer bind a queued request. Returns how many were abandoned.';
+COMMENT ON FUNCTION respool._abandon_queue_leases(uuid, timestamptz) IS 'Reconciler step 1, in a pool the caller has locked: queued requests of the pool whose queue lease lapsed on their current attempt become cancelled (reason abandoned; with the rest of their gang, docs/scheduling.md, gangs) and leave every queue; other candidate pools'' reconcilers are woken. Also removes queue leases that no longer bind a queued request. Returns how many were abandoned.';
 
 CREATE OR REPLACE FUNCTION respool._expire_max_seconds(p_pool_id uuid, p_now timestamptz)
+RETURNS integer LANGUAGE sql AS $$
+    SELECT coalesce(sum(respool._expire_one(id, 'max_seconds',
+                                            format('ran for its max_seconds (%s s)', max_seconds), p_now)), 0)::integer
+      FROM (SELECT id, max_seconds FROM respool.requests
+             WHERE pool_id = p_pool_id AND status = 'allocated' AND run_deadline <= p_now
+             ORDER BY run_deadline, id FOR UPDATE SKIP LOCKED) due
+$$;
+COMMENT ON FUNCTION respool._expire_max_seconds(uuid, timestamptz) IS 'In a pool the caller has locked: allocated requests past allocated_at + max_seconds become expired (reason max_seconds; with the rest of their gang, docs/scheduling.md), whatever their heartbeats, and their units are freed. A row locked by a concurrent heartbeat is left for the next pass.';
+
+CREATE OR REPLACE FUNCTION respool.expire_leases(p_pool_id uuid, p_now timestamptz DEFAULT now())
 RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    expired integer;
 BEGIN
-    RETURN (SELECT coalesce(sum(respool._expire_one(id, 'max_seconds',
-                                                    format('ran for its max_seconds (%s s)', max_seconds), p_now)), 0)
-              FROM (SELECT id, max_seconds FROM respool.requests
-                     WHERE pool_id = p_pool_id AND status = 'allocated' AND run_deadline <= p_now
-                     ORDER BY run_deadline, id FOR UPDATE SKIP LOCKED) due);
+    PERFORM respool._lock_pools(ARRAY[p_pool_id]);
+    expired := respool._expire_pool(p_pool_id, p_now);
+    IF expired > 0 THEN
+        PERFORM respool.allocate_pool(p_pool_id, p_now);
+    END IF;
+    RETURN expired;
 END $$;
-COMMENT ON FUNCTION respool._expire_max_seconds(uuid, timestamptz) IS
-    'In a pool the caller has locked: allocated requests past allocated_at + max_seconds become expired (reason max_seconds; with the rest of their gang, docs/scheduling.md), whatever their heartbeats, and their units are freed. A row locked by a concurrent heartbeat is left for the next pass.';
+COMMENT ON FUNCTION respool.expire_leases(uuid, timestamptz) IS 'Lease expiry alone for one pool (reconcile_pool does it as its step 1): lapsed leases become expired, their units are freed and the queue is granted.';

@@ -40,8 +40,7 @@ BEGIN
         SELECT json_agg(d.doc ORDER BY q.created_at DESC, q.id DESC)
           FROM page q JOIN respool.request_docs(ARRAY(SELECT id FROM page)) d ON d.id = q.id), '[]'::json);
 END $$;
-COMMENT ON FUNCTION respool.list_requests(text, text, text, integer, timestamptz, uuid, text[], uuid) IS
-    'Requests newest first, filtered (p_status ''live'': queued, allocated and preempting; p_gang_id: the members of one gang, docs/scheduling.md, gangs), keyset-paged by (created_at, id), as one json array of _request_doc documents (the same as request_json gives each); p_subject_like scopes a client token.';
+COMMENT ON FUNCTION respool.list_requests(text, text, text, integer, timestamptz, uuid, text[], uuid) IS 'Requests newest first, filtered (p_status ''live'': queued, allocated and preempting; p_gang_id: the members of one gang, docs/scheduling.md, gangs), keyset-paged by (created_at, id), as one json array of _request_doc documents (the same as request_json gives each); p_subject_like scopes a client token.';
 
 CREATE OR REPLACE FUNCTION respool.list_request_events(p_id uuid)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$

@@ -20,8 +20,7 @@ BEGIN
     PERFORM respool._unplace(p_id);
     RETURN (respool._after_preemption(p_id, 'terminated', p_message, p_now)).status;
 END $$;
-COMMENT ON FUNCTION respool._terminate_member(uuid, text, timestamptz) IS
-    'Terminates one allocated request of a pool the caller has locked (preemptible or not): with the pool''s grace period it goes to preempting (reason terminated, deadline now + grace) and keeps its units until release or deadline; without, its units are freed and it becomes preempted with reason terminated (never requeued: respool._after_preemption). The caller grants the pool''s queue. Returns the new status.';
+COMMENT ON FUNCTION respool._terminate_member(uuid, text, timestamptz) IS 'Terminates one allocated request of a pool the caller has locked (preemptible or not): with the pool''s grace period it goes to preempting (reason terminated, deadline now + grace) and keeps its units until release or deadline; without, its units are freed and it becomes preempted with reason terminated (never requeued: respool._after_preemption). The caller grants the pool''s queue. Returns the new status.';
 
 CREATE OR REPLACE FUNCTION respool.terminate_request(p_id uuid, p_force boolean DEFAULT false,
                                                     p_reason text DEFAULT '',
@@ -82,5 +81,4 @@ BEGIN
     -- Terminal, or preempting without force (already leaving): unchanged.
     RETURN respool.request_json(p_id);
 END $$;
-COMMENT ON FUNCTION respool.terminate_request(uuid, boolean, text, timestamptz) IS
-    'An admin ends a request (docs/preemption.md, "Terminate"): reason terminated, message "terminated by an admin: <p_reason>", never requeued. Allocated: preempted with the pool''s grace period, its gang with it; not preemptible: RP409 (field force) unless p_force. Preempting: with p_force preempted at once (with its gang), else unchanged. Queued: cancelled with its gang. Terminal: unchanged. RP404 unknown id, RP400 (field reason) over 2000 characters. Returns the request''s JSON.';
+COMMENT ON FUNCTION respool.terminate_request(uuid, boolean, text, timestamptz) IS 'An admin ends a request (docs/preemption.md, "Terminate"): reason terminated, message "terminated by an admin: <p_reason>", never requeued. Allocated: preempted with the pool''s grace period, its gang with it; not preemptible: RP409 (field force) unless p_force. Preempting: with p_force preempted at once (with its gang), else unchanged. Queued: cancelled with its gang. Terminal: unchanged. RP404 unknown id, RP400 (field reason) over 2000 characters. Returns the request''s JSON.';

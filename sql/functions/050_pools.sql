@@ -34,23 +34,17 @@ CREATE OR REPLACE FUNCTION respool._pool_settings(p_description text, p_queueing
                                                   p_placement text DEFAULT NULL)
 RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
-    IF p_placement IS NOT NULL AND p_placement NOT IN ('pack', 'spread') THEN
-        PERFORM respool._fail('RP400', 'placement', 'placement must be pack or spread');
-    END IF;
+    PERFORM respool._check_one_of('placement', p_placement, 'pack', 'spread');
     IF p_starvation IS NOT NULL AND p_starvation NOT BETWEEN 0 AND respool._max_seconds() THEN
         PERFORM respool._fail('RP400', 'starvation_seconds',
                               format('starvation_seconds must be between 0 and %s (or null for off)', respool._max_seconds()));
     END IF;
-    IF p_ordering IS NOT NULL AND p_ordering NOT IN ('fifo', 'fair') THEN
-        PERFORM respool._fail('RP400', 'ordering', 'ordering must be fifo or fair');
-    END IF;
+    PERFORM respool._check_one_of('ordering', p_ordering, 'fifo', 'fair');
     IF p_description IS NOT NULL AND length(p_description) > respool._max_description() THEN
         PERFORM respool._fail('RP400', 'description',
                               format('description must be at most %s characters', respool._max_description()));
     END IF;
-    IF p_queueing IS NOT NULL AND p_queueing NOT IN ('best_effort', 'strict') THEN
-        PERFORM respool._fail('RP400', 'queueing', 'queueing must be best_effort or strict');
-    END IF;
+    PERFORM respool._check_one_of('queueing', p_queueing, 'best_effort', 'strict');
     IF p_grace IS NOT NULL AND p_grace NOT BETWEEN 0 AND respool._max_grace_seconds() THEN
         PERFORM respool._fail('RP400', 'preemption_grace_seconds', 'preemption_grace_seconds must be between 0 and ' || respool._max_grace_seconds());
     END IF;
@@ -88,8 +82,7 @@ BEGIN
     END LOOP;
     RETURN rejected;
 END $$;
-COMMENT ON FUNCTION respool._revalidate_queue(uuid, uuid, timestamptz) IS
-    'After a capacity, node or policy change: drops the pool from queued requests that can never fit it any more (their node selector included: no_fitting_node) and rejects those left with no candidate.';
+COMMENT ON FUNCTION respool._revalidate_queue(uuid, uuid, timestamptz) IS 'After a capacity, node or policy change: drops the pool from queued requests that can never fit it any more (their node selector included: no_fitting_node) and rejects those left with no candidate.';
 
 CREATE OR REPLACE FUNCTION respool._drop_requests(p_pool_id uuid, p_policy_id uuid, p_reason text, p_now timestamptz)
 RETURNS integer LANGUAGE plpgsql AS $$
@@ -122,8 +115,7 @@ BEGIN
     END LOOP;
     RETURN dropped;
 END $$;
-COMMENT ON FUNCTION respool._drop_requests(uuid, uuid, text, timestamptz) IS
-    'Force delete: cancels the pool''s (or one policy''s) holding requests and queued requests that have no other candidate pool; others just leave this queue.';
+COMMENT ON FUNCTION respool._drop_requests(uuid, uuid, text, timestamptz) IS 'Force delete: cancels the pool''s (or one policy''s) holding requests and queued requests that have no other candidate pool; others just leave this queue.';
 
 CREATE OR REPLACE FUNCTION respool._clear_for_delete(p_kind text, p_reason text, p_label text,
                                                      p_pool_id uuid, p_policy_id uuid, p_force boolean,
@@ -145,8 +137,7 @@ BEGIN
     END IF;
     PERFORM respool._drop_requests(p_pool_id, p_policy_id, p_reason, p_now);
 END $$;
-COMMENT ON FUNCTION respool._clear_for_delete(text, text, text, uuid, uuid, boolean, timestamptz) IS
-    'Before deleting a pool (p_policy_id NULL) or one policy of it, pool locked: RP409 naming the p_kind and p_label while it has allocated or queued requests, unless p_force, which cancels them with p_reason (pool_deleted, policy_deleted).';
+COMMENT ON FUNCTION respool._clear_for_delete(text, text, text, uuid, uuid, boolean, timestamptz) IS 'Before deleting a pool (p_policy_id NULL) or one policy of it, pool locked: RP409 naming the p_kind and p_label while it has allocated or queued requests, unless p_force, which cancels them with p_reason (pool_deleted, policy_deleted).';
 
 CREATE OR REPLACE FUNCTION respool._settle_pool(p_pool_id uuid, p_policy_id uuid, p_now timestamptz)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -155,8 +146,7 @@ BEGIN
     PERFORM respool.allocate_pool(p_pool_id, p_now);
     PERFORM respool._pool_changed(p_pool_id);
 END $$;
-COMMENT ON FUNCTION respool._settle_pool(uuid, uuid, timestamptz) IS
-    'After a pool (p_policy_id NULL) or policy update, pool locked: rejects queued requests that can never fit, grants what fits now, and wakes the reconcilers, which enforce a shrunk capacity or a lowered limit.';
+COMMENT ON FUNCTION respool._settle_pool(uuid, uuid, timestamptz) IS 'After a pool (p_policy_id NULL) or policy update, pool locked: rejects queued requests that can never fit, grants what fits now, and wakes the reconcilers, which enforce a shrunk capacity or a lowered limit.';
 
 CREATE OR REPLACE FUNCTION respool.create_pool(p_name text, p_capacity jsonb DEFAULT '{}',
                                                p_description text DEFAULT '',
@@ -198,8 +188,7 @@ BEGIN
     SELECT v_id, key, value::bigint FROM jsonb_each_text(v_capacity);
     RETURN respool.pool_json(v_id);
 END $$;
-COMMENT ON FUNCTION respool.create_pool(text, jsonb, text, text, integer, timestamptz, integer, text, text) IS
-    'Creates a pool (RP400 on bad fields or a UUID name, RP409 on a taken name or a name that is an existing pool''s id prefix); zero capacities are dropped; p_starvation_seconds NULL turns the starvation guard off; p_placement (pack, spread) chooses nodes once nodes back it (docs/placement.md).';
+COMMENT ON FUNCTION respool.create_pool(text, jsonb, text, text, integer, timestamptz, integer, text, text) IS 'Creates a pool (RP400 on bad fields or a UUID name, RP409 on a taken name or a name that is an existing pool''s id prefix); zero capacities are dropped; p_starvation_seconds NULL turns the starvation guard off; p_placement (pack, spread) chooses nodes once nodes back it (docs/placement.md).';
 
 CREATE OR REPLACE FUNCTION respool.update_pool(p_ref text, p_capacity jsonb DEFAULT NULL,
                                                p_description text DEFAULT NULL,
@@ -256,8 +245,7 @@ BEGIN
     PERFORM respool._settle_pool(v_id, NULL, p_now);
     RETURN respool.pool_json(v_id);
 END $$;
-COMMENT ON FUNCTION respool.update_pool(text, jsonb, text, text, integer, timestamptz, integer, boolean, text, text) IS
-    'Updates a pool: capacity merges (0 removes a key), RP409 if reserved shares would exceed it (naming the policies and saying to detach or shrink them first) or the pool is backed by nodes (its capacity is theirs); queued requests that can never fit are rejected and what fits is granted, in one transaction. Usage above a shrunk capacity is left to the reconciler. NULL arguments keep a field; p_starvation_off turns the starvation guard off.';
+COMMENT ON FUNCTION respool.update_pool(text, jsonb, text, text, integer, timestamptz, integer, boolean, text, text) IS 'Updates a pool: capacity merges (0 removes a key), RP409 if reserved shares would exceed it (naming the policies and saying to detach or shrink them first) or the pool is backed by nodes (its capacity is theirs); queued requests that can never fit are rejected and what fits is granted, in one transaction. Usage above a shrunk capacity is left to the reconciler. NULL arguments keep a field; p_starvation_off turns the starvation guard off.';
 
 CREATE OR REPLACE FUNCTION respool.delete_pool(p_ref text, p_force boolean DEFAULT false,
                                                p_now timestamptz DEFAULT now())
@@ -270,5 +258,4 @@ BEGIN
     DELETE FROM respool.policies WHERE pool_id = v_id;
     DELETE FROM respool.pools WHERE id = v_id;
 END $$;
-COMMENT ON FUNCTION respool.delete_pool(text, boolean, timestamptz) IS
-    'Deletes a pool and its policies; RP409 while it has queued or allocated requests unless p_force, which cancels them (reason pool_deleted). Terminal requests keep the pool name.';
+COMMENT ON FUNCTION respool.delete_pool(text, boolean, timestamptz) IS 'Deletes a pool and its policies; RP409 while it has queued or allocated requests unless p_force, which cancels them (reason pool_deleted). Terminal requests keep the pool name.';

@@ -34,8 +34,7 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
       FROM respool.policies p JOIN respool.pools pl ON pl.id = p.pool_id
      WHERE p.id = p_id
 $$;
-COMMENT ON FUNCTION respool.policy_json(uuid) IS
-    'A policy as the API shows it: reserved is the share as set (configured), borrowed the usage above the share in force now on tracked keys (all of it outside the policy''s windows); windows (normalized, null: always active), active, next_change (null: never flips), priority_lane, and covers: for a pattern subject, the sorted subjects queued, allocated or preempting through it now ([] for an exact subject).';
+COMMENT ON FUNCTION respool.policy_json(uuid) IS 'A policy as the API shows it: reserved is the share as set (configured), borrowed the usage above the share in force now on tracked keys (all of it outside the policy''s windows); windows (normalized, null: always active), active, next_change (null: never flips), priority_lane, and covers: for a pattern subject, the sorted subjects queued, allocated or preempting through it now ([] for an exact subject).';
 
 CREATE OR REPLACE FUNCTION respool.get_policy(p_ref text)
 RETURNS jsonb LANGUAGE sql STABLE AS $$ SELECT respool.policy_json(respool.resolve_policy(p_ref)) $$;
@@ -54,8 +53,7 @@ BEGIN
                       WHERE (v_pool_id IS NULL OR p.pool_id = v_pool_id)
                         AND (p_subject IS NULL OR p.subject = p_subject)), '[]');
 END $$;
-COMMENT ON FUNCTION respool.list_policies(text, text) IS
-    'Policies, optionally of one pool and/or subject, by pool name then subject. p_subject matches the policy''s subject text exactly: a pattern policy is found by its pattern (team-vision:*), not by a subject it covers.';
+COMMENT ON FUNCTION respool.list_policies(text, text) IS 'Policies, optionally of one pool and/or subject, by pool name then subject. p_subject matches the policy''s subject text exactly: a pattern policy is found by its pattern (team-vision:*), not by a subject it covers.';
 
 CREATE OR REPLACE FUNCTION respool._apply_policy_maps(p_policy_id uuid, p_pool_id uuid, p_reserved jsonb,
                                                       p_limit jsonb, p_now timestamptz DEFAULT now())
@@ -113,8 +111,7 @@ BEGIN
      WHERE policy_id = p_policy_id AND configured = 0 AND "limit" IS NULL AND used = 0;
     PERFORM respool._check_reserved_fits(p_pool_id, p_now);
 END $$;
-COMMENT ON FUNCTION respool._apply_policy_maps(uuid, uuid, jsonb, jsonb, timestamptz) IS
-    'Merges reserved/limit maps into a policy (0 removes a key; reserved is the configured share) and enforces the policy rules (docs/api.md): reserved keys tracked, reserved <= limit (RP400), reserved >= non-preemptible usage and reserved sums <= capacity at every instant from p_now (RP409). Sets the share in force from the policy''s active flag (set it first).';
+COMMENT ON FUNCTION respool._apply_policy_maps(uuid, uuid, jsonb, jsonb, timestamptz) IS 'Merges reserved/limit maps into a policy (0 removes a key; reserved is the configured share) and enforces the policy rules (docs/api.md): reserved keys tracked, reserved <= limit (RP400), reserved >= non-preemptible usage and reserved sums <= capacity at every instant from p_now (RP409). Sets the share in force from the policy''s active flag (set it first).';
 
 CREATE OR REPLACE FUNCTION respool.create_policy(p_subject text, p_pool text, p_priority integer DEFAULT 0,
                                                  p_reserved jsonb DEFAULT '{}', p_limit jsonb DEFAULT '{}',
@@ -169,8 +166,7 @@ BEGIN
     END IF;
     RETURN respool.policy_json(v_id);
 END $$;
-COMMENT ON FUNCTION respool.create_policy(text, text, integer, jsonb, jsonb, text, timestamptz, boolean, jsonb) IS
-    'Binds a subject, or a pattern with * (a team quota), to a pool, with its priority lane flag and windows (respool._windows; active and next_change computed at p_now). RP400 naming the field on bad input; RP409 when the (subject, pool) pair exists, when another pattern of the pool has the same literal prefix (naming it), or when reserved shares in force at one instant would exceed capacity.';
+COMMENT ON FUNCTION respool.create_policy(text, text, integer, jsonb, jsonb, text, timestamptz, boolean, jsonb) IS 'Binds a subject, or a pattern with * (a team quota), to a pool, with its priority lane flag and windows (respool._windows; active and next_change computed at p_now). RP400 naming the field on bad input; RP409 when the (subject, pool) pair exists, when another pattern of the pool has the same literal prefix (naming it), or when reserved shares in force at one instant would exceed capacity.';
 
 CREATE OR REPLACE FUNCTION respool.update_policy(p_ref text, p_priority integer DEFAULT NULL,
                                                  p_reserved jsonb DEFAULT NULL, p_limit jsonb DEFAULT NULL,
@@ -204,8 +200,7 @@ BEGIN
     PERFORM respool._settle_pool(v_pool_id, v_id, p_now);
     RETURN respool.policy_json(v_id);
 END $$;
-COMMENT ON FUNCTION respool.update_policy(text, integer, jsonb, jsonb, text, timestamptz, boolean, jsonb) IS
-    'Updates a policy (maps merge, 0 removes a key; p_windows: SQL NULL keeps the windows, JSON null removes them, a list replaces them, active and next_change computed at p_now); queued requests that can no longer fit are rejected and what now fits is granted. Usage above a lowered limit, or above a share no longer in force, is left to the reconciler.';
+COMMENT ON FUNCTION respool.update_policy(text, integer, jsonb, jsonb, text, timestamptz, boolean, jsonb) IS 'Updates a policy (maps merge, 0 removes a key; p_windows: SQL NULL keeps the windows, JSON null removes them, a list replaces them, active and next_change computed at p_now); queued requests that can no longer fit are rejected and what now fits is granted. Usage above a lowered limit, or above a share no longer in force, is left to the reconciler.';
 
 CREATE OR REPLACE FUNCTION respool.delete_policy(p_ref text, p_force boolean DEFAULT false,
                                                  p_now timestamptz DEFAULT now())
@@ -220,5 +215,4 @@ BEGIN
     DELETE FROM respool.policies WHERE id = v_id;
     PERFORM respool.allocate_pool(v_pool_id, p_now);
 END $$;
-COMMENT ON FUNCTION respool.delete_policy(text, boolean, timestamptz) IS
-    'Deletes a policy; RP409 while its subject has queued or allocated requests through it unless p_force, which cancels them (reason policy_deleted).';
+COMMENT ON FUNCTION respool.delete_policy(text, boolean, timestamptz) IS 'Deletes a policy; RP409 while its subject has queued or allocated requests through it unless p_force, which cancels them (reason policy_deleted).';

@@ -12,15 +12,14 @@ CREATE OR REPLACE FUNCTION respool._iso_utc(p_ts timestamptz)
 RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT regexp_replace(to_char(p_ts AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'), '\.?0*$', '') || 'Z'
 $$;
-COMMENT ON FUNCTION respool._iso_utc(timestamptz) IS
-    'An instant as ISO 8601 in UTC (2026-03-30T07:00:00Z; fractional seconds only when there are some), independent of the session''s time zone.';
+COMMENT ON FUNCTION respool._iso_utc(timestamptz) IS 'An instant as ISO 8601 in UTC (2026-03-30T07:00:00Z; fractional seconds only when there are some), independent of the session''s time zone.';
 
 CREATE OR REPLACE FUNCTION respool._window_instant(p_value jsonb, p_field text)
 RETURNS timestamptz LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_text text;
 BEGIN
-    IF p_value IS NULL OR jsonb_typeof(p_value) <> 'string' THEN
+    IF jsonb_typeof(p_value) IS DISTINCT FROM 'string' THEN  -- SQL NULL too
         PERFORM respool._fail('RP400', p_field, p_field || ' is required: a timestamp with a UTC offset, e.g. 2026-03-01T00:00:00Z');
     END IF;
     v_text := p_value #>> '{}';
@@ -36,8 +35,7 @@ BEGIN
     END;
     RETURN NULL;
 END $$;
-COMMENT ON FUNCTION respool._window_instant(jsonb, text) IS
-    'The instant of a one-time window''s start or end: a JSON string with a date, a time and a UTC offset; RP400 naming p_field otherwise.';
+COMMENT ON FUNCTION respool._window_instant(jsonb, text) IS 'The instant of a one-time window''s start or end: a JSON string with a date, a time and a UTC offset; RP400 naming p_field otherwise.';
 
 CREATE OR REPLACE FUNCTION respool._window_hhmm(p_value jsonb, p_field text)
 RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$
@@ -148,8 +146,7 @@ BEGIN
     END IF;
     RETURN v_out;
 END $$;
-COMMENT ON FUNCTION respool._windows(jsonb) IS
-    'Validates and normalizes a policy''s windows (docs/preemption.md, "Time windows"): SQL or JSON null gives NULL (always active); else a non-empty list of at most respool._max_windows() windows, each weekly {timezone (an IANA name PostgreSQL knows: not localtime, posixrules, posix/..., right/...), days (subset of mon..sun, default all, stored in week order), from, to (HH:MM)} or one time {start, end (timestamps with an offset, end after start; stored in UTC)}. RP400 naming the field, e.g. windows[2].timezone.';
+COMMENT ON FUNCTION respool._windows(jsonb) IS 'Validates and normalizes a policy''s windows (docs/preemption.md, "Time windows"): SQL or JSON null gives NULL (always active); else a non-empty list of at most respool._max_windows() windows, each weekly {timezone (an IANA name PostgreSQL knows: not localtime, posixrules, posix/..., right/...), days (subset of mon..sun, default all, stored in week order), from, to (HH:MM)} or one time {start, end (timestamps with an offset, end after start; stored in UTC)}. RP400 naming the field, e.g. windows[2].timezone.';
 
 CREATE OR REPLACE FUNCTION respool._gap_end(p_local timestamp, p_tz text)
 RETURNS timestamptz LANGUAGE plpgsql STABLE AS $$
@@ -173,16 +170,14 @@ BEGIN
     END LOOP;
     RETURN to_timestamp(v_hi);
 END $$;
-COMMENT ON FUNCTION respool._gap_end(timestamp, text) IS
-    'For a local time p_local that does not exist in zone p_tz (skipped when the clocks go forward): the first instant after the gap, i.e. the instant the clocks jumped. Only called for such times (respool._local_instant).';
+COMMENT ON FUNCTION respool._gap_end(timestamp, text) IS 'For a local time p_local that does not exist in zone p_tz (skipped when the clocks go forward): the first instant after the gap, i.e. the instant the clocks jumped. Only called for such times (respool._local_instant).';
 
 CREATE OR REPLACE FUNCTION respool._local_instant(p_local timestamp, p_tz text)
 RETURNS timestamptz LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN (p_local AT TIME ZONE p_tz) AT TIME ZONE p_tz = p_local THEN p_local AT TIME ZONE p_tz
                 ELSE respool._gap_end(p_local, p_tz) END
 $$;
-COMMENT ON FUNCTION respool._local_instant(timestamp, text) IS
-    'The instant a weekly window''s local time p_local means in zone p_tz: the instant itself when it exists; one that exists twice (the clocks go back) is the later one (standard time, PostgreSQL''s rule); one that does not exist (the clocks go forward) is the first instant after the gap, so a window starting or ending in the gap keeps the part of it that exists (docs/preemption.md, "Daylight saving time").';
+COMMENT ON FUNCTION respool._local_instant(timestamp, text) IS 'The instant a weekly window''s local time p_local means in zone p_tz: the instant itself when it exists; one that exists twice (the clocks go back) is the later one (standard time, PostgreSQL''s rule); one that does not exist (the clocks go forward) is the first instant after the gap, so a window starting or ending in the gap keeps the part of it that exists (docs/preemption.md, "Daylight saving time").';
 
 CREATE OR REPLACE FUNCTION respool._window_spans(p_windows jsonb, p_from timestamptz, p_to timestamptz)
 RETURNS TABLE (starts_at timestamptz, ends_at timestamptz) LANGUAGE sql STABLE AS $$
@@ -217,8 +212,7 @@ RETURNS TABLE (starts_at timestamptz, ends_at timestamptz) LANGUAGE sql STABLE A
     )
     SELECT min(s), max(e) FROM grouped GROUP BY g ORDER BY 1
 $$;
-COMMENT ON FUNCTION respool._window_spans(jsonb, timestamptz, timestamptz) IS
-    'The instants a policy with these (normalized) windows is active inside [p_from, p_to), as merged spans [starts_at, ends_at) in time order: overlapping or touching windows make one span. NULL windows: the whole range. Weekly windows expand per local date of their time zone, so they follow daylight saving time; a window crossing midnight belongs to the day it starts.';
+COMMENT ON FUNCTION respool._window_spans(jsonb, timestamptz, timestamptz) IS 'The instants a policy with these (normalized) windows is active inside [p_from, p_to), as merged spans [starts_at, ends_at) in time order: overlapping or touching windows make one span. NULL windows: the whole range. Weekly windows expand per local date of their time zone, so they follow daylight saving time; a window crossing midnight belongs to the day it starts.';
 
 CREATE OR REPLACE FUNCTION respool._window_state(p_windows jsonb, p_now timestamptz,
                                                  OUT active boolean, OUT next_change timestamptz)
@@ -251,8 +245,7 @@ BEGIN
         next_change := v_span.starts_at;
     END IF;
 END $$;
-COMMENT ON FUNCTION respool._window_state(jsonb, timestamptz) IS
-    'Whether a policy with these (normalized) windows is active at p_now, and the next instant after p_now that flips it (NULL: never again: no windows, only past one-time windows, or weekly windows covering the whole week).';
+COMMENT ON FUNCTION respool._window_state(jsonb, timestamptz) IS 'Whether a policy with these (normalized) windows is active at p_now, and the next instant after p_now that flips it (NULL: never again: no windows, only past one-time windows, or weekly windows covering the whole week).';
 
 CREATE OR REPLACE FUNCTION respool._apply_windows(p_pool_id uuid, p_now timestamptz)
 RETURNS integer LANGUAGE plpgsql AS $$
@@ -275,8 +268,7 @@ BEGIN
     END LOOP;
     RETURN flipped;
 END $$;
-COMMENT ON FUNCTION respool._apply_windows(uuid, timestamptz) IS
-    'Applies the window boundaries that passed by p_now in one pool (the caller holds the pool lock: the reconciler''s pass): each policy whose next_change <= p_now gets active and next_change again, and its share in force (policy_resources.reserved) becomes configured while active, 0 outside. Returns how many policies flipped. A second call at the same instant finds next_change moved and does nothing.';
+COMMENT ON FUNCTION respool._apply_windows(uuid, timestamptz) IS 'Applies the window boundaries that passed by p_now in one pool (the caller holds the pool lock: the reconciler''s pass): each policy whose next_change <= p_now gets active and next_change again, and its share in force (policy_resources.reserved) becomes configured while active, 0 outside. Returns how many policies flipped. A second call at the same instant finds next_change moved and does nothing.';
 
 CREATE OR REPLACE FUNCTION respool._check_reserved_fits(p_pool_id uuid, p_now timestamptz DEFAULT now())
 RETURNS void LANGUAGE plpgsql STABLE AS $$
@@ -382,5 +374,4 @@ BEGIN
                 AND EXISTS (SELECT FROM respool._window_spans(p.windows, v.at, v.at + interval '1 microsecond')))));
     END IF;
 END $$;
-COMMENT ON FUNCTION respool._check_reserved_fits(uuid, timestamptz) IS
-    'RP409 when, for any key, the reserved shares (configured) of the pool''s policies in force at one instant from p_now on exceed its capacity: policies without windows count at every instant, windowed ones when in force (docs/preemption.md, "Time windows"). The message names the key, the total, the first such instant (ISO UTC, only when a policy has windows), the capacity and the policies in force then. Read-only.';
+COMMENT ON FUNCTION respool._check_reserved_fits(uuid, timestamptz) IS 'RP409 when, for any key, the reserved shares (configured) of the pool''s policies in force at one instant from p_now on exceed its capacity: policies without windows count at every instant, windowed ones when in force (docs/preemption.md, "Time windows"). The message names the key, the total, the first such instant (ISO UTC, only when a policy has windows), the capacity and the policies in force then. Read-only.';

@@ -74,21 +74,18 @@ BEGIN
     RETURNING id INTO v_id;
     RETURN respool.token_json(v_id);
 END $$;
-COMMENT ON FUNCTION respool.create_token(text, text, text, text[], text, text) IS
-    'Registers a token by its sha256 hex (RP400 bad input, RP409 name in use or hash known); an agent token is bound to node p_node or to pool p_pool without nodes (RP404 unknown); returns it without the hash.';
+COMMENT ON FUNCTION respool.create_token(text, text, text, text[], text, text) IS 'Registers a token by its sha256 hex (RP400 bad input, RP409 name in use or hash known); an agent token is bound to node p_node or to pool p_pool without nodes (RP404 unknown); returns it without the hash.';
 
 CREATE OR REPLACE FUNCTION respool.verify_token(p_token_hash text)
 RETURNS jsonb LANGUAGE sql STABLE AS $$
     SELECT respool.token_json(t.id) FROM respool.tokens t
      WHERE t.token_hash = p_token_hash AND t.revoked_at IS NULL
 $$;
-COMMENT ON FUNCTION respool.verify_token(text) IS
-    'The active token with this sha256 hex, or NULL when unknown or revoked.';
+COMMENT ON FUNCTION respool.verify_token(text) IS 'The active token with this sha256 hex, or NULL when unknown or revoked.';
 
 CREATE OR REPLACE FUNCTION respool.tokens_exist()
 RETURNS boolean LANGUAGE sql STABLE AS $$ SELECT EXISTS (SELECT FROM respool.tokens) $$;
-COMMENT ON FUNCTION respool.tokens_exist() IS
-    'Whether any token was ever created (revoked ones count): ends the loopback bootstrap mode of the API.';
+COMMENT ON FUNCTION respool.tokens_exist() IS 'Whether any token was ever created (revoked ones count): ends the loopback bootstrap mode of the API.';
 
 CREATE OR REPLACE FUNCTION respool.list_tokens(p_include_revoked boolean DEFAULT false)
 RETURNS jsonb LANGUAGE sql STABLE AS $$
@@ -114,10 +111,8 @@ BEGIN
     UPDATE respool.tokens SET revoked_at = now() WHERE id = v_id AND revoked_at IS NULL;
     RETURN respool.token_json(v_id);
 END $$;
-COMMENT ON FUNCTION respool.revoke_token(text) IS
-    'Revokes a token by id or by the name of an active token (RP404); revoking twice keeps the first revoked_at.';
+COMMENT ON FUNCTION respool.revoke_token(text) IS 'Revokes a token by id or by the name of an active token (RP404); revoking twice keeps the first revoked_at.';
 
 CREATE OR REPLACE FUNCTION respool.request_subject(p_id uuid)
 RETURNS text LANGUAGE sql STABLE AS $$ SELECT subject FROM respool.requests WHERE id = p_id $$;
-COMMENT ON FUNCTION respool.request_subject(uuid) IS
-    'The subject of a request, or NULL when there is none: lets the API scope a client token cheaply.';
+COMMENT ON FUNCTION respool.request_subject(uuid) IS 'The subject of a request, or NULL when there is none: lets the API scope a client token cheaply.';

@@ -30,8 +30,7 @@ BEGIN
     PERFORM respool._unplace(p_victim_id);
     RETURN (respool._after_preemption(p_victim_id, p_reason, p_message, p_now)).status;
 END $$;
-COMMENT ON FUNCTION respool._preempt_member(uuid, text, text, timestamptz) IS
-    'Preempts one allocated, preemptible request of a pool the caller has locked: with a grace period it goes to preempting and keeps its units until release or deadline; without, its units are freed and it becomes preempted (or queued again while retries are left). Returns the new status.';
+COMMENT ON FUNCTION respool._preempt_member(uuid, text, text, timestamptz) IS 'Preempts one allocated, preemptible request of a pool the caller has locked: with a grace period it goes to preempting and keeps its units until release or deadline; without, its units are freed and it becomes preempted (or queued again while retries are left). Returns the new status.';
 
 CREATE OR REPLACE FUNCTION respool._preempt(p_victim_id uuid, p_reason text, p_message text, p_now timestamptz)
 RETURNS text LANGUAGE plpgsql AS $$
@@ -42,8 +41,7 @@ BEGIN
     PERFORM respool._gang_follow(p_victim_id, 'preempted', p_reason, 'preempted; ' || p_message, p_now);
     RETURN v_status;
 END $$;
-COMMENT ON FUNCTION respool._preempt(uuid, text, text, timestamptz) IS
-    'Preempts one victim unit: the request (respool._preempt_member) and, for a gang member, every other member still holding (docs/scheduling.md, gangs). Returns the victim''s new status.';
+COMMENT ON FUNCTION respool._preempt(uuid, text, text, timestamptz) IS 'Preempts one victim unit: the request (respool._preempt_member) and, for a gang member, every other member still holding (docs/scheduling.md, gangs). Returns the victim''s new status.';
 
 CREATE OR REPLACE FUNCTION respool._preempt_for(p_victim_id uuid, p_mode text, p_for uuid, p_now timestamptz)
 RETURNS text LANGUAGE plpgsql AS $$
@@ -57,8 +55,7 @@ BEGIN
     PERFORM set_config('respool.cause', '', true);
     RETURN v_status;
 END $$;
-COMMENT ON FUNCTION respool._preempt_for(uuid, text, uuid, timestamptz) IS
-    'Preempts one victim unit (respool._preempt, reason p_mode) for the waiting request p_for: the messages say "preempted (<mode>) for another request" and every event this writes (the victim''s, its gang''s, a requeue) records p_for and its subject as cause_request_id / cause_subject (docs/api.md: the API shows them only to callers that may read that subject). Returns the victim''s new status.';
+COMMENT ON FUNCTION respool._preempt_for(uuid, text, uuid, timestamptz) IS 'Preempts one victim unit (respool._preempt, reason p_mode) for the waiting request p_for: the messages say "preempted (<mode>) for another request" and every event this writes (the victim''s, its gang''s, a requeue) records p_for and its subject as cause_request_id / cause_subject (docs/api.md: the API shows them only to callers that may read that subject). Returns the victim''s new status.';
 
 CREATE OR REPLACE FUNCTION respool._finish_grace(p_pool_id uuid, p_now timestamptz)
 RETURNS integer LANGUAGE plpgsql AS $$
@@ -84,8 +81,7 @@ BEGIN
     END LOOP;
     RETURN n;
 END $$;
-COMMENT ON FUNCTION respool._finish_grace(uuid, timestamptz) IS
-    'Victims whose grace deadline passed lose their units and become preempted (or requeued) with reason grace_expired; a terminated one (reason terminated, 047_terminate.sql) keeps its reason and admin''s message and is never requeued. The units go to the earmark holders first.';
+COMMENT ON FUNCTION respool._finish_grace(uuid, timestamptz) IS 'Victims whose grace deadline passed lose their units and become preempted (or requeued) with reason grace_expired; a terminated one (reason terminated, 047_terminate.sql) keeps its reason and admin''s message and is never requeued. The units go to the earmark holders first.';
 
 CREATE OR REPLACE FUNCTION respool._drop_stale_earmarks(p_pool_id uuid, p_now timestamptz)
 RETURNS integer LANGUAGE plpgsql AS $$
@@ -141,8 +137,77 @@ BEGIN
     END LOOP;
     RETURN n;
 END $$;
-COMMENT ON FUNCTION respool._drop_stale_earmarks(uuid, timestamptz) IS
-    'Drops the earmarks in a locked pool that can no longer be honoured: the request left this pool''s queue, its node is no longer an active node of the pool that matches and could hold it, or its victims are gone and it still cannot be granted (it is granted when it can). The request is then a preemption candidate again (docs/preemption.md); rows another transaction holds keep theirs until the next pass. Returns how many earmark holders it granted.';
+COMMENT ON FUNCTION respool._drop_stale_earmarks(uuid, timestamptz) IS 'Drops the earmarks in a locked pool that can no longer be honoured: the request left this pool''s queue, its node is no longer an active node of the pool that matches and could hold it, or its victims are gone and it still cannot be granted (it is granted when it can). The request is then a preemption candidate again (docs/preemption.md); rows another transaction holds keep theirs until the next pass. Returns how many earmark holders it granted.';
+
+CREATE OR REPLACE FUNCTION respool._stand_in_victims(p_pool_id uuid, p_nodes boolean, p_request_id uuid,
+                                                     p_policy_id uuid, p_preemptible boolean,
+                                                     p_resources jsonb, p_node_selector jsonb, p_mode text,
+                                                     OUT stand_in uuid, OUT on_node uuid,
+                                                     OUT victim_ids uuid[])
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_group text;
+    v_tried text[] := '{}';  -- preemption groups whose stand-in found no victims
+BEGIN
+    stand_in := p_request_id;
+    LOOP
+        -- A gang's entry stands for the gang: one request of the members' sum
+        on_node := NULL;
+        IF p_nodes THEN
+            SELECT c.node_id, c.victims INTO on_node, victim_ids
+              FROM respool._choose_node_victims(p_pool_id, respool._queued_as(stand_in), p_policy_id, p_mode) c;
+        ELSE
+            victim_ids := respool._choose_victims(p_pool_id, respool._queued_as(stand_in), p_policy_id, p_mode);
+        END IF;
+        EXIT WHEN victim_ids IS NOT NULL;
+        -- Entries of one shape differ only in their preemption group: when the stand-in's
+        -- own group may have kept it from preempting, the shape's first entry of another
+        -- group (or of none) stands in next (docs/preemption.md, preemption groups).
+        v_group := (SELECT preemption_group FROM respool.requests WHERE id = stand_in);
+        EXIT WHEN v_group IS NULL OR NOT EXISTS (
+            SELECT FROM respool.requests WHERE pool_id = p_pool_id AND status = 'allocated'
+                                           AND preemptible AND preemption_group = v_group);
+        v_tried := v_tried || v_group;
+        stand_in := respool._next_other_group(p_pool_id, p_policy_id, p_preemptible, p_resources,
+                                              p_node_selector, v_tried);
+        EXIT WHEN stand_in IS NULL;
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION respool._stand_in_victims(uuid, boolean, uuid, uuid, boolean, jsonb, jsonb, text) IS 'The victims (respool._choose_victims, or respool._choose_node_victims and their node in a pool with nodes: p_nodes) that would let a queued shape in under p_mode, tried for its first entry p_request_id and then, while a preemption group may be what keeps the stand-in from preempting, for the shape''s first entry of another group. victim_ids NULL: no victim set helps the shape.';
+
+CREATE OR REPLACE FUNCTION respool._preempt_then_grant(p_pool_id uuid, p_nodes boolean, p_request_id uuid,
+                                                       p_policy_id uuid, p_mode text, p_victims uuid[],
+                                                       p_node_id uuid, p_now timestamptz,
+                                                       OUT preempted integer, OUT allocated integer,
+                                                       OUT rejected integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_victim uuid;
+BEGIN
+    preempted := 0; allocated := 0; rejected := 0;
+    FOREACH v_victim IN ARRAY p_victims LOOP
+        IF respool._preempt_for(v_victim, p_mode, p_request_id, p_now) = 'rejected' THEN
+            rejected := rejected + 1;
+        END IF;
+        preempted := preempted + 1;
+    END LOOP;
+    IF respool._try_grant(p_request_id, p_pool_id, p_policy_id, p_now) = 'granted' THEN
+        allocated := 1;
+    ELSIF EXISTS (SELECT FROM respool.requests WHERE pool_id = p_pool_id AND status = 'preempting') THEN
+        -- Victims in their grace period still hold the units: keep them for this request.
+        -- (in a pool with nodes, on the node its victims leave: docs/placement.md)
+        UPDATE respool.requests SET earmark_pool_id = p_pool_id, earmark_node_id = p_node_id
+         WHERE id = p_request_id;
+    ELSIF p_nodes THEN
+        -- Its pool-wide rules still block it (a node over capacity elsewhere after a
+        -- shrink): the units wait for it without an earmark.
+        NULL;
+    ELSE
+        RAISE EXCEPTION 'request % does not fit after preempting %', p_request_id, p_victims
+            USING ERRCODE = 'RP500';
+    END IF;
+END $$;
+COMMENT ON FUNCTION respool._preempt_then_grant(uuid, boolean, uuid, uuid, text, uuid[], uuid, timestamptz) IS 'Preempts p_victims for the queued request p_request_id (locked by the caller, with the pool), then grants it, or earmarks the units (on p_node_id in a pool with nodes) while victims are in their grace period. A pool without nodes where it still does not fit raises RP500. Returns the counts preempted, allocated, rejected.';
 
 CREATE OR REPLACE FUNCTION respool._preempt_for_queue(p_pool_id uuid, p_now timestamptz,
                                                       OUT preempted integer, OUT allocated integer,
@@ -160,14 +225,10 @@ DECLARE
     v_strict_blocked boolean := false;
     v_mode text;
     v_shape text;
-    v_victims uuid[];
-    v_victim uuid;
-    v_node uuid;
-    v_req uuid;          -- the shape's stand-in: its first entry, or of another preemption group
-    v_group text;
-    v_tried text[];      -- preemption groups whose stand-in found no victims
     v_nodes boolean := respool._pool_has_nodes(p_pool_id);
     e record;
+    s record;            -- the shape's stand-in and its victims (respool._stand_in_victims)
+    d record;            -- what preempting them did (respool._preempt_then_grant)
 BEGIN
     preempted := 0; allocated := 0; rejected := 0;
     IF NOT EXISTS (SELECT FROM respool.requests
@@ -222,59 +283,21 @@ BEGIN
             CONTINUE WHEN v_strict_blocked AND v_mode = 'priority';
             v_shape := concat_ws('|', e.policy_id, v_mode, e.preemptible, e.resources, e.node_selector);
             CONTINUE WHEN v_shape = ANY (v_failed);
-            v_req := e.request_id;
-            v_tried := '{}';
-            LOOP
-                -- A gang's entry stands for the gang: one request of the members' sum
-                v_node := NULL;
-                IF v_nodes THEN
-                    SELECT c.node_id, c.victims INTO v_node, v_victims
-                      FROM respool._choose_node_victims(p_pool_id, respool._queued_as(v_req), e.policy_id, v_mode) c;
-                ELSE
-                    v_victims := respool._choose_victims(p_pool_id, respool._queued_as(v_req), e.policy_id, v_mode);
-                END IF;
-                EXIT WHEN v_victims IS NOT NULL;
-                -- Entries of one shape differ only in their preemption group: when the stand-in's
-                -- own group may have kept it from preempting, the shape's first entry of another
-                -- group (or of none) stands in next (docs/preemption.md, preemption groups).
-                v_group := (SELECT preemption_group FROM respool.requests WHERE id = v_req);
-                EXIT WHEN v_group IS NULL OR NOT EXISTS (
-                    SELECT FROM respool.requests WHERE pool_id = p_pool_id AND status = 'allocated'
-                                                   AND preemptible AND preemption_group = v_group);
-                v_tried := v_tried || v_group;
-                v_req := respool._next_other_group(p_pool_id, e.policy_id, e.preemptible, e.resources,
-                                                   e.node_selector, v_tried);
-                EXIT WHEN v_req IS NULL;
-            END LOOP;
-            IF v_victims IS NULL THEN
+            s := respool._stand_in_victims(p_pool_id, v_nodes, e.request_id, e.policy_id, e.preemptible,
+                                           e.resources, e.node_selector, v_mode);
+            IF s.victim_ids IS NULL THEN
                 v_failed := v_failed || v_shape;
                 v_strict_blocked := v_queueing = 'strict';
                 CONTINUE;
             END IF;
-            CONTINUE WHEN cardinality(v_victims) = 0;  -- fits already: step 4 grants it in order
+            CONTINUE WHEN cardinality(s.victim_ids) = 0;  -- fits already: step 4 grants it in order
             -- Lock the requester before touching any victim; another pool's pass may hold it.
-            CONTINUE WHEN NOT respool._lock_queued(v_req);
-            FOREACH v_victim IN ARRAY v_victims LOOP
-                IF respool._preempt_for(v_victim, v_mode, v_req, p_now) = 'rejected' THEN
-                    rejected := rejected + 1;
-                END IF;
-                preempted := preempted + 1;
-            END LOOP;
-            IF respool._try_grant(v_req, p_pool_id, e.policy_id, p_now) = 'granted' THEN
-                allocated := allocated + 1;
-            ELSIF EXISTS (SELECT FROM respool.requests WHERE pool_id = p_pool_id AND status = 'preempting') THEN
-                -- Victims in their grace period still hold the units: keep them for this request.
-                -- (in a pool with nodes, on the node its victims leave: docs/placement.md)
-                UPDATE respool.requests SET earmark_pool_id = p_pool_id, earmark_node_id = v_node
-                 WHERE id = v_req;
-            ELSIF v_nodes THEN
-                -- Its pool-wide rules still block it (a node over capacity elsewhere after a
-                -- shrink): the units wait for it without an earmark.
-                NULL;
-            ELSE
-                RAISE EXCEPTION 'request % does not fit after preempting %', v_req, v_victims
-                    USING ERRCODE = 'RP500';
-            END IF;
+            CONTINUE WHEN NOT respool._lock_queued(s.stand_in);
+            d := respool._preempt_then_grant(p_pool_id, v_nodes, s.stand_in, e.policy_id, v_mode,
+                                             s.victim_ids, s.on_node, p_now);
+            preempted := preempted + d.preempted;
+            allocated := allocated + d.allocated;
+            rejected := rejected + d.rejected;
             v_changed := true;
             v_failed := '{}';
             EXIT;  -- the queue order, free units and borrowers changed: read them again
@@ -282,8 +305,7 @@ BEGIN
         EXIT refresh WHEN NOT v_changed;
     END LOOP;
 END $$;
-COMMENT ON FUNCTION respool._preempt_for_queue(uuid, timestamptz) IS
-    'Step 3, in queue order: for each queued request that only the pool''s capacity blocks, reclaim (in share) or priority preemption (preemptible borrower); the victims'' units go to it in the same transaction (granted now, or earmarked until a grace period ends). No victim set, no preemption.';
+COMMENT ON FUNCTION respool._preempt_for_queue(uuid, timestamptz) IS 'Step 3, in queue order: for each queued request that only the pool''s capacity blocks, reclaim (in share) or priority preemption (preemptible borrower); the victims'' units go to it in the same transaction (granted now, or earmarked until a grace period ends). No victim set, no preemption.';
 
 CREATE OR REPLACE FUNCTION respool.reconcile_pool(p_pool_id uuid, p_now timestamptz DEFAULT now())
 RETURNS jsonb LANGUAGE plpgsql AS $$
@@ -322,5 +344,4 @@ BEGIN
                               'preempted', shed + q.preempted, 'allocated', q.allocated + granted,
                               'rejected', q.rejected);
 END $$;
-COMMENT ON FUNCTION respool.reconcile_pool(uuid, timestamptz) IS
-    'One reconciler pass over one pool in the caller''s transaction (docs/preemption.md): apply the window boundaries due (respool._apply_windows), expire lapsed leases, runtime caps (max_seconds) and grace periods, enforce shrunk capacities and limits, preempt for queued requests with a right to run, grant what fits. Returns {pool, expired, grace_ended, preempted, allocated, rejected}, or NULL when the pool is locked elsewhere (skip it: SKIP LOCKED) or gone.';
+COMMENT ON FUNCTION respool.reconcile_pool(uuid, timestamptz) IS 'One reconciler pass over one pool in the caller''s transaction (docs/preemption.md): apply the window boundaries due (respool._apply_windows), expire lapsed leases, runtime caps (max_seconds) and grace periods, enforce shrunk capacities and limits, preempt for queued requests with a right to run, grant what fits. Returns {pool, expired, grace_ended, preempted, allocated, rejected}, or NULL when the pool is locked elsewhere (skip it: SKIP LOCKED) or gone.';

@@ -6,16 +6,14 @@
 
 CREATE OR REPLACE FUNCTION respool.outage_threshold()
 RETURNS interval LANGUAGE sql IMMUTABLE AS $$ SELECT interval '3 seconds' $$;
-COMMENT ON FUNCTION respool.outage_threshold() IS
-    'A gap in service liveness longer than this (three missed one-second ticks) is an outage of respool: leases get the gap back.';
+COMMENT ON FUNCTION respool.outage_threshold() IS 'A gap in service liveness longer than this (three missed one-second ticks) is an outage of respool: leases get the gap back.';
 
 CREATE OR REPLACE FUNCTION respool.leases_may_lapse()
 RETURNS boolean LANGUAGE sql STABLE AS $$
     SELECT NOT EXISTS (SELECT 1 FROM respool.service_heartbeat
                         WHERE now() - last_seen > respool.outage_threshold())
 $$;
-COMMENT ON FUNCTION respool.leases_may_lapse() IS
-    'False while respool looks down (no API recorded itself alive within outage_threshold, real time): no lease or grace period lapses then; the next service_alive gives the time back. True when liveness is not tracked (no row).';
+COMMENT ON FUNCTION respool.leases_may_lapse() IS 'False while respool looks down (no API recorded itself alive within outage_threshold, real time): no lease or grace period lapses then; the next service_alive gives the time back. True when liveness is not tracked (no row).';
 
 CREATE OR REPLACE FUNCTION respool.service_alive()
 RETURNS jsonb LANGUAGE plpgsql AS $$
@@ -51,5 +49,4 @@ BEGIN
     RETURN jsonb_build_object('gap_seconds', extract(epoch FROM v_gap), 'leases', v_leases,
                               'grace_periods', v_graces);
 END $$;
-COMMENT ON FUNCTION respool.service_alive() IS
-    'An API process is up: records it. After a gap longer than outage_threshold (respool was down: no heartbeat could be taken), first extends every allocated lease and every grace deadline by the gap, in the same transaction, so no holder loses time to the outage. Returns {gap_seconds, leases, grace_periods}.';
+COMMENT ON FUNCTION respool.service_alive() IS 'An API process is up: records it. After a gap longer than outage_threshold (respool was down: no heartbeat could be taken), first extends every allocated lease and every grace deadline by the gap, in the same transaction, so no holder loses time to the outage. Returns {gap_seconds, leases, grace_periods}.';

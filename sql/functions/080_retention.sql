@@ -32,5 +32,4 @@ BEGIN
     DELETE FROM respool.events e USING gone g WHERE e.request_id = g.id;
     RETURN deleted;
 END $$;
-COMMENT ON FUNCTION respool.prune_requests(timestamptz, integer) IS
-    'Deletes terminal requests (released, rejected, cancelled, expired, preempted) whose finished_at is before p_before, oldest first and at most p_limit of them (NULL: all), with their events, and the history of requests a client deleted that finished before p_before; returns how many requests went. Never touches queued, allocated or preempting requests (a requeued preempted request is queued, so it stays). Rows locked by another transaction are skipped, so concurrent reconcilers never block each other. Their idempotency keys become free again.';
+COMMENT ON FUNCTION respool.prune_requests(timestamptz, integer) IS 'Deletes terminal requests (released, rejected, cancelled, expired, preempted) whose finished_at is before p_before, oldest first and at most p_limit of them (NULL: all), with their events, and the history of requests a client deleted that finished before p_before; returns how many requests went. Never touches queued, allocated or preempting requests (a requeued preempted request is queued, so it stays). Rows locked by another transaction are skipped, so concurrent reconcilers never block each other. Their idempotency keys become free again.';

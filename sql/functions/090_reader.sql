@@ -52,8 +52,7 @@ BEGIN
     END LOOP;
     RETURN v_role;
 END $$;
-COMMENT ON FUNCTION respool.scope_reader_grants(boolean) IS
-    'Guarantees that the ops views of this database are readable by this database''s reader role (respool.reader_role(), when it exists: USAGE on the schema, CONNECT on the database, SELECT on the views listed in respool.reader_views) and by no other reader role: the cluster-wide respool_reader and the reader role of a template database lose every privilege here. p_record first re-records the list from the GRANTs to respool_reader that the view files just made (migrate). Returns the role name, or a sentence when the role does not exist.';
+COMMENT ON FUNCTION respool.scope_reader_grants(boolean) IS 'Guarantees that the ops views of this database are readable by this database''s reader role (respool.reader_role(), when it exists: USAGE on the schema, CONNECT on the database, SELECT on the views listed in respool.reader_views) and by no other reader role: the cluster-wide respool_reader and the reader role of a template database lose every privilege here. p_record first re-records the list from the GRANTs to respool_reader that the view files just made (migrate). Returns the role name, or a sentence when the role does not exist.';
 
 CREATE OR REPLACE FUNCTION respool.ensure_reader_role()
 RETURNS text LANGUAGE plpgsql AS $$
@@ -66,8 +65,7 @@ BEGIN
     PERFORM respool.scope_reader_grants();
     RETURN v_role;
 END $$;
-COMMENT ON FUNCTION respool.ensure_reader_role() IS
-    'Creates this database''s reader role when missing (needs CREATEROLE) and scopes the grants to it (scope_reader_grants); returns its name.';
+COMMENT ON FUNCTION respool.ensure_reader_role() IS 'Creates this database''s reader role when missing (needs CREATEROLE) and scopes the grants to it (scope_reader_grants); returns its name.';
 
 DROP FUNCTION IF EXISTS respool.grant_reader(text, integer, boolean);
 CREATE OR REPLACE FUNCTION respool.grant_reader(p_role text, p_statement_timeout_ms integer DEFAULT 30000,
@@ -131,8 +129,7 @@ BEGIN
                   p_connection_limit, current_database(), p_temp_file_limit_kb, v_temp_note,
                   p_statement_timeout_ms);
 END $$;
-COMMENT ON FUNCTION respool.grant_reader(text, integer, boolean, integer, integer) IS
-    'Makes p_role a member of this database''s reader role (respool.reader_role(): SELECT on the ops views only, created when missing) with a CONNECTION LIMIT and, in this database, a temp_file_limit (when the caller is a superuser), no TEMP privilege, a statement_timeout and default_transaction_read_only = on; creates it as a passwordless LOGIN role when p_create. Refuses superusers and roles that can already use the base tables. Needs CREATEROLE or superuser, and owning the database.';
+COMMENT ON FUNCTION respool.grant_reader(text, integer, boolean, integer, integer) IS 'Makes p_role a member of this database''s reader role (respool.reader_role(): SELECT on the ops views only, created when missing) with a CONNECTION LIMIT and, in this database, a temp_file_limit (when the caller is a superuser), no TEMP privilege, a statement_timeout and default_transaction_read_only = on; creates it as a passwordless LOGIN role when p_create. Refuses superusers and roles that can already use the base tables. Needs CREATEROLE or superuser, and owning the database.';
 
 CREATE OR REPLACE FUNCTION respool.revoke_reader(p_role text)
 RETURNS text LANGUAGE plpgsql AS $$
@@ -151,5 +148,4 @@ BEGIN
     RETURN format('role %s: no longer a member of %s; settings in database %s reset (its connection limit stays)',
                   p_role, v_reader, current_database());
 END $$;
-COMMENT ON FUNCTION respool.revoke_reader(text) IS
-    'Undoes grant_reader in this database: revokes this database''s reader role from p_role and resets the settings grant_reader set here. The role and its connection limit stay.';
+COMMENT ON FUNCTION respool.revoke_reader(text) IS 'Undoes grant_reader in this database: revokes this database''s reader role from p_role and resets the settings grant_reader set here. The role and its connection limit stay.';

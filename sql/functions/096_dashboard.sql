@@ -48,5 +48,4 @@ LANGUAGE sql STABLE AS $$
       LEFT JOIN etas e ON e.pool_id = q.pool_id AND e.request_id = q.request_id
      ORDER BY q.pool, q.position
 $$;
-COMMENT ON FUNCTION respool.dashboard_queue(integer) IS
-    'The first p_limit queue entries over all pools (by pool name, then grant order), each with what blocks it now (or ''fits, waiting for its turn'') and its ETA in that pool: {p50_seconds, p90_seconds} from respool._eta_pool, or NULL when the engine has no estimate (no recorded holds, or deeper than respool._eta_depth()). Cost O(shapes * p_limit) per pool shown, not O(queue). Read-only.';
+COMMENT ON FUNCTION respool.dashboard_queue(integer) IS 'The first p_limit queue entries over all pools (by pool name, then grant order), each with what blocks it now (or ''fits, waiting for its turn'') and its ETA in that pool: {p50_seconds, p90_seconds} from respool._eta_pool, or NULL when the engine has no estimate (no recorded holds, or deeper than respool._eta_depth()). Cost O(shapes * p_limit) per pool shown, not O(queue). Read-only.';

@@ -113,5 +113,4 @@ BEGIN
       JOIN req r ON r.id = a.request_id
       LEFT JOIN best_eta b ON b.request_id = a.request_id;
 END $$;
-COMMENT ON FUNCTION respool._queued_details(uuid[], timestamptz) IS
-    'For the queued requests among p_ids (others are left out, as are queued ones without queue entries): best queue position, the message and the ETA exactly as respool._request_json computes them one at a time, but computing each involved pool''s queue positions, hold, earmark usage and ETA simulation once, and each shape''s blocker once. Read-only; O(involved queues + shapes + page), not O(page * queue).';
+COMMENT ON FUNCTION respool._queued_details(uuid[], timestamptz) IS 'For the queued requests among p_ids (others are left out, as are queued ones without queue entries): best queue position, the message and the ETA exactly as respool._request_json computes them one at a time, but computing each involved pool''s queue positions, hold, earmark usage and ETA simulation once, and each shape''s blocker once. Read-only; O(involved queues + shapes + page), not O(page * queue).';

@@ -20,5 +20,4 @@ RETURNS TABLE (id uuid, doc json) LANGUAGE sql STABLE AS $$
                                           d.eta) END
       FROM found f LEFT JOIN details d ON d.request_id = f.id
 $$;
-COMMENT ON FUNCTION respool.request_docs(uuid[]) IS
-    'Guarantees: one (id, document) row per existing request among p_ids (unknown ids are left out, order unspecified), each equal to what respool.request_json gives for that request alone at the same now() (position, message and ETA of a queued one, its gang''s for a gang member); each involved pool and shape computed once for all of them (respool._queued_details). Read-only.';
+COMMENT ON FUNCTION respool.request_docs(uuid[]) IS 'Guarantees: one (id, document) row per existing request among p_ids (unknown ids are left out, order unspecified), each equal to what respool.request_json gives for that request alone at the same now() (position, message and ETA of a queued one, its gang''s for a gang member); each involved pool and shape computed once for all of them (respool._queued_details). Read-only.';

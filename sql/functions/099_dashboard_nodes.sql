@@ -24,5 +24,4 @@ LANGUAGE sql STABLE AS $$
       JOIN respool.pools pl ON pl.id = n.pool_id
      ORDER BY pl.name, n.name
 $$;
-COMMENT ON FUNCTION respool.dashboard_nodes() IS
-    'Every node that is in a pool (by pool name, then node name): state, labels, keys (per key: capacity, used, named = the key has device ids) and devices (per key in list order: the device id, and the request id and subject of its holder, null when free). Nodes in no pool are left out. Read-only; one row per node.';
+COMMENT ON FUNCTION respool.dashboard_nodes() IS 'Every node that is in a pool (by pool name, then node name): state, labels, keys (per key: capacity, used, named = the key has device ids) and devices (per key in list order: the device id, and the request id and subject of its holder, null when free). Nodes in no pool are left out. Read-only; one row per node.';

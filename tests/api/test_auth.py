@@ -16,11 +16,10 @@ from app import globs
 from app.api import create_app
 from app.api.auth import is_loopback
 from app.db import tokens
-from app.db.connect import APP_CLI, connect
 from app.db.errors import BadInput, Conflict, NotFound
 from app.settings import Settings, SettingsError
 from cli.main import app as cli_app
-from support.db import issue_tokens
+from support.db import direct, issue_tokens
 from support.http import error, ok
 from support.server import Server, running_server
 
@@ -271,13 +270,10 @@ async def test_bearer_scheme_is_case_insensitive(env: AuthEnv) -> None:
 
 
 async def test_tokens_are_stored_hashed(env: AuthEnv) -> None:
-    conn = await connect(env.server.db_url, application_name=APP_CLI)
-    try:
+    async with direct(env.server.db_url) as conn:
         rows = await conn.fetch("SELECT * FROM respool.tokens")
         listed = await tokens.list_tokens(conn, include_revoked=True)
         active = await tokens.list_tokens(conn)
-    finally:
-        await conn.close()
     dump = repr([dict(r) for r in rows])
     for secret in env.plaintexts:
         assert secret not in dump
@@ -386,13 +382,10 @@ async def test_auth_off_needs_no_token(db_url: str) -> None:
 async def test_bootstrap_on_loopback_until_the_first_token(db_url: str) -> None:
     async with running_server(db_url, auth="on") as srv:
         ok(await srv.client.post("/v1/pools", json={"name": "p", "capacity": {"gpu": 1}}), 201)
-        conn = await connect(db_url, application_name=APP_CLI)
-        try:
+        async with direct(db_url) as conn:
             text, _ = await tokens.create_token(conn, name="first", role="admin")
             await tokens.revoke_token(conn, "first")  # even revoked, a token ends bootstrap
             second, _ = await tokens.create_token(conn, name="second", role="reader")
-        finally:
-            await conn.close()
         error(await srv.client.get("/v1/pools"), 401, None)
         error(await srv.client.get("/v1/pools", headers=_bearer(text)), 401, None)
         ok(await srv.client.get("/v1/pools", headers=_bearer(second)))

@@ -11,7 +11,7 @@ from respool_client import ApiError, AsyncRespool, RequestCreate, Respool
 
 from support.db import client_token
 from support.http import error, ok, pool_with_policy, team_gpu
-from support.server import Server, running_server
+from support.server import ADMIN, Server, admin_server
 
 BATCH = "/v1/requests/batch"
 
@@ -122,11 +122,8 @@ async def test_a_thousand_members(server: Server) -> None:
 
 async def test_every_member_subject_must_be_allowed(db_url: str) -> None:
     token = await client_token(db_url, "team-a:*")
-    admin = "rp_batch-admin-token-0123456789abcdef"
-    async with running_server(db_url, auth="on", admin_token=admin) as server:
-        c = server.client
-        h = {"Authorization": f"Bearer {admin}"}
-        ok(await c.post("/v1/pools", headers=h, json={"name": "p", "capacity": {"gpu": 8}}), 201)
+    async with admin_server(db_url, pool_gpus=8) as server:
+        c, h = server.client, ADMIN
         for s in ("team-a:x", "team-b:y"):
             ok(await c.post("/v1/policies", headers=h, json={"subject": s, "pool": "p"}), 201)
         mine = {"subject": "team-a:x", "resources": {"gpu": 1}}

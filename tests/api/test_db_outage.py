@@ -26,8 +26,9 @@ from app.api.errors import RETRY_AFTER
 from app.db import pools as db_pools
 from app.db.connect import APP_API, APP_CLI, DeadConnectionError, connect, create_pool
 from app.reconciler import Reconciler
+from support.db import direct
 from support.http import error, ok
-from support.server import Server, running_server
+from support.server import Server, list_pools_failing, running_server
 
 
 def _outage_answer(response: Any) -> None:
@@ -54,21 +55,14 @@ def _outage_answer(response: Any) -> None:
 async def test_database_errors_answer_503_with_retry_after(
     module_server: Server, monkeypatch: pytest.MonkeyPatch, exc: BaseException
 ) -> None:
-    async def failing(*_: Any, **__: Any) -> Any:
-        raise exc
-
-    monkeypatch.setattr(db_pools, "list_pools", failing)
-    _outage_answer(await module_server.client.get("/v1/pools"))
+    _outage_answer(await list_pools_failing(module_server, monkeypatch, exc))
 
 
 async def test_other_internal_errors_stay_500(
     module_server: Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async def failing(*_: Any, **__: Any) -> Any:
-        raise asyncpg.InternalClientError("unknown error in protocol implementation")
-
-    monkeypatch.setattr(db_pools, "list_pools", failing)
-    r = await module_server.client.get("/v1/pools")
+    exc = asyncpg.InternalClientError("unknown error in protocol implementation")
+    r = await list_pools_failing(module_server, monkeypatch, exc)
     assert r.status_code == 500 and "retry-after" not in r.headers
 
 
@@ -164,11 +158,8 @@ async def test_the_reconciler_survives_a_dead_connection(
 ) -> None:
     """Its backend terminated while it waited between passes: the reconciler reconnects and
     keeps running passes (it used to end on asyncpg's InternalClientError)."""
-    conn = await connect(db_url, application_name=APP_CLI)
-    try:
+    async with direct(db_url) as conn:
         await db_pools.create_pool(conn, name="p", capacity={"gpu": 1})
-    finally:
-        await conn.close()
     broken = _dead_once("fetch", monkeypatch)
     reconciler = Reconciler(db_url, interval=0.05)
     task = asyncio.create_task(reconciler.run())

@@ -4,10 +4,11 @@ nothing; no amount is so large that a sum of them breaks a view, the dashboard o
 
 from __future__ import annotations
 
+import httpx
 import pytest
 from respool_client.wire import MAX_AMOUNT
 
-from app.db.connect import APP_CLI, connect
+from support.db import direct
 from support.http import error, ok
 from support.server import Server
 
@@ -51,6 +52,17 @@ CASES = [
     ("/v1/requests/batch", MEMBER % '"settings": {"cpu_count": N}', "1e400",
      "members[2].settings.cpu_count"),
 ]  # fmt: skip
+
+
+async def queued_memory(c: httpx.AsyncClient) -> list[float]:
+    """/metrics (with the database up): the queued demand of memory_mb, per pool."""
+    metrics = (await c.get("/metrics")).text
+    assert "respool_database_up 1" in metrics
+    return [
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("respool_pool_queued_demand{") and 'key="memory_mb"' in line
+    ]
 
 
 @pytest.mark.parametrize(("path", "body", "number", "field"), CASES, ids=[c[3] for c in CASES])
@@ -97,13 +109,7 @@ async def test_the_largest_amounts_keep_views_dashboard_and_metrics_working(
     assert pool["usage"]["memory_mb"] == MAX_AMOUNT + 10
     dashboard = ok(await c.get("/v1/dashboard"))
     assert "p" in str(dashboard)
-    metrics = (await c.get("/metrics")).text
-    assert "respool_database_up 1" in metrics
-    demand = [
-        float(line.rsplit(" ", 1)[1])
-        for line in metrics.splitlines()
-        if line.startswith("respool_pool_queued_demand{") and 'key="memory_mb"' in line
-    ]
+    demand = await queued_memory(c)
     assert demand == [2.0 * MAX_AMOUNT], demand
 
 
@@ -120,8 +126,7 @@ async def test_queued_amounts_beyond_int64_in_total_keep_reads_working(
     for _ in range(2):
         body = {"subject": "a", "resources": {"gpu": 1, "memory_mb": 1}}
         assert ok(await c.post("/v1/requests", json=body), 201)["status"] == "queued"
-    conn = await connect(db_url, application_name=APP_CLI)
-    try:
+    async with direct(db_url) as conn:
         await conn.execute(
             "UPDATE respool.queue_entries SET resources = resources || $1::text::jsonb",
             '{"memory_mb": 9223372036854775807}',
@@ -130,14 +135,5 @@ async def test_queued_amounts_beyond_int64_in_total_keep_reads_working(
             "SELECT queued_demand FROM respool.pool_usage WHERE key = 'memory_mb'"
         )
         assert demand == 2 * (2**63 - 1)
-    finally:
-        await conn.close()
     assert ok(await c.get("/v1/dashboard"))
-    metrics = (await c.get("/metrics")).text
-    assert "respool_database_up 1" in metrics
-    demand_lines = [
-        float(line.rsplit(" ", 1)[1])
-        for line in metrics.splitlines()
-        if line.startswith("respool_pool_queued_demand{") and 'key="memory_mb"' in line
-    ]
-    assert demand_lines == [2.0 * (2**63 - 1)]
+    assert await queued_memory(c) == [2.0 * (2**63 - 1)]

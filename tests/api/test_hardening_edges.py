@@ -23,10 +23,10 @@ from app.api import create_app
 from app.api.edge import is_loopback_host
 from app.api.server import ApiServer, RateLimitedLog, raise_nofile_limit, uvicorn_config
 from app.db import tokens
-from app.db.connect import APP_CLI, connect
 from app.settings import Settings, SettingsError
+from support.db import direct
 from support.http import error, ok
-from support.server import Server, running_server
+from support.server import Server, running_server, serving
 from support.wait import wait_until
 
 JSON = {"content-type": "application/json"}
@@ -34,11 +34,8 @@ ADMIN = "hardening-admin-token-0123456789abcdef"
 
 
 async def _sql(db_url: str, statement: str, *args: Any) -> Any:
-    conn = await connect(db_url, application_name=APP_CLI)
-    try:
+    async with direct(db_url) as conn:
         return await conn.fetch(statement, *args)
-    finally:
-        await conn.close()
 
 
 # --- 1. open mode: no cross-site requests ----------------------------------------------------
@@ -85,11 +82,8 @@ async def test_auth_off_refuses_cross_site_requests(db_url: str) -> None:
 async def test_bootstrap_refuses_cross_site_requests_until_a_token_exists(db_url: str) -> None:
     async with running_server(db_url, auth="on") as srv:
         await _cross_site_refused(srv)
-        conn = await connect(db_url, application_name=APP_CLI)
-        try:
+        async with direct(db_url) as conn:
             token, _ = await tokens.create_token(conn, name="ops", role="admin")
-        finally:
-            await conn.close()
         # Not open any more: a token decides, and a foreign Host alone is no longer refused.
         bearer = {"authorization": f"Bearer {token}", "host": "respool.internal"}
         ok(await srv.client.get("/v1/pools", headers=bearer))
@@ -190,18 +184,10 @@ async def guarded_server(db_url: str, **limits: Any) -> AsyncIterator[int]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     config = uvicorn_config(app, settings, log_level="warning", access_log=False)
-    srv = ApiServer(config, app)
-    srv.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
-    task = asyncio.create_task(srv.serve(sockets=[sock]))
-    for _ in range(1000):
-        if srv.started or task.done():
-            break
-        await asyncio.sleep(0.01)
     try:
-        yield sock.getsockname()[1]
+        async with serving(ApiServer(config, app), sock) as port:
+            yield port
     finally:
-        srv.should_exit = True
-        await asyncio.wait_for(task, 15)
         sock.close()
 
 

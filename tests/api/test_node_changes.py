@@ -62,18 +62,8 @@ async def test_devices_turned_anonymous_keep_every_holder(server: Server) -> Non
     )
     ids = []
     for preemptible in (True, False):
-        made = ok(
-            await c.post(
-                "/v1/requests",
-                json={
-                    "subject": "team",
-                    "pool": "gpus",
-                    "resources": {"gpu": 2},
-                    "preemptible": preemptible,
-                },
-            ),
-            201,
-        )
+        body = {"subject": "team", "pool": "gpus", "resources": {"gpu": 2}}
+        made = ok(await c.post("/v1/requests", json=body | {"preemptible": preemptible}), 201)
         assert made["status"] == "allocated"
         ids.append(made["id"])
     node = ok(await c.patch("/v1/nodes/n1", json={"devices": {"gpu": None}}))

@@ -34,18 +34,8 @@ async def test_selector_on_a_pool_without_nodes_is_rejected_no_fitting_node(
     assert pool["usage"].get("gpu", 0) == 0
     # Several candidates: the plain pool drops out, the node pool's a100 node serves it.
     await _pool(c, "nodes")
-    ok(
-        await c.post(
-            "/v1/nodes",
-            json={
-                "name": "box",
-                "pool": "nodes",
-                "capacity": {"gpu": 1},
-                "labels": {"gpu-class": "a100"},
-            },
-        ),
-        201,
-    )
+    box = {"name": "box", "pool": "nodes", "capacity": {"gpu": 1}}
+    ok(await c.post("/v1/nodes", json=box | {"labels": {"gpu-class": "a100"}}), 201)
     first = await make_request(c, settings={"gpu_count": 1, "gpu_class": "a100"})
     second = await make_request(c, settings={"gpu_count": 1, "gpu_class": "a100"})
     assert (first["status"], first["pool"], first["placement"]["node"]) == (

@@ -13,6 +13,7 @@ import uvicorn
 from app.api import create_app
 from app.api.server import ApiServer, GuardedH11Protocol, guarded_protocol, uvicorn_config
 from app.settings import Settings
+from bench.rawhttp import parse_head
 from support.server import serving
 
 
@@ -46,13 +47,7 @@ def counting_protocol(writes: list[bytes]) -> type[GuardedH11Protocol]:
 async def read_answer(reader: asyncio.StreamReader, *, head: bool = False) -> bytes:
     """One HTTP/1.1 answer with a Content-Length (no body for HEAD, 204 or 304)."""
     raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 20)
-    lines = raw.decode("latin-1").split("\r\n")
-    status = int(lines[0].split()[1])
-    length = 0
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        if name.strip().lower() == "content-length":
-            length = int(value)
+    status, length = parse_head(raw)
     if head or status in (204, 304) or 100 <= status < 200:
         return raw
     return raw + await asyncio.wait_for(reader.readexactly(length), 20)

@@ -20,19 +20,8 @@ async def test_windows_and_lane_round_trip(server: Server) -> None:
     ok(await c.post("/v1/pools", json={"name": "p", "capacity": {"gpu": 8}}), 201)
     start = datetime.now(UTC) + timedelta(days=400)
     once = {"start": start.isoformat(), "end": (start + timedelta(hours=1)).isoformat()}
-    pol = ok(
-        await c.post(
-            "/v1/policies",
-            json={
-                "subject": "prod",
-                "pool": "p",
-                "reserved": {"gpu": 4},
-                "priority_lane": True,
-                "windows": [OFFICE, once],
-            },
-        ),
-        201,
-    )
+    body = {"subject": "prod", "pool": "p", "reserved": {"gpu": 4}, "priority_lane": True}
+    pol = ok(await c.post("/v1/policies", json=body | {"windows": [OFFICE, once]}), 201)
     assert pol["priority_lane"] is True
     assert pol["windows"][0] == {**OFFICE, "days": ["mon", "fri"]}  # stored in week order
     assert datetime.fromisoformat(pol["windows"][1]["start"].replace("Z", "+00:00")) == start

@@ -7,9 +7,8 @@ from typing import Any
 
 import pytest
 
-from app.db import pools as db_pools
 from support.http import error, make_request, ok, one_gpu_request, pool_with_policy
-from support.server import Server
+from support.server import Server, list_pools_failing
 
 
 async def test_create_allocated_with_defaults(server: Server) -> None:
@@ -190,10 +189,7 @@ async def test_unknown_request_ids(server: Server) -> None:
 async def test_unexpected_error_is_a_generic_500(
     server: Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async def boom(*_: Any, **__: Any) -> Any:
-        raise RuntimeError("secret internals")
-
-    monkeypatch.setattr(db_pools, "list_pools", boom)
-    body = error(await server.client.get("/v1/pools"), 500)
+    failing = await list_pools_failing(server, monkeypatch, RuntimeError("secret internals"))
+    body = error(failing, 500)
     assert body["detail"] == "internal server error" and body["field"] is None
     assert "secret" not in (await server.client.get("/v1/pools")).text

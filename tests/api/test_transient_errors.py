@@ -10,10 +10,9 @@ import asyncpg
 import pytest
 
 from app.db import errors as db_errors
-from app.db import pools as db_pools
 from app.db.connect import APP_API, create_pool
 from support.http import error
-from support.server import Server
+from support.server import Server, list_pools_failing
 
 
 def _flaky(failures: int, kind: type[asyncpg.PostgresError]) -> tuple[Any, list[int]]:
@@ -56,10 +55,7 @@ async def test_a_rolled_back_call_runs_again(
 async def test_a_lasting_conflict_is_503_with_retry_after(
     server: Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async def deadlocked(*_: Any, **__: Any) -> Any:
-        raise asyncpg.DeadlockDetectedError("deadlock detected")
-
-    monkeypatch.setattr(db_pools, "list_pools", deadlocked)
-    r = await server.client.get("/v1/pools")
+    exc = asyncpg.DeadlockDetectedError("deadlock detected")
+    r = await list_pools_failing(server, monkeypatch, exc)
     error(r, 503, None)
     assert r.headers["Retry-After"].isdigit()

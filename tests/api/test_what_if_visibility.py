@@ -4,18 +4,15 @@ from __future__ import annotations
 
 from support.db import client_token
 from support.http import error, ok
-from support.server import running_server
+from support.server import ADMIN, admin_server
 
 
 async def test_a_client_what_if_shows_only_its_own_victims_by_id(db_url: str) -> None:
     """A client token's what-if names a victim (id, subject) only when the token may read
     that request; of another subject's allocation it learns the pool and the resources."""
     token = await client_token(db_url, "owner:*")
-    admin = "rp_whatif-admin-token-0123456789abcdef"
-    async with running_server(db_url, auth="on", admin_token=admin) as server:
-        c = server.client
-        h = {"Authorization": f"Bearer {admin}"}
-        ok(await c.post("/v1/pools", headers=h, json={"name": "p", "capacity": {"gpu": 2}}), 201)
+    async with admin_server(db_url, pool_gpus=2) as server:
+        c, h = server.client, ADMIN
         owner = {"subject": "owner:a", "pool": "p", "reserved": {"gpu": 2}}
         ok(await c.post("/v1/policies", headers=h, json=owner), 201)
         for s in ("owner:b", "borrower"):

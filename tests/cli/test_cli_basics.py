@@ -9,7 +9,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-import cli.pool
+import cli.options
 from cli.main import app
 from support.cli import Cli, failed
 
@@ -108,7 +108,7 @@ async def test_unexpected_error_is_one_line(monkeypatch: pytest.MonkeyPatch) -> 
     def broken(*_: object, **__: object) -> None:
         raise ZeroDivisionError("boom")
 
-    monkeypatch.setattr(cli.pool, "connect_api", broken)
+    monkeypatch.setattr(cli.options, "connect_api", broken)
     err = failed(await Cli(url=NOWHERE, db_url="").api("pool", "list"))
     assert err.startswith("internal error (ZeroDivisionError: boom)")
 

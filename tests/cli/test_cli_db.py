@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from app.db.embedded import embedded_server_running, start_embedded_server
 from cli.main import app
 from support.cli import failed
+from support.proc import run_python
 
 PSQL = shutil.which("psql")
 needs_psql = pytest.mark.skipif(PSQL is None, reason="psql is not on PATH")
@@ -30,14 +31,7 @@ SECRET = "s3cr%40t"  # "s3cr@t", percent-encoded as a URI requires
 def respool(
     *args: str, env: dict[str, str], timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cli.main", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return run_python("-m", "cli.main", *args, env=env, timeout=timeout)
 
 
 def service_env(**extra: str) -> dict[str, str]:

@@ -154,23 +154,9 @@ async def test_wait_says_when_it_queues_and_when_it_is_granted(module_cli: Cli) 
     result = await asyncio.wait_for(waiting, 30)
     assert result.exit_code == 0, result.stderr
     final = json.loads(result.stdout)  # stdout: the result only
+    assert final["status"] == "allocated"
     lines = result.stderr.splitlines()
     # the runner's stderr is not a terminal: plain lines, the queued one first
     assert lines[0].startswith(f"request {final['id']}: queued #1 in the queue of pipe")
     assert "waiting up to 30s" in lines[0]
     assert lines[-1] == f"request {final['id']}: allocated in pool pipe"
-
-
-async def test_wait_timeout_says_cancelled_once(module_cli: Cli) -> None:
-    cli = module_cli
-    await cli.ok("pool", "create", "once", "-c", '{"gpu": 1}')
-    await cli.ok("pool", "attach-policy", "once", "team:once")
-    await cli.json("request", "create", "-s", "team:once", "--gpu", "1")
-    result = await cli.api(
-        "request", "create", "-s", "team:once", "--gpu", "1", "--wait", "0.5", "-o", "json"
-    )
-    assert result.exit_code == 1
-    req = json.loads(result.stdout)
-    assert req["status"] == "cancelled"
-    said = [line for line in result.stderr.splitlines() if "cancel" in line]
-    assert said == [f"request {req['id']}: not allocated within 0.5s; cancelled"]

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-import httpx
-
 from support.cli import Cli, failed
 
 
@@ -102,29 +100,6 @@ async def test_create_input_errors(module_cli: Cli) -> None:
     )
 
 
-async def test_wait_until_allocated(module_cli: Cli) -> None:
-    cli = module_cli
-    await _pool(cli, "waits", '{"gpu": 4}')
-    holder = await cli.json("request", "create", "-s", "team:waits", "--gpu", "4")
-
-    waiting = asyncio.create_task(
-        cli.api("request", "create", "-s", "team:waits", "--gpu", "2", "--wait", "20", "-o", "json")
-    )
-    async with httpx.AsyncClient(base_url=cli.url) as client:
-        for _ in range(200):  # the waiter is queued behind the holder
-            page = (await client.get("/v1/requests", params={"pool": "waits"})).json()
-            if any(r["status"] == "queued" for r in page["items"]):
-                break
-            await asyncio.sleep(0.05)
-        assert not waiting.done()
-        await client.post(f"/v1/requests/{holder['id']}/release")
-    result = await asyncio.wait_for(waiting, 20)
-    assert result.exit_code == 0, result.stderr
-    final = json.loads(result.stdout)
-    assert final["status"] == "allocated"
-    assert "allocated in pool waits" in result.stderr
-
-
 async def test_wait_timeout_cancels_or_keeps(module_cli: Cli) -> None:
     cli = module_cli
     await _pool(cli, "full", '{"gpu": 1}')
@@ -136,7 +111,8 @@ async def test_wait_timeout_cancels_or_keeps(module_cli: Cli) -> None:
     assert result.exit_code == 1
     req = json.loads(result.stdout)
     assert req["status"] == "cancelled"
-    assert "not allocated within 0.5s; cancelled" in result.stderr
+    said = [line for line in result.stderr.splitlines() if "cancel" in line]
+    assert said == [f"request {req['id']}: not allocated within 0.5s; cancelled"]  # once
 
     kept = await cli.api(
         "request", "create", "-s", "team:full", "--gpu", "1", "--wait", "0.5", "--keep-queued",

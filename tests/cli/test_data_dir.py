@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,18 +12,11 @@ import pytest
 
 from app.db.embedded import embedded_server_running, start_embedded_server
 from app.settings import Settings
+from support.proc import run_python
 
 
 def respool(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cli.main", *args],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
+    return run_python("-m", "cli.main", *args, env=env, cwd=cwd, timeout=180)
 
 
 @pytest.fixture

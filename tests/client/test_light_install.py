@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from support.proc import run_python
+
 _PROBE = textwrap.dedent(
     """
     import sys
@@ -27,14 +29,7 @@ def test_imports_next_to_a_package_named_app(tmp_path: Path) -> None:
     (tmp_path / "app").mkdir()
     (tmp_path / "app" / "__init__.py").write_text('OWNER = "the user\'s step"\n')
     (tmp_path / "cli.py").write_text('raise SystemExit("the user\'s cli module was imported")\n')
-    done = subprocess.run(
-        [sys.executable, "-c", _PROBE],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_python("-c", _PROBE, cwd=tmp_path, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["Respool", "2"]
 

@@ -13,7 +13,7 @@ import signal
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -85,22 +85,30 @@ async def _setup(server: Server, *, grace: int, gpus: int = 2) -> None:
         ok(await server.client.post("/v1/policies", json=body), 201)
 
 
+async def _run_wrapped(
+    server: Server, tmp: Path, script: Sequence[str], options: Sequence[str], **env: str
+) -> asyncio.subprocess.Process:
+    """``respool run [options] -- python SCRIPT ARGS...`` (``script``) as subject borrower
+    against ``server``, with ``env`` set; its stderr goes to ``tmp/wrapper.err``."""
+    environ = {**os.environ, "RESPOOL_URL": server.url, "RESPOOL_SUBJECT": "borrower"}
+    environ.pop("RESPOOL_TOKEN", None)
+    environ.update(env)
+    # Output to a file, not a pipe: an orphaned CMD (the wrapper killed) would hold a pipe open.
+    with (tmp / "wrapper.err").open("wb") as err:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "respool_client.run", *options, "--", sys.executable, *script,
+            env=environ, stdout=asyncio.subprocess.DEVNULL, stderr=err,
+        )  # fmt: skip
+
+
 async def _wrap(
     server: Server, tmp: Path, mode: str, *options: str, env_extra: dict[str, str] | None = None
 ) -> asyncio.subprocess.Process:
     os.makedirs(tmp, exist_ok=True)
     child = tmp / "child.py"
     child.write_text(CHILD)
-    env = {**os.environ, "RESPOOL_URL": server.url, "RESPOOL_SUBJECT": "borrower"}
-    env.pop("RESPOOL_TOKEN", None)
-    env.update(env_extra or {})
-    # Output to a file, not a pipe: an orphaned CMD (the wrapper killed) would hold a pipe open.
-    with (tmp / "wrapper.err").open("wb") as err:
-        return await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "respool_client.run", *options,
-            "--", sys.executable, str(child), str(tmp / "log"), mode,
-            env=env, stdout=asyncio.subprocess.DEVNULL, stderr=err,
-        )  # fmt: skip
+    script = (str(child), str(tmp / "log"), mode)
+    return await _run_wrapped(server, tmp, script, options, **(env_extra or {}))
 
 
 async def _exit(proc: asyncio.subprocess.Process, tmp: Path) -> tuple[int, str]:
@@ -261,14 +269,7 @@ async def _wrap_group(
 ) -> asyncio.subprocess.Process:
     cmd = tmp / "cmd.py"
     cmd.write_text(GROUP_CMD)
-    env = {**os.environ, "RESPOOL_URL": server.url, "RESPOOL_SUBJECT": "borrower"}
-    env.pop("RESPOOL_TOKEN", None)
-    with (tmp / "wrapper.err").open("wb") as err:
-        return await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "respool_client.run", *options,
-            "--", sys.executable, str(cmd), str(tmp / "pids"), mode,
-            env=env, stdout=asyncio.subprocess.DEVNULL, stderr=err,
-        )  # fmt: skip
+    return await _run_wrapped(server, tmp, (str(cmd), str(tmp / "pids"), mode), options)
 
 
 async def _pids(tmp: Path) -> tuple[int, int] | None:

@@ -117,6 +117,8 @@ def mixed_members() -> list[dict[str, Any]]:
     """Several subjects and pools; fits and waits; rejections; replays of a stored key and of a
     key named twice in the batch; node selectors on a pool with nodes; fewer bodies than members."""
     gpu = {"gpu": 1}
+    k2 = {"subject": "S", "pool": "b", "resources": gpu, "idempotency_key": "k2"}
+    k2 |= {"max_seconds": 60, "labels": {"m": "k2"}}
     raw: list[dict[str, Any]] = [
         {"subject": "S", "resources": {"gpu": 2}},  # a (priority 10), else b, else queued
         {"subject": "S", "resources": {"gpu": 2}},
@@ -147,23 +149,9 @@ def mixed_members() -> list[dict[str, Any]]:
             "idempotency_key": "k1",
             "labels": {"m": "k1"},
         },
-        {
-            "subject": "S",
-            "pool": "b",
-            "resources": gpu,
-            "idempotency_key": "k2",
-            "max_seconds": 60,
-            "labels": {"m": "k2"},
-        },
+        k2,
         {"subject": "S", "resources": gpu, "preemptible": False, "lease_seconds": None},
-        {
-            "subject": "S",
-            "pool": "b",
-            "resources": gpu,
-            "idempotency_key": "k2",
-            "max_seconds": 60,
-            "labels": {"m": "k2"},
-        },
+        k2,  # a replay of k2
         {"subject": "T", "resources": gpu, "preemption_group": "g"},
         {"subject": "S", "resources": {"gpu": 1}},
     ]

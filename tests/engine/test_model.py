@@ -57,7 +57,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from hypothesis import strategies as st
@@ -68,7 +68,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from support.model import DatabaseMachine, model_sizes, run_machine
+from support.model import ModelClockMachine, model_test
 
 SOFT_KEYS = frozenset({"mcpu", "memory_mb", "step_run"})
 SUBJECTS = ("s1", "s2", "s3")
@@ -634,16 +634,12 @@ def request_st(draw: st.DrawFn) -> Shape:
 MAX_SECONDS = [None, None, 2, 6]  # the clock moves 1 s per step
 
 
-class EngineMachine(DatabaseMachine):
+class EngineMachine(ModelClockMachine):
+    clock0 = CLOCK0
+
     def __init__(self) -> None:
         super().__init__()
         self.model = Model()
-        self.seq = 0
-
-    def now(self) -> datetime:
-        self.seq += 1
-        self.model.now = self.seq
-        return CLOCK0 + timedelta(seconds=self.seq)
 
     @initialize(
         queueing_a=st.sampled_from(["best_effort", "strict"]),
@@ -825,11 +821,7 @@ class EngineMachine(DatabaseMachine):
 
     @rule(pool=st.sampled_from(POOL_NAMES))
     def reconcile(self, pool: str) -> None:
-        self.sql(
-            "SELECT respool.reconcile_pool((SELECT id FROM respool.pools WHERE name = $1), $2)",
-            pool,
-            self.now(),
-        )
+        self.reconcile_pool(pool, self.now())
         self.model.reconcile(pool)
         self.stats["reconcile"] += 1
 
@@ -987,6 +979,4 @@ class EngineMachine(DatabaseMachine):
 
 
 # "full" passes in ~20 s; "quick" has a tenth of the examples, half the steps.
-@model_sizes(quick=(10, 20))
-def test_engine_matches_reference_model(db_url: str, examples: int, steps: int) -> None:
-    run_machine(EngineMachine, db_url, examples, steps, "model test")
+test_engine_matches_reference_model = model_test(EngineMachine, "model test", quick=(10, 20))

@@ -84,17 +84,9 @@ async def test_what_if_names_victims_on_the_node_it_would_use(conn: asyncpg.Conn
     assert {on_a100["placement"]["node"], on_h100["placement"]["node"]} == {"a100-1", "h100-1"}
     h100_holder = on_a100 if on_a100["placement"]["node"] == "h100-1" else on_h100
 
-    doc = json.loads(
-        await conn.fetchval(
-            "SELECT respool.what_if_request($1::jsonb)::text",
-            {
-                "subject": "owner",
-                "pool": "gpus",
-                "resources": {"gpu": 8},
-                "node_selector": {"gpu-type": "H100"},
-            },
-        )
-    )
+    ask = {"subject": "owner", "pool": "gpus", "resources": {"gpu": 8}}
+    ask["node_selector"] = {"gpu-type": "H100"}
+    doc = json.loads(await conn.fetchval("SELECT respool.what_if_request($1::jsonb)::text", ask))
     assert doc["status"] == "queued"
     # Reclaim on the only node it may use: the H100 node's holder, not the later A100 one.
     assert [v["id"] for v in doc["would_preempt"]] == [h100_holder["id"]]

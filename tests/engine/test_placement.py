@@ -22,6 +22,7 @@ import asyncpg
 import pytest
 
 from app.db.connect import APP_CLI, connect
+from support.db import RECONCILE_POOL
 
 CLOCK0 = datetime(2031, 3, 1, tzinfo=UTC)
 
@@ -139,11 +140,7 @@ class Env:
         )
 
     async def reconcile(self, pool: str) -> None:
-        await self.conn.fetchval(
-            "SELECT respool.reconcile_pool((SELECT id FROM respool.pools WHERE name = $1), $2)",
-            pool,
-            self.now(),
-        )
+        await self.conn.fetchval(RECONCILE_POOL, pool, self.now())
 
     async def where(self, doc: dict[str, Any]) -> tuple[str, list[str]] | None:
         """(node, gpu device ids) of a request as its document shows it; None: not placed."""
@@ -210,30 +207,31 @@ async def test_grant_lands_on_one_node_first_free_devices_in_list_order(env: Env
     assert await env.node_used("n1") == {}
 
 
-async def test_pack_takes_the_node_left_with_fewest_free_device_units(env: Env) -> None:
-    await _one_pool(env, "pack")
-    await env.node("big", "gpus", gpus=GPUS8)
-    await env.node("small", "gpus", gpus=["0", "1", "2", "3"])
-    a = await env.req("s", "gpus", {"gpu": 2})
-    assert await env.where(a) == ("small", ["0", "1"])
-    b = await env.req("s", "gpus", {"gpu": 3})  # small has 2 free: does not fit there
-    assert await env.where(b) == ("big", ["0", "1", "2"])
-    c = await env.req("s", "gpus", {"gpu": 2})  # small 2 free, big 5 free: small
-    assert await env.where(c) == ("small", ["2", "3"])
+# A pool with node big (8 GPUs) and node small (4): (GPUs asked, where each request lands).
+PLACEMENTS = {
+    # pack takes the node left with the fewest free device units
+    "pack": [
+        (2, ("small", ["0", "1"])),
+        (3, ("big", ["0", "1", "2"])),  # small has 2 free: does not fit there
+        (2, ("small", ["2", "3"])),  # small 2 free, big 5 free: small
+    ],
+    # spread takes the node with the most free device units
+    "spread": [
+        (2, ("big", ["0", "1"])),
+        (2, ("big", ["2", "3"])),  # big 6 free, small 4 free
+        (2, ("big", ["4", "5"])),  # big 4, small 4: tie -> all keys tie -> name
+        (1, ("small", ["0"])),  # big 2, small 4
+    ],
+}
 
 
-async def test_spread_takes_the_node_with_most_free_device_units(env: Env) -> None:
-    await _one_pool(env, "spread")
+@pytest.mark.parametrize("placement", sorted(PLACEMENTS))
+async def test_each_placement_mode_picks_its_node(env: Env, placement: str) -> None:
+    await _one_pool(env, placement)
     await env.node("big", "gpus", gpus=GPUS8)
     await env.node("small", "gpus", gpus=["0", "1", "2", "3"])
-    a = await env.req("s", "gpus", {"gpu": 2})
-    assert await env.where(a) == ("big", ["0", "1"])
-    b = await env.req("s", "gpus", {"gpu": 2})  # big 6 free, small 4 free
-    assert await env.where(b) == ("big", ["2", "3"])
-    c = await env.req("s", "gpus", {"gpu": 2})  # big 4, small 4: tie -> all keys tie -> name
-    assert await env.where(c) == ("big", ["4", "5"])
-    d = await env.req("s", "gpus", {"gpu": 1})  # big 2, small 4
-    assert await env.where(d) == ("small", ["0"])
+    for gpus, where in PLACEMENTS[placement]:
+        assert await env.where(await env.req("s", "gpus", {"gpu": gpus})) == where
 
 
 @pytest.mark.parametrize(("placement", "expected"), [("pack", "lean"), ("spread", "fat")])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 from uuid import UUID
@@ -19,6 +20,13 @@ from respool_client.wire import Request
 from app.db import batch as db_batch
 from app.db import requests as db_requests
 from app.db.errors import BadInput, Conflict, NotFound
+
+
+@pytest.fixture(autouse=True)
+async def healthy_after(conn: asyncpg.Connection) -> AsyncIterator[None]:
+    """Every test leaves the engine's invariants whole."""
+    yield
+    await es.assert_healthy(conn)
 
 
 def gpu(n: int = 1, **kw: Any) -> dict[str, Any]:
@@ -44,6 +52,27 @@ async def same_commit(conn: asyncpg.Connection, *ids: UUID) -> bool:
     return bool(n == 1)
 
 
+async def pool_s(conn: asyncpg.Connection, grace: int = 0) -> None:
+    """Pool ``p`` of 4 GPUs for ``S``, with a grace period of ``grace`` seconds."""
+    await es.mk_pool_s(conn, {"gpu": 4}, preemption_grace_seconds=grace)
+
+
+async def held_and_waiting(
+    conn: asyncpg.Connection, *, grace: int, retries: int, waiting: int
+) -> tuple[Request, Request]:
+    """Pool ``p`` (:func:`pool_s`) held whole by a request with ``retries``, and a request of
+    ``waiting`` GPUs queued behind it."""
+    await pool_s(conn, grace)
+    return await mk(conn, 4, max_retries=retries), await mk(conn, waiting)
+
+
+async def reclaim_pool(conn: asyncpg.Connection, grace: int, borrower: str = "dev") -> None:
+    """Pool ``p`` of 4 GPUs, all reserved for ``prod``; ``borrower`` may borrow them."""
+    await es.mk_pool(conn, "p", {"gpu": 4}, preemption_grace_seconds=grace)
+    await es.mk_policy(conn, "prod", "p", reserved={"gpu": 4})
+    await es.mk_policy(conn, borrower, "p")
+
+
 async def mk_pool_reserved(conn: asyncpg.Connection, **kw: Any) -> None:
     """Pool ``p`` of 4 GPUs, all reserved for ``S``: room for non-preemptible work."""
     await es.mk_pool(conn, "p", {"gpu": 4}, **kw)
@@ -56,7 +85,7 @@ async def mk_pool_reserved(conn: asyncpg.Connection, **kw: Any) -> None:
 async def test_grace_goes_through_preempting_and_the_holder_hears_it(
     conn: asyncpg.Connection, db_url: str
 ) -> None:
-    await es.mk_pool_s(conn, {"gpu": 4}, preemption_grace_seconds=30)
+    await pool_s(conn, 30)
     r = await mk(conn, 2)
     listener = await asyncpg.connect(db_url)
     heard: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
@@ -71,13 +100,12 @@ async def test_grace_goes_through_preempting_and_the_holder_hears_it(
     assert (note["id"], note["status"], note["reason"]) == (str(r.id), "preempting", "terminated")
     assert await es.allocated(conn, "p") == {"gpu": 2, "step_run": 1}  # kept until it leaves
     assert (await es.events(conn, r.id))[-1] == ("allocated", "preempting", "terminated")
-    await es.assert_healthy(conn)
 
 
 async def test_release_in_grace_ends_it_terminated_and_never_requeued(
     conn: asyncpg.Connection,
 ) -> None:
-    await es.mk_pool_s(conn, {"gpu": 4}, preemption_grace_seconds=30)
+    await pool_s(conn, 30)
     r = await mk(conn, 2, max_retries=3)
     await terminate(conn, r.id, reason="bad job")
     done = await db_requests.release_request(conn, r.id)
@@ -85,15 +113,12 @@ async def test_release_in_grace_ends_it_terminated_and_never_requeued(
     assert done.message.startswith("terminated by an admin: bad job")
     assert await es.allocated(conn, "p") == {}
     assert await es.queue(conn) == []
-    await es.assert_healthy(conn)
 
 
 async def test_grace_deadline_ends_it_terminated_and_never_requeued(
     conn: asyncpg.Connection,
 ) -> None:
-    await es.mk_pool_s(conn, {"gpu": 4}, preemption_grace_seconds=30)
-    r = await mk(conn, 4, max_retries=3)
-    waiting = await mk(conn, 1)
+    r, waiting = await held_and_waiting(conn, grace=30, retries=3, waiting=1)
     assert waiting.status == "queued"
     await terminate(conn, r.id, reason="bad job")
     now = await es.db_now(conn)
@@ -108,14 +133,11 @@ async def test_grace_deadline_ends_it_terminated_and_never_requeued(
     )
     assert await es.status(conn, waiting.id) == "allocated"
     assert await es.queue_ids(conn, "p") == []
-    await es.assert_healthy(conn)
 
 
 async def test_a_preemption_with_retries_left_still_requeues(conn: asyncpg.Connection) -> None:
     # The no-requeue rule is terminate's own: an ordinary grace expiry requeues as before.
-    await es.mk_pool(conn, "p", {"gpu": 4}, preemption_grace_seconds=30)
-    await es.mk_policy(conn, "prod", "p", reserved={"gpu": 4})
-    await es.mk_policy(conn, "dev", "p")
+    await reclaim_pool(conn, 30)
     d = await es.mk_req(conn, "dev", "p", resources={"gpu": 4}, max_retries=1)
     p = await es.mk_req(conn, "prod", "p", resources={"gpu": 4})
     now = await es.db_now(conn)
@@ -125,7 +147,6 @@ async def test_a_preemption_with_retries_left_still_requeues(conn: asyncpg.Conne
     after = await es.get(conn, d.id)
     assert (after.status, after.attempt) == ("queued", 2)
     assert await es.status(conn, p.id) == "allocated"
-    await es.assert_healthy(conn)
 
 
 # --- without a grace period ------------------------------------------------------------------
@@ -134,7 +155,7 @@ async def test_a_preemption_with_retries_left_still_requeues(conn: asyncpg.Conne
 async def test_no_grace_preempted_at_once_and_the_queue_granted_in_the_same_transaction(
     conn: asyncpg.Connection,
 ) -> None:
-    await es.mk_pool_s(conn, {"gpu": 4})
+    await pool_s(conn)
     r = await mk(conn, 4, max_retries=2)
     waiting = await mk(conn, 3)
     assert waiting.status == "queued"
@@ -145,11 +166,10 @@ async def test_no_grace_preempted_at_once_and_the_queue_granted_in_the_same_tran
     assert await same_commit(conn, r.id, waiting.id)
     assert await es.allocated(conn, "p") == {"gpu": 3, "step_run": 1}
     assert (await es.events(conn, r.id))[-1] == ("allocated", "preempted", "terminated")
-    await es.assert_healthy(conn)
 
 
 async def test_an_empty_reason_leaves_a_plain_message(conn: asyncpg.Connection) -> None:
-    await es.mk_pool_s(conn, {"gpu": 4})
+    await pool_s(conn)
     r = await mk(conn, 1)
     done = await terminate(conn, r.id)
     assert (done.status, done.message) == ("preempted", "terminated by an admin")
@@ -184,7 +204,6 @@ async def test_non_preemptible_with_force_goes_through_preempting(
     assert (released.status, released.reason) == ("preempted", "terminated")
     usage = await es.policy_usage(conn, "p", "S")
     assert (usage["gpu"]["used"], usage["gpu"]["np_used"]) == (0, 0)
-    await es.assert_healthy(conn)
 
 
 async def test_non_preemptible_with_force_and_no_grace_is_preempted(
@@ -196,15 +215,12 @@ async def test_non_preemptible_with_force_and_no_grace_is_preempted(
     done = await terminate(conn, r.id, force=True)
     assert (done.status, done.reason) == ("preempted", "terminated")
     assert await es.allocated(conn, "p") == {}
-    await es.assert_healthy(conn)
 
 
 async def test_second_forced_call_ends_a_preempting_request_at_once(
     conn: asyncpg.Connection,
 ) -> None:
-    await es.mk_pool_s(conn, {"gpu": 4}, preemption_grace_seconds=300)
-    r = await mk(conn, 4, max_retries=2)
-    waiting = await mk(conn, 4)
+    r, waiting = await held_and_waiting(conn, grace=300, retries=2, waiting=4)
     await terminate(conn, r.id, reason="first")
     again = await terminate(conn, r.id, reason="second")  # without force: already leaving
     assert (again.status, again.message) == ("preempting", (await es.get(conn, r.id)).message)
@@ -215,15 +231,12 @@ async def test_second_forced_call_ends_a_preempting_request_at_once(
     assert done.message == "terminated by an admin: now"
     assert await es.status(conn, waiting.id) == "allocated"
     assert await same_commit(conn, r.id, waiting.id)
-    await es.assert_healthy(conn)
 
 
 async def test_forced_call_ends_an_ordinary_preemption_without_requeue(
     conn: asyncpg.Connection,
 ) -> None:
-    await es.mk_pool(conn, "p", {"gpu": 4}, preemption_grace_seconds=300)
-    await es.mk_policy(conn, "prod", "p", reserved={"gpu": 4})
-    await es.mk_policy(conn, "dev", "p")
+    await reclaim_pool(conn, 300)
     d = await es.mk_req(conn, "dev", "p", resources={"gpu": 4}, max_retries=3)
     p = await es.mk_req(conn, "prod", "p", resources={"gpu": 4})
     await es.reconcile(conn, "p")
@@ -231,7 +244,6 @@ async def test_forced_call_ends_an_ordinary_preemption_without_requeue(
     done = await terminate(conn, d.id, force=True)
     assert (done.status, done.reason, done.attempt) == ("preempted", "terminated", 1)
     assert await es.status(conn, p.id) == "allocated"  # its earmark is served at once
-    await es.assert_healthy(conn)
 
 
 # --- gangs -----------------------------------------------------------------------------------
@@ -243,7 +255,7 @@ async def gang(conn: asyncpg.Connection, *members: dict[str, Any]) -> list[Reque
 
 
 async def test_a_gang_member_takes_the_whole_gang_with_grace(conn: asyncpg.Connection) -> None:
-    await es.mk_pool_s(conn, {"gpu": 4}, preemption_grace_seconds=30)
+    await pool_s(conn, 30)
     a, b, c = await gang(conn, gpu(1, max_retries=2), gpu(1, max_retries=2), gpu(1, max_retries=2))
     assert {m.status for m in (a, b, c)} == {"allocated"}
     await terminate(conn, b.id, reason="gone")
@@ -258,20 +270,18 @@ async def test_a_gang_member_takes_the_whole_gang_with_grace(conn: asyncpg.Conne
     ] * 3
     assert await es.allocated(conn, "p") == {}
     assert await es.queue(conn) == []
-    await es.assert_healthy(conn)
 
 
 async def test_a_gang_member_takes_the_whole_gang_without_grace(
     conn: asyncpg.Connection,
 ) -> None:
-    await es.mk_pool_s(conn, {"gpu": 4})
+    await pool_s(conn)
     members = await gang(conn, gpu(2, max_retries=1), gpu(2, max_retries=1))
     waiting = await mk(conn, 4)
     await terminate(conn, members[0].id)
     after = [await es.get(conn, m.id) for m in members]
     assert [(m.status, m.reason) for m in after] == [("preempted", "terminated")] * 2
     assert await es.status(conn, waiting.id) == "allocated"
-    await es.assert_healthy(conn)
 
 
 async def test_forced_call_on_a_gang_half_requeued_after_a_preemption(
@@ -279,9 +289,7 @@ async def test_forced_call_on_a_gang_half_requeued_after_a_preemption(
 ) -> None:
     # A gang preempted by reclaim: one member released in its grace period and waits, queued
     # again for its gang; the other is still preempting. A forced terminate ends them both.
-    await es.mk_pool(conn, "p", {"gpu": 4}, preemption_grace_seconds=300)
-    await es.mk_policy(conn, "prod", "p", reserved={"gpu": 4})
-    await es.mk_policy(conn, "S", "p")
+    await reclaim_pool(conn, 300, "S")
     a, b = await gang(conn, gpu(2, max_retries=1), gpu(2, max_retries=1))
     p = await es.mk_req(conn, "prod", "p", resources={"gpu": 4})
     await es.reconcile(conn, "p")
@@ -296,11 +304,10 @@ async def test_forced_call_on_a_gang_half_requeued_after_a_preemption(
     assert f"member {b.id} was terminated by an admin: stop" in after.message
     assert await es.status(conn, p.id) == "allocated"
     assert await es.queue(conn) == []
-    await es.assert_healthy(conn)
 
 
 async def test_a_queued_gang_is_cancelled(conn: asyncpg.Connection) -> None:
-    await es.mk_pool_s(conn, {"gpu": 4})
+    await pool_s(conn)
     await mk(conn, 4)
     members = await gang(conn, gpu(1), gpu(1))
     assert {m.status for m in members} == {"queued"}
@@ -308,14 +315,13 @@ async def test_a_queued_gang_is_cancelled(conn: asyncpg.Connection) -> None:
     after = [await es.get(conn, m.id) for m in members]
     assert [(m.status, m.reason) for m in after] == [("cancelled", "terminated")] * 2
     assert await es.queue(conn) == []
-    await es.assert_healthy(conn)
 
 
 # --- queued, terminal, unknown, bad input ----------------------------------------------------
 
 
 async def test_queued_is_cancelled(conn: asyncpg.Connection) -> None:
-    await es.mk_pool_s(conn, {"gpu": 4})
+    await pool_s(conn)
     await mk(conn, 4)
     q = await mk(conn, 1, max_retries=5)
     done = await terminate(conn, q.id, reason="not today")
@@ -326,12 +332,11 @@ async def test_queued_is_cancelled(conn: asyncpg.Connection) -> None:
     )
     assert await es.queue(conn) == []
     assert (await es.events(conn, q.id))[-1] == ("queued", "cancelled", "terminated")
-    await es.assert_healthy(conn)
 
 
 @pytest.mark.parametrize("force", [False, True])
 async def test_terminal_is_unchanged(conn: asyncpg.Connection, force: bool) -> None:
-    await es.mk_pool_s(conn, {"gpu": 4})
+    await pool_s(conn)
     r = await mk(conn, 1)
     released = await db_requests.release_request(conn, r.id)
     done = await terminate(conn, r.id, force=force, reason="late")
@@ -345,7 +350,7 @@ async def test_unknown_id_is_not_found(conn: asyncpg.Connection) -> None:
 
 
 async def test_a_reason_over_2000_characters_is_refused(conn: asyncpg.Connection) -> None:
-    await es.mk_pool_s(conn, {"gpu": 4})
+    await pool_s(conn)
     r = await mk(conn, 1)
     with pytest.raises(BadInput) as err:
         await terminate(conn, r.id, reason="x" * 2001)

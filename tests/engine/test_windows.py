@@ -22,7 +22,7 @@ from app.db import pools as db_pools
 from app.db import reconcile as db_reconcile
 from app.db import requests as db_requests
 from app.db.errors import BadInput, Conflict, translate
-from support.db import direct
+from support.db import RECONCILE_POOL, direct
 
 WEEKDAYS = ["mon", "tue", "wed", "thu", "fri"]
 OFFICE = [{"timezone": "Europe/Berlin", "days": WEEKDAYS, "from": "09:00", "to": "17:00"}]
@@ -124,11 +124,7 @@ async def boundary_pass(conn: asyncpg.Connection, pool: str, now: datetime) -> t
             pool,
             now,
         )
-        summary = await conn.fetchval(
-            "SELECT respool.reconcile_pool((SELECT id FROM respool.pools WHERE name = $1), $2)",
-            pool,
-            now,
-        )
+        summary = await conn.fetchval(RECONCILE_POOL, pool, now)
     return (flipped or 0), summary
 
 

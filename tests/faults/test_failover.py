@@ -125,11 +125,8 @@ async def test_failover_under_load(ha: PatroniCluster, tmp_path: Path) -> None:
         await admin.execute('CREATE DATABASE "respool"')
     finally:
         await admin.close()
-    conn = await connect(ha.dsn, application_name=APP_CLI)
-    try:
+    async with direct(ha.dsn) as conn:
         await migrate(conn)
-    finally:
-        await conn.close()
 
     server = ServeProcess(
         ha.dsn, tmp_path, RESPOOL_RECONCILE_INTERVAL="0.5", RESPOOL_DB_POOL_SIZE="6"

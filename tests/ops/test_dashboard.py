@@ -14,23 +14,29 @@ import json
 import os
 import re
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 import pytest
 
 from app.db import tokens
-from app.db.connect import APP_CLI, connect
+from support.db import direct
 from support.server import Server, running_server
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DOCS_SHOT = Path(__file__).resolve().parents[2] / "docs" / "img" / "dashboard.png"
+Test = TypeVar("Test", bound=Callable[..., Any])
 needs_chromium = pytest.mark.skipif(
     not os.access(CHROMIUM, os.X_OK),
     reason=f"{CHROMIUM} not found: install Debian's chromium package (.ci/run does)",
 )
+
+
+def in_chromium(test: Test) -> Test:
+    """A test in a headless browser: slow, and skipped without one."""
+    return needs_chromium(pytest.mark.slow(test))
 
 
 HISTORY = 20  # finished holds recorded in cpu-batch (licences has none)
@@ -84,13 +90,9 @@ async def showcase(srv: Server, conn: asyncpg.Connection) -> dict[str, Any]:
 
 @pytest.fixture
 async def live(db_url: str) -> AsyncIterator[Server]:
-    conn = await connect(db_url, application_name=APP_CLI)
-    try:
-        async with running_server(db_url) as srv:
-            await showcase(srv, conn)
-            yield srv
-    finally:
-        await conn.close()
+    async with direct(db_url) as conn, running_server(db_url) as srv:
+        await showcase(srv, conn)
+        yield srv
 
 
 async def test_page_and_assets(live: Server) -> None:
@@ -144,14 +146,11 @@ async def test_queue_rows_carry_the_engines_eta(live: Server) -> None:
 
 
 async def test_dashboard_under_auth(db_url: str) -> None:
-    conn = await connect(db_url, application_name=APP_CLI)
-    try:
+    async with direct(db_url) as conn:
         reader, _ = await tokens.create_token(conn, name="wall", role="reader")
         client, _ = await tokens.create_token(
             conn, name="ci", role="client", subject_patterns=["ci:*"]
         )
-    finally:
-        await conn.close()
     async with running_server(db_url, auth="on", admin_token="adm") as srv:
         c = srv.client
         assert (await c.get("/")).status_code == 200  # the page holds no data
@@ -196,8 +195,7 @@ async def _chromium(profile: Path, *args: str) -> bytes:
     return out
 
 
-@needs_chromium
-@pytest.mark.slow  # a headless browser
+@in_chromium
 async def test_chromium_renders_pools_queue_and_events(live: Server, tmp_path: Path) -> None:
     url = live.url + "/"
     dom = (
@@ -341,8 +339,7 @@ async def test_dashboard_data_has_each_pools_nodes(
                 assert d["subject"] is None
 
 
-@needs_chromium
-@pytest.mark.slow  # a headless browser
+@in_chromium
 async def test_chromium_draws_one_cell_per_device_coloured_by_holder(
     node_live: tuple[Server, dict[str, Any]], tmp_path: Path
 ) -> None:
@@ -389,11 +386,8 @@ async def test_chromium_draws_one_cell_per_device_coloured_by_holder(
 @pytest.fixture
 async def guarded(db_url: str) -> AsyncIterator[tuple[Server, str]]:
     """A server with auth on, one pool, and a reader token."""
-    conn = await connect(db_url, application_name=APP_CLI)
-    try:
+    async with direct(db_url) as conn:
         reader, _ = await tokens.create_token(conn, name="wall", role="reader")
-    finally:
-        await conn.close()
     async with running_server(db_url, auth="on", admin_token="adm") as srv:
         r = await srv.client.post(
             "/v1/pools",
@@ -404,8 +398,7 @@ async def guarded(db_url: str) -> AsyncIterator[tuple[Server, str]]:
         yield srv, reader
 
 
-@needs_chromium
-@pytest.mark.slow  # a headless browser
+@in_chromium
 async def test_chromium_without_a_token_asks_for_one(
     guarded: tuple[Server, str], tmp_path: Path
 ) -> None:
@@ -556,8 +549,7 @@ def _screen(dt: DevTools) -> Any:
     )
 
 
-@needs_chromium
-@pytest.mark.slow  # a headless browser
+@in_chromium
 async def test_chromium_token_prompt_rejected_then_accepted(
     guarded: tuple[Server, str], tmp_path: Path
 ) -> None:

@@ -12,8 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.api.metrics import EventTally
-from app.db.connect import APP_CLI, connect
 from support import scenario
+from support.db import direct
 from support.scenario import D1
 from support.server import Server, running_server
 
@@ -48,18 +48,17 @@ async def scrape(srv: Server) -> Samples:
 
 @pytest.fixture
 async def srv(db_url: str) -> AsyncIterator[Server]:
-    conn = await connect(db_url, application_name=APP_CLI)
-    try:
-        # metrics_cache_seconds=0: every scrape reads the database (the cache is tested in
-        # tests/api/test_hardening_edges.py).
-        async with running_server(db_url, metrics_cache_seconds=0.0) as server:
-            # Count the scripted history too (it happened "before" this process started).
-            server.app.state.event_tally = EventTally(started=D1)
-            await scenario.history(conn)
-            await scenario.live(conn)
-            yield server
-    finally:
-        await conn.close()
+    # metrics_cache_seconds=0: every scrape reads the database (the cache is tested in
+    # tests/api/test_hardening_edges.py).
+    async with (
+        direct(db_url) as conn,
+        running_server(db_url, metrics_cache_seconds=0.0) as server,
+    ):
+        # Count the scripted history too (it happened "before" this process started).
+        server.app.state.event_tally = EventTally(started=D1)
+        await scenario.history(conn)
+        await scenario.live(conn)
+        yield server
 
 
 async def test_state_gauges(srv: Server) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from app.db.connect import APP_CLI, connect
+from support.db import direct
 from support.server import Server, running_server
 
 from .test_metrics import get, scrape
@@ -33,24 +33,23 @@ async def srv(db_url: str) -> AsyncIterator[tuple[Server, asyncpg.Connection]]:
     """Pool ``box`` backed by node box1 (8 named gpus, 64000 mcpu) and box2 (cordoned, 4
     anonymous gpus); node ``spare`` (2 gpus) is in no pool, node ``bare`` has no capacity.
     Two 4-GPU requests hold box1; a third waits."""
-    conn = await connect(db_url, application_name=APP_CLI)
-    try:
-        async with running_server(db_url, metrics_cache_seconds=0.0) as server:
-            await conn.execute("SELECT respool.create_pool(p_name => 'box')")
-            await conn.execute("SELECT respool.create_policy(p_subject => 'S', p_pool => 'box')")
-            eight = [str(i) for i in range(8)]
-            await _node(conn, {"name": "box1", "pool": "box", "capacity": {"gpu": 8, "mcpu": 64000},
-                               "devices": {"gpu": eight}})  # fmt: skip
-            await _node(conn, {"name": "box2", "pool": "box", "capacity": {"gpu": 4},
-                               "state": "cordoned"})  # fmt: skip
-            await _node(conn, {"name": "spare", "capacity": {"gpu": 2}})
-            await _node(conn, {"name": "bare"})
-            assert [(await _gpus(conn, 4))["status"] for _ in range(3)] == [
-                "allocated", "allocated", "queued",
-            ]  # fmt: skip
-            yield server, conn
-    finally:
-        await conn.close()
+    async with (
+        direct(db_url) as conn,
+        running_server(db_url, metrics_cache_seconds=0.0) as server,
+    ):
+        await conn.execute("SELECT respool.create_pool(p_name => 'box')")
+        await conn.execute("SELECT respool.create_policy(p_subject => 'S', p_pool => 'box')")
+        eight = [str(i) for i in range(8)]
+        await _node(conn, {"name": "box1", "pool": "box", "capacity": {"gpu": 8, "mcpu": 64000},
+                           "devices": {"gpu": eight}})  # fmt: skip
+        await _node(conn, {"name": "box2", "pool": "box", "capacity": {"gpu": 4},
+                           "state": "cordoned"})  # fmt: skip
+        await _node(conn, {"name": "spare", "capacity": {"gpu": 2}})
+        await _node(conn, {"name": "bare"})
+        assert [(await _gpus(conn, 4))["status"] for _ in range(3)] == [
+            "allocated", "allocated", "queued",
+        ]  # fmt: skip
+        yield server, conn
 
 
 async def test_node_gauges_per_node_and_key(srv: tuple[Server, asyncpg.Connection]) -> None:

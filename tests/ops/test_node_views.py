@@ -15,8 +15,7 @@ from uuid import UUID
 import asyncpg
 import pytest
 
-from app.db.connect import APP_CLI, connect
-from support.db import assert_refused, reconcile
+from support.db import assert_refused, direct, reconcile
 
 HOLDING = ("a", "b", "c")
 
@@ -103,8 +102,7 @@ async def ids(db_url: str) -> dict[str, UUID]:
     on 0-2. Node n3 is in no pool (4 anonymous gpu). Pool ``other`` has node n4. Request d was
     released.
     """
-    conn = await connect(db_url, application_name=APP_CLI)
-    try:
+    async with direct(db_url) as conn:
         await conn.execute("SELECT respool.create_pool(p_name => 'gpus', p_capacity => $1)",
                            {"gpu": 16})  # fmt: skip
         await conn.execute("SELECT respool.create_pool(p_name => 'other', p_capacity => $1)",
@@ -123,17 +121,12 @@ async def ids(db_url: str) -> dict[str, UUID]:
         await _place(conn, out["b"], out["n1"], {"gpu": 2}, ["4", "5"])
         await _place(conn, out["c"], out["n2"], {"gpu": 3}, ["0", "1", "2"])
         return out
-    finally:
-        await conn.close()
 
 
 @pytest.fixture
 async def db(db_url: str, ids: dict[str, UUID]) -> AsyncIterator[asyncpg.Connection]:
-    conn = await connect(db_url, application_name=APP_CLI)
-    try:
+    async with direct(db_url) as conn:
         yield conn
-    finally:
-        await conn.close()
 
 
 async def violations(db: asyncpg.Connection) -> list[tuple[Any, ...]]:
@@ -340,8 +333,7 @@ async def test_the_reader_role_reads_the_node_views_only(db: asyncpg.Connection)
 async def test_the_views_follow_the_engine_placing_requests(db_url: str) -> None:
     """Granted through the engine: two 4-GPU requests on one 8-GPU node hold disjoint devices,
     a third waits; after a release it gets the freed devices. No violation at any step."""
-    conn = await connect(db_url, application_name=APP_CLI)
-    try:
+    async with direct(db_url) as conn:
         await conn.execute("SELECT respool.create_pool(p_name => 'box', p_capacity => $1)",
                            {"gpu": 8})  # fmt: skip
         await conn.execute("SELECT respool.create_policy(p_subject => 'S', p_pool => 'box')")
@@ -369,15 +361,12 @@ async def test_the_views_follow_the_engine_placing_requests(db_url: str) -> None
         )
         assert {r["device"] for r in holders} == by_holder[a]
         assert await violations(conn) == []
-    finally:
-        await conn.close()
 
 
 async def test_a_node_shrink_shows_i5_until_the_reconciler_preempts(db_url: str) -> None:
     """An anonymous key shrunk below what its holders use is I5 (and I1: the pool's capacity is
     the nodes' sum) until one reconciler pass preempts on that node; then the view is empty."""
-    conn = await connect(db_url, application_name=APP_CLI)
-    try:
+    async with direct(db_url) as conn:
         await conn.execute("SELECT respool.create_pool(p_name => 'anon')")
         await conn.execute("SELECT respool.create_policy(p_subject => 'S', p_pool => 'anon')")
         await conn.execute(
@@ -403,5 +392,3 @@ async def test_a_node_shrink_shows_i5_until_the_reconciler_preempts(db_url: str)
             ("allocated", None),
             ("preempted", "capacity_shrink"),
         ]
-    finally:
-        await conn.close()

@@ -19,8 +19,7 @@ import asyncpg
 import pytest
 
 from app.db import metrics as db_metrics
-from app.db.connect import APP_CLI, connect
-from support.db import assert_refused
+from support.db import assert_refused, direct
 from support.server import running_server
 
 from .test_metrics import get, scrape
@@ -95,12 +94,9 @@ async def _build(conn: asyncpg.Connection) -> dict[str, UUID]:
 
 @pytest.fixture
 async def db(db_url: str) -> AsyncIterator[tuple[asyncpg.Connection, dict[str, UUID]]]:
-    conn = await connect(db_url, application_name=APP_CLI)
-    try:
+    async with direct(db_url) as conn:
         ids = await _build(conn)
         yield conn, ids
-    finally:
-        await conn.close()
 
 
 async def _usage(conn: asyncpg.Connection) -> dict[str, tuple[Any, ...]]:
@@ -260,13 +256,10 @@ async def test_every_shape_view_has_a_comment(
 
 
 async def test_metrics_show_active_policies_and_covered_subjects(db_url: str) -> None:
-    conn = await connect(db_url, application_name=APP_CLI)
-    try:
+    async with direct(db_url) as conn:
         await _build(conn)
         async with running_server(db_url, metrics_cache_seconds=0.0) as server:
             m = await scrape(server)
-    finally:
-        await conn.close()
     assert get(m, "respool_policy_active", pool="gpus", subject="prod") == 0
     assert get(m, "respool_policy_active", pool="gpus", subject="oncall") == 1
     assert get(m, "respool_policy_active", pool="gpus", subject="team-vision:*") == 1

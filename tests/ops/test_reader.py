@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from app.db.connect import APP_CLI, connect
 from cli.db import app as db_cli
 from support import scenario
-from support.db import assert_refused, assert_refused_read_write
+from support.db import assert_refused, assert_refused_read_write, direct
 
 BASE_TABLES = [
     "pools", "pool_resources", "policies", "policy_resources", "requests", "queue_entries",
@@ -45,15 +45,12 @@ WRITES = [
 async def reader(module_db_url: str) -> AsyncIterator[asyncpg.Connection]:
     """A connection as the reader role to a database with history and live requests, shared by
     the module's tests: each only reads, or tries a write that must be refused."""
-    conn = await connect(module_db_url, application_name=APP_CLI)
-    try:
+    async with direct(module_db_url) as conn:
         await scenario.history(conn)
         await scenario.live(conn)
         role = await conn.fetchval("SELECT respool.ensure_reader_role()")
         await conn.execute(f'SET ROLE "{role}"')
         yield conn
-    finally:
-        await conn.close()
 
 
 async def test_reader_reads_the_reporting_views(reader: asyncpg.Connection) -> None:

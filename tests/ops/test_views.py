@@ -13,29 +13,23 @@ from uuid import UUID
 import asyncpg
 import pytest
 
-from app.db.connect import APP_CLI, connect
 from support import scenario
+from support.db import direct
 from support.scenario import D1, D2, EXPECTED_STATUS, at
 
 
 @pytest.fixture(scope="module")
 async def hist(module_db_url: str) -> dict[str, UUID]:
-    conn = await connect(module_db_url, application_name=APP_CLI)
-    try:
+    async with direct(module_db_url) as conn:
         ids = await scenario.history(conn)
         ids |= await scenario.live(conn)
         return ids
-    finally:
-        await conn.close()
 
 
 @pytest.fixture
 async def db(module_db_url: str, hist: dict[str, UUID]) -> AsyncIterator[asyncpg.Connection]:
-    conn = await connect(module_db_url, application_name=APP_CLI)
-    try:
+    async with direct(module_db_url) as conn:
         yield conn
-    finally:
-        await conn.close()
 
 
 async def test_the_history_is_what_the_scenario_says(

@@ -17,8 +17,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from app.db.connect import APP_CLI, connect
 from support import scenario
+from support.db import direct
 
 OPS = Path(__file__).resolve().parents[2] / "docs" / "ops.md"
 
@@ -102,8 +102,7 @@ def test_every_view_documented_has_its_order_documented() -> None:
 async def filled(module_db_url: str) -> AsyncIterator[asyncpg.Connection]:
     """The scripted history, a live holder and waiter, and two nodes (``z9`` before ``b2``) in a
     pool created last (``anodes``: first by name)."""
-    conn = await connect(module_db_url, application_name=APP_CLI)
-    try:
+    async with direct(module_db_url) as conn:
         await scenario.history(conn)
         await scenario.live(conn)
         await conn.execute("SELECT respool.create_pool(p_name => 'anodes', p_capacity => '{}')")
@@ -123,8 +122,6 @@ async def filled(module_db_url: str) -> AsyncIterator[asyncpg.Connection]:
             )
             assert made["status"] == "allocated", made
         yield conn
-    finally:
-        await conn.close()
 
 
 def _sort_key(columns: list[str]) -> Any:

@@ -48,6 +48,10 @@ def run_sync(factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
         return pool.submit(lambda: asyncio.run(factory())).result()
 
 
+# One reconciler pass over the pool named $1 at the instant $2 (its JSON summary).
+RECONCILE_POOL = "SELECT respool.reconcile_pool((SELECT id FROM respool.pools WHERE name = $1), $2)"
+
+
 @contextlib.asynccontextmanager
 async def direct(dsn: str) -> AsyncIterator[asyncpg.Connection]:
     """A connection of the test's own (respool codecs), closed on the way out."""

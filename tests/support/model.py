@@ -9,6 +9,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine
+from datetime import datetime, timedelta
 from typing import Any, ClassVar, TypeVar
 
 import asyncpg
@@ -17,6 +18,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 from app.db.connect import APP_CLI, connect
+from support.db import RECONCILE_POOL
 from support.twins import install_twin
 
 T = TypeVar("T")
@@ -54,6 +56,10 @@ class DatabaseMachine(RuleBasedStateMachine):
     def sql(self, query: str, *args: Any) -> Any:
         return self.runner.run(self.conn.fetchval(query, *args))
 
+    def reconcile_pool(self, pool: str, now: datetime) -> Any:
+        """One reconciler pass over ``pool`` at ``now``."""
+        return self.sql(RECONCILE_POOL, pool, now)
+
     def fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
         return self.runner.run(self.conn.fetch(query, *args))
 
@@ -71,6 +77,23 @@ class DatabaseMachine(RuleBasedStateMachine):
         )
 
 
+class ModelClockMachine(DatabaseMachine):
+    """A machine whose clock (:meth:`now`) moves one second per call, from ``clock0``; its
+    ``model`` (anything with a ``now``) keeps the same time, in seconds since ``clock0``."""
+
+    clock0: ClassVar[datetime]
+    model: Any
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seq = 0
+
+    def now(self) -> datetime:
+        self.seq += 1
+        self.model.now = self.seq
+        return self.clock0 + timedelta(seconds=self.seq)
+
+
 def model_sizes(quick: tuple[int, int], full: tuple[int, int] = (100, 40)) -> Callable[[F], F]:
     """Parametrizes a model test with ``(examples, steps)``: "quick" keeps the model in the quick
     loop (`pytest -m "not slow"`), "full" runs many more examples and is ``slow``. On a failure
@@ -86,6 +109,22 @@ def model_sizes(quick: tuple[int, int], full: tuple[int, int] = (100, 40)) -> Ca
         return pytest.mark.timeout(900)(test)  # type: ignore[no-any-return]
 
     return mark
+
+
+def model_test(
+    machine: type[DatabaseMachine],
+    label: str,
+    *,
+    quick: tuple[int, int],
+    full: tuple[int, int] = (100, 40),
+) -> Callable[[str, int, int], None]:
+    """A model test (:func:`model_sizes`) that runs ``machine`` (:func:`run_machine`)."""
+
+    @model_sizes(quick, full)
+    def test(db_url: str, examples: int, steps: int) -> None:
+        run_machine(machine, db_url, examples, steps, label)
+
+    return test
 
 
 def run_machine(

@@ -18,11 +18,13 @@ from typing import Any
 
 import asyncpg
 import httpx
+import pytest
 import uvicorn
 from litestar import Litestar
 
 from app.api import create_app
 from app.api.server import ApiServer
+from app.db import pools as db_pools
 from app.notify import Notifier
 from app.settings import Settings
 from support.ports import free_port, listening_socket
@@ -106,6 +108,21 @@ async def running_server(
         url = f"http://127.0.0.1:{bound}"
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
             yield Server(url=url, app=app, uvicorn=srv, client=client, db_url=db_url)
+
+
+ADMIN_TOKEN = "rp_test-admin-token-0123456789abcdef"
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}  # the headers of admin calls
+
+
+@contextlib.asynccontextmanager
+async def admin_server(db_url: str, pool_gpus: int) -> AsyncIterator[Server]:
+    """The API with auth on (admin calls with :data:`ADMIN`) and pool ``p`` of ``pool_gpus``
+    GPUs."""
+    async with running_server(db_url, auth="on", admin_token=ADMIN_TOKEN) as server:
+        pool = {"name": "p", "capacity": {"gpu": pool_gpus}}
+        response = await server.client.post("/v1/pools", headers=ADMIN, json=pool)
+        assert response.status_code == 201, response.text
+        yield server
 
 
 @contextlib.asynccontextmanager
@@ -255,3 +272,16 @@ class ServeProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(10)
+
+
+async def list_pools_failing(
+    server: Server, monkeypatch: pytest.MonkeyPatch, exc: BaseException
+) -> httpx.Response:
+    """``GET /v1/pools`` while the database layer's ``list_pools`` raises ``exc`` (it stays so
+    for the rest of the test)."""
+
+    async def failing(*_: Any, **__: Any) -> Any:
+        raise exc
+
+    monkeypatch.setattr(db_pools, "list_pools", failing)
+    return await server.client.get("/v1/pools")

@@ -16,6 +16,7 @@ from typing import TypeVar
 import asyncpg
 
 from app.db.connect import APP_CLI, connect
+from support.db import direct
 from support.twins import install_twin
 
 
@@ -39,6 +40,26 @@ class StormStats:
         """An engine answer the storm allows (a lost race, a fenced attempt)."""
         self.ops["expected_error"] += 1
         self.expected_errors[type(exc).__name__] += 1
+
+    def tallies(self) -> str:
+        """The counts every storm reports, for its summary line."""
+        return (
+            f"expected errors {dict(self.expected_errors)}; deadlocks {self.deadlocks};"
+            f" auditor snapshots {self.snapshots}, violations {len(self.violations)}"
+            f" {dict(self.violation_kinds)}; unexpected {len(self.unexpected)}"
+        )
+
+    def assert_clean(self, summary: str) -> str:
+        """No unexpected error, deadlock or violation; returns the context of the storm's own
+        assertions: ``summary`` and samples of what went wrong."""
+        context = (
+            f"{summary}\nsample violations: {self.violations[:10]}\n"
+            f"sample errors: {self.errors_sample[:10]}\nunexpected: {self.unexpected[:10]}"
+        )
+        assert not self.unexpected, context
+        assert self.deadlocks == 0, context
+        assert self.violations == [], context
+        return context
 
     def record(self, found: list[str]) -> None:
         """Auditor findings, each ``"<invariant> <detail>"``."""
@@ -80,6 +101,19 @@ async def work(
                 return
     finally:
         await conn.close()
+
+
+def worker(
+    application_name: str, step: Step[S], on_error: Callable[[S, Exception], None]
+) -> Callable[[str, S, int, asyncio.Barrier], Awaitable[None]]:
+    """The worker :func:`run` starts: :func:`work` with these."""
+
+    async def one(dsn: str, st: S, seed: int, ready: asyncio.Barrier) -> None:
+        await work(
+            dsn, st, seed, ready, application_name=application_name, step=step, on_error=on_error
+        )
+
+    return one
 
 
 async def run(
@@ -128,11 +162,8 @@ async def storm_db(
     twin: str | None = None,
 ) -> AsyncIterator[asyncpg.Connection]:
     """A connection to ``db_url`` after ``setup`` (and with broken ``twin`` installed)."""
-    conn = await connect(db_url, application_name=APP_CLI)
-    try:
+    async with direct(db_url) as conn:
         await setup(conn)
         if twin:
             await install_twin(conn, twin)
         yield conn
-    finally:
-        await conn.close()

@@ -12,16 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "integrations" / "zenml"))
 
-from respool_zenml.mapping import (  # type: ignore[import-not-found]  # noqa: E402  (sys.path above)
-    UnsupportedDemand,
-    candidate_pools,
-    demands_to_node_selector,
-    demands_to_resources,
-    preemption_group_for,
-    status_reason,
-    subject_for,
-    zenml_status,
-)
+import respool_zenml.mapping as zm  # type: ignore[import-not-found]  # noqa: E402  (sys.path above)
 
 
 @dataclass
@@ -46,7 +37,7 @@ def test_settings_demands_become_respool_keys() -> None:
         D(1500, kind="cpu", unit="mCPU"),
         D(8, kind="memory", unit="GB"),
     ]
-    assert demands_to_resources(demands) == {
+    assert zm.demands_to_resources(demands) == {
         "licence_x": 1,
         "gpu": 2,
         "mcpu": 1500,
@@ -66,11 +57,11 @@ def test_settings_demands_become_respool_keys() -> None:
     ],
 )
 def test_units_and_classes(demand: D, expected: tuple[str, int]) -> None:
-    assert demands_to_resources([demand]) == dict([expected])
+    assert zm.demands_to_resources([demand]) == dict([expected])
 
 
 def test_same_key_adds_up() -> None:
-    assert demands_to_resources([D(1, kind="gpu"), D(2, resource="gpu")]) == {"gpu": 3}
+    assert zm.demands_to_resources([D(1, kind="gpu"), D(2, resource="gpu")]) == {"gpu": 3}
 
 
 @pytest.mark.parametrize(
@@ -85,16 +76,16 @@ def test_same_key_adds_up() -> None:
     ],
 )
 def test_what_respool_cannot_express_is_refused_clearly(demand: D) -> None:
-    with pytest.raises(UnsupportedDemand) as info:
-        demands_to_resources([demand])
+    with pytest.raises(zm.UnsupportedDemand) as info:
+        zm.demands_to_resources([demand])
     assert str(info.value)
 
 
 def test_gpu_class_selects_the_gpu_class_label() -> None:
     # ResourceSettings(gpu_count=2, gpu_class="a100"): ZenML's demand kind=gpu, class a100.
     demands = [D(2, kind="gpu", class_name="a100"), D(8, kind="memory", unit="GB")]
-    assert demands_to_resources(demands) == {"gpu": 2, "memory_mb": 8000}
-    assert demands_to_node_selector(demands) == {"gpu-class": "a100"}
+    assert zm.demands_to_resources(demands) == {"gpu": 2, "memory_mb": 8000}
+    assert zm.demands_to_node_selector(demands) == {"gpu-class": "a100"}
 
 
 def test_flat_selectors_become_node_labels() -> None:
@@ -103,14 +94,14 @@ def test_flat_selectors_become_node_labels() -> None:
         D(1, resource="licence_x", resource_selector={"zone": "b", "rack": 7}),
         D(2, kind="cpu", class_selector={"gpu-type": "A100-80G"}),  # the same pair again
     ]
-    assert demands_to_resources(demands) == {"gpu": 4, "licence_x": 1, "mcpu": 2000}
-    assert demands_to_node_selector(demands) == {
+    assert zm.demands_to_resources(demands) == {"gpu": 4, "licence_x": 1, "mcpu": 2000}
+    assert zm.demands_to_node_selector(demands) == {
         "gpu-type": "A100-80G",
         "nvlink": "true",
         "zone": "b",
         "rack": "7",
     }
-    assert demands_to_node_selector([D(1, kind="gpu")]) == {}
+    assert zm.demands_to_node_selector([D(1, kind="gpu")]) == {}
 
 
 @pytest.mark.parametrize(
@@ -135,25 +126,25 @@ def test_flat_selectors_become_node_labels() -> None:
 def test_selectors_respool_cannot_express_are_refused_clearly(
     demands: list[D], message: str
 ) -> None:
-    with pytest.raises(UnsupportedDemand, match=message):
-        demands_to_node_selector(demands)
+    with pytest.raises(zm.UnsupportedDemand, match=message):
+        zm.demands_to_node_selector(demands)
 
 
 def test_the_steps_of_one_run_share_its_preemption_group() -> None:
     run, other = uuid.uuid4(), uuid.uuid4()
     # The group is the pipeline run's id: both steps of one run carry it, another run differs.
-    assert preemption_group_for(run) == str(run) == preemption_group_for(str(run))
-    assert preemption_group_for(other) != preemption_group_for(run)
-    assert preemption_group_for(None) is None  # a step of no known run: no group
-    with pytest.raises(UnsupportedDemand, match="preemption group"):
-        preemption_group_for("x" * 129)
+    assert zm.preemption_group_for(run) == str(run) == zm.preemption_group_for(str(run))
+    assert zm.preemption_group_for(other) != zm.preemption_group_for(run)
+    assert zm.preemption_group_for(None) is None  # a step of no known run: no group
+    with pytest.raises(zm.UnsupportedDemand, match="preemption group"):
+        zm.preemption_group_for("x" * 129)
 
 
 def test_subject_is_type_and_name() -> None:
-    assert subject_for("orchestrator", "prod-stack") == "orchestrator:prod-stack"
-    assert subject_for("step_operator", "gpu_box") == "step_operator:gpu_box"
-    with pytest.raises(UnsupportedDemand, match="rename the component"):
-        subject_for("orchestrator", "my stack")
+    assert zm.subject_for("orchestrator", "prod-stack") == "orchestrator:prod-stack"
+    assert zm.subject_for("step_operator", "gpu_box") == "step_operator:gpu_box"
+    with pytest.raises(zm.UnsupportedDemand, match="rename the component"):
+        zm.subject_for("orchestrator", "my stack")
 
 
 @pytest.mark.parametrize(
@@ -171,16 +162,16 @@ def test_subject_is_type_and_name() -> None:
     ],
 )
 def test_statuses(status: str, reason: str | None, expected: str) -> None:
-    assert zenml_status(status, reason) == expected
+    assert zm.zenml_status(status, reason) == expected
 
 
 def test_status_reason_carries_respools_reason_and_message() -> None:
     assert (
-        status_reason("rejected", "exceeds_capacity", "gpu: needs 2, pool gpus has 1")
+        zm.status_reason("rejected", "exceeds_capacity", "gpu: needs 2, pool gpus has 1")
         == "exceeds_capacity: gpu: needs 2, pool gpus has 1"
     )
-    assert status_reason("queued", None, "waiting for gpu") == "waiting for gpu"
-    assert status_reason("released", None, "") is None
+    assert zm.status_reason("queued", None, "waiting for gpu") == "waiting for gpu"
+    assert zm.status_reason("released", None, "") is None
 
 
 def _policy(subject: str, pool: str, priority: int = 0) -> dict[str, Any]:
@@ -196,10 +187,10 @@ def test_candidate_pools_are_the_subjects_pools_in_the_order_respool_tries_them(
         _policy("orchestrator:*", "shared", priority=5),  # a pattern policy covers it too
         _policy("step_operator:*", "elsewhere", priority=9),
     ]
-    assert candidate_pools("orchestrator:default", policies) == ["shared", "a100s", "gpus"]
-    assert candidate_pools("orchestrator:other", policies) == ["shared", "spare"]
-    assert candidate_pools("orchestrator:nobody-else", policies) == ["shared"]
-    assert candidate_pools("experiment_tracker:x", policies) == []
+    assert zm.candidate_pools("orchestrator:default", policies) == ["shared", "a100s", "gpus"]
+    assert zm.candidate_pools("orchestrator:other", policies) == ["shared", "spare"]
+    assert zm.candidate_pools("orchestrator:nobody-else", policies) == ["shared"]
+    assert zm.candidate_pools("experiment_tracker:x", policies) == []
 
 
 def test_on_one_pool_the_subjects_own_policy_wins_over_a_pattern() -> None:
@@ -212,5 +203,5 @@ def test_on_one_pool_the_subjects_own_policy_wins_over_a_pattern() -> None:
         _policy("orchestrator:*", "big", priority=2),
     ]
     # gpus: the exact policy (priority 0), else prod* (4); cpus: prod*, the longer prefix (3).
-    assert candidate_pools("orchestrator:prod", policies) == ["cpus", "big", "gpus"]
-    assert candidate_pools("orchestrator:prod-2", policies) == ["gpus", "cpus", "big"]
+    assert zm.candidate_pools("orchestrator:prod", policies) == ["cpus", "big", "gpus"]
+    assert zm.candidate_pools("orchestrator:prod-2", policies) == ["gpus", "cpus", "big"]

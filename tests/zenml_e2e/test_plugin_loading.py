@@ -8,11 +8,11 @@ error stops its server at start-up. A misspelt class must say which source is me
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from support.proc import run
 from zenml_e2e.harness import ZENML_PYTHON, zenml_available
 
 pytestmark = pytest.mark.zenml
@@ -43,15 +43,7 @@ def _load(source: str, tmp_path: Path) -> str:
         "ZENML_STORE_URL": f"sqlite:///{tmp_path / 'zenml.db'}",
         "ZENML_ANALYTICS_OPT_IN": "false",
     }
-    done = subprocess.run(
-        [str(ZENML_PYTHON), str(script)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = run([str(ZENML_PYTHON), str(script)], cwd=tmp_path, env=env, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout + done.stderr
 
