@@ -60,7 +60,7 @@ class DatabaseMachine(RuleBasedStateMachine):
     def wipe(self) -> None:
         """A fresh universe per example. DELETE rather than TRUNCATE: with a few dozen rows it is
         ~100x faster (TRUNCATE swaps files), and Hypothesis runs hundreds of examples. The ids
-        start again (:data:`ORDERED_IDS`): the example's n-th row gets the same id every time."""
+        start again (:data:`MODEL_IDS`): the example's n-th row gets the same id every time."""
         self.runner.run(
             self.conn.execute(
                 "DELETE FROM respool.events; DELETE FROM respool.queue_entries;"
@@ -82,7 +82,7 @@ class DatabaseMachine(RuleBasedStateMachine):
 # (Gang ids and the set-based batch's request ids still come from gen_random_uuid(); the models
 # create batches only as gangs, whose members get the column default, and order nothing by
 # gang id.)
-ORDERED_IDS = """
+MODEL_IDS = """
 CREATE SCHEMA IF NOT EXISTS respool_model;
 CREATE SEQUENCE IF NOT EXISTS respool_model.ids;
 CREATE OR REPLACE FUNCTION respool_model.next_id() RETURNS uuid LANGUAGE sql AS
@@ -124,12 +124,12 @@ def run_machine(
     machine: type[DatabaseMachine], db_url: str, examples: int, steps: int, label: str
 ) -> None:
     """Runs ``machine`` as a test against ``db_url`` (a database of its own: its ids become
-    :data:`ORDERED_IDS`; ``RESPOOL_MODEL_TWIN`` names a broken twin, e.g. broken_shrink_twin, to
+    :data:`MODEL_IDS`; ``RESPOOL_MODEL_TWIN`` names a broken twin, e.g. broken_shrink_twin, to
     install first: the model must catch it); its stats start empty.
     Prints ``label`` with the stats and the seconds it took."""
     runner = LoopThread()
     conn = runner.run(connect(db_url, application_name=APP_CLI))
-    runner.run(conn.execute(ORDERED_IDS))
+    runner.run(conn.execute(MODEL_IDS))
     if twin := os.environ.get("RESPOOL_MODEL_TWIN"):
         runner.run(install_twin(conn, twin.removesuffix(".sql")))
     machine.runner = runner
