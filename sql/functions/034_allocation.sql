@@ -29,6 +29,7 @@ DECLARE
     v_priority integer;
     v_tracked text[];
     v_granted respool.requests[];
+    v_left uuid[];
 BEGIN
     -- What every grant row takes from its pool and policy, in one statement.
     SELECT pl.name, p.priority,
@@ -60,8 +61,12 @@ BEGIN
             cardinality(v_granted) USING ERRCODE = 'RP500';
     END IF;
     PERFORM respool._place(p_pool_id, p_policy_id, v_granted, p_nodes);
-    DELETE FROM respool.queue_entries WHERE request_id = ANY (p_ids);
+    WITH gone AS (DELETE FROM respool.queue_entries WHERE request_id = ANY (p_ids) RETURNING pool_id)
+    SELECT array_agg(DISTINCT pool_id) FILTER (WHERE pool_id <> p_pool_id) INTO v_left FROM gone;
     PERFORM respool._record_events(v_granted, 'queued', p_now);
+    IF v_left IS NOT NULL THEN
+        PERFORM respool._queues_left(v_left, p_now);  -- their other candidates' queues
+    END IF;
     RETURN cardinality(v_granted);
 END $$;
 COMMENT ON FUNCTION respool._grant_many(uuid[], uuid, uuid, timestamptz, uuid[]) IS
@@ -269,8 +274,9 @@ END $$;
 COMMENT ON FUNCTION respool._best_head(bigint[], boolean[], double precision[], timestamptz[], uuid[]) IS
     'One merge step over the heads of a pool''s queue shapes (parallel arrays; a NULL id: shape done): best, the index of the head first in queue order (rank, in-share, share, queued_at, id), NULL when none is left; bound_at/bound_id, the next other head of the same (rank, in-share, share) class, NULL when there is none.';
 
-CREATE OR REPLACE FUNCTION respool.allocate_pool(p_pool_id uuid, p_now timestamptz DEFAULT now())
-RETURNS integer LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION respool._allocate_pass(p_pool_id uuid, p_now timestamptz,
+                                                   OUT granted integer, OUT again boolean)
+LANGUAGE plpgsql AS $$
 DECLARE
     v_queueing text;
     v_starvation integer;
@@ -280,7 +286,6 @@ DECLARE
     v_head_seen boolean := false;
     v_hold respool.pool_hold;
     outcome text;
-    granted integer := 0;
     g_policy uuid[];
     g_preemptible boolean[];
     g_resources jsonb[];
@@ -299,10 +304,11 @@ DECLARE
     v_run uuid[];
     v_runs boolean;
 BEGIN
+    granted := 0; again := false;
     SELECT queueing, starvation_seconds INTO v_queueing, v_starvation
       FROM respool.pools WHERE id = p_pool_id FOR NO KEY UPDATE;
     IF NOT FOUND OR NOT EXISTS (SELECT FROM respool.queue_entries WHERE pool_id = p_pool_id) THEN
-        RETURN 0;  -- gone, or nobody waits: the common case after a release
+        RETURN;  -- gone, or nobody waits: the common case after a release
     END IF;
     -- Requests that victims in their grace period were preempted for come first: the units
     -- those victims free are theirs (docs/preemption.md, earmarks), whatever the queue order or queueing mode.
@@ -312,7 +318,7 @@ BEGIN
     v_runs := NOT EXISTS (SELECT FROM respool.requests WHERE earmark_pool_id = p_pool_id AND status = 'queued');
     -- Every request carries step_run: 1, so a full tracked step_run ends the pass.
     IF (v_free ->> 'step_run')::bigint <= 0 THEN
-        RETURN granted;
+        RETURN;
     END IF;
     -- The queue order is the merge of the shapes' queues (respool._queue_groups): take the best
     -- head each time. In-share is decided at the start of the pass, as for the whole queue.
@@ -386,7 +392,31 @@ BEGIN
         g_id[best] := next_id;
         g_backfill[best] := false;
     END LOOP;
-    RETURN granted;
+    -- The order was taken at the start of the pass; its grants may have changed it (in-share,
+    -- fair shares): where the order decides, a strict stop or a hold, the caller walks again.
+    again := granted > 0 AND ((v_queueing = 'strict' AND outcome IS NOT DISTINCT FROM 'blocked')
+                              OR v_hold.head_id IS NOT NULL);
+END $$;
+COMMENT ON FUNCTION respool._allocate_pass(uuid, timestamptz) IS
+    'One walk of respool.allocate_pool: locks the pool, grants the earmark holders, then the queue in its order at the start of the walk; best_effort grants every request that fits, strict stops at the first that does not (or is locked elsewhere); in best_effort, once the head has waited starvation_seconds, a request behind it only if it leaves the head''s units free or backfills (docs/scheduling.md). again: it granted and a strict stop or a hold depended on that order.';
+
+CREATE OR REPLACE FUNCTION respool.allocate_pool(p_pool_id uuid, p_now timestamptz DEFAULT now())
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    n integer;
+    total integer := 0;
+    v_again boolean := true;
+    v_outer text := coalesce(current_setting('respool.passing', true), '');
+BEGIN
+    -- The pools in a pass in this transaction (respool._queues_left does not start a second one).
+    PERFORM set_config('respool.passing', v_outer || p_pool_id || ' ', true);
+    -- Each walk that goes on grants at least one request: the loop ends.
+    WHILE v_again LOOP
+        SELECT w.granted, w.again INTO n, v_again FROM respool._allocate_pass(p_pool_id, p_now) w;
+        total := total + n;
+    END LOOP;
+    PERFORM set_config('respool.passing', v_outer, true);
+    RETURN total;
 END $$;
 COMMENT ON FUNCTION respool.allocate_pool(uuid, timestamptz) IS
-    'Locks the pool and grants its queue: first the requests holding an earmark in it, then in queue order; best_effort grants every request that fits, strict stops at the first that does not (or is locked elsewhere). In best_effort, once the first blocked request (the head) has waited starvation_seconds, a request behind it is granted only if it leaves the head''s units free or backfills (max_seconds ends before the head''s shadow time; docs/scheduling.md). Returns the number granted.';
+    'Locks the pool and grants its queue (respool._allocate_pass: earmark holders first, then queue order, best_effort or strict, the starvation guard), walking it again while a walk granted and stopped where the queue order decides (a strict stop, a hold for a starving head), as grants change in-share and fair shares: it ends with the queue in its current order left as a fresh pass would leave it. Returns the number granted.';

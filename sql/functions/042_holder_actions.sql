@@ -46,6 +46,30 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION respool._leave_queue(uuid, text, text, text, timestamptz) IS 'Takes a locked queued request (and the rest of its gang, docs/scheduling.md, gangs) out of every queue with a terminal status, then lets strict queues behind it move (and best_effort queues whose starvation hold it may have been), and grants in the pool where members of its gang gave units back.';
 
+CREATE OR REPLACE FUNCTION respool._queues_left(p_pool_ids uuid[], p_now timestamptz)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_pool respool.pools;
+BEGIN
+    FOR v_pool IN SELECT * FROM respool.pools
+                   WHERE id = ANY (p_pool_ids) AND (queueing = 'strict' OR starvation_seconds IS NOT NULL)
+                   ORDER BY id LOOP
+        -- Never wait for a pool lock here (the caller holds others, out of id order), and never
+        -- start a second pass of a pool whose pass is under way (it meets the entry gone).
+        IF v_pool.queueing = 'strict'
+           AND position(v_pool.id::text IN coalesce(current_setting('respool.passing', true), '')) = 0 THEN
+            PERFORM 1 FROM respool.pools WHERE id = v_pool.id FOR NO KEY UPDATE SKIP LOCKED;
+            IF FOUND THEN
+                PERFORM respool.allocate_pool(v_pool.id, p_now);
+                CONTINUE;
+            END IF;
+        END IF;
+        PERFORM respool._pool_changed(v_pool.id);  -- the reconcilers pass it
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION respool._queues_left(uuid[], timestamptz) IS
+    'After requests granted in one pool left the queues of p_pool_ids (their other candidates): a strict one of them, where they may have been the head that blocked the rest, is passed now when its lock is free (respool.allocate_pool; never waited for: no deadlock), else, and for a best_effort one with the starvation guard (they may have been its held-for head), the reconcilers are woken (respool._pool_changed).';
+
 CREATE OR REPLACE FUNCTION respool._unqueue(p_id uuid)
 RETURNS uuid[] LANGUAGE plpgsql AS $$
 DECLARE

@@ -276,9 +276,15 @@ class Model:
         r.lease_expires = None if r.lease_seconds is None else self.now + r.lease_seconds
 
     def allocate(self, pool_name: str, trigger: str) -> None:
+        """Walks the queue again while a walk granted and stopped where the order decides (a
+        strict stop, a hold): its grants may have changed in-share and fair shares."""
+        while self._walk(pool_name, trigger):
+            pass
+
+    def _walk(self, pool_name: str, trigger: str) -> bool:
         pool = self.pools[pool_name]
-        head_seen, hold = False, None
-        for r in self.queue(pool_name):  # order fixed at the start of the pass
+        head_seen, hold, granted, stopped = False, None, 0, False
+        for r in self.queue(pool_name):  # order fixed at the start of the walk
             if "step_run" in pool.capacity and pool.used["step_run"] >= pool.capacity["step_run"]:
                 break
             if hold is not None and not self.allowed_by(pool, hold, r):
@@ -286,12 +292,15 @@ class Model:
             if self.admissible(r):
                 self._grant(r)
                 self.grants[trigger] += 1
+                granted += 1
             elif pool.queueing == "strict":
+                stopped = True
                 break
             elif not head_seen:  # the first request that does not fit is the head
                 head_seen, hold = True, self.hold_for(pool, r)
                 if hold is not None:
                     self.holds += 1
+        return granted > 0 and (stopped or hold is not None)
 
     def create(self, r: MRequest) -> None:
         self.requests[r.id] = r
