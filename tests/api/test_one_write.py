@@ -13,8 +13,21 @@ import uvicorn
 from app.api import create_app
 from app.api.server import ApiServer, GuardedH11Protocol, guarded_protocol, uvicorn_config
 from app.settings import Settings
-from bench.rawhttp import parse_head
 from support.server import serving
+
+
+def parse_head(head: bytes) -> tuple[int, int]:
+    """(status, Content-Length, 0 without one) of an HTTP/1.1 answer's head."""
+    lines = head.decode("latin-1").split("\r\n")
+    length = next(
+        (
+            int(v)
+            for n, _, v in (x.partition(":") for x in lines[1:])
+            if n.strip().lower() == "content-length"
+        ),
+        0,
+    )
+    return int(lines[0].split()[1]), length
 
 
 class CountingTransport:
