@@ -292,17 +292,13 @@ DECLARE
     g_selector jsonb[];
     g_priority bigint[];    -- the shapes' ranks (respool._rank: lane first)
     g_in_share boolean[];
-    g_at timestamptz[];
-    g_id uuid[];
+    g_at timestamptz[]; g_id uuid[];
     g_share double precision[];
     g_backfill boolean[];
     best integer;
-    bound_at timestamptz;   -- the end of the best shape's run (respool._best_head)
-    bound_id uuid;
-    next_at timestamptz;
-    next_id uuid;
-    v_run uuid[];
-    v_runs boolean;
+    bound_at timestamptz; bound_id uuid;  -- the end of the best shape's run (respool._best_head)
+    next_at timestamptz; next_id uuid;
+    v_run uuid[]; v_runs boolean;
 BEGIN
     granted := 0; again := false;
     SELECT queueing, starvation_seconds INTO v_queueing, v_starvation
