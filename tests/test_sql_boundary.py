@@ -80,8 +80,13 @@ def sql_like_literals(source: str) -> list[tuple[int, str]]:
     return out
 
 
+# The helpers that run a named query, and which positional argument names it:
+# query(name), fetch_as(db, kind, name, ...) and app.db.metrics._query_rows(name, row).
+_NAME_ARGUMENT = {"query": 0, "fetch_as": 2, "_query_rows": 0}
+
+
 def _used_query_names() -> dict[str, list[str]]:
-    """Each name passed as a literal to ``query(...)`` / ``named.query(...)``, with where."""
+    """Each name passed as a literal to a helper that runs a named query, with where."""
     used: dict[str, list[str]] = {}
     for path in _python_files():
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -90,8 +95,11 @@ def _used_query_names() -> dict[str, list[str]]:
                 continue
             func = node.func
             called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
-            arg = node.args[0]
-            if called == "query" and isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            position = _NAME_ARGUMENT.get(called or "")
+            if position is None or len(node.args) <= position:
+                continue
+            arg = node.args[position]
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
                 used.setdefault(arg.value, []).append(f"{path.relative_to(ROOT)}:{node.lineno}")
     return used
 

@@ -60,7 +60,7 @@ def _whole(row: asyncpg.Record) -> dict[str, Any]:
     return {k: int(v) if isinstance(v, Decimal) else v for k, v in row.items()}
 
 
-def _reader(name: str, kind: type[Row]) -> Callable[[Executor], Awaitable[list[Row]]]:
+def _query_rows(name: str, kind: type[Row]) -> Callable[[Executor], Awaitable[list[Row]]]:
     """The reader of the named query ``name``: its rows, each a ``kind`` (:func:`_whole`)."""
 
     async def read(db: Executor) -> list[Row]:
@@ -70,7 +70,7 @@ def _reader(name: str, kind: type[Row]) -> Callable[[Executor], Awaitable[list[R
 
 
 # Per pool and key: ``respool.pool_usage`` plus reserved/borrowed sums of policy_usage.
-pool_key_rows = _reader("pool_key_rows", PoolKeyRow)
+pool_key_rows = _query_rows("pool_key_rows", PoolKeyRow)
 
 
 class NodeKeyRow(msgspec.Struct, frozen=True):
@@ -86,7 +86,7 @@ class NodeKeyRow(msgspec.Struct, frozen=True):
 
 
 # Per node and key: ``respool.node_usage``.
-node_key_rows = _reader("node_key_rows", NodeKeyRow)
+node_key_rows = _query_rows("node_key_rows", NodeKeyRow)
 
 
 class NodeStateRow(msgspec.Struct, frozen=True):
@@ -96,7 +96,7 @@ class NodeStateRow(msgspec.Struct, frozen=True):
 
 
 # Every node (with or without capacity rows), its pool and state.
-node_states = _reader("node_states", NodeStateRow)
+node_states = _query_rows("node_states", NodeStateRow)
 
 
 class PolicyRow(msgspec.Struct, frozen=True):
@@ -111,7 +111,7 @@ class PolicyRow(msgspec.Struct, frozen=True):
     np_used: int
 
 
-policy_rows = _reader("policy_rows", PolicyRow)
+policy_rows = _query_rows("policy_rows", PolicyRow)
 
 
 class PolicyShapeRow(msgspec.Struct, frozen=True):
@@ -124,7 +124,7 @@ class PolicyShapeRow(msgspec.Struct, frozen=True):
 
 
 # Per policy, keys or not: ``active`` and, for a pattern, the subjects it covers now.
-policy_shape_rows = _reader("policy_shape_rows", PolicyShapeRow)
+policy_shape_rows = _query_rows("policy_shape_rows", PolicyShapeRow)
 
 
 async def queue_stats(db: Executor) -> dict[str, tuple[int, float]]:
