@@ -140,6 +140,32 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION respool._scale_units(jsonb, integer) IS 'A unit map {key: n} times p_times: the need of that many requests of one shape.';
 
+CREATE OR REPLACE FUNCTION respool._fit_count(p_pool_id uuid, p_policy_id uuid, p_preemptible boolean,
+                                              p_resources jsonb, p_low integer, p_high integer)
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    v_low integer := p_low;
+    v_high integer := p_high;
+    v_mid integer;
+BEGIN
+    IF respool._fits(respool._scale_units(p_resources, v_high), p_preemptible, p_pool_id, p_policy_id,
+                     NULL, NULL, NULL) THEN
+        RETURN v_high;
+    END IF;
+    WHILE v_high - v_low > 1 LOOP  -- invariant: v_low fits, v_high does not
+        v_mid := (v_low + v_high) / 2;
+        IF respool._fits(respool._scale_units(p_resources, v_mid), p_preemptible, p_pool_id, p_policy_id,
+                         NULL, NULL, NULL) THEN
+            v_low := v_mid;
+        ELSE
+            v_high := v_mid;
+        END IF;
+    END LOOP;
+    RETURN v_low;
+END $$;
+COMMENT ON FUNCTION respool._fit_count(uuid, uuid, boolean, jsonb, integer, integer) IS
+    'How many requests of one shape fit a pool and policy together, between p_low (the caller knows it fits; 0 always does) and p_high: k of them fit the counters exactly when one request of k times the need does (respool._fits without the node rule), so the largest k is found by bisection, O(log k) checks.';
+
 CREATE OR REPLACE FUNCTION respool._grant_run(p_pool_id uuid, p_policy_id uuid, p_preemptible boolean,
                                               p_resources jsonb, p_selector jsonb,
                                               p_from_at timestamptz, p_from_id uuid,
@@ -148,8 +174,6 @@ RETURNS uuid[] LANGUAGE plpgsql AS $$
 DECLARE
     v_run uuid[] := '{}';
     v_high bigint;
-    v_low integer := 2;
-    v_mid integer;
     v_locked uuid[];
     v_prefix integer := 0;
     c record;
@@ -174,19 +198,7 @@ BEGIN
                                        NULL, NULL, NULL) THEN
         RETURN '{}';  -- nothing to gain over the one-request path
     END IF;
-    IF NOT respool._fits(respool._scale_units(p_resources, v_high::integer), p_preemptible, p_pool_id, p_policy_id,
-                         NULL, NULL, NULL) THEN
-        WHILE v_high - v_low > 1 LOOP  -- invariant: v_low fits, v_high does not
-            v_mid := (v_low + v_high) / 2;
-            IF respool._fits(respool._scale_units(p_resources, v_mid), p_preemptible, p_pool_id, p_policy_id,
-                             NULL, NULL, NULL) THEN
-                v_low := v_mid;
-            ELSE
-                v_high := v_mid;
-            END IF;
-        END LOOP;
-        v_high := v_low;
-    END IF;
+    v_high := respool._fit_count(p_pool_id, p_policy_id, p_preemptible, p_resources, 2, v_high::integer);
     -- The run: at most that many of the shape's entries from (p_from_at, p_from_id) on, in
     -- queue-time order (an index range of queue_entries_shape_idx), that come before the next
     -- other shape's head in the queue order ((p_before_at, p_before_id), NULL: none), up to the
