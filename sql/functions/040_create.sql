@@ -257,8 +257,10 @@ BEGIN
     PERFORM respool._record_event(r, NULL, p_now);
     PERFORM respool._job_store(r.id, v_in -> 'job');  -- before any grant (docs/jobs.md)
 
-    -- A gang member waits for its gang (respool._gang_start queues and grants it; docs/scheduling.md).
-    IF r.status = 'queued' AND p_gang_id IS NULL AND NOT respool._grant_at_once(r, v_at_pool, v_at_policy, p_now) THEN
+    -- Granted at once where nobody queues in its first admitted candidate; a gang member waits for its gang.
+    IF r.status = 'queued' AND p_gang_id IS NULL
+       AND (v_at_pool IS NULL OR EXISTS (SELECT FROM respool.queue_entries WHERE pool_id = v_at_pool)
+            OR respool._try_grant(r.id, v_at_pool, v_at_policy, p_now, r) <> 'granted') THEN
         -- Its queue entries: one per candidate that the checks above admitted (v_ok), under
         -- the same pool locks (what respool._enqueue would find, without checking again).
         INSERT INTO respool.queue_entries (pool_id, request_id, policy_id, queued_at, resources, preemptible,
