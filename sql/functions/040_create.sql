@@ -145,7 +145,7 @@ COMMENT ON FUNCTION respool._create_body(jsonb, integer) IS
 CREATE OR REPLACE FUNCTION respool._request_body(p_pool_ref text, p_resources jsonb, p_preemptible boolean,
                                                  p_max_retries integer, p_lease_seconds integer, p_labels jsonb,
                                                  p_max_seconds integer, p_selector jsonb, p_group text)
-RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
+RETURNS jsonb LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object('pool', p_pool_ref, 'resources', p_resources, 'preemptible', p_preemptible,
                               'max_retries', p_max_retries, 'lease_seconds', p_lease_seconds, 'labels', p_labels)
            || CASE WHEN p_max_seconds IS NOT NULL THEN jsonb_build_object('max_seconds', p_max_seconds) ELSE '{}' END
