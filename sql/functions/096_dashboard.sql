@@ -49,3 +49,33 @@ LANGUAGE sql STABLE AS $$
      ORDER BY q.pool, q.position
 $$;
 COMMENT ON FUNCTION respool.dashboard_queue(integer) IS 'The first p_limit queue entries over all pools (by pool name, then grant order), each with what blocks it now (or ''fits, waiting for its turn'') and its ETA in that pool: {p50_seconds, p90_seconds} from respool._eta_pool, or NULL when the engine has no estimate (no recorded holds, or deeper than respool._eta_depth()). Cost O(shapes * p_limit) per pool shown, not O(queue). Read-only.';
+
+-- A running job's last lines, read through respool.job_logs (the read of GET
+-- /v1/requests/{id}/logs): only the last few chunks, more only while they hold too few lines.
+CREATE OR REPLACE FUNCTION respool.job_log_tail(p_id uuid, p_lines integer DEFAULT 20,
+                                                p_chars integer DEFAULT 8000)
+RETURNS text LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_last integer := (SELECT a.last_seq FROM respool.job_log_attempts a JOIN respool.requests r
+                         ON r.id = a.request_id AND r.attempt = a.attempt WHERE a.request_id = p_id);
+    v_back integer := 4;
+    v_text text;
+    v_lines text[];
+    v_n integer;
+BEGIN
+    IF v_last IS NULL OR v_last < 0 THEN
+        RETURN NULL;  -- no output yet
+    END IF;
+    LOOP
+        SELECT string_agg(c.value ->> 'data', '' ORDER BY c.ordinality) INTO v_text
+          FROM jsonb_array_elements(respool.job_logs(p_id, NULL, v_last - v_back) -> 'chunks')
+               WITH ORDINALITY c;
+        EXIT WHEN v_last - v_back < 0 OR length(v_text) >= p_chars
+               OR length(v_text) - length(replace(v_text, E'\n', '')) > p_lines;
+        v_back := v_back * 4;
+    END LOOP;
+    v_lines := string_to_array(rtrim(coalesce(v_text, ''), E'\n'), E'\n');
+    v_n := coalesce(cardinality(v_lines), 0);
+    RETURN right(array_to_string(v_lines[greatest(1, v_n - p_lines + 1):v_n], E'\n'), p_chars);
+END $$;
+COMMENT ON FUNCTION respool.job_log_tail(uuid, integer, integer) IS 'The last p_lines lines (at most p_chars characters) of the stored output of a job''s current attempt, stdout and stderr as they came (through respool.job_logs, so a [... N bytes dropped ...] marker shows where bytes were dropped); NULL while it has none. Reads only the last chunks it needs. Read-only.';

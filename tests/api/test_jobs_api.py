@@ -478,10 +478,15 @@ async def test_a_heartbeat_after_the_lease_lapsed_requeues_the_job(jobs: Setup) 
 
 async def test_agent_tokens_are_bound_to_one_node_or_a_pool_without_nodes(jobs: Setup) -> None:
     async with direct(jobs.server.db_url) as conn:
-        for kw in ({}, {"node": "n1", "pool": "p"}, {"pool": "p"}):
+        for kw, why in (
+            ({}, "exactly one node"),
+            ({"pool": "p"}, "pool p has nodes"),
+            ({"node": "n9"}, "pool must name where the agent registers node n9"),
+            ({"node": "Bad Name", "pool": "p"}, "node must match"),
+        ):
             with pytest.raises(Exception) as refused:
                 await tokens.create_token(conn, name="bad-agent", role="agent", **kw)
-            assert "agent" in str(refused.value) or "nodes" in str(refused.value)
+            assert why in str(refused.value)
         listed = {t.name: t for t in await tokens.list_tokens(conn)}
     assert (listed["agent-n2"].role, listed["agent-n2"].node) == ("agent", "n2")
 
@@ -512,9 +517,10 @@ async def test_token_create_binds_an_agent_token_from_the_cli(jobs: Setup) -> No
     )
     assert made.exit_code == 0, made.stderr
     shown = json.loads(made.stdout)
-    assert (shown["role"], shown["node"], shown["pool"]) == ("agent", "n2", None)
+    # an existing node's token names its pool: where its agent would register it again
+    assert (shown["role"], shown["node"], shown["pool"]) == ("agent", "n2", "p")
     table = (await cli.db("token", "list")).stdout
-    assert "node n2" in table
+    assert "node n2 (pool p)" in table
     assert "exactly one" in failed(await cli.db("token", "create", "--role", "agent"), code=2)
     hb = await jobs.c.post(
         "/v1/agent/heartbeat", headers=bearer(shown["token"]), json={"interval_seconds": 5}
