@@ -741,7 +741,7 @@ async def test_job_log_tail_reads_the_last_lines(db_url: str) -> None:
     longer than the bound, output that outgrew the per-attempt limit."""
     conn = await connect(db_url, application_name=APP_CLI)
     try:
-        await conn.execute("SELECT respool.create_pool('tails', '{\"slot\": 10}')")
+        await conn.execute("SELECT respool.create_pool('tails', '{\"slot\": 100}')")
         await conn.execute("SELECT respool.create_policy('t', 'tails')")
 
         async def job() -> Any:
@@ -784,5 +784,27 @@ async def test_job_log_tail_reads_the_last_lines(db_url: str) -> None:
         shown = (await tail(capped, 200)).split("\n")
         assert shown[-1] == "output line number 199"
         assert any(re.fullmatch(r"\[\.\.\. \d+ bytes dropped \.\.\.\]", s) for s in shown), shown
+
+        # Whatever the shape, the tail is the end of what GET /v1/requests/{id}/logs reads.
+        async def whole(rid: Any) -> str:
+            doc = await conn.fetchval("SELECT respool.job_logs($1::uuid, NULL, -1)", rid)
+            doc = json.loads(doc) if isinstance(doc, str) else doc
+            return "".join(c["data"] for c in doc["chunks"])
+
+        shapes = {
+            "one line each": [f"l{i}\n" for i in range(300)],
+            "lines across chunks": [f"a{i} " + "b" * (i % 7) + ("\n" if i % 3 else "") for i in range(300)],
+            "few big chunks": ["".join(f"r{i}-{j}\n" for j in range(40)) for i in range(30)],
+            "no newline at the end": ["x\n" * 5 + "partial"],
+        }  # fmt: skip
+        for limit in (1024, 2048, 4096, 1_000_000):
+            for name, chunks in shapes.items():
+                rid = await job()
+                for seq, data in enumerate(chunks):
+                    await append(rid, seq, data, limit=limit)
+                text = (await whole(rid)).rstrip("\n").split("\n")
+                for lines in (1, 5, 20, 200, 1000):
+                    want = "\n".join(text[-lines:])[-8000:]
+                    assert await tail(rid, lines) == want, (limit, name, lines)
     finally:
         await conn.close()
