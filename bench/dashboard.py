@@ -175,7 +175,7 @@ async def measure_tails(admin_dsn: str, rounds: int) -> dict[str, Spread]:
                     await _jobs_with_output(conn, chunk_lines)
                     label = f"{TAIL_JOBS} jobs x 1 MiB, {label}"
                 figures[f"dashboard, {label}"] = await _time(
-                    rounds, lambda: db_dashboard.dashboard_data(conn)
+                    rounds, functools.partial(db_dashboard.dashboard_data, conn)
                 )
             finally:
                 await conn.close()

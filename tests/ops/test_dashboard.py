@@ -793,7 +793,9 @@ async def test_job_log_tail_reads_the_last_lines(db_url: str) -> None:
 
         shapes = {
             "one line each": [f"l{i}\n" for i in range(300)],
-            "lines across chunks": [f"a{i} " + "b" * (i % 7) + ("\n" if i % 3 else "") for i in range(300)],
+            "lines across chunks": [
+                f"a{i} " + "b" * (i % 7) + ("\n" if i % 3 else "") for i in range(300)
+            ],
             "few big chunks": ["".join(f"r{i}-{j}\n" for j in range(40)) for i in range(30)],
             "no newline at the end": ["x\n" * 5 + "partial"],
         }  # fmt: skip
