@@ -97,6 +97,7 @@ class _Logs:
 
     def __init__(self, rp: AsyncRespool, request_id: str, attempt: int) -> None:
         self.rp = rp
+        self.request_id = request_id
         self.path = f"/v1/requests/{request_id}/logs"
         self.attempt = attempt
         self.seq = 0
@@ -158,6 +159,14 @@ class _Logs:
                 return True
             except ApiError as exc:
                 if exc.status_code not in (408, 429) and exc.status_code < 500:
+                    # 409: a stale attempt (the job was requeued), 404: no longer this node's job
+                    print(
+                        f"respool agent: job {self.request_id} attempt {self.attempt}: output"
+                        f" refused: {exc.detail or exc} (HTTP {exc.status_code}); the rest of"
+                        " this run's output is dropped",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     return False
             except RespoolError:
                 pass  # the API does not answer: keep it, try again

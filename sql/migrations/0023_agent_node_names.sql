@@ -20,3 +20,11 @@ ALTER TABLE respool.tokens
     ADD CONSTRAINT agent_bound CHECK ((role = 'agent') = (node_name IS NOT NULL OR pool_id IS NOT NULL));
 COMMENT ON COLUMN respool.tokens.pool_id IS
     'Agent tokens: with node_name, the pool its agent may create that node in (NULL: it may only update it); without, the pool without nodes whose jobs it runs.';
+
+-- The node whose agent claimed each attempt of a job (docs/jobs.md, "Faults"): that agent may
+-- still address the job after it moved to another node, and is then told its attempt is stale
+-- (409) rather than that the job does not exist (404). Rows are made at claim.
+ALTER TABLE respool.job_log_attempts ADD COLUMN node_id uuid REFERENCES respool.nodes (id) ON DELETE SET NULL;
+COMMENT ON COLUMN respool.job_log_attempts.node_id IS
+    'The node whose agent claimed this attempt (NULL: a pool agent, a node since deleted, or an attempt claimed before this column).';
+CREATE INDEX job_log_attempts_node_idx ON respool.job_log_attempts (node_id, request_id) WHERE node_id IS NOT NULL;
