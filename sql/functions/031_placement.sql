@@ -176,19 +176,19 @@ BEGIN
         UPDATE respool.pool_resources pr SET used = pr.used + p_sign * x.value::bigint
           FROM jsonb_each_text(p_units) x
          WHERE pr.pool_id = p_pool_id AND pr.key = x.key
-           AND (p_sign < 0 OR respool._fits_room(x.value::bigint,
-                                                 respool._room(respool._effective_capacity(pr.key, pr.capacity), pr.used)))
+           AND (p_sign < 0 OR pr.used + x.value::bigint <= pr.capacity
+                OR (pr.capacity IS NULL AND respool._is_soft_key(pr.key)
+                    AND pr.used + x.value::bigint <= respool._max_total()))
         RETURNING pr.key)
     SELECT coalesce(array_agg(key), '{}') INTO v_moved FROM moved;
     IF cardinality(v_moved) < v_keys THEN
-        -- Only a key the pool does not list but has room for (the key rule: a soft one) may be
-        -- charged without a counter: it gets an untracked one.
-        IF p_sign < 0 OR EXISTS (SELECT FROM jsonb_each_text(p_units) x
-                                  WHERE x.key <> ALL (v_moved)
-                                    AND (NOT respool._fits_room(x.value::bigint,
-                                                                respool._room(respool._effective_capacity(x.key, NULL), 0))
+        -- Only a soft key the pool does not list may be charged without a counter: it gets an
+        -- untracked one.
+        IF p_sign < 0 OR EXISTS (SELECT FROM jsonb_object_keys(p_units) k(key)
+                                  WHERE k.key <> ALL (v_moved)
+                                    AND (NOT respool._is_soft_key(k.key)
                                          OR EXISTS (SELECT FROM respool.pool_resources
-                                                     WHERE pool_id = p_pool_id AND key = x.key))) THEN
+                                                     WHERE pool_id = p_pool_id AND key = k.key))) THEN
             RAISE EXCEPTION 'moving % units % in pool % would pass its capacity or finds no counter',
                 p_sign, p_units, p_pool_id USING ERRCODE = 'RP500';
         END IF;
@@ -201,7 +201,7 @@ BEGIN
                np_used = pol.np_used + p_sign * coalesce((p_np ->> x.key)::bigint, 0)
           FROM jsonb_each_text(p_units) x
          WHERE pol.policy_id = p_policy_id AND pol.key = x.key
-           AND (p_sign < 0 OR respool._fits_room(x.value::bigint, respool._room(pol."limit", pol.used)))
+           AND (p_sign < 0 OR pol.used + x.value::bigint <= coalesce(pol."limit", respool._max_total()))
         RETURNING pol.key)
     SELECT coalesce(array_agg(key), '{}') INTO v_moved FROM moved;
     IF cardinality(v_moved) < v_keys THEN
@@ -218,7 +218,7 @@ BEGIN
     END IF;
 END $$;
 COMMENT ON FUNCTION respool._move_units(uuid, uuid, jsonb, jsonb, integer) IS
-    'Charges (p_sign 1) or returns (p_sign -1) units {key: n} on a pool''s counters and one policy''s counters (p_np: the non-preemptible part), one statement per table. A charge is guarded (respool._fits_room under the capacity / limit, respool._max_total() for a counter nothing else bounds) and raises RP500 rather than over-allocate; a soft key the pool does not list gets an untracked counter, a key the policy does not bound a plain one. CHECK used >= 0 catches a double return.';
+    'Charges (p_sign 1) or returns (p_sign -1) units {key: n} on a pool''s counters and one policy''s counters (p_np: the non-preemptible part), one statement per table. A charge is guarded (used + n <= capacity / limit, or respool._max_total() for a counter nothing else bounds) and raises RP500 rather than over-allocate; a soft key the pool does not list gets an untracked counter, a key the policy does not bound a plain one. CHECK used >= 0 catches a double return.';
 
 CREATE OR REPLACE FUNCTION respool._place(p_pool_id uuid, p_policy_id uuid, p_granted respool.requests[],
                                           p_nodes uuid[] DEFAULT NULL)
@@ -383,8 +383,7 @@ BEGIN
         UPDATE respool.node_resources nr SET used = nr.used + x.value::bigint
           FROM jsonb_each_text(p_request.resources) x
          WHERE nr.node_id = p_node_id AND nr.key = x.key
-        RETURNING nr.key, x.value::bigint AS n, NOT respool._fits_room(0, respool._room(nr.capacity, nr.used)) AS over,
-                  nr.devices > 0 AS named)
+        RETURNING nr.key, x.value::bigint AS n, nr.used > nr.capacity AS over, nr.devices > 0 AS named)
     SELECT coalesce(jsonb_object_agg(c.key, c.n), '{}'), coalesce(bool_or(c.over), false),
            coalesce(sum(c.n) FILTER (WHERE c.named), 0)
       INTO v_units, v_over, v_named
