@@ -207,23 +207,22 @@ COMMENT ON FUNCTION respool._could_hold(uuid, jsonb) IS
 
 CREATE OR REPLACE FUNCTION respool._free_units(p_pool_id uuid)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    v_keys jsonb := respool._place_keys(p_pool_id, 'pool');
 BEGIN
-    RETURN (SELECT coalesce(jsonb_object_agg(p.key, p.free), '{}')
-              FROM respool._pool_place(p_pool_id, v_keys) p WHERE p.capacity IS NOT NULL);
+    -- (the pool place's free room of its bounded keys, read straight from its counters: a pass
+    -- asks it after every grant)
+    RETURN (SELECT coalesce(jsonb_object_agg(pr.key, respool._room(pr.capacity, pr.used)), '{}')
+              FROM respool.pool_resources pr WHERE pr.pool_id = p_pool_id AND pr.capacity IS NOT NULL);
 END $$;
 COMMENT ON FUNCTION respool._free_units(uuid) IS
-    'The pool place''s free units now per bounded key (respool._pool_place: capacity - used, negative after a shrink), the room map of respool._fits_room(jsonb, jsonb). Read-only.';
+    'The pool place''s free units now per key with a capacity (the free column of respool._pool_place: capacity - used, negative after a shrink), the room map of respool._fits_room(jsonb, jsonb). Read-only.';
 
 -- Thin wrappers kept for callers in other files (docs/engine.md lists them): the room maps they
 -- test are the pool's (respool._free_units) or a policy's rooms.
 
 CREATE OR REPLACE FUNCTION respool._fits_room_unbounded(p_need jsonb, p_room jsonb)
-RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
-BEGIN
-    RETURN respool._fits_room(p_need, p_room);
-END $$;
+RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT respool._fits_room(p_need, p_room)
+$$;
 COMMENT ON FUNCTION respool._fits_room_unbounded(jsonb, jsonb) IS
     'respool._fits_room(jsonb, jsonb) under its former name (a key the room map lacks: the key rule, so a soft key is unbounded).';
 
@@ -243,4 +242,4 @@ BEGIN
                         WHERE NOT respool._fits_room(x.value::bigint, coalesce((p_room ->> x.key)::bigint, 0)));
 END $$;
 COMMENT ON FUNCTION respool._fits_room_zero(jsonb, jsonb) IS
-    'A policy''s reserved share for non-preemptible work (not a place): true when every key of the need fits the room map {key: room}, a key the map lacks having room 0 (no share).';
+    'True when every key of the need fits the room map {key: room}, a key the map lacks having room 0: a policy''s reserved share for non-preemptible work (no share), and backfill rule (a) in a pool as a whole (an untracked key leaves the head no room).';

@@ -92,6 +92,8 @@ DROP FUNCTION IF EXISTS respool._leaves_head_room(respool.pool_hold, jsonb, json
 CREATE OR REPLACE FUNCTION respool._leaves_head_room(p_hold respool.pool_hold, p_resources jsonb, p_free jsonb,
                                                      p_selector jsonb DEFAULT NULL)
 RETURNS boolean LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_need jsonb;
 BEGIN
     IF p_hold.nodes IS NOT NULL THEN
         -- In a pool with nodes only the held nodes' free units count (docs/placement.md): a
@@ -111,10 +113,13 @@ BEGIN
     END IF;
     -- Rule (a): for every key the head needs that this request takes, the free units left after
     -- granting it still cover the head's need (a key it does not take costs the head nothing).
-    RETURN respool._fits_room(
-        (SELECT coalesce(jsonb_object_agg(n.key, n.value), '{}') FROM jsonb_each(p_hold.need) n
-          WHERE coalesce((p_resources ->> n.key)::bigint, 0) > 0),
-        respool._take_units(p_free, p_resources, 1));
+    -- A key absent from the free map: on the held nodes the key rule decides; in the pool as a
+    -- whole (an untracked key) it leaves no room.
+    v_need := (SELECT coalesce(jsonb_object_agg(n.key, n.value), '{}') FROM jsonb_each(p_hold.need) n
+                WHERE coalesce((p_resources ->> n.key)::bigint, 0) > 0);
+    p_free := respool._take_units(p_free, p_resources, 1);
+    RETURN CASE WHEN p_hold.nodes IS NOT NULL THEN respool._fits_room(v_need, p_free)
+                ELSE respool._fits_room_zero(v_need, p_free) END;
 END $$;
 COMMENT ON FUNCTION respool._leaves_head_room(respool.pool_hold, jsonb, jsonb, jsonb) IS
     'Backfill rule (a) (docs/scheduling.md): granting p_resources (node selector p_selector, NULL: any node) out of the free units p_free leaves the held-for head''s need covered on every key both need. In a pool with nodes only the held nodes count (docs/placement.md): true for a selector matching none of them, else the held nodes'' free units (respool._node_places) stand for p_free. Read-only.';
