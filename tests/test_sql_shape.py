@@ -22,9 +22,6 @@ PENDING = {
     ("respool.create_requests", "comment"),
     ("respool._create_set", "lines"),
     ("respool._create_set", "comment"),
-    ("respool._choose_node_victims", "lines"),
-    ("respool._minimal_victims", "comment"),
-    ("respool._may_preempt", "comment"),
 }
 
 _CREATE = re.compile(r"^CREATE (?:OR REPLACE )?FUNCTION\s+(respool\.\w+)\s*\(", re.M | re.I)
