@@ -18,6 +18,11 @@ they are on no page), so that every queued request within ``_eta_depth()`` of th
 (docs/scheduling.md, "ETA") computed as in production, not skipped for want of history.
 
 Target: each under 100 ms at 10,000 queued.
+
+``--tails``: instead, the dashboard with 20 running jobs whose current attempt holds the whole
+``RESPOOL_LOG_LIMIT`` (1 MiB) of output, in 32 KiB chunks of 80-character lines and in one-line
+chunks (the two shapes the agent sends), against no running job: what the jobs' output tails
+(``respool.job_log_tail``) add to each poll.
 """
 
 from __future__ import annotations
@@ -75,6 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a PostgreSQL server where we may CREATE DATABASE (default: %(default)s)",
     )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument(
+        "--tails", action="store_true", help="time the running jobs' output tails instead"
+    )
 
 
 async def _time(rounds: int, call: Callable[[], Awaitable[Any]]) -> Spread:
@@ -135,7 +143,49 @@ async def measure_one(admin_dsn: str, queued: int, rounds: int) -> dict[str, Spr
     return figures
 
 
+TAIL_JOBS = 20
+LOG_LIMIT = 1_048_576
+LINE = "x" * 79 + "\n"
+
+
+async def _jobs_with_output(conn: Any, chunk_lines: int) -> None:
+    """:data:`TAIL_JOBS` running jobs, each with :data:`LOG_LIMIT` bytes of output stored in
+    chunks of ``chunk_lines`` lines (as the agent sends them: respool.append_job_log)."""
+    await conn.execute("SELECT respool.create_pool('tails', $1::jsonb)", {"slot": TAIL_JOBS})
+    await conn.execute("SELECT respool.create_policy('bench', 'tails')")
+    body = {"subject": "bench", "pool": "tails", "resources": {"slot": 1},
+            "job": {"command": ["train"]}}  # fmt: skip
+    chunk = LINE * chunk_lines
+    for _ in range(TAIL_JOBS):
+        doc = await conn.fetchval("SELECT request FROM respool.create_request($1::jsonb)", body)
+        await conn.execute(
+            "SELECT respool.append_job_log($1::uuid, 1, g, 'stdout', $2, $3)"
+            " FROM generate_series(0, $4 - 1) g",
+            doc["id"], chunk, LOG_LIMIT, LOG_LIMIT // len(chunk) + 1,
+        )  # fmt: skip
+
+
+async def measure_tails(admin_dsn: str, rounds: int) -> dict[str, Spread]:
+    figures: dict[str, Spread] = {}
+    for label, chunk_lines in (("no running job", 0), ("32 KiB chunks", 409), ("1-line chunks", 1)):
+        async with fresh_database(admin_dsn) as dsn:
+            conn = await bench_connect(dsn)
+            try:
+                if chunk_lines:
+                    await _jobs_with_output(conn, chunk_lines)
+                    label = f"{TAIL_JOBS} jobs x 1 MiB, {label}"
+                figures[f"dashboard, {label}"] = await _time(
+                    rounds, functools.partial(db_dashboard.dashboard_data, conn)
+                )
+            finally:
+                await conn.close()
+    log_medians("  dashboard tails", figures, 1)
+    return figures
+
+
 async def _run(args: argparse.Namespace) -> dict[int, dict[str, Spread]]:
+    if args.tails:
+        return {0: await measure_tails(args.dsn, args.rounds)}
     return {q: await measure_one(args.dsn, q, args.rounds) for q in args.queued}
 
 

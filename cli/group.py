@@ -11,11 +11,12 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import traceback
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, NamedTuple
 
 import typer
 from typer.core import TyperGroup
@@ -23,7 +24,7 @@ from typer.core import TyperGroup
 from cli.common import KNOWN_ERRORS, describe_error, exit_code_of, fail
 from cli.help import tidy
 
-__all__ = ["RespoolGroup"]
+__all__ = ["Lazy", "LazyGroup", "RespoolGroup"]
 
 
 def _usage_hint(exc: typer.TyperException) -> str:
@@ -74,3 +75,64 @@ class RespoolGroup(TyperGroup):
             if os.environ.get("RESPOOL_LOG_LEVEL", "").strip().upper() == "DEBUG":
                 traceback.print_exc()
             fail(f"internal error ({type(exc).__name__}: {exc}); this is a bug, please report it")
+
+
+class Lazy(NamedTuple):
+    """A command of a :class:`LazyGroup`: ``module``'s ``attribute``, a Typer sub-app or a
+    command function, registered with ``options`` (those of ``Typer.command``)."""
+
+    module: str
+    attribute: str
+    options: Mapping[str, Any] = {}
+
+
+class LazyGroup(RespoolGroup):
+    """A root group whose commands (:attr:`lazy`) are imported when one is first looked up: a
+    command line imports only its own command's module. Listing them (``--help``, completion)
+    imports them all, so that every help line is the command's own."""
+
+    lazy: ClassVar[Mapping[str, Lazy]] = {}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.loaded: dict[str, Any] = {}
+        super().__init__(*args, **kwargs)
+
+    @property  # type: ignore[override]
+    def commands(self) -> dict[str, Any]:
+        """Every command, all loaded (click's own lookups go through :meth:`get_command`)."""
+        for name in self.lazy:
+            self._load(name)
+        return self.loaded
+
+    @commands.setter
+    def commands(self, value: dict[str, Any]) -> None:
+        self.loaded = dict(value)
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return [*self.lazy, *(name for name in self.loaded if name not in self.lazy)]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name in self.lazy:
+            return self._load(cmd_name)
+        return self.loaded.get(cmd_name)
+
+    def _load(self, name: str) -> Any:
+        if name not in self.loaded:
+            from cli.options import Typer  # the Typer whose commands take option groups
+
+            entry = self.lazy[name]
+            target = getattr(importlib.import_module(entry.module), entry.attribute)
+            holder = Typer(rich_markup_mode="rich", pretty_exceptions_enable=False)
+            holder.callback()(_nothing)  # a group, even with one command
+            if isinstance(target, typer.Typer):
+                holder.add_typer(target, name=name)
+            else:
+                holder.command(name, **entry.options)(target)
+            command = typer.main.get_command(holder).commands[name]  # type: ignore[attr-defined]
+            tidy(command)
+            self.loaded[name] = command
+        return self.loaded[name]
+
+
+def _nothing() -> None:
+    """(the callback of the group a lazy command is built in)"""

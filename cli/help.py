@@ -45,8 +45,9 @@ def tidy(command: Command) -> None:
     help_option = command.get_help_option(Context(command))
     if help_option is not None:
         help_option.metavar = ""
-    if isinstance(command, TyperGroup):
-        for sub in command.commands.values():
+    if isinstance(command, TyperGroup):  # a lazy group's loaded commands only (cli/group.py)
+        subs = command.loaded if hasattr(command, "loaded") else command.commands
+        for sub in subs.values():
             tidy(sub)
 
 

@@ -120,6 +120,7 @@ def logs(
 
 def agent(ctx: typer.Context) -> None:
     """Run the jobs granted to this node: respool agent --node NAME (or --pool P), with a token
-    of role agent (RESPOOL_TOKEN). `respool agent --help` lists its options; docs/jobs.md says
-    what it does."""
+    of role agent (RESPOOL_TOKEN); --register --detect first registers the node with what
+    nvidia-smi and the OS say. `respool agent --help` lists its options; docs/jobs.md says what
+    it does."""
     raise typer.Exit(agent_main(list(ctx.args)))

@@ -1,54 +1,63 @@
 """``respool`` command: one Typer sub-app per noun (pool, node, request, token, db), plus apply,
-export, serve and reconcile."""
+export, serve, reconcile and the job commands.
+
+Each command's module is imported only when that command runs (or when a help or a completion
+lists it): ``respool submit`` loads the submit module alone, so it starts quickly
+(docs/benchmarks.md, "Jobs run by node agents")."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from importlib.metadata import version
 
 import typer
 
-from cli import db, node, pool, request, token
-from cli.apply import apply, export
 from cli.common import KNOWN_ERRORS, describe_error, exit_code_of
-from cli.group import RespoolGroup
-from cli.jobs import agent, jobs, logs
+from cli.group import Lazy, LazyGroup
 from cli.options import Typer
-from cli.reconcile import reconcile
-from cli.run import run
-from cli.serve import serve
-from cli.submit import submit
+
+# The commands that take a command line of their own (after --) or pass theirs on.
+PASS_ON = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+# name -> (module, attribute, options of Typer.command); an attribute ``app`` is a sub-app.
+# The order is the order of ``respool --help`` (as Typer lists them: commands, then sub-apps).
+COMMANDS: dict[str, Lazy] = {
+    "apply": Lazy("cli.apply", "apply"),
+    "export": Lazy("cli.apply", "export"),
+    "serve": Lazy("cli.serve", "serve"),
+    "reconcile": Lazy("cli.reconcile", "reconcile"),
+    "run": Lazy("cli.run", "run", {"context_settings": PASS_ON, "add_help_option": False}),
+    "submit": Lazy("cli.submit", "submit", {"context_settings": PASS_ON}),
+    "jobs": Lazy("cli.jobs", "jobs"),
+    "agent": Lazy("cli.jobs", "agent", {"context_settings": PASS_ON, "add_help_option": False}),
+    "logs": Lazy("cli.jobs", "logs"),
+    "pool": Lazy("cli.pool", "app"),
+    "node": Lazy("cli.node", "app"),
+    "request": Lazy("cli.request", "app"),
+    "token": Lazy("cli.token", "app"),
+    "db": Lazy("cli.db", "app"),
+}
+
+
+class RootGroup(LazyGroup):
+    lazy = COMMANDS
+
 
 app = Typer(
     name="respool",
     help="respool: a PostgreSQL-backed resource-pool allocator.",
     no_args_is_help=True,
     add_completion=True,
-    cls=RespoolGroup,
+    cls=RootGroup,
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
 )
-app.add_typer(pool.app, name="pool")
-app.add_typer(node.app, name="node")
-app.add_typer(request.app, name="request")
-app.command("apply")(apply)
-app.command("export")(export)
-app.add_typer(token.app, name="token")
-app.add_typer(db.app, name="db")
-app.command("serve")(serve)
-app.command("reconcile")(reconcile)
-# The commands that take a command line of their own (after --) or pass theirs on.
-PASS_ON = {"allow_extra_args": True, "ignore_unknown_options": True}
-app.command("run", context_settings=PASS_ON, add_help_option=False)(run)
-app.command("submit", context_settings=PASS_ON)(submit)
-app.command("jobs")(jobs)
-app.command("agent", context_settings=PASS_ON, add_help_option=False)(agent)
-app.command("logs")(logs)
 
 
 def _version(value: bool) -> None:
     if value:
+        from importlib.metadata import version
+
         typer.echo(f"respool {version('respool')}")
         raise typer.Exit()
 

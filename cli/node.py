@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
+from respool_client.detect import Machine, detect, registration
 from respool_client.pairs import host_node_name, selector, split_pair
 from respool_client.wire import Node
 from rich.console import RenderableType
@@ -19,7 +20,6 @@ from rich.text import Text
 from cli.api import Api, segment
 from cli.common import CliError, confirm
 from cli.complete import complete_pool
-from cli.detect import GPU_TYPE_LABEL, Machine, detect
 from cli.help import with_examples
 from cli.maps import parse_labels
 from cli.options import Remote, Shown, Typer, Yes, map_option
@@ -226,24 +226,19 @@ def _registration(
     labels: dict[str, str],
     detected: bool,
 ) -> tuple[Node, bool]:
-    """Create the node, or make an existing one match what was found (keys and device lists
-    it no longer has are removed; other labels stay). Returns (node, created)."""
+    """Create the node, or make an existing one match what was found
+    (:func:`respool_client.detect.registration`). Returns (node, created)."""
     old = api.find(_path(name), Node)
-    if old is None:
-        body = {"name": name} | _body(pool=pool, capacity=capacity, devices=devices, labels=labels)
-        return api.call("POST", "/v1/nodes", Node, body=body), True
-    patch: dict[str, Any] = {
-        "capacity": {k: 0 for k in old.capacity if k not in capacity} | capacity,
-        "devices": {k: None for k in old.devices if k not in devices} | devices,
-    }
-    new_labels: dict[str, str | None] = dict(labels)
-    if detected and GPU_TYPE_LABEL in old.labels and GPU_TYPE_LABEL not in labels:
-        new_labels[GPU_TYPE_LABEL] = None  # its GPUs are gone
-    if new_labels:
-        patch["labels"] = new_labels
-    if pool is not None:
-        patch["pool"] = pool
-    return api.call("PATCH", _path(name), Node, body=patch), False
+    method, path, body = registration(
+        old,
+        name,
+        pool=pool,
+        capacity=capacity,
+        devices=devices,
+        labels=labels,
+        detected=detected,
+    )
+    return api.call(method, path, Node, body=body), old is None
 
 
 @app.command("register")

@@ -31,8 +31,8 @@ class NewToken(msgspec.Struct, kw_only=True):
     name: str
     role: str
     subject_patterns: list[str] | None
-    node: str | None = None  # an agent token's node (docs/jobs.md)
-    pool: str | None = None  # an agent token's pool without nodes
+    node: str | None = None  # an agent token's node, by name (docs/jobs.md)
+    pool: str | None = None  # its pool without nodes, or the pool its node is registered in
 
 
 async def _create(
@@ -69,11 +69,19 @@ def create(
     ] = None,
     node: Annotated[
         str | None,
-        typer.Option("--node", help="Agent tokens: the node whose jobs it runs (docs/jobs.md)."),
+        typer.Option(
+            "--node",
+            help="Agent tokens: the node (by name) whose jobs it runs, and the only node it may"
+            " register or update; it need not be registered yet (then give --pool).",
+        ),
     ] = None,
     pool: Annotated[
         str | None,
-        typer.Option("--pool", help="Agent tokens: a pool without nodes whose jobs it runs."),
+        typer.Option(
+            "--pool",
+            help="Agent tokens: a pool without nodes whose jobs it runs; with --node, the pool its"
+            " agent registers the node in (an existing node's own pool, the default).",
+        ),
     ] = None,
     output: Output = OutputFormat.table,
 ) -> None:
@@ -84,6 +92,7 @@ def create(
         respool token create --role admin --name ops
         respool token create --role client --subject 'orchestrator:prod*' --name prod-stack
         respool token create --role agent --node gpu-1 --name agent-gpu-1
+        respool token create --role agent --node gpu-2 --pool training --name agent-gpu-2
     """
     name = name or f"{role}-{secrets.token_hex(3)}"
     text, tok = run_async(_create(name, role, subject or None, node, pool))
@@ -131,6 +140,13 @@ def revoke(
     emit(tok, output, lambda: [tokens_table([tok])])
 
 
+def _binding(t: Token) -> str:
+    """An agent token's binding: ``node gpu-1 (pool p)``, ``pool cpu``; ``-`` for the others."""
+    if t.node:
+        return f"node {t.node}" + (f" (pool {t.pool})" if t.pool else "")
+    return f"pool {t.pool}" if t.pool else "-"
+
+
 def tokens_table(found: Sequence[Token]) -> FitTable:
     """The tokens, one row each (never their secret)."""
     out = table("ID", "NAME", "ROLE", "SUBJECTS", "CREATED", "REVOKED")
@@ -139,8 +155,7 @@ def tokens_table(found: Sequence[Token]) -> FitTable:
             str(t.id),
             t.name,
             t.role,
-            " ".join(t.subject_patterns or [])
-            or (f"node {t.node}" if t.node else f"pool {t.pool}" if t.pool else "-"),
+            " ".join(t.subject_patterns or []) or _binding(t),
             fmt_time(t.created_at),
             fmt_time(t.revoked_at),
         )

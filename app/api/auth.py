@@ -48,6 +48,7 @@ __all__ = [
     "auth_guard",
     "check_auth_settings",
     "is_loopback",
+    "agent_node_write",
     "listing_patterns",
     "require_subject",
     "subject_reader",
@@ -64,9 +65,14 @@ class Principal(msgspec.Struct, frozen=True):
     name: str
     role: tokens.Role
     subject_patterns: tuple[str, ...] | None = None
-    # agents (docs/jobs.md): the node, or the pool without nodes, the token is bound to
+    # agents (docs/jobs.md): the node (its id: None while no node of that name is registered),
+    # or the pool without nodes, the token is bound to; node_pool_id: the pool its agent may
+    # create its node in (None: it may only update it)
     node_id: UUID | None = None
     pool_id: UUID | None = None
+    node_name: str | None = None
+    node_pool_id: UUID | None = None
+    node_pool: str | None = None
 
 
 OPEN = Principal(name="(auth off)", role="admin")
@@ -168,12 +174,16 @@ class Authenticator:
         if found is None:
             raise AuthError(401, "invalid or revoked token")
         patterns = tuple(found.subject_patterns or ()) if found.role == "client" else None
+        node_bound = found.node is not None
         return Principal(
             name=found.name,
             role=found.role,
             subject_patterns=patterns,
             node_id=found.node_id,
-            pool_id=found.pool_id,
+            pool_id=None if node_bound else found.pool_id,
+            node_name=found.node,
+            node_pool_id=found.pool_id if node_bound else None,
+            node_pool=found.pool if node_bound else None,
         )
 
 
@@ -233,10 +243,27 @@ _AGENT_READS = frozenset({"", "events", "logs"})
 async def _authorize_agent(
     connection: ASGIConnection[Any, Any, Any, Any], principal: Principal, path: str, method: str
 ) -> None:
-    """An agent token (docs/jobs.md): its own routes, and reads and holder actions on the jobs
-    of its node (or pool); 404 for any other request, 403 for everything else."""
+    """An agent token (docs/jobs.md): its own routes, reads and holder actions on the jobs of
+    its node (or pool), and reading, registering and updating its own node (by name; the body
+    is checked by :func:`require_own_node`); 404 for any other request, 403 for the rest."""
     if path.startswith("/v1/agent/"):
+        if principal.node_name is not None and principal.node_id is None:
+            raise ApiError(
+                404,
+                f"node {principal.node_name} is not registered: start its agent with --register"
+                f" (and --detect), or add it with respool node add (token {principal.name!r})",
+                "node",
+            )
         return
+    if principal.node_name is not None and (path == "/v1/nodes" or path.startswith("/v1/nodes/")):
+        tail = path.rstrip("/").split("/")[3:]
+        if (method == "POST" and not tail) or (
+            len(tail) == 1 and method in ("GET", "HEAD", "PATCH")
+        ):
+            name = connection.path_params.get("name")
+            if name is not None:
+                require_own_node(principal, str(name))
+            return
     request_id = connection.path_params.get("request_id")
     if request_id is not None and path.startswith("/v1/requests/"):
         rid = request_id if isinstance(request_id, UUID) else UUID(str(request_id))
@@ -251,9 +278,60 @@ async def _authorize_agent(
             return
     raise AuthError(
         403,
-        f"role agent may only run its node's jobs: claim, heartbeat, log and release them"
-        f" (token {principal.name!r})",
+        f"role agent may only run its node's jobs (claim, heartbeat, log and release them) and"
+        f" register its own node (token {principal.name!r})",
     )
+
+
+def require_own_node(principal: Principal, name: str) -> None:
+    """403 unless an agent token is bound to node ``name`` (other roles pass)."""
+    if principal.role == "agent" and name != principal.node_name:
+        bound = f"node {principal.node_name}" if principal.node_name else "a pool, not a node"
+        raise AuthError(
+            403,
+            f"token {principal.name!r} is bound to {bound}: an agent may register or update"
+            f" only its own node, not {name}",
+        )
+
+
+def agent_node_write(
+    request: Request[Any, Any, Any],
+    name: str,
+    *,
+    pool: str | None,
+    pool_given: bool,
+    creating: bool,
+    state: bool,
+    force: bool = False,
+) -> str | None:
+    """An agent's create or update of its node (docs/jobs.md, "Registering the node"): only
+    its own node, in the pool its token names, never a state change or ``force``. Returns the
+    pool to use (a create without one: the token's); 403 naming why otherwise. Other roles pass
+    ``pool`` through."""
+    p = principal_of(request)
+    if p.role != "agent":
+        return pool
+    require_own_node(p, name)
+    if state or force:
+        what = "state" if state else "force"
+        raise AuthError(
+            403,
+            f"token {p.name!r}: an agent registers and updates its node's units, devices and"
+            f" labels; {what} is an admin's to set",
+        )
+    if pool_given and (pool is None or pool not in (p.node_pool, str(p.node_pool_id))):
+        theirs = f"pool {p.node_pool}" if p.node_pool else "no pool"
+        asked = f"pool {pool}" if pool is not None else "no pool"
+        raise AuthError(
+            403, f"token {p.name!r} may place node {name} in {theirs} only, not in {asked}"
+        )
+    if creating and p.node_pool_id is None:
+        raise AuthError(
+            403,
+            f"token {p.name!r} names no pool to register node {name} in: an admin adds the node"
+            f" (respool node add), or creates the agent token with --pool",
+        )
+    return pool if pool is not None or not creating else str(p.node_pool_id)
 
 
 def principal_of(request: Request[Any, Any, Any]) -> Principal:

@@ -57,7 +57,8 @@ class DashboardController(Controller):
         "/v1/dashboard",
         summary="Everything the dashboard shows: pools with usage per key and their nodes (per "
         "device its holder), the queue with what each request waits for and its ETA, current "
-        "holders with their labels, recent events, invariant violations",
+        "holders with their labels, running jobs with the last lines of their output, recent "
+        "events, invariant violations",
         responses=error_responses(),
     )
     async def data(self, state: State, request: Request[Any, Any, Any]) -> DashboardData:

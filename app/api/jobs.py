@@ -158,7 +158,9 @@ class JobController(Controller):
         description=(
             "Chunks are numbered by seq from 0 per attempt; a seq already stored is ignored (a"
             " retried send). At most RESPOOL_LOG_LIMIT bytes are kept per attempt: the first"
-            " half and the last half, with a marker line between."
+            " half and the last half, with a marker line between. 409 (field attempt) for an"
+            " attempt that is not the job's current one: a stale attempt's output is refused like"
+            " its heartbeat and release; 404 for a job the agent cannot see."
         ),
         responses=error_responses(400, 403, 404, 409),
     )

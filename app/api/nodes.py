@@ -1,7 +1,8 @@
 """``/v1/nodes``: the machines that back a pool (docs/placement.md): register, list (by pool and
 label selector), read, update, delete, and cordon / drain / uncordon. Admin writes, every role
-reads (:mod:`app.api.auth`); a client token sees the request id and subject of an allocation
-only when its globs cover the subject (docs/api.md)."""
+reads but agents, which read, register and update only their own node (:mod:`app.api.auth`); a
+client token sees the request id and subject of an allocation only when its globs cover the
+subject (docs/api.md)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, QueryParameter
 from respool_client.wire import LABEL_KEY_PATTERN, Node, NodeCreate, NodeUpdate
 
-from app.api.auth import subject_reader
+from app.api.auth import agent_node_write, subject_reader
 from app.api.common import AnyRequest, StrictBody, db, decode_body, sent
 from app.api.errors import ApiError, error_responses
 from app.db import nodes as db_nodes
@@ -92,7 +93,12 @@ class NodeController(Controller):
         self, state: State, request: AnyRequest, data: StrictBody[NodeCreate]
     ) -> Node:
         body = await decode_body(request, NodeCreate)
-        return await db_nodes.create_node(db(state), msgspec.structs.asdict(body))
+        doc = msgspec.structs.asdict(body)
+        doc["pool"] = agent_node_write(
+            request, body.name, pool=body.pool, pool_given=body.pool is not None, creating=True,
+            state=body.state != "active",
+        )  # fmt: skip
+        return await db_nodes.create_node(db(state), doc)
 
     @get(
         "/",
@@ -128,7 +134,12 @@ class NodeController(Controller):
         force: _Force = False,
     ) -> Node:
         body = await decode_body(request, NodeUpdate)
-        return await db_nodes.update_node(db(state), name, sent(body), force=force)
+        changes = sent(body)
+        agent_node_write(
+            request, name, pool=changes.get("pool"), pool_given="pool" in changes,
+            creating=False, state="state" in changes, force=force,
+        )  # fmt: skip
+        return await db_nodes.update_node(db(state), name, changes, force=force)
 
     @delete(
         "/{name:str}",

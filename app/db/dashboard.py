@@ -1,6 +1,6 @@
 """The dashboard's read (``sql/queries/dashboard.sql``): pools with usage and policies, the
-queue with what each entry waits for and its ETA, holdings, recent events and invariant
-violations, all in one repeatable-read snapshot.
+queue with what each entry waits for and its ETA, holdings, running jobs with the tail of their
+output, recent events and invariant violations, all in one repeatable-read snapshot.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ __all__ = [
     "DeviceRow",
     "EventRow",
     "HoldingRow",
+    "JobRow",
     "NodeKeyRow",
     "NodeRow",
     "PoolRow",
@@ -104,6 +105,20 @@ class HoldingRow(msgspec.Struct, frozen=True):
     labels: dict[str, str]
 
 
+class JobRow(msgspec.Struct, frozen=True):
+    """A running job (docs/jobs.md) and the tail of its current attempt's output: its last
+    lines, stdout and stderr as they came (null: no output yet)."""
+
+    request_id: UUID
+    pool: str
+    subject: str
+    name: str
+    status: str
+    attempt: int
+    node: str | None
+    tail: str | None
+
+
 class EventRow(msgspec.Struct, frozen=True):
     id: int
     at: datetime
@@ -123,10 +138,17 @@ class DashboardData(msgspec.Struct, frozen=True):
     holdings: list[HoldingRow]
     events: list[EventRow]
     violations: list[Violation]
+    jobs: list[JobRow] = []
 
 
 async def dashboard_data(
-    db: Executor, *, queue_limit: int = 200, holdings_limit: int = 200, events_limit: int = 30
+    db: Executor,
+    *,
+    queue_limit: int = 200,
+    holdings_limit: int = 200,
+    events_limit: int = 30,
+    jobs_limit: int = 20,
+    tail_lines: int = 20,
 ) -> DashboardData:
     """Everything the dashboard shows, read in one repeatable-read snapshot."""
     async with connection(db) as conn, conn.transaction(isolation="repeatable_read"):
@@ -147,6 +169,7 @@ async def dashboard_data(
             events_limit,
         )
         nodes = await conn.fetch(query("dashboard_nodes"))
+        jobs = await conn.fetch(query("dashboard_jobs"), jobs_limit, tail_lines)
         violations = await invariant_violations(conn)
     by_pool_keys: dict[str, list[PoolKeyRow]] = {}
     for k in keys:
@@ -177,4 +200,5 @@ async def dashboard_data(
         holdings=[msgspec.convert(dict(r), HoldingRow) for r in holdings],
         events=[msgspec.convert(dict(r), EventRow) for r in events],
         violations=violations,
+        jobs=[msgspec.convert(dict(r), JobRow) for r in jobs],
     )

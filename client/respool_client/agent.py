@@ -9,9 +9,12 @@ request heartbeated and long-polled, SIGTERM on ``preempting`` / ``cancelled`` a
 the grace deadline, release with the exit code once the group is gone. stdout and stderr go to
 the server in numbered chunks, kept and resent while the API does not answer.
 
-On start it releases its node's claimed jobs (their processes died with the agent before it:
-reason ``agent_restarted``). On SIGTERM or SIGINT it stops its jobs (SIGTERM, SIGKILL after
-``--kill-after``), releases them and exits 0. The agent's token is not passed on to jobs.
+With ``--register`` it first makes sure its node exists, creating it in its token's pool or
+updating it (``--detect``: what ``nvidia-smi`` and the OS say, as ``respool node register
+--detect``; :mod:`respool_client.detect`). On start it releases its node's claimed jobs
+(their processes died with the agent before it: reason ``agent_restarted``). On SIGTERM or
+SIGINT it stops its jobs (SIGTERM, SIGKILL after ``--kill-after``), releases them and exits 0.
+The agent's token is not passed on to jobs.
 """
 
 from __future__ import annotations
@@ -28,12 +31,16 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import msgspec
 from respool_client._async import AsyncRespool
 from respool_client._status import Status
+from respool_client.detect import Machine, detect, node_path, registration
 from respool_client.errors import ApiError, RespoolError
 from respool_client.grant import Grant
 from respool_client.launcher import Launcher, LocalLauncher, Stream
+from respool_client.pairs import host_node_name
 from respool_client.run import EXIT_API, EXIT_USAGE, GONE_KILL_AFTER, _HelpFormatter, _Runner
+from respool_client.wire import Node
 
 __all__ = ["build_parser", "main"]
 
@@ -52,6 +59,7 @@ def build_parser(prog: str = "respool agent") -> argparse.ArgumentParser:
         "stop it when preempted or cancelled, release it with its exit code.",
         epilog="Examples:\n"
         f"  RESPOOL_TOKEN=... {prog} --node gpu-box-1\n"
+        f"  RESPOOL_TOKEN=... {prog} --node gpu-box-1 --register --detect\n"
         f"  RESPOOL_TOKEN=... {prog} --pool cpu-pool --interval 5",
         formatter_class=_HelpFormatter,
     )
@@ -64,6 +72,12 @@ def build_parser(prog: str = "respool agent") -> argparse.ArgumentParser:
         help="The node this agent serves; must be the token's node (a check).")  # fmt: skip
     add("--pool", metavar="POOL",
         help="The pool (without nodes) this agent serves; must be the token's.")  # fmt: skip
+    add("--register", action="store_true",
+        help="First make sure the node exists: create it in the token's pool, or update it. "
+        "The token must be bound to this node. --node defaults to this host's name.")  # fmt: skip
+    add("--detect", action="store_true",
+        help="With --register: GPUs from nvidia-smi (ids, a gpu-type label), mcpu and memory_mb "
+        "from the OS, as `respool node register --detect` finds them.")  # fmt: skip
     add("--interval", type=int, default=10, metavar="S",
         help="Heartbeat every S seconds (1..300, default 10); not heard for 3 intervals, the "
         "node takes no new jobs.")  # fmt: skip
@@ -83,6 +97,7 @@ class _Logs:
 
     def __init__(self, rp: AsyncRespool, request_id: str, attempt: int) -> None:
         self.rp = rp
+        self.request_id = request_id
         self.path = f"/v1/requests/{request_id}/logs"
         self.attempt = attempt
         self.seq = 0
@@ -144,6 +159,14 @@ class _Logs:
                 return True
             except ApiError as exc:
                 if exc.status_code not in (408, 429) and exc.status_code < 500:
+                    # 409: a stale attempt (the job was requeued), 404: no longer this node's job
+                    print(
+                        f"respool agent: job {self.request_id} attempt {self.attempt}: output"
+                        f" refused: {exc.detail or exc} (HTTP {exc.status_code}); the rest of"
+                        " this run's output is dropped",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     return False
             except RespoolError:
                 pass  # the API does not answer: keep it, try again
@@ -243,7 +266,57 @@ class Agent:
         for runner in self.runners.values():
             runner._on_wrapper_signal(signal.SIGTERM)
 
+    def failed(self, exc: RespoolError) -> int:
+        """Say why a call failed (one line); the exit status it means."""
+        if isinstance(exc, ApiError):
+            self.say(f"error: {exc.detail or exc} (HTTP {exc.status_code})")
+            return EXIT_USAGE if exc.status_code in (401, 403) else EXIT_API
+        self.say(f"error: {exc}")
+        return EXIT_API
+
+    async def register(self) -> int:
+        """--register: create the node or make it match what was found (0), else why not."""
+        name: str = self.args.node
+        found = await asyncio.to_thread(detect) if self.args.detect else Machine()
+        for line in found.notes:
+            self.say(line)
+        try:
+            try:
+                doc = await self.rp.call("GET", node_path(name))
+                old: Node | None = msgspec.convert(doc, Node, strict=False)
+            except ApiError as exc:
+                if exc.status_code != 404:
+                    raise
+                old = None
+            if not found.capacity and not found.devices:
+                if old is None:
+                    self.say(
+                        f"error: node {name} is not registered, and --register has nothing to "
+                        "register it with: add --detect (or add it with respool node add)"
+                    )
+                    return EXIT_USAGE
+                self.say(f"node {name} is registered (--detect would update its units)")
+                return 0
+            method, path, body = registration(
+                old, name, pool=None, capacity=found.capacity, devices=found.devices,
+                labels=found.labels, detected=True,
+            )  # fmt: skip
+            retry = 0.0 if method == "POST" else None
+            node = msgspec.convert(
+                await self.rp.call(method, path, body=body, retry_for=retry), Node, strict=False
+            )
+        except RespoolError as exc:
+            return self.failed(exc)
+        units = ", ".join(f"{k} {v}" for k, v in sorted(node.capacity.items()))
+        where = f"pool {node.pool}" if node.pool else "no pool"
+        self.say(f"{'registered' if old is None else 'updated'} node {name} in {where}: {units}")
+        return 0
+
     async def serve(self) -> int:
+        if self.args.register:
+            code = await self.register()
+            if code:
+                return code
         try:
             hello = await self.hello()
         except ApiError as exc:
@@ -411,6 +484,15 @@ def main(argv: Sequence[str] | None = None, prog: str = "respool agent") -> int:
         parser.error("--interval: 1 to 300 seconds")
     if args.node and args.pool:
         parser.error("--node and --pool: give one (a node's pool is known)")
+    if args.detect and not args.register:
+        parser.error("--detect goes with --register (it finds what the node is registered with)")
+    if args.register and args.pool:
+        parser.error("--register registers a node: give --node NAME, not --pool")
+    if args.register and not args.node:
+        try:
+            args.node = host_node_name()
+        except ValueError as exc:
+            parser.error(f"--node: {exc}")
     with contextlib.suppress(ValueError, OSError):
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     try:

@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not args or args[0] in ("-h", "--help"):
         print(
             "usage: respool run [options] -- CMD [ARGS...]\n"
-            "       respool agent [--node NAME | --pool P]\n"
+            "       respool agent [--node NAME [--register [--detect]] | --pool P]\n"
             "(the light client serves `respool run` and `respool agent` only; "
             "`respool run --help` for their options)"
         )

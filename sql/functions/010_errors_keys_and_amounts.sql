@@ -36,15 +36,7 @@ CREATE OR REPLACE FUNCTION respool._is_soft_key(p_key text)
 RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT p_key IN ('mcpu', 'memory_mb', 'step_run')
 $$;
-COMMENT ON FUNCTION respool._is_soft_key(text) IS 'Soft keys are unbounded at the pool layer when the pool has no capacity row for them (docs/admission.md, "Keys").';
-
-CREATE OR REPLACE FUNCTION respool._effective_capacity(p_key text, p_capacity bigint)
-RETURNS bigint LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT CASE WHEN p_capacity IS NOT NULL THEN p_capacity
-                WHEN respool._is_soft_key(p_key) THEN NULL
-                ELSE 0 END
-$$;
-COMMENT ON FUNCTION respool._effective_capacity(text, bigint) IS 'Capacity the admission rules use: NULL means untracked (unbounded); a missing non-soft key is 0.';
+COMMENT ON FUNCTION respool._is_soft_key(text) IS 'Soft keys are unbounded at a place (pool or node) that has no capacity for them (docs/admission.md, "Keys"); the key rule itself is respool._effective_capacity (029_capacity.sql).';
 
 CREATE OR REPLACE FUNCTION respool._amount(p_value jsonb, p_field text, p_positive boolean DEFAULT false)
 RETURNS bigint LANGUAGE plpgsql IMMUTABLE AS $$

@@ -1,4 +1,5 @@
--- Placement: the one seam every grant goes through (docs/engine.md, "The placement seam").
+-- Placement: the one seam every grant goes through (docs/engine.md, "The placement seam"), and
+-- every placement rule: node choice, node slots, gangs on nodes, the node rejections and blockers.
 --
 --   respool._fits     does a request fit what is free: admission rules 1-3 (docs/admission.md)
 --                     on the pool and policy counters, and the earmark rule (docs/preemption.md);
@@ -7,25 +8,27 @@
 --
 -- In a pool without nodes a grant is placed in the pool as a whole. In a pool backed by nodes
 -- (docs/placement.md) _fits also needs a node that fits, _place puts each grant on one node and
--- its devices, _unplace gives them back. Read-only planners (what-if, ETA, the starvation guard,
--- victim choice) test room maps with the _fits_room_* functions, each named by the rule it
--- applies to a key the room map lacks.
+-- its devices, _unplace gives them back. Every room, fit and count here is the capacity model's
+-- (029_capacity.sql: respool._pool_place, respool._node_places, respool._room, respool._fits_room, respool._how_many).
 
 CREATE OR REPLACE FUNCTION respool._blocker(p_resources jsonb, p_preemptible boolean, p_pool_id uuid, p_policy_id uuid)
 RETURNS text LANGUAGE plpgsql STABLE AS $$
 BEGIN
     -- PL/pgSQL, not SQL: PostgreSQL before 18 plans a SQL function's body on every call, and
     -- this runs for every grant attempt and every read of a queued request.
+    -- Per key: the pool place's room (respool._pool_place), the subject's room under its limit (a
+    -- key without one: the counter's ceiling) and, for non-preemptible work on a bounded key,
+    -- under its reserved share. Limits bind keys the request does not ask for (need 0).
     RETURN (SELECT msg FROM (
         SELECT k.key,
                CASE
-                 WHEN c.cap IS NOT NULL AND k.need > 0 AND c.pool_used + k.need > c.cap THEN
-                     format('waiting for %s: pool %s/%s used, needs %s', k.key, c.pool_used, c.cap, k.need)
-                 WHEN pol."limit" IS NOT NULL AND c.subject_used + k.need > pol."limit" THEN
+                 WHEN k.capacity IS NOT NULL AND k.need > 0 AND NOT respool._fits_room(k.need, k.room) THEN
+                     format('waiting for %s: pool %s/%s used, needs %s', k.key, k.used, k.capacity, k.need)
+                 WHEN pol."limit" IS NOT NULL AND NOT respool._fits_room(k.need, s.room) THEN
                      format('waiting for %s: subject limit reached, %s/%s used, needs %s',
-                            k.key, c.subject_used, pol."limit", k.need)
-                 WHEN NOT p_preemptible AND c.cap IS NOT NULL AND k.need > 0
-                      AND coalesce(pol.np_used, 0) + k.need > coalesce(pol.reserved, 0) THEN
+                            k.key, s.used, pol."limit", k.need)
+                 WHEN NOT p_preemptible AND k.capacity IS NOT NULL AND k.need > 0
+                      AND NOT respool._fits_room(k.need, respool._room(coalesce(pol.reserved, 0), coalesce(pol.np_used, 0))) THEN
                      CASE WHEN pol.reserved = 0 AND pol.configured > 0
                           -- outside the policy's time windows (docs/preemption.md)
                           THEN format('waiting for %s: the reserved share of %s is in force only inside the policy''s time windows',
@@ -33,52 +36,76 @@ BEGIN
                           ELSE format('waiting for %s: reserved share for non-preemptible work %s/%s used, needs %s',
                                       k.key, coalesce(pol.np_used, 0), coalesce(pol.reserved, 0), k.need) END
                  -- A counter nothing bounds still has a ceiling, so that no sum overflows.
-                 WHEN k.need > 0 AND ((c.cap IS NULL AND c.pool_used + k.need > respool._max_total())
-                                      OR (pol."limit" IS NULL AND c.subject_used + k.need > respool._max_total())) THEN
+                 WHEN k.need > 0 AND (NOT respool._fits_room(k.need, k.room) OR NOT respool._fits_room(k.need, s.room)) THEN
                      format('waiting for %s: %s units are held, the most one counter can hold is %s',
-                            k.key, greatest(c.pool_used, c.subject_used), respool._max_total())
+                            k.key, greatest(k.used, s.used), respool._max_total())
                END AS msg
-          FROM (SELECT x.key, x.value::bigint AS need FROM jsonb_each_text(p_resources) x
+          FROM (SELECT p.key, p.need, p.capacity, p.used, p.room FROM respool._pool_place(p_pool_id, p_resources) p
                 UNION ALL
-                SELECT l.key, 0 FROM respool.policy_resources l
+                SELECT l.key, 0, NULL, NULL, NULL FROM respool.policy_resources l
                  WHERE l.policy_id = p_policy_id AND l."limit" IS NOT NULL AND NOT p_resources ? l.key) k
-          LEFT JOIN respool.pool_resources pr ON pr.pool_id = p_pool_id AND pr.key = k.key
           LEFT JOIN respool.policy_resources pol ON pol.policy_id = p_policy_id AND pol.key = k.key
-         CROSS JOIN LATERAL (SELECT respool._effective_capacity(k.key, pr.capacity) AS cap,
-                                    coalesce(pr.used, 0) AS pool_used,
-                                    coalesce(pol.used, 0) AS subject_used) c
+         CROSS JOIN LATERAL (SELECT coalesce(pol.used, 0) AS used,
+                                    respool._room(pol."limit", coalesce(pol.used, 0)) AS room) s
     ) checks
     WHERE msg IS NOT NULL
     ORDER BY key
     LIMIT 1);
 END $$;
 COMMENT ON FUNCTION respool._blocker(jsonb, boolean, uuid, uuid) IS
-    'Admission rules 1-3 (docs/admission.md) against the current counters of a pool and a policy: NULL when admissible, else one sentence naming the first blocking key. The rules of respool._fits; read-only.';
+    'Admission rules 1-3 (docs/admission.md) against the current counters of a pool and a policy: NULL when admissible, else one sentence naming the first blocking key. Rooms from the capacity model (respool._pool_place, respool._room); the rules of respool._fits; read-only.';
+
+CREATE OR REPLACE FUNCTION respool._fit_count(p_resources jsonb, p_preemptible boolean, p_pool_id uuid,
+                                              p_policy_id uuid)
+RETURNS bigint LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_moving boolean := respool._earmarked(p_pool_id);
+    n bigint;
+BEGIN
+    -- The bounds of respool._blocker and the earmark rule are all "k * need <= room": the
+    -- least respool._how_many over them is the count, by division.
+    SELECT min(least(CASE WHEN k.need > 0 THEN respool._how_many(k.need, k.room) END,
+                     respool._how_many(k.need, respool._room(pol."limit", coalesce(pol.used, 0))),
+                     CASE WHEN NOT p_preemptible AND k.capacity IS NOT NULL AND k.need > 0
+                          THEN respool._how_many(k.need, respool._room(coalesce(pol.reserved, 0), coalesce(pol.np_used, 0)))
+                     END))
+      INTO n
+      FROM (SELECT p.key, p.need, p.capacity, p.room FROM respool._pool_place(p_pool_id, p_resources, NULL, v_moving) p
+            UNION ALL
+            SELECT l.key, 0, NULL, NULL FROM respool.policy_resources l
+             WHERE l.policy_id = p_policy_id AND l."limit" IS NOT NULL AND NOT p_resources ? l.key) k
+      LEFT JOIN respool.policy_resources pol ON pol.policy_id = p_policy_id AND pol.key = k.key;
+    RETURN least(coalesce(n, respool._max_batch()), respool._max_batch());
+END $$;
+COMMENT ON FUNCTION respool._fit_count(jsonb, boolean, uuid, uuid) IS
+    'How many requests of one shape fit the pool and policy counters together now (at most respool._max_batch()): the largest k for which respool._fits of k times the need holds without a node check (rules 1-3, earmarks for any other request), by division (respool._how_many), not by re-testing. In a pool with nodes respool._node_slots bounds it further. Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._deficit(p_resources jsonb, p_pool_id uuid, p_request_id uuid)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_moving boolean := respool._moving(p_pool_id, p_request_id);
 BEGIN
-    RETURN (SELECT jsonb_object_agg(x.key, u.used - u.leaving + u.earmarked + x.value::bigint - u.bound)
-              FROM jsonb_each_text(p_resources) x
-              JOIN respool._usage(p_pool_id, p_request_id) u
-                ON u.policy_id IS NULL AND u.key = x.key AND u.bound IS NOT NULL);
+    RETURN (SELECT jsonb_object_agg(p.key, p.need - p.room_settled)
+              FROM respool._pool_place(p_pool_id, p_resources, p_request_id, v_moving) p
+             WHERE p.capacity IS NOT NULL);
 END $$;
 COMMENT ON FUNCTION respool._deficit(jsonb, uuid, uuid) IS
-    'What preemption must free for a need to fit the pool (the reconciler''s side of respool._fits): {tracked key: used - leaving + earmarked + need - capacity} (> 0: units missing), victims in their grace period counted as gone and units earmarked for requests other than p_request_id as taken; NULL when the need has no tracked key. Read-only.';
+    'What preemption must free for a need to fit the pool (the reconciler''s side of respool._fits): {bounded key: need - room_settled} (> 0: units missing; respool._pool_place: victims in their grace period counted as gone, units earmarked for requests other than p_request_id as taken); NULL when the need has no bounded key. Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._excess(p_pool_id uuid, p_policy_id uuid)
 RETURNS TABLE (key text, over bigint, bound bigint)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     RETURN QUERY
-    SELECT u.key, u.used - u.leaving - u.bound, u.bound
+    SELECT u.key, -r.room, u.bound
       FROM respool._usage(p_pool_id) u
+     CROSS JOIN LATERAL (SELECT respool._room(u.bound, u.used - u.leaving) AS room) r
      WHERE u.policy_id IS NOT DISTINCT FROM p_policy_id AND u.bound IS NOT NULL
-       AND u.used - u.leaving > u.bound
+       AND NOT respool._fits_room(0, r.room)
      ORDER BY u.key;
 END $$;
 COMMENT ON FUNCTION respool._excess(uuid, uuid) IS
-    'The keys on which holders exceed a bound after a shrink (p_policy_id NULL: the pool''s capacities, a removed custom key counting as capacity 0; else that policy''s limits): units over and the bound, victims in their grace period counted as gone. Empty when everything fits. Read-only.';
+    'The keys on which holders exceed a bound after a shrink (p_policy_id NULL: the pool''s capacities, a removed custom key counting as capacity 0; else that policy''s limits): units over and the bound, victims in their grace period counted as gone (a room below 0, respool._room). Empty when everything fits. Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._leaves_earmarks(p_resources jsonb, p_pool_id uuid, p_request_id uuid,
                                                     p_earmark_pool_id uuid)
@@ -87,20 +114,14 @@ BEGIN
     -- Once every victim in its grace period has left (their units gone) and every earmarked
     -- request has its units, would this request still fit? Checked only while earmarks exist.
     -- The two cheap tests first, as statements of their own: nearly always one of them ends it.
-    IF p_earmark_pool_id IS NOT DISTINCT FROM p_pool_id
-       OR NOT EXISTS (SELECT FROM respool.requests b
-                       WHERE b.earmark_pool_id = p_pool_id AND b.status = 'queued'
-                         AND b.id IS DISTINCT FROM p_request_id) THEN
+    IF p_earmark_pool_id IS NOT DISTINCT FROM p_pool_id OR NOT respool._earmarked(p_pool_id, p_request_id) THEN
         RETURN true;
     END IF;
-    RETURN NOT EXISTS (
-           SELECT FROM jsonb_each_text(p_resources) x
-             JOIN respool._usage(p_pool_id, p_request_id) u
-               ON u.policy_id IS NULL AND u.key = x.key AND u.bound IS NOT NULL
-            WHERE u.used - u.leaving + u.earmarked + x.value::bigint > u.bound);
+    RETURN NOT EXISTS (SELECT FROM respool._pool_place(p_pool_id, p_resources, p_request_id, true) p
+                        WHERE p.capacity IS NOT NULL AND NOT respool._fits_room(p.need, p.room_settled));
 END $$;
 COMMENT ON FUNCTION respool._leaves_earmarks(jsonb, uuid, uuid, uuid) IS
-    'The earmark rule (docs/preemption.md): true when granting p_resources in the pool to request p_request_id (NULL: a request not stored yet) leaves every unit earmarked for another request (units victims in their grace period will free) to it. Always true for the earmark holder itself (p_earmark_pool_id = p_pool_id) and while the pool has no earmarks. Read-only.';
+    'The earmark rule (docs/preemption.md): true when granting p_resources in the pool to request p_request_id (NULL: a request not stored yet) leaves every unit earmarked for another request (units victims in their grace period will free) to it: the need fits the pool place''s room_settled (respool._pool_place). Always true for the earmark holder itself (p_earmark_pool_id = p_pool_id) and while the pool has no earmarks. Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._fit_node(p_resources jsonb, p_preemptible boolean, p_pool_id uuid,
                                              p_policy_id uuid, p_request_id uuid DEFAULT NULL,
@@ -132,46 +153,6 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION respool._fits(jsonb, boolean, uuid, uuid, uuid, uuid, jsonb) IS
     'respool._fit_node''s decision alone (true or false), for the set-based run''s bisection and read-only planners.';
-
-CREATE OR REPLACE FUNCTION respool._fits_room_unbounded(p_need jsonb, p_room jsonb)
-RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
-BEGIN
-    RETURN NOT EXISTS (SELECT FROM jsonb_each_text(p_need) x
-                        WHERE p_room ? x.key AND x.value::bigint > (p_room ->> x.key)::bigint);
-END $$;
-COMMENT ON FUNCTION respool._fits_room_unbounded(jsonb, jsonb) IS
-    'True when every key of p_need fits the room map {key: units}; a key the room map lacks is unbounded (free units of a pool: an untracked key). Read-only planners and the cheap first test of a pass.';
-
-CREATE OR REPLACE FUNCTION respool._fits_room_vector(p_need bigint[], p_room bigint[])
-RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
-BEGIN
-    FOR j IN 1..coalesce(cardinality(p_need), 0) LOOP
-        IF p_need[j] > 0 AND p_need[j] > p_room[j] THEN
-            RETURN false;
-        END IF;
-    END LOOP;
-    RETURN true;
-END $$;
-COMMENT ON FUNCTION respool._fits_room_vector(bigint[], bigint[]) IS
-    'respool._fits_room_unbounded on unit vectors: p_need and p_room hold the units of the same keys (a pool''s tracked keys) by position; a key not in the vectors is unbounded. For the ETA simulation''s inner loop, which keeps units in arrays.';
-
-CREATE OR REPLACE FUNCTION respool._fits_room_zero(p_need jsonb, p_room jsonb)
-RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
-BEGIN
-    RETURN NOT EXISTS (SELECT FROM jsonb_each_text(p_need) x
-                        WHERE x.value::bigint > coalesce((p_room ->> x.key)::bigint, 0));
-END $$;
-COMMENT ON FUNCTION respool._fits_room_zero(jsonb, jsonb) IS
-    'True when every key of p_need fits the room map {key: units}; a key the room map lacks has room 0 (a reserved share the subject has no counter for).';
-
-CREATE OR REPLACE FUNCTION respool._fits_every_room(p_need jsonb, p_room jsonb)
-RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
-BEGIN
-    RETURN NOT EXISTS (SELECT FROM jsonb_each_text(coalesce(p_room, '{}')) m
-                        WHERE coalesce((p_need ->> m.key)::bigint, 0) > m.value::bigint);
-END $$;
-COMMENT ON FUNCTION respool._fits_every_room(jsonb, jsonb) IS
-    'True when no key of the room map {key: units} is passed; a key p_need lacks needs 0, so a room already below 0 fails whatever the need (a limit binds even keys the request does not ask for). A key the room map lacks is unbounded.';
 
 CREATE OR REPLACE FUNCTION respool._take_units(p_map jsonb, p_units jsonb, p_sign integer)
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
@@ -310,11 +291,11 @@ COMMENT ON FUNCTION respool._unplace(uuid) IS
     'Gives a holding request''s units back: returns them to its pool''s and policy''s counters and, when it was placed on a node, to the node''s counters and devices, and removes its placement (CHECK used >= 0 catches a double return), keeping it as the request''s last_placement. Every path that ends a holding goes through it: release, cancel, lease expiry, max_seconds, preemption, grace end, forced deletes and node removal. The caller changes the status, which clears the lease, runtime cap and charge (respool._set_status).';
 
 -- Nodes (docs/placement.md). In a pool backed by nodes every grant is also placed on one active node
--- that matches the request's node_selector and has room for every key of the request it tracks
--- (a soft key a node lacks is unbounded there, any other key it lacks has room 0), and on the
--- first free device ids of each key with named devices. The pool's counters keep every rule of
--- an abstract pool; the node counters add the node rule. Everything below reads only counters
--- that change under the pool's row lock, which every caller holds.
+-- that matches the request's node_selector and has room for every key of the request (the node
+-- places of respool._node_places, under the key rule), and on the first free device ids of each key
+-- with named devices. The pool's counters keep every rule of an abstract pool; the node counters
+-- add the node rule. Everything below reads only counters that change under the pool's row lock,
+-- which every caller holds.
 
 CREATE OR REPLACE FUNCTION respool._pool_has_nodes(p_pool_id uuid)
 RETURNS boolean LANGUAGE plpgsql STABLE AS $$
@@ -325,8 +306,9 @@ COMMENT ON FUNCTION respool._pool_has_nodes(uuid) IS
     'True when the pool is backed by nodes (any state): its grants are placed on nodes (docs/placement.md). One index probe.';
 
 CREATE OR REPLACE FUNCTION respool._node_matches(p_name text, p_labels jsonb, p_selector jsonb)
-RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    -- (SQL, so that the planner inlines it into the queries over a pool's nodes)
+RETURNS boolean LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    -- (SQL and STABLE, as jsonb_build_object is, so that the planner inlines it into the queries
+    -- over a pool's nodes instead of calling it per node)
     SELECT p_selector IS NULL OR p_selector = '{}'
         OR (p_labels || jsonb_build_object('node', p_name)) @> p_selector
 $$;
@@ -339,93 +321,52 @@ RETURNS uuid LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_spread boolean;
     v_mine uuid;
-    v_earmarks boolean;
-    v_keys text[];
-    v_need bigint[];
-    v_hard integer;  -- keys of the request a node must track (non-soft keys)
     v_job boolean := false;
+    v_moving boolean := respool._earmarked(p_pool_id, p_request_id);
 BEGIN
-    -- The node rule: node used + need <= node capacity for every key the node tracks; a soft key
-    -- the node lacks is unbounded, any other key it lacks has room 0. Order: pack takes the node
-    -- left with the fewest free units of the request's device keys (keys the node names devices
-    -- for) once it is placed, then the fewest left over its keys, then the name; spread the most.
+    -- Order: pack takes the node left with the fewest free units of the request's device keys
+    -- (keys the node names devices for) once it is placed, then the fewest left over the keys it
+    -- bounds, then the name; spread the most.
     SELECT placement = 'spread' INTO v_spread FROM respool.pools WHERE id = p_pool_id;
     IF p_request_id IS NOT NULL THEN
         SELECT earmark_node_id, command IS NOT NULL INTO v_mine, v_job FROM respool.requests WHERE id = p_request_id;
     END IF;
-    -- Units that victims in their grace period free on a node are kept for the request they were
-    -- preempted for (docs/preemption.md): others get a node's room net of them.
-    v_earmarks := EXISTS (SELECT FROM respool.requests b
-                           WHERE b.earmark_pool_id = p_pool_id AND b.status = 'queued'
-                             AND b.earmark_node_id IS NOT NULL AND b.id IS DISTINCT FROM p_request_id);
-    SELECT array_agg(x.key), array_agg(x.value::bigint), count(*) FILTER (WHERE NOT respool._is_soft_key(x.key))
-      INTO v_keys, v_need, v_hard
-      FROM jsonb_each_text(p_resources) x WHERE x.value::bigint > 0;
-    -- One pass over the pool's active nodes and their counters of the request's keys: a node
-    -- fits when every key it tracks has room and it tracks every non-soft key.
+    -- One pass over the pool's active node places for the request's keys; rooms are net of
+    -- units earmarked on a node for other requests (docs/preemption.md) while there are any.
     RETURN (
-        SELECT n.id
-          FROM respool.nodes n
-          LEFT JOIN respool.node_resources nr ON nr.node_id = n.id AND nr.key = ANY (v_keys)
-         WHERE n.pool_id = p_pool_id AND n.state = 'active' AND n.id <> ALL (p_exclude)
-           AND (NOT v_job OR n.agent IS DISTINCT FROM 'lost')  -- a lost agent takes no new jobs (docs/jobs.md)
-           AND (p_selector = '{}' OR (n.labels || jsonb_build_object('node', n.name)) @> p_selector)
-         GROUP BY n.id, n.name
-        HAVING bool_and(nr.key IS NULL OR nr.used + v_need[array_position(v_keys, nr.key)] <= nr.capacity)
-           AND count(nr.key) FILTER (WHERE NOT respool._is_soft_key(nr.key)) = v_hard
-           AND (NOT v_earmarks OR respool._node_leaves_earmarks(n.id, p_resources, p_request_id))
+        SELECT p.node_id
+          FROM respool._node_places(p_pool_id, p_resources, p_request_id, v_moving) p
+         WHERE p.state = 'active' AND p.node_id <> ALL (p_exclude)
+           AND (NOT v_job OR p.agent IS DISTINCT FROM 'lost')  -- a lost agent takes no new jobs (docs/jobs.md)
+           AND respool._node_matches(p.node_name, p.labels, p_selector)
+         GROUP BY p.node_id, p.node_name
+        HAVING bool_and(respool._fits_room(p.need, p.room))
          -- What the node is left with once the request is placed (docs/placement.md): nodes
          -- differ in which keys they name devices for, so free-now would order them otherwise.
-         ORDER BY n.id IS NOT DISTINCT FROM v_mine DESC,
+         ORDER BY p.node_id IS NOT DISTINCT FROM v_mine DESC,
                   CASE WHEN v_spread THEN -1 ELSE 1 END
-                  * coalesce(sum(nr.capacity - nr.used - v_need[array_position(v_keys, nr.key)])
-                             FILTER (WHERE nr.devices > 0), 0),
+                  * coalesce(sum(p.free - p.need) FILTER (WHERE p.capacity IS NOT NULL AND p.devices > 0), 0),
                   CASE WHEN v_spread THEN -1 ELSE 1 END
-                  * coalesce(sum(nr.capacity - nr.used - v_need[array_position(v_keys, nr.key)]), 0),
-                  n.name
+                  * coalesce(sum(p.free - p.need) FILTER (WHERE p.capacity IS NOT NULL), 0),
+                  p.node_name
          LIMIT 1);
 END $$;
 COMMENT ON FUNCTION respool._node_for(uuid, jsonb, jsonb, uuid, uuid[]) IS
-    'The node a grant of p_resources goes to in a pool with nodes (docs/placement.md), NULL when none fits now: an active node of the pool, not in p_exclude, matching the selector (for a job: whose agent is not lost, docs/jobs.md), where every key of the request fits (the node rule) and that leaves units earmarked on it for other requests to them. The node earmarked for p_request_id first; then the pool''s placement order (pack: least left over once placed; spread: most). Read-only; the caller holds the pool lock.';
-
-CREATE OR REPLACE FUNCTION respool._node_leaves_earmarks(p_node_id uuid, p_resources jsonb, p_request_id uuid)
-RETURNS boolean LANGUAGE plpgsql STABLE AS $$
-BEGIN
-    -- On this node, victims in their grace period count as gone and the needs of the requests
-    -- they were preempted for (other than p_request_id) as taken.
-    RETURN NOT EXISTS (
-        SELECT FROM jsonb_each_text(p_resources) x
-          JOIN respool.node_resources nr ON nr.node_id = p_node_id AND nr.key = x.key
-         WHERE nr.used + x.value::bigint
-               - coalesce((SELECT sum((pl.resources ->> x.key)::bigint)
-                             FROM respool.placements pl JOIN respool.requests v ON v.id = pl.request_id
-                            WHERE pl.node_id = p_node_id AND v.status = 'preempting'), 0)
-               + coalesce((SELECT sum((b.resources ->> x.key)::bigint) FROM respool.requests b
-                            WHERE b.earmark_node_id = p_node_id AND b.status = 'queued'
-                              AND b.id IS DISTINCT FROM p_request_id), 0)
-               > nr.capacity);
-END $$;
-COMMENT ON FUNCTION respool._node_leaves_earmarks(uuid, jsonb, uuid) IS
-    'The earmark rule on one node: true when p_resources fit the node once its victims in their grace period have left and every request earmarked on it (other than p_request_id) has its units. Read-only.';
+    'The node a grant of p_resources goes to in a pool with nodes (docs/placement.md), NULL when none fits now: an active node of the pool, not in p_exclude, matching the selector (for a job: whose agent is not lost, docs/jobs.md), whose room (respool._node_places: net of units earmarked there for other requests) fits every key. The node earmarked for p_request_id first; then the pool''s placement order (pack: least left over once placed; spread: most). Read-only; the caller holds the pool lock.';
 
 CREATE OR REPLACE FUNCTION respool._node_slots(p_pool_id uuid, p_resources jsonb, p_selector jsonb)
 RETURNS bigint LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    -- Requests of one shape are placed one per node slot: on a node, as many as fit on every
-    -- key it tracks; a node lacking a non-soft key of the shape holds none.
+    -- Requests of one shape are placed one per node slot: per node, the count that fits its
+    -- room of every key (respool._how_many; a node lacking a non-soft key holds none).
     RETURN (SELECT coalesce(sum(s.slots), 0) FROM (
-        SELECT CASE WHEN bool_or(nr.key IS NULL AND NOT respool._is_soft_key(x.key)) THEN 0
-                    ELSE coalesce(min((nr.capacity - nr.used) / x.value::bigint)
-                                  FILTER (WHERE nr.key IS NOT NULL AND x.value::bigint > 0), respool._max_batch()) END
-                   AS slots
-          FROM respool.nodes n
-         CROSS JOIN jsonb_each_text(p_resources) x
-          LEFT JOIN respool.node_resources nr ON nr.node_id = n.id AND nr.key = x.key
-         WHERE n.pool_id = p_pool_id AND n.state = 'active' AND respool._node_matches(n.name, n.labels, p_selector)
-         GROUP BY n.id) s WHERE s.slots > 0);
+        SELECT least(min(respool._how_many(p.need, p.room)), respool._max_batch()) AS slots
+          FROM respool._node_places(p_pool_id, p_resources) p
+         WHERE p.state = 'active' AND respool._node_matches(p.node_name, p.labels, p_selector)
+         GROUP BY p.node_id) s WHERE s.slots > 0);
 END $$;
 COMMENT ON FUNCTION respool._node_slots(uuid, jsonb, jsonb) IS
-    'How many requests of one shape (resources, selector) the active matching nodes of a pool hold now, placed one per node slot: per node the fewest whole needs that fit its free units of any key it tracks. Exact for requests alike (nodes are independent), so a set-based run in a pool with nodes grants at most this many. Only while no earmark is pending in the pool. Read-only.';
+    'How many requests of one shape (resources, selector) the active matching nodes of a pool hold now, placed one per node slot: per node the count that fits its room of every key (respool._how_many, at most respool._max_batch()). Exact for requests alike (nodes are independent), so a set-based run in a pool with nodes grants at most this many. Only while no earmark is pending in the pool. Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._place_on_node(p_request respool.requests, p_node_id uuid)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -474,6 +415,137 @@ END $$;
 COMMENT ON FUNCTION respool._place_on_node(respool.requests, uuid) IS
     'Charges a granted request on one node: its units of the keys the node tracks on the node''s counters (one statement; a charge that would pass a capacity raises RP500 and rolls back), the first free device ids of each named key in list order (one holder per device; RP500 when fewer are free than needed), and its placement row. The caller chose the node (respool._node_for) under the pool lock.';
 
+CREATE OR REPLACE FUNCTION respool._node_rejection(p_pool_id uuid, p_resources jsonb, p_selector jsonb,
+                                                   p_request_id uuid, OUT reason text, OUT message text)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_pool text;
+    v_needs jsonb[];
+    v_keys jsonb;
+    v_distinct boolean := false;
+    v_gang uuid;
+    v_matching integer;
+    v_bad record;
+BEGIN
+    -- Could hold: every key of a need fits the node's room when empty (respool._could_hold, the
+    -- key rule deciding a key it lacks). A gang is judged member by member; with distinct_nodes
+    -- it needs as many matching nodes that could hold a member as members; and an arrangement of
+    -- all its members on the matching nodes, empty (exact for small gangs, a necessary condition
+    -- for large ones).
+    v_pool := (SELECT name FROM respool.pools WHERE id = p_pool_id);
+    IF NOT respool._pool_has_nodes(p_pool_id) THEN
+        -- A selector selects nodes: a pool without nodes is no candidate for it (docs/placement.md).
+        IF p_selector IS NOT NULL AND p_selector <> '{}' THEN
+            reason := 'no_fitting_node';
+            message := format('pool %s has no nodes, so no node matches node_selector %s', v_pool, p_selector::text);
+        END IF;
+        RETURN;
+    END IF;
+    -- A gang is placed member by member: each member must fit a node on its own.
+    SELECT gang_id, distinct_nodes INTO v_gang, v_distinct FROM respool.requests WHERE id = p_request_id;
+    IF v_gang IS NOT NULL THEN
+        v_needs := ARRAY(SELECT m.resources FROM respool.requests m
+                          WHERE m.gang_id = v_gang AND m.status = 'queued' ORDER BY m.queued_at, m.id);
+    END IF;
+    IF coalesce(cardinality(v_needs), 0) = 0 THEN
+        v_needs := ARRAY[p_resources];
+        v_distinct := false;
+        -- The common case first: one matching node that could hold it, found by probing nodes
+        -- until one does (in a pool of alike machines, the first).
+        IF EXISTS (SELECT FROM respool.nodes n
+                    WHERE n.pool_id = p_pool_id AND respool._node_matches(n.name, n.labels, p_selector)
+                      AND respool._could_hold(n.id, p_resources)) THEN
+            RETURN;
+        END IF;
+    END IF;
+    SELECT count(*) INTO v_matching FROM respool.nodes n
+     WHERE n.pool_id = p_pool_id AND respool._node_matches(n.name, n.labels, p_selector);
+    IF v_matching = 0 THEN
+        reason := 'no_fitting_node';
+        message := format('no node of pool %s matches node_selector %s', v_pool, p_selector::text);
+        RETURN;
+    END IF;
+    -- A need no matching node could hold even empty: on every matching node that bounds the key
+    -- (a soft key it lacks does not), the key's room when empty is too small.
+    v_keys := (SELECT jsonb_object_agg(x.key, 0) FROM unnest(v_needs) nm CROSS JOIN LATERAL jsonb_object_keys(nm) x(key));
+    SELECT x.key, x.value::bigint AS need, max(p.capacity) AS largest INTO v_bad
+      FROM unnest(v_needs) need_map CROSS JOIN LATERAL jsonb_each_text(need_map) x
+      JOIN respool._node_places(p_pool_id, v_keys) p ON p.key = x.key
+     WHERE respool._node_matches(p.node_name, p.labels, p_selector) AND p.capacity IS NOT NULL
+     GROUP BY need_map, x.key, x.value
+    HAVING bool_and(NOT respool._fits_room(x.value::bigint, p.room_ever))
+     ORDER BY x.key LIMIT 1;
+    IF FOUND THEN
+        reason := 'no_fitting_node';
+        message := format('%s: needs %s on one node, the largest matching node of pool %s has %s',
+                          v_bad.key, v_bad.need, v_pool, v_bad.largest);
+    ELSE
+        -- Each key fitting some matching node is not enough: one node must hold every key of a
+        -- need at once (a request never spans nodes). With distinct_nodes, count the matching
+        -- nodes that could hold a member even empty.
+        SELECT count(*) INTO v_matching FROM respool.nodes n
+         WHERE n.pool_id = p_pool_id AND respool._node_matches(n.name, n.labels, p_selector)
+           AND EXISTS (SELECT FROM unnest(v_needs) need_map WHERE respool._could_hold(n.id, need_map));
+        IF EXISTS (SELECT FROM unnest(v_needs) need_map
+                    WHERE NOT EXISTS (SELECT FROM respool.nodes n
+                                       WHERE n.pool_id = p_pool_id
+                                         AND respool._node_matches(n.name, n.labels, p_selector)
+                                         AND respool._could_hold(n.id, need_map))) THEN
+            reason := 'no_fitting_node';
+            message := format('each key fits some matching node of pool %s, but no node could hold all of them at once',
+                              v_pool);
+        ELSIF v_distinct AND v_matching < cardinality(v_needs) THEN
+            reason := 'no_fitting_node';
+            message := format('a gang of %s members on distinct nodes: pool %s has %s matching nodes that could hold a member',
+                              cardinality(v_needs), v_pool, v_matching);
+        ELSIF cardinality(v_needs) > 1
+              AND (respool._gang_arrangement(p_pool_id, v_needs, p_selector, v_distinct, false)).placeable = false THEN
+            -- Each member fits some node, but no arrangement of all of them on the matching
+            -- nodes exists, even with every node empty.
+            reason := 'no_fitting_node';
+            message := format('no arrangement of the gang''s %s members%s on the matching nodes of pool %s exists, even with every node empty',
+                              cardinality(v_needs), CASE WHEN v_distinct THEN ' (on distinct nodes)' ELSE '' END,
+                              v_pool);
+        END IF;
+    END IF;
+END $$;
+COMMENT ON FUNCTION respool._node_rejection(uuid, jsonb, jsonb, uuid) IS
+    'The node rule of the rejection table (docs/placement.md). In a pool with nodes: no_fitting_node when no node of the pool, in any state and empty, could ever hold the request (none matches the selector, or none could hold all its amounts at once: respool._could_hold); a gang (p_request_id a member) also when its members could never be arranged on the matching nodes (respool._gang_arrangement). In a pool without nodes: no_fitting_node for a request with a node selector. Else (NULL, NULL). Read-only.';
+
+CREATE OR REPLACE FUNCTION respool._node_blocker(p_resources jsonb, p_pool_id uuid, p_selector jsonb)
+RETURNS text LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_active integer;
+    v_key text;
+    v_best bigint;
+BEGIN
+    IF p_selector IS NULL OR NOT respool._pool_has_nodes(p_pool_id)
+       OR respool._node_for(p_pool_id, p_resources, p_selector) IS NOT NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT count(*) INTO v_active FROM respool.nodes n
+     WHERE n.pool_id = p_pool_id AND n.state = 'active' AND respool._node_matches(n.name, n.labels, p_selector);
+    IF v_active = 0 THEN
+        RETURN CASE WHEN p_selector = '{}' THEN 'waiting for a node: every node of the pool is cordoned or draining'
+                    ELSE format('waiting for a node: no active node matches node_selector %s', p_selector::text) END;
+    END IF;
+    -- The first key (by name) on which no active matching node that bounds it has room, and the
+    -- most free there.
+    SELECT p.key, max(p.free) INTO v_key, v_best
+      FROM respool._node_places(p_pool_id, p_resources) p
+     WHERE p.state = 'active' AND respool._node_matches(p.node_name, p.labels, p_selector) AND p.capacity IS NOT NULL
+     GROUP BY p.key
+    HAVING bool_and(NOT respool._fits_room(p.need, p.free))
+     ORDER BY p.key LIMIT 1;
+    IF v_key IS NULL THEN
+        RETURN 'waiting for a node: no single active node has room for all of its keys at once';
+    END IF;
+    RETURN format('waiting for %s on one node: needs %s, the most free on an active matching node is %s',
+                  v_key, p_resources ->> v_key, v_best);
+END $$;
+COMMENT ON FUNCTION respool._node_blocker(jsonb, uuid, jsonb) IS
+    'Why a request of these resources and node selector waits for a node in a pool with nodes (docs/placement.md): NULL when an active matching node has room now (respool._node_for; or the pool has no nodes, or p_selector is NULL: a gang), else one sentence (no active matching node, or the first key no active matching node has room for, with the most free). Read-only.';
+
 -- Gangs on nodes (docs/placement.md, gangs on nodes): an arrangement of a gang's members on a
 -- pool's nodes, each member on one node, found by a bounded search instead of member by member.
 
@@ -486,52 +558,27 @@ CREATE OR REPLACE FUNCTION respool._gang_rooms(p_pool_id uuid, p_keys text[], p_
                                                p_request_id uuid, OUT node_ids uuid[], OUT room bigint[])
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    v_earmarks boolean;
-    big constant bigint := 9223372036854775807;
-    r record;
+    v_need jsonb := (SELECT coalesce(jsonb_object_agg(k, 0), '{}') FROM unnest(p_keys) k);
+    v_moving boolean := p_now AND respool._earmarked(p_pool_id, p_request_id);
 BEGIN
-    -- The candidate nodes: p_now, the active ones with what is free on them now (net of units
-    -- earmarked there for other requests, victims in their grace period counted as gone);
-    -- otherwise every node of the pool in any state, empty. In the pool's placement order
-    -- (pack: fewest free first), so that the first arrangement found is close to its choice.
-    v_earmarks := p_now AND EXISTS (SELECT FROM respool.requests b
-                                     WHERE b.earmark_pool_id = p_pool_id AND b.status = 'queued'
-                                       AND b.earmark_node_id IS NOT NULL AND b.id IS DISTINCT FROM p_request_id);
-    room := '{}';
-    node_ids := '{}';
-    FOR r IN
-        SELECT n.id,
-               ARRAY(SELECT CASE WHEN nr.key IS NULL THEN CASE WHEN respool._is_soft_key(k.key) THEN big ELSE 0 END
-                                 WHEN NOT p_now THEN nr.capacity
-                                 ELSE nr.capacity - nr.used
-                                      - CASE WHEN v_earmarks THEN greatest(0,
-                                            coalesce((SELECT sum((b.resources ->> k.key)::bigint) FROM respool.requests b
-                                                       WHERE b.earmark_node_id = n.id AND b.status = 'queued'
-                                                         AND b.id IS DISTINCT FROM p_request_id), 0)
-                                            - coalesce((SELECT sum((pl.resources ->> k.key)::bigint)
-                                                          FROM respool.placements pl
-                                                          JOIN respool.requests v ON v.id = pl.request_id
-                                                         WHERE pl.node_id = n.id AND v.status = 'preempting'), 0))
-                                             ELSE 0 END END
-                       FROM unnest(p_keys) WITH ORDINALITY k(key, i)
-                       LEFT JOIN respool.node_resources nr ON nr.node_id = n.id AND nr.key = k.key
-                      ORDER BY k.i) AS rm,
-               (SELECT coalesce(sum(nr.capacity - CASE WHEN p_now THEN nr.used ELSE 0 END), 0)
-                  FROM respool.node_resources nr WHERE nr.node_id = n.id AND nr.key = ANY (p_keys)) AS free
-          FROM respool.nodes n
-         WHERE n.pool_id = p_pool_id AND (NOT p_now OR n.state = 'active')
-           AND respool._node_matches(n.name, n.labels, p_selector)
-         ORDER BY CASE WHEN (SELECT placement FROM respool.pools WHERE id = p_pool_id) = 'spread' THEN -1 ELSE 1 END
-                  * (SELECT coalesce(sum(nr.capacity - CASE WHEN p_now THEN nr.used ELSE 0 END), 0)
-                       FROM respool.node_resources nr WHERE nr.node_id = n.id AND nr.key = ANY (p_keys)),
-                  n.name
-    LOOP
-        node_ids := node_ids || r.id;
-        room := room || r.rm;
-    END LOOP;
+    -- The candidate nodes: p_now, the active ones with their room now (net of units earmarked
+    -- there for other requests, respool._node_places); otherwise every node of the pool in any state,
+    -- empty. In the pool's placement order (pack: fewest free first), so that the first
+    -- arrangement found is close to its choice. Keys in p_keys order (sorted).
+    SELECT coalesce(array_agg(g.node_id ORDER BY g.ord, g.node_name) FILTER (WHERE g.first), '{}'),
+           coalesce(array_agg(g.room ORDER BY g.ord, g.node_name, g.key), '{}')
+      INTO node_ids, room
+      FROM (SELECT p.node_id, p.node_name, p.key,
+                   CASE WHEN p_now THEN p.room ELSE p.room_ever END AS room,
+                   p.key = min(p.key) OVER (PARTITION BY p.node_id) AS first,
+                   CASE WHEN (SELECT placement FROM respool.pools WHERE id = p_pool_id) = 'spread' THEN -1 ELSE 1 END
+                   * coalesce(sum(CASE WHEN p_now THEN p.free ELSE p.capacity END)
+                                  FILTER (WHERE p.capacity IS NOT NULL) OVER (PARTITION BY p.node_id), 0) AS ord
+              FROM respool._node_places(p_pool_id, v_need, p_request_id, v_moving) p
+             WHERE (NOT p_now OR p.state = 'active') AND respool._node_matches(p.node_name, p.labels, p_selector)) g;
 END $$;
 COMMENT ON FUNCTION respool._gang_rooms(uuid, text[], jsonb, boolean, uuid) IS
-    'The nodes of a pool matching p_selector a gang may use, in the pool''s placement order, and each one''s room of p_keys, flattened (room[(n-1)*K + k]; a soft key the node lacks is unbounded, any other key it lacks has room 0). p_now: the active nodes, free units now net of earmarks held there for requests other than p_request_id; else every node in any state, empty. Read-only.';
+    'The nodes of a pool matching p_selector a gang may use, in the pool''s placement order, and each one''s room of p_keys (sorted), flattened (room[(n-1)*K + k]; respool._node_places, the key rule deciding a key a node lacks). p_now: the active nodes, room now net of earmarks held there for requests other than p_request_id; else every node in any state, empty. Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._gang_bound(p_need bigint[], p_room bigint[], p_nk integer, p_m integer,
                                                p_nn integer, p_distinct boolean)
@@ -539,19 +586,20 @@ RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     big constant bigint := 9223372036854775807;
 BEGIN
-    -- Per key the members' sum fits the nodes' sum (unbounded rooms capped so the sum does not
-    -- overflow), and the nodes can hold as many members as there are, a node at most as many as
-    -- its room holds of the smallest needs of every key (distinct_nodes: one).
+    -- Per key the members' sum fits the nodes' sum (rooms capped so the sum does not overflow),
+    -- and the nodes can hold as many members as there are, a node at most as many as its room
+    -- holds of the smallest needs of every key (distinct_nodes: one).
     RETURN NOT EXISTS (
             SELECT FROM generate_series(1, p_nk) k
-             WHERE (SELECT sum(p_need[(i - 1) * p_nk + k]) FROM generate_series(1, p_m) i)
-                   > (SELECT sum(least(p_room[(n - 1) * p_nk + k], big / (p_nn + 1))) FROM generate_series(1, p_nn) n))
+             WHERE NOT respool._fits_room(
+                           (SELECT sum(p_need[(i - 1) * p_nk + k]) FROM generate_series(1, p_m) i)::bigint,
+                           (SELECT sum(least(p_room[(n - 1) * p_nk + k], big / (p_nn + 1))) FROM generate_series(1, p_nn) n)::bigint))
         AND (SELECT sum(c.cnt) FROM (
                 SELECT (SELECT CASE WHEN p_distinct THEN least(min(s.cnt), 1) ELSE min(s.cnt) END FROM (
                           SELECT k, (SELECT count(*) FROM (
                                        SELECT sum(p_need[(i - 1) * p_nk + k]) OVER (ORDER BY p_need[(i - 1) * p_nk + k], i) AS run
                                          FROM generate_series(1, p_m) i) p
-                                      WHERE p.run <= p_room[(n - 1) * p_nk + k]) AS cnt
+                                      WHERE respool._fits_room(p.run::bigint, p_room[(n - 1) * p_nk + k])) AS cnt
                             FROM generate_series(1, p_nk) k) s) AS cnt
                   FROM generate_series(1, p_nn) n) c) >= p_m;
 END $$;
@@ -596,9 +644,7 @@ BEGIN
         m := ord[d];
         IF choice[d] > 0 THEN  -- take the member back from the node it was on, try the next
             FOR k IN 1..p_nk LOOP
-                IF room[(choice[d] - 1) * p_nk + k] <> big THEN
-                    room[(choice[d] - 1) * p_nk + k] := room[(choice[d] - 1) * p_nk + k] + p_need[(m - 1) * p_nk + k];
-                END IF;
+                room[(choice[d] - 1) * p_nk + k] := room[(choice[d] - 1) * p_nk + k] + p_need[(m - 1) * p_nk + k];
             END LOOP;
             used[choice[d]] := false;
             lo := choice[d] + 1;
@@ -614,7 +660,7 @@ BEGIN
             CONTINUE WHEN p_distinct AND used[n];
             ok := true;
             FOR k IN 1..p_nk LOOP
-                IF p_need[(m - 1) * p_nk + k] > room[(n - 1) * p_nk + k] THEN
+                IF NOT respool._fits_room(p_need[(m - 1) * p_nk + k], room[(n - 1) * p_nk + k]) THEN
                     ok := false;
                     EXIT;
                 END IF;
@@ -640,9 +686,7 @@ BEGIN
             END IF;
         ELSE
             FOR k IN 1..p_nk LOOP
-                IF room[(found - 1) * p_nk + k] <> big THEN
-                    room[(found - 1) * p_nk + k] := room[(found - 1) * p_nk + k] - p_need[(m - 1) * p_nk + k];
-                END IF;
+                room[(found - 1) * p_nk + k] := room[(found - 1) * p_nk + k] - p_need[(m - 1) * p_nk + k];
             END LOOP;
             used[found] := true;
             choice[d] := found;
@@ -654,7 +698,7 @@ BEGIN
     END LOOP;
 END $$;
 COMMENT ON FUNCTION respool._gang_search(bigint[], bigint[], integer, integer, integer, boolean) IS
-    'An exact, bounded search (at most 20,000 steps) for an arrangement of p_m members (needs flattened p_nk per member) on p_nn nodes (rooms flattened p_nk per node; a room of the bigint maximum is unbounded), each member on one node (p_distinct: different ones), every key fitting. Returns the node index of each member in member order, ''{}'' when none exists, NULL when undecided within the step budget.';
+    'An exact, bounded search (at most 20,000 steps) for an arrangement of p_m members (needs flattened p_nk per member) on p_nn nodes (rooms flattened p_nk per node, respool._gang_rooms), each member on one node (p_distinct: different ones), every key fitting. Returns the node index of each member in member order, ''{}'' when none exists, NULL when undecided within the step budget.';
 
 CREATE OR REPLACE FUNCTION respool._gang_arrangement(p_pool_id uuid, p_needs jsonb[], p_selector jsonb,
                                                      p_distinct boolean, p_now boolean,

@@ -1,6 +1,7 @@
 -- Admission (docs/admission.md): whether earmarks keep a queued request waiting, the public blocker,
--- and the rejection table (can it ever fit a candidate pool). Whether it fits now is the placement
--- seam's decision (031_placement.sql).
+-- and the rejection table (can it ever fit a candidate pool; its node rule, respool._node_rejection,
+-- is with the other placement rules). Whether it fits now is the placement seam's decision
+-- (031_placement.sql); every capacity it reads is the capacity model's (029_capacity.sql).
 
 CREATE OR REPLACE FUNCTION respool._earmark_blocks(p_request respool.requests, p_pool_id uuid)
 RETURNS boolean LANGUAGE plpgsql STABLE AS $$
@@ -10,125 +11,17 @@ END $$;
 COMMENT ON FUNCTION respool._earmark_blocks(respool.requests, uuid) IS
     'True when granting p_request would take units earmarked for another request (units that victims in their grace period will free): the earmark rule of respool._fits (respool._leaves_earmarks), for explaining why a request waits. Never true for the earmark holder itself.';
 
-CREATE OR REPLACE FUNCTION respool._node_could_hold(p_node_id uuid, p_need jsonb)
-RETURNS boolean LANGUAGE plpgsql STABLE AS $$
-BEGIN
-    RETURN NOT EXISTS (SELECT FROM jsonb_each_text(p_need) x
-                         LEFT JOIN respool.node_resources nr ON nr.node_id = p_node_id AND nr.key = x.key
-                        WHERE CASE WHEN nr.key IS NULL THEN NOT respool._is_soft_key(x.key)
-                                   ELSE x.value::bigint > nr.capacity END);
-END $$;
-COMMENT ON FUNCTION respool._node_could_hold(uuid, jsonb) IS
-    'True when the node, empty, could hold every key of p_need at once (a soft key it lacks is unbounded, any other key it lacks has room 0): whatever its state and usage now. Read-only.';
-
-CREATE OR REPLACE FUNCTION respool._node_rejection(p_pool_id uuid, p_resources jsonb, p_selector jsonb,
-                                                   p_request_id uuid, OUT reason text, OUT message text)
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    v_pool text;
-    v_needs jsonb[];
-    v_distinct boolean := false;
-    v_gang uuid;
-    v_matching integer;
-    v_bad record;
-BEGIN
-    -- Could hold: no amount above the node capacity of a key, no non-soft key the node lacks
-    -- (respool._node_could_hold). A gang is judged member by member; with distinct_nodes it needs
-    -- as many matching nodes that could hold a member as members; and an arrangement of all its
-    -- members on the matching nodes, empty (exact for small gangs, a necessary condition for
-    -- large ones).
-    v_pool := (SELECT name FROM respool.pools WHERE id = p_pool_id);
-    IF NOT respool._pool_has_nodes(p_pool_id) THEN
-        -- A selector selects nodes: a pool without nodes is no candidate for it (docs/placement.md).
-        IF p_selector IS NOT NULL AND p_selector <> '{}' THEN
-            reason := 'no_fitting_node';
-            message := format('pool %s has no nodes, so no node matches node_selector %s', v_pool, p_selector::text);
-        END IF;
-        RETURN;
-    END IF;
-    -- A gang is placed member by member: each member must fit a node on its own.
-    SELECT gang_id, distinct_nodes INTO v_gang, v_distinct FROM respool.requests WHERE id = p_request_id;
-    IF v_gang IS NOT NULL THEN
-        v_needs := ARRAY(SELECT m.resources FROM respool.requests m
-                          WHERE m.gang_id = v_gang AND m.status = 'queued' ORDER BY m.queued_at, m.id);
-    END IF;
-    IF coalesce(cardinality(v_needs), 0) = 0 THEN
-        v_needs := ARRAY[p_resources];
-        v_distinct := false;
-        -- The common case first: one matching node that could hold it, found by probing nodes
-        -- until one does (in a pool of alike machines, the first).
-        IF EXISTS (SELECT FROM respool.nodes n
-                    WHERE n.pool_id = p_pool_id AND respool._node_matches(n.name, n.labels, p_selector)
-                      AND respool._node_could_hold(n.id, p_resources)) THEN
-            RETURN;
-        END IF;
-    END IF;
-    SELECT count(*) INTO v_matching FROM respool.nodes n
-     WHERE n.pool_id = p_pool_id AND respool._node_matches(n.name, n.labels, p_selector);
-    IF v_matching = 0 THEN
-        reason := 'no_fitting_node';
-        message := format('no node of pool %s matches node_selector %s', v_pool, p_selector::text);
-        RETURN;
-    END IF;
-    -- A need no matching node could hold even empty: an amount above the node's capacity of a key
-    -- it tracks, or a non-soft key it lacks.
-    SELECT x.key, x.value::bigint AS need, max(coalesce(nr.capacity, 0)) AS largest INTO v_bad
-      FROM unnest(v_needs) need_map CROSS JOIN LATERAL jsonb_each_text(need_map) x
-     CROSS JOIN respool.nodes n
-      LEFT JOIN respool.node_resources nr ON nr.node_id = n.id AND nr.key = x.key
-     WHERE n.pool_id = p_pool_id AND respool._node_matches(n.name, n.labels, p_selector)
-       AND NOT (nr.key IS NULL AND respool._is_soft_key(x.key))
-     GROUP BY need_map, x.key, x.value
-    HAVING bool_and(nr.key IS NULL OR x.value::bigint > nr.capacity)
-     ORDER BY x.key LIMIT 1;
-    IF FOUND THEN
-        reason := 'no_fitting_node';
-        message := format('%s: needs %s on one node, the largest matching node of pool %s has %s',
-                          v_bad.key, v_bad.need, v_pool, v_bad.largest);
-    ELSE
-        -- Each key fitting some matching node is not enough: one node must hold every key of a
-        -- need at once (a request never spans nodes). With distinct_nodes, count the matching
-        -- nodes that could hold a member even empty.
-        SELECT count(*) INTO v_matching FROM respool.nodes n
-         WHERE n.pool_id = p_pool_id AND respool._node_matches(n.name, n.labels, p_selector)
-           AND EXISTS (SELECT FROM unnest(v_needs) need_map WHERE respool._node_could_hold(n.id, need_map));
-        IF EXISTS (SELECT FROM unnest(v_needs) need_map
-                    WHERE NOT EXISTS (SELECT FROM respool.nodes n
-                                       WHERE n.pool_id = p_pool_id
-                                         AND respool._node_matches(n.name, n.labels, p_selector)
-                                         AND respool._node_could_hold(n.id, need_map))) THEN
-            reason := 'no_fitting_node';
-            message := format('each key fits some matching node of pool %s, but no node could hold all of them at once',
-                              v_pool);
-        ELSIF v_distinct AND v_matching < cardinality(v_needs) THEN
-            reason := 'no_fitting_node';
-            message := format('a gang of %s members on distinct nodes: pool %s has %s matching nodes that could hold a member',
-                              cardinality(v_needs), v_pool, v_matching);
-        ELSIF cardinality(v_needs) > 1
-              AND (respool._gang_arrangement(p_pool_id, v_needs, p_selector, v_distinct, false)).placeable = false THEN
-            -- Each member fits some node, but no arrangement of all of them on the matching
-            -- nodes exists, even with every node empty.
-            reason := 'no_fitting_node';
-            message := format('no arrangement of the gang''s %s members%s on the matching nodes of pool %s exists, even with every node empty',
-                              cardinality(v_needs), CASE WHEN v_distinct THEN ' (on distinct nodes)' ELSE '' END,
-                              v_pool);
-        END IF;
-    END IF;
-END $$;
-COMMENT ON FUNCTION respool._node_rejection(uuid, jsonb, jsonb, uuid) IS
-    'The node rule of the rejection table (docs/placement.md). In a pool with nodes: no_fitting_node when no node of the pool, in any state and empty, could ever hold the request (none matches the selector, or none could hold all its amounts at once); a gang (p_request_id a member) also when its members could never be arranged on the matching nodes (respool._gang_arrangement). In a pool without nodes: no_fitting_node for a request with a node selector. Else (NULL, NULL). Read-only.';
-
 CREATE OR REPLACE FUNCTION respool._rejection(p_resources jsonb, p_preemptible boolean, p_pool_id uuid,
                                               p_policy_id uuid, p_selector jsonb DEFAULT '{}',
                                               p_request_id uuid DEFAULT NULL, OUT reason text, OUT message text)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
+    -- Can it ever fit: the need against the pool place empty (respool._pool_place, room_ever; the key
+    -- rule makes a key the pool lacks capacity 0) and against the policy's bounds when unused.
     WITH k AS (
-        SELECT x.key, x.value::bigint AS need, respool._effective_capacity(x.key, pr.capacity) AS cap,
-               coalesce(pol.configured, 0) AS reserved, pol."limit" AS lim
-          FROM jsonb_each_text(p_resources) x
-          LEFT JOIN respool.pool_resources pr ON pr.pool_id = p_pool_id AND pr.key = x.key
-          LEFT JOIN respool.policy_resources pol ON pol.policy_id = p_policy_id AND pol.key = x.key
+        SELECT p.key, p.need, p.capacity AS cap, p.room_ever, coalesce(pol.configured, 0) AS reserved, pol."limit" AS lim
+          FROM respool._pool_place(p_pool_id, p_resources) p
+          LEFT JOIN respool.policy_resources pol ON pol.policy_id = p_policy_id AND pol.key = p.key
     ), pool AS (SELECT name FROM respool.pools WHERE id = p_pool_id)
     SELECT c.reason, c.message INTO reason, message FROM (VALUES (1)) AS one(x) LEFT JOIN LATERAL (
         SELECT 1 AS rank, key, 'pool_missing_key' AS reason,
@@ -137,16 +30,16 @@ BEGIN
         UNION ALL
         SELECT 2, key, 'exceeds_capacity',
                format('%s: needs %s, pool %s has %s', key, need, (SELECT name FROM pool), cap)
-          FROM k WHERE cap > 0 AND need > cap
+          FROM k WHERE cap > 0 AND NOT respool._fits_room(need, room_ever)
         UNION ALL
         SELECT 3, key, 'exceeds_limit',
                format('%s: needs %s, the subject''s limit in pool %s is %s', key, need, (SELECT name FROM pool), lim)
-          FROM k WHERE lim IS NOT NULL AND need > lim
+          FROM k WHERE lim IS NOT NULL AND NOT respool._fits_room(need, respool._room(lim, 0))
         UNION ALL
         SELECT 4, key, 'exceeds_reserved',
                format('%s: non-preemptible request needs %s, the subject''s reserved share in pool %s is %s',
                       key, need, (SELECT name FROM pool), reserved)
-          FROM k WHERE NOT p_preemptible AND cap IS NOT NULL AND need > reserved
+          FROM k WHERE NOT p_preemptible AND cap IS NOT NULL AND NOT respool._fits_room(need, respool._room(reserved, 0))
         ORDER BY 1, 2
         LIMIT 1
     ) c ON true;
@@ -156,7 +49,7 @@ BEGIN
     END IF;
 END $$;
 COMMENT ON FUNCTION respool._rejection(jsonb, boolean, uuid, uuid, jsonb, uuid) IS
-    'The rejection table (docs/admission.md) for one candidate pool, then the node rule (respool._node_rejection: p_selector, and p_request_id for a gang member): always one row, (NULL, NULL) when the request can ever fit there.';
+    'The rejection table (docs/admission.md) for one candidate pool (the pool place empty, respool._pool_place), then the node rule (respool._node_rejection: p_selector, and p_request_id for a gang member): always one row, (NULL, NULL) when the request can ever fit there.';
 
 CREATE OR REPLACE FUNCTION respool.blocker(p_resources jsonb, p_preemptible boolean, p_pool_id uuid,
                                           p_policy_id uuid)
@@ -211,38 +104,3 @@ END $$;
 COMMENT ON FUNCTION respool._candidate_rejections(text, uuid[], jsonb, boolean, jsonb, uuid) IS
     'Every candidate pool of a request (the subject''s policies on p_pool_ids, respool._subject_policies), in candidate order, with its rejection (docs/admission.md; reason and message NULL when the request can ever fit there). Read-only.';
 
-CREATE OR REPLACE FUNCTION respool._node_blocker(p_resources jsonb, p_pool_id uuid, p_selector jsonb)
-RETURNS text LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    v_active integer;
-    v_key text;
-    v_best bigint;
-BEGIN
-    IF p_selector IS NULL OR NOT respool._pool_has_nodes(p_pool_id)
-       OR respool._node_for(p_pool_id, p_resources, p_selector) IS NOT NULL THEN
-        RETURN NULL;
-    END IF;
-    SELECT count(*) INTO v_active FROM respool.nodes n
-     WHERE n.pool_id = p_pool_id AND n.state = 'active' AND respool._node_matches(n.name, n.labels, p_selector);
-    IF v_active = 0 THEN
-        RETURN CASE WHEN p_selector = '{}' THEN 'waiting for a node: every node of the pool is cordoned or draining'
-                    ELSE format('waiting for a node: no active node matches node_selector %s', p_selector::text) END;
-    END IF;
-    -- The first key (by name) on which no active matching node has room, and the most free there.
-    SELECT x.key, max(coalesce(nr.capacity - nr.used, 0)) INTO v_key, v_best
-      FROM jsonb_each_text(p_resources) x
-     CROSS JOIN respool.nodes n
-      LEFT JOIN respool.node_resources nr ON nr.node_id = n.id AND nr.key = x.key
-     WHERE n.pool_id = p_pool_id AND n.state = 'active' AND respool._node_matches(n.name, n.labels, p_selector)
-       AND NOT (nr.key IS NULL AND respool._is_soft_key(x.key))
-     GROUP BY x.key, x.value
-    HAVING bool_and(nr.key IS NULL OR nr.used + x.value::bigint > nr.capacity)
-     ORDER BY x.key LIMIT 1;
-    IF v_key IS NULL THEN
-        RETURN 'waiting for a node: no single active node has room for all of its keys at once';
-    END IF;
-    RETURN format('waiting for %s on one node: needs %s, the most free on an active matching node is %s',
-                  v_key, p_resources ->> v_key, v_best);
-END $$;
-COMMENT ON FUNCTION respool._node_blocker(jsonb, uuid, jsonb) IS
-    'Why a request of these resources and node selector waits for a node in a pool with nodes (docs/placement.md): NULL when an active matching node has room now (or the pool has no nodes, or p_selector is NULL: a gang), else one sentence (no active matching node, or the first key no active matching node has room for, with the most free). Read-only.';

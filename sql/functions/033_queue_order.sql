@@ -30,9 +30,7 @@ LANGUAGE sql STABLE AS $$
                    > (s.policy_id, s.preemptible, s.resources, s.node_selector)
              ORDER BY e.policy_id, e.preemptible, e.resources, e.node_selector LIMIT 1) n
     ), tracked AS (
-        SELECT coalesce(array_agg(pr.key) FILTER (WHERE pr.capacity IS NOT NULL), '{}') AS keys,
-               (SELECT pl.ordering = 'fair' FROM respool.pools pl WHERE pl.id = p_pool_id) AS fair
-          FROM respool.pool_resources pr WHERE pr.pool_id = p_pool_id
+        SELECT (SELECT pl.ordering = 'fair' FROM respool.pools pl WHERE pl.id = p_pool_id) AS fair
     )
     SELECT s.policy_id, p.subject, s.preemptible, s.resources, p.priority, i.in_share, h.queued_at, h.request_id,
            ds.share, s.node_selector, respool._rank(p.priority, p.priority_lane)
@@ -49,13 +47,15 @@ LANGUAGE sql STABLE AS $$
                            ON pr.pool_id = p_pool_id AND pr.key = pol.key AND pr.capacity IS NOT NULL
                         WHERE pol.policy_id = s.policy_id), 0) ELSE 0 END AS share) ds
      CROSS JOIN LATERAL (
-            -- In share: for every tracked (or non-soft) key, the subject's used + the request
-            -- <= its reserved share.
+            -- In share: for every key the pool bounds (the key rule, respool._effective_capacity),
+            -- the request fits the subject's room under its reserved share (respool._room).
             SELECT NOT EXISTS (
                 SELECT FROM jsonb_each_text(s.resources) x
+                  LEFT JOIN respool.pool_resources pr ON pr.pool_id = p_pool_id AND pr.key = x.key
                   LEFT JOIN respool.policy_resources pol ON pol.policy_id = s.policy_id AND pol.key = x.key
-                 WHERE (x.key = ANY (t.keys) OR NOT respool._is_soft_key(x.key))
-                   AND x.value::bigint > coalesce(pol.reserved - pol.used, 0)) AS in_share) i
+                 WHERE respool._effective_capacity(x.key, pr.capacity) IS NOT NULL
+                   AND NOT respool._fits_room(x.value::bigint,
+                                              respool._room(coalesce(pol.reserved, 0), coalesce(pol.used, 0)))) AS in_share) i
      CROSS JOIN LATERAL (
             SELECT e.queued_at, e.request_id FROM respool.queue_entries e
              WHERE e.pool_id = p_pool_id AND e.policy_id = s.policy_id

@@ -10,14 +10,14 @@ DECLARE
     v_free jsonb := respool._free_units(p_pool_id);
     a record;
 BEGIN
-    IF respool._fits_room_unbounded(p_need, v_free) THEN
+    IF respool._fits_room(p_need, v_free) THEN
         RETURN p_now;
     END IF;
     FOR a IN SELECT resources, run_deadline FROM respool.requests
               WHERE pool_id = p_pool_id AND status = 'allocated' AND run_deadline IS NOT NULL
               ORDER BY run_deadline, id LOOP
         v_free := respool._take_units(v_free, a.resources, -1);
-        IF respool._fits_room_unbounded(p_need, v_free) THEN
+        IF respool._fits_room(p_need, v_free) THEN
             RETURN greatest(a.run_deadline, p_now);
         END IF;
     END LOOP;
@@ -51,7 +51,7 @@ BEGIN
                             AND EXISTS (SELECT FROM respool.requests m
                                          WHERE (m.id = p_head_id OR (v_head.gang_id IS NOT NULL
                                                                      AND m.gang_id = v_head.gang_id AND m.status = 'queued'))
-                                           AND respool._node_could_hold(n.id, m.resources))
+                                           AND respool._could_hold(n.id, m.resources))
                           ORDER BY n.id);
         IF cardinality(h.nodes) = 0
            OR (v_head.gang_id IS NOT NULL
@@ -93,7 +93,7 @@ CREATE OR REPLACE FUNCTION respool._leaves_head_room(p_hold respool.pool_hold, p
                                                      p_selector jsonb DEFAULT NULL)
 RETURNS boolean LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    v_need jsonb := p_hold.need;
+    v_need jsonb;
 BEGIN
     IF p_hold.nodes IS NOT NULL THEN
         -- In a pool with nodes only the held nodes' free units count (docs/placement.md): a
@@ -104,23 +104,25 @@ BEGIN
                             WHERE n.id = ANY (p_hold.nodes) AND respool._node_matches(n.name, n.labels, p_selector)) THEN
             RETURN true;
         END IF;
+        -- (a key no held node bounds is left out: the key rule gives it its room below)
         SELECT coalesce(jsonb_object_agg(s.key, s.free), '{}') INTO p_free
-          FROM (SELECT nr.key, sum(nr.capacity - nr.used) AS free FROM respool.node_resources nr
-                 WHERE nr.node_id = ANY (p_hold.nodes) GROUP BY nr.key) s;
-        -- (a soft key no held node lists is unbounded there)
-        SELECT coalesce(jsonb_object_agg(n.key, n.value), '{}') INTO v_need FROM jsonb_each(p_hold.need) n
-         WHERE p_free ? n.key OR NOT respool._is_soft_key(n.key);
+          FROM (SELECT p.key, sum(p.free) FILTER (WHERE p.capacity IS NOT NULL) AS free
+                  FROM respool._node_places(p_hold.pool_id, p_hold.need) p
+                 WHERE p.node_id = ANY (p_hold.nodes) GROUP BY p.key) s
+         WHERE s.free IS NOT NULL;
     END IF;
     -- Rule (a): for every key the head needs that this request takes, the free units left after
     -- granting it still cover the head's need (a key it does not take costs the head nothing).
-    -- (an untracked key, absent from p_free, leaves no room).
-    RETURN respool._fits_room_zero(
-        (SELECT coalesce(jsonb_object_agg(n.key, n.value), '{}') FROM jsonb_each(v_need) n
-          WHERE coalesce((p_resources ->> n.key)::bigint, 0) > 0),
-        respool._take_units(p_free, p_resources, 1));
+    -- A key absent from the free map: on the held nodes the key rule decides; in the pool as a
+    -- whole (an untracked key) it leaves no room.
+    v_need := (SELECT coalesce(jsonb_object_agg(n.key, n.value), '{}') FROM jsonb_each(p_hold.need) n
+                WHERE coalesce((p_resources ->> n.key)::bigint, 0) > 0);
+    p_free := respool._take_units(p_free, p_resources, 1);
+    RETURN CASE WHEN p_hold.nodes IS NOT NULL THEN respool._fits_room(v_need, p_free)
+                ELSE respool._fits_room_zero(v_need, p_free) END;
 END $$;
 COMMENT ON FUNCTION respool._leaves_head_room(respool.pool_hold, jsonb, jsonb, jsonb) IS
-    'Backfill rule (a) (docs/scheduling.md): granting p_resources (node selector p_selector, NULL: any node) out of the free units p_free leaves the held-for head''s need covered on every key both need. In a pool with nodes only the held nodes count (docs/placement.md): true for a selector matching none of them, else the held nodes'' free units stand for p_free. Read-only.';
+    'Backfill rule (a) (docs/scheduling.md): granting p_resources (node selector p_selector, NULL: any node) out of the free units p_free leaves the held-for head''s need covered on every key both need. In a pool with nodes only the held nodes count (docs/placement.md): true for a selector matching none of them, else the held nodes'' free units (respool._node_places) stand for p_free. Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._ends_before_shadow(p_hold respool.pool_hold, p_max_seconds integer,
                                                        p_now timestamptz)

@@ -126,12 +126,16 @@ BEGIN
         LOOP
             fit := NULL;
             FOR b IN 1..nb LOOP
-                IF e_ok[(i - 1) * nb + b]
-                   AND respool._fits_room_vector(e_units[(i - 1) * nk + 1 : i * nk],
-                                                 v_free[(b - 1) * nk + 1 : b * nk]) THEN
-                    fit := b;
-                    EXIT;
-                END IF;
+                CONTINUE WHEN NOT e_ok[(i - 1) * nb + b];
+                fit := b;
+                FOR j IN 1..nk LOOP  -- every key the entry needs fits the bin's room
+                    IF e_units[(i - 1) * nk + j] > 0
+                       AND NOT respool._fits_room(e_units[(i - 1) * nk + j], v_free[(b - 1) * nk + j]) THEN
+                        fit := NULL;
+                        EXIT;
+                    END IF;
+                END LOOP;
+                EXIT WHEN fit IS NOT NULL;
             END LOOP;
             EXIT WHEN fit IS NOT NULL;
             -- Free the next unit-holder to end: a real holder or a simulated grant.
@@ -172,6 +176,7 @@ LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp A
 DECLARE
     v_hist double precision[] := respool._hold_history(p_pool_id);
     v_keys text[];
+    v_need jsonb;       -- the keys, as a need map
     nk integer;
     -- bins: where units live. One bin, the pool, in a pool without nodes; one per active node in
     -- a pool with nodes (docs/placement.md), a request fitting one node.
@@ -190,22 +195,21 @@ BEGIN
     IF cardinality(v_hist) < respool._eta_min_holds() THEN
         RETURN;  -- too few recorded holds: no estimate
     END IF;
-    SELECT coalesce(array_agg(pr.key ORDER BY pr.key), '{}'),
-           coalesce(array_agg(pr.capacity - pr.used ORDER BY pr.key), '{}')
+    -- Bins are places (respool._pool_place, respool._node_places): the pool place, or one per active node, with their
+    -- free units of the pool's bounded keys (the key rule deciding a key a node lacks).
+    v_need := respool._place_keys(p_pool_id, 'pool');
+    SELECT coalesce(array_agg(p.key ORDER BY p.key), '{}'), coalesce(array_agg(p.free ORDER BY p.key), '{}')
       INTO v_keys, v_free0
-      FROM respool.pool_resources pr WHERE pr.pool_id = p_pool_id AND pr.capacity IS NOT NULL;
+      FROM respool._pool_place(p_pool_id, v_need) p WHERE p.capacity IS NOT NULL;
     nk := cardinality(v_keys);
     v_nodes := ARRAY(SELECT n.id FROM respool.nodes n WHERE n.pool_id = p_pool_id AND n.state = 'active'
                       ORDER BY n.name);
     IF respool._pool_has_nodes(p_pool_id) THEN
-        -- A node's free units of the pool's keys: a soft key it lacks is unbounded, another key 0.
         nb := cardinality(v_nodes);
-        SELECT coalesce(array_agg(f.free ORDER BY f.b, f.k), '{}') INTO v_free0
-          FROM (SELECT nb_i.b, ks.k, CASE WHEN nr.key IS NOT NULL THEN nr.capacity - nr.used
-                                          WHEN respool._is_soft_key(v_keys[ks.k]) THEN respool._max_total()
-                                          ELSE 0 END AS free
-                  FROM generate_subscripts(v_nodes, 1) nb_i(b) CROSS JOIN generate_series(1, nk) ks(k)
-                  LEFT JOIN respool.node_resources nr ON nr.node_id = v_nodes[nb_i.b] AND nr.key = v_keys[ks.k]) f;
+        v_need := (SELECT coalesce(jsonb_object_agg(k, 0), '{}') FROM unnest(v_keys) k);
+        SELECT coalesce(array_agg(p.free ORDER BY p.node_name, p.key), '{}') INTO v_free0
+          FROM respool._node_places(p_pool_id, v_need) p
+         WHERE p.state = 'active';
     ELSE
         nb := 1;
     END IF;

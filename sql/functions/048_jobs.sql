@@ -90,10 +90,11 @@ RETURNS boolean LANGUAGE sql STABLE AS $$
                         r.claimed_node_id = p_node_id
                         OR EXISTS (SELECT FROM respool.placements pl WHERE pl.request_id = r.id AND pl.node_id = p_node_id)
                         OR (r.last_placement ->> 'node') = (SELECT n.name FROM respool.nodes n WHERE n.id = p_node_id)
+                        OR EXISTS (SELECT FROM respool.job_log_attempts a WHERE a.request_id = r.id AND a.node_id = p_node_id)
                     ELSE r.pool_id = p_pool_id END)
 $$;
 COMMENT ON FUNCTION respool.agent_may_see(uuid, uuid, uuid) IS
-    'Whether an agent bound to node p_node_id (or, with p_node_id NULL, to pool p_pool_id) may see request p_id: a job placed on its node now, claimed by it, or last placed there (a pool agent: a job of its pool). Everything else is invisible to it (404).';
+    'Whether an agent bound to node p_node_id (or, with p_node_id NULL, to pool p_pool_id) may see request p_id: a job placed on its node now, claimed by it (any attempt), or last placed there (a pool agent: a job of its pool). Everything else is invisible to it (404).';
 
 CREATE OR REPLACE FUNCTION respool.agent_jobs(p_node_id uuid, p_pool_id uuid, p_claimed boolean DEFAULT false)
 RETURNS jsonb LANGUAGE sql STABLE AS $$
@@ -148,6 +149,9 @@ BEGIN
                                    ELSE lease_expires_at END,
            updated_at = p_now
      WHERE id = p_id AND attempt = r.attempt AND status = 'allocated';
+    -- who ran this attempt: its agent is told "stale" (409), not "not found", once the job moved
+    INSERT INTO respool.job_log_attempts (request_id, attempt, node_id) VALUES (p_id, r.attempt, p_node_id)
+        ON CONFLICT (request_id, attempt) DO UPDATE SET node_id = EXCLUDED.node_id;
     v_doc := respool.request_json(p_id);
     RETURN jsonb_set(v_doc, '{job,env}', respool._job_env_doc(p_id));
 END $$;
@@ -285,6 +289,7 @@ DECLARE
     o respool.job_logs;
     v_excess bigint;
     v_cut text;
+    v_current integer;
 BEGIN
     IF p_seq IS NULL OR p_seq < 0 THEN
         PERFORM respool._fail('RP400', 'seq', 'seq must be an integer >= 0');
@@ -292,9 +297,16 @@ BEGIN
     IF p_stream IS NULL OR p_stream NOT IN ('stdout', 'stderr') THEN
         PERFORM respool._fail('RP400', 'stream', 'stream must be stdout or stderr');
     END IF;
-    IF p_attempt IS NULL OR p_attempt < 1
-       OR p_attempt > (SELECT attempt FROM respool.requests WHERE id = p_id) THEN
+    v_current := (SELECT attempt FROM respool.requests WHERE id = p_id);
+    IF v_current IS NULL THEN
+        PERFORM respool._fail('RP404', 'id', format('request %s not found', p_id));
+    ELSIF p_attempt IS NULL OR p_attempt < 1 THEN
+        PERFORM respool._fail('RP400', 'attempt', 'attempt must be an integer >= 1');
+    ELSIF p_attempt > v_current THEN
         PERFORM respool._fail('RP409', 'attempt', format('request %s has no attempt %s', p_id, p_attempt));
+    ELSIF p_attempt < v_current THEN  -- fenced off like its heartbeat and release
+        PERFORM respool._fail('RP409', 'attempt',
+                              format('stale attempt %s: request %s is on attempt %s', p_attempt, p_id, v_current));
     END IF;
     INSERT INTO respool.job_log_attempts (request_id, attempt) VALUES (p_id, p_attempt) ON CONFLICT DO NOTHING;
     SELECT * INTO a FROM respool.job_log_attempts WHERE request_id = p_id AND attempt = p_attempt FOR UPDATE;
@@ -355,7 +367,7 @@ BEGIN
     PERFORM pg_notify('respool_request', json_build_object('id', p_id)::text);  -- wakes log followers
 END $$;
 COMMENT ON FUNCTION respool.append_job_log(uuid, integer, integer, text, text, bigint) IS
-    'Stores one output chunk of attempt p_attempt of a job (seq from 0; a seq at or below the last stored is a retried send and is ignored), keeping at most p_limit bytes per attempt: the first half (the head) for good, and the last half (the tail), dropping the oldest tail bytes and counting them. Appends of one attempt are serialised on its job_log_attempts row. Wakes log followers (NOTIFY, at commit). RP400 bad seq or stream, RP409 an attempt the job has not reached.';
+    'Stores one output chunk of attempt p_attempt of a job (seq from 0; a seq at or below the last stored is a retried send and is ignored), keeping at most p_limit bytes per attempt: the first half (the head) for good, and the last half (the tail), dropping the oldest tail bytes and counting them. Appends of one attempt are serialised on its job_log_attempts row. Wakes log followers (NOTIFY, at commit). RP400 bad seq, stream or attempt, RP404 unknown job, RP409 an attempt that is not the current one (stale, or not reached).';
 
 CREATE OR REPLACE FUNCTION respool.job_logs(p_id uuid, p_attempt integer, p_after integer)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$

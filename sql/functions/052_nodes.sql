@@ -225,6 +225,7 @@ CREATE OR REPLACE FUNCTION respool._derive_pool_capacity(p_pool_id uuid)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     v record;
+    v_keys jsonb;
 BEGIN
     SELECT nr.key, sum(nr.capacity) AS total INTO v
       FROM respool.node_resources nr JOIN respool.nodes n ON n.id = nr.node_id
@@ -236,12 +237,13 @@ BEGIN
             '%s: the nodes of pool %s would give it %s units, more than the largest capacity %s',
             v.key, (SELECT name FROM respool.pools WHERE id = p_pool_id), v.total, respool._max_amount()));
     END IF;
-    WITH s AS (SELECT nr.key, sum(nr.capacity)::bigint AS total
-                 FROM respool.node_resources nr JOIN respool.nodes n ON n.id = nr.node_id
-                WHERE n.pool_id = p_pool_id GROUP BY nr.key
-                -- a soft key some node does not list is unbounded on that node: not on the pool either
-               HAVING NOT respool._is_soft_key(nr.key)
-                   OR count(*) = (SELECT count(*) FROM respool.nodes WHERE pool_id = p_pool_id)),
+    -- The pool place is the sum of its node places (respool._node_places) over every key a node
+    -- lists; a key some node leaves unbounded (the key rule: a soft key it does not list) is
+    -- unbounded on the pool too.
+    v_keys := respool._place_keys(p_pool_id, 'node');
+    WITH s AS (SELECT p.key, sum(p.capacity)::bigint AS total
+                 FROM respool._node_places(p_pool_id, v_keys) p
+                GROUP BY p.key HAVING bool_and(p.capacity IS NOT NULL)),
     gone AS (UPDATE respool.pool_resources pr SET capacity = NULL
               WHERE pr.pool_id = p_pool_id AND pr.capacity IS NOT NULL
                 AND NOT EXISTS (SELECT FROM s WHERE s.key = pr.key))
@@ -491,10 +493,11 @@ BEGIN
         n := n + respool._node_evict(v.holder_id, 'capacity_shrink',
                                      format('node %s: device %s was removed', p_node.name, v.what), p_now);
     END LOOP;
-    -- Holders of a key (not a soft one) the node no longer provides: capacity 0 on that node.
+    -- Holders of a key the node no longer provides that is not soft: the key rule
+    -- (respool._effective_capacity) gives it capacity 0 on that node.
     FOR v IN SELECT pl.request_id, min(nr.key) AS key
                FROM respool.placements pl JOIN respool.node_resources nr ON nr.node_id = pl.node_id
-              WHERE pl.node_id = p_node.id AND NOT p_capacity ? nr.key AND NOT respool._is_soft_key(nr.key)
+              WHERE pl.node_id = p_node.id AND NOT p_capacity ? nr.key AND respool._effective_capacity(nr.key, NULL) = 0
                 AND coalesce((pl.resources ->> nr.key)::bigint, 0) > 0
               GROUP BY pl.request_id ORDER BY pl.request_id LOOP
         n := n + respool._node_evict(v.request_id, 'capacity_shrink',

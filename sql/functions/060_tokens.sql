@@ -7,11 +7,50 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
                               'subject_patterns', to_jsonb(t.subject_patterns),
                               'created_at', t.created_at, 'revoked_at', t.revoked_at,
                               -- an agent token's binding (docs/jobs.md)
-                              'node', (SELECT n.name FROM respool.nodes n WHERE n.id = t.node_id), 'node_id', t.node_id,
+                              -- (node_id: the node of that name now, NULL while none is registered)
+                              'node', t.node_name, 'node_id', (SELECT n.id FROM respool.nodes n WHERE n.name = t.node_name),
                               'pool', (SELECT p.name FROM respool.pools p WHERE p.id = t.pool_id), 'pool_id', t.pool_id)
       FROM respool.tokens t WHERE t.id = p_id
 $$;
 COMMENT ON FUNCTION respool.token_json(uuid) IS 'A token as shown to admins: everything but its hash.';
+
+CREATE OR REPLACE FUNCTION respool._agent_binding(p_node text, p_pool text, OUT node_name text, OUT pool_id uuid)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_node respool.nodes;
+BEGIN
+    IF p_node IS NULL THEN
+        IF p_pool IS NULL THEN
+            PERFORM respool._fail('RP400', 'node', 'an agent token is bound to exactly one node, or to one pool without nodes');
+        END IF;
+        pool_id := respool.resolve_pool(p_pool);
+        IF respool._pool_has_nodes(pool_id) THEN
+            PERFORM respool._fail('RP400', 'pool', format(
+                'pool %s has nodes: bind the agent token to one of its nodes (--node)', p_pool));
+        END IF;
+        RETURN;
+    END IF;
+    IF p_node !~ respool._pool_name_pattern() THEN
+        PERFORM respool._fail('RP400', 'node', 'node must match ' || respool._pool_name_pattern());
+    END IF;
+    node_name := p_node;
+    SELECT * INTO v_node FROM respool.nodes n WHERE n.name = p_node;
+    IF v_node.id IS NULL THEN
+        IF p_pool IS NULL THEN
+            PERFORM respool._fail('RP400', 'pool', format(
+                'pool must name where the agent registers node %s, which is not registered yet', p_node));
+        END IF;
+        pool_id := respool.resolve_pool(p_pool);
+    ELSE
+        pool_id := v_node.pool_id;
+        IF p_pool IS NOT NULL AND respool.resolve_pool(p_pool) IS DISTINCT FROM pool_id THEN
+            PERFORM respool._fail('RP409', 'node', format('node %s is in %s, not in pool %s', p_node,
+                coalesce('pool ' || (SELECT p.name FROM respool.pools p WHERE p.id = pool_id), 'no pool'), p_pool));
+        END IF;
+    END IF;
+END $$;
+COMMENT ON FUNCTION respool._agent_binding(text, text) IS
+    'The binding of a new agent token: node p_node by name (it need not exist) and the pool its agent may create it in (an existing node''s pool, which p_pool must name; else p_pool, required), or pool p_pool without nodes. RP400/RP404/RP409 naming the field.';
 
 DROP FUNCTION IF EXISTS respool.create_token(text, text, text, text[]);
 CREATE OR REPLACE FUNCTION respool.create_token(p_name text, p_role text, p_token_hash text,
@@ -21,7 +60,7 @@ RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     v_id uuid;
     v_pattern text;
-    v_node uuid;
+    v_node text;
     v_pool uuid;
 BEGIN
     IF p_name IS NULL OR p_name !~ respool._subject_pattern() THEN
@@ -30,20 +69,9 @@ BEGIN
     IF p_role IS NULL OR p_role NOT IN ('admin', 'client', 'reader', 'agent') THEN
         PERFORM respool._fail('RP400', 'role', 'role must be admin, client, reader or agent');
     END IF;
-    -- An agent token is bound to one node, or to one pool without nodes (docs/jobs.md).
+    -- An agent token is bound to one node by name, or to one pool without nodes (docs/jobs.md).
     IF p_role = 'agent' THEN
-        IF num_nonnulls(p_node, p_pool) <> 1 THEN
-            PERFORM respool._fail('RP400', 'node', 'an agent token is bound to exactly one node, or to one pool without nodes');
-        END IF;
-        IF p_node IS NOT NULL THEN
-            v_node := respool._node_id(p_node);
-        ELSE
-            v_pool := respool.resolve_pool(p_pool);
-            IF respool._pool_has_nodes(v_pool) THEN
-                PERFORM respool._fail('RP400', 'pool', format(
-                    'pool %s has nodes: bind the agent token to one of its nodes (--node)', p_pool));
-            END IF;
-        END IF;
+        SELECT b.node_name, b.pool_id INTO v_node, v_pool FROM respool._agent_binding(p_node, p_pool) b;
     ELSIF p_node IS NOT NULL OR p_pool IS NOT NULL THEN
         PERFORM respool._fail('RP400', 'node', 'only agent tokens are bound to a node or pool');
     END IF;
@@ -69,12 +97,12 @@ BEGIN
     IF EXISTS (SELECT FROM respool.tokens WHERE token_hash = p_token_hash) THEN
         PERFORM respool._fail('RP409', 'token_hash', 'this token is already registered');
     END IF;
-    INSERT INTO respool.tokens (name, role, subject_patterns, token_hash, node_id, pool_id)
+    INSERT INTO respool.tokens (name, role, subject_patterns, token_hash, node_name, pool_id)
     VALUES (p_name, p_role, CASE WHEN p_role = 'client' THEN p_subject_patterns END, p_token_hash, v_node, v_pool)
     RETURNING id INTO v_id;
     RETURN respool.token_json(v_id);
 END $$;
-COMMENT ON FUNCTION respool.create_token(text, text, text, text[], text, text) IS 'Registers a token by its sha256 hex (RP400 bad input, RP409 name in use or hash known); an agent token is bound to node p_node or to pool p_pool without nodes (RP404 unknown); returns it without the hash.';
+COMMENT ON FUNCTION respool.create_token(text, text, text, text[], text, text) IS 'Registers a token by its sha256 hex (RP400 bad input, RP409 name in use or hash known); an agent token is bound to node p_node by name, or to pool p_pool without nodes (respool._agent_binding); returns it without the hash.';
 
 CREATE OR REPLACE FUNCTION respool.verify_token(p_token_hash text)
 RETURNS jsonb LANGUAGE sql STABLE AS $$

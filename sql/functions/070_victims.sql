@@ -68,8 +68,7 @@ BEGIN
     END LOOP;
     victims := array_remove(chosen, NULL);
 END $$;
-COMMENT ON FUNCTION respool._minimal_victims(uuid[], uuid[], jsonb[], jsonb, jsonb, uuid) IS
-    'THE minimal-victim routine (shrink enforcement and preemption for the queue): walks the candidates (p_ids with their policies and held units, in victim order) taking each one that frees a key of p_deficit {key: units} still missing (with p_over {"policy/key": units above the reserved share}: only from a subject above its share of that key, or p_own_policy''s own work) until no key is missing, then drops every chosen victim whose removal is not needed, latest pick first. victims: the minimal set in pick order; covered: whether it covers the whole deficit (when not, victims is what the walk found useful). Read-only.';
+COMMENT ON FUNCTION respool._minimal_victims(uuid[], uuid[], jsonb[], jsonb, jsonb, uuid) IS 'THE minimal-victim routine: walks the candidates (p_ids with their policies and held units, in victim order) taking each that frees a key of p_deficit {key: units} still missing (with p_over {"policy/key": units above the reserved share}: only from a subject above its share of that key, or p_own_policy''s own work), then drops every chosen victim not needed, latest pick first. victims: the minimal set in pick order; covered: whether it covers the deficit. Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._borrowers(p_pool_id uuid)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
@@ -95,14 +94,14 @@ RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 BEGIN
     RETURN (SELECT coalesce(jsonb_object_agg(policy_id, room), '{}') FROM (
         SELECT pol.policy_id,
-               jsonb_object_agg(pol.key, CASE p_column WHEN 'limit' THEN pol."limit" - pol.used
-                                                       ELSE pol.reserved - pol.np_used END) AS room
+               jsonb_object_agg(pol.key, CASE p_column WHEN 'limit' THEN respool._room(pol."limit", pol.used)
+                                                       ELSE respool._room(pol.reserved, pol.np_used) END) AS room
           FROM respool.policy_resources pol JOIN respool.policies p ON p.id = pol.policy_id
          WHERE p.pool_id = p_pool_id AND (p_column <> 'limit' OR pol."limit" IS NOT NULL)
          GROUP BY pol.policy_id) x);
 END $$;
 COMMENT ON FUNCTION respool._headroom(uuid, text) IS
-    'Per policy of a pool and key: units left under its limit, or under its reserved share for non-preemptible work.';
+    'Per policy of a pool and key: its room (respool._room) under its limit, or under its reserved share for non-preemptible work.';
 
 CREATE OR REPLACE FUNCTION respool._may_preempt(p_mode text, p_policy_id uuid, p_preemptible boolean,
                                                 p_rank bigint, p_lane boolean, p_group text,
@@ -117,8 +116,7 @@ RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
              ELSE v_rank < p_rank AND NOT v_lane AND v_policy_id <> p_policy_id END
            AND (p_group IS NULL OR v_group IS DISTINCT FROM p_group)
 $$;
-COMMENT ON FUNCTION respool._may_preempt(text, uuid, boolean, bigint, boolean, text, uuid, bigint, boolean, text) IS
-    'THE victim eligibility rule (docs/preemption.md): whether a queued request (its policy, preemptible flag, rank, lane flag and preemption group) may take a victim unit (its policy, rank, lane flag, group) by p_mode reclaim or priority. Reclaim: another policy''s work, or its own preemptible work when the request is non-preemptible; a lane request never reclaims from another lane policy. Priority: a strictly lower rank (respool._rank), never a lane allocation, never its own policy. Never an allocation of the request''s own preemption group. The borrowing test (above the reserved share in force) is respool._minimal_victims''s.';
+COMMENT ON FUNCTION respool._may_preempt(text, uuid, boolean, bigint, boolean, text, uuid, bigint, boolean, text) IS 'THE victim eligibility rule (docs/preemption.md): whether a queued request (policy, preemptible, rank, lane flag, preemption group) may take a victim unit by p_mode. Reclaim: another policy''s work, or its own preemptible work when the request is non-preemptible; a lane request never reclaims from another lane policy. Priority: a strictly lower rank (respool._rank), never a lane allocation nor its own policy. Never its own preemption group. Borrowing (above the share) is respool._minimal_victims''s test.';
 
 CREATE OR REPLACE FUNCTION respool._choose_victims(p_pool_id uuid, p_request respool.requests, p_policy_id uuid,
                                                    p_mode text)
@@ -226,16 +224,6 @@ END $$;
 COMMENT ON FUNCTION respool._enforce_shrinks(uuid, timestamptz) IS
     'Step 2: in a pool with nodes first the nodes (respool._enforce_node_changes); then preempts allocations until usage fits every shrunk capacity (a removed custom key is capacity 0) and every lowered limit of the pool, all keys at once, with a minimal victim set (victims in their grace period already count as gone). Returns how many were preempted.';
 
-CREATE OR REPLACE FUNCTION respool._node_leaving(p_node_id uuid)
-RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
-BEGIN
-    RETURN respool._sum_units(ARRAY(SELECT pl.resources FROM respool.placements pl
-                                      JOIN respool.requests v ON v.id = pl.request_id
-                                     WHERE pl.node_id = p_node_id AND v.status = 'preempting'));
-END $$;
-COMMENT ON FUNCTION respool._node_leaving(uuid) IS
-    'Units on a node held by victims in their grace period (they count as already gone). Read-only.';
-
 CREATE OR REPLACE FUNCTION respool._enforce_node_changes(p_pool_id uuid, p_now timestamptz)
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
@@ -243,22 +231,25 @@ DECLARE
     v_excess jsonb;
     v_message text;
     v_id uuid;
+    v_keys jsonb := respool._place_keys(p_pool_id, 'node');
     n integer := 0;
 BEGIN
-    -- Only nodes with something to do: draining, or a counter above its capacity.
+    -- Only nodes with something to do: draining, or a key whose room is below 0 (a shrink).
     FOR nd IN SELECT n.id, n.name, n.state FROM respool.nodes n
                WHERE n.pool_id = p_pool_id
                  AND (n.state = 'draining'
                       OR EXISTS (SELECT FROM respool.node_resources nr
-                                  WHERE nr.node_id = n.id AND nr.used > nr.capacity))
+                                  WHERE nr.node_id = n.id AND NOT respool._fits_room(0, respool._room(nr.capacity, nr.used))))
                ORDER BY n.name LOOP
-        -- A shrunk node (I5): the minimal set on that node, victims leaving counted as gone.
-        SELECT jsonb_object_agg(nr.key, nr.used - coalesce((l.units ->> nr.key)::bigint, 0) - nr.capacity),
+        -- A shrunk node (I5): the minimal set on that node, victims leaving counted as gone (the
+        -- node place's room with its leaving units back, respool._node_places).
+        SELECT jsonb_object_agg(p.key, -r.room),
                format('preempted: node %s capacity of ', nd.name)
-               || string_agg(format('%s shrank to %s', nr.key, nr.capacity), ', ' ORDER BY nr.key)
+               || string_agg(format('%s shrank to %s', p.key, p.capacity), ', ' ORDER BY p.key)
           INTO v_excess, v_message
-          FROM respool.node_resources nr CROSS JOIN (SELECT respool._node_leaving(nd.id) AS units) l
-         WHERE nr.node_id = nd.id AND nr.used - coalesce((l.units ->> nr.key)::bigint, 0) > nr.capacity;
+          FROM respool._node_places(p_pool_id, v_keys, NULL, true) p
+         CROSS JOIN LATERAL (SELECT respool._room(p.capacity, p.used - p.leaving) AS room) r
+         WHERE p.node_id = nd.id AND p.capacity IS NOT NULL AND NOT respool._fits_room(0, r.room);
         IF v_excess IS NOT NULL THEN
             n := n + respool._shed(p_pool_id, NULL::uuid, v_excess, 'capacity_shrink', v_message, p_now, nd.id);
         END IF;
@@ -289,58 +280,28 @@ DECLARE
     best_count integer;
     best_top integer;
     best_name text;
-    v_keys text[];
-    v_need bigint[];
-    v_hard integer;  -- keys of the request a node must track (non-soft keys)
+    v_moving boolean := respool._moving(p_pool_id, p_request.id);
 BEGIN
-    SELECT array_agg(x.key), array_agg(x.value::bigint), count(*) FILTER (WHERE NOT respool._is_soft_key(x.key))
-      INTO v_keys, v_need, v_hard
-      FROM jsonb_each_text(p_request.resources) x WHERE x.value::bigint > 0;
     SELECT coalesce(jsonb_object_agg(u.policy_id || '/' || u.key, u.used - u.leaving - u.reserved), '{}')
       INTO over
       FROM respool._usage(p_pool_id) u
      WHERE u.policy_id IS NOT NULL AND p_request.resources ? u.key;
-    -- Every active matching node that could ever hold the request, with what it lacks now
-    -- (victims in their grace period gone, units earmarked there for others taken) and its
-    -- eligible victims in victim order, read set-based; nodes in name order.
+    -- Every active matching node that could ever hold the request (room_ever), with what it lacks
+    -- now (need - room_settled: victims in their grace period gone, units earmarked there for
+    -- others taken; respool._node_places) and its eligible victims in victim order, read set-based.
     FOR nd IN
-        WITH need AS MATERIALIZED (
-            SELECT x.key, x.value::bigint AS n FROM jsonb_each_text(p_request.resources) x WHERE x.value::bigint > 0
-        ), cand AS MATERIALIZED (
-            SELECT n.id, n.name FROM respool.nodes n
-              LEFT JOIN respool.node_resources nr ON nr.node_id = n.id AND nr.key = ANY (v_keys)
-             WHERE n.pool_id = p_pool_id AND n.state = 'active'
-               AND respool._node_matches(n.name, n.labels, p_request.node_selector)
-             GROUP BY n.id, n.name
-            HAVING bool_and(nr.key IS NULL OR v_need[array_position(v_keys, nr.key)] <= nr.capacity)
-               AND count(nr.key) FILTER (WHERE NOT respool._is_soft_key(nr.key)) = v_hard
-        ), moving AS MATERIALIZED (
-            -- units leaving (victims in their grace period, counted as gone: negative) and units
-            -- earmarked for other requests (counted as taken) per node and key
-            SELECT mu.node_id, mu.key, sum(mu.n) AS n FROM (
-                SELECT pl.node_id, x.key, -x.value::bigint AS n
-                  FROM respool.requests v JOIN respool.placements pl ON pl.request_id = v.id
-                 CROSS JOIN LATERAL jsonb_each_text(pl.resources) x
-                 WHERE v.pool_id = p_pool_id AND v.status = 'preempting'
-                UNION ALL
-                SELECT b.earmark_node_id, x.key, x.value::bigint
-                  FROM respool.requests b CROSS JOIN LATERAL jsonb_each_text(b.resources) x
-                 WHERE b.earmark_pool_id = p_pool_id AND b.status = 'queued' AND b.earmark_node_id IS NOT NULL
-                   AND b.id <> p_request.id) mu
-             GROUP BY mu.node_id, mu.key
-        ), deficits AS MATERIALIZED (
-            SELECT c.id, c.name,
-                   jsonb_object_agg(nr.key, nr.used + need.n - nr.capacity + coalesce(mv.n, 0)) AS deficit
-              FROM cand c
-              JOIN respool.node_resources nr ON nr.node_id = c.id
-              JOIN need ON need.key = nr.key
-              LEFT JOIN moving mv ON mv.node_id = c.id AND mv.key = nr.key
-             GROUP BY c.id, c.name
+        WITH deficits AS MATERIALIZED (
+            SELECT p.node_id AS id, p.node_name AS name,
+                   jsonb_object_agg(p.key, p.need - p.room_settled) FILTER (WHERE p.capacity IS NOT NULL AND p.need > 0) AS deficit
+              FROM respool._node_places(p_pool_id, p_request.resources, p_request.id, v_moving) p
+             WHERE p.state = 'active' AND respool._node_matches(p.node_name, p.labels, p_request.node_selector)
+             GROUP BY p.node_id, p.node_name
+            HAVING bool_and(respool._fits_room(p.need, p.room_ever)) AND bool_or(p.capacity IS NOT NULL AND p.need > 0)
         ), units AS MATERIALIZED (
             -- eligible victims placed on candidate nodes, a gang one unit holding what its
             -- members hold on that node
             SELECT u.node_id, u.id, u.policy_id, u.priority, u.resources AS held, u.allocated_at
-              FROM respool._node_victim_units(p_pool_id, ARRAY(SELECT id FROM cand)) u
+              FROM respool._node_victim_units(p_pool_id, ARRAY(SELECT id FROM deficits)) u
              WHERE respool._may_preempt(p_mode, p_policy_id, p_request.preemptible,
                                         respool._rank(me.priority, me.priority_lane), me.priority_lane,
                                         p_request.preemption_group, u.policy_id, u.rank, u.lane, u.preemption_group)
@@ -400,4 +361,4 @@ BEGIN
     END LOOP;
 END $$;
 COMMENT ON FUNCTION respool._choose_node_victims(uuid, respool.requests, uuid, text) IS
-    'Node-aware victim choice in a pool with nodes (docs/placement.md): for each active node matching the request''s selector that could ever hold it, the minimal set (respool._minimal_victims, the eligibility rule respool._may_preempt) among the allocations placed on it that makes the request fit there; takes the node whose set is smallest (fewest victims, then the lowest top victim priority, then the node''s name). victims {} (with that node) when it fits a node already, NULL when no node can be made to fit. Read-only.';
+    'Node-aware victim choice in a pool with nodes (docs/placement.md): for each active node matching the request''s selector that could ever hold it (respool._node_places), the minimal set (respool._minimal_victims, the eligibility rule respool._may_preempt) among the allocations placed on it that makes the request fit there; takes the node whose set is smallest (fewest victims, then the lowest top victim priority, then the node''s name). victims {} (with that node) when it fits a node already, NULL when no node can be made to fit. Read-only.';

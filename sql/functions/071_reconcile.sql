@@ -111,12 +111,7 @@ BEGIN
                        SELECT FROM respool.nodes nd
                         WHERE nd.id = e.earmark_node_id AND nd.pool_id = p_pool_id AND nd.state = 'active'
                           AND respool._node_matches(nd.name, nd.labels, e.node_selector)
-                          AND NOT EXISTS (  -- a key of the request the node can never hold
-                              SELECT FROM jsonb_each_text(e.resources) x
-                                LEFT JOIN respool.node_resources nr ON nr.node_id = nd.id AND nr.key = x.key
-                               WHERE x.value::bigint > 0
-                                 AND CASE WHEN nr.key IS NULL THEN NOT respool._is_soft_key(x.key)
-                                          ELSE x.value::bigint > nr.capacity END));
+                          AND respool._could_hold(nd.id, e.resources));
         IF NOT v_stale THEN
             CONTINUE WHEN EXISTS (
                 SELECT FROM respool.requests v
@@ -237,7 +232,7 @@ BEGIN
     END IF;
     <<refresh>>
     LOOP
-        SELECT coalesce(jsonb_object_agg(u.key, u.bound - (u.used - u.leaving + u.earmarked)), '{}') INTO v_free
+        SELECT coalesce(jsonb_object_agg(u.key, respool._room(u.bound, u.used, u.earmarked - u.leaving)), '{}') INTO v_free
           FROM respool._usage(p_pool_id) u
          WHERE u.policy_id IS NULL AND u.bound IS NOT NULL;
         v_limits := respool._headroom(p_pool_id, 'limit');

@@ -35,3 +35,17 @@ SELECT e.id, e.at, e.request_id, r.subject, r.pool_name AS pool, e.from_status,
 -- Every node of every pool with per-key used/capacity and its devices' holders.
 SELECT pool, name, state, labels, keys, devices
   FROM respool.dashboard_nodes();
+
+-- dashboard_jobs --
+-- The $1 most recently granted running jobs with the last $2 lines of their current attempt's
+-- output (NULL: none yet). Never the job's env.
+SELECT r.id AS request_id, r.pool_name AS pool, r.subject,
+       coalesce(r.job_name, regexp_replace(r.command ->> 0, '^.*/', '')) AS name, r.status,
+       r.attempt,
+       (SELECT n.name FROM respool.placements pl JOIN respool.nodes n ON n.id = pl.node_id
+         WHERE pl.request_id = r.id) AS node,
+       respool.job_log_tail(r.id, $2) AS tail
+  FROM respool.requests r
+ WHERE r.command IS NOT NULL AND r.status IN ('allocated', 'preempting')
+ ORDER BY r.allocated_at DESC, r.id
+ LIMIT $1;

@@ -476,12 +476,55 @@ async def test_a_heartbeat_after_the_lease_lapsed_requeues_the_job(jobs: Setup) 
     assert (ended["status"], ended["reason"], ended["attempt"]) == ("expired", "lease_expired", 2)
 
 
+async def test_a_stale_attempts_late_output_is_refused_like_its_heartbeat(jobs: Setup) -> None:
+    """Output of an attempt the job has left is 409 naming attempt, from the agent that ran it
+    even once the job runs on another node; it is kept neither there nor under the new attempt."""
+    s = jobs
+    rid = (await submit(s, max_retries=1, lease_seconds=30))["id"]
+    ok(await s.c.post(path(rid, "claim"), headers=s.agent1, json={"attempt": 1}))
+    chunk = {"attempt": 1, "seq": 0, "stream": "stdout", "data": "before the lapse\n"}
+    ok(await s.c.post(path(rid, "logs"), headers=s.agent1, json=chunk), 204)
+    ok(await s.c.post("/v1/nodes/n1/cordon", headers=s.admin))
+    db = s.server.app.state.db
+    async with direct(s.server.db_url) as conn:
+        await reconcile(conn, "p", await db.fetchval("SELECT now() + interval '1 minute'"))
+    again = ok(await s.c.get(path(rid), headers=s.client))
+    assert (again["status"], again["attempt"], again["placement"]["node"]) == ("allocated", 2, "n2")
+    late = {"attempt": 1, "seq": 1, "stream": "stdout", "data": "after the lapse\n"}
+    for when in ("before", "after"):  # attempt 2 claimed on n2 or not yet
+        answer = error(
+            await s.c.post(path(rid, "logs"), headers=s.agent1, json=late), 409, "attempt"
+        )
+        assert "stale attempt 1" in answer["detail"] and "attempt 2" in answer["detail"], answer
+        for action, kw in (
+            ("heartbeat", {"params": {"attempt": 1}}),
+            ("release", {"params": {"attempt": 1}, "json": {"exit_code": 0}}),
+        ):
+            error(await s.c.post(path(rid, action), headers=s.agent1, **kw), 409, "attempt")
+        if when == "before":
+            ok(await s.c.post(path(rid, "claim"), headers=s.agent2, json={"attempt": 2}))
+    # attempt 1 keeps what came in time; attempt 2 has nothing of it
+    old = ok(await s.c.get(path(rid, "logs"), headers=s.client, params={"attempt": 1}))
+    assert [c["data"] for c in old["chunks"]] == ["before the lapse\n"]
+    now = ok(await s.c.get(path(rid, "logs"), headers=s.client))
+    assert (now["attempt"], now["chunks"]) == (2, [])
+    # an attempt not reached yet is 409 too
+    ahead = {**late, "attempt": 3}
+    error(await s.c.post(path(rid, "logs"), headers=s.agent2, json=ahead), 409, "attempt")
+    ok(await s.c.post("/v1/nodes/n1/uncordon", headers=s.admin))
+
+
 async def test_agent_tokens_are_bound_to_one_node_or_a_pool_without_nodes(jobs: Setup) -> None:
     async with direct(jobs.server.db_url) as conn:
-        for kw in ({}, {"node": "n1", "pool": "p"}, {"pool": "p"}):
+        for kw, why in (
+            ({}, "exactly one node"),
+            ({"pool": "p"}, "pool p has nodes"),
+            ({"node": "n9"}, "pool must name where the agent registers node n9"),
+            ({"node": "Bad Name", "pool": "p"}, "node must match"),
+        ):
             with pytest.raises(Exception) as refused:
                 await tokens.create_token(conn, name="bad-agent", role="agent", **kw)
-            assert "agent" in str(refused.value) or "nodes" in str(refused.value)
+            assert why in str(refused.value)
         listed = {t.name: t for t in await tokens.list_tokens(conn)}
     assert (listed["agent-n2"].role, listed["agent-n2"].node) == ("agent", "n2")
 
@@ -512,9 +555,10 @@ async def test_token_create_binds_an_agent_token_from_the_cli(jobs: Setup) -> No
     )
     assert made.exit_code == 0, made.stderr
     shown = json.loads(made.stdout)
-    assert (shown["role"], shown["node"], shown["pool"]) == ("agent", "n2", None)
+    # an existing node's token names its pool: where its agent would register it again
+    assert (shown["role"], shown["node"], shown["pool"]) == ("agent", "n2", "p")
     table = (await cli.db("token", "list")).stdout
-    assert "node n2" in table
+    assert "node n2 (pool p)" in table
     assert "exactly one" in failed(await cli.db("token", "create", "--role", "agent"), code=2)
     hb = await jobs.c.post(
         "/v1/agent/heartbeat", headers=bearer(shown["token"]), json={"interval_seconds": 5}

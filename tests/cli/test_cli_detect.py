@@ -6,22 +6,14 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from pathlib import Path
 
 import pytest
+from respool_client.detect import detect, gpu_type
 from respool_client.pairs import host_node_name
 
-from cli.detect import detect, gpu_type
 from support.cli import Cli, failed
-
-A100_UUIDS = [f"GPU-{i}a1b2c3d-0000-1111-2222-33334444555{i}" for i in range(8)]
-A100_QUERY = "".join(
-    f"{i}, {u}, NVIDIA A100-SXM4-80GB, 81920 MiB\n" for i, u in enumerate(A100_UUIDS)
-)
-A100_LIST = "".join(
-    f"GPU {i}: NVIDIA A100-SXM4-80GB (UUID: {u})\n" for i, u in enumerate(A100_UUIDS)
-)
+from support.nvidia import A100_LIST, A100_QUERY, fake_smi
 
 MIG_QUERY = (
     "0, GPU-5d5ba0d6-d33d-2b2c-524d-9e3d8d2b8a77, NVIDIA A100-SXM4-40GB, 40960 MiB\n"
@@ -45,20 +37,6 @@ NO_DRIVER = (
     "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. Make sure"
     " that the latest NVIDIA driver is installed and running.\n\n"
 )
-
-
-def _fake_smi(bin_dir: Path, query: str, listing: str, code: int = 0) -> None:
-    """An executable ``nvidia-smi`` that prints ``listing`` for ``-L``, else ``query``."""
-    bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "query.txt").write_text(query)
-    (bin_dir / "list.txt").write_text(listing)
-    script = bin_dir / "nvidia-smi"
-    script.write_text(
-        "#!/bin/sh\n"
-        f'if [ "$1" = "-L" ]; then cat "{bin_dir}/list.txt"; else cat "{bin_dir}/query.txt"; fi\n'
-        f"exit {code}\n"
-    )
-    script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
 @pytest.fixture
@@ -95,7 +73,7 @@ def test_gpu_type_is_the_product_name_without_the_vendor() -> None:
 
 
 def test_an_8_gpu_box(smi_dir: Path) -> None:
-    _fake_smi(smi_dir, A100_QUERY, A100_LIST)
+    fake_smi(smi_dir, A100_QUERY, A100_LIST)
     found = detect()
     mcpu, memory_mb = _os_units()
     assert found.capacity == {"gpu": 8, "mcpu": mcpu, "memory_mb": memory_mb}
@@ -106,7 +84,7 @@ def test_an_8_gpu_box(smi_dir: Path) -> None:
 
 
 def test_a_mig_box_lists_its_mig_devices(smi_dir: Path) -> None:
-    _fake_smi(smi_dir, MIG_QUERY, MIG_LIST)
+    fake_smi(smi_dir, MIG_QUERY, MIG_LIST)
     found = detect()
     assert found.devices == {"gpu": MIG_IDS} and found.capacity["gpu"] == 4
     assert found.labels == {"gpu-type": "A100-SXM4-40GB"}
@@ -114,7 +92,7 @@ def test_a_mig_box_lists_its_mig_devices(smi_dir: Path) -> None:
 
 
 def test_a_failed_driver_is_a_machine_without_gpu(smi_dir: Path) -> None:
-    _fake_smi(smi_dir, NO_DRIVER, NO_DRIVER, code=9)
+    fake_smi(smi_dir, NO_DRIVER, NO_DRIVER, code=9)
     found = detect()
     assert "gpu" not in found.capacity and found.devices == {} and found.labels == {}
     assert found.capacity["mcpu"] == _os_units()[0]
@@ -133,7 +111,7 @@ def test_no_nvidia_smi_is_a_machine_without_gpu(smi_dir: Path) -> None:
 
 async def test_register_detect_then_again_updates(cli: Cli, smi_dir: Path) -> None:
     await cli.ok("pool", "create", "boxes")
-    _fake_smi(smi_dir, A100_QUERY, A100_LIST)
+    fake_smi(smi_dir, A100_QUERY, A100_LIST)
     result = await cli.ok("node", "register", "--pool", "boxes", "--detect", "-o", "json")
     name = host_node_name()
     assert f"registered node {name} in pool boxes" in result.stderr
@@ -148,7 +126,7 @@ async def test_register_detect_then_again_updates(cli: Cli, smi_dir: Path) -> No
 
     # the box comes back with MIG instances, and a label of the user's own stays
     await cli.ok("node", "label", name, "zone=eu-1")
-    _fake_smi(smi_dir, MIG_QUERY, MIG_LIST)
+    fake_smi(smi_dir, MIG_QUERY, MIG_LIST)
     again = await cli.ok("node", "register", "--detect", "-o", "json")
     assert f"updated node {name} in pool boxes" in again.stderr
     node = json.loads(again.stdout)
@@ -156,7 +134,7 @@ async def test_register_detect_then_again_updates(cli: Cli, smi_dir: Path) -> No
     assert node["labels"] == {"gpu-type": "A100-SXM4-40GB", "zone": "eu-1"}
 
     # the driver is gone: the machine has no GPU any more, and the command says why
-    _fake_smi(smi_dir, NO_DRIVER, NO_DRIVER, code=9)
+    fake_smi(smi_dir, NO_DRIVER, NO_DRIVER, code=9)
     gone = await cli.ok("node", "register", "--detect", "-o", "json")
     assert "NVIDIA-SMI has failed" in gone.stderr and "no GPU" in gone.stderr
     node = json.loads(gone.stdout)

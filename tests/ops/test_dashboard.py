@@ -1,7 +1,7 @@
 """The dashboard: ``/`` and its assets, ``GET /v1/dashboard``, and the page rendered by headless
 Chromium against a live server (pools, queue with labels and ETA, events with UTC times, a
 screenshot saved; with auth on, the token prompt and a rejected token, driven over the
-DevTools protocol).
+DevTools protocol; a running job's output tail from a real agent, shown as text).
 
 Set ``RESPOOL_UPDATE_SCREENSHOT=1`` to also write the screenshot to docs/img/dashboard.png.
 """
@@ -14,7 +14,10 @@ import json
 import os
 import re
 import shutil
+import signal
+import sys
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,8 +25,9 @@ import asyncpg
 import pytest
 
 from app.db import tokens
+from app.db.connect import APP_CLI, connect
 from support.db import direct
-from support.server import Server, running_server
+from support.server import Server, respool_command, running_server
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DOCS_SHOT = Path(__file__).resolve().parents[2] / "docs" / "img" / "dashboard.png"
@@ -574,3 +578,235 @@ async def test_chromium_token_prompt_rejected_then_accepted(
         accepted = await _screen(dt)
         assert accepted["title"] is None and accepted["data_shown"], accepted
         assert accepted["pools"] == ["gpus"] and accepted["status"].startswith("live · ")
+
+
+# --- running jobs: the tail of each one's output -------------------------------------------------
+
+JOBS_ADMIN = "test-admin-token-dashboard-jobs-01234567"
+# A job that prints 30 lines, a line of HTML on stderr and DONE, then MORE once told to (the file
+# argv[1] exists), then runs on until stopped.
+PRINTER = """\
+import os, sys, time
+for i in range(1, 31):
+    print(f"line {i}", flush=True)
+time.sleep(0.3)
+print("<b>bold</b> & <script>alert(1)</script>", file=sys.stderr, flush=True)
+time.sleep(0.3)
+print("DONE", flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.05)
+print("MORE", flush=True)
+time.sleep(600)
+"""
+HTML_LINE = "<b>bold</b> & <script>alert(1)</script>"
+
+
+@dataclass
+class RunningJob:
+    srv: Server
+    admin: dict[str, str]
+    request_id: str
+    go: Path  # create it and the job prints MORE
+
+
+async def _until(check: Any, within: float = 30.0) -> Any:
+    end = asyncio.get_running_loop().time() + within
+    while True:
+        got = await check()
+        if got:
+            return got
+        assert asyncio.get_running_loop().time() < end, "condition not met in time"
+        await asyncio.sleep(0.1)
+
+
+@pytest.fixture
+async def running_job(db_url: str, tmp_path: Path) -> AsyncIterator[RunningJob]:
+    """A real agent (``respool agent``) of node n1 running :data:`PRINTER` as a job; yielded
+    once the job printed DONE."""
+    conn = await connect(db_url, application_name=APP_CLI)
+    try:
+        async with running_server(
+            db_url, auth="on", admin_token=JOBS_ADMIN, with_reconciler=True,
+            reconcile_interval=0.2,
+        ) as srv:  # fmt: skip
+            admin = {"Authorization": f"Bearer {JOBS_ADMIN}"}
+            c = srv.client
+            for path, body in (
+                ("/v1/pools", {"name": "gpus"}),
+                ("/v1/nodes", {"name": "n1", "pool": "gpus", "devices": {"gpu": ["0", "1"]}}),
+                ("/v1/policies", {"subject": "team:train", "pool": "gpus"}),
+            ):
+                r = await c.post(path, headers=admin, json=body)
+                assert r.status_code == 201, r.text
+            agent_token, _ = await tokens.create_token(conn, name="a-n1", role="agent", node="n1")
+            (tmp_path / "printer.py").write_text(PRINTER)
+            go = tmp_path / "go"
+            job = {
+                "name": "printer",
+                "command": [sys.executable, str(tmp_path / "printer.py"), str(go)],
+            }
+            body = {"subject": "team:train", "pool": "gpus", "resources": {"gpu": 1}, "job": job}
+            r = await c.post("/v1/requests", headers=admin, json=body)
+            assert r.status_code == 201, r.text
+            rid = r.json()["id"]
+            env = {**os.environ, "RESPOOL_URL": srv.url, "RESPOOL_TOKEN": agent_token}
+            agent = await asyncio.create_subprocess_exec(
+                *respool_command(), "agent", "--node", "n1", "--interval", "1", env=env,
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+            )  # fmt: skip
+            try:
+
+                async def printed_done() -> bool:
+                    r = await c.get(f"/v1/requests/{rid}/logs", headers=admin)
+                    return r.status_code == 200 and any(
+                        "DONE" in ch["data"] for ch in r.json()["chunks"]
+                    )
+
+                await _until(printed_done)
+                yield RunningJob(srv, admin, rid, go)
+            finally:
+                if agent.returncode is None:
+                    agent.send_signal(signal.SIGTERM)
+                    try:
+                        await asyncio.wait_for(agent.wait(), 30)
+                    except TimeoutError:
+                        agent.kill()
+                        await agent.wait()
+    finally:
+        await conn.close()
+
+
+async def test_dashboard_data_has_each_running_jobs_tail(running_job: RunningJob) -> None:
+    c, admin, rid = running_job.srv.client, running_job.admin, running_job.request_id
+
+    async def jobs() -> list[dict[str, Any]]:
+        got: list[dict[str, Any]] = (await c.get("/v1/dashboard", headers=admin)).json()["jobs"]
+        return got
+
+    [job] = await jobs()
+    assert {k: job[k] for k in ("request_id", "pool", "subject", "name", "status", "attempt")} == {
+        "request_id": rid, "pool": "gpus", "subject": "team:train", "name": "printer",
+        "status": "allocated", "attempt": 1,
+    }  # fmt: skip
+    assert job["node"] == "n1"
+    # The last 20 lines of the attempt's output, stdout and stderr as they came, as text: what
+    # GET /v1/requests/{id}/logs reads, cut to its end.
+    expected = [f"line {i}" for i in range(13, 31)] + [HTML_LINE, "DONE"]
+    assert job["tail"] == "\n".join(expected)
+    logs = (await c.get(f"/v1/requests/{rid}/logs", headers=admin)).json()
+    whole = "".join(ch["data"] for ch in logs["chunks"])
+    assert whole.endswith(job["tail"] + "\n")
+    # the next poll shows what the job printed since
+    running_job.go.touch()
+
+    async def more() -> list[dict[str, Any]] | None:
+        now = await jobs()
+        return now if now[0]["tail"].endswith("\nMORE") else None
+
+    [job] = await _until(more)
+    assert job["tail"].split("\n") == expected[1:] + ["MORE"]
+
+
+@needs_chromium
+@pytest.mark.slow  # a headless browser
+async def test_chromium_shows_a_jobs_tail_as_text(running_job: RunningJob, tmp_path: Path) -> None:
+    async with DevTools.open(tmp_path / "profile") as dt:
+        await dt.goto(running_job.srv.url + "/")
+        await dt.wait_for("document.body.dataset.auth === 'needed'")
+        await dt.submit_token(JOBS_ADMIN)
+        await dt.wait_for("document.querySelector('pre.tail')")
+        shown = await dt.js(
+            "(() => { const j = document.querySelector('[data-job]');"
+            " const pre = j.querySelector('pre.tail');"
+            " return {job: j.dataset.job, head: j.querySelector('.job-head').textContent,"
+            " text: pre.textContent, html: pre.innerHTML,"
+            " elements: pre.querySelectorAll('*').length,"
+            " section: !document.getElementById('jobs-section').hidden}; })()"
+        )
+        assert shown["job"] == running_job.request_id and shown["section"]
+        assert "printer" in shown["head"] and "on n1" in shown["head"]
+        assert shown["text"].split("\n")[-3:] == ["line 30", HTML_LINE, "DONE"]
+        # the job's HTML is text: escaped in the page, no element made from it
+        assert (
+            "&lt;b&gt;bold&lt;/b&gt; &amp; &lt;script&gt;alert(1)&lt;/script&gt;" in shown["html"]
+        )
+        assert shown["elements"] == 0
+        # refreshed by the page's own poll
+        running_job.go.touch()
+        await dt.wait_for("document.querySelector('pre.tail').textContent.endsWith('MORE')")
+
+
+async def test_job_log_tail_reads_the_last_lines(db_url: str) -> None:
+    """respool.job_log_tail over chunks of every shape: one line each, many lines in one, a line
+    longer than the bound, output that outgrew the per-attempt limit."""
+    conn = await connect(db_url, application_name=APP_CLI)
+    try:
+        await conn.execute("SELECT respool.create_pool('tails', '{\"slot\": 100}')")
+        await conn.execute("SELECT respool.create_policy('t', 'tails')")
+
+        async def job() -> Any:
+            body = {"subject": "t", "pool": "tails", "resources": {"slot": 1},
+                    "job": {"command": ["x"]}}  # fmt: skip
+            doc = await conn.fetchval(
+                "SELECT request FROM respool.create_request($1::text::jsonb)", json.dumps(body)
+            )
+            got = json.loads(doc) if isinstance(doc, str) else doc
+            assert got["status"] == "allocated", got
+            return got["id"]
+
+        async def append(rid: Any, seq: int, data: str, limit: int = 1_000_000) -> None:
+            await conn.execute(
+                "SELECT respool.append_job_log($1::uuid, 1, $2, 'stdout', $3, $4)",
+                rid, seq, data, limit,
+            )  # fmt: skip
+
+        async def tail(rid: Any, lines: int = 20) -> Any:
+            return await conn.fetchval("SELECT respool.job_log_tail($1::uuid, $2)", rid, lines)
+
+        quiet = await job()
+        assert await tail(quiet) is None  # no output yet
+        each = await job()
+        for i in range(100):
+            await append(each, i, f"line {i}\n")
+        assert await tail(each) == "\n".join(f"line {i}" for i in range(80, 100))
+        assert await tail(each, 3) == "line 97\nline 98\nline 99"
+        await append(each, 100, "partial")  # a last line without its newline yet counts
+        assert (await tail(each, 2)) == "line 99\npartial"
+        many = await job()
+        await append(many, 0, "".join(f"row {i}\n" for i in range(500)))
+        assert (await tail(many)).split("\n") == [f"row {i}" for i in range(480, 500)]
+        wide = await job()
+        await append(wide, 0, "x" * 20_000 + "\n")
+        assert await tail(wide) == "x" * 8000  # at most 8000 characters
+        capped = await job()  # 2 KiB kept per attempt: the head, a marker, the tail
+        for i in range(200):
+            await append(capped, i, f"output line number {i:03d}\n", limit=2048)
+        shown = (await tail(capped, 200)).split("\n")
+        assert shown[-1] == "output line number 199"
+        assert any(re.fullmatch(r"\[\.\.\. \d+ bytes dropped \.\.\.\]", s) for s in shown), shown
+
+        # Whatever the shape, the tail is the end of what GET /v1/requests/{id}/logs reads.
+        async def whole(rid: Any) -> str:
+            doc = await conn.fetchval("SELECT respool.job_logs($1::uuid, NULL, -1)", rid)
+            doc = json.loads(doc) if isinstance(doc, str) else doc
+            return "".join(c["data"] for c in doc["chunks"])
+
+        shapes = {
+            "one line each": [f"l{i}\n" for i in range(300)],
+            "lines across chunks": [
+                f"a{i} " + "b" * (i % 7) + ("\n" if i % 3 else "") for i in range(300)
+            ],
+            "few big chunks": ["".join(f"r{i}-{j}\n" for j in range(40)) for i in range(30)],
+            "no newline at the end": ["x\n" * 5 + "partial"],
+        }  # fmt: skip
+        for limit in (1024, 2048, 4096, 1_000_000):
+            for name, chunks in shapes.items():
+                rid = await job()
+                for seq, data in enumerate(chunks):
+                    await append(rid, seq, data, limit=limit)
+                text = (await whole(rid)).rstrip("\n").split("\n")
+                for lines in (1, 5, 20, 200, 1000):
+                    want = "\n".join(text[-lines:])[-8000:]
+                    assert await tail(rid, lines) == want, (limit, name, lines)
+    finally:
+        await conn.close()

@@ -222,3 +222,18 @@ def test_grafana_dashboard_is_importable_json() -> None:
     for panel in doc["panels"]:
         assert panel["targets"], panel["title"]
         assert panel["datasource"]["uid"] == "${datasource}"
+
+
+def test_systemd_unit_runs_the_agent_unprivileged_and_stops_it_with_sigterm() -> None:
+    """deploy/systemd/respool-agent.service (docs/jobs.md, "As an unprivileged user"): the agent
+    of this host's node, as its own user, its token from a root-only file, stopped by SIGTERM
+    with time to stop its jobs, restarted when it dies."""
+    fields: dict[str, str] = {}
+    for line in (DEPLOY / "systemd" / "respool-agent.service").read_text().splitlines():
+        if "=" in line and not line.startswith(("#", ";")):
+            key, value = line.split("=", 1)
+            fields[key.strip()] = value.strip()
+    assert fields["ExecStart"].split()[1:4] == ["agent", "--node", "%H"]
+    assert fields["User"] not in ("root", "0") and fields["EnvironmentFile"].startswith("/etc/")
+    assert (fields["KillSignal"], fields["KillMode"]) == ("SIGTERM", "mixed")
+    assert int(fields["TimeoutStopSec"]) >= 30 and fields["Restart"] == "always"

@@ -185,8 +185,31 @@ function renderPools(pools) {
   }
 }
 
+// A running job and the last lines of its current attempt's output (stdout and stderr as they
+// came), as text: whatever the job printed, HTML included, is shown, never interpreted.
+function jobBlock(j) {
+  const head = el("div", { class: "job-head" },
+    el("b", {}, j.name), " ",
+    el("span", { class: "mono", title: j.request_id }, shortId(j.request_id)), " ",
+    el("span", { class: "meta" }, j.subject + " · " + j.pool + (j.node ? " on " + j.node : "") + " · attempt " + j.attempt), " ",
+    el("span", { class: "st st-" + j.status }, j.status));
+  const tail = j.tail === null
+    ? el("p", { class: "empty" }, "no output yet")
+    : el("pre", { class: "tail", title: "the last lines of its output; respool logs " + shortId(j.request_id) + " -f follows it" }, j.tail);
+  return el("div", { class: "job", "data-job": j.request_id }, head, tail);
+}
+
+function renderJobs(jobs) {
+  document.getElementById("jobs-section").hidden = jobs.length === 0;
+  document.getElementById("jobs-count").textContent = "(" + jobs.length + ")";
+  const box = document.getElementById("jobs");
+  box.replaceChildren(...jobs.map(jobBlock));
+  for (const pre of box.querySelectorAll("pre.tail")) pre.scrollTop = pre.scrollHeight;  // the end
+}
+
 function render(data) {
   renderPools(data.pools);
+  renderJobs(data.jobs || []);
   const q = data.queue.map((r) => el("tr", { "data-request": r.request_id, "data-queue-pool": r.pool },
     el("td", { class: "nowrap" }, r.pool), el("td", {}, r.position), el("td", {}, r.subject),
     el("td", { class: "mono" }, resources(r.resources)), el("td", {}, r.priority),

@@ -1,4 +1,5 @@
-"""What ``respool node register --detect`` finds on this machine (docs/cli.md, "Nodes").
+"""What ``respool node register --detect`` and ``respool agent --register --detect`` find on this
+machine (docs/cli.md, "Nodes"), and the one call that registers it (:func:`registration`).
 
 * GPUs from ``nvidia-smi --query-gpu=index,uuid,name,memory.total --format=csv,noheader``.
   The ``gpu`` device ids are the GPU indices (``"0"`` … ``"7"``): ``CUDA_VISIBLE_DEVICES``
@@ -15,6 +16,9 @@
 
 No ``nvidia-smi``, or one that fails (no driver), is a machine without GPUs: the probe says
 so in :attr:`Machine.notes` and goes on.
+
+Registering again makes the node match what was found: keys and device lists it no longer has
+are removed, a ``gpu-type`` label of GPUs that are gone too; other labels stay.
 """
 
 from __future__ import annotations
@@ -23,8 +27,22 @@ import os
 import re
 import subprocess
 from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
 
-__all__ = ["Gpu", "Machine", "detect", "gpu_type", "parse_gpus", "parse_mig"]
+from respool_client.wire import Node
+
+__all__ = [
+    "GPU_TYPE_LABEL",
+    "Gpu",
+    "Machine",
+    "detect",
+    "gpu_type",
+    "node_path",
+    "parse_gpus",
+    "parse_mig",
+    "registration",
+]
 
 QUERY = ["--query-gpu=index,uuid,name,memory.total", "--format=csv,noheader"]
 TIMEOUT = 30.0
@@ -168,3 +186,46 @@ def detect(*, meminfo: str = "/proc/meminfo") -> Machine:
     else:
         machine.notes.append(f"cannot read MemTotal from {meminfo}: memory_mb left out")
     return machine
+
+
+def node_path(name: str) -> str:
+    """``/v1/nodes/{name}``, the name escaped."""
+    return f"/v1/nodes/{quote(name, safe='')}"
+
+
+def registration(
+    old: Node | None,
+    name: str,
+    *,
+    pool: str | None,
+    capacity: dict[str, int],
+    devices: dict[str, list[str]],
+    labels: dict[str, str],
+    detected: bool,
+) -> tuple[str, str, dict[str, Any]]:
+    """The call (method, path, JSON body) that registers node ``name`` with these units, given
+    the node as it is (``old``; None: not registered): a create, or an update that makes it
+    match (see the module docstring). ``pool`` None leaves a node where it is (a create: the
+    server's default)."""
+    if old is None:
+        body: dict[str, Any] = {
+            "name": name,
+            "capacity": capacity,
+            "devices": devices,
+            "labels": labels,
+        }
+        if pool is not None:
+            body["pool"] = pool
+        return "POST", "/v1/nodes", body
+    patch: dict[str, Any] = {
+        "capacity": {k: 0 for k in old.capacity if k not in capacity} | capacity,
+        "devices": {k: None for k in old.devices if k not in devices} | devices,
+    }
+    new_labels: dict[str, str | None] = dict(labels)
+    if detected and GPU_TYPE_LABEL in old.labels and GPU_TYPE_LABEL not in labels:
+        new_labels[GPU_TYPE_LABEL] = None  # its GPUs are gone
+    if new_labels:
+        patch["labels"] = new_labels
+    if pool is not None:
+        patch["pool"] = pool
+    return "PATCH", node_path(name), patch

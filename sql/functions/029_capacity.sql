@@ -1,0 +1,245 @@
+-- The capacity model (docs/engine.md, "The capacity model"): where units can go, and how many of
+-- a need fit there. Every fit decision of the engine reads these functions; no other file spells
+-- the key rule or the comparison of a need with what is free.
+--
+--   a place      holds units: the pool as a whole and, in a pool with nodes, each node. Per key a
+--                place has a capacity, a use, units leaving (held by victims in their grace
+--                period, which count as gone) and units earmarked (kept for the requests those
+--                victims were preempted for, which count as taken);
+--   the key rule a key a place has no capacity for is unbounded when it is soft, and has
+--                capacity 0 otherwise (respool._effective_capacity);
+--   a room       what a need may take of one key of a place (respool._room): capacity - use - what
+--                others hold on to; an unbounded key's counter still stops at respool._max_total();
+--   fit, count   need <= room (respool._fits_room) and the largest k with k * need <= room, by
+--                division (respool._how_many).
+--
+-- The place relation is one row per place and key with every figure above: respool._pool_place
+-- (the pool as a whole) and respool._node_places (each node of a pool; a device level would be a
+-- third function of the same columns). Node choice, slots, victim choice, rejections, blockers,
+-- the starvation guard and the ETA read it. Both are LANGUAGE sql and inlined into the callers'
+-- queries: no call per place or per row, and the units moving (respool._moving_units) are read
+-- once per call, only by callers that ask for them.
+
+CREATE OR REPLACE FUNCTION respool._effective_capacity(p_key text, p_capacity bigint)
+RETURNS bigint LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN p_capacity IS NOT NULL THEN p_capacity
+                WHEN respool._is_soft_key(p_key) THEN NULL
+                ELSE 0 END
+$$;
+COMMENT ON FUNCTION respool._effective_capacity(text, bigint) IS
+    'THE key rule of every place (pool or node): its capacity of a key, NULL meaning unbounded. A key the place has no capacity for is unbounded when soft (respool._is_soft_key), capacity 0 otherwise. Inlined (SQL).';
+
+CREATE OR REPLACE FUNCTION respool._room(p_capacity bigint, p_used bigint, p_taken bigint DEFAULT 0)
+RETURNS bigint LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN p_capacity IS NULL THEN respool._max_total() - p_used
+                ELSE p_capacity - p_used - p_taken END
+$$;
+COMMENT ON FUNCTION respool._room(bigint, bigint, bigint) IS
+    'The room of one key under a bound (an effective capacity, a limit, a reserved share): bound - used - taken (units held for others; may be negative after a shrink). A NULL bound is unbounded, but a counter stops at respool._max_total() so that no sum overflows. Inlined (SQL).';
+
+CREATE OR REPLACE FUNCTION respool._fits_room(p_need bigint, p_room bigint)
+RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT p_need <= p_room
+$$;
+COMMENT ON FUNCTION respool._fits_room(bigint, bigint) IS
+    'THE fit comparison: a need of one key fits a room (respool._room) when need <= room, i.e. used + need <= bound. A need of 0 fits any room but a negative one (a limit already passed binds every key). Inlined (SQL).';
+
+CREATE OR REPLACE FUNCTION respool._how_many(p_need bigint, p_room bigint)
+RETURNS bigint LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN p_need > 0 THEN greatest(p_room, 0) / p_need
+                WHEN p_room >= 0 THEN NULL
+                ELSE 0 END
+$$;
+COMMENT ON FUNCTION respool._how_many(bigint, bigint) IS
+    'THE count: the largest k with respool._fits_room(k * need, room), by division; NULL when every k fits (a need of 0 in a room not below 0). The least over keys and bounds is how many requests of one shape fit together. Inlined (SQL).';
+
+CREATE OR REPLACE FUNCTION respool._fits_room(p_need jsonb, p_room jsonb)
+RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    -- (PL/pgSQL: it runs once per shape of a pass; its plan is cached per session)
+    RETURN NOT EXISTS (
+        SELECT FROM jsonb_each_text(p_need) x
+         WHERE NOT respool._fits_room(x.value::bigint,
+                                      coalesce((p_room ->> x.key)::bigint,
+                                               respool._room(respool._effective_capacity(x.key, NULL), 0))));
+END $$;
+COMMENT ON FUNCTION respool._fits_room(jsonb, jsonb) IS
+    'respool._fits_room over maps: every key of the need {key: units} fits the room map of one place {key: room} (respool._free_units, or a simulation of it); a key the map lacks has the room the key rule gives a place without that key (soft: unbounded, else 0).';
+
+CREATE OR REPLACE FUNCTION respool._earmarked(p_pool_id uuid, p_except uuid DEFAULT NULL)
+RETURNS boolean LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- (PL/pgSQL: a SQL function with a subquery is not inlined, and would be planned per call;
+    -- callers ask it once, before the query that reads respool._pool_place or respool._node_places)
+    RETURN EXISTS (SELECT FROM respool.requests b
+                    WHERE b.earmark_pool_id = p_pool_id AND b.status = 'queued' AND b.id IS DISTINCT FROM p_except);
+END $$;
+COMMENT ON FUNCTION respool._earmarked(uuid, uuid) IS
+    'True when some queued request other than p_except holds an earmark in the pool (docs/preemption.md): only then do rooms net of earmarks differ from free units (respool._pool_place, respool._node_places with p_moving). One probe of requests_earmark_idx.';
+
+CREATE OR REPLACE FUNCTION respool._moving(p_pool_id uuid, p_except uuid DEFAULT NULL)
+RETURNS boolean LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN EXISTS (SELECT FROM respool.requests v WHERE v.pool_id = p_pool_id AND v.status = 'preempting')
+        OR EXISTS (SELECT FROM respool.requests b
+                    WHERE b.earmark_pool_id = p_pool_id AND b.status = 'queued' AND b.id IS DISTINCT FROM p_except);
+END $$;
+COMMENT ON FUNCTION respool._moving(uuid, uuid) IS
+    'True when units move in the pool: a victim is in its grace period, or a queued request other than p_except holds an earmark (respool._earmarked). Only then do room_settled and the leaving and earmarked units differ from the counters. Two index probes.';
+
+CREATE OR REPLACE FUNCTION respool._moving_units(p_pool_id uuid, p_level text, p_except uuid)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- (one statement per level, each planned once per session)
+    IF p_level = 'pool' THEN
+        -- the pool: its victims in their grace period, and the queue entries of its earmark
+        -- holders (a gang's entry holds its members' sum, docs/scheduling.md)
+        RETURN (SELECT coalesce(jsonb_object_agg('/' || g.key, jsonb_build_array(g.leaving, g.earmarked)), '{}') FROM (
+            SELECT u.key, sum(u.leaving) AS leaving, sum(u.earmarked) AS earmarked
+              FROM (SELECT x.key, x.value::bigint AS leaving, 0::bigint AS earmarked
+                      FROM respool.requests v CROSS JOIN LATERAL jsonb_each_text(v.resources) x
+                     WHERE v.pool_id = p_pool_id AND v.status = 'preempting'
+                    UNION ALL
+                    SELECT x.key, 0, x.value::bigint
+                      FROM respool.requests b
+                      JOIN respool.queue_entries e ON e.request_id = b.id AND e.pool_id = p_pool_id
+                     CROSS JOIN LATERAL jsonb_each_text(e.resources) x
+                     WHERE b.earmark_pool_id = p_pool_id AND b.status = 'queued' AND b.id IS DISTINCT FROM p_except) u
+             GROUP BY u.key) g);
+    END IF;
+    -- a node: what its victims in their grace period hold there, and the needs of the requests
+    -- earmarked on it
+    RETURN (SELECT coalesce(jsonb_object_agg(g.place || '/' || g.key, jsonb_build_array(g.leaving, g.earmarked)), '{}') FROM (
+        SELECT u.place, u.key, sum(u.leaving) AS leaving, sum(u.earmarked) AS earmarked
+          FROM (SELECT pl.node_id::text AS place, x.key, x.value::bigint AS leaving, 0::bigint AS earmarked
+                  FROM respool.requests v JOIN respool.placements pl ON pl.request_id = v.id
+                 CROSS JOIN LATERAL jsonb_each_text(pl.resources) x
+                 WHERE v.pool_id = p_pool_id AND v.status = 'preempting'
+                UNION ALL
+                SELECT b.earmark_node_id::text, x.key, 0, x.value::bigint
+                  FROM respool.requests b CROSS JOIN LATERAL jsonb_each_text(b.resources) x
+                 WHERE b.earmark_pool_id = p_pool_id AND b.status = 'queued'
+                   AND b.earmark_node_id IS NOT NULL AND b.id IS DISTINCT FROM p_except) u
+         GROUP BY u.place, u.key) g);
+END $$;
+COMMENT ON FUNCTION respool._moving_units(uuid, text, uuid) IS
+    'The units moving in a pool''s places (p_level pool or node), read once per respool._pool_place / respool._node_places call that asks for them: {"<node id, empty for the pool>/<key>": [leaving, earmarked]}, leaving: held by victims in their grace period; earmarked: the needs of queued requests other than p_except holding an earmark there. Read-only.';
+
+CREATE OR REPLACE FUNCTION respool._pool_place(p_pool_id uuid, p_need jsonb, p_except uuid DEFAULT NULL,
+                                               p_moving boolean DEFAULT false)
+RETURNS TABLE (key text, need bigint, capacity bigint, used bigint, leaving bigint, earmarked bigint,
+               free bigint, room bigint, room_settled bigint, room_ever bigint)
+LANGUAGE sql STABLE AS $$
+    -- (the moving units: one respool._moving_units per call, and only with p_moving)
+    SELECT k.key, k.value::bigint, c.capacity, c.used, m.leaving, m.earmarked,
+           respool._room(c.capacity, c.used),
+           respool._room(c.capacity, c.used, greatest(0, m.earmarked - m.leaving)),
+           respool._room(c.capacity, c.used, m.earmarked - m.leaving),
+           respool._room(c.capacity, 0)
+      FROM jsonb_each_text(p_need) k
+      LEFT JOIN respool.pool_resources pr ON pr.pool_id = p_pool_id AND pr.key = k.key
+     CROSS JOIN LATERAL (SELECT respool._effective_capacity(k.key, pr.capacity) AS capacity,
+                                coalesce(pr.used, 0) AS used) c
+     CROSS JOIN LATERAL (
+            SELECT CASE WHEN p_moving THEN coalesce(((SELECT respool._moving_units(p_pool_id, 'pool', p_except))
+                                                     -> ('/' || k.key) ->> 0)::bigint, 0) ELSE 0 END AS leaving,
+                   CASE WHEN p_moving THEN coalesce(((SELECT respool._moving_units(p_pool_id, 'pool', p_except))
+                                                     -> ('/' || k.key) ->> 1)::bigint, 0) ELSE 0 END AS earmarked) m
+$$;
+COMMENT ON FUNCTION respool._pool_place(uuid, jsonb, uuid, boolean) IS
+    'THE pool place: per key of p_need, the need, the capacity (key rule), used and, with p_moving, units leaving and earmarked for others than p_except; rooms: free (now), room (now, net of earmarks), room_settled (victims gone, earmarks taken), room_ever (empty). Inlined (SQL).';
+
+CREATE OR REPLACE FUNCTION respool._node_places(p_pool_id uuid, p_need jsonb, p_except uuid DEFAULT NULL,
+                                                p_moving boolean DEFAULT false)
+RETURNS TABLE (node_id uuid, node_name text, state text, labels jsonb, agent text, key text, need bigint,
+               capacity bigint, used bigint, devices bigint, leaving bigint, earmarked bigint,
+               free bigint, room bigint, room_settled bigint, room_ever bigint)
+LANGUAGE sql STABLE AS $$
+    -- (a key the node lacks gets its row too: the key rule gives it its capacity)
+    SELECT n.id, n.name, n.state, n.labels, n.agent, k.key, k.value::bigint, c.capacity, c.used,
+           coalesce(nr.devices, 0), m.leaving, m.earmarked,
+           respool._room(c.capacity, c.used),
+           respool._room(c.capacity, c.used, greatest(0, m.earmarked - m.leaving)),
+           respool._room(c.capacity, c.used, m.earmarked - m.leaving),
+           respool._room(c.capacity, 0)
+      FROM respool.nodes n
+     CROSS JOIN jsonb_each_text(p_need) k
+      LEFT JOIN respool.node_resources nr ON nr.node_id = n.id AND nr.key = k.key
+     CROSS JOIN LATERAL (SELECT respool._effective_capacity(k.key, nr.capacity) AS capacity,
+                                coalesce(nr.used, 0) AS used) c
+     CROSS JOIN LATERAL (
+            SELECT CASE WHEN p_moving THEN coalesce(((SELECT respool._moving_units(p_pool_id, 'node', p_except))
+                                                     -> (n.id::text || '/' || k.key) ->> 0)::bigint, 0) ELSE 0 END AS leaving,
+                   CASE WHEN p_moving THEN coalesce(((SELECT respool._moving_units(p_pool_id, 'node', p_except))
+                                                     -> (n.id::text || '/' || k.key) ->> 1)::bigint, 0) ELSE 0 END AS earmarked) m
+     WHERE n.pool_id = p_pool_id
+$$;
+COMMENT ON FUNCTION respool._node_places(uuid, jsonb, uuid, boolean) IS
+    'THE node places of a pool: per node (any state; name, labels, state, agent) and key of p_need, the need, the capacity (key rule: a soft key it lacks unbounded, another 0), used, devices and, with p_moving, units leaving and earmarked there for others than p_except; the rooms of respool._pool_place. Inlined (SQL).';
+
+CREATE OR REPLACE FUNCTION respool._place_keys(p_pool_id uuid, p_level text)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- (one statement per level: a CASE over both would be planned anew at each call)
+    IF p_level = 'pool' THEN
+        RETURN (SELECT coalesce(jsonb_object_agg(r.key, 0), '{}') FROM respool.pool_resources r WHERE r.pool_id = p_pool_id);
+    END IF;
+    RETURN (SELECT coalesce(jsonb_object_agg(k.key, 0), '{}')
+              FROM (SELECT DISTINCT r.key FROM respool.node_resources r
+                      JOIN respool.nodes n ON n.id = r.node_id WHERE n.pool_id = p_pool_id) k);
+END $$;
+COMMENT ON FUNCTION respool._place_keys(uuid, text) IS
+    'Every key the places of a level count, as a need map {key: 0} for respool._pool_place / respool._node_places: the pool''s counters (p_level pool), or the keys any node of the pool lists (node). Read-only.';
+
+CREATE OR REPLACE FUNCTION respool._could_hold(p_node_id uuid, p_need jsonb)
+RETURNS boolean LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- One node's place, empty: the columns respool._node_places gives it (capacity by the key
+    -- rule, room_ever), read by two index probes of the node's counters instead of a pass over
+    -- the pool's nodes, as callers ask it node by node and stop at the first that could.
+    RETURN NOT EXISTS (SELECT FROM jsonb_each_text(p_need) x
+                         LEFT JOIN respool.node_resources nr ON nr.node_id = p_node_id AND nr.key = x.key
+                        WHERE NOT respool._fits_room(x.value::bigint,
+                                                     respool._room(respool._effective_capacity(x.key, nr.capacity), 0)));
+END $$;
+COMMENT ON FUNCTION respool._could_hold(uuid, jsonb) IS
+    'True when node p_node_id, empty, could hold every key of p_need at once (room_ever of respool._node_places: the key rule decides a key it lacks): whatever its state and use now. Read-only.';
+
+CREATE OR REPLACE FUNCTION respool._free_units(p_pool_id uuid)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- (the pool place's free room of its bounded keys, read straight from its counters: a pass
+    -- asks it after every grant)
+    RETURN (SELECT coalesce(jsonb_object_agg(pr.key, respool._room(pr.capacity, pr.used)), '{}')
+              FROM respool.pool_resources pr WHERE pr.pool_id = p_pool_id AND pr.capacity IS NOT NULL);
+END $$;
+COMMENT ON FUNCTION respool._free_units(uuid) IS
+    'The pool place''s free units now per key with a capacity (the free column of respool._pool_place: capacity - used, negative after a shrink), the room map of respool._fits_room(jsonb, jsonb). Read-only.';
+
+-- Thin wrappers kept for callers in other files (docs/engine.md lists them): the room maps they
+-- test are the pool's (respool._free_units) or a policy's rooms.
+
+CREATE OR REPLACE FUNCTION respool._fits_room_unbounded(p_need jsonb, p_room jsonb)
+RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT respool._fits_room(p_need, p_room)
+$$;
+COMMENT ON FUNCTION respool._fits_room_unbounded(jsonb, jsonb) IS
+    'respool._fits_room(jsonb, jsonb) under its former name (a key the room map lacks: the key rule, so a soft key is unbounded).';
+
+CREATE OR REPLACE FUNCTION respool._fits_every_room(p_need jsonb, p_room jsonb)
+RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN NOT EXISTS (SELECT FROM jsonb_each_text(coalesce(p_room, '{}')) m
+                        WHERE NOT respool._fits_room(coalesce((p_need ->> m.key)::bigint, 0), m.value::bigint));
+END $$;
+COMMENT ON FUNCTION respool._fits_every_room(jsonb, jsonb) IS
+    'A policy''s limits (not a place): true when the need fits the room under every limit of the map {key: room}, a key the need lacks needing 0, so a limit already passed blocks everything. A key the map lacks is unlimited.';
+
+CREATE OR REPLACE FUNCTION respool._fits_room_zero(p_need jsonb, p_room jsonb)
+RETURNS boolean LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN NOT EXISTS (SELECT FROM jsonb_each_text(p_need) x
+                        WHERE NOT respool._fits_room(x.value::bigint, coalesce((p_room ->> x.key)::bigint, 0)));
+END $$;
+COMMENT ON FUNCTION respool._fits_room_zero(jsonb, jsonb) IS
+    'True when every key of the need fits the room map {key: room}, a key the map lacks having room 0: a policy''s reserved share for non-preemptible work (no share), and backfill rule (a) in a pool as a whole (an untracked key leaves the head no room).';
