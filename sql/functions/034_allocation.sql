@@ -145,32 +145,6 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION respool._scale_units(jsonb, integer) IS 'A unit map {key: n} times p_times: the need of that many requests of one shape.';
 
-CREATE OR REPLACE FUNCTION respool._fit_count(p_pool_id uuid, p_policy_id uuid, p_preemptible boolean,
-                                              p_resources jsonb, p_low integer, p_high integer)
-RETURNS integer LANGUAGE plpgsql AS $$
-DECLARE
-    v_low integer := p_low;
-    v_high integer := p_high;
-    v_mid integer;
-BEGIN
-    IF respool._fits(respool._scale_units(p_resources, v_high), p_preemptible, p_pool_id, p_policy_id,
-                     NULL, NULL, NULL) THEN
-        RETURN v_high;
-    END IF;
-    WHILE v_high - v_low > 1 LOOP  -- invariant: v_low fits, v_high does not
-        v_mid := (v_low + v_high) / 2;
-        IF respool._fits(respool._scale_units(p_resources, v_mid), p_preemptible, p_pool_id, p_policy_id,
-                         NULL, NULL, NULL) THEN
-            v_low := v_mid;
-        ELSE
-            v_high := v_mid;
-        END IF;
-    END LOOP;
-    RETURN v_low;
-END $$;
-COMMENT ON FUNCTION respool._fit_count(uuid, uuid, boolean, jsonb, integer, integer) IS
-    'How many requests of one shape fit a pool and policy together, between p_low (the caller knows it fits; 0 always does) and p_high: k of them fit the counters exactly when one request of k times the need does (respool._fits without the node rule), so the largest k is found by bisection, O(log k) checks.';
-
 CREATE OR REPLACE FUNCTION respool._grant_run(p_pool_id uuid, p_policy_id uuid, p_preemptible boolean,
                                               p_resources jsonb, p_selector jsonb,
                                               p_from_at timestamptz, p_from_id uuid,
@@ -185,25 +159,16 @@ DECLARE
 BEGIN
     -- Only for a pass without earmarks or a starvation hold (those need the per-request checks:
     -- the caller, respool.allocate_pool, decides). The bound is the next other shape's head.
-    -- How many requests of the shape fit together, before reading the queue: k of them fit the
-    -- pool's and the policy's counters exactly when one request of k times the need does
-    -- (respool._fits without the node rule). The pool's free units divided by the need bound k
-    -- from above (and a pool with nodes, its nodes' slots: respool._node_slots); the largest k
-    -- that fits is found by bisection below that bound. So the work is O(log k), whatever the
-    -- length of the queue.
-    SELECT least(respool._max_batch(), min((pr.capacity - pr.used) / x.value::bigint)) INTO v_high
-      FROM jsonb_each_text(p_resources) x
-      JOIN respool.pool_resources pr ON pr.pool_id = p_pool_id AND pr.key = x.key AND pr.capacity IS NOT NULL
-     WHERE x.value::bigint > 0;
-    v_high := coalesce(v_high, respool._max_batch());
+    -- How many requests of the shape fit together, before reading the queue: the capacity
+    -- model's count by division (respool._fit_count) and, in a pool with nodes, its nodes' slots
+    -- (respool._node_slots). So the work is the same whatever the length of the queue.
+    v_high := respool._fit_count(p_resources, p_preemptible, p_pool_id, p_policy_id);
     IF v_high >= 2 AND respool._pool_has_nodes(p_pool_id) THEN
         v_high := least(v_high, respool._node_slots(p_pool_id, p_resources, p_selector));
     END IF;
-    IF v_high < 2 OR NOT respool._fits(respool._scale_units(p_resources, 2), p_preemptible, p_pool_id, p_policy_id,
-                                       NULL, NULL, NULL) THEN
+    IF v_high < 2 THEN
         RETURN '{}';  -- nothing to gain over the one-request path
     END IF;
-    v_high := respool._fit_count(p_pool_id, p_policy_id, p_preemptible, p_resources, 2, v_high::integer);
     -- The run: at most that many of the shape's entries from (p_from_at, p_from_id) on, in
     -- queue-time order (an index range of queue_entries_shape_idx), that come before the next
     -- other shape's head in the queue order ((p_before_at, p_before_id), NULL: none), up to the

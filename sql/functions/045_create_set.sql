@@ -251,7 +251,7 @@ BEGIN
             IF NOT q_shapes[j] = ANY (v_blocked) THEN
                 IF v_end > v_left AND NOT respool._pool_has_nodes(q_pools[j]) THEN
                     -- The largest k (of those left) that fit together.
-                    v_low := respool._fit_count(q_pools[j], q_policies[j], q_pre[i], q_res[i], 0, v_end - v_left + 1);
+                    v_low := least(v_end - v_left + 1, respool._fit_count(q_res[i], q_pre[i], q_pools[j], q_policies[j]));
                     IF v_low > 0 THEN
                         -- Their own grants are not notified (respool._record_events): the answers carry them.
                         PERFORM set_config('respool.unannounced', array_to_string(q_id[v_left : v_left + v_low - 1], ','),
