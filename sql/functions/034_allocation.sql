@@ -166,7 +166,10 @@ BEGIN
     IF v_high >= 2 AND respool._pool_has_nodes(p_pool_id) THEN
         v_high := least(v_high, respool._node_slots(p_pool_id, p_resources, p_selector));
     END IF;
-    IF v_high < 2 THEN
+    -- The placement seam has the last word on the whole run (respool._fits of k times the need):
+    -- a count it refuses is left to the one-request path, which asks it for each request.
+    IF v_high < 2 OR NOT respool._fits(respool._scale_units(p_resources, v_high::integer), p_preemptible,
+                                       p_pool_id, p_policy_id, NULL, NULL, NULL) THEN
         RETURN '{}';  -- nothing to gain over the one-request path
     END IF;
     -- The run: at most that many of the shape's entries from (p_from_at, p_from_id) on, in

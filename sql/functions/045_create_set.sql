@@ -252,6 +252,10 @@ BEGIN
                 IF v_end > v_left AND NOT respool._pool_has_nodes(q_pools[j]) THEN
                     -- The largest k (of those left) that fit together.
                     v_low := least(v_end - v_left + 1, respool._fit_count(q_res[i], q_pre[i], q_pools[j], q_policies[j]));
+                    IF v_low > 0 AND NOT respool._fits(respool._scale_units(q_res[i], v_low), q_pre[i], q_pools[j],
+                                                        q_policies[j], NULL, NULL, NULL) THEN
+                        v_low := 0;  -- the placement seam refuses the run
+                    END IF;
                     IF v_low > 0 THEN
                         -- Their own grants are not notified (respool._record_events): the answers carry them.
                         PERFORM set_config('respool.unannounced', array_to_string(q_id[v_left : v_left + v_low - 1], ','),
