@@ -54,6 +54,15 @@ ETA_SQL = "sql/functions/037_eta.sql"
 # The last commit whose ETA froze once a holder outlived every recorded hold (and gave a p90
 # from a single recorded hold): the "before" of this benchmark.
 BEFORE_REF = "5acfb3a81f35eacc20310ec9315d1ff294185362"
+# Helpers an older estimator calls that the engine has since folded into its capacity model
+# (docs/engine.md): created beside the older 037_eta.sql so that it runs as it did.
+BEFORE_HELPERS = """
+CREATE OR REPLACE FUNCTION respool._fits_room_vector(p_need bigint[], p_room bigint[])
+RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
+    SELECT NOT EXISTS (SELECT FROM generate_subscripts(p_need, 1) j
+                        WHERE p_need[j] > 0 AND p_need[j] > p_room[j])
+$$;
+"""
 
 CREATE = (
     "SELECT request FROM respool.create_request(jsonb_build_object('subject', 'team',"
@@ -244,6 +253,7 @@ async def measure(dsn: str, trace: list[Job], estimator_sql: str | None = None) 
         conn = await bench_connect(db)
         try:
             if estimator_sql is not None:
+                await conn.execute(BEFORE_HELPERS)
                 await conn.execute(estimator_sql)
             return await replay(conn, trace)
         finally:
