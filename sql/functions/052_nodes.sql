@@ -323,6 +323,11 @@ BEGIN
     IF EXISTS (SELECT FROM respool.nodes WHERE pool_id = p_pool_id) THEN
         RETURN;
     END IF;
+    IF respool._pool_has_rates(p_pool_id) THEN  -- rate keys (docs/rates.md)
+        PERFORM respool._fail('RP409', 'pool', format(
+            'pool %s has rate keys (%s); a pool backed by nodes takes none: keep the budget in a pool without nodes',
+            v_pool, (SELECT string_agg(key, ', ' ORDER BY key) FROM respool.pool_rates WHERE pool_id = p_pool_id)));
+    END IF;
     IF EXISTS (SELECT FROM respool.pool_resources WHERE pool_id = p_pool_id AND capacity IS NOT NULL) THEN
         -- Reserved shares need the capacity: they have to go first, and the message says so.
         SELECT string_agg(format('%s reserves %s', x.subject, x.units), ', ' ORDER BY x.subject) INTO v_reserving
@@ -349,7 +354,7 @@ BEGIN
     END IF;
 END $$;
 COMMENT ON FUNCTION respool._check_node_join(uuid, text) IS
-    'Before the first node joins a pool: RP409 (naming the fix) while the pool has a capacity set by hand (naming the policies whose reserved shares must be detached or shrunk first) or allocations placed on no node.';
+    'Before the first node joins a pool: RP409 (naming the fix) while the pool has rate keys, a capacity set by hand (naming the policies whose reserved shares must be detached or shrunk first) or allocations placed on no node.';
 
 CREATE OR REPLACE FUNCTION respool._settle_node_pools(p_pool_ids uuid[], p_now timestamptz)
 RETURNS void LANGUAGE plpgsql AS $$
