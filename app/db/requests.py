@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 from uuid import UUID
@@ -128,17 +128,22 @@ async def release_request(
 
 @engine_errors
 async def release_requests(
-    db: Executor, releases: list[tuple[UUID, int | None, Mapping[str, int] | None]]
+    db: Executor,
+    releases: Sequence[
+        tuple[UUID, int | None] | tuple[UUID, int | None, Mapping[str, int] | None]
+    ],
 ) -> list[Request | EngineError]:
-    """Several releases, each ``(id, attempt, used)``, in one transaction: each ended exactly
-    as :func:`release_request` would end it after the ones before it. One result per release,
-    in order: its request, or the :class:`EngineError` its own call would have raised (unknown
-    id, stale attempt, a refused settlement), that release changing nothing."""
+    """Several releases, each ``(id, attempt)`` or ``(id, attempt, used)``, in one
+    transaction: each ended exactly as :func:`release_request` would end it after the ones
+    before it. One result per release, in order: its request, or the :class:`EngineError` its
+    own call would have raised (unknown id, stale attempt, a refused settlement), that release
+    changing nothing."""
+    used = [dict(r[2]) if len(r) > 2 and r[2] is not None else None for r in releases]
     rows = await db.fetch(
         query("release_requests"),
-        [i for i, _, _ in releases],
-        [a for _, a, _ in releases],
-        [None if u is None else dict(u) for _, _, u in releases],
+        [r[0] for r in releases],
+        [r[1] for r in releases],
+        used if any(u is not None for u in used) else None,
     )
     return [
         _as(Request, row["request"])

@@ -177,11 +177,12 @@ BEGIN
                FROM respool.pool_rates r JOIN respool.pool_resources pr ON pr.pool_id = r.pool_id AND pr.key = r.key
               WHERE r.pool_id = p_pool_id AND coalesce((p_need ->> r.key)::bigint, 0) > 0
              UNION ALL
+             -- (a limit binds every key, also one the need lacks: a subject above it waits)
              SELECT r.key, make_interval(secs => r.per_seconds), pol."limit", pol.used,
-                    (p_policy_need ->> r.key)::bigint, pol.policy_id
+                    coalesce((p_policy_need ->> r.key)::bigint, 0), pol.policy_id
                FROM respool.pool_rates r JOIN respool.policy_resources pol ON pol.key = r.key
               WHERE r.pool_id = p_pool_id AND pol.policy_id = p_policy_id AND pol."limit" IS NOT NULL
-                AND coalesce((p_policy_need ->> r.key)::bigint, 0) > 0 LOOP
+                AND (coalesce((p_policy_need ->> r.key)::bigint, 0) > 0 OR pol.used > pol."limit") LOOP
         IF k.need > k.bound THEN
             RETURN 'infinity';
         END IF;
@@ -473,7 +474,7 @@ BEGIN
      CROSS JOIN LATERAL respool._queue_groups(p.pool_id) g
      CROSS JOIN LATERAL (SELECT respool._rate_part(p.pool_id, g.resources) AS need) n
      CROSS JOIN LATERAL (SELECT respool._rate_ready_at(p.pool_id, g.policy_id, n.need, n.need, p_now) AS at) t
-     WHERE n.need <> '{}' AND t.at < 'infinity'
+     WHERE t.at < 'infinity'
        AND (t.at > p_now OR respool._rate_blocks(p.pool_id, g.policy_id, g.resources))
      GROUP BY p.pool_id;
 END $$;
