@@ -7,8 +7,9 @@ request, a capacity or policy change). A policy's window boundary (docs/preempti
 windows") wakes it too: after each pass it reads when the next one is due and runs a full pass
 then, if that is before the next interval. So does a rate key's refill (docs/rates.md): after
 each pass it reads, per pool whose queue waits for a rate key's units, when enough charges will
-have left their window, and passes that pool then. Several reconcilers may run against one database: a pool
-locked by another one is skipped (``FOR NO KEY UPDATE SKIP LOCKED``) and retried shortly after.
+have left their window, and passes that pool then. Several reconcilers may run against one
+database: a pool locked by another one is skipped (``FOR NO KEY UPDATE SKIP LOCKED``) and
+retried shortly after.
 The reconciler holds one connection (``application_name = respool-reconciler``) for both LISTEN
 and its passes; when it drops, it reconnects with backoff and jitter and starts with a full pass.
 """

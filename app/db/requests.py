@@ -129,9 +129,7 @@ async def release_request(
 @engine_errors
 async def release_requests(
     db: Executor,
-    releases: Sequence[
-        tuple[UUID, int | None] | tuple[UUID, int | None, Mapping[str, int] | None]
-    ],
+    releases: Sequence[tuple[UUID, int | None] | tuple[UUID, int | None, Mapping[str, int] | None]],
 ) -> list[Request | EngineError]:
     """Several releases, each ``(id, attempt)`` or ``(id, attempt, used)``, in one
     transaction: each ended exactly as :func:`release_request` would end it after the ones

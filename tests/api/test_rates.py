@@ -99,10 +99,15 @@ async def test_bad_rates_are_400_naming_the_field(
 async def test_rate_keys_and_nodes_and_capacity_do_not_mix(server: Server) -> None:
     c = server.client
     await llm_pool(c)
-    error(await c.patch("/v1/pools/llm", json={"capacity": {"llm_tokens": 5}}), 400, "capacity.llm_tokens")
+    error(
+        await c.patch("/v1/pools/llm", json={"capacity": {"llm_tokens": 5}}),
+        400,
+        "capacity.llm_tokens",
+    )
     error(
         await c.post(
-            "/v1/pools", json={"name": "x", "capacity": {"k": 1}, "rates": {"k": RATES["llm_tokens"]}}
+            "/v1/pools",
+            json={"name": "x", "capacity": {"k": 1}, "rates": {"k": RATES["llm_tokens"]}},
         ),
         400,
         "capacity.k",

@@ -269,7 +269,7 @@ async def test_a_key_is_either_counted_or_a_rate(llm: asyncpg.Connection) -> Non
 async def test_no_rate_in_a_pool_backed_by_nodes(conn: asyncpg.Connection) -> None:
     await mk_pool(conn, "gpus", {})
     await conn.execute(
-        "SELECT respool.create_node('{\"name\": \"n1\", \"pool\": \"gpus\", \"capacity\": {\"gpu\": 2}}')"
+        'SELECT respool.create_node(\'{"name": "n1", "pool": "gpus", "capacity": {"gpu": 2}}\')'
     )
     with pytest.raises(BadInput) as err:
         await db_pools.update_pool(conn, "gpus", rates=TOKENS)
