@@ -201,3 +201,27 @@ async def test_two_api_processes_share_one_budget(db_url: str, tmp_path: Path) -
     finally:
         one.close()
         two.close()
+
+
+async def test_gauges_dashboard_and_views_show_rate_keys(db_url: str) -> None:
+    async with running_server(db_url, metrics_cache_seconds=0.0) as srv:
+        c = srv.client
+        await llm_pool(c)
+        await reserve(c, "team-a", 4000)
+        text = (await c.get("/metrics")).text
+        assert 'respool_rate_used{key="llm_tokens",pool="llm",subject=""} 4000.0' in text
+        assert 'respool_rate_amount{key="llm_tokens",pool="llm",subject=""} 10000.0' in text
+        assert 'respool_rate_window_seconds{key="llm_tokens",pool="llm",subject=""} 2.0' in text
+        assert 'respool_invariant_violations{invariant="I10"} 0.0' in text
+        board = ok(await c.get("/v1/dashboard"))
+        (key,) = [k for p in board["pools"] for k in p["keys"] if k["key"] == "llm_tokens"]
+        assert key["per_seconds"] == 2 and key["allocated"] == 4000 and key["capacity"] == 10_000
+        assert key["next_refill_at"] is not None
+        conn = await asyncpg.connect(db_url)
+        try:
+            rows = await conn.fetch(
+                "SELECT subject, used, amount FROM respool.rate_usage WHERE pool = 'llm'"
+            )
+        finally:
+            await conn.close()
+        assert [tuple(r) for r in rows] == [("team-a", 4000, None), (None, 4000, 10_000)]
