@@ -80,7 +80,7 @@ def parse_rate(text: str) -> str:
     amount, slash, window = value.partition("/")
     try:
         seconds = parse_duration(window) if slash else -1.0
-        ok = amount.strip().isdigit() and seconds == int(seconds) and 1 <= seconds
+        ok = amount.strip().isdigit() and seconds == int(seconds) and seconds >= 1
     except ValueError:
         ok = False
     if not ok or seconds > MAX_RATE_SECONDS:
