@@ -3,6 +3,8 @@ window with the next refill in ``pool list`` and ``pool describe`` (docs/rates.m
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from support.cli import Cli, failed
 
 
@@ -33,3 +35,35 @@ async def test_bad_rate_options(cli: Cli) -> None:
         assert "--rate" in failed(await cli.api("pool", "create", "x", "--rate", bad), code=2)
     err = failed(await cli.api("pool", "create", "x", "--rate", "Bad=5/60"))
     assert "rates.Bad" in err or "Bad" in err
+
+
+async def test_manifests_carry_rate_keys(cli: Cli, tmp_path: Path) -> None:
+    path = tmp_path / "llm.yaml"
+    path.write_text(
+        "pools:\n"
+        "  - name: llm\n"
+        "    rates: {llm_tokens: {amount: 2000000, per_seconds: 60}}\n"
+        "    policies:\n"
+        "      - subject: team-a:*\n"
+        "        reserved: {llm_tokens: 500000}\n"
+    )
+    plan = await cli.json("apply", "-f", str(path))
+    assert plan["applied"] is True
+    pool = await cli.json("pool", "describe", "llm")
+    assert pool["pool"]["rates"]["llm_tokens"]["amount"] == 2000000
+    exported = (await cli.ok("export")).stdout
+    assert "per_seconds: 60" in exported
+    again = await cli.json("apply", "-f", "-", "--dry-run", "--prune", input=exported)
+    assert again["changes"] == []
+    path.write_text(path.read_text().replace("per_seconds: 60", "per_seconds: 30"))
+    changed = await cli.json("apply", "-f", str(path))
+    fields = [f for c in changed["changes"] for f in c["fields"]]
+    assert fields == [
+        {
+            "field": "rates.llm_tokens",
+            "old": {"amount": 2000000, "per_seconds": 60},
+            "new": {"amount": 2000000, "per_seconds": 30},
+        }
+    ]
+    pool = await cli.json("pool", "describe", "llm")
+    assert pool["pool"]["rates"]["llm_tokens"]["per_seconds"] == 30
