@@ -49,12 +49,21 @@ END $$;
 COMMENT ON FUNCTION respool._without_rates(uuid, jsonb) IS
     'A unit map {key: n} without the pool''s rate keys: what a holder gives back when it ends (rate units come back with time, respool._expire_charges).';
 
-CREATE OR REPLACE FUNCTION respool._expire_charges(p_pool_id uuid, p_now timestamptz DEFAULT NULL)
+CREATE OR REPLACE FUNCTION respool._expire_charges(p_pool_id uuid, p_now timestamptz DEFAULT NULL,
+                                                   p_grant boolean DEFAULT false)
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     v_now timestamptz := coalesce(p_now, clock_timestamp());
     v_gone integer;
 BEGIN
+    -- Nearly always nothing is due: one index probe per rate key says so.
+    IF NOT EXISTS (SELECT FROM respool.pool_rates r
+                    WHERE r.pool_id = p_pool_id
+                      AND EXISTS (SELECT FROM respool.rate_charges c
+                                   WHERE c.pool_id = p_pool_id AND c.key = r.key AND c.counted
+                                     AND c.at <= v_now - make_interval(secs => r.per_seconds))) THEN
+        RETURN 0;
+    END IF;
     -- Charges whose window has passed leave the pool's and their policy's counters, one
     -- statement per table. expired_until records the latest instant one stopped counting: new
     -- charges are never placed before it (respool._charge_rates), so a charge that shares a
@@ -85,6 +94,11 @@ BEGIN
     SELECT (SELECT count(*) FROM gone) + 0 * ((SELECT count(*) FROM pool_side) + (SELECT count(*) FROM clock)
                                               + (SELECT count(*) FROM policy_side))
       INTO v_gone;
+    IF v_gone > 0 AND p_grant AND EXISTS (SELECT FROM respool.queue_entries WHERE pool_id = p_pool_id) THEN
+        -- The units that came back go to the queue, in its order, before the caller's own
+        -- change (a new request must not take them ahead of those waiting for them).
+        PERFORM respool.allocate_pool(p_pool_id, coalesce(p_now, now()));
+    END IF;
     IF v_gone > 0 THEN
         -- The history past the retention goes a bounded slice at a time, when something expired.
         DELETE FROM respool.rate_charges WHERE id IN (
@@ -95,8 +109,8 @@ BEGIN
     END IF;
     RETURN v_gone;
 END $$;
-COMMENT ON FUNCTION respool._expire_charges(uuid, timestamptz) IS
-    'Rate keys: takes the charges of a pool that left their window by p_now (default: the clock) off the pool''s and policies'' counters, records how far expiry got (pool_rates.expired_until) and drops history past respool._rate_retention(). The caller holds the pool lock; called before any admission in the pool. Returns how many charges left.';
+COMMENT ON FUNCTION respool._expire_charges(uuid, timestamptz, boolean) IS
+    'Rate keys: takes the charges of a pool that left their window by p_now (default: the clock) off the pool''s and policies'' counters, records how far expiry got (pool_rates.expired_until), drops history past respool._rate_retention() and, with p_grant, grants the queue in its order (allocate_pool) when units came back. The caller holds the pool lock; called before any admission in the pool. Returns how many charges left.';
 
 CREATE OR REPLACE FUNCTION respool._charge_rates(p_pool_id uuid, p_policy_id uuid, p_granted respool.requests[])
 RETURNS void LANGUAGE plpgsql AS $$

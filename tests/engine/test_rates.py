@@ -328,3 +328,16 @@ async def test_no_invariant_is_broken_by_a_busy_window(llm: asyncpg.Connection) 
             await db_requests.cancel_request(llm, r.id)
     assert await db_reconcile.invariant_violations(llm) == []
     assert await rate_used(llm, "llm") <= 10_000
+
+
+async def test_units_that_come_back_go_to_the_queue_in_order(llm: asyncpg.Connection) -> None:
+    hog = await mk_req(llm, "a", "llm", resources={"llm_tokens": 10_000})
+    await release(llm, hog.id)
+    waiting = await mk_req(llm, "b", "llm", resources={"llm_tokens": 8000})
+    assert waiting.status == "queued"
+    await asyncio.sleep(2.1)  # the charge has left its window; no reconciler pass ran
+    newcomer = await mk_req(llm, "a", "llm", resources={"llm_tokens": 5000})
+    # The request that waited got the units first; the newcomer waits behind it.
+    assert await status(llm, waiting.id) == "allocated"
+    assert newcomer.status == "queued"
+    await assert_healthy(llm)
