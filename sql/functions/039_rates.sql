@@ -250,15 +250,86 @@ END $$;
 COMMENT ON FUNCTION respool._rate_blocks(uuid, uuid, jsonb) IS
     'True when a rate key keeps p_resources of policy p_policy_id out of the pool now (its window''s charges leave no room in the pool or under the limit). The reconciler never preempts for such a request: only time frees rate units. Read-only.';
 
-CREATE OR REPLACE FUNCTION respool._settle(p_id uuid, p_used jsonb, p_now timestamptz)
-RETURNS void LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION respool._settle_refusal(p_id uuid, p_used jsonb,
+                                                   OUT code text, OUT field text, OUT message text)
+LANGUAGE plpgsql STABLE AS $$
 DECLARE
     r respool.requests := (SELECT q FROM respool.requests q WHERE q.id = p_id);
     v_pool uuid;
     v_attempt integer;
-    v_units jsonb := '{}';
     k text;
     v jsonb;
+    c record;
+BEGIN
+    -- Returns the first refusal instead of raising it: a coalesced release reports it as its
+    -- member's error without a subtransaction per member.
+    IF p_used IS NULL OR p_used = 'null'::jsonb THEN
+        RETURN;
+    END IF;
+    IF jsonb_typeof(p_used) <> 'object' THEN
+        SELECT 'RP400', 'used', 'used must be an object of rate key: units used' INTO code, field, message;
+        RETURN;
+    END IF;
+    IF (SELECT count(*) FROM jsonb_object_keys(p_used)) > respool._max_keys() THEN
+        SELECT 'RP400', 'used', format('used has more than %s keys', respool._max_keys()) INTO code, field, message;
+        RETURN;
+    END IF;
+    SELECT c2.pool_id, c2.attempt INTO v_pool, v_attempt FROM respool.rate_charges c2
+     WHERE c2.request_id = p_id ORDER BY c2.attempt DESC, c2.id DESC LIMIT 1;
+    v_pool := coalesce(v_pool, r.pool_id);
+    FOR k, v IN SELECT * FROM jsonb_each(p_used) ORDER BY 1 LOOP
+        field := 'used.' || left(k, 70);
+        IF k !~ respool._key_pattern() THEN
+            code := 'RP400';
+            message := format('used: bad resource key %L (expected %s)', left(k, 70), respool._key_pattern());
+        ELSIF jsonb_typeof(v) <> 'number' OR v::numeric <> trunc(v::numeric)
+              OR v::numeric NOT BETWEEN 0 AND respool._max_amount() THEN
+            code := 'RP400';
+            message := format('%s must be an integer between 0 and %s, got %s', field, respool._max_amount(),
+                              left(v::text, 40));
+        ELSIF NOT EXISTS (SELECT FROM respool.pool_rates pr
+                           WHERE pr.key = k AND (pr.pool_id = v_pool
+                                                 OR (v_pool IS NULL AND pr.pool_id = ANY (r.candidate_pool_ids)))) THEN
+            code := 'RP400';
+            message := format('used.%s: %s is not a rate key of pool %s; only rate keys are settled', k, k,
+                              coalesce((SELECT name FROM respool.pools WHERE id = v_pool), 'of the request'));
+        END IF;
+        IF code IS NOT NULL THEN
+            RETURN;
+        END IF;
+    END LOOP;
+    IF v_attempt IS NULL THEN
+        SELECT 'RP409', 'used', format('request %s holds no charge to settle: it was never granted', p_id)
+          INTO code, field, message;
+        RETURN;
+    END IF;
+    FOR k, v IN SELECT * FROM jsonb_each(p_used) ORDER BY 1 LOOP
+        field := 'used.' || k;
+        SELECT * INTO c FROM respool.rate_charges WHERE request_id = p_id AND attempt = v_attempt AND key = k;
+        IF NOT FOUND AND v::numeric > 0 THEN
+            code := 'RP400';
+            message := format('used.%s: request %s reserved no %s; settle only the rate keys it reserved', k, p_id, k);
+        ELSIF FOUND AND c.settled_at IS NOT NULL AND c.amount <> v::numeric THEN
+            code := 'RP409';
+            message := format('used.%s: the charge of request %s was already settled at %s', k, p_id, c.amount);
+        END IF;
+        IF code IS NOT NULL THEN
+            RETURN;
+        END IF;
+    END LOOP;
+    field := NULL;
+END $$;
+COMMENT ON FUNCTION respool._settle_refusal(uuid, jsonb) IS
+    'Why a settlement of a request''s rate keys ({key: units used}) is refused, NULLs when it is not: RP400 naming used.<key> (bad key or amount, not a rate key of its pool, not reserved), RP409 (never granted: field used; settled before with another amount: used.<key>). Read-only; respool._settle raises it.';
+
+CREATE OR REPLACE FUNCTION respool._settle(p_id uuid, p_used jsonb, p_now timestamptz)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    r respool.requests := (SELECT q FROM respool.requests q WHERE q.id = p_id);
+    refusal record := respool._settle_refusal(p_id, p_used);
+    v_pool uuid;
+    v_attempt integer;
+    v_units jsonb;
     c record;
     v_np bigint;
     v_room bigint;
@@ -266,44 +337,15 @@ DECLARE
     v_over boolean := false;
     v_refund boolean := false;
 BEGIN
-    -- Checks first, all of them before anything changes (RP400 naming used.<key>, RP409).
-    IF respool._absent_object(p_used, 'used', 'used must be an object of rate key: units used') THEN
+    IF refusal.code IS NOT NULL THEN
+        PERFORM respool._fail(refusal.code, refusal.field, refusal.message);
+    END IF;
+    IF p_used IS NULL OR p_used = 'null'::jsonb THEN
         RETURN;
     END IF;
+    v_units := p_used;
     SELECT c2.pool_id, c2.attempt INTO v_pool, v_attempt FROM respool.rate_charges c2
      WHERE c2.request_id = p_id ORDER BY c2.attempt DESC, c2.id DESC LIMIT 1;
-    v_pool := coalesce(v_pool, r.pool_id);
-    IF (SELECT count(*) FROM jsonb_object_keys(p_used)) > respool._max_keys() THEN
-        PERFORM respool._fail('RP400', 'used', format('used has more than %s keys', respool._max_keys()));
-    END IF;
-    FOR k, v IN SELECT * FROM jsonb_each(p_used) ORDER BY 1 LOOP
-        IF k !~ respool._key_pattern() THEN
-            PERFORM respool._fail('RP400', 'used.' || left(k, 70),
-                format('used: bad resource key %L (expected %s)', left(k, 70), respool._key_pattern()));
-        END IF;
-        v_units := v_units || jsonb_build_object(k, respool._amount(v, 'used.' || k));
-        IF NOT EXISTS (SELECT FROM respool.pool_rates pr
-                        WHERE pr.key = k AND (pr.pool_id = v_pool OR (v_pool IS NULL AND pr.pool_id = ANY (r.candidate_pool_ids)))) THEN
-            PERFORM respool._fail('RP400', 'used.' || k, format(
-                'used.%s: %s is not a rate key of pool %s; only rate keys are settled', k, k,
-                coalesce((SELECT name FROM respool.pools WHERE id = v_pool), 'of the request')));
-        END IF;
-    END LOOP;
-    IF v_attempt IS NULL THEN
-        PERFORM respool._fail('RP409', 'used', format(
-            'request %s holds no charge to settle: it was never granted', p_id));
-    END IF;
-    FOR k IN SELECT key FROM jsonb_object_keys(v_units) x(key) ORDER BY 1 LOOP
-        SELECT * INTO c FROM respool.rate_charges
-         WHERE request_id = p_id AND attempt = v_attempt AND key = k;
-        IF NOT FOUND AND (v_units ->> k)::bigint > 0 THEN
-            PERFORM respool._fail('RP400', 'used.' || k, format(
-                'used.%s: request %s reserved no %s; settle only the rate keys it reserved', k, p_id, k));
-        ELSIF FOUND AND c.settled_at IS NOT NULL AND c.amount <> (v_units ->> k)::bigint THEN
-            PERFORM respool._fail('RP409', 'used.' || k, format(
-                'used.%s: the charge of request %s was already settled at %s', k, p_id, c.amount));
-        END IF;
-    END LOOP;
     -- Then each charge takes the units really used, at its original instant; while it still
     -- counts, the counters move by the difference (an extra charge may pass the amount: it is
     -- reported, never refused: the units were used).
@@ -341,7 +383,7 @@ BEGIN
     END IF;
 END $$;
 COMMENT ON FUNCTION respool._settle(uuid, jsonb, timestamptz) IS
-    'Settles a request''s latest charges with the units really used ({rate key: n}): each becomes n at its original instant, the counters move by the difference while it counts, an event (settled, or overrun when above the estimate) records it. RP400 naming used.<key> (not a rate key, not reserved, bad amount), RP409 (never granted, settled before with another amount); nothing changes then. The caller holds the pool and request locks.';
+    'Settles a request''s latest charges with the units really used ({rate key: n}): each becomes n at its original instant, the counters move by the difference while it counts, an event (settled, or overrun when above the estimate) records it. Refused (respool._settle_refusal raised: RP400 used.<key>, RP409) before anything changes. The caller holds the pool and request locks.';
 
 CREATE OR REPLACE FUNCTION respool._rate_spec(p_key text, p_value jsonb, p_old respool.pool_rates, p_old_amount bigint,
                                               OUT amount bigint, OUT per_seconds integer)

@@ -187,15 +187,10 @@ BEGIN
         ELSIF p_attempts[i] IS NOT NULL AND p_attempts[i] <> r.attempt THEN
             v_status := v_status || 'RP409'::text;
         ELSE
-            v_code := NULL;
-            IF p_used[i] IS NOT NULL AND p_used[i] <> 'null'::jsonb THEN
-                BEGIN  -- a refused settlement is this member's error and changes nothing
-                    PERFORM respool._settle(p_ids[i], p_used[i], p_now);
-                EXCEPTION WHEN SQLSTATE 'RP400' OR SQLSTATE 'RP409' THEN
-                    GET STACKED DIAGNOSTICS v_code = RETURNED_SQLSTATE, v_f = COLUMN_NAME, v_m = MESSAGE_TEXT;
-                END;
-            END IF;
+            -- (a refused settlement of rate keys is this member's error and changes nothing)
+            SELECT x.code, x.field, x.message INTO v_code, v_f, v_m FROM respool._settle_refusal(p_ids[i], p_used[i]) x;
             IF v_code IS NULL THEN
+                PERFORM respool._settle(p_ids[i], p_used[i], p_now);
                 PERFORM respool._end_locked(p_ids[i], 'released', NULL, '',
                                             'released_while_queued', 'released before it was allocated', p_now);
             END IF;
