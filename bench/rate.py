@@ -279,7 +279,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--saturated-seconds", type=float, default=15.0, help="each saturated phase (15 s)"
     )
     parser.add_argument("--window", type=int, default=3, help="per_seconds of the budget (3)")
-    parser.add_argument("--amount", type=int, default=60_000, help="tokens per window (60000)")
+    parser.add_argument("--amount", type=int, default=30_000, help="tokens per window (30000)")
     parser.add_argument("--estimate", type=int, default=1000, help="tokens per reservation (1000)")
 
 
