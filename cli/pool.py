@@ -110,8 +110,8 @@ Rates = Annotated[
         "--rate",
         parser=parse_rate,
         metavar="KEY=AMOUNT/WINDOW",
-        help="A rate key: AMOUNT units per sliding WINDOW, whose units come back with time, not"
-        " on release (llm_tokens=2000000/60s); repeat for more; KEY=off removes one (update).",
+        help="A rate key: AMOUNT units per sliding WINDOW (e.g. llm_tokens=2000000/1m), back"
+        " with time, not on release; repeat for more; KEY=off removes one (update).",
     ),
 ]
 
@@ -307,7 +307,7 @@ def update(ref: PoolRef, *, fields: PoolFields, shown: Shown) -> None:
         respool pool update training-gpus -c '{"gpu": 4}'
         respool pool update training-gpus -c '{step_run: 0}' --queueing strict
         respool pool update training-gpus --starvation-seconds 600 --ordering fair
-        respool pool update llm --rate llm_tokens=3000000/60s
+        respool pool update llm --rate llm_tokens=3000000/1m
     """
     body = ({} if fields.capacity is None else {"capacity": fields.capacity}) | fields.body()
     if not body:

@@ -43,3 +43,4 @@ CREATE INDEX rate_charges_window_idx ON respool.rate_charges (pool_id, key, at);
 CREATE INDEX rate_charges_request_idx ON respool.rate_charges (request_id, attempt);
 COMMENT ON TABLE respool.rate_charges IS
     'One charge per grant and rate key: estimate (the amount granted), amount (what counts: the estimate, or the settled use), np (the part on the policy''s non-preemptible counter), counted (still on the counters: inside its window when last expired). Rows leave some time after their window (respool._expire_charges).';
+CREATE INDEX rate_charges_policy_idx ON respool.rate_charges (policy_id, key, at) WHERE counted;

@@ -4,8 +4,8 @@
 CREATE VIEW respool.pool_usage AS
 SELECT pl.name AS pool, k.key,
        respool._effective_capacity(k.key, k.capacity) AS capacity,
-       coalesce(k.used, 0) - coalesce(k.left_window, 0) AS allocated,
-       respool._effective_capacity(k.key, k.capacity) - (coalesce(k.used, 0) - coalesce(k.left_window, 0)) AS free,
+       (coalesce(k.used, 0) - coalesce(k.left_window, 0))::bigint AS allocated,
+       (respool._effective_capacity(k.key, k.capacity) - (coalesce(k.used, 0) - coalesce(k.left_window, 0)))::bigint AS free,
        coalesce(k.demand, 0) AS queued_demand
   FROM respool.pools pl
  CROSS JOIN LATERAL (
@@ -30,9 +30,9 @@ COMMENT ON VIEW respool.pool_usage IS
     'Per pool and key: capacity and free (NULL when untracked), allocated units (a rate key: the charges inside its window now, docs/rates.md), units wanted by queued requests.';
 
 CREATE VIEW respool.policy_usage AS
-SELECT pl.name AS pool, p.subject, pr.key, p.priority, pr.reserved, pr."limit", pr.used,
+SELECT pl.name AS pool, p.subject, pr.key, p.priority, pr.reserved, pr."limit", (pr.used - w.left_window)::bigint AS used,
        CASE WHEN respool._effective_capacity(pr.key, c.capacity) IS NOT NULL
-            THEN greatest(pr.used - pr.reserved, 0) ELSE 0 END AS borrowed,
+            THEN greatest(pr.used - w.left_window - pr.reserved, 0)::bigint ELSE 0 END AS borrowed,
        pr.np_used,
        -- Policy shapes (docs/preemption.md, "Policy shapes"): the share as set, whether the
        -- policy is inside one of its windows now, and whether it is a priority lane.
@@ -41,9 +41,15 @@ SELECT pl.name AS pool, p.subject, pr.key, p.priority, pr.reserved, pr."limit", 
   JOIN respool.policies p ON p.id = pr.policy_id
   JOIN respool.pools pl ON pl.id = p.pool_id
   LEFT JOIN respool.pool_resources c ON c.pool_id = p.pool_id AND c.key = pr.key
+  -- a rate key (docs/rates.md): counted charges that have left the window by now
+ CROSS JOIN LATERAL (
+        SELECT coalesce((SELECT sum(ch.amount) FROM respool.pool_rates rk JOIN respool.rate_charges ch
+                            ON ch.policy_id = p.id AND ch.key = rk.key AND ch.counted
+                           AND ch.at <= now() - make_interval(secs => rk.per_seconds)
+                         WHERE rk.pool_id = p.pool_id AND rk.key = pr.key), 0) AS left_window) w
  ORDER BY pl.name, p.subject, pr.key;
 COMMENT ON VIEW respool.policy_usage IS
-    'Per policy and key: reserved (the share in force now, as the engine uses it: configured while the policy is active, 0 outside its windows), limit, used, borrowed (used above the share in force, on tracked keys), non-preemptible used, configured (the share the operator set), active, priority_lane (docs/preemption.md, policy shapes). A pattern policy''s counters are shared by every subject it covers (respool.policy_subjects splits them).';
+    'Per policy and key: reserved (the share in force now, as the engine uses it: configured while the policy is active, 0 outside its windows), limit, used (a rate key: inside its window now), borrowed (used above the share in force, on tracked keys), non-preemptible used, configured (the share the operator set), active, priority_lane (docs/preemption.md, policy shapes). A pattern policy''s counters are shared by every subject it covers (respool.policy_subjects splits them).';
 
 CREATE VIEW respool.queue AS
 SELECT pl.name AS pool, q.position, q.request_id, q.subject, qe.resources, r.preemptible, q.priority,
