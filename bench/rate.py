@@ -4,7 +4,9 @@
 1. **Throughput.** A pool whose budget never runs out (``llm_tokens``: 10^15 per 60 s);
    ``--callers`` (default 200) keep-alive connections each reserve (``POST /v1/requests``,
    granted in its create) and settle (``POST …/release`` with ``{"used": …}``) in a loop for
-   ``--seconds``. Reported: reservations/s (granted creates) and full reserve-and-settle cycles/s.
+   ``--seconds``. Reported: reservations/s (granted creates) and full reserve-and-settle cycles/s,
+   next to the baseline: the same loop first, on a pool where ``llm_tokens`` is an ordinary key,
+   released without ``used``.
 2. **A saturated window.** ``--amount`` tokens per ``--window`` seconds (a short window, so that a
    run sees many of them); every caller asks for ``--estimate`` tokens and waits for its grant
    (``?wait=25``), then settles a use drawn around the estimate: most below it (a refund), one in
@@ -53,6 +55,7 @@ class RateResult(Figures):
     callers: int
     reservations_per_s: float
     cycles_per_s: float
+    baseline_cycles_per_s: float  # the same loop on an ordinary key, released without used
     window_s: int
     amount: int
     estimate: int
@@ -78,14 +81,25 @@ def _pct(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-async def _setup(dsn: str, name: str, amount: int, window: int, subjects: int) -> None:
+async def _setup(
+    dsn: str, name: str, amount: int, window: int, subjects: int, *, rate: bool = True
+) -> None:
+    """Pool ``name`` with ``llm_tokens`` as a rate key (or, ``rate=False``, as an ordinary key
+    of that capacity: the baseline) and policies for ``subjects`` subjects."""
     conn = await bench_connect(dsn)
     try:
-        await conn.execute(
-            "SELECT respool.create_pool(p_name => $1, p_rates => $2)",
-            name,
-            {"llm_tokens": {"amount": amount, "per_seconds": window}},
-        )
+        if rate:
+            await conn.execute(
+                "SELECT respool.create_pool(p_name => $1, p_rates => $2)",
+                name,
+                {"llm_tokens": {"amount": amount, "per_seconds": window}},
+            )
+        else:
+            await conn.execute(
+                "SELECT respool.create_pool(p_name => $1, p_capacity => $2)",
+                name,
+                {"llm_tokens": amount},
+            )
         for i in range(subjects):
             await conn.execute(
                 "SELECT respool.create_policy(p_subject => $1, p_pool => $2)", f"team-{i}", name
@@ -124,8 +138,12 @@ class _Caller:
                 continue
             self.granted += 1
             self.answers[doc["id"]] = time.time()
-            settle = msgspec.json.encode({"used": {"llm_tokens": used(self.estimate)}})
-            done = await self.conn.request("POST", f"/v1/requests/{doc['id']}/release", settle)
+            settle = None if used is None else {"used": {"llm_tokens": used(self.estimate)}}
+            done = await self.conn.request(
+                "POST",
+                f"/v1/requests/{doc['id']}/release",
+                None if settle is None else msgspec.json.encode(settle),
+            )
             if done.status != 200:
                 raise RuntimeError(f"release: {done.status} {done.body[:200]!r}")
             self.cycles += 1
@@ -220,6 +238,7 @@ async def measure(dsn: str, args: argparse.Namespace) -> RateResult:
     _raise_fd_limit(args.callers + 1000)
     big = 10**15
     await _setup(dsn, "open", big, 60, 4)
+    await _setup(dsn, "plain", big, 60, 4, rate=False)
     await _setup(dsn, "tight", args.amount, args.window, 4)
     await _setup(dsn, "exact", args.amount, args.window, 4)
     env = {"RESPOOL_MAX_CONNECTIONS": str(args.callers + 1000)}
@@ -231,6 +250,11 @@ async def measure(dsn: str, args: argparse.Namespace) -> RateResult:
         )
 
     with serve(dsn, reconciler=True, env=env) as url:
+        base, base_took = await _run_callers(
+            url, "plain", args.callers, 1000, args.seconds, None, wait=False
+        )
+        baseline = sum(c.cycles for c in base) / base_took
+        log(f"  baseline (an ordinary key, no settlement): {baseline:,.0f} cycles/s")
         crowd, took = await _run_callers(
             url, "open", args.callers, 1000, args.seconds, lambda e: e * 7 // 10, wait=False
         )
@@ -252,6 +276,7 @@ async def measure(dsn: str, args: argparse.Namespace) -> RateResult:
         callers=args.callers,
         reservations_per_s=granted / took,
         cycles_per_s=cycles / took,
+        baseline_cycles_per_s=baseline,
         window_s=args.window,
         amount=args.amount,
         estimate=args.estimate,
@@ -301,6 +326,7 @@ def run(args: argparse.Namespace) -> int:
             "callers",
             "reservations/s",
             "reserve+settle cycles/s",
+            "baseline cycles/s (ordinary key)",
             "window",
             "budget used per window (mean, min)",
             "admitted per window (max, never above 100 %)",
@@ -314,6 +340,7 @@ def run(args: argparse.Namespace) -> int:
                 r.callers,
                 f"{r.reservations_per_s:,.0f}",
                 f"{r.cycles_per_s:,.0f}",
+                f"{r.baseline_cycles_per_s:,.0f}",
                 f"{r.window_s} s, {r.amount:,} / {r.estimate:,} per call",
                 f"{r.used_pct_mean:.1f} %, {r.used_pct_min:.1f} % ({r.windows} windows)",
                 f"{r.admitted_pct_max:.1f} %",
