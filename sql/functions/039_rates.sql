@@ -179,29 +179,30 @@ DECLARE
     v_at timestamptz := p_now;
     k record;
     c record;
-    v_missing bigint;
     v_cum bigint;
     v_found boolean;
 BEGIN
-    -- Per rate key and counter (the pool's, with p_need; the policy's limit, with p_policy_need):
-    -- units that must leave, then the oldest counted charges in order until that many have: the
-    -- instant the last of them leaves its window. 'infinity' when a need is above the bound.
-    FOR k IN SELECT r.key, make_interval(secs => r.per_seconds) AS w, pr.capacity AS bound, pr.used,
-                    (p_need ->> r.key)::bigint AS need, NULL::uuid AS policy_id
-               FROM respool.pool_rates r JOIN respool.pool_resources pr ON pr.pool_id = r.pool_id AND pr.key = r.key
-              WHERE r.pool_id = p_pool_id AND coalesce((p_need ->> r.key)::bigint, 0) > 0
+    -- Per rate key and bound (the pool place's key, with p_need; the policy's limit, with
+    -- p_policy_need): the units missing (need - room, respool._room), then the oldest counted
+    -- charges in order until that many have left: the instant the last of them leaves its window.
+    -- 'infinity' when a need would not fit the bound even empty.
+    FOR k IN SELECT p.key, make_interval(secs => r.per_seconds) AS w, p.need, p.free AS room, p.room_ever,
+                    NULL::uuid AS policy_id
+               FROM respool._pool_place(p_pool_id, respool._rate_part(p_pool_id, p_need)) p
+               JOIN respool.pool_rates r ON r.pool_id = p_pool_id AND r.key = p.key
+              WHERE p.need > 0
              UNION ALL
              -- (a limit binds every key, also one the need lacks: a subject above it waits)
-             SELECT r.key, make_interval(secs => r.per_seconds), pol."limit", pol.used,
-                    coalesce((p_policy_need ->> r.key)::bigint, 0), pol.policy_id
+             SELECT r.key, make_interval(secs => r.per_seconds), coalesce((p_policy_need ->> r.key)::bigint, 0),
+                    respool._room(pol."limit", pol.used), respool._room(pol."limit", 0), pol.policy_id
                FROM respool.pool_rates r JOIN respool.policy_resources pol ON pol.key = r.key
               WHERE r.pool_id = p_pool_id AND pol.policy_id = p_policy_id AND pol."limit" IS NOT NULL
-                AND (coalesce((p_policy_need ->> r.key)::bigint, 0) > 0 OR pol.used > pol."limit") LOOP
-        IF k.need > k.bound THEN
+                AND (coalesce((p_policy_need ->> r.key)::bigint, 0) > 0
+                     OR NOT respool._fits_room(0, respool._room(pol."limit", pol.used))) LOOP
+        IF NOT respool._fits_room(k.need, k.room_ever) THEN
             RETURN 'infinity';
         END IF;
-        v_missing := k.used + k.need - k.bound;
-        CONTINUE WHEN v_missing <= 0;
+        CONTINUE WHEN respool._fits_room(k.need, k.room);
         v_cum := 0;
         v_found := false;
         FOR c IN SELECT x.at, x.amount FROM respool.rate_charges x
@@ -209,7 +210,7 @@ BEGIN
                     AND (k.policy_id IS NULL OR x.policy_id = k.policy_id)
                   ORDER BY x.at, x.id LOOP
             v_cum := v_cum + c.amount;
-            IF v_cum >= v_missing THEN
+            IF respool._fits_room(k.need, k.room + v_cum) THEN
                 v_at := greatest(v_at, c.at + k.w);
                 v_found := true;
                 EXIT;
@@ -222,7 +223,7 @@ BEGIN
     RETURN v_at;
 END $$;
 COMMENT ON FUNCTION respool._rate_ready_at(uuid, uuid, jsonb, jsonb, timestamptz) IS
-    'Rate keys: the first instant at or after p_now when p_need fits the pool''s rate counters and p_policy_need the policy''s limits on rate keys, if nothing new is charged: the instant enough of the oldest charges have left their window. Other keys are not looked at. ''infinity'' when a need exceeds its bound. Read-only.';
+    'Rate keys: the first instant at or after p_now when p_need fits the pool place''s rate keys and p_policy_need the policy''s limits on them (respool._fits_room), if nothing new is charged: the instant enough of the oldest charges have left their window. Other keys are not looked at. ''infinity'' when a need exceeds its bound. Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._rate_part(p_pool_id uuid, p_units jsonb)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
@@ -235,20 +236,19 @@ COMMENT ON FUNCTION respool._rate_part(uuid, jsonb) IS 'The pool''s rate keys of
 CREATE OR REPLACE FUNCTION respool._rate_blocks(p_pool_id uuid, p_policy_id uuid, p_resources jsonb)
 RETURNS boolean LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    -- On the counters as they are (the caller expired the charges under the pool lock).
-    RETURN EXISTS (SELECT FROM jsonb_each_text(p_resources) x
-                     JOIN respool.pool_rates r ON r.pool_id = p_pool_id AND r.key = x.key
-                     LEFT JOIN respool.pool_resources pr ON pr.pool_id = p_pool_id AND pr.key = x.key
-                     LEFT JOIN respool.policy_resources pol ON pol.policy_id = p_policy_id AND pol.key = x.key
-                    WHERE x.value::bigint > 0
-                      AND (coalesce(pr.used, 0) + x.value::bigint > coalesce(pr.capacity, 0)
-                           OR coalesce(pol.used, 0) + x.value::bigint > coalesce(pol."limit", respool._max_total())))
+    -- The pool place's rate keys as their counters are (the caller expired the charges under the
+    -- pool lock), and the subject's limits on them: a rate key whose room the need does not fit.
+    RETURN EXISTS (SELECT FROM respool._pool_place(p_pool_id, respool._rate_part(p_pool_id, p_resources)) p
+                     LEFT JOIN respool.policy_resources pol ON pol.policy_id = p_policy_id AND pol.key = p.key
+                    WHERE p.need > 0
+                      AND NOT (respool._fits_room(p.need, p.free)
+                               AND respool._fits_room(p.need, respool._room(pol."limit", coalesce(pol.used, 0)))))
         OR EXISTS (SELECT FROM respool.policy_resources pol
                      JOIN respool.pool_rates r ON r.pool_id = p_pool_id AND r.key = pol.key
-                    WHERE pol.policy_id = p_policy_id AND pol."limit" IS NOT NULL AND pol.used > pol."limit");
+                    WHERE pol.policy_id = p_policy_id AND NOT respool._fits_room(0, respool._room(pol."limit", pol.used)));
 END $$;
 COMMENT ON FUNCTION respool._rate_blocks(uuid, uuid, jsonb) IS
-    'True when a rate key keeps p_resources of policy p_policy_id out of the pool now (its window''s charges leave no room in the pool or under the limit). The reconciler never preempts for such a request: only time frees rate units. Read-only.';
+    'True when a rate key keeps p_resources of policy p_policy_id out of the pool now: the need does not fit the room of a rate key of the pool place (respool._pool_place) or under the subject''s limit, or the subject is above a limit on one. The reconciler never preempts for such a request: only time frees rate units. Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._settle_refusal(p_id uuid, p_used jsonb,
                                                    OUT code text, OUT field text, OUT message text)
@@ -352,7 +352,7 @@ BEGIN
     FOR c IN SELECT x.*, (v_units ->> x.key)::bigint AS actual FROM respool.rate_charges x
               WHERE x.request_id = p_id AND x.attempt = v_attempt AND v_units ? x.key AND x.settled_at IS NULL
               ORDER BY x.key LOOP
-        v_room := CASE WHEN c.counted THEN (SELECT greatest(pol.configured - pol.np_used, 0) FROM respool.policy_resources pol
+        v_room := CASE WHEN c.counted THEN (SELECT greatest(respool._room(pol.configured, pol.np_used), 0) FROM respool.policy_resources pol
                                              WHERE pol.policy_id = c.policy_id AND pol.key = c.key) ELSE 0 END;
         v_np := CASE WHEN c.np = 0 OR c.actual <= c.np THEN least(c.np, c.actual)
                      ELSE c.np + least(c.actual - c.np, coalesce(v_room, 0)) END;
@@ -558,7 +558,7 @@ BEGIN
               ORDER BY o.position LOOP
         v_rate := respool._rate_part(p_pool_id, e.resources);
         v_other := respool._without_rates(p_pool_id, e.resources);
-        CONTINUE WHEN v_rate = '{}' OR NOT respool._fits_room_unbounded(v_other, v_free);
+        CONTINUE WHEN v_rate = '{}' OR NOT respool._fits_room(v_other, v_free);
         v_free := respool._take_units(v_free, v_other, 1);
         v_need := respool._sum_units(ARRAY[v_need, v_rate]);
         v_policy := v_policy || jsonb_build_object(e.policy_id::text, respool._sum_units(
@@ -578,16 +578,15 @@ COMMENT ON FUNCTION respool._rate_eta_pool(uuid, timestamptz, uuid) IS
 CREATE OR REPLACE FUNCTION respool._in_share_but_rates(p_pool_id uuid, p_policy_id uuid, p_resources jsonb)
 RETURNS boolean LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    -- The reclaim right (docs/preemption.md) judged on the keys preemption can free: a request
-    -- in its subject's share of every tracked key but the pool's rate keys. False in a pool
-    -- without rate keys (the queue's own in-share flag decides there).
+    -- The reclaim right (docs/preemption.md) judged on the keys preemption can free: the queue's
+    -- in-share test (every key the pool place bounds fits the subject's room under its reserved
+    -- share, respool._queue_groups) over the request's keys but the pool's rate keys. False in
+    -- a pool without rate keys (the queue's own in-share flag decides there).
     RETURN respool._pool_has_rates(p_pool_id) AND NOT EXISTS (
-        SELECT FROM jsonb_each_text(p_resources) x
-          LEFT JOIN respool.policy_resources pol ON pol.policy_id = p_policy_id AND pol.key = x.key
-          LEFT JOIN respool.pool_resources pr ON pr.pool_id = p_pool_id AND pr.key = x.key
-         WHERE (pr.capacity IS NOT NULL OR NOT respool._is_soft_key(x.key))
-           AND NOT EXISTS (SELECT FROM respool.pool_rates r WHERE r.pool_id = p_pool_id AND r.key = x.key)
-           AND x.value::bigint > coalesce(pol.reserved - pol.used, 0));
+        SELECT FROM respool._pool_place(p_pool_id, respool._without_rates(p_pool_id, p_resources)) p
+          LEFT JOIN respool.policy_resources pol ON pol.policy_id = p_policy_id AND pol.key = p.key
+         WHERE p.capacity IS NOT NULL
+           AND NOT respool._fits_room(p.need, respool._room(coalesce(pol.reserved, 0), coalesce(pol.used, 0))));
 END $$;
 COMMENT ON FUNCTION respool._in_share_but_rates(uuid, uuid, jsonb) IS
-    'In a pool with rate keys: true when p_resources fit the policy''s unused reserved share of every tracked key other than the rate keys, which preemption never frees, so a request that also asks for tokens may still reclaim its reserved GPUs. False in a pool without rate keys. Read-only.';
+    'In a pool with rate keys: true when p_resources fit the policy''s unused reserved share of every key the pool place bounds other than the rate keys, which preemption never frees, so a request that also asks for tokens may still reclaim its reserved GPUs. False in a pool without rate keys. Read-only.';
