@@ -481,10 +481,14 @@ BEGIN
             PERFORM respool._fail('RP400', 'rates.' || left(k, 70),
                 format('rates: bad resource key %L (expected %s)', left(k, 70), respool._key_pattern()));
         END IF;
-        IF EXISTS (SELECT FROM respool.nodes WHERE pool_id = p_pool_id) THEN
+        -- (nodes count their keys per machine: a key a node tracks is no budget of the pool)
+        IF EXISTS (SELECT FROM respool.node_resources nr JOIN respool.nodes n ON n.id = nr.node_id
+                    WHERE n.pool_id = p_pool_id AND nr.key = k) THEN
             PERFORM respool._fail('RP400', 'rates.' || k, format(
-                'rates.%s: pool %s is backed by nodes, whose keys are counted per machine; declare the budget in a pool without nodes',
-                k, v_name));
+                'rates.%s: nodes of pool %s track %s (%s); a rate may only be declared on a key no node tracks',
+                k, v_name, k, (SELECT string_agg(n.name, ', ' ORDER BY n.name) FROM respool.nodes n
+                                 JOIN respool.node_resources nr ON nr.node_id = n.id AND nr.key = k
+                                WHERE n.pool_id = p_pool_id)));
         END IF;
         SELECT * INTO old FROM respool.pool_rates WHERE pool_id = p_pool_id AND key = k;
         IF old.key IS NULL AND EXISTS (SELECT FROM respool.pool_resources
@@ -515,7 +519,7 @@ BEGIN
     END LOOP;
 END $$;
 COMMENT ON FUNCTION respool._set_rates(uuid, jsonb, jsonb, timestamptz) IS
-    'Declares, changes (fields merge) or removes (null) rate keys of a pool: {key: {"amount", "per_seconds"}}; the amount is the key''s capacity per window. RP400 naming the field: bad key or fields, a key also in p_capacity or already an ordinary key, a pool backed by nodes. A window change recounts the key''s charges. The caller holds the pool lock and checks reserved shares after.';
+    'Declares, changes (fields merge) or removes (null) rate keys of a pool: {key: {"amount", "per_seconds"}}; the amount is the key''s capacity per window. RP400 naming the field: bad key or fields, a key also in p_capacity, already an ordinary key or tracked by a node of the pool. A window change recounts the key''s charges. The caller holds the pool lock and checks reserved shares after.';
 
 CREATE OR REPLACE FUNCTION respool.rate_refills(p_now timestamptz DEFAULT clock_timestamp())
 RETURNS TABLE (pool_id uuid, at timestamptz) LANGUAGE plpgsql STABLE AS $$
@@ -590,3 +594,21 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION respool._in_share_but_rates(uuid, uuid, jsonb) IS
     'In a pool with rate keys: true when p_resources fit the policy''s unused reserved share of every key the pool place bounds other than the rate keys, which preemption never frees, so a request that also asks for tokens may still reclaim its reserved GPUs. False in a pool without rate keys. Read-only.';
+
+CREATE OR REPLACE FUNCTION respool._check_node_rate_keys(p_pool_id uuid, p_capacity jsonb, p_devices jsonb)
+RETURNS void LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    k text;
+BEGIN
+    -- A rate key is a budget of the pool place only; no node place tracks it (docs/rates.md).
+    SELECT r.key INTO k FROM respool.pool_rates r
+     WHERE r.pool_id = p_pool_id AND (coalesce(p_capacity ? r.key, false) OR coalesce(p_devices ? r.key, false))
+     ORDER BY r.key LIMIT 1;
+    IF FOUND THEN
+        PERFORM respool._fail('RP400', CASE WHEN coalesce(p_capacity ? k, false) THEN 'capacity.' ELSE 'devices.' END || k,
+            format('%s is a rate key of pool %s (units per window, counted by the pool, not per machine); a node of the pool may not track it',
+                   k, (SELECT name FROM respool.pools WHERE id = p_pool_id)));
+    END IF;
+END $$;
+COMMENT ON FUNCTION respool._check_node_rate_keys(uuid, jsonb, jsonb) IS
+    'Before a node joins or changes in pool p_pool_id: RP400 naming capacity.<key> (or devices.<key>) when the node''s capacity or device map names a rate key of the pool. Read-only.';

@@ -114,8 +114,26 @@ async def test_rate_keys_and_nodes_and_capacity_do_not_mix(server: Server) -> No
     )
     ok(await c.post("/v1/pools", json={"name": "racks"}), 201)
     ok(await c.post("/v1/nodes", json={"name": "n1", "pool": "racks", "capacity": {"gpu": 2}}), 201)
-    error(await c.patch("/v1/pools/racks", json={"rates": RATES}), 400, "rates.llm_tokens")
+    # a pool with nodes: a rate on a key its nodes track is refused, on another one it is the
+    # pool's budget, and a node may not track it
+    error(
+        await c.patch("/v1/pools/racks", json={"rates": {"gpu": RATES["llm_tokens"]}}),
+        400,
+        "rates.gpu",
+    )
     assert ok(await c.get("/v1/pools/racks"))["rates"] == {}
+    racks = ok(await c.patch("/v1/pools/racks", json={"rates": RATES}))
+    assert racks["capacity"] == {"gpu": 2}
+    assert set(racks["rates"]) == {"llm_tokens"}
+    error(
+        await c.post(
+            "/v1/nodes",
+            json={"name": "n2", "pool": "racks", "capacity": {"gpu": 1, "llm_tokens": 5}},
+        ),
+        400,
+        "capacity.llm_tokens",
+    )
+    error(await c.get("/v1/nodes/n2"), 404)
     # A rate key can change or go.
     changed = ok(await c.patch("/v1/pools/llm", json={"rates": {"llm_tokens": {"amount": 50}}}))
     assert changed["rates"]["llm_tokens"]["amount"] == 50

@@ -30,6 +30,7 @@ from engine_support import (
     status,
 )
 
+from app.db import nodes as db_nodes
 from app.db import pools as db_pools
 from app.db import reconcile as db_reconcile
 from app.db import requests as db_requests
@@ -266,15 +267,71 @@ async def test_a_key_is_either_counted_or_a_rate(llm: asyncpg.Connection) -> Non
     assert (await db_pools.get_pool(llm, "llm")).capacity == {"gpu": 4}
 
 
-async def test_no_rate_in_a_pool_backed_by_nodes(conn: asyncpg.Connection) -> None:
+async def node(conn: asyncpg.Connection, body: dict[str, Any]) -> Any:
+    return await db_nodes.create_node(conn, body)
+
+
+async def test_no_rate_on_a_key_nodes_track(conn: asyncpg.Connection) -> None:
     await mk_pool(conn, "gpus", {})
-    await conn.execute(
-        'SELECT respool.create_node(\'{"name": "n1", "pool": "gpus", "capacity": {"gpu": 2}}\')'
-    )
+    await node(conn, {"name": "n1", "pool": "gpus", "capacity": {"gpu": 2}})
     with pytest.raises(BadInput) as err:
-        await db_pools.update_pool(conn, "gpus", rates=TOKENS)
-    assert err.value.field == "rates.llm_tokens"
+        await db_pools.update_pool(conn, "gpus", rates={"gpu": {"amount": 5, "per_seconds": 1}})
+    assert err.value.field == "rates.gpu"
+    assert "n1" in str(err.value)
     assert (await db_pools.get_pool(conn, "gpus")).rates == {}
+
+
+async def test_a_node_may_not_track_a_rate_key(conn: asyncpg.Connection) -> None:
+    await mk_pool(conn, "gpus", {})
+    await db_pools.update_pool(conn, "gpus", rates=TOKENS)
+    # the pool's first node joins although the pool has a rate key (its amount is no capacity
+    # set by hand)
+    await node(conn, {"name": "n1", "pool": "gpus", "capacity": {"gpu": 2}})
+    with pytest.raises(BadInput) as err:
+        await node(conn, {"name": "n2", "pool": "gpus", "capacity": {"gpu": 1, "llm_tokens": 5}})
+    assert err.value.field == "capacity.llm_tokens"
+    with pytest.raises(BadInput) as err:
+        await db_nodes.update_node(conn, "n1", {"capacity": {"llm_tokens": 5}})
+    assert err.value.field == "capacity.llm_tokens"
+    # a node outside the pool may track the key; moving it into the pool is refused
+    await node(conn, {"name": "n3", "capacity": {"gpu": 1, "llm_tokens": 5}})
+    with pytest.raises(BadInput) as err:
+        await db_nodes.update_node(conn, "n3", {"pool": "gpus"})
+    assert err.value.field == "capacity.llm_tokens"
+    pool = await db_pools.get_pool(conn, "gpus")
+    assert pool.capacity == {"gpu": 2}
+    assert pool.rates["llm_tokens"].amount == 10_000
+    assert pool.nodes == 1
+
+
+async def test_a_pool_with_nodes_takes_rate_keys_no_node_tracks(conn: asyncpg.Connection) -> None:
+    await mk_pool(conn, "gpus", {})
+    await node(conn, {"name": "n1", "pool": "gpus", "capacity": {"gpu": 2}})
+    await db_pools.update_pool(conn, "gpus", rates=TOKENS)
+    for subject in "abc":
+        await mk_policy(conn, subject, "gpus")
+    a = await mk_req(conn, "a", "gpus", resources={"gpu": 1, "llm_tokens": 6000})
+    b = await mk_req(conn, "b", "gpus", resources={"gpu": 1, "llm_tokens": 6000})
+    only_tokens = await mk_req(conn, "c", "gpus", resources={"llm_tokens": 1000})
+    got = await get(conn, a.id)
+    assert got.status == "allocated", await events(conn, a.id)
+    assert got.placement is not None and got.placement.node == "n1"
+    # the node counts its GPUs, the pool place the tokens of the window
+    assert await conn.fetchval(
+        "SELECT jsonb_object_agg(key, used) FROM respool.node_resources nr"
+        " JOIN respool.nodes n ON n.id = nr.node_id WHERE n.name = 'n1'"
+    ) == {"gpu": 1}
+    assert await status(conn, b.id) == "queued"  # a GPU is free, the window's tokens are not
+    # tokens alone fit beside (best effort); no node counts them
+    assert await status(conn, only_tokens.id) == "allocated"
+    assert await rate_used(conn, "gpus") == 7000
+    await release(conn, a.id)  # the GPU comes back; the tokens stay charged for the window
+    assert await status(conn, b.id) == "queued"
+    await wait_until_granted(conn, b.id, "gpus")
+    got = await get(conn, b.id)
+    assert got.placement is not None and got.placement.node == "n1"
+    assert await rate_used(conn, "gpus") in (6000, 7000)  # b's, and c's while it counts
+    await assert_healthy(conn)
 
 
 @pytest.mark.parametrize(
