@@ -207,7 +207,7 @@ BEGIN
                                            WHERE n.id = p_node_id AND rk.key = x.key));
 END $$;
 COMMENT ON FUNCTION respool._could_hold(uuid, jsonb) IS
-    'True when node p_node_id, empty, could hold every key of p_need at once (room_ever of respool._node_places: the key rule decides a key it lacks): whatever its state and use now. Read-only.';
+    'True when node p_node_id, empty, could hold every key of p_need at once (room_ever of respool._node_places: the key rule decides a key it lacks, a rate key of its pool is unbounded): whatever its state and use now. Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._free_units(p_pool_id uuid)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
