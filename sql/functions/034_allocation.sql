@@ -72,7 +72,8 @@ END $$;
 COMMENT ON FUNCTION respool._grant_many(uuid[], uuid, uuid, timestamptz, uuid[]) IS
     'Moves queued requests the caller has locked (in a pool it has locked, under one policy) to allocated, set-based: placed (p_nodes: the nodes respool._fit_node chose, one per id in queue order) and charged by respool._place (one guarded statement per counter table, RP500 on a would-be over-allocation), every queue left, leases (a job''s at its claim) and runtime caps (max_seconds) started, one row version, event and NOTIFY each. Returns how many (all of p_ids, else RP500).';
 
-CREATE OR REPLACE FUNCTION respool._try_grant(p_request_id uuid, p_pool_id uuid, p_policy_id uuid, p_now timestamptz)
+CREATE OR REPLACE FUNCTION respool._try_grant(p_request_id uuid, p_pool_id uuid, p_policy_id uuid, p_now timestamptz,
+                                              p_new respool.requests DEFAULT NULL)
 RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     r respool.requests;
@@ -83,9 +84,13 @@ BEGIN
     -- Admission is decided before the row lock: it depends only on the request's fixed resources
     -- and on this pool's counters, which the caller's pool lock holds still. A blocked request is
     -- thus never locked, and a concurrent pass of another candidate pool does not skip it.
-    SELECT * INTO r FROM respool.requests WHERE id = p_request_id AND status = 'queued';
-    IF NOT FOUND THEN
-        RETURN 'gone';
+    IF p_new.id IS NOT NULL THEN
+        r := p_new;  -- inserted by this transaction: nobody else can see it, let alone lock it
+    ELSE
+        SELECT * INTO r FROM respool.requests WHERE id = p_request_id AND status = 'queued';
+        IF NOT FOUND THEN
+            RETURN 'gone';
+        END IF;
     END IF;
     IF r.gang_id IS NOT NULL THEN
         r := respool._queued_as(p_request_id);  -- the gang as one request of the sum (docs/scheduling.md)
@@ -96,7 +101,7 @@ BEGIN
     IF NOT f.fits THEN
         RETURN 'blocked';
     END IF;
-    IF NOT respool._lock_queued(p_request_id) THEN
+    IF p_new.id IS NULL AND NOT respool._lock_queued(p_request_id) THEN
         -- Gone from the queue (committed after our snapshot) or locked by another transaction.
         RETURN CASE WHEN EXISTS (SELECT FROM respool.requests WHERE id = p_request_id AND status = 'queued')
                     THEN 'locked' ELSE 'gone' END;
@@ -130,8 +135,8 @@ BEGIN
     END;
     RETURN 'granted';
 END $$;
-COMMENT ON FUNCTION respool._try_grant(uuid, uuid, uuid, timestamptz) IS
-    'Grants one queued request in a pool whose row the caller has locked, if admissible (respool._fit_node, a node included in a pool with nodes, placed there): granted | blocked | locked | gone. A gang''s queue entry grants every member together when their sum fits and, in a pool with nodes, every member finds a node (distinct ones with distinct_nodes: member by member, else in an arrangement respool._gang_arrangement finds on the free units), or none (docs/scheduling.md, gangs; docs/placement.md).';
+COMMENT ON FUNCTION respool._try_grant(uuid, uuid, uuid, timestamptz, respool.requests) IS
+    'Grants one queued (or, p_new, just inserted) request in a pool whose row the caller has locked, if admissible (respool._fit_node, a node included in a pool with nodes, placed there): granted | blocked | locked | gone. A gang''s queue entry grants every member together when their sum fits and, in a pool with nodes, every member finds a node (distinct ones with distinct_nodes: member by member, else in an arrangement respool._gang_arrangement finds on the free units), or none (docs/scheduling.md, gangs; docs/placement.md). p_new (not a gang member) needs no re-read or row lock.';
 
 CREATE OR REPLACE FUNCTION respool._scale_units(p_units jsonb, p_times integer)
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
@@ -148,44 +153,21 @@ RETURNS uuid[] LANGUAGE plpgsql AS $$
 DECLARE
     v_run uuid[] := '{}';
     v_high bigint;
-    v_low integer := 2;
-    v_mid integer;
     v_locked uuid[];
     v_prefix integer := 0;
     c record;
 BEGIN
     -- Only for a pass without earmarks or a starvation hold (those need the per-request checks:
     -- the caller, respool.allocate_pool, decides). The bound is the next other shape's head.
-    -- How many requests of the shape fit together, before reading the queue: k of them fit the
-    -- pool's and the policy's counters exactly when one request of k times the need does
-    -- (respool._fits without the node rule). The pool's free units divided by the need bound k
-    -- from above (and a pool with nodes, its nodes' slots: respool._node_slots); the largest k
-    -- that fits is found by bisection below that bound. So the work is O(log k), whatever the
-    -- length of the queue.
-    SELECT least(respool._max_batch(), min((pr.capacity - pr.used) / x.value::bigint)) INTO v_high
-      FROM jsonb_each_text(p_resources) x
-      JOIN respool.pool_resources pr ON pr.pool_id = p_pool_id AND pr.key = x.key AND pr.capacity IS NOT NULL
-     WHERE x.value::bigint > 0;
-    v_high := coalesce(v_high, respool._max_batch());
+    -- How many requests of the shape fit together, before reading the queue: the capacity
+    -- model's count by division (respool._fit_count) and, in a pool with nodes, its nodes' slots
+    -- (respool._node_slots). So the work is the same whatever the length of the queue.
+    v_high := respool._fit_count(p_resources, p_preemptible, p_pool_id, p_policy_id);
     IF v_high >= 2 AND respool._pool_has_nodes(p_pool_id) THEN
         v_high := least(v_high, respool._node_slots(p_pool_id, p_resources, p_selector));
     END IF;
-    IF v_high < 2 OR NOT respool._fits(respool._scale_units(p_resources, 2), p_preemptible, p_pool_id, p_policy_id,
-                                       NULL, NULL, NULL) THEN
+    IF v_high < 2 THEN
         RETURN '{}';  -- nothing to gain over the one-request path
-    END IF;
-    IF NOT respool._fits(respool._scale_units(p_resources, v_high::integer), p_preemptible, p_pool_id, p_policy_id,
-                         NULL, NULL, NULL) THEN
-        WHILE v_high - v_low > 1 LOOP  -- invariant: v_low fits, v_high does not
-            v_mid := (v_low + v_high) / 2;
-            IF respool._fits(respool._scale_units(p_resources, v_mid), p_preemptible, p_pool_id, p_policy_id,
-                             NULL, NULL, NULL) THEN
-                v_low := v_mid;
-            ELSE
-                v_high := v_mid;
-            END IF;
-        END LOOP;
-        v_high := v_low;
     END IF;
     -- The run: at most that many of the shape's entries from (p_from_at, p_from_id) on, in
     -- queue-time order (an index range of queue_entries_shape_idx), that come before the next

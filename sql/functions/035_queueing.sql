@@ -80,30 +80,6 @@ COMMENT ON FUNCTION respool._reject_unfittable(uuid, timestamptz) IS
     'Rejects a request that can no longer fit any candidate pool, with the first candidate''s reason and every candidate''s message; a gang is judged by its members'' sum and rejected whole (docs/scheduling.md, gangs).';
 
 DROP FUNCTION IF EXISTS respool._grant_at_once(respool.requests, timestamptz);
-CREATE OR REPLACE FUNCTION respool._grant_at_once(p_request respool.requests, p_pool_id uuid, p_policy_id uuid,
-                                                  p_now timestamptz)
-RETURNS boolean LANGUAGE plpgsql AS $$
-DECLARE
-    f record;
-BEGIN
-    -- With an empty queue nothing is ahead of it, in either queueing mode, and no pool holds
-    -- for a starving head (a pool with a queue is left to respool._try_new).
-    IF p_pool_id IS NULL OR EXISTS (SELECT FROM respool.queue_entries WHERE pool_id = p_pool_id) THEN
-        RETURN false;
-    END IF;
-    -- The admission respool._try_grant makes, without its row lock and re-read: the request was
-    -- inserted by this transaction, so no other one can see it, let alone lock it.
-    f := respool._fit_node(p_request.resources, p_request.preemptible, p_pool_id, p_policy_id, p_request.id,
-                           p_request.earmark_pool_id, p_request.node_selector);
-    IF NOT f.fits THEN
-        RETURN false;
-    END IF;
-    PERFORM respool._grant_many(ARRAY[p_request.id], p_pool_id, p_policy_id, p_now, ARRAY[f.node_id]);
-    RETURN true;
-END $$;
-COMMENT ON FUNCTION respool._grant_at_once(respool.requests, uuid, uuid, timestamptz) IS
-    'A request this transaction has just inserted (not a gang member), its candidate pools locked by the caller and no queue entry yet: granted now in p_pool_id under p_policy_id, its first admitted candidate (the caller''s candidate loop, in admission order), when nobody queues there and the pool admits it (respool._fit_node, the admission respool._try_grant makes; no row lock needed, nobody else can see the row), as respool._try_new would, without a queue entry written and deleted again. False (nothing changed) otherwise: the caller queues it (respool._try_new).';
-
 CREATE OR REPLACE FUNCTION respool._try_new(p_id uuid, p_now timestamptz)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE

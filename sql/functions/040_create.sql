@@ -142,6 +142,19 @@ END $$;
 COMMENT ON FUNCTION respool._create_body(jsonb, integer) IS
     'The one check of a create body''s fields and types (the fields of the wire type RequestCreate: subject, pool, resources, settings, preemptible, max_retries, max_seconds, lease_seconds, idempotency_key, labels, node_selector, preemption_group; RP400 naming the field, also for an unknown one) and the one place its defaults are filled: preemptible true, max_retries 0, lease_seconds p_default_lease_seconds when absent. Values inside resources, settings, labels and node_selector are checked where they are converted.';
 
+CREATE OR REPLACE FUNCTION respool._request_body(p_pool_ref text, p_resources jsonb, p_preemptible boolean,
+                                                 p_max_retries integer, p_lease_seconds integer, p_labels jsonb,
+                                                 p_max_seconds integer, p_selector jsonb, p_group text)
+RETURNS jsonb LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object('pool', p_pool_ref, 'resources', p_resources, 'preemptible', p_preemptible,
+                              'max_retries', p_max_retries, 'lease_seconds', p_lease_seconds, 'labels', p_labels)
+           || CASE WHEN p_max_seconds IS NOT NULL THEN jsonb_build_object('max_seconds', p_max_seconds) ELSE '{}' END
+           || CASE WHEN p_selector <> '{}' THEN jsonb_build_object('node_selector', p_selector) ELSE '{}' END
+           || CASE WHEN p_group IS NOT NULL THEN jsonb_build_object('preemption_group', p_group) ELSE '{}' END
+$$;
+COMMENT ON FUNCTION respool._request_body(text, jsonb, boolean, integer, integer, jsonb, integer, jsonb, text) IS
+    'The body a request stores (request_body) and an idempotent retry must repeat, from its converted fields; max_seconds, node_selector and preemption_group only when set, so bodies stored before they existed still compare equal. Inlined (SQL).';
+
 CREATE OR REPLACE FUNCTION respool._create_checked(
     p_checked jsonb,
     p_now timestamptz,
@@ -160,10 +173,7 @@ DECLARE
     v_max_seconds integer := (v_in ->> 'max_seconds')::integer;
     v_key text := v_in ->> 'idempotency_key';
     v_group text := v_in ->> 'preemption_group';
-    v_resources jsonb;
-    v_labels jsonb;
-    v_selector jsonb;
-    v_body jsonb;
+    v_resources jsonb; v_labels jsonb; v_selector jsonb; v_body jsonb;
     v_pool_id uuid;
     v_all uuid[];
     v_ok uuid[] := '{}';
@@ -179,15 +189,8 @@ BEGIN
     v_resources := respool.build_resources(nullif(v_in -> 'resources', 'null'), nullif(v_in -> 'settings', 'null'));
     v_labels := respool._labels(v_in -> 'labels');
     v_selector := respool.build_node_selector(v_in -> 'node_selector', nullif(v_in -> 'settings', 'null'));
-    -- What an idempotent retry must repeat (max_seconds, node_selector and preemption_group only when set, so
-    -- bodies stored before they existed still compare equal).
-    v_body := jsonb_build_object('pool', v_pool_ref, 'resources', v_resources, 'preemptible', v_preemptible,
-                                 'max_retries', v_max_retries, 'lease_seconds', v_lease_seconds, 'labels', v_labels)
-              || CASE WHEN v_max_seconds IS NOT NULL THEN jsonb_build_object('max_seconds', v_max_seconds)
-                      ELSE '{}' END
-              || CASE WHEN v_selector <> '{}' THEN jsonb_build_object('node_selector', v_selector) ELSE '{}' END
-              || CASE WHEN v_group IS NOT NULL THEN jsonb_build_object('preemption_group', v_group) ELSE '{}' END;
-
+    v_body := respool._request_body(v_pool_ref, v_resources, v_preemptible, v_max_retries, v_lease_seconds, v_labels,
+                                    v_max_seconds, v_selector, v_group);
     IF v_key IS NOT NULL THEN
         PERFORM respool._claim_keys(ARRAY[v_in]);  -- (a batch claimed them all already, in order)
         SELECT * INTO r FROM respool.requests WHERE subject = v_subject AND idempotency_key = v_key;
@@ -211,10 +214,8 @@ BEGIN
         v_names := v_names || c.pool_name;
         IF c.reason IS NULL THEN
             v_ok := v_ok || c.pool_id;
-            IF v_at_pool IS NULL THEN
-                v_at_pool := c.pool_id;
-                v_at_policy := c.policy_id;
-            END IF;
+            v_at_pool := coalesce(v_at_pool, c.pool_id);
+            v_at_policy := coalesce(v_at_policy, c.policy_id);
         ELSE
             v_first_reason := coalesce(v_first_reason, c.reason);
             v_messages := v_messages || c.message;
@@ -256,8 +257,10 @@ BEGIN
     PERFORM respool._record_event(r, NULL, p_now);
     PERFORM respool._job_store(r.id, v_in -> 'job');  -- before any grant (docs/jobs.md)
 
-    -- A gang member waits for its gang (respool._gang_start queues and grants it; docs/scheduling.md).
-    IF r.status = 'queued' AND p_gang_id IS NULL AND NOT respool._grant_at_once(r, v_at_pool, v_at_policy, p_now) THEN
+    -- Granted at once where nobody queues in its first admitted candidate; a gang member waits for its gang.
+    IF r.status = 'queued' AND p_gang_id IS NULL
+       AND (v_at_pool IS NULL OR EXISTS (SELECT FROM respool.queue_entries WHERE pool_id = v_at_pool)
+            OR respool._try_grant(r.id, v_at_pool, v_at_policy, p_now, r) <> 'granted') THEN
         -- Its queue entries: one per candidate that the checks above admitted (v_ok), under
         -- the same pool locks (what respool._enqueue would find, without checking again).
         INSERT INTO respool.queue_entries (pool_id, request_id, policy_id, queued_at, resources, preemptible,
@@ -288,7 +291,7 @@ BEGIN
                                    p_answer) c;
 END $$;
 COMMENT ON FUNCTION respool.create_request(jsonb, integer, timestamptz, uuid, boolean) IS
-    'Creates (or replays, by idempotency key) one request from its create body, a JSON document with the fields of POST /v1/requests (docs/api.md); a single create and every member of a batch (respool.create_requests) are checked by respool._create_body and created by respool._create_checked, so a body is refused alike in both (the same SQLSTATE and field; a batch adds the members[i]. prefix). Checks the body and fills its defaults (respool._create_body; absent lease_seconds: p_default_lease_seconds, NULL: no lease), converts resources/settings and labels, claims the idempotency key (respool._claim_keys; the same request on a retry, RP422 on another body), resolves candidate pools, locks them in id order and validates against each while holding the locks, stores a rejection or queues it, then tries to grant it at once in candidate order (unless a best_effort pool holds for a starving head, docs/scheduling.md). The request''s own status changes in this call are recorded as events but not notified (nobody can wait for it yet; the answer carries them). With p_gang_id (a batch with all_or_nothing) the request is stored as a member of that gang, without queue entries and without a grant: respool._gang_start decides for the whole gang. p_answer false: a new request answers {"id"} only (a batch builds its members'' documents at once). Returns created (false for a replay) and the request''s document.';
+    'Creates (or replays, by idempotency key: RP422 on another body) one request from its create body, the fields of POST /v1/requests (docs/api.md), checked by respool._create_body (absent lease_seconds: p_default_lease_seconds) and made by respool._create_checked, as every batch member is: stored rejected or queued under its candidate pools'' locks, then granted at once where it fits (docs/engine.md, Functions). p_gang_id: a gang member, left to respool._gang_start. p_answer false: answers {"id"} only. Returns created (false for a replay) and the document.';
 
 CREATE OR REPLACE FUNCTION respool._claim_keys(p_bodies jsonb[])
 RETURNS void LANGUAGE plpgsql AS $$
@@ -511,7 +514,7 @@ BEGIN
     END;
 END $$;
 COMMENT ON FUNCTION respool.create_requests(jsonb, boolean, integer, timestamptz, boolean) IS
-    'Batch create (docs/api.md "Batch create"): p_members is a JSON array of 1 to 1000 create bodies, created in one transaction, each by respool.create_request exactly as a single create: every body checked and completed by respool._create_body before any work (absent lease_seconds: p_default_lease_seconds), their idempotency keys claimed in one global order (respool._claim_keys), the pools of every member''s subject locked in id order, then each created as by respool.create_request in member order, member i queued i microseconds after member 0 so queue order follows member order: set-based (respool._create_set: each distinct body checked once, one INSERT each for requests, events and queue entries, grants in member order) unless a candidate pool is strict or holds for a starving head, a member is refused or the batch is a gang, where the members are created one by one; the outcome is the same. Any member error refuses the whole batch, creating nothing: the same SQLSTATE, naming members[i].<field>. Each answer is the member''s state once the whole batch is done. With p_all_or_nothing the members are a gang (docs/scheduling.md): same subject, pool, preemptible and max_retries (RP400 naming the field), one gang_id, rejected together, granted together in one pool or not at all (p_distinct_nodes, only with a gang: each member on a different node of a pool with nodes, docs/placement.md); a retry whose idempotency keys name exactly the members of one gang answers that gang (RP422 otherwise). One row per member, in member order.';
+    'Batch create (docs/api.md "Batch create"; docs/engine.md "How a batch is made"): 1 to 1000 create bodies in one transaction, each as its own respool.create_request in member order, member i queued i µs after member 0; set-based where respool._try_create_set can, else member by member. Any member error refuses the batch: the same SQLSTATE, naming members[i].<field>. p_all_or_nothing: the members are a gang (docs/scheduling.md; p_distinct_nodes: each on its own node). One row per member, in member order, as it stands once the batch is done.';
 
 CREATE OR REPLACE FUNCTION respool.create_requests_each(
     p_members jsonb,

@@ -31,8 +31,6 @@ DECLARE
     v_end integer;
     v_left integer;
     v_low integer;
-    v_high integer;
-    v_mid integer;
     i integer;
     v_blocked text[] := '{}';
     v_outcome text;
@@ -110,12 +108,8 @@ BEGIN
            ex.id IS NULL AND c.first,
            c.subject, c.pool_ref, c.preemptible, c.max_retries, c.lease_seconds, c.max_seconds, c.idempotency_key,
            c.preemption_group, c.resources, c.labels, c.selector,
-           jsonb_build_object('pool', c.pool_ref, 'resources', c.resources, 'preemptible', c.preemptible,
-                              'max_retries', c.max_retries, 'lease_seconds', c.lease_seconds, 'labels', c.labels)
-           || CASE WHEN c.max_seconds IS NOT NULL THEN jsonb_build_object('max_seconds', c.max_seconds) ELSE '{}' END
-           || CASE WHEN c.selector <> '{}' THEN jsonb_build_object('node_selector', c.selector) ELSE '{}' END
-           || CASE WHEN c.preemption_group IS NOT NULL
-                   THEN jsonb_build_object('preemption_group', c.preemption_group) ELSE '{}' END,
+           respool._request_body(c.pool_ref, c.resources, c.preemptible, c.max_retries, c.lease_seconds, c.labels,
+                                 c.max_seconds, c.selector, c.preemption_group),
            -- Member i is queued i microseconds after member 0 (queue order = member order).
            p_now + make_interval(secs => c.n / 1000000.0),
            c.pool_id, c.all_pools,
@@ -256,23 +250,8 @@ BEGIN
         WHILE j <= q_last[i] AND v_left <= v_end LOOP
             IF NOT q_shapes[j] = ANY (v_blocked) THEN
                 IF v_end > v_left AND NOT respool._pool_has_nodes(q_pools[j]) THEN
-                    -- The largest k (of those left) that fit together, by bisection.
-                    v_low := 0;
-                    v_high := v_end - v_left + 1;
-                    IF NOT respool._fits(respool._scale_units(q_res[i], v_high), q_pre[i], q_pools[j], q_policies[j],
-                                         NULL, NULL, NULL) THEN
-                        WHILE v_high - v_low > 1 LOOP  -- v_low fits (0 always), v_high does not
-                            v_mid := (v_low + v_high) / 2;
-                            IF respool._fits(respool._scale_units(q_res[i], v_mid), q_pre[i], q_pools[j],
-                                             q_policies[j], NULL, NULL, NULL) THEN
-                                v_low := v_mid;
-                            ELSE
-                                v_high := v_mid;
-                            END IF;
-                        END LOOP;
-                    ELSE
-                        v_low := v_high;
-                    END IF;
+                    -- The largest k (of those left) that fit together.
+                    v_low := least(v_end - v_left + 1, respool._fit_count(q_res[i], q_pre[i], q_pools[j], q_policies[j]));
                     IF v_low > 0 THEN
                         -- Their own grants are not notified (respool._record_events): the answers carry them.
                         PERFORM set_config('respool.unannounced', array_to_string(q_id[v_left : v_left + v_low - 1], ','),
@@ -311,4 +290,4 @@ BEGIN
     RETURN QUERY SELECT t.n, t.created, t.id FROM pg_temp.respool_batch t ORDER BY t.n;
 END $$;
 COMMENT ON FUNCTION respool._create_set(jsonb, integer, timestamptz, boolean) IS
-    'The set-based batch create behind respool.create_requests (not a gang): leaves exactly what creating the members one by one in member order through respool.create_request leaves (statuses, pools, nodes, queue order, events per request; no NOTIFY of a member''s own changes), with each distinct body checked once, each distinct value converted once, candidates and rejections computed once per distinct combination and one INSERT each for requests, events and queue entries, then the grants in member order (a shape blocked once is not tried again; a run of consecutive alike members granted together in one respool._grant_many, each at its own queue instant, in a pool without nodes, one by one by respool._try_grant in a pool with nodes). Raises RP298 (nothing kept) when one by one is needed instead: a strict candidate pool, one that holds or may start holding for a starving head, a key taken concurrently; a member''s error (RP4xx) likewise leaves the naming of it to the one-by-one path. p_lock_subject_pools: lock every pool a member may be created in first (respool._batch_pools; a batch of more than one). One row per member: created and the request''s id.';
+    'The set-based batch create behind respool.create_requests (not a gang; docs/engine.md, "How a batch is made"): leaves exactly what creating the members one by one in member order through respool.create_request leaves, each step done once for the batch. Raises RP298 (nothing kept) where one by one is needed instead (a strict pool, one that holds or may start holding, a key taken concurrently, a job), or a member''s RP4xx error, left for the one-by-one path to name. p_lock_subject_pools: lock every pool a member may be created in first. One row per member: created and the request''s id.';

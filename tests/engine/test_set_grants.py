@@ -15,7 +15,7 @@ from app.db import requests as db_requests
 from support.db import function_calls
 
 GRANT_MANY = "respool._grant_many(uuid[], uuid, uuid, timestamptz, uuid[])"
-TRY_GRANT = "respool._try_grant(uuid, uuid, uuid, timestamptz)"
+TRY_GRANT = "respool._try_grant(uuid, uuid, uuid, timestamptz, respool.requests)"
 
 
 async def _queue_behind_holder(
