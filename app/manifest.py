@@ -28,6 +28,7 @@ __all__ = [
     "new_text",
     "new_value",
     "plan_changes",
+    "rate_changes",
 ]
 
 
@@ -64,9 +65,28 @@ _POLICY_SCALARS = ("priority", "description")
 _EMPTY_POOL = PoolSpec(name="")
 
 
+def _rate_changes(old: PoolSpec, new: PoolSpec) -> list[FieldChange]:
+    """Per rate key (docs/rates.md): ``rates.KEY`` from ``{"amount", "per_seconds"}`` (or
+    None: absent) to another."""
+    before = {k: msgspec.to_builtins(v) for k, v in old.rates.items()}
+    after = {k: msgspec.to_builtins(v) for k, v in new.rates.items()}
+    return [
+        FieldChange(f"rates.{key}", before.get(key), after.get(key))
+        for key in sorted(set(before) | set(after))
+        if before.get(key) != after.get(key)
+    ]
+
+
+def rate_changes(fields: Iterable[FieldChange]) -> dict[str, object]:
+    """The ``rates.KEY`` changes as an engine merge (None removes a rate key)."""
+    return {f.field[len("rates.") :]: f.new for f in fields if f.field.startswith("rates.")}
+
+
 def _pool_fields(old: PoolSpec, new: PoolSpec) -> list[FieldChange]:
-    return _map_changes("capacity", old.capacity, new.capacity) + _scalar_changes(
-        old, new, _POOL_SCALARS
+    return (
+        _map_changes("capacity", old.capacity, new.capacity)
+        + _rate_changes(old, new)
+        + _scalar_changes(old, new, _POOL_SCALARS)
     )
 
 

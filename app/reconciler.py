@@ -5,8 +5,11 @@ A pass over every pool runs each ``interval`` seconds (the polling backstop), an
 pool runs at once when a ``respool_pool`` notification says that pool changed (a new queued
 request, a capacity or policy change). A policy's window boundary (docs/preemption.md, "Time
 windows") wakes it too: after each pass it reads when the next one is due and runs a full pass
-then, if that is before the next interval. Several reconcilers may run against one database: a pool
-locked by another one is skipped (``FOR NO KEY UPDATE SKIP LOCKED``) and retried shortly after.
+then, if that is before the next interval. So does a rate key's refill (docs/rates.md): after
+each pass it reads, per pool whose queue waits for a rate key's units, when enough charges will
+have left their window, and passes that pool then. Several reconcilers may run against one
+database: a pool locked by another one is skipped (``FOR NO KEY UPDATE SKIP LOCKED``) and
+retried shortly after.
 The reconciler holds one connection (``application_name = respool-reconciler``) for both LISTEN
 and its passes; when it drops, it reconnects with backoff and jitter and starts with a full pass.
 """
@@ -128,6 +131,7 @@ class Reconciler:
         self._dirty: set[UUID] = set()
         self._overflow = False  # more notified ids than MAX_NOTIFIED_POOLS: do a full pass
         self._known: set[UUID] = set()  # pool ids seen by the last full pass
+        self._refills: dict[UUID, float] = {}  # pool id -> when (monotonic) its rate units are back
         self._foreign = RateLimitedWarning(log)
         self._wake = asyncio.Event()
         self._stopping = False
@@ -216,7 +220,8 @@ class Reconciler:
                 next_full = now + self.interval
                 self.sweeps += 1
             else:
-                targets = sorted(self._dirty | set(retry))
+                due = {p for p, at in self._refills.items() if at <= now}
+                targets = sorted(self._dirty | set(retry) | due)
                 self._dirty.clear()
                 targets = await self._existing(conn, targets)
             self._wake.clear()
@@ -229,13 +234,25 @@ class Reconciler:
             boundary = await self._next_boundary(conn)
             if boundary is not None and boundary < next_full:
                 next_full = boundary  # the full pass applies the boundary in every pool
+            await self._read_refills(conn)
             if self._dirty:
                 continue
-            pause = max(0.0, next_full - time.monotonic())
+            wake = min([next_full, *self._refills.values()])
+            pause = max(0.0, wake - time.monotonic())
             if retry:
                 pause = min(pause, RETRY_LOCKED)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), pause)
+
+    async def _read_refills(self, conn: asyncpg.Connection) -> None:
+        """When (``time.monotonic()``) each pool whose queue waits for a rate key's units gets
+        them back; a refill already due is passed at once (no margin: the pass's own clock,
+        read under the pool lock, is the one that expires charges)."""
+        now = time.monotonic()
+        self._refills = {
+            pool_id: now + seconds + (BOUNDARY_MARGIN if seconds > 0 else 0.0)
+            for pool_id, seconds in (await db_reconcile.rate_refills(conn)).items()
+        }
 
     async def _next_boundary(self, conn: asyncpg.Connection) -> float | None:
         """When (``time.monotonic()``) the next policy window opens or closes; None if never."""

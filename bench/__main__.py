@@ -7,7 +7,9 @@ writes the report; ``python -m bench <scenario>`` runs one and prints its figure
 (docs/scheduling.md, "ETA");
 ``python -m bench placement`` measures pools backed by nodes (docs/placement.md);
 ``python -m bench jobs`` measures jobs run by node agents (docs/jobs.md);
-``python -m bench depth`` times a release that grants against the queue's length (docs/engine.md).
+``python -m bench depth`` times a release that grants against the queue's length (docs/engine.md);
+``python -m bench rate`` measures rate keys: reservations/s, a saturated window, refill delay
+(docs/rates.md).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from bench import (
     gang,
     jobs,
     placement,
+    rate,
     suite,
     sweep,
     wake,
@@ -54,6 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         (sweep, "sweep"),
         (placement, "placement"),
         (jobs, "jobs"),
+        (rate, "rate"),
     ):
         mod.add_arguments(commands.add_parser(name, help=mod.SUMMARY, description=mod.SUMMARY))
     dashboard.add_arguments(
@@ -84,6 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "sweep",
         "placement",
         "jobs",
+        "rate",
     ):
         runner: Callable[[argparse.Namespace], int] = {
             "baseline": baseline.run,
@@ -94,6 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "gang": gang.run,
             "sweep": sweep.run,
             "placement": placement.run,
+            "rate": rate.run,
         }[args.command]
         return runner(args)
     if args.command == "all":

@@ -9,7 +9,9 @@ from typing import Annotated, Any
 
 import msgspec
 import typer
+from respool_client.durations import parse_duration
 from respool_client.wire import (
+    MAX_RATE_SECONDS,
     MAX_SECONDS,
     Node,
     Ordering,
@@ -66,6 +68,54 @@ NewPoolName = Annotated[
 OFF = "off"
 
 
+def parse_rate(text: str) -> str:
+    """``--rate KEY=AMOUNT/WINDOW`` (``llm_tokens=2000000/60s``, the window in seconds or a
+    duration such as ``1m``), or ``KEY=off`` (update: no rate key any more); checked here, sent
+    as given to :func:`rates_body`."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise typer.BadParameter("give KEY=AMOUNT/WINDOW, e.g. llm_tokens=2000000/60s, or KEY=off")
+    if value.strip().lower() == OFF:
+        return text
+    amount, slash, window = value.partition("/")
+    try:
+        seconds = parse_duration(window) if slash else -1.0
+        ok = amount.strip().isdigit() and seconds == int(seconds) and seconds >= 1
+    except ValueError:
+        ok = False
+    if not ok or seconds > MAX_RATE_SECONDS:
+        raise typer.BadParameter(
+            f"{text!r}: give KEY=AMOUNT/WINDOW, e.g. llm_tokens=2000000/60s (a window of 1 s to"
+            f" {MAX_RATE_SECONDS} s), or KEY=off"
+        )
+    return text
+
+
+def rates_body(rates: list[str]) -> dict[str, Any]:
+    """The ``rates`` of a pool body from ``--rate`` values (docs/rates.md)."""
+    body: dict[str, Any] = {}
+    for text in rates:
+        key, _, value = text.partition("=")
+        if value.strip().lower() == OFF:
+            body[key.strip()] = None
+            continue
+        amount, _, window = value.partition("/")
+        body[key.strip()] = {"amount": int(amount), "per_seconds": int(parse_duration(window))}
+    return body
+
+
+Rates = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--rate",
+        parser=parse_rate,
+        metavar="KEY=AMOUNT/WINDOW",
+        help="A rate key: AMOUNT units per sliding WINDOW (e.g. llm_tokens=2000000/1m), back"
+        " with time, not on release; repeat for more; KEY=off removes one (update).",
+    ),
+]
+
+
 def parse_starvation(text: str) -> str:
     """``--starvation-seconds``: a whole number of seconds >= 0, or ``off``."""
     value = text.strip().lower()
@@ -119,6 +169,7 @@ class PoolFields:
             " free), spread the emptiest. Default pack.",
         ),
     ] = None
+    rate: Rates = None
 
     def body(self) -> dict[str, Any]:
         """The fields given but the capacity, as the API names them."""
@@ -128,6 +179,8 @@ class PoolFields:
             self.starvation is not None
         ):  # off is sent as null: the guard is off (docs/scheduling.md)
             body["starvation_seconds"] = None if self.starvation == OFF else int(self.starvation)
+        if self.rate:  # rate keys (docs/rates.md)
+            body["rates"] = rates_body(self.rate)
         return body
 
 
@@ -170,12 +223,14 @@ def create(name: NewPoolName, *, fields: PoolFields, shown: Shown) -> None:
     """Create a pool of capacity.
 
     A pool meant for nodes is created without --capacity: its capacity is the sum of its
-    nodes' (`respool node add NAME --pool POOL ...`).
+    nodes' (`respool node add NAME --pool POOL ...`). A budget that refills, such as an LLM
+    provider's tokens per minute, is a rate key (--rate; docs/rates.md).
 
     Example:
 
         respool pool create training-gpus -c '{"gpu": 8, "step_run": 32}' -d "Shared GPUs"
         respool pool create gpu-boxes --placement spread
+        respool pool create llm --rate llm_tokens=2000000/60s --rate llm_requests=500/60s
     """
     body = {"name": name, "capacity": fields.capacity or {}} | fields.body()
     with shown.api() as api:
@@ -242,7 +297,8 @@ def describe(ref: PoolRef, limit: Limit = 100, *, shown: Shown) -> None:
 
 @app.command("update")
 def update(ref: PoolRef, *, fields: PoolFields, shown: Shown) -> None:
-    """Update a pool. Capacity merges: keys given are replaced or added, 0 removes a key.
+    """Update a pool. Capacity merges: keys given are replaced or added, 0 removes a key;
+    --rate KEY=AMOUNT/WINDOW sets a rate key, KEY=off removes it.
 
     Shrinking below what is allocated makes the reconciler preempt preemptible work.
 
@@ -251,12 +307,13 @@ def update(ref: PoolRef, *, fields: PoolFields, shown: Shown) -> None:
         respool pool update training-gpus -c '{"gpu": 4}'
         respool pool update training-gpus -c '{step_run: 0}' --queueing strict
         respool pool update training-gpus --starvation-seconds 600 --ordering fair
+        respool pool update llm --rate llm_tokens=3000000/1m
     """
     body = ({} if fields.capacity is None else {"capacity": fields.capacity}) | fields.body()
     if not body:
         raise typer.BadParameter(
             "nothing to update: give --capacity, --description, --queueing, --grace,"
-            " --starvation-seconds, --ordering or --placement"
+            " --starvation-seconds, --ordering, --placement or --rate"
         )
     with shown.api() as api:
         pool = api.call("PATCH", f"/v1/pools/{segment(ref)}", Pool, body=body)

@@ -101,14 +101,24 @@ def usage_bar(used: int, total: int | None, width: int = BAR_WIDTH) -> Text:
 
 
 def _pool_keys(pool: Pool) -> list[tuple[str, int, int | None]]:
-    """(key, used, capacity or None when untracked) for every key with capacity or usage."""
-    keys = sorted(set(pool.capacity) | set(pool.usage))
-    return [(k, pool.usage.get(k, 0), pool.capacity.get(k)) for k in keys]
+    """(key, used, capacity or None when untracked) for every key with capacity or usage; a
+    rate key (docs/rates.md) last, labelled with its window (``llm_tokens/60s``), its used the
+    charges inside the window and its total the amount."""
+    keys = sorted((set(pool.capacity) | set(pool.usage)) - set(pool.rates))
+    rows = [(k, pool.usage.get(k, 0), pool.capacity.get(k)) for k in keys]
+    return rows + [
+        (rate_label(k, r.per_seconds), r.used, r.amount) for k, r in sorted(pool.rates.items())
+    ]
+
+
+def rate_label(key: str, per_seconds: int) -> str:
+    """A rate key with its window, as the tables show it: ``llm_tokens/1m``."""
+    return f"{key}/{format_duration(per_seconds)}"
 
 
 def _usage_cell(pool: Pool, key_width: int = 0) -> RenderableType:
     """A pool's keys with their usage bars; ``key_width``: the widest key of every pool in the
-    table, so that the bars of all pools line up."""
+    table, so that the bars of all pools line up. A rate key reads USED/AMOUNT per window."""
     rows = _pool_keys(pool)
     if not rows:
         return Text("-", style="dim")
@@ -421,11 +431,18 @@ def pool_header(pool: Pool, nodes: Sequence[Node] = ()) -> Table:
 def pool_keys_table(pool: Pool) -> RenderableType:
     if _awaits_nodes(pool):
         return Text("Capacity: none yet (no nodes)", style="bold")
-    out = table("KEY", "CAPACITY", "USED", "FREE", "USAGE", title="Capacity")
+    out = table(
+        "KEY", "CAPACITY", "USED", "FREE", "USAGE", Col("NEXT REFILL", drop=1), title="Capacity"
+    )
+    refills = {rate_label(k, r.per_seconds): r.next_refill_at for k, r in pool.rates.items()}
     for key, used, total in _pool_keys(pool):
-        free = "-" if total is None else str(total - used)
+        free = "-" if total is None else str(max(total - used, 0))
         cap = "untracked" if total is None else str(total)
-        out.add_row(key, cap, str(used), free, usage_bar(used, total))
+        # a rate key: its amount per window, and when the oldest charge inside leaves it
+        when = refills.get(key)
+        refill = _left(when) if when else "-"
+        out.add_row(key, cap, str(used), free, usage_bar(used, total), refill)
+    drop_blank(out, "NEXT REFILL", blank=frozenset({"-"}))
     return out
 
 

@@ -254,7 +254,7 @@ class CreateCoalescer(_Coalescer[bytes, Created]):
         )
 
 
-Release = tuple[UUID, int | None]
+Release = tuple[UUID, int | None, dict[str, int] | None]  # id, attempt, used (rate keys)
 
 
 class ReleaseCoalescer(_Coalescer[Release, Request]):
@@ -266,16 +266,19 @@ class ReleaseCoalescer(_Coalescer[Release, Request]):
 
     name = "release"
 
-    async def release(self, request_id: UUID, attempt: int | None) -> Request:
-        """Release (a queued request: cancel) ``request_id``, fenced by ``attempt``: the answer
-        its own release call would give, or its error."""
-        return await self._submit((request_id, attempt))
+    async def release(
+        self, request_id: UUID, attempt: int | None, used: dict[str, int] | None = None
+    ) -> Request:
+        """Release (a queued request: cancel) ``request_id``, fenced by ``attempt``, its rate
+        keys settled with ``used`` (docs/rates.md): the answer its own release call would give,
+        or its error."""
+        return await self._submit((request_id, attempt, used))
 
     async def _run(self, conn: Any, taken: list[_Pending[Release, Request]]) -> None:
         if len(taken) == 1:
-            request_id, attempt = taken[0].item
+            request_id, attempt, used = taken[0].item
             results: list[Request | EngineError] = [
-                await db_requests.release_request(conn, request_id, attempt=attempt)
+                await db_requests.release_request(conn, request_id, attempt=attempt, used=used)
             ]
         else:
             results = await db_requests.release_requests(conn, [p.item for p in taken])

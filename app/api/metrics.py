@@ -57,7 +57,7 @@ STATUSES: tuple[Status, ...] = (
     "rejected",
 )  # fmt: skip
 FINAL_STATUSES = ("released", "preempted", "expired", "cancelled", "rejected")
-INVARIANTS = ("I1", "I2", "I3", "I4", "I5", "I6", "I7")
+INVARIANTS = ("I1", "I2", "I3", "I4", "I5", "I6", "I7", "I10")
 NODE_STATES: tuple[NodeState, ...] = ("active", "cordoned", "draining")
 
 # Seconds from entering the queue to the grant: sub-second grants up to day-long waits.
@@ -163,6 +163,24 @@ _POLICY_GAUGES = {
     "limit": "A subject's limit (keys with a limit only)",
     "borrowed": "Units a subject holds above its reserved share",
 }
+# Per pool and rate key (docs/rates.md), from respool.rate_usage; a policy's row has its
+# subject (its limit as the amount, when it has one). Two metric names are not
+# respool_rate_<field>: (field, metric, help).
+_RATE_GAUGES = (
+    ("amount", "respool_rate_amount", "A rate key's units per window (a subject: its limit)"),
+    ("per_seconds", "respool_rate_window_seconds", "A rate key's sliding window, in seconds"),
+    ("used", "respool_rate_used", "Units of a rate key charged inside its window now"),
+    (
+        "overrun",
+        "respool_rate_overrun",
+        "Units settled above their estimates, over the charges inside the window",
+    ),
+    (
+        "refill_seconds",
+        "respool_rate_next_refill_seconds",
+        "Seconds until the oldest charge inside the window leaves it (0: none inside)",
+    ),
+)
 
 
 def _set_fields(gauges: list[tuple[str, Gauge]], row: object, *labels: str) -> None:
@@ -182,6 +200,7 @@ async def _state_gauges(registry: CollectorRegistry, pool: asyncpg.Pool) -> None
     per_key = per("pool", _POOL_KEY_GAUGES, "pool", "key")
     per_policy = per("policy", _POLICY_GAUGES, "pool", "subject", "key")
     per_node = per("node", _NODE_KEY_GAUGES, "pool", "node", "key")
+    per_rate = [(f, gauge(name, doc, "pool", "subject", "key")) for f, name, doc in _RATE_GAUGES]
     node_state = gauge(
         "respool_node_state",
         "1 for a node's current state (active, cordoned, draining), 0 for the others",
@@ -224,6 +243,8 @@ async def _state_gauges(registry: CollectorRegistry, pool: asyncpg.Pool) -> None
         policy_active.labels(shape.pool, shape.subject).set(1 if shape.active else 0)
         if shape.covered_subjects is not None:
             covered.labels(shape.pool, shape.subject).set(shape.covered_subjects)
+    for rate in await db_metrics.rate_rows(pool):
+        _set_fields(per_rate, rate, rate.pool, rate.subject or "", rate.key)
     for nk in await db_metrics.node_key_rows(pool):
         _set_fields(per_node, nk, nk.pool or "", nk.node, nk.key)
     for ns in await db_metrics.node_states(pool):

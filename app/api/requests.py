@@ -364,6 +364,14 @@ class RequestController(Controller):
         "/{request_id:uuid}/release",
         status_code=200,
         summary="Release (queued: cancel); a job's agent may report exit_code and reason",
+        description=(
+            "Allocated: released, its units given back and the queue granted in the same"
+            " transaction; queued: cancelled; finished: unchanged. `used` ({rate key: units"
+            " really used}) settles the request's charges of rate keys first: each becomes"
+            " that amount at its original instant (a refund, or an extra charge that is"
+            " recorded as an overrun). Without `used` the estimate stays charged. See"
+            " docs/rates.md."
+        ),
         responses=_ACTION_ERRORS,
     )
     async def release(
@@ -372,11 +380,15 @@ class RequestController(Controller):
         request: AnyRequest,
         request_id: FromPath[UUID],
         attempt: _Attempt = None,
-        data: StrictBody[JobRelease | None] = None,  # a job's run: exit_code, reason
+        data: StrictBody[JobRelease | None] = None,  # a job's run: exit_code, reason; used
     ) -> ResourceRequest:
+        used: dict[str, int] | None = None
         if (await request.body()).strip() not in (b"", b"null"):
             ran = await decode_body(request, JobRelease)
+            used = ran.used  # rate keys really used (docs/rates.md)
             if ran.exit_code is not None or ran.reason is not None:  # docs/jobs.md
+                if used is not None:
+                    raise ApiError(400, "used: a job's release settles no rate keys", "used")
                 return await db_jobs.release_job(
                     db(state),
                     request_id,
@@ -386,7 +398,7 @@ class RequestController(Controller):
                 )
         # Ended together with the releases waiting at the same time, each with its own answer
         # (app.api.coalesce; docs/api.md, "Coalesced releases").
-        return await releases(state).release(request_id, attempt)
+        return await releases(state).release(request_id, attempt, used)
 
     @post(
         "/{request_id:uuid}/terminate",

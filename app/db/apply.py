@@ -33,7 +33,15 @@ from respool_client.manifest import (
 from app.db import nodes, policies, pools, reconcile
 from app.db.errors import EngineError
 from app.db.named import query
-from app.manifest import changed, merge_map, new_text, new_value, node_patch, plan_changes
+from app.manifest import (
+    changed,
+    merge_map,
+    new_text,
+    new_value,
+    node_patch,
+    plan_changes,
+    rate_changes,
+)
 
 __all__ = ["apply_manifest"]
 
@@ -112,6 +120,7 @@ class _Runner:
             starvation_off=changed(c.fields, "starvation_seconds") and starvation is None,
             ordering=new_text(c.fields, "ordering"),
             placement=new_text(c.fields, "placement"),
+            rates=rate_changes(c.fields) or None,
         )
 
     def _node(self, c: Change) -> str:

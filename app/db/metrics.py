@@ -50,6 +50,9 @@ class PoolKeyRow(msgspec.Struct, frozen=True):
     reserved: int  # sum of policies' reserved
     borrowed: int  # sum of policies' borrowed (used above reserved, tracked keys)
     queued_demand: int
+    # a rate key (docs/rates.md): its window; allocated is what is charged inside it now
+    per_seconds: int | None = None
+    next_refill_at: datetime | None = None  # when the oldest charge inside leaves the window
 
 
 Row = TypeVar("Row", bound=msgspec.Struct)
@@ -125,6 +128,25 @@ class PolicyShapeRow(msgspec.Struct, frozen=True):
 
 # Per policy, keys or not: ``active`` and, for a pattern, the subjects it covers now.
 policy_shape_rows = _query_rows("policy_shape_rows", PolicyShapeRow)
+
+
+class RateRow(msgspec.Struct, frozen=True):
+    """A rate key of a pool (subject None) or a policy's counter of it (docs/rates.md)."""
+
+    pool: str
+    subject: str | None
+    key: str
+    amount: int | None  # a policy without a limit: None
+    per_seconds: int
+    used: int
+    overrun: int
+    refill_seconds: float
+
+
+async def rate_rows(db: Executor) -> list[RateRow]:
+    """``respool.rate_usage``, with the seconds until the next refill (0 when none is due)."""
+    rows = await db.fetch(query("rate_rows"))
+    return _as(list[RateRow], [_whole(r) for r in rows])
 
 
 async def queue_stats(db: Executor) -> dict[str, tuple[int, float]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
 from respool_client.wire import Pool
 
 from app.db.errors import engine_errors
@@ -24,9 +25,11 @@ async def create_pool(
     starvation_seconds: int | None = 300,
     ordering: str | None = "fifo",
     placement: str | None = "pack",
+    rates: Mapping[str, Any] | None = None,
 ) -> Pool:
     """Create a pool; ``starvation_seconds=None`` turns the starvation guard off;
-    ``placement`` (pack, spread) chooses nodes once nodes back it."""
+    ``placement`` (pack, spread) chooses nodes once nodes back it; ``rates`` declares rate
+    keys ``{key: {"amount", "per_seconds"}}`` (docs/rates.md)."""
     doc = await db.fetchval(
         query("create_pool"),
         name,
@@ -37,6 +40,7 @@ async def create_pool(
         starvation_seconds,
         ordering,
         placement,
+        _plain(rates),
     )
     return _as(Pool, doc)
 
@@ -54,9 +58,11 @@ async def update_pool(
     starvation_off: bool = False,
     ordering: str | None = None,
     placement: str | None = None,
+    rates: Mapping[str, Any] | None = None,
 ) -> Pool:
     """Update a pool; ``None`` keeps a field, ``starvation_off`` turns the guard off. A
-    ``capacity`` on a pool backed by nodes is a conflict (its capacity is theirs)."""
+    ``capacity`` on a pool backed by nodes is a conflict (its capacity is theirs). ``rates``
+    merge: a key's fields replace, a key set to None is no rate key any more."""
     doc = await db.fetchval(
         query("update_pool"),
         ref,
@@ -68,8 +74,17 @@ async def update_pool(
         starvation_off,
         ordering,
         placement,
+        _plain(rates),
     )
     return _as(Pool, doc)
+
+
+def _plain(rates: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Rate keys as plain JSON values (Structs from a decoded body become objects)."""
+    if rates is None:
+        return None
+    plain: dict[str, Any] = msgspec.to_builtins(dict(rates))
+    return plain
 
 
 @engine_errors

@@ -62,6 +62,12 @@ async def existing_pool_ids(db: Executor, pool_ids: list[UUID]) -> set[UUID]:
     return {r["id"] for r in await db.fetch(query("existing_pool_ids"), pool_ids)}
 
 
+async def rate_refills(db: Executor) -> dict[UUID, float]:
+    """Per pool whose queue waits for a rate key's units (docs/rates.md): seconds until
+    enough charges have left their window for a queue head, by the database's clock."""
+    return {r["pool_id"]: r["seconds"] for r in await db.fetch(query("rate_refills"))}
+
+
 async def seconds_to_window_change(db: Executor) -> float | None:
     """Seconds until a policy's window next opens or closes, over every pool, by the database's
     clock (None: no boundary ahead)."""

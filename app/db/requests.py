@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 from uuid import UUID
@@ -111,20 +111,37 @@ async def list_requests(
 
 
 @engine_errors
-async def release_request(db: Executor, request_id: UUID, *, attempt: int | None = None) -> Request:
-    return _as(Request, await db.fetchval(query("release_request"), request_id, attempt))
+async def release_request(
+    db: Executor,
+    request_id: UUID,
+    *,
+    attempt: int | None = None,
+    used: Mapping[str, int] | None = None,
+) -> Request:
+    """Release (queued: cancel); ``used`` ({rate key: units}) settles its charges first
+    (docs/rates.md)."""
+    doc = await db.fetchval(
+        query("release_request"), request_id, attempt, None if used is None else dict(used)
+    )
+    return _as(Request, doc)
 
 
 @engine_errors
 async def release_requests(
-    db: Executor, releases: list[tuple[UUID, int | None]]
+    db: Executor,
+    releases: Sequence[tuple[UUID, int | None] | tuple[UUID, int | None, Mapping[str, int] | None]],
 ) -> list[Request | EngineError]:
-    """Several releases, each ``(id, attempt)``, in one transaction: each ended exactly as
-    :func:`release_request` would end it after the ones before it. One result per release, in
-    order: its request, or the :class:`EngineError` its own call would have raised (unknown id,
-    stale attempt), that release changing nothing."""
+    """Several releases, each ``(id, attempt)`` or ``(id, attempt, used)``, in one
+    transaction: each ended exactly as :func:`release_request` would end it after the ones
+    before it. One result per release, in order: its request, or the :class:`EngineError` its
+    own call would have raised (unknown id, stale attempt, a refused settlement), that release
+    changing nothing."""
+    used = [dict(r[2]) if len(r) > 2 and r[2] is not None else None for r in releases]
     rows = await db.fetch(
-        query("release_requests"), [i for i, _ in releases], [a for _, a in releases]
+        query("release_requests"),
+        [r[0] for r in releases],
+        [r[1] for r in releases],
+        used if any(u is not None for u in used) else None,
     )
     return [
         _as(Request, row["request"])

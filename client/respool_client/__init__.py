@@ -20,7 +20,7 @@ from respool_client._async import AsyncRespool
 from respool_client._sync import Respool
 from respool_client.decorator import allocated
 from respool_client.errors import AllocationTimeout, ApiError, Preempted, Rejected, RespoolError
-from respool_client.grant import Grant, OnPreempted
+from respool_client.grant import Grant, OnPreempted, Reservation
 from respool_client.wire import (
     REASONS,
     STATUSES,
@@ -47,6 +47,7 @@ __all__ = [
     "Rejected",
     "Request",
     "RequestCreate",
+    "Reservation",
     "ResourceSettings",
     "Respool",
     "RespoolError",

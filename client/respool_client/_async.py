@@ -8,12 +8,14 @@ The HTTP transport is in :mod:`respool_client._transport`, the plain calls in
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from respool_client._hold import QUEUE_LEASE, acquire, finish, start_holding
 from respool_client._verbs import RequestVerbs
-from respool_client.grant import Grant, OnPreempted
+from respool_client.errors import RespoolError
+from respool_client.grant import Grant, OnPreempted, Reservation
 
 __all__ = ["AsyncRespool"]
 
@@ -25,7 +27,8 @@ class AsyncRespool(RequestVerbs):
     ``request_timeout`` (30 s), ``transport`` (an ``httpx`` transport), and ``queue_lease``
     (:data:`~respool_client._hold.QUEUE_LEASE` s): while ``allocate`` waits, its queued request
     is heartbeated so that it loses its place this long after its waiter died (None: it keeps
-    its place until cancelled)."""
+    its place until cancelled); ``subject``: who :meth:`reserve` asks as (default: the
+    ``RESPOOL_SUBJECT`` variable)."""
 
     def __init__(
         self,
@@ -33,10 +36,63 @@ class AsyncRespool(RequestVerbs):
         token: str | None = None,
         *,
         queue_lease: int | None = QUEUE_LEASE,
+        subject: str | None = None,
         **options: Any,
     ) -> None:
         super().__init__(url, token, **options)
         self.queue_lease = queue_lease
+        self.subject = subject or os.environ.get("RESPOOL_SUBJECT") or None
+
+    def _reserve_subject(self, subject: str | None) -> str:
+        who = subject or self.subject
+        if not who:
+            raise RespoolError(
+                "reserve needs a subject: pass subject=..., or set it on the client"
+                " (subject=... or RESPOOL_SUBJECT)"
+            )
+        return who
+
+    @contextlib.asynccontextmanager
+    async def reserve(
+        self,
+        *,
+        pool: str | None = None,
+        resources: Mapping[str, int],
+        subject: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the allocation deadline
+        heartbeat_interval: float | None = None,
+        on_preempted: OnPreempted | None = None,
+        **fields: Any,
+    ) -> AsyncIterator[Reservation]:
+        """Reserve units of rate keys (and any others) for the block (docs/rates.md): waits
+        until they are granted (the pool's window has room), holds them, and releases at the
+        end, settling what :meth:`~respool_client.grant.Reservation.settle` recorded::
+
+            async with rp.reserve(pool="llm", resources={"llm_tokens": 4000}) as r:
+                answer = await call_the_model(...)
+                r.settle(llm_tokens=answer.usage.total_tokens)
+
+        Without ``settle`` the estimate stays charged. ``fields``: those of
+        :meth:`create_request`."""
+        who = self._reserve_subject(subject)
+        grant = await acquire(
+            self,
+            who,
+            within=timeout,
+            queue_lease=self.queue_lease,
+            kind=Reservation,
+            pool=pool,
+            resources=dict(resources),
+            **fields,
+        )
+        assert isinstance(grant, Reservation)
+        beat = start_holding(self, grant, heartbeat_interval, on_preempted)
+        try:
+            yield grant
+        except BaseException:
+            await finish(self, grant, beat, quiet=True, used=grant.used)
+            raise
+        await finish(self, grant, beat, quiet=False, used=grant.used)
 
     async def __aenter__(self) -> AsyncRespool:
         return self

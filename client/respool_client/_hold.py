@@ -65,14 +65,16 @@ async def acquire(
     within: float | None,
     queue_lease: int | None,
     on_wait: OnChange | None = None,
+    kind: type[Grant] = Grant,
     **fields: Any,
 ) -> Grant:
-    """Create the request (fresh idempotency key) and wait until it is no longer queued."""
+    """Create the request (fresh idempotency key) and wait until it is no longer queued;
+    its grant, of type ``kind`` (a :class:`~respool_client.grant.Reservation` for ``reserve``)."""
     started = sent = time.monotonic()
     deadline = None if within is None else started + within
     # No ``wait`` on the create: the queue lease must be set as soon as the request exists.
     state = await rp.create_request(subject, **fields)
-    return await await_grant(rp, state, sent, started, deadline, queue_lease, on_wait)
+    return await await_grant(rp, state, sent, started, deadline, queue_lease, on_wait, kind)
 
 
 class _QueueLease:
@@ -112,6 +114,7 @@ async def await_grant(
     deadline: float | None,
     queue_lease: int | None,
     on_wait: OnChange | None = None,
+    kind: type[Grant] = Grant,
 ) -> Grant:
     """Long-poll a request until it is no longer queued, heartbeating it with a queue lease of
     ``queue_lease`` seconds meanwhile (None: none); its grant, or the exception that says why
@@ -139,7 +142,7 @@ async def await_grant(
             with contextlib.suppress(asyncio.CancelledError):
                 await beats
     if state.status in HOLDING:
-        grant = Grant(state, sent_at=sent)
+        grant = kind(state, sent_at=sent)
         if state.status == "preempting":
             grant._preempted.set()
         return grant
@@ -254,21 +257,33 @@ async def _watch_loop(
             return
 
 
-async def finish(rp: RequestVerbs, grant: Grant, beat: asyncio.Task[None], *, quiet: bool) -> None:
-    """Stop holding ``grant`` and release it (``quiet``: log a failed release, don't raise)."""
+async def finish(
+    rp: RequestVerbs,
+    grant: Grant,
+    beat: asyncio.Task[None],
+    *,
+    quiet: bool,
+    used: dict[str, int] | None = None,
+) -> None:
+    """Stop holding ``grant`` and release it (``quiet``: log a failed release, don't raise);
+    ``used`` settles its rate keys (docs/rates.md). A refused settlement still releases the
+    grant, without it, and then raises (unless ``quiet``)."""
     beat.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await beat
     try:
         try:
-            await rp.release(grant.request_id, grant.attempt)
+            await rp.release(grant.request_id, grant.attempt, used=used)
         except ApiError as exc:
             if exc.status_code == 404:
                 return
+            if used is not None and (exc.field or "").startswith("used"):
+                await rp.release(grant.request_id, grant.attempt)  # never leave it held
+                raise
             if exc.status_code != 409:
                 raise
             # Requeued under a new attempt meanwhile: we are done with it, drop it too.
-            await rp.release(grant.request_id)
+            await rp.release(grant.request_id, used=used)
     except RespoolError as exc:
         if not quiet:
             raise

@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 from uuid import UUID
 
 from respool_client._async import AsyncRespool
 from respool_client._hold import acquire, finish, start_holding
 from respool_client.errors import RespoolError
-from respool_client.grant import Grant, OnPreempted
+from respool_client.grant import Grant, OnPreempted, Reservation
 from respool_client.wire import Request, RequestCreate, RequestPage
 
 __all__ = ["Respool"]
@@ -111,8 +111,15 @@ class Respool:
     def list_requests(self, **filters: Any) -> RequestPage:
         return self._run(self._async.list_requests(**filters))
 
-    def release(self, request_id: UUID | str, attempt: int | None = None) -> Request:
-        return self._run(self._async.release(request_id, attempt))
+    def release(
+        self,
+        request_id: UUID | str,
+        attempt: int | None = None,
+        *,
+        used: Mapping[str, int] | None = None,
+    ) -> Request:
+        """Same as :meth:`AsyncRespool.release`, blocking."""
+        return self._run(self._async.release(request_id, attempt, used=used))
 
     def cancel(self, request_id: UUID | str, attempt: int | None = None) -> Request:
         return self._run(self._async.cancel(request_id, attempt))
@@ -143,3 +150,48 @@ class Respool:
             self._run(finish(core, grant, beat, quiet=True))
             raise
         self._run(finish(core, grant, beat, quiet=False))
+
+    @contextlib.contextmanager
+    def reserve(
+        self,
+        *,
+        pool: str | None = None,
+        resources: Mapping[str, int],
+        subject: str | None = None,
+        timeout: float | None = None,
+        heartbeat_interval: float | None = None,
+        on_preempted: OnPreempted | None = None,
+        **fields: Any,
+    ) -> Iterator[Reservation]:
+        """Same as :meth:`AsyncRespool.reserve`, blocking::
+
+        with rp.reserve(pool="llm", resources={"llm_tokens": 4000}) as r:
+            answer = call_the_model(...)
+            r.settle(llm_tokens=answer.usage.total_tokens)
+        """
+        core = self._async
+        who = core._reserve_subject(subject)
+        grant = self._run(
+            acquire(
+                core,
+                who,
+                within=timeout,
+                queue_lease=core.queue_lease,
+                kind=Reservation,
+                pool=pool,
+                resources=dict(resources),
+                **fields,
+            )
+        )
+        assert isinstance(grant, Reservation)
+
+        async def start() -> asyncio.Task[None]:
+            return start_holding(core, grant, heartbeat_interval, on_preempted)
+
+        beat = self._run(start())
+        try:
+            yield grant
+        except BaseException:
+            self._run(finish(core, grant, beat, quiet=True, used=grant.used))
+            raise
+        self._run(finish(core, grant, beat, quiet=False, used=grant.used))

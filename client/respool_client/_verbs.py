@@ -11,6 +11,7 @@ from uuid import UUID
 import msgspec
 from respool_client._transport import Transport, poll_timeout
 from respool_client.wire import (
+    JobRelease,
     Request,
     RequestBatch,
     RequestBatchCreate,
@@ -143,8 +144,23 @@ class RequestVerbs(Transport):
         doc = await self.call("GET", "/v1/requests", params=params)
         return msgspec.convert(doc, RequestPage, strict=False)
 
-    async def release(self, request_id: UUID | str, attempt: int | None = None) -> Request:
-        return await self._act(request_id, "release", attempt)
+    async def release(
+        self,
+        request_id: UUID | str,
+        attempt: int | None = None,
+        *,
+        used: Mapping[str, int] | None = None,
+    ) -> Request:
+        """Release (queued: cancel); ``used``: the units of rate keys really used, which
+        settle the request's charges first (docs/rates.md)."""
+        if used is None:
+            return await self._act(request_id, "release", attempt)
+        return await self._request(
+            "POST",
+            f"/v1/requests/{request_id}/release",
+            params={"attempt": attempt},
+            body=JobRelease(used=dict(used)),
+        )
 
     async def cancel(self, request_id: UUID | str, attempt: int | None = None) -> Request:
         return await self._act(request_id, "cancel", attempt)

@@ -125,4 +125,30 @@ class Grant:
         )
 
 
+class Reservation(Grant):
+    """A grant held inside ``reserve`` (docs/rates.md): its rate keys were charged an
+    estimate at the grant; :meth:`settle` records what was really used, and the release at the
+    end of the block sends it, so the charge becomes that amount at its original instant (a
+    refund, or an extra charge that the pool reports as an overrun). Without ``settle`` the
+    estimate stays charged."""
+
+    def __init__(self, state: Request, sent_at: float | None = None) -> None:
+        super().__init__(state, sent_at)
+        self.used: dict[str, int] | None = None
+
+    def settle(self, **used: int) -> None:
+        """The units of rate keys really used, e.g. ``r.settle(llm_tokens=3120)``; sent with
+        the release when the block ends. A later call replaces an earlier one's keys."""
+        for key, n in used.items():
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise ValueError(f"settle: {key} must be an integer >= 0, got {n!r}")
+        self.used = {**(self.used or {}), **used}
+
+    def __repr__(self) -> str:
+        return (
+            f"Reservation(request_id={self.request_id}, pool={self.pool!r},"
+            f" resources={self.resources}, used={self.used})"
+        )
+
+
 OnPreempted = Callable[[Grant], object]

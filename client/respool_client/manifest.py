@@ -19,7 +19,7 @@ from typing import Any, Literal
 from uuid import UUID
 
 import msgspec
-from respool_client.wire import Node, Policy, PolicyWindow, Pool, Windows
+from respool_client.wire import Node, Policy, PolicyWindow, Pool, RateSpec, Windows
 
 __all__ = [
     "Change",
@@ -65,6 +65,7 @@ class PoolSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, k
     starvation_seconds: int | None = 300  # null turns the starvation guard off (docs/scheduling.md)
     ordering: Literal["fifo", "fair"] = "fifo"  # fair share: docs/scheduling.md
     placement: Literal["pack", "spread"] = "pack"  # pools with nodes: docs/placement.md
+    rates: dict[str, RateSpec] = {}  # rate keys: docs/rates.md
     policies: list[PolicySpec] = []
 
 
@@ -184,6 +185,10 @@ def current_manifest(
                 starvation_seconds=p.starvation_seconds,
                 ordering=p.ordering,
                 placement=p.placement,
+                rates={
+                    k: RateSpec(amount=r.amount, per_seconds=r.per_seconds)
+                    for k, r in sorted(p.rates.items())
+                },
                 policies=by_pool.get(p.name, []),
             )
             for p in sorted(pools, key=lambda p: p.name)

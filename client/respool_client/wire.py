@@ -59,6 +59,9 @@ __all__ = [
     "Pool",
     "PoolCreate",
     "PoolUpdate",
+    "Rate",
+    "RateChange",
+    "RateSpec",
     "Ordering",
     "Queueing",
     "Readiness",
@@ -128,6 +131,17 @@ NodeState = Literal["active", "cordoned", "draining"]
 # --- answers ---------------------------------------------------------------------------------
 
 
+class Rate(msgspec.Struct, frozen=True):
+    """A rate key of a pool (docs/rates.md): ``amount`` units per sliding window of
+    ``per_seconds``; ``used`` is the sum of the charges inside the window now."""
+
+    amount: int
+    per_seconds: int
+    used: int
+    next_refill_at: datetime | None = None  # when the oldest charge inside leaves the window
+    overrun: int = 0  # units settled above their estimates, over the charges inside the window
+
+
 class Pool(msgspec.Struct, frozen=True):
     id: UUID
     name: str
@@ -144,6 +158,7 @@ class Pool(msgspec.Struct, frozen=True):
     ordering: Ordering = "fifo"
     placement: PlacementMode = "pack"  # pools with nodes (docs/placement.md)
     nodes: int = 0  # how many nodes back the pool; 0: abstract units
+    rates: dict[str, Rate] = {}  # rate keys (docs/rates.md), not in capacity
 
 
 class Placement(msgspec.Struct, frozen=True):
@@ -379,6 +394,7 @@ GROUP_PATTERN = "^[^\\x01-\\x1f\\x7f]{1,128}$"
 HHMM_PATTERN = "^([01][0-9]|2[0-3]):[0-5][0-9]$"  # a window's from / to
 MAX_DEVICE_ID = 128  # characters of one device id (a GPU UUID or MIG id fits)
 MAX_WINDOWS = 64  # windows of one policy
+MAX_RATE_SECONDS = 86_400  # one day: the longest window of a rate key (docs/rates.md)
 # settings.memory: group 1 the number, group 2 the unit: K M G T P (powers of 1000) or Ki Mi Gi
 # Ti Pi (powers of 1024), each with an optional B (8G = 8GB, 8Gi = 8GiB, as in Kubernetes).
 MEMORY_PATTERN = "^\\s*([0-9]+(?:\\.[0-9]+)?)\\s*([KMGTP]i?B?)\\s*$"
@@ -459,6 +475,24 @@ class _Body(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     pass
 
 
+class RateSpec(_Body):
+    """A rate key of a pool (docs/rates.md): ``amount`` units per sliding window of
+    ``per_seconds`` seconds."""
+
+    amount: Annotated[int, Meta(ge=1, le=MAX_AMOUNT)]
+    per_seconds: Annotated[int, Meta(ge=1, le=MAX_RATE_SECONDS)]
+
+
+class RateChange(_Body):
+    """A change of a rate key in a pool update: the fields sent replace, the others stay."""
+
+    amount: Annotated[int, Meta(ge=1, le=MAX_AMOUNT)] | UnsetType = UNSET
+    per_seconds: Annotated[int, Meta(ge=1, le=MAX_RATE_SECONDS)] | UnsetType = UNSET
+
+
+_RATES = _declare(property_names={"pattern": KEY_PATTERN}, max_properties=MAX_KEYS)
+
+
 class PoolCreate(_Body):
     name: PoolName
     capacity: Amounts = {}
@@ -469,10 +503,13 @@ class PoolCreate(_Body):
     starvation_seconds: StarvationSeconds | None = 300
     ordering: Ordering = "fifo"
     placement: PlacementMode = "pack"
+    # rate keys (docs/rates.md): their units come back with time, not on release
+    rates: Annotated[dict[str, RateSpec], _RATES] = {}
 
 
 class PoolUpdate(_Body):
-    """Absent fields stay as they are; ``capacity`` merges (0 removes a key)."""
+    """Absent fields stay as they are; ``capacity`` merges (0 removes a key); ``rates`` merge
+    (null removes a rate key)."""
 
     capacity: Annotated[dict[str, int] | UnsetType, _AMOUNTS] = UNSET
     description: Annotated[str | UnsetType, _DESCRIPTION] = UNSET
@@ -481,6 +518,7 @@ class PoolUpdate(_Body):
     starvation_seconds: StarvationSeconds | None | UnsetType = UNSET  # null: guard off
     ordering: Ordering | UnsetType = UNSET
     placement: PlacementMode | UnsetType = UNSET
+    rates: Annotated[dict[str, RateChange | None] | UnsetType, _RATES] = UNSET
 
 
 class PolicyCreate(_Body):
@@ -694,10 +732,12 @@ class JobClaim(_Body):
 
 
 class JobRelease(_Body):
-    """Optional body of ``POST /v1/requests/{id}/release``: what the run reported."""
+    """Optional body of ``POST /v1/requests/{id}/release``: what a job's run reported, and
+    the units of rate keys really used (``used``: the settlement, docs/rates.md)."""
 
     exit_code: Annotated[int, Meta(ge=-(2**31), le=INT32_MAX)] | None = None
     reason: Literal["agent_restarted"] | None = None
+    used: Annotated[dict[str, int] | None, _AMOUNTS] = None
 
 
 class JobLogWrite(_Body):

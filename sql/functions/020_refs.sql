@@ -50,8 +50,13 @@ CREATE OR REPLACE FUNCTION respool._lock_pools(p_pool_ids uuid[])
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM 1 FROM respool.pools WHERE id = ANY (p_pool_ids) ORDER BY id FOR NO KEY UPDATE;
+    -- Rate keys (039_rates.sql): charges that left their window give their units back first.
+    -- (the queue is granted first, in its order: a new request must not jump it)
+    PERFORM respool._expire_charges(r.pool_id, p_grant => true)
+       FROM (SELECT DISTINCT pool_id FROM respool.pool_rates WHERE pool_id = ANY (p_pool_ids)) r;
 END $$;
-COMMENT ON FUNCTION respool._lock_pools(uuid[]) IS 'Locks pool rows in id order: the first step of every change that moves units, so no two transactions deadlock.';
+COMMENT ON FUNCTION respool._lock_pools(uuid[]) IS
+    'Locks pool rows in id order: the first step of every change that moves units, so no two transactions deadlock. Then takes the charges of rate keys that left their window off the counters and grants the queue what came back, in its order (respool._expire_charges).';
 
 CREATE OR REPLACE FUNCTION respool.lock_pools(p_pool_ids uuid[])
 RETURNS void LANGUAGE plpgsql AS $$

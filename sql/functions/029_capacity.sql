@@ -155,7 +155,8 @@ RETURNS TABLE (node_id uuid, node_name text, state text, labels jsonb, agent tex
                capacity bigint, used bigint, devices bigint, leaving bigint, earmarked bigint,
                free bigint, room bigint, room_settled bigint, room_ever bigint)
 LANGUAGE sql STABLE AS $$
-    -- (a key the node lacks gets its row too: the key rule gives it its capacity)
+    -- (a key the node lacks gets its row too: the key rule gives it its capacity; a rate key of
+    -- the pool is the pool place's alone, no node bounds it: docs/rates.md)
     SELECT n.id, n.name, n.state, n.labels, n.agent, k.key, k.value::bigint, c.capacity, c.used,
            coalesce(nr.devices, 0), m.leaving, m.earmarked,
            respool._room(c.capacity, c.used),
@@ -163,9 +164,10 @@ LANGUAGE sql STABLE AS $$
            respool._room(c.capacity, c.used, m.earmarked - m.leaving),
            respool._room(c.capacity, 0)
       FROM respool.nodes n
-     CROSS JOIN jsonb_each_text(p_need) k
+     CROSS JOIN (SELECT x.key, x.value, rk.key IS NOT NULL AS rate FROM jsonb_each_text(p_need) x
+                   LEFT JOIN respool.pool_rates rk ON rk.pool_id = p_pool_id AND rk.key = x.key) k
       LEFT JOIN respool.node_resources nr ON nr.node_id = n.id AND nr.key = k.key
-     CROSS JOIN LATERAL (SELECT respool._effective_capacity(k.key, nr.capacity) AS capacity,
+     CROSS JOIN LATERAL (SELECT CASE WHEN NOT k.rate THEN respool._effective_capacity(k.key, nr.capacity) END AS capacity,
                                 coalesce(nr.used, 0) AS used) c
      CROSS JOIN LATERAL (
             SELECT CASE WHEN p_moving THEN coalesce(((SELECT respool._moving_units(p_pool_id, 'node', p_except))
@@ -175,7 +177,7 @@ LANGUAGE sql STABLE AS $$
      WHERE n.pool_id = p_pool_id
 $$;
 COMMENT ON FUNCTION respool._node_places(uuid, jsonb, uuid, boolean) IS
-    'THE node places of a pool: per node (any state; name, labels, state, agent) and key of p_need, the need, the capacity (key rule: a soft key it lacks unbounded, another 0), used, devices and, with p_moving, units leaving and earmarked there for others than p_except; the rooms of respool._pool_place. Inlined (SQL).';
+    'THE node places of a pool: per node (any state; name, labels, state, agent) and key of p_need, the need, the capacity (key rule: a soft key it lacks unbounded, another 0; a rate key of the pool unbounded), used, devices and, with p_moving, units leaving and earmarked there for others than p_except; the rooms of respool._pool_place. Inlined (SQL).';
 
 CREATE OR REPLACE FUNCTION respool._place_keys(p_pool_id uuid, p_level text)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
@@ -200,10 +202,12 @@ BEGIN
     RETURN NOT EXISTS (SELECT FROM jsonb_each_text(p_need) x
                          LEFT JOIN respool.node_resources nr ON nr.node_id = p_node_id AND nr.key = x.key
                         WHERE NOT respool._fits_room(x.value::bigint,
-                                                     respool._room(respool._effective_capacity(x.key, nr.capacity), 0)));
+                                                     respool._room(respool._effective_capacity(x.key, nr.capacity), 0))
+                          AND NOT EXISTS (SELECT FROM respool.pool_rates rk JOIN respool.nodes n ON n.pool_id = rk.pool_id
+                                           WHERE n.id = p_node_id AND rk.key = x.key));
 END $$;
 COMMENT ON FUNCTION respool._could_hold(uuid, jsonb) IS
-    'True when node p_node_id, empty, could hold every key of p_need at once (room_ever of respool._node_places: the key rule decides a key it lacks): whatever its state and use now. Read-only.';
+    'True when node p_node_id, empty, could hold every key of p_need at once (room_ever of respool._node_places: the key rule decides a key it lacks, a rate key of its pool is unbounded): whatever its state and use now. Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._free_units(p_pool_id uuid)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$

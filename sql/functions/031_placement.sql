@@ -238,6 +238,7 @@ BEGIN
                                     respool._sum_units(ARRAY(SELECT g.resources FROM unnest(p_granted) g)),
                                     respool._sum_units(ARRAY(SELECT g.np_charge FROM unnest(p_granted) g)), 1);
     END IF;
+    PERFORM respool._charge_rates(p_pool_id, p_policy_id, p_granted);  -- rate keys: 039_rates.sql
     IF NOT respool._pool_has_nodes(p_pool_id) THEN
         RETURN;  -- placed in the pool as a whole: nothing below the pool to record
     END IF;
@@ -266,7 +267,9 @@ DECLARE
     v_node uuid;
     v_units jsonb;
 BEGIN
-    PERFORM respool._move_units(r.pool_id, r.policy_id, r.resources, r.np_charge, -1);
+    -- (units of rate keys come back with time, not here: 039_rates.sql)
+    PERFORM respool._move_units(r.pool_id, r.policy_id, respool._without_rates(r.pool_id, r.resources),
+                                respool._without_rates(r.pool_id, r.np_charge), -1);
     DELETE FROM respool.placements WHERE request_id = p_request_id RETURNING node_id, resources INTO v_node, v_units;
     IF FOUND THEN
         UPDATE respool.node_resources nr SET used = nr.used - x.value::bigint

@@ -291,6 +291,7 @@ BEGIN
     IF NOT FOUND OR NOT EXISTS (SELECT FROM respool.queue_entries WHERE pool_id = p_pool_id) THEN
         RETURN;  -- gone, or nobody waits: the common case after a release
     END IF;
+    PERFORM respool._expire_charges(p_pool_id) WHERE respool._pool_has_rates(p_pool_id);  -- rate keys: 039_rates.sql
     -- Requests that victims in their grace period were preempted for come first: the units
     -- those victims free are theirs (docs/preemption.md, earmarks), whatever the queue order or queueing mode.
     granted := respool._grant_earmarked(p_pool_id, p_now);

@@ -192,6 +192,10 @@ DECLARE
     out50 double precision[];
     out90 double precision[];
 BEGIN
+    IF respool._pool_has_rates(p_pool_id) THEN  -- rate keys: an exact answer, 039_rates.sql
+        RETURN QUERY SELECT * FROM respool._rate_eta_pool(p_pool_id, p_now, p_until);
+        RETURN;
+    END IF;
     IF cardinality(v_hist) < respool._eta_min_holds() THEN
         RETURN;  -- too few recorded holds: no estimate
     END IF;

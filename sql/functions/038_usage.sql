@@ -20,15 +20,20 @@ BEGIN
     -- So "usage that must fit" is used - leaving (shrinks), and "usage a grant competes with" is
     -- used - leaving + earmarked (preemption, earmarks). Without a grace period both are 0.
     RETURN QUERY
-    SELECT NULL::uuid, p.key, p.capacity, NULL::bigint, p.used, p.leaving, p.earmarked
+    -- (a rate key has no bound here: preemption never frees its units, docs/rates.md; its
+    -- used is the sum of the charges inside its window, 039_rates.sql)
+    SELECT NULL::uuid, p.key, CASE WHEN rk.key IS NULL THEN p.capacity END, NULL::bigint, p.used, p.leaving, p.earmarked
       FROM respool._pool_place(p_pool_id, v_keys, p_except, v_moving) p
+      LEFT JOIN respool.pool_rates rk ON rk.pool_id = p_pool_id AND rk.key = p.key
     UNION ALL
-    SELECT pol.policy_id, pol.key, pol."limit", pol.reserved, pol.used, coalesce(l.n, 0)::bigint, 0::bigint
+    SELECT pol.policy_id, pol.key, CASE WHEN rk.key IS NULL THEN pol."limit" END, pol.reserved, pol.used,
+           coalesce(l.n, 0)::bigint, 0::bigint
       FROM respool.policy_resources pol JOIN respool.policies p ON p.id = pol.policy_id
+      LEFT JOIN respool.pool_rates rk ON rk.pool_id = p_pool_id AND rk.key = pol.key
       LEFT JOIN (SELECT r.policy_id, x.key, sum(x.value::bigint) AS n
                    FROM respool.requests r CROSS JOIN LATERAL jsonb_each_text(r.resources) x
                   WHERE v_moving AND r.pool_id = p_pool_id AND r.status = 'preempting'
                   GROUP BY r.policy_id, x.key) l ON l.policy_id = pol.policy_id AND l.key = pol.key
      WHERE p.pool_id = p_pool_id;
 END $$;
-COMMENT ON FUNCTION respool._usage(uuid, uuid) IS 'The usage arithmetic of one pool, in one place: per pool counter (policy_id NULL: the pool place of respool._pool_place) and per policy counter, its bound (effective capacity / limit), reserved share, used, units leaving with victims in their grace period and (pool rows) units earmarked for requests other than p_except. Read-only.';
+COMMENT ON FUNCTION respool._usage(uuid, uuid) IS 'The usage arithmetic of one pool, in one place: per pool counter (policy_id NULL: the pool place of respool._pool_place) and per policy counter, its bound (effective capacity / limit; none for a rate key, whose units preemption never frees), reserved share, used, units leaving with victims in their grace period and (pool rows) units earmarked for requests other than p_except. Read-only.';

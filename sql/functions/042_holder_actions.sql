@@ -132,20 +132,35 @@ END $$;
 COMMENT ON FUNCTION respool._end_request(uuid, integer, text, text, text, text, text, timestamptz) IS 'Release and cancel of one request: locked with its pools and attempt-fenced (respool._lock_request: RP404, RP409), then ended by respool._end_locked. Returns the request''s JSON.';
 
 CREATE OR REPLACE FUNCTION respool.release_request(p_id uuid, p_attempt integer DEFAULT NULL,
-                                                   p_now timestamptz DEFAULT now())
-RETURNS jsonb LANGUAGE sql AS $$
-    SELECT respool._end_request(p_id, p_attempt, 'released', NULL, '',
-                                'released_while_queued', 'released before it was allocated', p_now)
-$$;
-COMMENT ON FUNCTION respool.release_request(uuid, integer, timestamptz) IS 'allocated -> released (preempting -> preempted), queued -> cancelled, terminal unchanged; frees units and grants what fits in the same transaction.';
+                                                   p_now timestamptz DEFAULT now(), p_used jsonb DEFAULT NULL)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_used IS NULL OR p_used = 'null'::jsonb THEN
+        RETURN respool._end_request(p_id, p_attempt, 'released', NULL, '',
+                                    'released_while_queued', 'released before it was allocated', p_now);
+    END IF;
+    -- Rate keys (docs/rates.md): the charges are settled first, so a refund is granted below.
+    PERFORM respool._lock_request(p_id, p_attempt);
+    PERFORM respool._settle(p_id, p_used, p_now);
+    PERFORM respool._end_locked(p_id, 'released', NULL, '', 'released_while_queued',
+                                'released before it was allocated', p_now);
+    RETURN respool.request_json(p_id);
+END $$;
+COMMENT ON FUNCTION respool.release_request(uuid, integer, timestamptz, jsonb) IS
+    'allocated -> released (preempting -> preempted), queued -> cancelled, terminal unchanged; frees units and grants what fits in the same transaction. p_used {rate key: units} settles the request''s charges first (respool._settle: RP400/RP409 and nothing changes).';
 
 DROP FUNCTION IF EXISTS respool.release_requests(uuid[], integer[], timestamptz);
 CREATE OR REPLACE FUNCTION respool.release_requests(p_ids uuid[], p_attempts integer[] DEFAULT NULL,
-                                                    p_now timestamptz DEFAULT now())
+                                                    p_now timestamptz DEFAULT now(), p_used jsonb[] DEFAULT NULL)
 RETURNS TABLE (member integer, request jsonb, error_code text, error_field text, error_message text)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_status text[] := '{}';
+    v_field text[] := '{}';     -- a settlement's refusal (rate keys, docs/rates.md): its field
+    v_message text[] := '{}';   -- and message
+    v_code text;
+    v_f text;
+    v_m text;
     r respool.requests;
 BEGIN
     IF p_ids IS NULL OR cardinality(p_ids) NOT BETWEEN 1 AND respool._max_batch() THEN
@@ -153,6 +168,9 @@ BEGIN
     END IF;
     IF p_attempts IS NOT NULL AND cardinality(p_attempts) <> cardinality(p_ids) THEN
         PERFORM respool._fail('RP400', 'attempts', 'one attempt (or null) per request id');
+    END IF;
+    IF p_used IS NOT NULL AND cardinality(p_used) <> cardinality(p_ids) THEN
+        PERFORM respool._fail('RP400', 'used', 'one used map (or null) per request id');
     END IF;
     -- Every pool any of them holds or waits in, in id order, then the rows in id order: the
     -- order respool._lock_request takes for one, so this cannot deadlock with other writers.
@@ -169,24 +187,33 @@ BEGIN
         ELSIF p_attempts[i] IS NOT NULL AND p_attempts[i] <> r.attempt THEN
             v_status := v_status || 'RP409'::text;
         ELSE
-            PERFORM respool._end_locked(p_ids[i], 'released', NULL, '',
-                                        'released_while_queued', 'released before it was allocated', p_now);
-            v_status := v_status || NULL::text;
+            -- (a refused settlement of rate keys is this member's error and changes nothing)
+            SELECT x.code, x.field, x.message INTO v_code, v_f, v_m FROM respool._settle_refusal(p_ids[i], p_used[i]) x;
+            IF v_code IS NULL THEN
+                PERFORM respool._settle(p_ids[i], p_used[i], p_now);
+                PERFORM respool._end_locked(p_ids[i], 'released', NULL, '',
+                                            'released_while_queued', 'released before it was allocated', p_now);
+            END IF;
+            v_status := v_status || v_code;
+            v_field[i] := v_f;
+            v_message[i] := v_m;
         END IF;
     END LOOP;
     RETURN QUERY
     SELECT (x.n - 1)::integer, d.doc::jsonb, v_status[x.n],
-           CASE v_status[x.n] WHEN 'RP404' THEN 'id' WHEN 'RP409' THEN 'attempt' END,
-           CASE v_status[x.n] WHEN 'RP404' THEN format('request %s not found', x.id)
-                              WHEN 'RP409' THEN format('stale attempt %s: request %s is on attempt %s',
-                                                       p_attempts[x.n], x.id, q.attempt) END
+           coalesce(v_field[x.n], CASE v_status[x.n] WHEN 'RP404' THEN 'id' WHEN 'RP409' THEN 'attempt' END),
+           coalesce(v_message[x.n],
+                    CASE v_status[x.n] WHEN 'RP404' THEN format('request %s not found', x.id)
+                                       WHEN 'RP409' THEN format('stale attempt %s: request %s is on attempt %s',
+                                                                p_attempts[x.n], x.id, q.attempt) END)
       FROM unnest(p_ids) WITH ORDINALITY x(id, n)
       LEFT JOIN respool.requests q ON q.id = x.id
       LEFT JOIN respool.request_docs(ARRAY(SELECT DISTINCT y FROM unnest(p_ids) y)) d
              ON d.id = x.id AND v_status[x.n] IS NULL
      ORDER BY x.n;
 END $$;
-COMMENT ON FUNCTION respool.release_requests(uuid[], integer[], timestamptz) IS 'Several releases in one transaction: member i ends exactly as respool.release_request(p_ids[i], p_attempts[i]) would end it right after members 0..i-1. Pools, then rows, are locked up front in id order. One row per member, in member order: its document once all are done, or the error its own release would raise (RP404 field id, RP409 field attempt), that member changing nothing. RP400 for an empty or oversized list or a mismatched attempts list.';
+COMMENT ON FUNCTION respool.release_requests(uuid[], integer[], timestamptz, jsonb[]) IS
+    'Several releases in one transaction (the API coalesces concurrent release calls, docs/api.md): member i ends as respool.release_request(p_ids[i], p_attempts[i], p_used[i]) would right after members before it. Pools, then rows, locked up front in id order. One row per member, in order: its document, or the error its own call would raise (RP404 id, RP409 attempt, a refused settlement), that member changing nothing.';
 
 CREATE OR REPLACE FUNCTION respool.cancel_request(p_id uuid, p_attempt integer DEFAULT NULL,
                                                   p_now timestamptz DEFAULT now())

@@ -9,15 +9,22 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
         'preemption_grace_seconds', p.preemption_grace_seconds,
         'starvation_seconds', p.starvation_seconds, 'ordering', p.ordering, 'placement', p.placement,
         'nodes', (SELECT count(*) FROM respool.nodes WHERE pool_id = p.id),
-        'capacity', coalesce((SELECT jsonb_object_agg(key, capacity) FROM respool.pool_resources
-                               WHERE pool_id = p.id AND capacity IS NOT NULL), '{}'),
-        'usage', coalesce((SELECT jsonb_object_agg(key, used) FROM respool.pool_resources
-                            WHERE pool_id = p.id AND (capacity IS NOT NULL OR used > 0)), '{}'),
+        -- rate keys (docs/rates.md) under rates; their usage is the sum of the charges inside the window
+        'capacity', coalesce((SELECT jsonb_object_agg(pr.key, pr.capacity) FROM respool.pool_resources pr
+                               WHERE pr.pool_id = p.id AND pr.capacity IS NOT NULL
+                                 AND NOT EXISTS (SELECT FROM respool.pool_rates r
+                                                  WHERE r.pool_id = p.id AND r.key = pr.key)), '{}'),
+        'usage', coalesce((SELECT jsonb_object_agg(pr.key, CASE WHEN r.key IS NULL THEN pr.used
+                                                                 ELSE respool._rate_used(p.id, pr.key, NULL, now()) END)
+                             FROM respool.pool_resources pr
+                             LEFT JOIN respool.pool_rates r ON r.pool_id = p.id AND r.key = pr.key
+                            WHERE pr.pool_id = p.id AND (pr.capacity IS NOT NULL OR pr.used > 0)), '{}'),
+        'rates', respool._rates_json(p.id, now()),
         'queued', (SELECT count(*) FROM respool.queue_entries WHERE pool_id = p.id),
         'created_at', p.created_at, 'updated_at', p.updated_at)
       FROM respool.pools p WHERE p.id = p_id
 $$;
-COMMENT ON FUNCTION respool.pool_json(uuid) IS 'A pool as the API shows it: settings (queueing, grace, starvation guard, ordering, placement), capacity (derived from its nodes when it has any), usage (allocated per key), queued count and how many nodes back it.';
+COMMENT ON FUNCTION respool.pool_json(uuid) IS 'A pool as the API shows it: settings (queueing, grace, starvation guard, ordering, placement), capacity (derived from its nodes when it has any; rate keys apart, under rates), usage (allocated per key; a rate key''s: inside its window now), rates, queued count and how many nodes back it.';
 
 CREATE OR REPLACE FUNCTION respool.get_pool(p_ref text)
 RETURNS jsonb LANGUAGE sql STABLE AS $$ SELECT respool.pool_json(respool.resolve_pool(p_ref)) $$;
@@ -155,7 +162,8 @@ CREATE OR REPLACE FUNCTION respool.create_pool(p_name text, p_capacity jsonb DEF
                                                p_now timestamptz DEFAULT now(),
                                                p_starvation_seconds integer DEFAULT 300,
                                                p_ordering text DEFAULT 'fifo',
-                                               p_placement text DEFAULT 'pack')
+                                               p_placement text DEFAULT 'pack',
+                                               p_rates jsonb DEFAULT NULL)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     v_id uuid;
@@ -186,9 +194,11 @@ BEGIN
     END;
     INSERT INTO respool.pool_resources (pool_id, key, capacity)
     SELECT v_id, key, value::bigint FROM jsonb_each_text(v_capacity);
+    PERFORM respool._set_rates(v_id, p_rates, v_capacity, p_now);  -- rate keys (039_rates.sql)
     RETURN respool.pool_json(v_id);
 END $$;
-COMMENT ON FUNCTION respool.create_pool(text, jsonb, text, text, integer, timestamptz, integer, text, text) IS 'Creates a pool (RP400 on bad fields or a UUID name, RP409 on a taken name or a name that is an existing pool''s id prefix); zero capacities are dropped; p_starvation_seconds NULL turns the starvation guard off; p_placement (pack, spread) chooses nodes once nodes back it (docs/placement.md).';
+COMMENT ON FUNCTION respool.create_pool(text, jsonb, text, text, integer, timestamptz, integer, text, text, jsonb) IS
+    'Creates a pool (RP400 on bad fields or a UUID name, RP409 on a taken name or a name that is an existing pool''s id prefix); zero capacities are dropped; p_starvation_seconds NULL turns the starvation guard off; p_placement (pack, spread) chooses nodes once nodes back it (docs/placement.md); p_rates declares rate keys (respool._set_rates).';
 
 CREATE OR REPLACE FUNCTION respool.update_pool(p_ref text, p_capacity jsonb DEFAULT NULL,
                                                p_description text DEFAULT NULL,
@@ -198,7 +208,8 @@ CREATE OR REPLACE FUNCTION respool.update_pool(p_ref text, p_capacity jsonb DEFA
                                                p_starvation_seconds integer DEFAULT NULL,
                                                p_starvation_off boolean DEFAULT false,
                                                p_ordering text DEFAULT NULL,
-                                               p_placement text DEFAULT NULL)
+                                               p_placement text DEFAULT NULL,
+                                               p_rates jsonb DEFAULT NULL)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     v_id uuid := respool.resolve_pool(p_ref);
@@ -216,6 +227,7 @@ BEGIN
             'pool %s is backed by nodes: change its nodes (its capacity is the sum of theirs)',
             (SELECT name FROM respool.pools WHERE id = v_id)));
     END IF;
+    PERFORM respool._set_rates(v_id, p_rates, v_changes, p_now);  -- rate keys (039_rates.sql)
     FOR k, n IN SELECT key, value::bigint FROM jsonb_each_text(v_changes) LOOP
         INSERT INTO respool.pool_resources (pool_id, key, capacity)
         VALUES (v_id, k, nullif(n, 0))
@@ -245,7 +257,8 @@ BEGIN
     PERFORM respool._settle_pool(v_id, NULL, p_now);
     RETURN respool.pool_json(v_id);
 END $$;
-COMMENT ON FUNCTION respool.update_pool(text, jsonb, text, text, integer, timestamptz, integer, boolean, text, text) IS 'Updates a pool: capacity merges (0 removes a key), RP409 if reserved shares would exceed it (naming the policies and saying to detach or shrink them first) or the pool is backed by nodes (its capacity is theirs); queued requests that can never fit are rejected and what fits is granted, in one transaction. Usage above a shrunk capacity is left to the reconciler. NULL arguments keep a field; p_starvation_off turns the starvation guard off.';
+COMMENT ON FUNCTION respool.update_pool(text, jsonb, text, text, integer, timestamptz, integer, boolean, text, text, jsonb) IS
+    'Updates a pool: capacity merges (0 removes a key), rates merge (null removes one), RP409 if reserved shares would exceed it (naming the policies and saying to detach or shrink them first) or the pool is backed by nodes (its capacity is theirs); queued requests that can never fit are rejected and what fits is granted, in one transaction. Usage above a shrunk capacity is left to the reconciler. NULL arguments keep a field; p_starvation_off turns the starvation guard off.';
 
 CREATE OR REPLACE FUNCTION respool.delete_pool(p_ref text, p_force boolean DEFAULT false,
                                                p_now timestamptz DEFAULT now())

@@ -11,8 +11,12 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
                                WHERE policy_id = p.id AND configured > 0), '{}'),
         'limit', coalesce((SELECT jsonb_object_agg(key, "limit") FROM respool.policy_resources
                             WHERE policy_id = p.id AND "limit" IS NOT NULL), '{}'),
-        'usage', coalesce((SELECT jsonb_object_agg(key, used) FROM respool.policy_resources
-                            WHERE policy_id = p.id AND used > 0), '{}'),
+        -- (a rate key's: the charges inside its window now, docs/rates.md)
+        'usage', coalesce((SELECT jsonb_object_agg(u.key, CASE WHEN rk.key IS NULL THEN u.used
+                                                                ELSE respool._rate_used(p.pool_id, u.key, p.id, now()) END)
+                             FROM respool.policy_resources u
+                             LEFT JOIN respool.pool_rates rk ON rk.pool_id = p.pool_id AND rk.key = u.key
+                            WHERE u.policy_id = p.id AND u.used > 0), '{}'),
         -- usage above the share in force now: outside its windows, everything it holds
         'borrowed', coalesce((SELECT jsonb_object_agg(r.key, r.used - r.reserved)
                                 FROM respool.policy_resources r

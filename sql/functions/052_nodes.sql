@@ -246,7 +246,8 @@ BEGIN
                 GROUP BY p.key HAVING bool_and(p.capacity IS NOT NULL)),
     gone AS (UPDATE respool.pool_resources pr SET capacity = NULL
               WHERE pr.pool_id = p_pool_id AND pr.capacity IS NOT NULL
-                AND NOT EXISTS (SELECT FROM s WHERE s.key = pr.key))
+                AND NOT EXISTS (SELECT FROM s WHERE s.key = pr.key)
+                AND NOT respool._is_rate_key(p_pool_id, pr.key))  -- (the pool's own: docs/rates.md)
     INSERT INTO respool.pool_resources (pool_id, key, capacity)
     SELECT p_pool_id, s.key, s.total FROM s
     ON CONFLICT (pool_id, key) DO UPDATE SET capacity = excluded.capacity
@@ -254,7 +255,7 @@ BEGIN
     DELETE FROM respool.pool_resources WHERE pool_id = p_pool_id AND capacity IS NULL AND used = 0;
 END $$;
 COMMENT ON FUNCTION respool._derive_pool_capacity(uuid) IS
-    'Sets a pool''s capacity from its nodes: per key, the sum over its nodes in any state (a soft key only when every node lists it: a node that does not leaves it unbounded); a key no node provides any more loses its capacity (its used counter stays while holders remain). RP409 when a sum would pass respool._max_amount(). The caller holds the pool lock.';
+    'Sets a pool''s capacity from its nodes (its rate keys apart: no node tracks them): per key, the sum over its nodes in any state (a soft key only when every node lists it: a node that does not leaves it unbounded); a key no node provides any more loses its capacity (its used counter stays while holders remain). RP409 when a sum would pass respool._max_amount(). The caller holds the pool lock.';
 
 CREATE OR REPLACE FUNCTION respool._node_evict(p_request_id uuid, p_reason text, p_message text, p_now timestamptz)
 RETURNS integer LANGUAGE plpgsql AS $$
@@ -323,7 +324,9 @@ BEGIN
     IF EXISTS (SELECT FROM respool.nodes WHERE pool_id = p_pool_id) THEN
         RETURN;
     END IF;
-    IF EXISTS (SELECT FROM respool.pool_resources WHERE pool_id = p_pool_id AND capacity IS NOT NULL) THEN
+    -- (a rate key's capacity is its amount per window, the pool's own: docs/rates.md)
+    IF EXISTS (SELECT FROM respool.pool_resources pr WHERE pr.pool_id = p_pool_id AND pr.capacity IS NOT NULL
+                  AND NOT respool._is_rate_key(p_pool_id, pr.key)) THEN
         -- Reserved shares need the capacity: they have to go first, and the message says so.
         SELECT string_agg(format('%s reserves %s', x.subject, x.units), ', ' ORDER BY x.subject) INTO v_reserving
           FROM (SELECT p.subject, string_agg(format('%s %s', pr.key, pr.configured), ', ' ORDER BY pr.key) AS units
@@ -334,7 +337,8 @@ BEGIN
             'pool %s has a capacity set by hand (%s); a pool backed by nodes takes its capacity from them: '
             'remove the pool''s capacity first (set each key to 0) or use a pool created without capacity',
             v_pool, (SELECT string_agg(format('%s: %s', key, capacity), ', ' ORDER BY key)
-                       FROM respool.pool_resources WHERE pool_id = p_pool_id AND capacity IS NOT NULL))
+                       FROM respool.pool_resources WHERE pool_id = p_pool_id AND capacity IS NOT NULL
+                        AND NOT respool._is_rate_key(p_pool_id, key)))
             || CASE WHEN v_reserving IS NULL THEN '' ELSE format(
             '; its policies reserve units (%s): detach or shrink the policy first (respool pool detach-policy %s '
             'SUBJECT, or attach-policy with its reserved keys at 0), then set the capacity to 0, add the nodes '
@@ -349,7 +353,7 @@ BEGIN
     END IF;
 END $$;
 COMMENT ON FUNCTION respool._check_node_join(uuid, text) IS
-    'Before the first node joins a pool: RP409 (naming the fix) while the pool has a capacity set by hand (naming the policies whose reserved shares must be detached or shrunk first) or allocations placed on no node.';
+    'Before the first node joins a pool: RP409 (naming the fix) while the pool has a capacity set by hand (rate keys apart) (naming the policies whose reserved shares must be detached or shrunk first) or allocations placed on no node.';
 
 CREATE OR REPLACE FUNCTION respool._settle_node_pools(p_pool_ids uuid[], p_now timestamptz)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -540,6 +544,7 @@ BEGIN
     PERFORM respool._lock_pools(ARRAY[v_pool_id]);
     IF v_pool_id IS NOT NULL THEN
         PERFORM respool._check_node_join(v_pool_id, v_name);
+        PERFORM respool._check_node_rate_keys(v_pool_id, v_capacity, p_body -> 'devices');
     END IF;
     BEGIN
         INSERT INTO respool.nodes (name, pool_id, labels, state, created_at, updated_at)
@@ -602,6 +607,10 @@ BEGIN
     END LOOP;
     IF (SELECT count(*) FROM jsonb_object_keys(v_node.labels)) > respool._max_keys() THEN
         PERFORM respool._fail('RP400', 'labels', format('labels would have more than %s keys', respool._max_keys()));
+    END IF;
+    IF v_pool_id IS NOT NULL THEN
+        PERFORM respool._check_node_rate_keys(v_pool_id, CASE WHEN v_moves THEN v_target.capacity ELSE v_capacity END,
+                                              CASE WHEN v_moves THEN v_target.devices ELSE v_devices END);
     END IF;
     IF v_moves THEN
         -- Leaving its pool: refused while it holds allocations, unless forced (then preempted at once).

@@ -252,8 +252,10 @@ BEGIN
         -- it, and the shapes' first entries in queue order are the queue order of the candidates.
         FOR e IN SELECT q.*, m.mode
                    FROM respool._queue_groups(p_pool_id, true) q
-                  CROSS JOIN LATERAL (SELECT CASE WHEN q.in_share OR NOT q.preemptible THEN 'reclaim'
-                                                  ELSE 'priority' END AS mode) m
+                  CROSS JOIN LATERAL (SELECT CASE WHEN q.in_share OR NOT q.preemptible
+                                                       -- (in share but for rate keys: 039_rates.sql)
+                                                       OR respool._in_share_but_rates(p_pool_id, q.policy_id, q.resources)
+                                                  THEN 'reclaim' ELSE 'priority' END AS mode) m
                   WHERE (NOT respool._fits_room_unbounded(q.resources, v_free)
                          -- in a pool with nodes, also blocked for want of one node with room
                          -- (a gang does not preempt there: it is placed member by member)
@@ -261,6 +263,8 @@ BEGIN
                     AND (NOT v_nodes OR NOT EXISTS (SELECT FROM respool.requests g
                                                      WHERE g.id = q.request_id AND g.gang_id IS NOT NULL))
                     AND respool._fits_every_room(q.resources, v_limits -> q.policy_id::text)
+                    -- rate keys are never a reason to preempt: only time frees them (039_rates.sql)
+                    AND NOT respool._rate_blocks(p_pool_id, q.policy_id, q.resources)
                     AND (q.preemptible OR respool._fits_room_zero(
                             (SELECT jsonb_object_agg(x.key, x.value) FROM jsonb_each(q.resources) x
                               WHERE v_free ? x.key), v_np -> q.policy_id::text))
@@ -316,6 +320,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;  -- gone, or another transaction (a reconciler, an API call) holds it
     END IF;
+    PERFORM respool._expire_charges(p_pool_id) WHERE respool._pool_has_rates(p_pool_id);  -- rate keys: 039_rates.sql
     -- Window boundaries due by now (docs/preemption.md, time windows): the shares in force
     -- change first, and the steps below reclaim and grant accordingly. Under the pool lock, so
     -- two passes never apply one boundary twice.

@@ -6,14 +6,25 @@ SELECT status, count(*) AS n FROM respool.requests GROUP BY status;
 
 -- pool_key_rows --
 -- Per pool and key: respool.pool_usage plus the policies' reserved and borrowed sums; sums stay
--- numeric (no total of many amounts can overflow).
+-- numeric (no total of many amounts can overflow). A rate key (docs/rates.md) has its window
+-- and next refill.
 SELECT u.pool, u.key, u.capacity, u.allocated, u.free, u.queued_demand,
-       coalesce(p.reserved, 0) AS reserved, coalesce(p.borrowed, 0) AS borrowed
+       coalesce(p.reserved, 0) AS reserved, coalesce(p.borrowed, 0) AS borrowed,
+       r.per_seconds, r.next_refill_at
   FROM respool.pool_usage u
   LEFT JOIN (SELECT pool, key, sum(reserved) AS reserved, sum(borrowed) AS borrowed
                FROM respool.policy_usage GROUP BY pool, key) p
     ON p.pool = u.pool AND p.key = u.key
+  LEFT JOIN respool.rate_usage r ON r.pool = u.pool AND r.key = u.key AND r.subject IS NULL
  ORDER BY u.pool, u.key;
+
+-- rate_rows --
+-- Per pool and rate key (subject NULL) and per policy counter of it: respool.rate_usage, with the
+-- seconds until the oldest charge inside the window leaves it (0: none inside).
+SELECT pool, subject, key, amount, per_seconds, used, overrun,
+       coalesce(greatest(extract(epoch FROM next_refill_at - now()), 0), 0)::float8 AS refill_seconds
+  FROM respool.rate_usage
+ ORDER BY pool, subject, key;
 
 -- policy_rows --
 -- Per policy and key: priority, reserved, limit, usage and borrowing.

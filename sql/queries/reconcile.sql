@@ -29,6 +29,12 @@ SELECT invariant, pool, subject, key, detail FROM respool.invariant_violations;
 -- Which of the ids $1 (uuid[]) are pools that exist (the reconciler drops notified ids that are not).
 SELECT id FROM respool.pools WHERE id = ANY ($1::uuid[]);
 
+-- rate_refills --
+-- Per pool whose queue waits for units of a rate key: seconds (database clock) until enough
+-- charges have left their window for a queue head (0: due now).
+SELECT pool_id, greatest(extract(epoch FROM at - clock_timestamp()), 0)::float8 AS seconds
+  FROM respool.rate_refills();
+
 -- seconds_to_window_change --
 -- Seconds (database clock) until the next instant a policy's window opens or closes, over every
 -- pool; NULL when none is still ahead (a boundary already due is the pass's to apply).

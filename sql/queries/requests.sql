@@ -29,13 +29,15 @@ SELECT respool.list_requests(p_pool => $1, p_subject => $2, p_status => $3, p_li
                              p_gang_id => $8)::text;
 
 -- release_request --
--- Release a held request (or cancel a queued one); p_attempt guards against a stale holder.
-SELECT respool.release_request(p_id => $1, p_attempt => $2);
+-- Release a held request (or cancel a queued one); p_attempt guards against a stale holder;
+-- p_used ({rate key: units} or null) settles its charges first.
+SELECT respool.release_request(p_id => $1, p_attempt => $2, p_used => $3);
 
 -- release_requests --
--- Several releases in one transaction ($1 ids, $2 attempts or nulls): one row per member, its document or its error.
+-- Several releases in one transaction ($1 ids, $2 attempts or nulls, $3 used maps or nulls):
+-- one row per member, its document or its error.
 SELECT member, request, error_code, error_field, error_message
-  FROM respool.release_requests(p_ids => $1, p_attempts => $2);
+  FROM respool.release_requests(p_ids => $1, p_attempts => $2, p_used => $3::jsonb[]);
 
 -- cancel_request --
 -- Cancel a queued or held request.

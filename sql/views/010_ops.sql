@@ -4,15 +4,20 @@
 CREATE VIEW respool.pool_usage AS
 SELECT pl.name AS pool, k.key,
        respool._effective_capacity(k.key, k.capacity) AS capacity,
-       coalesce(k.used, 0) AS allocated,
-       respool._effective_capacity(k.key, k.capacity) - coalesce(k.used, 0) AS free,
+       (coalesce(k.used, 0) - coalesce(k.left_window, 0))::bigint AS allocated,
+       (respool._effective_capacity(k.key, k.capacity) - (coalesce(k.used, 0) - coalesce(k.left_window, 0)))::bigint AS free,
        coalesce(k.demand, 0) AS queued_demand
   FROM respool.pools pl
  CROSS JOIN LATERAL (
         -- The pool's keys and the queued keys. The demand is summed per queue shape (entries
         -- carry their request's resources): one pass over the queue entries, no join with
         -- requests and no per-entry JSON expansion.
-        SELECT coalesce(pr.key, d.key) AS key, pr.capacity, pr.used, d.demand
+        SELECT coalesce(pr.key, d.key) AS key, pr.capacity, pr.used, d.demand,
+               -- a rate key (docs/rates.md): counted charges that have left the window by now
+               (SELECT sum(c.amount) FROM respool.pool_rates rk JOIN respool.rate_charges c
+                    ON c.pool_id = rk.pool_id AND c.key = rk.key AND c.counted
+                   AND c.at <= now() - make_interval(secs => rk.per_seconds)
+                 WHERE rk.pool_id = pl.id AND rk.key = pr.key) AS left_window
           FROM (SELECT p.key, p.capacity, p.used FROM respool.pool_resources p WHERE p.pool_id = pl.id) pr
           FULL JOIN (
                 SELECT x.key, sum(x.value::numeric * s.n) AS demand
@@ -22,12 +27,12 @@ SELECT pl.name AS pool, k.key,
                  GROUP BY x.key) d ON d.key = pr.key) k
  ORDER BY pl.name, k.key;
 COMMENT ON VIEW respool.pool_usage IS
-    'Per pool and key: capacity and free (NULL when untracked), allocated units, units wanted by queued requests.';
+    'Per pool and key: capacity and free (NULL when untracked), allocated units (a rate key: the charges inside its window now, docs/rates.md), units wanted by queued requests.';
 
 CREATE VIEW respool.policy_usage AS
-SELECT pl.name AS pool, p.subject, pr.key, p.priority, pr.reserved, pr."limit", pr.used,
+SELECT pl.name AS pool, p.subject, pr.key, p.priority, pr.reserved, pr."limit", (pr.used - w.left_window)::bigint AS used,
        CASE WHEN respool._effective_capacity(pr.key, c.capacity) IS NOT NULL
-            THEN greatest(pr.used - pr.reserved, 0) ELSE 0 END AS borrowed,
+            THEN greatest(pr.used - w.left_window - pr.reserved, 0)::bigint ELSE 0 END AS borrowed,
        pr.np_used,
        -- Policy shapes (docs/preemption.md, "Policy shapes"): the share as set, whether the
        -- policy is inside one of its windows now, and whether it is a priority lane.
@@ -36,9 +41,15 @@ SELECT pl.name AS pool, p.subject, pr.key, p.priority, pr.reserved, pr."limit", 
   JOIN respool.policies p ON p.id = pr.policy_id
   JOIN respool.pools pl ON pl.id = p.pool_id
   LEFT JOIN respool.pool_resources c ON c.pool_id = p.pool_id AND c.key = pr.key
+  -- a rate key (docs/rates.md): counted charges that have left the window by now
+ CROSS JOIN LATERAL (
+        SELECT coalesce((SELECT sum(ch.amount) FROM respool.pool_rates rk JOIN respool.rate_charges ch
+                            ON ch.policy_id = p.id AND ch.key = rk.key AND ch.counted
+                           AND ch.at <= now() - make_interval(secs => rk.per_seconds)
+                         WHERE rk.pool_id = p.pool_id AND rk.key = pr.key), 0) AS left_window) w
  ORDER BY pl.name, p.subject, pr.key;
 COMMENT ON VIEW respool.policy_usage IS
-    'Per policy and key: reserved (the share in force now, as the engine uses it: configured while the policy is active, 0 outside its windows), limit, used, borrowed (used above the share in force, on tracked keys), non-preemptible used, configured (the share the operator set), active, priority_lane (docs/preemption.md, policy shapes). A pattern policy''s counters are shared by every subject it covers (respool.policy_subjects splits them).';
+    'Per policy and key: reserved (the share in force now, as the engine uses it: configured while the policy is active, 0 outside its windows), limit, used (a rate key: inside its window now), borrowed (used above the share in force, on tracked keys), non-preemptible used, configured (the share the operator set), active, priority_lane (docs/preemption.md, policy shapes). A pattern policy''s counters are shared by every subject it covers (respool.policy_subjects splits them).';
 
 CREATE VIEW respool.queue AS
 SELECT pl.name AS pool, q.position, q.request_id, q.subject, qe.resources, r.preemptible, q.priority,
@@ -70,10 +81,33 @@ WITH held AS (
            coalesce((r.np_charge ->> x.key)::numeric, 0) AS np_amount
       FROM respool.requests r CROSS JOIN LATERAL jsonb_each_text(r.resources) x
      WHERE r.status IN ('allocated', 'preempting')
+       AND NOT EXISTS (SELECT FROM respool.pool_rates rk WHERE rk.pool_id = r.pool_id AND rk.key = x.key)
+    UNION ALL
+    -- A rate key's counters hold its charges still counted, not what holders hold (docs/rates.md).
+    SELECT c.pool_id, c.policy_id, c.key, c.amount::numeric, c.np::numeric
+      FROM respool.rate_charges c WHERE c.counted
 ), pool_sums AS (
     SELECT pool_id, key, sum(amount) AS used FROM held GROUP BY pool_id, key
 ), policy_sums AS (
-    SELECT policy_id, key, sum(amount) AS used, sum(np_amount) AS np_used FROM held GROUP BY policy_id, key
+    SELECT policy_id, key, sum(amount) AS used, sum(np_amount) AS np_used FROM held
+     WHERE policy_id IS NOT NULL GROUP BY policy_id, key
+), rate_events AS (
+    -- I10 (docs/rates.md): a sweep over each rate key's charges made since its last change, a
+    -- charge entering at its instant and leaving per_seconds later (leaving first at one
+    -- instant); each charge counts what it was admitted for, at most its estimate.
+    SELECT c.pool_id, c.key, c.at AS t, 1 AS entering, c.id, least(c.amount, c.estimate)::numeric AS n, pr.capacity
+      FROM respool.rate_charges c JOIN respool.pool_rates rk ON rk.pool_id = c.pool_id AND rk.key = c.key
+      JOIN respool.pool_resources pr ON pr.pool_id = c.pool_id AND pr.key = c.key
+     WHERE c.at >= rk.changed_at
+    UNION ALL
+    SELECT c.pool_id, c.key, c.at + make_interval(secs => rk.per_seconds), 0, c.id, -least(c.amount, c.estimate), pr.capacity
+      FROM respool.rate_charges c JOIN respool.pool_rates rk ON rk.pool_id = c.pool_id AND rk.key = c.key
+      JOIN respool.pool_resources pr ON pr.pool_id = c.pool_id AND pr.key = c.key
+     WHERE c.at >= rk.changed_at
+), rate_windows AS (
+    SELECT pool_id, key, capacity, t, entering,
+           sum(n) OVER (PARTITION BY pool_id, key ORDER BY t, entering, id ROWS UNBOUNDED PRECEDING) AS inside
+      FROM rate_events
 ), placed AS (
     -- Placements of holding requests (docs/placement.md): the units charged on their node.
     SELECT p.request_id, p.node_id, p.resources, r.pool_id, r.subject, r.status
@@ -94,11 +128,20 @@ SELECT 'I1' AS invariant, pl.name AS pool, NULL::text AS subject, s.key,
   FROM pool_sums s JOIN respool.pools pl ON pl.id = s.pool_id
   LEFT JOIN respool.pool_resources c ON c.pool_id = s.pool_id AND c.key = s.key
  WHERE s.used > respool._effective_capacity(s.key, c.capacity)
+   AND NOT EXISTS (SELECT FROM respool.pool_rates rk WHERE rk.pool_id = s.pool_id AND rk.key = s.key)  -- I10
 UNION ALL
 SELECT 'I2', pl.name, p.subject, s.key, format('allocated %s > limit %s', s.used, pr."limit")
   FROM policy_sums s JOIN respool.policies p ON p.id = s.policy_id JOIN respool.pools pl ON pl.id = p.pool_id
   JOIN respool.policy_resources pr ON pr.policy_id = s.policy_id AND pr.key = s.key
  WHERE s.used > pr."limit"
+   AND NOT EXISTS (SELECT FROM respool.pool_rates rk WHERE rk.pool_id = p.pool_id AND rk.key = s.key)
+UNION ALL
+SELECT 'I10', pl.name, NULL, w.key,
+       format('charges of %s within one window (at most their estimates) > amount %s, window ending %s',
+              max(w.inside), w.capacity, (array_agg(w.t ORDER BY w.inside DESC))[1])
+  FROM rate_windows w JOIN respool.pools pl ON pl.id = w.pool_id
+ WHERE w.entering = 1 AND w.inside > w.capacity
+ GROUP BY pl.name, w.key, w.capacity
 UNION ALL
 -- I3 against the share as set: non-preemptible work keeps its units when a window closes
 -- (docs/preemption.md, "What we chose"), so the share in force may drop below it.
@@ -196,7 +239,7 @@ SELECT 'I7', npl.name, r.subject, NULL,
  WHERE r.status IS NULL OR r.status NOT IN ('allocated', 'preempting')
  ORDER BY invariant, pool, subject, key, detail;
 COMMENT ON VIEW respool.invariant_violations IS
-    'One row per broken invariant I1-I7 (docs/ops.md, invariant violations; docs/placement.md), computed from the requests that hold units and their placements; empty when healthy. I1/I2/I5 may show briefly after a shrink, until the reconciler acts. Node rows name the node in detail; pool is the node''s pool (I4, I5, I6) or the request''s (I7).';
+    'One row per broken invariant I1-I7 and I10 (docs/ops.md, invariant violations; docs/placement.md; docs/rates.md), computed from the requests that hold units, their placements and the charges of rate keys; empty when healthy. I1/I2/I5 may show briefly after a shrink, until the reconciler acts. Node rows name the node in detail; pool is the node''s pool (I4, I5, I6) or the request''s (I7).';
 
 GRANT USAGE ON SCHEMA respool TO respool_reader;
 GRANT SELECT ON respool.pool_usage, respool.policy_usage, respool.queue, respool.request_events,

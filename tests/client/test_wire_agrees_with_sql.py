@@ -83,6 +83,7 @@ _TWINS = {
     "GROUP_PATTERN": "_group_pattern",
     "HHMM_PATTERN": "_hhmm_pattern",
     "MAX_WINDOWS": "_max_windows",
+    "MAX_RATE_SECONDS": "_max_rate_seconds",
 }
 
 

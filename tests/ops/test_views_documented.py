@@ -121,6 +121,22 @@ async def filled(module_db_url: str) -> AsyncIterator[asyncpg.Connection]:
                 {"subject": "team-n", "pool": "anodes", "resources": {"gpu": 1}},
             )
             assert made["status"] == "allocated", made
+        # Rate keys (docs/rates.md): two keys, charged by two subjects.
+        await conn.execute(
+            "SELECT respool.create_pool(p_name => 'rates', p_rates => $1)",
+            {
+                "tokens": {"amount": 1000, "per_seconds": 60},
+                "calls": {"amount": 9, "per_seconds": 60},
+            },
+        )
+        for subject in ("team-z", "team-a"):
+            await conn.execute(
+                "SELECT respool.create_policy(p_subject => $1, p_pool => 'rates')", subject
+            )
+            await conn.fetchval(
+                "SELECT (respool.create_request($1)).request",
+                {"subject": subject, "pool": "rates", "resources": {"tokens": 10, "calls": 1}},
+            )
         yield conn
 
 

@@ -68,11 +68,29 @@ function fill(tbody, rows, columns, emptyText) {
   for (const r of rows) tbody.append(r);
 }
 
+// A rate key's window (docs/rates.md) as 60s, 5m, 1h.
+function windowText(seconds) {
+  if (seconds % 3600 === 0) return seconds / 3600 + "h";
+  if (seconds % 60 === 0) return seconds / 60 + "m";
+  return seconds + "s";
+}
+
+function refillText(at) {
+  if (!at) return "nothing charged";
+  const left = Math.max(0, Math.round((new Date(at) - Date.now()) / 1000));
+  return "next refill in " + left + "s";
+}
+
 function keyBlock(k) {
   const tracked = k.capacity !== null;
+  const rate = k.per_seconds !== null && k.per_seconds !== undefined;
+  const name = rate ? el("b", {}, k.key + " per " + windowText(k.per_seconds)) : el("b", {}, k.key);
+  const detail = rate
+    ? "free " + k.free + " · " + refillText(k.next_refill_at)
+    : tracked ? "reserved " + k.reserved + " · borrowed " + k.borrowed + " · free " + k.free : "";
   const label = el("div", { class: "label" },
-    el("span", {}, el("b", {}, k.key), tracked ? " " + k.allocated + " / " + k.capacity : " " + k.allocated + " held (untracked)"),
-    el("span", {}, tracked ? "reserved " + k.reserved + " · borrowed " + k.borrowed + " · free " + k.free : ""));
+    el("span", {}, name, tracked ? " " + k.allocated + " / " + k.capacity : " " + k.allocated + " held (untracked)"),
+    el("span", {}, detail));
   const block = el("div", { class: "key", "data-key": k.key }, label);
   if (tracked) {
     const pct = (n) => (100 * n / k.capacity).toFixed(2) + "%";
