@@ -84,17 +84,32 @@ CREATE OR REPLACE FUNCTION respool._try_new(p_id uuid, p_now timestamptz)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     c record;
+    v_head uuid;
+    v_head_resources jsonb;
+    v_head_at timestamptz;
 BEGIN
-    FOR c IN SELECT e.pool_id, e.policy_id, pl.queueing
+    FOR c IN SELECT e.pool_id, e.policy_id, pl.queueing, pl.starvation_seconds
                FROM respool.queue_entries e
                JOIN respool.pools pl ON pl.id = e.pool_id
                JOIN respool.policies p ON p.id = e.policy_id
               WHERE e.request_id = p_id
               ORDER BY p.priority DESC, pl.name LOOP
         -- best_effort, no hold: every earlier request already had its chance, so only the new one can move.
-        -- starvation guard (docs/scheduling.md): while a best_effort pool holds for a starving head, the new request
-        -- may become the head (ending that hold) or be held back: a full pass decides.
-        IF c.queueing = 'strict' OR (respool._pool_hold(c.pool_id, p_now)).head_id IS NOT NULL THEN
+        -- starvation guard (docs/scheduling.md): while a best_effort pool held for a starving head before
+        -- the new request joined, the new request may become the head (ending that hold: what it kept
+        -- back may go now) or be held back: a full pass decides. So the hold is the one for the first of
+        -- the others in queue order (with the new request the head, the hold now is for nobody).
+        v_head := NULL;
+        IF c.queueing = 'best_effort' AND c.starvation_seconds IS NOT NULL THEN
+            SELECT q.request_id, q.resources, q.queued_at INTO v_head, v_head_resources, v_head_at
+              FROM respool._queue_groups(c.pool_id) q
+             WHERE q.request_id <> p_id
+             ORDER BY q.rank DESC, q.in_share DESC, q.share, q.queued_at, q.request_id
+             LIMIT 1;
+        END IF;
+        IF c.queueing = 'strict'
+           OR (respool._hold_for(c.pool_id, v_head, v_head_resources, v_head_at, c.starvation_seconds,
+                                 p_now)).head_id IS NOT NULL THEN
             PERFORM respool.allocate_pool(c.pool_id, p_now);
         ELSE
             PERFORM respool._try_grant(p_id, c.pool_id, c.policy_id, p_now);
@@ -106,4 +121,4 @@ BEGIN
        FROM respool.queue_entries e WHERE e.request_id = p_id;
 END $$;
 COMMENT ON FUNCTION respool._try_new(uuid, timestamptz) IS
-    'A newly queued request (or gang entry), its candidate pools locked by the caller: tried at once in candidate order (a full pass in strict pools and in pools holding for a starving head), and the reconcilers of the pools where it still waits are woken.';
+    'A newly queued request (or gang entry), its candidate pools locked by the caller: tried at once in candidate order (a full pass in strict pools and in pools that held for a starving head before it joined: it may end that hold by heading the queue), and the reconcilers of the pools where it still waits are woken.';

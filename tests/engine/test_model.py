@@ -37,9 +37,11 @@ priority preemption for preemptible borrowers), victims chosen in victim order w
 set, the requester granted in the same pass, then a full allocation. A heartbeat on a lapsed
 lease expires it.
 
-The engine only tries the new request on a create in a best_effort pool and does not re-run a
-best_effort pool when a queued request leaves; that is equivalent because after any pass no
-queued request of a best_effort pool is admissible and neither event frees units. The model
+The engine only tries the new request on a create in a best_effort pool (unless the pool held
+for a starving head before it joined: a new head ends that hold, so it runs a full pass) and does
+not re-run a best_effort pool when a queued request leaves; that is equivalent because after any
+pass no queued request of a best_effort pool is admissible unless held, and neither event frees
+units. The model
 follows the spec and would catch a difference.
 
 In-share subtlety: the engine computes each request's in-share flag (the queue order) once, at
