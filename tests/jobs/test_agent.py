@@ -22,6 +22,7 @@ from app.db import tokens
 from support.db import direct
 from support.http import ok
 from support.server import Server, respool_command, running_server
+from support.wait import first_true
 
 ADMIN = "test-admin-token-agent-0123456789abcdef"
 
@@ -154,26 +155,13 @@ class Cluster:
         return doc
 
     async def until_done(self, rid: str, within: float = 60.0) -> dict[str, Any]:
-        doc = await until(lambda: self._terminal(rid), within)
+        doc = await first_true(lambda: self._terminal(rid), within)
         assert isinstance(doc, dict)
         return doc
 
     async def _terminal(self, rid: str) -> dict[str, Any] | None:
         doc = await self.get(rid)
         return doc if doc["status"] in ("released", "cancelled", "expired", "preempted") else None
-
-
-async def until(check: Any, within: float = 30.0) -> Any:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + within
-    while True:
-        got = check()
-        if asyncio.iscoroutine(got):
-            got = await got
-        if got:
-            return got
-        assert loop.time() < end, "condition not met in time"
-        await asyncio.sleep(0.1)
 
 
 @pytest.fixture
@@ -315,17 +303,17 @@ async def test_cancel_of_a_running_job_stops_its_group(cluster: Cluster) -> None
     child_file = cl.tmp / f"child-{made['id']}"
     waiting = await cl.submit(waiter(cl), node_selector={"node": "n1"})
     rid = waiting["id"]
-    await until(lambda: (cl.tmp / f"started-{rid}-1").exists())
-    await until(lambda: child_file.exists() and child_file.read_text().strip())
+    await first_true(lambda: (cl.tmp / f"started-{rid}-1").exists())
+    await first_true(lambda: child_file.exists() and child_file.read_text().strip())
     child = int(child_file.read_text())
     loop = asyncio.get_running_loop()
     asked = loop.time()
     for one in (rid, made["id"]):
         ok(await cl.c.post(f"/v1/requests/{one}/cancel", headers=cl.client))
-    await until(lambda: (cl.tmp / f"term-{rid}").exists(), within=20)
+    await first_true(lambda: (cl.tmp / f"term-{rid}").exists(), within=20)
     print(f"SIGTERM {loop.time() - asked:.2f} s after the cancel")
     assert (cl.tmp / f"term-{rid}").read_text() == str(int(signal.SIGTERM))
-    await until(lambda: not _alive(child), within=20)  # the child of the group too
+    await first_true(lambda: not _alive(child), within=20)  # the child of the group too
     for one in (rid, made["id"]):
         done = await cl.until_done(one)
         assert done["status"] == "cancelled"
@@ -348,11 +336,11 @@ async def test_a_higher_priority_submission_preempts_a_running_job_with_sigterm(
     # team borrows all of n1; boss owns the pool's GPUs (reserved) and asks for n1's 8
     first = await cl.submit(waiter(cl), gpus=8, node_selector={"node": "n1"})
     rid = first["id"]
-    await until(lambda: (cl.tmp / f"started-{rid}-1").exists())
+    await first_true(lambda: (cl.tmp / f"started-{rid}-1").exists())
     loop = asyncio.get_running_loop()
     asked = loop.time()
     await cl.submit(["true"], gpus=8, subject="boss", node_selector={"node": "n1"})
-    await until(lambda: (cl.tmp / f"term-{rid}").exists(), within=20)
+    await first_true(lambda: (cl.tmp / f"term-{rid}").exists(), within=20)
     took = loop.time() - asked
     print(f"SIGTERM {took:.2f} s after the higher-priority submission")  # a figure, not a mark
     # A SIGTERM (not the SIGKILL that ends the pool's 20 s grace) proves the notice came at once.
@@ -366,10 +354,10 @@ async def _attempt_job_on_n1(cl: Cluster, **request: Any) -> tuple[asyncio.subpr
     SIGTERM per attempt, and any overlap of two attempts); the agent's process and the job's id."""
     (cl.tmp / "attempt.py").write_text(ATTEMPT)
     agent = await cl.start_agent("n1")
-    await until(lambda: cl.agent_ready("n1"))
+    await first_true(lambda: cl.agent_ready("n1"))
     argv = [sys.executable, str(cl.tmp / "attempt.py"), str(cl.tmp)]
     rid = (await cl.submit(argv, gpus=8, **request))["id"]
-    await until(lambda: (cl.tmp / f"pid-{rid}-1").exists())
+    await first_true(lambda: (cl.tmp / f"pid-{rid}-1").exists())
     return agent, rid
 
 
@@ -382,10 +370,10 @@ async def test_an_agent_killed_mid_job_its_job_runs_again_on_the_other_node(
     assert (await cl.get(rid))["placement"]["node"] == "n1"
     first = int((cl.tmp / f"pid-{rid}-1").read_text())
     await cl.start_agent("n2")
-    await until(lambda: cl.agent_ready("n2"))
+    await first_true(lambda: cl.agent_ready("n2"))
     a1.kill()  # SIGKILL: its job's group dies with it (parent-death signal, guard)
     await a1.wait()
-    await until(lambda: (cl.tmp / f"pid-{rid}-2").exists(), within=60)
+    await first_true(lambda: (cl.tmp / f"pid-{rid}-2").exists(), within=60)
     doc = await cl.get(rid)
     assert (doc["attempt"], doc["status"], doc["placement"]["node"]) == (2, "allocated", "n2")
     # never two copies at once: attempt 1's process was gone when attempt 2 started
@@ -403,17 +391,17 @@ async def test_a_stalled_agent_whose_lease_lapsed_stops_its_stale_run_before_the
     loop = asyncio.get_running_loop()
     a1.send_signal(signal.SIGSTOP)  # no heartbeat gets through: the lease lapses meanwhile
     try:
-        await until(lambda: _attempt(cl, rid, 2), within=60)
+        await first_true(lambda: _attempt(cl, rid, 2), within=60)
     finally:
         a1.send_signal(signal.SIGCONT)
     resumed = loop.time()
     # the agent learns that attempt 1 is stale (its lease lapsed, the job requeued) and stops it
-    await until(lambda: (cl.tmp / f"term-{rid}-1").exists(), within=30)
+    await first_true(lambda: (cl.tmp / f"term-{rid}-1").exists(), within=30)
     stopped = loop.time() - resumed
     print(f"attempt 1 got SIGTERM {stopped:.2f} s after the agent resumed")
     assert (cl.tmp / f"term-{rid}-1").read_text() == str(int(signal.SIGTERM))
     # attempt 2 runs on n1 too, but only once attempt 1's process is gone
-    await until(lambda: (cl.tmp / f"pid-{rid}-2").exists(), within=60)
+    await first_true(lambda: (cl.tmp / f"pid-{rid}-2").exists(), within=60)
     assert not (cl.tmp / f"overlap-{rid}").exists()
     doc = await cl.get(rid)
     assert (doc["attempt"], doc["status"], doc["job"]["claimed"]["attempt"]) == (2, "allocated", 2)

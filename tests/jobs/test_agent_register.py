@@ -23,6 +23,7 @@ from support.cli import Cli
 from support.http import ok
 from support.nvidia import A100_LIST, A100_QUERY, fake_smi, gpus
 from support.server import Server, respool_command, running_server
+from support.wait import first_true
 
 ADMIN = "test-admin-token-register-0123456789ab"
 EIGHT = [str(i) for i in range(8)]
@@ -93,16 +94,6 @@ async def stop(proc: asyncio.subprocess.Process) -> int:
     return proc.returncode
 
 
-async def until(check: Any, within: float = 30.0) -> Any:
-    end = asyncio.get_running_loop().time() + within
-    while True:
-        got = await check()
-        if got:
-            return got
-        assert asyncio.get_running_loop().time() < end, "condition not met in time"
-        await asyncio.sleep(0.1)
-
-
 @pytest.fixture
 async def box(db_url: str, tmp_path: Path) -> AsyncIterator[Box]:
     """Pool box (no capacity: its nodes give it) with a policy for team, auth on."""
@@ -131,13 +122,13 @@ async def test_register_detect_creates_the_node_then_runs_its_jobs(box: Box) -> 
     assert await box.node("gpu-1") is None  # a token for a node not registered yet
     agent = await box.start(token, "--node", "gpu-1", "--register", "--detect")
     try:
-        node = await until(lambda: box.node("gpu-1"))
+        node = await first_true(lambda: box.node("gpu-1"))
         mcpu, memory_mb = _os_units()
         assert node["pool"] == "box"
         assert node["capacity"] == {"gpu": 8, "mcpu": mcpu, "memory_mb": memory_mb}
         assert node["devices"] == {"gpu": EIGHT}
         assert node["labels"] == {"gpu-type": "A100-SXM4-80GB"}
-        assert await until(lambda: _agent_ready(box, "gpu-1"))
+        assert await first_true(lambda: _agent_ready(box, "gpu-1"))
         # the node serves: a job submitted to the pool runs there, on the GPUs it was granted
         argv = [
             sys.executable,
@@ -146,7 +137,7 @@ async def test_register_detect_creates_the_node_then_runs_its_jobs(box: Box) -> 
         ]
         job = {"subject": "team", "pool": "box", "resources": {"gpu": 4}, "job": {"command": argv}}
         rid = ok(await box.c.post("/v1/requests", headers=box.admin, json=job), 201)["id"]
-        done = await until(lambda: _ended(box, rid))
+        done = await first_true(lambda: _ended(box, rid))
         assert (done["status"], done["exit_code"]) == ("released", 0), done
         logs = ok(await box.c.get(f"/v1/requests/{rid}/logs", headers=box.admin))
         out = "".join(c["data"] for c in logs["chunks"] if c["stream"] == "stdout")
@@ -160,7 +151,7 @@ async def test_register_detect_creates_the_node_then_runs_its_jobs(box: Box) -> 
     fake_smi(box.smi, *gpus(4))
     again = await box.start(token, "--node", "gpu-1", "--register", "--detect")
     try:
-        shrunk = await until(lambda: _gpus_are(box, "gpu-1", 4))
+        shrunk = await first_true(lambda: _gpus_are(box, "gpu-1", 4))
         assert shrunk["devices"] == {"gpu": ["0", "1", "2", "3"]}
     finally:
         assert await stop(again) == 0

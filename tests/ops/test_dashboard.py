@@ -28,6 +28,7 @@ from app.db import tokens
 from app.db.connect import APP_CLI, connect
 from support.db import direct
 from support.server import Server, respool_command, running_server
+from support.wait import first_true
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DOCS_SHOT = Path(__file__).resolve().parents[2] / "docs" / "img" / "dashboard.png"
@@ -609,16 +610,6 @@ class RunningJob:
     go: Path  # create it and the job prints MORE
 
 
-async def _until(check: Any, within: float = 30.0) -> Any:
-    end = asyncio.get_running_loop().time() + within
-    while True:
-        got = await check()
-        if got:
-            return got
-        assert asyncio.get_running_loop().time() < end, "condition not met in time"
-        await asyncio.sleep(0.1)
-
-
 @pytest.fixture
 async def running_job(db_url: str, tmp_path: Path) -> AsyncIterator[RunningJob]:
     """A real agent (``respool agent``) of node n1 running :data:`PRINTER` as a job; yielded
@@ -662,7 +653,7 @@ async def running_job(db_url: str, tmp_path: Path) -> AsyncIterator[RunningJob]:
                         "DONE" in ch["data"] for ch in r.json()["chunks"]
                     )
 
-                await _until(printed_done)
+                await first_true(printed_done)
                 yield RunningJob(srv, admin, rid, go)
             finally:
                 if agent.returncode is None:
@@ -703,7 +694,7 @@ async def test_dashboard_data_has_each_running_jobs_tail(running_job: RunningJob
         now = await jobs()
         return now if now[0]["tail"].endswith("\nMORE") else None
 
-    [job] = await _until(more)
+    [job] = await first_true(more)
     assert job["tail"].split("\n") == expected[1:] + ["MORE"]
 
 
