@@ -139,17 +139,8 @@ class Respool:
         grant = self._run(
             acquire(core, subject, within=timeout, queue_lease=core.queue_lease, **fields)
         )
-
-        async def start() -> asyncio.Task[None]:
-            return start_holding(core, grant, heartbeat_interval, on_preempted)
-
-        beat = self._run(start())
-        try:
+        with self._held(grant, heartbeat_interval, on_preempted):
             yield grant
-        except BaseException:
-            self._run(finish(core, grant, beat, quiet=True))
-            raise
-        self._run(finish(core, grant, beat, quiet=False))
 
     @contextlib.contextmanager
     def reserve(
@@ -184,14 +175,32 @@ class Respool:
             )
         )
         assert isinstance(grant, Reservation)
+        with self._held(grant, heartbeat_interval, on_preempted):
+            yield grant
+
+    @contextlib.contextmanager
+    def _held(
+        self,
+        grant: Grant,
+        heartbeat_interval: float | None,
+        on_preempted: OnPreempted | None,
+    ) -> Iterator[None]:
+        """Heartbeats ``grant`` for the block, then releases it (settling a reservation's
+        recorded use, docs/rates.md)."""
+        core = self._async
 
         async def start() -> asyncio.Task[None]:
             return start_holding(core, grant, heartbeat_interval, on_preempted)
 
         beat = self._run(start())
         try:
-            yield grant
+            yield
         except BaseException:
-            self._run(finish(core, grant, beat, quiet=True, used=grant.used))
+            self._run(finish(core, grant, beat, quiet=True, used=_settled(grant)))
             raise
-        self._run(finish(core, grant, beat, quiet=False, used=grant.used))
+        self._run(finish(core, grant, beat, quiet=False, used=_settled(grant)))
+
+
+def _settled(grant: Grant) -> dict[str, int] | None:
+    """What a reservation recorded with ``settle`` by now (None for any other grant)."""
+    return grant.used if isinstance(grant, Reservation) else None
