@@ -670,8 +670,11 @@ BEGIN
           FROM respool.node_devices WHERE node_id = p_node.id AND key = k;
         DELETE FROM respool.node_devices WHERE node_id = p_node.id AND key = k;
         -- (a kept device keeps its holder and its slices' counters; its offer is set below)
-        INSERT INTO respool.node_devices (node_id, key, device, position, holder_id, memory_used, share_used)
+        INSERT INTO respool.node_devices (node_id, key, device, position, holder_id, memory_mb, memory_used, share_used)
         SELECT p_node.id, k, d.id, d.n - 1, (v_holders ->> d.id)::uuid,
+               CASE WHEN p_sharing -> 'sharing' ? k
+                    THEN (p_sharing -> 'device_memory_mb' ->> k)::bigint
+                         - coalesce((p_sharing -> 'reserved_memory_mb' ->> k)::bigint, 0) END,
                coalesce((v_slices -> d.id ->> 0)::bigint, 0), coalesce((v_slices -> d.id ->> 1)::integer, 0)
           FROM jsonb_array_elements_text(p_devices -> k) WITH ORDINALITY d(id, n);
         -- Holders of units that had no device ids (anonymous until now) take the first free ones.
