@@ -206,20 +206,29 @@ $$;
 COMMENT ON FUNCTION respool._slice_needs(jsonb) IS
     'The slices a need asks: per key <K>_memory_mb of the need, the device key K, the memory (MiB) and the share (<K>_share, NULL when not asked). Whether K is shared is the node''s (respool._device_places). Inlined (SQL).';
 
-CREATE OR REPLACE FUNCTION respool._device_places(p_pool_id uuid, p_need jsonb)
+CREATE OR REPLACE FUNCTION respool._device_places(p_pool_id uuid, p_need jsonb, p_moving boolean DEFAULT false)
 RETURNS TABLE (node_id uuid, node_name text, state text, labels jsonb, agent text, key text, device text,
                "position" integer, sharing text, slice boolean, wanted bigint, need_memory bigint, need_share bigint,
                memory bigint, share bigint, memory_used bigint, share_used bigint, held boolean,
-               room_memory bigint, room_share bigint, fits boolean, fits_ever boolean)
+               room_memory bigint, room_share bigint, fits boolean, fits_ever boolean,
+               holder_id uuid, leaving_memory bigint, leaving_share bigint, holder_leaving boolean,
+               room_memory_settled bigint, room_share_settled bigint)
 LANGUAGE sql STABLE AS $$
     -- One row per device a need may use: of a key it asks whole devices of (wanted: how many),
-    -- or of a shared key it asks a slice of (wanted: 1).
+    -- or of a shared key it asks a slice of (wanted: 1). With p_moving, what victims in their
+    -- grace period hold there (their slices, or the device whole) counts as gone in the settled
+    -- rooms, as the node places do.
     SELECT n.id, n.name, n.state, n.labels, n.agent, d.key, d.device, d.position, nr.sharing, w.slice, w.wanted,
            c.need_memory, c.need_share, c.memory, c.share, d.memory_used, d.share_used, d.holder_id IS NOT NULL,
            r.room_memory, r.room_share,
            respool._fits_room(c.need_memory, r.room_memory) AND respool._fits_room(c.need_share, r.room_share),
            respool._fits_room(c.need_memory, respool._room(c.memory, 0))
-               AND respool._fits_room(c.need_share, respool._room(c.share, 0))
+               AND respool._fits_room(c.need_share, respool._room(c.share, 0)),
+           d.holder_id, m.leaving_memory, m.leaving_share, m.holder_leaving,
+           CASE WHEN d.holder_id IS NULL OR m.holder_leaving
+                THEN respool._room(c.memory, d.memory_used - m.leaving_memory) ELSE -1 END,
+           CASE WHEN d.holder_id IS NULL OR m.holder_leaving
+                THEN respool._room(c.share, d.share_used - m.leaving_share) ELSE -1 END
       FROM (SELECT x.key, false AS slice, x.value::bigint AS wanted, NULL::bigint AS memory, NULL::bigint AS share
               FROM jsonb_each_text(p_need) x
             UNION ALL
@@ -235,10 +244,22 @@ LANGUAGE sql STABLE AS $$
      CROSS JOIN LATERAL (
             SELECT CASE WHEN d.holder_id IS NULL THEN respool._room(c.memory, d.memory_used) ELSE -1 END AS room_memory,
                    CASE WHEN d.holder_id IS NULL THEN respool._room(c.share, d.share_used) ELSE -1 END AS room_share) r
+     CROSS JOIN LATERAL (
+            SELECT CASE WHEN p_moving AND d.memory_used > 0 THEN coalesce((
+                        SELECT sum(ds.memory_mb) FROM respool.device_slices ds JOIN respool.requests v ON v.id = ds.request_id
+                         WHERE ds.node_id = d.node_id AND ds.key = d.key AND ds.device = d.device
+                           AND v.status = 'preempting'), 0)::bigint ELSE 0 END AS leaving_memory,
+                   CASE WHEN p_moving AND d.share_used > 0 THEN coalesce((
+                        SELECT sum(coalesce(ds.share, 0)) FROM respool.device_slices ds JOIN respool.requests v ON v.id = ds.request_id
+                         WHERE ds.node_id = d.node_id AND ds.key = d.key AND ds.device = d.device
+                           AND v.status = 'preempting'), 0)::bigint ELSE 0 END AS leaving_share,
+                   p_moving AND d.holder_id IS NOT NULL
+                   AND EXISTS (SELECT FROM respool.requests v WHERE v.id = d.holder_id AND v.status = 'preempting')
+                       AS holder_leaving) m
      WHERE NOT w.slice OR nr.sharing IS NOT NULL
 $$;
-COMMENT ON FUNCTION respool._device_places(uuid, jsonb) IS
-    'THE device places of a pool: one row per device of its nodes (any state; with the node''s name, labels, state, agent) that p_need may use: a device of a key it asks whole devices of (wanted: how many) or of a shared key it asks a slice of (<K>_memory_mb, <K>_share; wanted 1). need: a slice''s memory and share, or a whole device''s offer and 100 (0 and 0 when not shared); the offer, the slices'' use, whether it is held whole; rooms (a device held whole: -1) and fits (the need fits the rooms now) / fits_ever (the device empty). Inlined (SQL).';
+COMMENT ON FUNCTION respool._device_places(uuid, jsonb, boolean) IS
+    'THE device places of a pool: one row per device of its nodes (any state; with the node''s attributes) that p_need may use: of a key it asks whole devices of (wanted: how many) or of a shared key it asks a slice of (<K>_memory_mb, <K>_share; wanted 1). need: the slice, or a whole device''s offer and 100 (0 and 0 when not shared); use, holder; rooms now (held whole: -1), fits (now) and fits_ever (empty); with p_moving, what victims in their grace period hold there and the settled rooms (them gone). Inlined (SQL).';
 
 CREATE OR REPLACE FUNCTION respool._device_fit(p_pool_id uuid, p_need jsonb, p_spread boolean)
 RETURNS TABLE (node_id uuid, fits boolean, fits_ever boolean, best_left bigint, slots bigint)

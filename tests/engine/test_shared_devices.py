@@ -418,3 +418,103 @@ async def test_concurrent_slices_and_whole_grants_keep_i8_and_i9(
 
     await asyncio.gather(*(worker(i) for i in range(workers)))
     assert await env.violations() == []
+
+
+# --- preemption (docs/placement.md, "Sharing a GPU": preemption on one device) -----------------
+
+
+async def _slices(env: Env, subject: str, *memory: int) -> list[dict[str, Any]]:
+    made = [await env.req({"gpu_memory_mb": m}, subject) for m in memory]
+    assert all(x["status"] == "allocated" for x in made)
+    return made
+
+
+async def test_priority_preemption_takes_the_smallest_set_on_one_device(env: Env) -> None:
+    await env.pool("pack", "t")  # t outranks s
+    await env.node("n1", ["0"], memory=80000)
+    low = await _slices(env, "s", 40000, 30000)
+    high = await env.req({"gpu_memory_mb": 20000}, "t")
+    assert high["status"] == "queued"
+    await env.reconcile()
+    # 10000 MiB were missing: the most recently granted slice of the lower priority goes
+    assert [(await env.get(x))["status"] for x in low] == ["allocated", "preempted"]
+    assert (await env.get(high))["status"] == "allocated"
+    assert await env.violations() == []
+
+
+async def test_the_device_with_the_fewest_victims_is_chosen(env: Env) -> None:
+    await env.pool("pack", "t")
+    await env.node("n1", ["0", "1"], memory=80000)
+    many = await _slices(env, "s", *([10000] * 8))  # device 0: eight slices
+    one = await env.req({"gpu_memory_mb": 80000}, "s")  # device 1: one slice, the whole memory
+    assert slice_of(many[0])[0] == "0" and slice_of(one)[0] == "1"
+    high = await env.req({"gpu_memory_mb": 40000}, "t")
+    await env.reconcile()
+    assert (await env.get(high))["status"] == "allocated"
+    assert slice_of(await env.get(high))[0] == "1"
+    assert (await env.get(one))["status"] == "preempted"
+    assert [(await env.get(x))["status"] for x in many] == ["allocated"] * 8
+
+
+async def test_a_whole_request_frees_the_device_with_the_fewest_slices(env: Env) -> None:
+    await env.pool("pack", "t")
+    await env.node("n1", ["0", "1"], memory=80000)
+    a, b = await _slices(env, "s", 30000, 30000)  # pack: both on device 0
+    c = await env.req({"gpu_memory_mb": 30000}, "s")  # device 0 is full enough: device 1
+    assert [slice_of(x)[0] for x in (a, b, c)] == ["0", "0", "1"]
+    whole = await env.req({"gpu": 1}, "t")
+    assert whole["status"] == "queued"
+    await env.reconcile()
+    assert [(await env.get(x))["status"] for x in (a, b, c)] == ["allocated", "allocated", "preempted"]
+    whole = await env.get(whole)
+    assert whole["status"] == "allocated" and whole["placement"]["devices"] == {"gpu": ["1"]}
+    assert await env.violations() == []
+
+
+async def test_a_slice_preempts_a_whole_holder_of_lower_priority(env: Env) -> None:
+    await env.pool("pack", "t")
+    await env.node("n1", ["0"], memory=80000)
+    whole = await env.req({"gpu": 1}, "s")
+    piece = await env.req({"gpu_memory_mb": 1000}, "t")
+    assert piece["status"] == "queued"
+    await env.reconcile()
+    assert (await env.get(whole))["status"] == "preempted"
+    assert (await env.get(piece))["status"] == "allocated"
+    assert await env.violations() == []
+
+
+async def test_no_useless_preemption_for_a_slice(env: Env) -> None:
+    await env.pool("pack", "t")
+    await env.node("n1", ["0"], memory=80000)
+    mine = await _slices(env, "t", 70000)  # the high-priority subject's own slice
+    low = await _slices(env, "s", 10000)
+    high = await env.req({"gpu_memory_mb": 20000}, "t")
+    await env.reconcile()
+    # preempting s's 10000 MiB would not make room for 20000: nobody is preempted
+    assert (await env.get(low[0]))["status"] == "allocated"
+    assert (await env.get(mine[0]))["status"] == "allocated"
+    assert (await env.get(high))["status"] == "queued"
+
+
+async def test_drain_preempts_slices(env: Env) -> None:
+    await env.pool()
+    await env.node("n1", ["0"])
+    piece = await env.req({"gpu_memory_mb": 1000})
+    await env.conn.fetchval(
+        "SELECT respool.set_node_state('n1', 'draining', p_now => $1)", env.now()
+    )
+    await env.reconcile()
+    got = await env.get(piece)
+    assert (got["status"], got["reason"]) == ("preempted", "node_drain")
+    assert await env.violations() == []
+
+
+async def test_what_if_names_the_slice_it_would_preempt(env: Env) -> None:
+    await env.pool("pack", "t")
+    await env.node("n1", ["0"], memory=80000)
+    (low,) = await _slices(env, "s", 80000)
+    body = {"subject": "t", "pool": "gpus", "resources": {"gpu_memory_mb": 1000}}
+    doc = await env.conn.fetchval("SELECT respool.what_if_request($1)", body)
+    assert doc["status"] == "queued"
+    assert [w["id"] for w in doc["would_preempt"]] == [low["id"]]
+    assert await env.conn.fetchval("SELECT count(*) FROM respool.requests") == 1
