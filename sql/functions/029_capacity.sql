@@ -14,8 +14,8 @@
 --                division (respool._how_many).
 --
 -- The place relation is one row per place and key with every figure above: respool._pool_place
--- (the pool as a whole) and respool._node_places (each node of a pool; a device level would be a
--- third function of the same columns). Node choice, slots, victim choice, rejections, blockers,
+-- (the pool as a whole), respool._node_places (each node of a pool) and respool._device_places
+-- (each device a need may use: shared devices sliced by memory and share, docs/placement.md). Node choice, slots, victim choice, rejections, blockers,
 -- the starvation guard and the ETA read it. Both are LANGUAGE sql and inlined into the callers'
 -- queries: no call per place or per row, and the units moving (respool._moving_units) are read
 -- once per call, only by callers that ask for them.

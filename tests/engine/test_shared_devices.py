@@ -465,7 +465,8 @@ async def test_a_whole_request_frees_the_device_with_the_fewest_slices(env: Env)
     whole = await env.req({"gpu": 1}, "t")
     assert whole["status"] == "queued"
     await env.reconcile()
-    assert [(await env.get(x))["status"] for x in (a, b, c)] == ["allocated", "allocated", "preempted"]
+    after = [(await env.get(x))["status"] for x in (a, b, c)]
+    assert after == ["allocated", "allocated", "preempted"]
     whole = await env.get(whole)
     assert whole["status"] == "allocated" and whole["placement"]["devices"] == {"gpu": ["1"]}
     assert await env.violations() == []
@@ -518,3 +519,46 @@ async def test_what_if_names_the_slice_it_would_preempt(env: Env) -> None:
     assert doc["status"] == "queued"
     assert [w["id"] for w in doc["would_preempt"]] == [low["id"]]
     assert await env.conn.fetchval("SELECT count(*) FROM respool.requests") == 1
+
+
+async def _batch(env: Env, members: list[dict[str, int]], *, gang: bool) -> list[dict[str, Any]]:
+    rows = await env.conn.fetch(
+        "SELECT request FROM respool.create_requests($1, p_all_or_nothing => $2, p_now => $3)"
+        " ORDER BY member",
+        [{"subject": "s", "pool": "gpus", "resources": m} for m in members],
+        gang,
+        env.now(),
+    )
+    return [r["request"] for r in rows]
+
+
+async def test_a_batch_of_slices_fills_the_devices(env: Env) -> None:
+    await env.pool()
+    await env.node("n1", ["0", "1"], memory=40000)
+    made = await _batch(env, [{"gpu_memory_mb": 15000}] * 6, gang=False)
+    assert [m["status"] for m in made] == ["allocated"] * 4 + ["queued"] * 2
+    assert sorted(slice_of(m)[0] for m in made[:4]) == ["0", "0", "1", "1"]
+    assert await env.violations() == []
+
+
+async def test_a_gang_of_slices_is_placed_all_or_none(env: Env) -> None:
+    await env.pool()
+    await env.node("n1", ["0", "1"], memory=40000)
+    gang = await _batch(env, [{"gpu_memory_mb": 30000}, {"gpu_memory_mb": 30000}], gang=True)
+    assert [m["status"] for m in gang] == ["allocated", "allocated"]
+    assert sorted(slice_of(m)[0] for m in gang) == ["0", "1"]
+    late = await _batch(env, [{"gpu_memory_mb": 10000}] * 3, gang=True)
+    assert [m["status"] for m in late] == ["queued"] * 3  # two devices with 10000 left each
+    await env.release(gang[0])
+    assert [(await env.get(m))["status"] for m in late] == ["allocated"] * 3
+    assert await env.violations() == []
+
+
+async def test_a_gang_the_devices_cannot_hold_together_waits(env: Env) -> None:
+    await env.pool()
+    await env.node("n1", ["0", "1"], memory=40000)
+    # the node's memory adds up (75000 of 80000), but each device holds one member only
+    gang = await _batch(env, [{"gpu_memory_mb": 25000}] * 3, gang=True)
+    assert {m["status"] for m in gang} <= {"queued", "rejected"}
+    assert await env.conn.fetchval("SELECT count(*) FROM respool.device_slices") == 0
+    assert await env.violations() == []
