@@ -262,19 +262,22 @@ COMMENT ON FUNCTION respool._device_places(uuid, jsonb, boolean) IS
     'THE device places of a pool: one row per device of its nodes (any state; with the node''s attributes) that p_need may use: of a key it asks whole devices of (wanted: how many) or of a shared key it asks a slice of (<K>_memory_mb, <K>_share; wanted 1). need: the slice, or a whole device''s offer and 100 (0 and 0 when not shared); use, holder; rooms now (held whole: -1), fits (now) and fits_ever (empty); with p_moving, what victims in their grace period hold there and the settled rooms (them gone). Inlined (SQL).';
 
 CREATE OR REPLACE FUNCTION respool._device_fit(p_pool_id uuid, p_need jsonb, p_spread boolean)
-RETURNS TABLE (node_id uuid, fits boolean, fits_ever boolean, best_left bigint, slots bigint)
+RETURNS TABLE (node_id uuid, fits boolean, fits_ever boolean, best_left bigint, slots bigint, whole_left bigint)
 LANGUAGE sql STABLE AS $$
     -- Per node and key: enough fitting devices (a slice: one; whole: as many as wanted); the
-    -- slice's device the placement order takes (pack: least memory left, spread: most), and how
-    -- many needs alike the devices hold (respool._how_many per device for a slice).
+    -- slice's device the placement order takes (pack: least memory left, spread: most), the
+    -- untouched devices whole ones leave, and how many needs alike the devices hold
+    -- (respool._how_many per device for a slice).
     SELECT g.node_id, bool_and(g.ok), bool_and(g.ok_ever),
-           CASE WHEN p_spread THEN max(g.best_left) ELSE min(g.best_left) END, min(g.slots)
+           CASE WHEN p_spread THEN max(g.best_left) ELSE min(g.best_left) END, min(g.slots),
+           sum(g.whole_left)::bigint
       FROM (SELECT p.node_id, p.key, p.slice,
                    count(*) FILTER (WHERE p.fits) >= max(p.wanted) AS ok,
                    count(*) FILTER (WHERE p.fits_ever) >= max(p.wanted) AS ok_ever,
                    CASE WHEN p.slice THEN
                        CASE WHEN p_spread THEN max(p.room_memory - p.need_memory) FILTER (WHERE p.fits)
                             ELSE min(p.room_memory - p.need_memory) FILTER (WHERE p.fits) END END AS best_left,
+                   CASE WHEN NOT p.slice THEN count(*) FILTER (WHERE p.fits) - max(p.wanted) END AS whole_left,
                    CASE WHEN p.slice
                         THEN coalesce(sum(least(respool._how_many(p.need_memory, p.room_memory),
                                                 respool._how_many(p.need_share, p.room_share))) FILTER (WHERE p.fits), 0)
@@ -284,7 +287,7 @@ LANGUAGE sql STABLE AS $$
      GROUP BY g.node_id
 $$;
 COMMENT ON FUNCTION respool._device_fit(uuid, jsonb, boolean) IS
-    'The device level of the node rule, per node of the pool with a device p_need may use (respool._device_places): fits (every key it asks whole devices of has that many fitting devices, every slice a device with room), fits_ever (the same on empty devices), best_left (a slice''s device in the placement order: pack the least memory left once placed, p_spread the most) and slots (how many needs alike its devices hold now). A node without such a device has no row: its counters decide. Inlined (SQL).';
+    'The device level of the node rule, per node of the pool with a device p_need may use (respool._device_places): fits (every key it asks whole devices of has that many fitting devices, every slice a device with room), fits_ever (the same on empty devices), best_left (a slice''s device in the placement order: pack the least memory left once placed, p_spread the most), whole_left (the untouched devices whole ones leave) and slots (how many needs alike its devices hold now). A node without such a device has no row: its counters decide. Inlined (SQL).';
 
 CREATE OR REPLACE FUNCTION respool._device_fit_map(p_pool_id uuid, p_need jsonb, p_spread boolean DEFAULT false)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
@@ -294,11 +297,12 @@ BEGIN
     IF NOT respool._pool_shares(p_pool_id) THEN
         RETURN NULL;
     END IF;
-    RETURN (SELECT coalesce(jsonb_object_agg(f.node_id, jsonb_build_array(f.fits, f.fits_ever, f.best_left, f.slots)), '{}')
+    RETURN (SELECT coalesce(jsonb_object_agg(f.node_id, jsonb_build_array(f.fits, f.fits_ever, f.best_left, f.slots,
+                                                                          f.whole_left)), '{}')
               FROM respool._device_fit(p_pool_id, p_need, p_spread) f);
 END $$;
 COMMENT ON FUNCTION respool._device_fit_map(uuid, jsonb, boolean) IS
-    'respool._device_fit as a map {node id: [fits, fits_ever, best_left, slots]} that node queries look up, read once per call; NULL when no node of the pool shares a device key (the device level then decides nothing the node counters do not). Read-only.';
+    'respool._device_fit as a map {node id: [fits, fits_ever, best_left, slots, whole_left]} that node queries look up, read once per call; NULL when no node of the pool shares a device key (the device level then decides nothing the node counters do not). Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._whole_device_extra(p_node_id uuid, p_counts jsonb)
 RETURNS jsonb LANGUAGE sql STABLE AS $$

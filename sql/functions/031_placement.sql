@@ -420,8 +420,10 @@ BEGIN
          -- differ in which keys they name devices for, so free-now would order them otherwise.
          ORDER BY p.node_id IS NOT DISTINCT FROM v_mine DESC,
                   CASE WHEN v_spread THEN -1 ELSE 1 END * (v_dev -> p.node_id::text ->> 2)::bigint NULLS LAST,
+                  -- (whole devices: what is left of the untouched ones, where the devices decide)
                   CASE WHEN v_spread THEN -1 ELSE 1 END
-                  * coalesce(sum(p.free - p.need) FILTER (WHERE p.capacity IS NOT NULL AND p.devices > 0), 0),
+                  * coalesce((v_dev -> p.node_id::text ->> 4)::bigint,
+                             sum(p.free - p.need) FILTER (WHERE p.capacity IS NOT NULL AND p.devices > 0), 0),
                   CASE WHEN v_spread THEN -1 ELSE 1 END
                   * coalesce(sum(p.free - p.need) FILTER (WHERE p.capacity IS NOT NULL), 0),
                   p.node_name
@@ -511,7 +513,7 @@ BEGIN
              WHERE d.n <= d.wanted)
         UPDATE respool.node_devices t SET holder_id = p_request.id
           FROM wanted w
-         WHERE t.node_id = p_node_id AND t.key = w.key AND t.device = w.device AND t.holder_id IS NULL;
+         WHERE t.holder_id IS NULL AND t.node_id = p_node_id AND t.key = w.key AND t.device = w.device;
         GET DIAGNOSTICS v_taken = ROW_COUNT;
     END IF;
     IF v_named > 0 AND v_taken <> v_named THEN

@@ -21,6 +21,7 @@ import pytest
 
 from app.db.connect import APP_CLI, connect
 from support.db import RECONCILE_POOL
+from support.twins import install_twin
 
 CLOCK0 = datetime(2031, 3, 1, tzinfo=UTC)
 GB80 = 81920  # MiB of an 80 GB device
@@ -562,3 +563,23 @@ async def test_a_gang_the_devices_cannot_hold_together_waits(env: Env) -> None:
     assert {m["status"] for m in gang} <= {"queued", "rejected"}
     assert await env.conn.fetchval("SELECT count(*) FROM respool.device_slices") == 0
     assert await env.violations() == []
+
+
+@pytest.mark.parametrize("twin", [None, "broken_slice_twin"])
+async def test_broken_slice_twin_is_caught_by_i9(env: Env, twin: str | None) -> None:
+    """Device 0 held whole, then a slice: the engine puts the slice on device 1; the twin (a held
+    device still offers its room to slices, the CHECK gone) puts it on device 0, the first in
+    list order with as much room, and invariant_violations reports I9."""
+    if twin:
+        await install_twin(env.conn, twin)
+    await env.pool()
+    await env.node("n1", ["0", "1"])
+    whole = await env.req({"gpu": 1})
+    piece = await env.req({"gpu_memory_mb": 1000})
+    assert whole["placement"]["devices"] == {"gpu": ["0"]}
+    found = [v["invariant"] for v in await env.violations()]
+    if twin is None:
+        assert slice_of(piece)[0] == "1" and found == []
+    else:
+        assert piece["status"] == "allocated" and slice_of(piece)[0] == "0"
+        assert "I9" in found, found
