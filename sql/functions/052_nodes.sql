@@ -253,6 +253,11 @@ BEGIN
     capacity_changes := coalesce(p_capacity_changes, '{}');
     FOR k IN SELECT x FROM jsonb_object_keys(maps -> 'sharing') x ORDER BY 1 LOOP
         v_offer := (maps -> 'device_memory_mb' ->> k)::bigint - coalesce((maps -> 'reserved_memory_mb' ->> k)::bigint, 0);
+        IF jsonb_array_length(p_devices -> k)::numeric * v_offer > respool._max_amount() THEN
+            PERFORM respool._fail('RP400', 'device_memory_mb.' || k, format(
+                'device_memory_mb.%s: %s devices offering %s MiB each would pass the largest capacity %s',
+                k, jsonb_array_length(p_devices -> k), v_offer, respool._max_amount()));
+        END IF;
         FOR f, n IN VALUES (k || '_memory_mb', jsonb_array_length(p_devices -> k) * v_offer),
                            (k || '_share', jsonb_array_length(p_devices -> k) * 100) LOOP
             IF capacity_changes ? f AND (capacity_changes ->> f)::bigint <> n THEN

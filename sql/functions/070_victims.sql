@@ -480,8 +480,9 @@ BEGIN
                 FOR u IN SELECT p.device, array_agg(DISTINCT h.unit) AS holders
                            FROM respool._device_places(p_pool_id, p_request.resources, v_moving) p
                           CROSS JOIN LATERAL (
-                                 SELECT coalesce((SELECT min(m2.id::text)::uuid FROM respool.requests m2
-                                                   WHERE m2.gang_id = q.gang_id AND m2.status = 'allocated'), q.id) AS unit
+                                 SELECT coalesce((SELECT m2.id FROM respool.requests m2
+                                                   WHERE m2.gang_id = q.gang_id AND m2.status = 'allocated'
+                                                   ORDER BY m2.id LIMIT 1), q.id) AS unit
                                    FROM respool.requests q
                                   WHERE q.status = 'allocated'
                                     AND (q.id = p.holder_id OR q.id IN (SELECT ds.request_id FROM respool.device_slices ds
