@@ -38,6 +38,7 @@ __all__ = [
     "NodeUpdate",
     "Placement",
     "PlacementMode",
+    "Slice",
     "AgentHeartbeat",
     "AgentHeartbeatAnswer",
     "AgentJobs",
@@ -127,6 +128,8 @@ Queueing = Literal["best_effort", "strict"]
 Ordering = Literal["fifo", "fair"]
 PlacementMode = Literal["pack", "spread"]
 NodeState = Literal["active", "cordoned", "draining"]
+# How slices of a shared device are kept apart (docs/placement.md, "Sharing a GPU")
+SharingMode = Literal["mps", "time-slicing"]
 
 # --- answers ---------------------------------------------------------------------------------
 
@@ -161,13 +164,25 @@ class Pool(msgspec.Struct, frozen=True):
     rates: dict[str, Rate] = {}  # rate keys (docs/rates.md), not in capacity
 
 
+class Slice(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The part of one shared device an allocation holds (docs/placement.md, "Sharing a GPU"):
+    its memory in MiB and, when one was asked, its compute share in percent."""
+
+    memory_mb: int
+    share: int | None = None
+
+
 class Placement(msgspec.Struct, frozen=True):
     """Where an allocation runs in a pool with nodes: the node, its labels and the device ids
-    held per key (docs/placement.md)."""
+    held per key (docs/placement.md); for a slice of a shared device, ``slices`` (key → device
+    id → :class:`Slice`), and ``isolation`` per device key (``exclusive`` for whole devices,
+    else the node's sharing mode: ``mps`` or ``time-slicing``)."""
 
     node: str
     labels: dict[str, str]
     devices: dict[str, list[str]]
+    slices: dict[str, dict[str, Slice]] = {}
+    isolation: dict[str, str] = {}
 
 
 class NodeAllocation(msgspec.Struct, frozen=True):
@@ -179,6 +194,7 @@ class NodeAllocation(msgspec.Struct, frozen=True):
     status: Status
     resources: dict[str, int]  # the units charged on this node
     devices: dict[str, list[str]]
+    slices: dict[str, dict[str, Slice]] = {}  # its slices of shared devices
 
 
 class Node(msgspec.Struct, frozen=True):
@@ -193,6 +209,10 @@ class Node(msgspec.Struct, frozen=True):
     allocations: list[NodeAllocation]
     created_at: datetime
     updated_at: datetime
+    # shared devices (docs/placement.md, "Sharing a GPU"), keyed by a device key
+    sharing: dict[str, SharingMode] = {}
+    device_memory_mb: dict[str, int] = {}
+    reserved_memory_mb: dict[str, int] = {}
     # its agent (docs/jobs.md): ready, lost (takes no new jobs), null (never ran one)
     agent: Literal["ready", "lost"] | None = None
     agent_seen_at: datetime | None = None
@@ -442,6 +462,16 @@ _DEVICES = _declare(
         "items": {"type": "string", "minLength": 1, "maxLength": MAX_DEVICE_ID},
     },
 )
+_SHARING = _declare(
+    max_properties=MAX_KEYS,
+    property_names={"pattern": KEY_PATTERN},
+    additional_properties={"type": "string", "enum": ["mps", "time-slicing"]},
+)
+_DEVICE_MEMORY = _declare(
+    max_properties=MAX_KEYS,
+    property_names={"pattern": KEY_PATTERN},
+    additional_properties={"type": "integer", "minimum": 1, "maximum": MAX_AMOUNT},
+)
 _MEMORY = MEMORY_PATTERN
 
 
@@ -690,6 +720,10 @@ class NodeCreate(_Body):
     capacity: Amounts = {}
     devices: Annotated[dict[str, list[str]], _DEVICES] = {}
     state: NodeState = "active"
+    # a device key whose devices may be sliced, each device's memory, what each keeps back
+    sharing: Annotated[dict[str, str], _SHARING] = {}
+    device_memory_mb: Annotated[dict[str, int], _DEVICE_MEMORY] = {}
+    reserved_memory_mb: Annotated[dict[str, int], _AMOUNTS] = {}
 
 
 class NodeUpdate(_Body):
@@ -703,6 +737,10 @@ class NodeUpdate(_Body):
     capacity: Annotated[dict[str, int] | UnsetType, _AMOUNTS] = UNSET
     devices: Annotated[dict[str, list[str] | None] | UnsetType, _DEVICES] = UNSET
     state: NodeState | UnsetType = UNSET
+    # merge per key; null removes it (sharing null: whole devices only)
+    sharing: Annotated[dict[str, str | None] | UnsetType, _SHARING] = UNSET
+    device_memory_mb: Annotated[dict[str, int | None] | UnsetType, _DEVICE_MEMORY] = UNSET
+    reserved_memory_mb: Annotated[dict[str, int | None] | UnsetType, _AMOUNTS] = UNSET
 
 
 # --- jobs and agents (docs/jobs.md) -----------------------------------------------------------

@@ -125,6 +125,39 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION respool.build_node_selector(jsonb, jsonb) IS 'A request''s final node selector (docs/placement.md): node_selector merged with the settings gpu_type -> label gpu-type and gpu_class -> label gpu-class (settings win, as the typed settings fields do for resources); {} when none. RP400 naming the field for a bad label or value.';
 
+CREATE OR REPLACE FUNCTION respool._check_slices(p_resources jsonb)
+RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    k text;
+    n bigint;
+    d text;
+BEGIN
+    -- A slice of one device of key K (docs/placement.md, "Sharing a GPU"): <K>_memory_mb, and
+    -- optionally <K>_share (1..100); never with whole devices of K.
+    FOR k, n IN SELECT key, value::bigint FROM jsonb_each_text(p_resources)
+                 WHERE key ~ '^[a-z][a-z0-9_]*_share$' ORDER BY key LOOP
+        d := left(k, -length('_share'));
+        IF NOT p_resources ? (d || '_memory_mb') THEN
+            PERFORM respool._fail('RP400', 'resources.' || d || '_memory_mb', format(
+                'resources.%s_memory_mb is required with resources.%s: a slice of one %s device asks its memory (MiB)',
+                d, k, d));
+        END IF;
+        IF n > 100 THEN
+            PERFORM respool._fail('RP400', 'resources.' || k, format(
+                'resources.%s must be a compute share from 1 to 100 (percent of one device), got %s', k, n));
+        END IF;
+    END LOOP;
+    FOR d IN SELECT s.key FROM respool._slice_needs(p_resources) s ORDER BY s.key LOOP
+        IF p_resources ? d THEN
+            PERFORM respool._fail('RP400', 'resources.' || d || '_memory_mb', format(
+                'resources: ask either whole %s devices (%s) or one slice of a device (%s_memory_mb, %s_share), not both',
+                d, d, d, d));
+        END IF;
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION respool._check_slices(jsonb) IS
+    'A request''s slices (docs/placement.md, "Sharing a GPU"), zeros already dropped: <K>_share needs <K>_memory_mb and is at most 100; <K>_memory_mb never comes with whole devices <K>. RP400 naming resources.<key>.';
+
 CREATE OR REPLACE FUNCTION respool.build_resources(p_resources jsonb, p_settings jsonb)
 RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
@@ -139,6 +172,7 @@ BEGIN
     merged := respool._resource_map(p_resources, 'resources') || respool.settings_to_resources(p_settings);
     SELECT coalesce(jsonb_object_agg(key, value), '{}') INTO merged
       FROM jsonb_each(merged) WHERE value <> '0'::jsonb;
+    PERFORM respool._check_slices(merged);
     RETURN merged || '{"step_run": 1}'::jsonb;
 END $$;
-COMMENT ON FUNCTION respool.build_resources(jsonb, jsonb) IS 'Final request map: resources merged with converted settings (settings win), zeros dropped, step_run: 1 added; RP400 if the client sent step_run.';
+COMMENT ON FUNCTION respool.build_resources(jsonb, jsonb) IS 'Final request map: resources merged with converted settings (settings win), zeros dropped, step_run: 1 added; RP400 if the client sent step_run, or for a slice asked wrong (respool._check_slices).';

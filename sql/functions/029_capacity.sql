@@ -14,8 +14,8 @@
 --                division (respool._how_many).
 --
 -- The place relation is one row per place and key with every figure above: respool._pool_place
--- (the pool as a whole) and respool._node_places (each node of a pool; a device level would be a
--- third function of the same columns). Node choice, slots, victim choice, rejections, blockers,
+-- (the pool as a whole), respool._node_places (each node of a pool) and respool._device_places
+-- (each device a need may use: shared devices sliced by memory and share, docs/placement.md). Node choice, slots, victim choice, rejections, blockers,
 -- the starvation guard and the ETA read it. Both are LANGUAGE sql and inlined into the callers'
 -- queries: no call per place or per row, and the units moving (respool._moving_units) are read
 -- once per call, only by callers that ask for them.
@@ -179,6 +179,146 @@ $$;
 COMMENT ON FUNCTION respool._node_places(uuid, jsonb, uuid, boolean) IS
     'THE node places of a pool: per node (any state; name, labels, state, agent) and key of p_need, the need, the capacity (key rule: a soft key it lacks unbounded, another 0; a rate key of the pool unbounded), used, devices and, with p_moving, units leaving and earmarked there for others than p_except; the rooms of respool._pool_place. Inlined (SQL).';
 
+-- Devices shared by slices (docs/placement.md, "Sharing a GPU") are the third level of place: a
+-- device of a node, with a memory offer and a compute share of 100. A slice needs memory and
+-- share on one device; a whole device needs all of both (need = capacity, so _fits_room means
+-- "untouched"); a device held whole has no room left (-1). A device that is not shared is the
+-- same place with an offer of 0: a whole device fits it when nobody holds it.
+
+CREATE OR REPLACE FUNCTION respool._pool_shares(p_pool_id uuid)
+RETURNS boolean LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- (a probe of the partial index node_resources_sharing_idx, empty unless some node shares)
+    RETURN EXISTS (SELECT FROM respool.node_resources nr JOIN respool.nodes n ON n.id = nr.node_id
+                    WHERE nr.sharing IS NOT NULL AND n.pool_id = p_pool_id);
+END $$;
+COMMENT ON FUNCTION respool._pool_shares(uuid) IS
+    'True when some node of the pool shares a device key: only then does the device level of the place relation (respool._device_places) decide anything the node counters do not. Read-only.';
+
+CREATE OR REPLACE FUNCTION respool._slice_needs(p_need jsonb)
+RETURNS TABLE (key text, memory_mb bigint, share bigint)
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    -- <K>_memory_mb (with <K>_share) asks a slice of one device of key K
+    SELECT left(x.key, -length('_memory_mb')), x.value::bigint, (p_need ->> (left(x.key, -length('_memory_mb')) || '_share'))::bigint
+      FROM jsonb_each_text(p_need) x
+     WHERE x.key ~ '^[a-z][a-z0-9_]*_memory_mb$'
+$$;
+COMMENT ON FUNCTION respool._slice_needs(jsonb) IS
+    'The slices a need asks: per key <K>_memory_mb of the need, the device key K, the memory (MiB) and the share (<K>_share, NULL when not asked). Whether K is shared is the node''s (respool._device_places). Inlined (SQL).';
+
+CREATE OR REPLACE FUNCTION respool._device_places(p_pool_id uuid, p_need jsonb, p_moving boolean DEFAULT false)
+RETURNS TABLE (node_id uuid, node_name text, state text, labels jsonb, agent text, key text, device text,
+               "position" integer, sharing text, slice boolean, wanted bigint, need_memory bigint, need_share bigint,
+               memory bigint, share bigint, memory_used bigint, share_used bigint, held boolean,
+               room_memory bigint, room_share bigint, fits boolean, fits_ever boolean,
+               holder_id uuid, leaving_memory bigint, leaving_share bigint, holder_leaving boolean,
+               room_memory_settled bigint, room_share_settled bigint)
+LANGUAGE sql STABLE AS $$
+    -- One row per device a need may use: of a key it asks whole devices of (wanted: how many),
+    -- or of a shared key it asks a slice of (wanted: 1). With p_moving, what victims in their
+    -- grace period hold there (their slices, or the device whole) counts as gone in the settled
+    -- rooms, as the node places do.
+    SELECT n.id, n.name, n.state, n.labels, n.agent, d.key, d.device, d.position, nr.sharing, w.slice, w.wanted,
+           c.need_memory, c.need_share, c.memory, c.share, d.memory_used, d.share_used, d.holder_id IS NOT NULL,
+           r.room_memory, r.room_share,
+           respool._fits_room(c.need_memory, r.room_memory) AND respool._fits_room(c.need_share, r.room_share),
+           respool._fits_room(c.need_memory, respool._room(c.memory, 0))
+               AND respool._fits_room(c.need_share, respool._room(c.share, 0)),
+           d.holder_id, m.leaving_memory, m.leaving_share, m.holder_leaving,
+           CASE WHEN d.holder_id IS NULL OR m.holder_leaving
+                THEN respool._room(c.memory, d.memory_used - m.leaving_memory) ELSE -1 END,
+           CASE WHEN d.holder_id IS NULL OR m.holder_leaving
+                THEN respool._room(c.share, d.share_used - m.leaving_share) ELSE -1 END
+      FROM (SELECT x.key, false AS slice, x.value::bigint AS wanted, NULL::bigint AS memory, NULL::bigint AS share
+              FROM jsonb_each_text(p_need) x
+            UNION ALL
+            SELECT s.key, true, 1, s.memory_mb, s.share FROM respool._slice_needs(p_need) s) w
+      JOIN respool.nodes n ON n.pool_id = p_pool_id
+      JOIN respool.node_resources nr ON nr.node_id = n.id AND nr.key = w.key AND nr.devices > 0
+      JOIN respool.node_devices d ON d.node_id = n.id AND d.key = w.key
+     CROSS JOIN LATERAL (
+            SELECT CASE WHEN w.slice THEN w.memory ELSE coalesce(d.memory_mb, 0) END AS need_memory,
+                   CASE WHEN w.slice THEN coalesce(w.share, 0) WHEN d.memory_mb IS NOT NULL THEN 100 ELSE 0 END AS need_share,
+                   coalesce(d.memory_mb, 0) AS memory,
+                   CASE WHEN d.memory_mb IS NOT NULL THEN 100 ELSE 0 END::bigint AS share) c
+     CROSS JOIN LATERAL (
+            SELECT CASE WHEN d.holder_id IS NULL THEN respool._room(c.memory, d.memory_used) ELSE -1 END AS room_memory,
+                   CASE WHEN d.holder_id IS NULL THEN respool._room(c.share, d.share_used) ELSE -1 END AS room_share) r
+     CROSS JOIN LATERAL (
+            SELECT CASE WHEN p_moving AND d.memory_used > 0 THEN coalesce((
+                        SELECT sum(ds.memory_mb) FROM respool.device_slices ds JOIN respool.requests v ON v.id = ds.request_id
+                         WHERE ds.node_id = d.node_id AND ds.key = d.key AND ds.device = d.device
+                           AND v.status = 'preempting'), 0)::bigint ELSE 0 END AS leaving_memory,
+                   CASE WHEN p_moving AND d.share_used > 0 THEN coalesce((
+                        SELECT sum(coalesce(ds.share, 0)) FROM respool.device_slices ds JOIN respool.requests v ON v.id = ds.request_id
+                         WHERE ds.node_id = d.node_id AND ds.key = d.key AND ds.device = d.device
+                           AND v.status = 'preempting'), 0)::bigint ELSE 0 END AS leaving_share,
+                   p_moving AND d.holder_id IS NOT NULL
+                   AND EXISTS (SELECT FROM respool.requests v WHERE v.id = d.holder_id AND v.status = 'preempting')
+                       AS holder_leaving) m
+     WHERE NOT w.slice OR nr.sharing IS NOT NULL
+$$;
+COMMENT ON FUNCTION respool._device_places(uuid, jsonb, boolean) IS
+    'THE device places of a pool: one row per device of its nodes (any state; with the node''s attributes) that p_need may use: of a key it asks whole devices of (wanted: how many) or of a shared key it asks a slice of (<K>_memory_mb, <K>_share; wanted 1). need: the slice, or a whole device''s offer and 100 (0 and 0 when not shared); use, holder; rooms now (held whole: -1), fits (now) and fits_ever (empty); with p_moving, what victims in their grace period hold there and the settled rooms (them gone). Inlined (SQL).';
+
+CREATE OR REPLACE FUNCTION respool._device_fit(p_pool_id uuid, p_need jsonb, p_spread boolean)
+RETURNS TABLE (node_id uuid, fits boolean, fits_ever boolean, best_left bigint, slots bigint, whole_left bigint)
+LANGUAGE sql STABLE AS $$
+    -- Per node and key: enough fitting devices (a slice: one; whole: as many as wanted); the
+    -- slice's device the placement order takes (pack: least memory left, spread: most), the
+    -- untouched devices whole ones leave, and how many needs alike the devices hold
+    -- (respool._how_many per device for a slice).
+    SELECT g.node_id, bool_and(g.ok), bool_and(g.ok_ever),
+           CASE WHEN p_spread THEN max(g.best_left) ELSE min(g.best_left) END, min(g.slots),
+           sum(g.whole_left)::bigint
+      FROM (SELECT p.node_id, p.key, p.slice,
+                   count(*) FILTER (WHERE p.fits) >= max(p.wanted) AS ok,
+                   count(*) FILTER (WHERE p.fits_ever) >= max(p.wanted) AS ok_ever,
+                   CASE WHEN p.slice THEN
+                       CASE WHEN p_spread THEN max(p.room_memory - p.need_memory) FILTER (WHERE p.fits)
+                            ELSE min(p.room_memory - p.need_memory) FILTER (WHERE p.fits) END END AS best_left,
+                   CASE WHEN NOT p.slice THEN count(*) FILTER (WHERE p.fits) - max(p.wanted) END AS whole_left,
+                   CASE WHEN p.slice
+                        THEN coalesce(sum(least(respool._how_many(p.need_memory, p.room_memory),
+                                                respool._how_many(p.need_share, p.room_share))) FILTER (WHERE p.fits), 0)
+                        ELSE count(*) FILTER (WHERE p.fits) / greatest(max(p.wanted), 1) END AS slots
+              FROM respool._device_places(p_pool_id, p_need) p
+             GROUP BY p.node_id, p.key, p.slice) g
+     GROUP BY g.node_id
+$$;
+COMMENT ON FUNCTION respool._device_fit(uuid, jsonb, boolean) IS
+    'The device level of the node rule, per node of the pool with a device p_need may use (respool._device_places): fits (every key it asks whole devices of has that many fitting devices, every slice a device with room), fits_ever (the same on empty devices), best_left (a slice''s device in the placement order: pack the least memory left once placed, p_spread the most), whole_left (the untouched devices whole ones leave) and slots (how many needs alike its devices hold now). A node without such a device has no row: its counters decide. Inlined (SQL).';
+
+CREATE OR REPLACE FUNCTION respool._device_fit_map(p_pool_id uuid, p_need jsonb, p_spread boolean DEFAULT false)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- (one statement, planned once per session; NULL when no node of the pool shares, the common
+    -- case: then the node counters decide alone)
+    IF NOT respool._pool_shares(p_pool_id) THEN
+        RETURN NULL;
+    END IF;
+    RETURN (SELECT coalesce(jsonb_object_agg(f.node_id, jsonb_build_array(f.fits, f.fits_ever, f.best_left, f.slots,
+                                                                          f.whole_left)), '{}')
+              FROM respool._device_fit(p_pool_id, p_need, p_spread) f);
+END $$;
+COMMENT ON FUNCTION respool._device_fit_map(uuid, jsonb, boolean) IS
+    'respool._device_fit as a map {node id: [fits, fits_ever, best_left, slots, whole_left]} that node queries look up, read once per call; NULL when no node of the pool shares a device key (the device level then decides nothing the node counters do not). Read-only.';
+
+CREATE OR REPLACE FUNCTION respool._whole_device_extra(p_node_id uuid, p_counts jsonb)
+RETURNS jsonb LANGUAGE sql STABLE AS $$
+    -- n whole devices of a shared key K take n offers of memory and n * 100 of share
+    SELECT coalesce(jsonb_object_agg(x.key, x.n), '{}') FROM (
+        SELECT nr.key || '_memory_mb' AS key, (c.value::bigint * (nr.device_memory_mb - nr.reserved_memory_mb)) AS n
+          FROM jsonb_each_text(p_counts) c JOIN respool.node_resources nr ON nr.node_id = p_node_id AND nr.key = c.key
+         WHERE nr.sharing IS NOT NULL AND c.value::bigint > 0
+        UNION ALL
+        SELECT nr.key || '_share', c.value::bigint * 100
+          FROM jsonb_each_text(p_counts) c JOIN respool.node_resources nr ON nr.node_id = p_node_id AND nr.key = c.key
+         WHERE nr.sharing IS NOT NULL AND c.value::bigint > 0) x
+$$;
+COMMENT ON FUNCTION respool._whole_device_extra(uuid, jsonb) IS
+    'What whole devices {key: count} of a node take of its slice counters beyond the request''s own keys: per shared key K, <K>_memory_mb (count times the offer) and <K>_share (count times 100), so that the node''s and the pool''s counters of a shared key stay exact. {} for keys that are not shared.';
+
 CREATE OR REPLACE FUNCTION respool._place_keys(p_pool_id uuid, p_level text)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
 BEGIN
@@ -198,7 +338,15 @@ RETURNS boolean LANGUAGE plpgsql STABLE AS $$
 BEGIN
     -- One node's place, empty: the columns respool._node_places gives it (capacity by the key
     -- rule, room_ever), read by two index probes of the node's counters instead of a pass over
-    -- the pool's nodes, as callers ask it node by node and stop at the first that could.
+    -- the pool's nodes, as callers ask it node by node and stop at the first that could. On a
+    -- node that shares a device key, its devices too: a slice needs one device whose offer
+    -- holds it (respool._device_fit, fits_ever).
+    IF EXISTS (SELECT FROM respool.node_resources nr WHERE nr.node_id = p_node_id AND nr.sharing IS NOT NULL)
+       AND EXISTS (SELECT FROM respool._device_fit((SELECT n.pool_id FROM respool.nodes n WHERE n.id = p_node_id),
+                                                   p_need, false) f
+                    WHERE f.node_id = p_node_id AND NOT f.fits_ever) THEN
+        RETURN false;
+    END IF;
     RETURN NOT EXISTS (SELECT FROM jsonb_each_text(p_need) x
                          LEFT JOIN respool.node_resources nr ON nr.node_id = p_node_id AND nr.key = x.key
                         WHERE NOT respool._fits_room(x.value::bigint,
@@ -207,7 +355,7 @@ BEGIN
                                            WHERE n.id = p_node_id AND rk.key = x.key));
 END $$;
 COMMENT ON FUNCTION respool._could_hold(uuid, jsonb) IS
-    'True when node p_node_id, empty, could hold every key of p_need at once (room_ever of respool._node_places: the key rule decides a key it lacks, a rate key of its pool is unbounded): whatever its state and use now. Read-only.';
+    'True when node p_node_id, empty, could hold every key of p_need at once (room_ever of respool._node_places: the key rule decides a key it lacks, a rate key of its pool is unbounded; on a node that shares, fits_ever of respool._device_fit: a slice needs a device whose offer holds it): whatever its state and use now. Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._free_units(p_pool_id uuid)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$

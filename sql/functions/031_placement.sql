@@ -220,6 +220,34 @@ END $$;
 COMMENT ON FUNCTION respool._move_units(uuid, uuid, jsonb, jsonb, integer) IS
     'Charges (p_sign 1) or returns (p_sign -1) units {key: n} on a pool''s counters and one policy''s counters (p_np: the non-preemptible part), one statement per table. A charge is guarded (used + n <= capacity / limit, or respool._max_total() for a counter nothing else bounds) and raises RP500 rather than over-allocate; a soft key the pool does not list gets an untracked counter, a key the policy does not bound a plain one. CHECK used >= 0 catches a double return.';
 
+CREATE OR REPLACE FUNCTION respool._move_extra(p_pool_id uuid, p_units jsonb, p_sign integer,
+                                               p_guard boolean DEFAULT false)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_moved text[];
+BEGIN
+    -- The memory and share of whole shared devices: the pool's counters only (a policy is
+    -- charged what its request asks, docs/placement.md).
+    WITH moved AS (
+        UPDATE respool.pool_resources pr SET used = pr.used + p_sign * x.value::bigint
+          FROM jsonb_each_text(p_units) x
+         WHERE pr.pool_id = p_pool_id AND pr.key = x.key
+           AND (NOT p_guard OR p_sign < 0 OR pr.used + x.value::bigint <= pr.capacity)
+        RETURNING pr.key)
+    SELECT coalesce(array_agg(key), '{}') INTO v_moved FROM moved;
+    IF cardinality(v_moved) < (SELECT count(*) FROM jsonb_object_keys(p_units)) THEN
+        IF p_guard OR p_sign < 0 THEN
+            RAISE EXCEPTION 'moving % units % of whole shared devices in pool % would pass its capacity or finds no counter',
+                p_sign, p_units, p_pool_id USING ERRCODE = 'RP500';
+        END IF;
+        -- (a node change charges them before the pool's capacity is derived again)
+        INSERT INTO respool.pool_resources (pool_id, key, used)
+        SELECT p_pool_id, x.key, x.value::bigint FROM jsonb_each_text(p_units) x WHERE x.key <> ALL (v_moved);
+    END IF;
+END $$;
+COMMENT ON FUNCTION respool._move_extra(uuid, jsonb, integer, boolean) IS
+    'Charges (p_sign 1) or returns (-1) the memory and share of whole shared devices {<K>_memory_mb, <K>_share} on a pool''s counters alone. A grant''s charge is guarded (p_guard: used + n <= capacity, RP500 rather than over-allocate); a node change''s charge may come before the pool''s capacity is derived again, and gets a counter when there is none. CHECK used >= 0 catches a double return.';
+
 CREATE OR REPLACE FUNCTION respool._place(p_pool_id uuid, p_policy_id uuid, p_granted respool.requests[],
                                           p_nodes uuid[] DEFAULT NULL)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -260,38 +288,77 @@ END $$;
 COMMENT ON FUNCTION respool._place(uuid, uuid, respool.requests[], uuid[]) IS
     'Places requests the caller has just moved to allocated, in a pool it has locked, under one policy: charges their resources (np_charge: the non-preemptible part) on the pool''s and policy''s counters, RP500 rather than over-allocate; in a pool with nodes puts each, in order, on p_nodes[i] or else the node respool._node_for chooses now, with its devices (respool._place_on_node; distinct_nodes gang members on different nodes), RP501 when one fits no node. Counterpart: respool._unplace.';
 
+CREATE OR REPLACE FUNCTION respool._placement_json(p_request_id uuid)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_devices jsonb;
+    v_slices jsonb := '{}';
+    v_slice_devices jsonb := '{}';
+    v_modes jsonb := '{}';
+BEGIN
+    IF NOT EXISTS (SELECT FROM respool.placements WHERE request_id = p_request_id) THEN
+        RETURN NULL;  -- a pool without nodes: the common case, one index probe
+    END IF;
+    v_devices := coalesce((SELECT jsonb_object_agg(d.key, d.ids)
+                             FROM (SELECT nd.key, jsonb_agg(nd.device ORDER BY nd.position) AS ids
+                                     FROM respool.node_devices nd WHERE nd.holder_id = p_request_id
+                                    GROUP BY nd.key) d), '{}');
+    IF EXISTS (SELECT FROM respool.device_slices WHERE request_id = p_request_id) THEN
+        SELECT jsonb_object_agg(ds.key, jsonb_build_object(ds.device, jsonb_strip_nulls(
+                   jsonb_build_object('memory_mb', ds.memory_mb, 'share', ds.share)))),
+               jsonb_object_agg(ds.key, jsonb_build_array(ds.device)),
+               jsonb_object_agg(ds.key, coalesce(nr.sharing, 'exclusive'))
+          INTO v_slices, v_slice_devices, v_modes
+          FROM respool.device_slices ds
+          LEFT JOIN respool.node_resources nr ON nr.node_id = ds.node_id AND nr.key = ds.key
+         WHERE ds.request_id = p_request_id;
+    END IF;
+    RETURN (SELECT jsonb_build_object(
+                'node', n.name, 'labels', n.labels, 'devices', v_devices || v_slice_devices, 'slices', v_slices,
+                'isolation', coalesce((SELECT jsonb_object_agg(k, 'exclusive') FROM jsonb_object_keys(v_devices) k), '{}')
+                             || v_modes)
+              FROM respool.placements pl JOIN respool.nodes n ON n.id = pl.node_id
+             WHERE pl.request_id = p_request_id);
+END $$;
+COMMENT ON FUNCTION respool._placement_json(uuid) IS
+    'Where a holding request is placed (docs/placement.md): {"node", "labels", "devices": {key: [ids in list order]}, "slices": {key: {device: {"memory_mb", "share" (when asked)}}}, "isolation": {key: exclusive for whole devices, else the node''s sharing mode}}; a slice''s device is listed in devices too. NULL when it has no placement. Read-only.';
+
 CREATE OR REPLACE FUNCTION respool._unplace(p_request_id uuid)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     r respool.requests := (SELECT q FROM respool.requests q WHERE q.id = p_request_id);
     v_node uuid;
     v_units jsonb;
+    v_extra jsonb;
+    v_doc jsonb;
 BEGIN
     -- (units of rate keys come back with time, not here: 039_rates.sql)
     PERFORM respool._move_units(r.pool_id, r.policy_id, respool._without_rates(r.pool_id, r.resources),
                                 respool._without_rates(r.pool_id, r.np_charge), -1);
-    DELETE FROM respool.placements WHERE request_id = p_request_id RETURNING node_id, resources INTO v_node, v_units;
+    -- Where it ran stays readable once it ends (docs/placement.md, "Where a request ran"): the
+    -- same document as its placement had, read before its devices and slices are given back.
+    v_doc := respool._placement_json(p_request_id);
+    DELETE FROM respool.placements WHERE request_id = p_request_id
+    RETURNING node_id, resources, extra INTO v_node, v_units, v_extra;
     IF FOUND THEN
         UPDATE respool.node_resources nr SET used = nr.used - x.value::bigint
           FROM jsonb_each_text(v_units) x
          WHERE nr.node_id = v_node AND nr.key = x.key;
-        -- Where it ran stays readable once it ends (docs/placement.md, "Where a request ran"):
-        -- the same document as its placement had, from the node and the devices it still holds.
-        UPDATE respool.requests SET last_placement = (
-                   SELECT jsonb_build_object(
-                              'node', n.name, 'labels', n.labels,
-                              'devices', coalesce((SELECT jsonb_object_agg(d.key, d.ids)
-                                                     FROM (SELECT nd.key, jsonb_agg(nd.device ORDER BY nd.position) AS ids
-                                                             FROM respool.node_devices nd
-                                                            WHERE nd.holder_id = p_request_id
-                                                            GROUP BY nd.key) d), '{}'::jsonb))
-                     FROM respool.nodes n WHERE n.id = v_node)
-         WHERE id = p_request_id;
+        IF v_extra <> '{}' THEN
+            PERFORM respool._move_extra(r.pool_id, v_extra, -1);
+        END IF;
+        UPDATE respool.requests SET last_placement = v_doc WHERE id = p_request_id;
         UPDATE respool.node_devices SET holder_id = NULL WHERE holder_id = p_request_id;
+        WITH gone AS (DELETE FROM respool.device_slices WHERE request_id = p_request_id
+                      RETURNING node_id, key, device, memory_mb, share)
+        UPDATE respool.node_devices d
+           SET memory_used = d.memory_used - g.memory_mb, share_used = d.share_used - coalesce(g.share, 0)
+          FROM gone g
+         WHERE d.node_id = g.node_id AND d.key = g.key AND d.device = g.device;
     END IF;
 END $$;
 COMMENT ON FUNCTION respool._unplace(uuid) IS
-    'Gives a holding request''s units back: returns them to its pool''s and policy''s counters and, when it was placed on a node, to the node''s counters and devices, and removes its placement (CHECK used >= 0 catches a double return), keeping it as the request''s last_placement. Every path that ends a holding goes through it: release, cancel, lease expiry, max_seconds, preemption, grace end, forced deletes and node removal. The caller changes the status, which clears the lease, runtime cap and charge (respool._set_status).';
+    'Gives a holding request''s units back: to its pool''s and policy''s counters and, when placed on a node, to the node''s counters, devices and slices (and the pool''s slice counters what its whole shared devices took); removes its placement, kept as last_placement (CHECK used >= 0 catches a double return). Every path that ends a holding goes through it. The caller changes the status (respool._set_status).';
 
 -- Nodes (docs/placement.md). In a pool backed by nodes every grant is also placed on one active node
 -- that matches the request's node_selector and has room for every key of the request (the node
@@ -326,11 +393,14 @@ DECLARE
     v_mine uuid;
     v_job boolean := false;
     v_moving boolean := respool._earmarked(p_pool_id, p_request_id);
+    v_dev jsonb;
 BEGIN
     -- Order: pack takes the node left with the fewest free units of the request's device keys
     -- (keys the node names devices for) once it is placed, then the fewest left over the keys it
-    -- bounds, then the name; spread the most.
+    -- bounds, then the name; spread the most. A slice of a shared device first by the device it
+    -- would take (pack: least memory left; spread: most), then the same node rules.
     SELECT placement = 'spread' INTO v_spread FROM respool.pools WHERE id = p_pool_id;
+    v_dev := respool._device_fit_map(p_pool_id, p_resources, v_spread);
     IF p_request_id IS NOT NULL THEN
         SELECT earmark_node_id, command IS NOT NULL INTO v_mine, v_job FROM respool.requests WHERE id = p_request_id;
     END IF;
@@ -344,32 +414,42 @@ BEGIN
            AND respool._node_matches(p.node_name, p.labels, p_selector)
          GROUP BY p.node_id, p.node_name
         HAVING bool_and(respool._fits_room(p.need, p.room))
+               -- the device level: a device for each slice, untouched devices for whole ones
+               AND (v_dev IS NULL OR coalesce((v_dev -> p.node_id::text ->> 0)::boolean, true))
          -- What the node is left with once the request is placed (docs/placement.md): nodes
          -- differ in which keys they name devices for, so free-now would order them otherwise.
          ORDER BY p.node_id IS NOT DISTINCT FROM v_mine DESC,
+                  CASE WHEN v_spread THEN -1 ELSE 1 END * (v_dev -> p.node_id::text ->> 2)::bigint NULLS LAST,
+                  -- (whole devices: what is left of the untouched ones, where the devices decide)
                   CASE WHEN v_spread THEN -1 ELSE 1 END
-                  * coalesce(sum(p.free - p.need) FILTER (WHERE p.capacity IS NOT NULL AND p.devices > 0), 0),
+                  * coalesce((v_dev -> p.node_id::text ->> 4)::bigint,
+                             sum(p.free - p.need) FILTER (WHERE p.capacity IS NOT NULL AND p.devices > 0), 0),
                   CASE WHEN v_spread THEN -1 ELSE 1 END
                   * coalesce(sum(p.free - p.need) FILTER (WHERE p.capacity IS NOT NULL), 0),
                   p.node_name
          LIMIT 1);
 END $$;
 COMMENT ON FUNCTION respool._node_for(uuid, jsonb, jsonb, uuid, uuid[]) IS
-    'The node a grant of p_resources goes to in a pool with nodes (docs/placement.md), NULL when none fits now: an active node of the pool, not in p_exclude, matching the selector (for a job: whose agent is not lost, docs/jobs.md), whose room (respool._node_places: net of units earmarked there for other requests) fits every key. The node earmarked for p_request_id first; then the pool''s placement order (pack: least left over once placed; spread: most). Read-only; the caller holds the pool lock.';
+    'The node a grant of p_resources goes to in a pool with nodes (docs/placement.md), NULL when none fits now: an active node of the pool, not in p_exclude, matching the selector (a job: agent not lost), whose room (respool._node_places, net of earmarks for others) fits every key and whose devices hold it (respool._device_fit, in a pool that shares). Order: the node earmarked for p_request_id; a slice''s device (pack: least memory left; spread: most); the pool''s placement order. Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._node_slots(p_pool_id uuid, p_resources jsonb, p_selector jsonb)
 RETURNS bigint LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_dev jsonb;
 BEGIN
     -- Requests of one shape are placed one per node slot: per node, the count that fits its
     -- room of every key (respool._how_many; a node lacking a non-soft key holds none).
+    -- In a pool that shares devices, also the count its devices hold (respool._device_fit).
+    v_dev := respool._device_fit_map(p_pool_id, p_resources);
     RETURN (SELECT coalesce(sum(s.slots), 0) FROM (
-        SELECT least(min(respool._how_many(p.need, p.room)), respool._max_batch()) AS slots
+        SELECT least(min(respool._how_many(p.need, p.room)), respool._max_batch(),
+                     (v_dev -> p.node_id::text ->> 3)::bigint) AS slots
           FROM respool._node_places(p_pool_id, p_resources) p
          WHERE p.state = 'active' AND respool._node_matches(p.node_name, p.labels, p_selector)
          GROUP BY p.node_id) s WHERE s.slots > 0);
 END $$;
 COMMENT ON FUNCTION respool._node_slots(uuid, jsonb, jsonb) IS
-    'How many requests of one shape (resources, selector) the active matching nodes of a pool hold now, placed one per node slot: per node the count that fits its room of every key (respool._how_many, at most respool._max_batch()). Exact for requests alike (nodes are independent), so a set-based run in a pool with nodes grants at most this many. Only while no earmark is pending in the pool. Read-only.';
+    'How many requests of one shape (resources, selector) the active matching nodes of a pool hold now, placed one per node slot: per node the count that fits its room of every key (respool._how_many, at most respool._max_batch()) and, in a pool that shares devices, that its devices hold (respool._device_fit). Exact for requests alike (nodes are independent), so a set-based run in a pool with nodes grants at most this many. Only while no earmark is pending in the pool. Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._place_on_node(p_request respool.requests, p_node_id uuid)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -378,13 +458,24 @@ DECLARE
     v_over boolean;
     v_named bigint;
     v_taken integer;
+    v_pool_id uuid := (SELECT pool_id FROM respool.nodes WHERE id = p_node_id);
+    v_shares boolean := EXISTS (SELECT FROM respool.node_resources nr WHERE nr.node_id = p_node_id AND nr.sharing IS NOT NULL);
+    v_extra jsonb := '{}';
+    v_spread boolean;
+    v_sl record;
+    v_device text;
 BEGIN
+    -- Whole devices of a shared key also take their memory and share on the node's and the pool's
+    -- slice counters (docs/placement.md, "Sharing a GPU"), so those stay exact.
+    IF v_shares THEN
+        v_extra := respool._whole_device_extra(p_node_id, p_request.resources);
+    END IF;
     -- The charge: the request's units of the keys the node tracks, on the node's counters, in one
     -- statement. A charge that passes a capacity raises below and the transaction rolls back:
     -- a bug fails loudly instead of over-allocating.
     WITH charged AS (
         UPDATE respool.node_resources nr SET used = nr.used + x.value::bigint
-          FROM jsonb_each_text(p_request.resources) x
+          FROM jsonb_each_text(p_request.resources || v_extra) x
          WHERE nr.node_id = p_node_id AND nr.key = x.key
         RETURNING nr.key, x.value::bigint AS n, nr.used > nr.capacity AS over, nr.devices > 0 AS named)
     SELECT coalesce(jsonb_object_agg(c.key, c.n), '{}'), coalesce(bool_or(c.over), false),
@@ -395,9 +486,14 @@ BEGIN
         RAISE EXCEPTION 'placing request % on node %: % would pass the node''s capacity', p_request.id, p_node_id, v_units
             USING ERRCODE = 'RP500';
     END IF;
+    IF v_extra <> '{}' THEN
+        PERFORM respool._move_extra(v_pool_id, v_extra, 1, true);
+    END IF;
     -- Devices: the first free ids of each named key, in the node's list order. The holder column
-    -- takes one holder per device; a device already held is never taken (holder_id IS NULL).
-    IF v_named > 0 THEN
+    -- takes one holder per device; a device already held is never taken (holder_id IS NULL), and
+    -- a device with slices never (CHECK never_whole_and_sliced; the device places say which
+    -- devices are untouched).
+    IF v_named > 0 AND NOT v_shares THEN
         WITH wanted AS (
             SELECT d.key, d.device
               FROM (SELECT d.key, d.device, row_number() OVER (PARTITION BY d.key ORDER BY d.position) AS n
@@ -408,15 +504,54 @@ BEGIN
           FROM wanted w
          WHERE t.node_id = p_node_id AND t.key = w.key AND t.device = w.device AND t.holder_id IS NULL;
         GET DIAGNOSTICS v_taken = ROW_COUNT;
-        IF v_taken <> v_named THEN
-            RAISE EXCEPTION 'placing request % on node %: % free devices for % named units', p_request.id, p_node_id,
-                v_taken, v_named USING ERRCODE = 'RP500';
-        END IF;
+    ELSIF v_named > 0 THEN
+        WITH wanted AS (
+            SELECT d.key, d.device
+              FROM (SELECT p.key, p.device, p.wanted, row_number() OVER (PARTITION BY p.key ORDER BY p.position) AS n
+                      FROM respool._device_places(v_pool_id, p_request.resources) p
+                     WHERE p.node_id = p_node_id AND NOT p.slice AND p.fits) d
+             WHERE d.n <= d.wanted)
+        UPDATE respool.node_devices t SET holder_id = p_request.id
+          FROM wanted w
+         WHERE t.holder_id IS NULL AND t.node_id = p_node_id AND t.key = w.key AND t.device = w.device;
+        GET DIAGNOSTICS v_taken = ROW_COUNT;
     END IF;
-    INSERT INTO respool.placements (request_id, node_id, resources) VALUES (p_request.id, p_node_id, v_units);
+    IF v_named > 0 AND v_taken <> v_named THEN
+        RAISE EXCEPTION 'placing request % on node %: % free devices for % named units', p_request.id, p_node_id,
+            v_taken, v_named USING ERRCODE = 'RP500';
+    END IF;
+    -- Slices: each on the device of its shared key the placement order takes (pack: least memory
+    -- left once placed; spread: most; then list order), counted on the device under a guard.
+    IF v_shares THEN
+        SELECT placement = 'spread' INTO v_spread FROM respool.pools WHERE id = v_pool_id;
+        FOR v_sl IN SELECT s.key, s.memory_mb, s.share FROM respool._slice_needs(p_request.resources) s
+                      JOIN respool.node_resources nr ON nr.node_id = p_node_id AND nr.key = s.key AND nr.sharing IS NOT NULL
+                     ORDER BY s.key LOOP
+            SELECT p.device INTO v_device
+              FROM respool._device_places(v_pool_id, p_request.resources) p
+             WHERE p.node_id = p_node_id AND p.slice AND p.key = v_sl.key AND p.fits
+             ORDER BY CASE WHEN v_spread THEN -1 ELSE 1 END * (p.room_memory - p.need_memory), p.position
+             LIMIT 1;
+            IF v_device IS NULL THEN
+                RAISE EXCEPTION 'request % fits no %s device of node % now', p_request.id, v_sl.key, p_node_id
+                    USING ERRCODE = 'RP501';
+            END IF;
+            UPDATE respool.node_devices d
+               SET memory_used = d.memory_used + v_sl.memory_mb, share_used = d.share_used + coalesce(v_sl.share, 0)
+             WHERE d.node_id = p_node_id AND d.key = v_sl.key AND d.device = v_device AND d.holder_id IS NULL
+               AND d.memory_used + v_sl.memory_mb <= d.memory_mb AND d.share_used + coalesce(v_sl.share, 0) <= 100;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION 'placing a slice of request % on device % % of node %: it would pass the device''s offer',
+                    p_request.id, v_sl.key, v_device, p_node_id USING ERRCODE = 'RP500';
+            END IF;
+            INSERT INTO respool.device_slices (request_id, node_id, key, device, memory_mb, share)
+            VALUES (p_request.id, p_node_id, v_sl.key, v_device, v_sl.memory_mb, v_sl.share);
+        END LOOP;
+    END IF;
+    INSERT INTO respool.placements (request_id, node_id, resources, extra) VALUES (p_request.id, p_node_id, v_units, v_extra);
 END $$;
 COMMENT ON FUNCTION respool._place_on_node(respool.requests, uuid) IS
-    'Charges a granted request on one node: its units of the keys the node tracks on the node''s counters (one statement; a charge that would pass a capacity raises RP500 and rolls back), the first free device ids of each named key in list order (one holder per device; RP500 when fewer are free than needed), and its placement row. The caller chose the node (respool._node_for) under the pool lock.';
+    'Charges a granted request on one node (chosen by respool._node_for under the pool lock): its units of the keys the node tracks (one statement, RP500 rather than pass a capacity), the first free untouched device ids of each named key in list order, its slices on the devices the placement order takes (guarded, RP500; RP501 when none holds it now), whole shared devices'' memory and share on the node''s and pool''s slice counters (placements.extra), and its placement row.';
 
 CREATE OR REPLACE FUNCTION respool._node_rejection(p_pool_id uuid, p_resources jsonb, p_selector jsonb,
                                                    p_request_id uuid, OUT reason text, OUT message text)
@@ -497,6 +632,17 @@ BEGIN
             reason := 'no_fitting_node';
             message := format('each key fits some matching node of pool %s, but no node could hold all of them at once',
                               v_pool);
+            -- A slice bigger than every shared device's offer says so (docs/placement.md).
+            SELECT p.key, max(p.need_memory) AS need, max(p.memory) AS largest INTO v_bad
+              FROM unnest(v_needs) need_map CROSS JOIN LATERAL respool._device_places(p_pool_id, need_map) p
+             WHERE p.slice AND respool._node_matches(p.node_name, p.labels, p_selector)
+             GROUP BY need_map, p.key
+            HAVING NOT bool_or(p.fits_ever)
+             ORDER BY p.key LIMIT 1;
+            IF FOUND THEN
+                message := format('%s_memory_mb: a slice of %s MiB fits no single device: the largest shared %s device of a matching node of pool %s offers %s MiB',
+                                  v_bad.key, v_bad.need, v_bad.key, v_pool, v_bad.largest);
+            END IF;
         ELSIF v_distinct AND v_matching < cardinality(v_needs) THEN
             reason := 'no_fitting_node';
             message := format('a gang of %s members on distinct nodes: pool %s has %s matching nodes that could hold a member',
@@ -521,6 +667,7 @@ DECLARE
     v_active integer;
     v_key text;
     v_best bigint;
+    v_dev record;
 BEGIN
     IF p_selector IS NULL OR NOT respool._pool_has_nodes(p_pool_id)
        OR respool._node_for(p_pool_id, p_resources, p_selector) IS NOT NULL THEN
@@ -540,6 +687,33 @@ BEGIN
      GROUP BY p.key
     HAVING bool_and(NOT respool._fits_room(p.need, p.free))
      ORDER BY p.key LIMIT 1;
+    IF v_key IS NULL AND respool._pool_shares(p_pool_id) THEN
+        -- The device level (docs/placement.md, "Sharing a GPU"): the first key whose devices hold
+        -- it on no active matching node now.
+        SELECT x.key, x.slice, max(x.wanted) AS wanted, max(x.fitting) AS fitting, max(x.need_memory) AS need_memory,
+               max(x.need_share) AS need_share, greatest(max(x.most_memory), 0) AS most_memory,
+               greatest(max(x.most_share), 0) AS most_share
+          INTO v_dev
+          FROM (SELECT p.node_id, p.key, p.slice, max(p.wanted) AS wanted, count(*) FILTER (WHERE p.fits) AS fitting,
+                       max(p.need_memory) AS need_memory, max(p.need_share) AS need_share,
+                       max(p.room_memory) AS most_memory, max(p.room_share) AS most_share
+                  FROM respool._device_places(p_pool_id, p_resources) p
+                 WHERE p.state = 'active' AND respool._node_matches(p.node_name, p.labels, p_selector)
+                 GROUP BY p.node_id, p.key, p.slice) x
+         GROUP BY x.key, x.slice
+        HAVING bool_and(x.fitting < x.wanted)
+         ORDER BY x.key LIMIT 1;
+        IF FOUND AND v_dev.slice THEN
+            RETURN format('waiting for a %s slice: needs %s MiB%s on one device, the most free on a device of an active matching node is %s MiB%s',
+                          v_dev.key, v_dev.need_memory,
+                          CASE WHEN v_dev.need_share > 0 THEN format(' and share %s', v_dev.need_share) ELSE '' END,
+                          v_dev.most_memory,
+                          CASE WHEN v_dev.need_share > 0 THEN format(' (most share free %s)', v_dev.most_share) ELSE '' END);
+        ELSIF FOUND THEN
+            RETURN format('waiting for %s on one node: needs %s whole devices, an active matching node has at most %s without a holder or slices',
+                          v_dev.key, v_dev.wanted, v_dev.fitting);
+        END IF;
+    END IF;
     IF v_key IS NULL THEN
         RETURN 'waiting for a node: no single active node has room for all of its keys at once';
     END IF;
@@ -547,7 +721,7 @@ BEGIN
                   v_key, p_resources ->> v_key, v_best);
 END $$;
 COMMENT ON FUNCTION respool._node_blocker(jsonb, uuid, jsonb) IS
-    'Why a request of these resources and node selector waits for a node in a pool with nodes (docs/placement.md): NULL when an active matching node has room now (respool._node_for; or the pool has no nodes, or p_selector is NULL: a gang), else one sentence (no active matching node, or the first key no active matching node has room for, with the most free). Read-only.';
+    'Why a request of these resources and node selector waits for a node in a pool with nodes (docs/placement.md): NULL when an active matching node has room now (respool._node_for; or the pool has no nodes, or p_selector is NULL: a gang), else one sentence (no active matching node, or the first key no active matching node has room for, with the most free; in a pool that shares devices, the first slice or whole-device key no device of an active matching node holds now). Read-only.';
 
 -- Gangs on nodes (docs/placement.md, gangs on nodes): an arrangement of a gang's members on a
 -- pool's nodes, each member on one node, found by a bounded search instead of member by member.

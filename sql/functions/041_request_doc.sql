@@ -7,19 +7,9 @@ RETURNS json LANGUAGE plpgsql STABLE AS $$
 BEGIN
     -- PL/pgSQL, not SQL: a SQL function with a FROM clause is not inlined, and before
     -- PostgreSQL 18 its body is planned again on every call (every answer of a holding request).
-    IF NOT EXISTS (SELECT FROM respool.placements WHERE request_id = p_request_id) THEN
-        RETURN NULL;  -- a pool without nodes: the common case, one index probe
-    END IF;
-    RETURN (SELECT json_build_object(
-                'node', n.name, 'labels', n.labels,
-                'devices', coalesce((SELECT json_object_agg(d.key, d.ids)
-                                       FROM (SELECT nd.key, json_agg(nd.device ORDER BY nd.position) AS ids
-                                               FROM respool.node_devices nd WHERE nd.holder_id = p_request_id
-                                              GROUP BY nd.key) d), '{}'::json))
-              FROM respool.placements pl JOIN respool.nodes n ON n.id = pl.node_id
-             WHERE pl.request_id = p_request_id);
+    RETURN respool._placement_json(p_request_id)::json;  -- (NULL without a placement: one probe)
 END $$;
-COMMENT ON FUNCTION respool._placement_doc(uuid) IS 'Where a holding request is placed (docs/placement.md): {"node": name, "labels": {...}, "devices": {key: [ids in list order]}}; NULL when it has no placement (a pool without nodes, or not holding). Read-only.';
+COMMENT ON FUNCTION respool._placement_doc(uuid) IS 'Where a holding request is placed (docs/placement.md): respool._placement_json, {"node", "labels", "devices", "slices", "isolation"}; NULL when it has no placement (a pool without nodes, or not holding). Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._request_doc(r respool.requests, p_position bigint, p_message text,
                                                 p_eta jsonb)

@@ -146,6 +146,160 @@ END $$;
 COMMENT ON FUNCTION respool._node_target(jsonb, jsonb, jsonb, jsonb) IS
     'A node''s capacity and device lists after an update: capacity merges (0 removes a key and its devices), a device list replaces the key''s list (null: anonymous units) and sets its capacity to its length. RP400 naming devices.<key> when a list and a capacity disagree.';
 
+CREATE OR REPLACE FUNCTION respool._node_sharing_map(p_map jsonb, p_field text, p_allow_null boolean)
+RETURNS jsonb LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    k text;
+    v jsonb;
+BEGIN
+    -- sharing {key: mode}, device_memory_mb {key: MiB > 0}, reserved_memory_mb {key: MiB >= 0}
+    IF respool._absent_object(p_map, p_field, format('%s must be an object keyed by a device key', p_field)) THEN
+        RETURN '{}';
+    END IF;
+    IF (SELECT count(*) FROM jsonb_object_keys(p_map)) > respool._max_keys() THEN
+        PERFORM respool._fail('RP400', p_field, format('%s has more than %s keys', p_field, respool._max_keys()));
+    END IF;
+    FOR k, v IN SELECT * FROM jsonb_each(p_map) ORDER BY 1 LOOP
+        IF k !~ respool._key_pattern() THEN
+            PERFORM respool._fail('RP400', p_field || '.' || left(k, 70),
+                format('%s: bad resource key %L (expected %s)', p_field, left(k, 70), respool._key_pattern()));
+        END IF;
+        CONTINUE WHEN p_allow_null AND jsonb_typeof(v) = 'null';
+        IF p_field = 'sharing' THEN
+            IF jsonb_typeof(v) IS DISTINCT FROM 'string' OR (v #>> '{}') NOT IN ('mps', 'time-slicing') THEN
+                PERFORM respool._fail('RP400', 'sharing.' || k, format(
+                    'sharing.%s must be mps or time-slicing%s', k,
+                    CASE WHEN p_allow_null THEN ' (null: whole devices only)' ELSE '' END));
+            END IF;
+        ELSE
+            PERFORM respool._amount(v, p_field || '.' || k, p_field = 'device_memory_mb');
+        END IF;
+    END LOOP;
+    RETURN p_map;
+END $$;
+COMMENT ON FUNCTION respool._node_sharing_map(jsonb, text, boolean) IS
+    'Validates one of a node''s sharing maps (docs/placement.md, "Sharing a GPU"), p_field: sharing {key: mps | time-slicing}, device_memory_mb {key: MiB, positive} or reserved_memory_mb {key: MiB}; p_allow_null lets a null value through (an update removing the key). RP400 naming <field>.<key>.';
+
+CREATE OR REPLACE FUNCTION respool._node_sharing_body(p_body jsonb, p_allow_null boolean)
+RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_build_object(
+        'sharing', respool._node_sharing_map(p_body -> 'sharing', 'sharing', p_allow_null),
+        'device_memory_mb', respool._node_sharing_map(p_body -> 'device_memory_mb', 'device_memory_mb', p_allow_null),
+        'reserved_memory_mb', respool._node_sharing_map(p_body -> 'reserved_memory_mb', 'reserved_memory_mb', p_allow_null))
+$$;
+COMMENT ON FUNCTION respool._node_sharing_body(jsonb, boolean) IS
+    'The three sharing maps of a node body, each validated (respool._node_sharing_map; p_allow_null: an update, where null removes a key).';
+
+CREATE OR REPLACE FUNCTION respool._node_sharing_target(p_old jsonb, p_changes jsonb, p_devices jsonb,
+                                                        p_capacity_changes jsonb,
+                                                        OUT sharing jsonb, OUT capacity_changes jsonb)
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    f text;
+    k text;
+    v jsonb;
+    maps jsonb := coalesce(p_old, '{}');
+    n bigint;
+    v_offer bigint;
+BEGIN
+    -- p_old / the result: {"sharing": {...}, "device_memory_mb": {...}, "reserved_memory_mb": {...}};
+    -- p_changes: the same maps from a body (null values remove a key), merged per key. A key whose
+    -- device list goes with its key (p_devices lacks it and so does the capacity) loses its
+    -- sharing fields with it.
+    FOREACH f IN ARRAY ARRAY['sharing', 'device_memory_mb', 'reserved_memory_mb'] LOOP
+        maps := jsonb_set(maps, ARRAY[f], coalesce(maps -> f, '{}'));
+        FOR k, v IN SELECT * FROM jsonb_each(coalesce(p_changes -> f, '{}')) LOOP
+            maps := jsonb_set(maps, ARRAY[f], CASE WHEN jsonb_typeof(v) = 'null' THEN (maps -> f) - k
+                                                    ELSE (maps -> f) || jsonb_build_object(k, v) END);
+        END LOOP;
+        FOR k IN SELECT x FROM jsonb_object_keys(maps -> f) x WHERE NOT p_devices ? x
+                   AND NOT coalesce(p_changes -> f, '{}') ? x LOOP
+            maps := jsonb_set(maps, ARRAY[f], (maps -> f) - k);
+        END LOOP;
+    END LOOP;
+    maps := jsonb_set(maps, '{reserved_memory_mb}',
+                      (SELECT coalesce(jsonb_object_agg(key, value), '{}') FROM jsonb_each(maps -> 'reserved_memory_mb')
+                        WHERE value <> '0'::jsonb));
+    FOR k IN SELECT x FROM jsonb_object_keys(maps -> 'sharing') x ORDER BY 1 LOOP
+        IF NOT p_devices ? k THEN
+            PERFORM respool._fail('RP400', 'sharing.' || k, format(
+                'sharing.%s: only a key with a device list (devices.%s) can be shared', k, k));
+        END IF;
+        IF length(k) > 63 - length('_memory_mb') THEN
+            PERFORM respool._fail('RP400', 'sharing.' || k, format(
+                'sharing.%s: the key is too long for its slice keys %s_memory_mb and %s_share', k, k, k));
+        END IF;
+        IF NOT maps -> 'device_memory_mb' ? k THEN
+            PERFORM respool._fail('RP400', 'device_memory_mb.' || k, format(
+                'device_memory_mb.%s is required: a shared device offers its memory (MiB) to slices', k));
+        END IF;
+    END LOOP;
+    FOR k IN SELECT x FROM jsonb_object_keys(maps -> 'device_memory_mb') x ORDER BY 1 LOOP
+        IF NOT p_devices ? k THEN
+            PERFORM respool._fail('RP400', 'device_memory_mb.' || k, format(
+                'device_memory_mb.%s: only a key with a device list (devices.%s) has a device memory', k, k));
+        END IF;
+    END LOOP;
+    FOR k, n IN SELECT key, value::bigint FROM jsonb_each_text(maps -> 'reserved_memory_mb') ORDER BY 1 LOOP
+        IF NOT maps -> 'device_memory_mb' ? k OR n >= (maps -> 'device_memory_mb' ->> k)::bigint THEN
+            PERFORM respool._fail('RP400', 'reserved_memory_mb.' || k, format(
+                'reserved_memory_mb.%s must be below device_memory_mb.%s (%s)', k, k,
+                coalesce(maps -> 'device_memory_mb' ->> k, 'not set')));
+        END IF;
+    END LOOP;
+    sharing := maps;
+    -- The slice counters of a shared key are derived: a body may repeat them (an exported node),
+    -- with the derived amount only.
+    capacity_changes := coalesce(p_capacity_changes, '{}');
+    FOR k IN SELECT x FROM jsonb_object_keys(maps -> 'sharing') x ORDER BY 1 LOOP
+        v_offer := (maps -> 'device_memory_mb' ->> k)::bigint - coalesce((maps -> 'reserved_memory_mb' ->> k)::bigint, 0);
+        IF jsonb_array_length(p_devices -> k)::numeric * v_offer > respool._max_amount() THEN
+            PERFORM respool._fail('RP400', 'device_memory_mb.' || k, format(
+                'device_memory_mb.%s: %s devices offering %s MiB each would pass the largest capacity %s',
+                k, jsonb_array_length(p_devices -> k), v_offer, respool._max_amount()));
+        END IF;
+        FOR f, n IN VALUES (k || '_memory_mb', jsonb_array_length(p_devices -> k) * v_offer),
+                           (k || '_share', jsonb_array_length(p_devices -> k) * 100) LOOP
+            IF capacity_changes ? f AND (capacity_changes ->> f)::bigint <> n THEN
+                PERFORM respool._fail('RP400', 'capacity.' || f, format(
+                    'capacity.%s is derived from the shared devices of %s (%s): leave it out', f, k, n));
+            END IF;
+            capacity_changes := capacity_changes - f;
+        END LOOP;
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION respool._node_sharing_target(jsonb, jsonb, jsonb, jsonb) IS
+    'A node''s sharing fields after a create or update (docs/placement.md, "Sharing a GPU"): p_old merged with p_changes per key (null removes), given the node''s device lists after the change. RP400 naming the field: a shared key needs a device list and device_memory_mb, device_memory_mb needs a device list, reserved_memory_mb is below device_memory_mb. capacity_changes: p_capacity_changes without the derived slice counters (<K>_memory_mb, <K>_share of a shared K), which a body may only repeat with their derived amount.';
+
+CREATE OR REPLACE FUNCTION respool._node_derived(p_devices jsonb, p_sharing jsonb)
+RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
+    -- {"<K>_memory_mb": devices * offer, "<K>_share": devices * 100} per shared key K
+    SELECT coalesce(jsonb_object_agg(x.key, x.n), '{}') FROM (
+        SELECT s.key || '_memory_mb' AS key,
+               jsonb_array_length(p_devices -> s.key)
+               * ((p_sharing -> 'device_memory_mb' ->> s.key)::bigint
+                  - coalesce((p_sharing -> 'reserved_memory_mb' ->> s.key)::bigint, 0)) AS n
+          FROM jsonb_object_keys(coalesce(p_sharing -> 'sharing', '{}')) s(key)
+        UNION ALL
+        SELECT s.key || '_share', jsonb_array_length(p_devices -> s.key) * 100
+          FROM jsonb_object_keys(coalesce(p_sharing -> 'sharing', '{}')) s(key)) x
+$$;
+COMMENT ON FUNCTION respool._node_derived(jsonb, jsonb) IS
+    'The derived slice counters of a node: per shared device key K, <K>_memory_mb (its devices'' offers summed) and <K>_share (100 per device).';
+
+CREATE OR REPLACE FUNCTION respool._node_sharing_now(p_node_id uuid)
+RETURNS jsonb LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object(
+        'sharing', coalesce(jsonb_object_agg(nr.key, nr.sharing ORDER BY nr.key) FILTER (WHERE nr.sharing IS NOT NULL), '{}'),
+        'device_memory_mb', coalesce(jsonb_object_agg(nr.key, nr.device_memory_mb ORDER BY nr.key)
+                                     FILTER (WHERE nr.device_memory_mb IS NOT NULL), '{}'),
+        'reserved_memory_mb', coalesce(jsonb_object_agg(nr.key, nr.reserved_memory_mb ORDER BY nr.key)
+                                       FILTER (WHERE nr.reserved_memory_mb > 0), '{}'))
+      FROM respool.node_resources nr WHERE nr.node_id = p_node_id
+$$;
+COMMENT ON FUNCTION respool._node_sharing_now(uuid) IS
+    'A node''s sharing fields as stored: {"sharing": {...}, "device_memory_mb": {...}, "reserved_memory_mb": {...}} (a reserve of 0 left out).';
+
 -- --- reading ---------------------------------------------------------------------------------
 
 CREATE OR REPLACE FUNCTION respool.node_json(p_id uuid)
@@ -159,6 +313,9 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
                                FROM (SELECT key, jsonb_agg(device ORDER BY position) AS ids
                                        FROM respool.node_devices WHERE node_id = n.id GROUP BY key) d), '{}'),
         'state', n.state,
+        -- shared devices (docs/placement.md, "Sharing a GPU")
+        'sharing', sh -> 'sharing', 'device_memory_mb', sh -> 'device_memory_mb',
+        'reserved_memory_mb', sh -> 'reserved_memory_mb',
         'usage', coalesce((SELECT jsonb_object_agg(key, used ORDER BY key) FROM respool.node_resources
                             WHERE node_id = n.id), '{}'),
         'allocations', coalesce((
@@ -168,16 +325,23 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
                        'devices', coalesce((SELECT jsonb_object_agg(key, ids ORDER BY key)
                                               FROM (SELECT key, jsonb_agg(device ORDER BY position) AS ids
                                                       FROM respool.node_devices
-                                                     WHERE node_id = n.id AND holder_id = r.id GROUP BY key) h), '{}'))
+                                                     WHERE node_id = n.id AND holder_id = r.id GROUP BY key) h), '{}')
+                                   || coalesce((SELECT jsonb_object_agg(ds.key, jsonb_build_array(ds.device))
+                                                  FROM respool.device_slices ds WHERE ds.request_id = r.id), '{}'),
+                       'slices', coalesce((SELECT jsonb_object_agg(ds.key, jsonb_build_object(ds.device,
+                                                      jsonb_strip_nulls(jsonb_build_object('memory_mb', ds.memory_mb,
+                                                                                           'share', ds.share))))
+                                             FROM respool.device_slices ds WHERE ds.request_id = r.id), '{}'))
                    ORDER BY r.id)
               FROM respool.placements pl JOIN respool.requests r ON r.id = pl.request_id
              WHERE pl.node_id = n.id), '[]'),
         'created_at', n.created_at, 'updated_at', n.updated_at,
         'agent', n.agent, 'agent_seen_at', n.agent_seen_at)  -- docs/jobs.md
-      FROM respool.nodes n WHERE n.id = p_id
+      FROM respool.nodes n CROSS JOIN LATERAL (SELECT respool._node_sharing_now(n.id) AS sh) s
+     WHERE n.id = p_id
 $$;
 COMMENT ON FUNCTION respool.node_json(uuid) IS
-    'A node as the API shows it: pool name (null: in no pool), labels, capacity, devices per key in list order, state, usage (allocated units per key) and its allocations (request, subject, status, the units charged on the node and the devices it holds).';
+    'A node as the API shows it: pool name (null: in no pool), labels, capacity (with the derived slice counters of shared keys), devices per key in list order, state, its sharing fields (sharing, device_memory_mb, reserved_memory_mb; {} when none), usage (allocated units per key) and its allocations (request, subject, status, the units charged on the node, the devices it holds and its slices).';
 
 CREATE OR REPLACE FUNCTION respool._node_id(p_name text)
 RETURNS uuid LANGUAGE plpgsql STABLE AS $$
@@ -402,17 +566,72 @@ COMMENT ON FUNCTION respool._lock_node(text, uuid) IS
 
 -- --- changes -------------------------------------------------------------------------------------
 
+CREATE OR REPLACE FUNCTION respool._node_drop_extras(p_node_id uuid)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    pl record;
+BEGIN
+    -- The memory and share charged for whole shared devices (placements.extra) leave the pool's
+    -- and the node's counters; respool._node_charge_extras charges them again from the node as
+    -- it is then.
+    FOR pl IN SELECT p.request_id, p.extra, r.pool_id FROM respool.placements p JOIN respool.requests r ON r.id = p.request_id
+               WHERE p.node_id = p_node_id AND p.extra <> '{}' ORDER BY p.request_id LOOP
+        PERFORM respool._move_extra(pl.pool_id, pl.extra, -1);
+        UPDATE respool.node_resources nr SET used = nr.used - x.value::bigint
+          FROM jsonb_each_text(pl.extra) x WHERE nr.node_id = p_node_id AND nr.key = x.key;
+        UPDATE respool.placements SET resources = resources - array(SELECT jsonb_object_keys(pl.extra)), extra = '{}'
+         WHERE request_id = pl.request_id;
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION respool._node_drop_extras(uuid) IS
+    'Before a node''s resources are rewritten: takes the memory and share charged for whole shared devices (placements.extra) off the pool''s and the node''s counters and out of the placements. respool._node_charge_extras charges them again.';
+
+CREATE OR REPLACE FUNCTION respool._node_charge_extras(p_node_id uuid)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    pl record;
+    v_extra jsonb;
+BEGIN
+    FOR pl IN SELECT p.request_id, r.pool_id,
+                     (SELECT jsonb_object_agg(d.key, d.n) FROM (
+                          SELECT nd.key, count(*) AS n FROM respool.node_devices nd
+                           WHERE nd.node_id = p_node_id AND nd.holder_id = p.request_id GROUP BY nd.key) d) AS held
+                FROM respool.placements p JOIN respool.requests r ON r.id = p.request_id
+               WHERE p.node_id = p_node_id AND p.extra = '{}' ORDER BY p.request_id LOOP
+        v_extra := respool._whole_device_extra(p_node_id, coalesce(pl.held, '{}'));
+        CONTINUE WHEN v_extra = '{}';
+        PERFORM respool._move_extra(pl.pool_id, v_extra, 1);
+        UPDATE respool.node_resources nr SET used = nr.used + x.value::bigint
+          FROM jsonb_each_text(v_extra) x WHERE nr.node_id = p_node_id AND nr.key = x.key;
+        UPDATE respool.placements SET resources = resources || v_extra, extra = v_extra WHERE request_id = pl.request_id;
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION respool._node_charge_extras(uuid) IS
+    'Charges each whole holder of a shared device of a node that has no such charge yet its devices'' memory and share (respool._whole_device_extra) on the pool''s and the node''s counters and in its placement (extra). After respool._node_drop_extras and a rewrite, the counters are exact again.';
+
 CREATE OR REPLACE FUNCTION respool._write_node_resources(p_node respool.nodes, p_capacity jsonb, p_devices jsonb,
-                                                         p_device_changes jsonb, p_now timestamptz)
+                                                         p_device_changes jsonb, p_now timestamptz,
+                                                         p_sharing jsonb DEFAULT '{}')
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     k text;
     v_holders jsonb;
+    v_slices jsonb;
     v_id uuid;
     v_need bigint;
     v_free text[];
     v_new_keys text[];
+    v_derived jsonb := respool._node_derived(p_devices, p_sharing);
+    v_from jsonb;
 BEGIN
+    -- Shared keys (docs/placement.md, "Sharing a GPU"): their slice counters are keys of the node
+    -- like the others, derived from the devices' offers. The memory and share charged for whole
+    -- shared devices are taken off first and charged again once the node is written.
+    PERFORM respool._node_drop_extras(p_node.id);
+    p_capacity := p_capacity || v_derived;
+    v_from := (SELECT coalesce(jsonb_object_agg(s.key || x.suffix, s.key), '{}')
+                 FROM jsonb_object_keys(coalesce(p_sharing -> 'sharing', '{}')) s(key)
+                CROSS JOIN (VALUES ('_memory_mb'), ('_share')) x(suffix));
     -- Keys that go (their devices go with them: ON DELETE CASCADE). Their holders were preempted
     -- already (hard keys) or the key is a soft one: its units are no longer charged on the node.
     UPDATE respool.placements
@@ -424,10 +643,16 @@ BEGIN
                          WHERE NOT EXISTS (SELECT FROM respool.node_resources nr
                                             WHERE nr.node_id = p_node.id AND nr.key = c.key));
     -- Keys that stay or come: capacity and the count of named devices in one statement (CHECK).
-    INSERT INTO respool.node_resources (node_id, key, capacity, devices)
-    SELECT p_node.id, c.key, c.value::bigint, coalesce(jsonb_array_length(p_devices -> c.key), 0)
+    INSERT INTO respool.node_resources (node_id, key, capacity, devices, sharing, device_memory_mb,
+                                        reserved_memory_mb, derived_from)
+    SELECT p_node.id, c.key, c.value::bigint, coalesce(jsonb_array_length(p_devices -> c.key), 0),
+           p_sharing -> 'sharing' ->> c.key, (p_sharing -> 'device_memory_mb' ->> c.key)::bigint,
+           coalesce((p_sharing -> 'reserved_memory_mb' ->> c.key)::bigint, 0), v_from ->> c.key
       FROM jsonb_each_text(p_capacity) c
-    ON CONFLICT (node_id, key) DO UPDATE SET capacity = excluded.capacity, devices = excluded.devices;
+    ON CONFLICT (node_id, key) DO UPDATE
+       SET capacity = excluded.capacity, devices = excluded.devices, sharing = excluded.sharing,
+           device_memory_mb = excluded.device_memory_mb, reserved_memory_mb = excluded.reserved_memory_mb,
+           derived_from = excluded.derived_from;
     -- A key the node starts tracking charges what its holders already hold of it.
     FOR k IN SELECT c.key FROM unnest(v_new_keys) c(key)
               WHERE EXISTS (SELECT FROM respool.placements pl JOIN respool.requests r ON r.id = pl.request_id
@@ -443,11 +668,19 @@ BEGIN
     -- Device lists: kept devices keep their holder, positions follow the new list order.
     DELETE FROM respool.node_devices d WHERE d.node_id = p_node.id AND NOT p_devices ? d.key;
     FOR k IN SELECT key FROM jsonb_object_keys(p_device_changes) key WHERE p_devices ? key LOOP
-        SELECT coalesce(jsonb_object_agg(device, holder_id), '{}') INTO v_holders
-          FROM respool.node_devices WHERE node_id = p_node.id AND key = k AND holder_id IS NOT NULL;
+        SELECT coalesce(jsonb_object_agg(device, holder_id) FILTER (WHERE holder_id IS NOT NULL), '{}'),
+               coalesce(jsonb_object_agg(device, jsonb_build_array(memory_used, share_used))
+                            FILTER (WHERE memory_used > 0 OR share_used > 0), '{}')
+          INTO v_holders, v_slices
+          FROM respool.node_devices WHERE node_id = p_node.id AND key = k;
         DELETE FROM respool.node_devices WHERE node_id = p_node.id AND key = k;
-        INSERT INTO respool.node_devices (node_id, key, device, position, holder_id)
-        SELECT p_node.id, k, d.id, d.n - 1, (v_holders ->> d.id)::uuid
+        -- (a kept device keeps its holder and its slices' counters; its offer is set below)
+        INSERT INTO respool.node_devices (node_id, key, device, position, holder_id, memory_mb, memory_used, share_used)
+        SELECT p_node.id, k, d.id, d.n - 1, (v_holders ->> d.id)::uuid,
+               CASE WHEN p_sharing -> 'sharing' ? k
+                    THEN (p_sharing -> 'device_memory_mb' ->> k)::bigint
+                         - coalesce((p_sharing -> 'reserved_memory_mb' ->> k)::bigint, 0) END,
+               coalesce((v_slices -> d.id ->> 0)::bigint, 0), coalesce((v_slices -> d.id ->> 1)::integer, 0)
           FROM jsonb_array_elements_text(p_devices -> k) WITH ORDINALITY d(id, n);
         -- Holders of units that had no device ids (anonymous until now) take the first free ones.
         -- With as many ids as units held, all of them do; with fewer (the node was over its
@@ -473,17 +706,56 @@ BEGIN
             END IF;
         END LOOP;
     END LOOP;
+    -- Each device's offer: its key's memory less what it keeps back, while the key is shared
+    -- (the slices that no longer fit were preempted first: respool._node_preempt_removed).
+    UPDATE respool.node_devices d
+       SET memory_mb = CASE WHEN nr.sharing IS NOT NULL THEN nr.device_memory_mb - nr.reserved_memory_mb END
+      FROM respool.node_resources nr
+     WHERE d.node_id = p_node.id AND nr.node_id = d.node_id AND nr.key = d.key
+       AND d.memory_mb IS DISTINCT FROM CASE WHEN nr.sharing IS NOT NULL THEN nr.device_memory_mb - nr.reserved_memory_mb END;
+    PERFORM respool._node_charge_extras(p_node.id);
 END $$;
-COMMENT ON FUNCTION respool._write_node_resources(respool.nodes, jsonb, jsonb, jsonb, timestamptz) IS
-    'Writes a node''s capacity and device lists (p_device_changes: the keys whose list was given): removed keys go, a key the node starts tracking charges its holders'' units, kept devices keep their holder and positions follow the new list order; holders of units on a key that just got device ids take the first free ones (preempted when too few are free). The caller preempted the holders of removed devices and hard keys first.';
+COMMENT ON FUNCTION respool._write_node_resources(respool.nodes, jsonb, jsonb, jsonb, timestamptz, jsonb) IS
+    'Writes a node''s capacity, device lists (p_device_changes: keys whose list was given) and sharing fields (p_sharing; the derived slice counters with them): removed keys go, a key it starts tracking charges its holders'' units, kept devices keep their holder, slices and positions; holders of units on newly named keys take free ids (preempted when too few); shared devices get their offer, whole shared holders are charged again (respool._node_charge_extras). The caller preempted what no longer fits.';
 
 CREATE OR REPLACE FUNCTION respool._node_preempt_removed(p_node respool.nodes, p_capacity jsonb, p_devices jsonb,
-                                                         p_now timestamptz)
+                                                         p_now timestamptz, p_sharing jsonb DEFAULT '{}')
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     v record;
+    w record;
     n integer := 0;
+    v_offer bigint;
 BEGIN
+    -- Slices (docs/placement.md, "Sharing a GPU"): of a device that goes, or of a key no longer
+    -- shared, at once; on a device whose offer shrinks below its slices, in victim order (lowest
+    -- priority, then most recently allocated) until the rest fit the new offer.
+    FOR v IN SELECT ds.request_id, min(format('%s %s', ds.key, ds.device)) AS what,
+                    bool_or(NOT coalesce(p_sharing -> 'sharing', '{}') ? ds.key) AS unshared
+               FROM respool.device_slices ds
+              WHERE ds.node_id = p_node.id
+                AND (NOT coalesce(p_devices -> ds.key, '[]') ? ds.device OR NOT coalesce(p_sharing -> 'sharing', '{}') ? ds.key)
+              GROUP BY ds.request_id ORDER BY ds.request_id LOOP
+        n := n + respool._node_evict(v.request_id, 'capacity_shrink',
+                                     format('node %s: device %s %s', p_node.name, v.what,
+                                            CASE WHEN v.unshared THEN 'is no longer shared' ELSE 'was removed' END), p_now);
+    END LOOP;
+    FOR v IN SELECT d.key, d.device, d.memory_used, d.share_used FROM respool.node_devices d
+              WHERE d.node_id = p_node.id AND d.memory_used > 0 ORDER BY d.key, d.position LOOP
+        v_offer := (p_sharing -> 'device_memory_mb' ->> v.key)::bigint
+                   - coalesce((p_sharing -> 'reserved_memory_mb' ->> v.key)::bigint, 0);
+        CONTINUE WHEN v_offer IS NULL OR v.memory_used <= v_offer;
+        FOR w IN SELECT ds.request_id
+                   FROM respool.device_slices ds JOIN respool.requests r ON r.id = ds.request_id
+                  WHERE ds.node_id = p_node.id AND ds.key = v.key AND ds.device = v.device
+                  ORDER BY r.preemptible DESC, r.priority, r.allocated_at DESC, r.id DESC LOOP
+            EXIT WHEN (SELECT memory_used FROM respool.node_devices
+                        WHERE node_id = p_node.id AND key = v.key AND device = v.device) <= v_offer;
+            n := n + respool._node_evict(w.request_id, 'capacity_shrink',
+                                         format('node %s: the memory of device %s %s shrank to %s MiB', p_node.name,
+                                                v.key, v.device, v_offer), p_now);
+        END LOOP;
+    END LOOP;
     -- Holders of a device id that goes: always, at once (docs/placement.md, "Node changes").
     -- A key whose list goes while the key stays (devices null: anonymous units, its capacity
     -- kept or set) loses no unit: its holders keep their units, which are anonymous now (a
@@ -509,8 +781,8 @@ BEGIN
     END LOOP;
     RETURN n;
 END $$;
-COMMENT ON FUNCTION respool._node_preempt_removed(respool.nodes, jsonb, jsonb, timestamptz) IS
-    'Before a node''s new capacity and devices are written: preempts at once (reason capacity_shrink) the holders of every device id that goes from a list (or with its key) and of every non-soft key the node stops providing. A key whose devices become anonymous (list null, key kept) preempts nobody: no unit went away. A shrink of anonymous units is left to the reconciler (minimal victim set on that node).';
+COMMENT ON FUNCTION respool._node_preempt_removed(respool.nodes, jsonb, jsonb, timestamptz, jsonb) IS
+    'Before a node''s new capacity, devices and sharing fields (p_sharing) are written: preempts at once (reason capacity_shrink) the slices of a device that goes or of a key no longer shared, slices of a device whose offer shrinks below them (victim order, until the rest fit), the holders of every device id that goes from a list (or with its key) and of every non-soft key the node stops providing. A key whose devices become anonymous (list null, key kept) preempts nobody: no unit went away. A shrink of anonymous units is left to the reconciler (minimal victim set on that node).';
 
 CREATE OR REPLACE FUNCTION respool.create_node(p_body jsonb, p_now timestamptz DEFAULT now())
 RETURNS jsonb LANGUAGE plpgsql AS $$
@@ -523,8 +795,10 @@ DECLARE
     v_node respool.nodes;
     v_capacity jsonb;
     v_zero text;
+    v_share record;
 BEGIN
-    PERFORM respool._body_fields(p_body, ARRAY['name', 'pool', 'labels', 'capacity', 'devices', 'state'], 'node');
+    PERFORM respool._body_fields(p_body, ARRAY['name', 'pool', 'labels', 'capacity', 'devices', 'state', 'sharing',
+                                               'device_memory_mb', 'reserved_memory_mb'], 'node');
     v_name := p_body ->> 'name';
     IF jsonb_typeof(p_body -> 'name') IS DISTINCT FROM 'string' OR v_name !~ respool._pool_name_pattern() THEN
         PERFORM respool._fail('RP400', 'name', 'name must match ' || respool._pool_name_pattern());
@@ -539,6 +813,8 @@ BEGIN
     END IF;
     SELECT * INTO v_target FROM respool._node_target('{}', '{}', v_capacity,
                                                      respool._node_devices(p_body -> 'devices', false));
+    SELECT * INTO v_share FROM respool._node_sharing_target('{}', respool._node_sharing_body(p_body, false),
+                                                            v_target.devices, v_capacity);
     v_state := CASE WHEN p_body ? 'state' THEN respool._node_state(p_body -> 'state') ELSE 'active' END;
     v_pool_id := respool._node_pool_ref(p_body -> 'pool');
     PERFORM respool._lock_pools(ARRAY[v_pool_id]);
@@ -553,7 +829,8 @@ BEGIN
     EXCEPTION WHEN unique_violation THEN
         PERFORM respool._fail('RP409', 'name', format('node %s already exists', v_name));
     END;
-    PERFORM respool._write_node_resources(v_node, v_target.capacity, v_target.devices, v_target.devices, p_now);
+    PERFORM respool._write_node_resources(v_node, v_target.capacity, v_target.devices, v_target.devices, p_now,
+                                          v_share.sharing);
     PERFORM respool._settle_node_pools(ARRAY[v_pool_id], p_now);
     RETURN respool.node_json(v_node.id);
 END $$;
@@ -575,10 +852,14 @@ DECLARE
     v_target record;
     v_held integer;
     v_reason text := 'node_removed';
+    v_share_body jsonb;
+    v_share record;
     k text;
     v jsonb;
 BEGIN
-    PERFORM respool._body_fields(p_body, ARRAY['pool', 'labels', 'capacity', 'devices', 'state'], 'node update');
+    PERFORM respool._body_fields(p_body, ARRAY['pool', 'labels', 'capacity', 'devices', 'state', 'sharing',
+                                               'device_memory_mb', 'reserved_memory_mb'], 'node update');
+    v_share_body := respool._node_sharing_body(p_body, true);
     v_labels := respool._node_labels(p_body -> 'labels', true);
     v_capacity := respool._resource_map(p_body -> 'capacity', 'capacity', true);
     v_devices := respool._node_devices(p_body -> 'devices', true);
@@ -596,11 +877,14 @@ BEGIN
         v_pool_id := v_node.pool_id;
     END IF;
     SELECT * INTO v_target FROM respool._node_target(
-        (SELECT coalesce(jsonb_object_agg(key, capacity), '{}') FROM respool.node_resources WHERE node_id = v_node.id),
+        (SELECT coalesce(jsonb_object_agg(key, capacity), '{}') FROM respool.node_resources
+          WHERE node_id = v_node.id AND derived_from IS NULL),
         (SELECT coalesce(jsonb_object_agg(key, ids), '{}')
            FROM (SELECT key, jsonb_agg(device ORDER BY position) AS ids FROM respool.node_devices
                   WHERE node_id = v_node.id GROUP BY key) d),
         v_capacity, v_devices);
+    SELECT * INTO v_share FROM respool._node_sharing_target(respool._node_sharing_now(v_node.id), v_share_body,
+                                                            v_target.devices, v_capacity);
     FOR k, v IN SELECT * FROM jsonb_each(v_labels) LOOP
         v_node.labels := CASE WHEN jsonb_typeof(v) = 'null' THEN v_node.labels - k
                               ELSE v_node.labels || jsonb_build_object(k, v) END;
@@ -629,13 +913,15 @@ BEGIN
             PERFORM respool._check_node_join(v_pool_id, v_node.name);
         END IF;
     ELSE
-        PERFORM respool._node_preempt_removed(v_node, v_target.capacity, v_target.devices, p_now);
+        PERFORM respool._node_preempt_removed(v_node,
+                                              v_target.capacity || respool._node_derived(v_target.devices, v_share.sharing),
+                                              v_target.devices, p_now, v_share.sharing);
     END IF;
     UPDATE respool.nodes
        SET pool_id = v_pool_id, labels = v_node.labels, state = coalesce(v_state, state), updated_at = p_now
      WHERE id = v_node.id
     RETURNING * INTO v_node;
-    PERFORM respool._write_node_resources(v_node, v_target.capacity, v_target.devices, v_devices, p_now);
+    PERFORM respool._write_node_resources(v_node, v_target.capacity, v_target.devices, v_devices, p_now, v_share.sharing);
     PERFORM respool._settle_node_pools(ARRAY[v_old_pool_id, v_pool_id], p_now);
     RETURN respool.node_json(v_node.id);
 END $$;

@@ -83,6 +83,13 @@ WITH held AS (
      WHERE r.status IN ('allocated', 'preempting')
        AND NOT EXISTS (SELECT FROM respool.pool_rates rk WHERE rk.pool_id = r.pool_id AND rk.key = x.key)
     UNION ALL
+    -- Whole shared devices take their memory and share on the pool's counters, not the policy's
+    -- (docs/placement.md, "Sharing a GPU").
+    SELECT r.pool_id, NULL, x.key, x.value::numeric, 0
+      FROM respool.placements p JOIN respool.requests r ON r.id = p.request_id
+     CROSS JOIN LATERAL jsonb_each_text(p.extra) x
+     WHERE r.status IN ('allocated', 'preempting')
+    UNION ALL
     -- A rate key's counters hold its charges still counted, not what holders hold (docs/rates.md).
     SELECT c.pool_id, c.policy_id, c.key, c.amount::numeric, c.np::numeric
       FROM respool.rate_charges c WHERE c.counted
@@ -122,6 +129,13 @@ WITH held AS (
 ), held_devices AS (
     SELECT node_id, key, holder_id, count(*) AS n FROM respool.node_devices
      WHERE holder_id IS NOT NULL GROUP BY node_id, key, holder_id
+), slice_sums AS (
+    -- Slices of shared devices (docs/placement.md, "Sharing a GPU"): per device, of holding requests.
+    SELECT ds.node_id, ds.key, ds.device, sum(ds.memory_mb) AS memory, sum(coalesce(ds.share, 0)) AS share,
+           count(*) AS slices, min(ds.request_id::text) AS some_request
+      FROM respool.device_slices ds JOIN respool.requests r ON r.id = ds.request_id
+     WHERE r.status IN ('allocated', 'preempting')
+     GROUP BY ds.node_id, ds.key, ds.device
 )
 SELECT 'I1' AS invariant, pl.name AS pool, NULL::text AS subject, s.key,
        format('allocated %s > capacity %s', s.used, respool._effective_capacity(s.key, c.capacity)) AS detail
@@ -215,6 +229,48 @@ SELECT 'I6', pl.name, pd.subject, k.key,
   LEFT JOIN held_devices h ON h.node_id = pd.node_id AND h.key = k.key AND h.holder_id = pd.request_id
  WHERE coalesce(h.n, 0) <> coalesce((pd.resources ->> k.key)::numeric, 0)
 UNION ALL
+-- I8: per shared device, its slices' memory within its offer and their share within 100; the
+-- device's counters equal its slices' sums; a slice is on a shared device of its request's node.
+SELECT 'I8', pl.name, NULL, d.key,
+       format('node %s: device %s slices hold %s MiB and share %s, %s', n.name, d.device, s.memory, s.share,
+              CASE WHEN d.memory_mb IS NULL THEN 'but the device is not shared'
+                   ELSE format('the device offers %s MiB and share 100', d.memory_mb) END)
+  FROM slice_sums s JOIN respool.node_devices d ON d.node_id = s.node_id AND d.key = s.key AND d.device = s.device
+  JOIN respool.nodes n ON n.id = d.node_id LEFT JOIN respool.pools pl ON pl.id = n.pool_id
+ WHERE d.memory_mb IS NULL OR s.memory > d.memory_mb OR s.share > 100
+UNION ALL
+SELECT 'I8', pl.name, NULL, d.key,
+       format('node %s: device %s counters memory %s / share %s <> its slices'' sums %s / %s', n.name, d.device,
+              d.memory_used, d.share_used, coalesce(s.memory, 0), coalesce(s.share, 0))
+  FROM respool.node_devices d JOIN respool.nodes n ON n.id = d.node_id
+  LEFT JOIN respool.pools pl ON pl.id = n.pool_id
+  LEFT JOIN slice_sums s ON s.node_id = d.node_id AND s.key = d.key AND s.device = d.device
+ WHERE d.memory_used <> coalesce(s.memory, 0) OR d.share_used <> coalesce(s.share, 0)
+UNION ALL
+SELECT 'I8', npl.name, r.subject, ds.key,
+       format('request %s holds a slice of device %s, %s', ds.request_id, ds.device,
+              CASE WHEN r.id IS NULL OR r.status NOT IN ('allocated', 'preempting') THEN 'but it holds nothing'
+                   WHEN d.device IS NULL THEN 'which does not exist on its node'
+                   ELSE 'but it is not placed on that node' END)
+  FROM respool.device_slices ds
+  LEFT JOIN respool.requests r ON r.id = ds.request_id
+  LEFT JOIN respool.placements p ON p.request_id = ds.request_id
+  LEFT JOIN respool.node_devices d ON d.node_id = ds.node_id AND d.key = ds.key AND d.device = ds.device
+  LEFT JOIN respool.nodes n ON n.id = ds.node_id LEFT JOIN respool.pools npl ON npl.id = n.pool_id
+ WHERE r.id IS NULL OR r.status NOT IN ('allocated', 'preempting') OR d.device IS NULL
+    OR p.node_id IS DISTINCT FROM ds.node_id
+UNION ALL
+-- I9: no device is held whole and in slices at once.
+SELECT 'I9', pl.name, r.subject, d.key,
+       format('node %s: device %s is held whole by request %s and in %s slices (%s MiB, share %s)', n.name, d.device,
+              d.holder_id, coalesce(s.slices, 0), greatest(coalesce(s.memory, 0), d.memory_used),
+              greatest(coalesce(s.share, 0), d.share_used))
+  FROM respool.node_devices d JOIN respool.nodes n ON n.id = d.node_id
+  LEFT JOIN respool.pools pl ON pl.id = n.pool_id
+  LEFT JOIN respool.requests r ON r.id = d.holder_id
+  LEFT JOIN slice_sums s ON s.node_id = d.node_id AND s.key = d.key AND s.device = d.device
+ WHERE d.holder_id IS NOT NULL AND (s.slices > 0 OR d.memory_used > 0 OR d.share_used > 0)
+UNION ALL
 SELECT 'I7', pl.name, r.subject, NULL, format('request %s (%s) is not placed on a node', r.id, r.status)
   FROM respool.requests r JOIN respool.pools pl ON pl.id = r.pool_id
  WHERE r.status IN ('allocated', 'preempting')
@@ -239,7 +295,7 @@ SELECT 'I7', npl.name, r.subject, NULL,
  WHERE r.status IS NULL OR r.status NOT IN ('allocated', 'preempting')
  ORDER BY invariant, pool, subject, key, detail;
 COMMENT ON VIEW respool.invariant_violations IS
-    'One row per broken invariant I1-I7 and I10 (docs/ops.md, invariant violations; docs/placement.md; docs/rates.md), computed from the requests that hold units, their placements and the charges of rate keys; empty when healthy. I1/I2/I5 may show briefly after a shrink, until the reconciler acts. Node rows name the node in detail; pool is the node''s pool (I4, I5, I6) or the request''s (I7).';
+    'One row per broken invariant I1-I10 (docs/ops.md, invariant violations; docs/placement.md; docs/rates.md), computed from the requests that hold units, their placements, their slices of shared devices and the charges of rate keys; empty when healthy. I8: a shared device''s slices within its offer and share 100 (and its counters equal to them); I9: no device held whole and in slices at once. I1/I2/I5 may show briefly after a shrink, until the reconciler acts. Node rows name the node in detail; pool is the node''s pool (I4, I5, I6) or the request''s (I7).';
 
 GRANT USAGE ON SCHEMA respool TO respool_reader;
 GRANT SELECT ON respool.pool_usage, respool.policy_usage, respool.queue, respool.request_events,

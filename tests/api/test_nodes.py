@@ -172,7 +172,10 @@ async def test_held_node_delete_and_move_need_force(server: Server) -> None:
     await add_node(c, "a", devices={"gpu": ["0", "1"]})
     held = await make_request(c, pool="gpus", resources={"gpu": 2})
     assert held["status"] == "allocated"
-    assert held["placement"] == {"node": "a", "labels": {}, "devices": {"gpu": ["0", "1"]}}
+    assert held["placement"] == {
+        "node": "a", "labels": {}, "devices": {"gpu": ["0", "1"]},
+        "slices": {}, "isolation": {"gpu": "exclusive"},
+    }  # fmt: skip
 
     err = error(await c.delete("/v1/nodes/a"), 409, "force")
     assert "1 allocation" in err["detail"]

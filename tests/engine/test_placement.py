@@ -190,6 +190,8 @@ async def test_grant_lands_on_one_node_first_free_devices_in_list_order(env: Env
         "node": "n1",
         "labels": {"gpu-type": "A100"},
         "devices": {"gpu": ["3", "1"]},
+        "slices": {},
+        "isolation": {"gpu": "exclusive"},
     }
     b = await env.req("s", "gpus", {"gpu": 1})
     assert await env.where(b) == ("n1", ["0"])

@@ -70,7 +70,8 @@ class DatabaseMachine(RuleBasedStateMachine):
         self.runner.run(
             self.conn.execute(
                 "DELETE FROM respool.events; DELETE FROM respool.queue_entries;"
-                " DELETE FROM respool.placements; DELETE FROM respool.nodes;"
+                " DELETE FROM respool.placements; DELETE FROM respool.device_slices;"
+                " DELETE FROM respool.nodes;"
                 " DELETE FROM respool.requests; DELETE FROM respool.policy_resources;"
                 " DELETE FROM respool.policies; DELETE FROM respool.pool_resources;"
                 " DELETE FROM respool.pools; SELECT setval('respool_model.ids', 1, false);"

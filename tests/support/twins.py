@@ -16,6 +16,11 @@ can never drift from the engine it breaks. Install one only into a test's own da
   looking at their holders (the ``holder_id IS NULL`` tests go), so a grant can take a device an
   allocation on that node already holds: two allocations placed on one device (the second
   overwrites the first's holder), which the node auditors must report (I6).
+* ``broken_slice_twin``: a shared device held whole still offers its room to slices
+  (``_device_places`` ignores the whole holder for a slice, ``_place_on_node``'s slice update
+  drops its ``holder_id IS NULL`` guard) and the CHECK ``never_whole_and_sliced`` is dropped
+  (:data:`TWIN_SCHEMA`), so a slice can land on a device held whole, which the auditor must
+  report (I9).
 * ``broken_group_twin``: the victim rule (``_may_preempt``, which both victim choices share)
   ignores preemption groups, so a request may preempt an allocation of its own group, which the
   policy-shapes model must report (tests/engine/test_model_shapes.py).
@@ -87,12 +92,41 @@ TWINS: dict[str, list[tuple[str, list[tuple[str, str]]]]] = {
             ],
         ),
     ],
+    "broken_slice_twin": [
+        (
+            "respool._device_places(uuid, jsonb, boolean)",
+            [
+                (
+                    "CASE WHEN d.holder_id IS NULL THEN respool._room(c.memory, d.memory_used)",
+                    "CASE WHEN d.holder_id IS NULL OR w.slice"
+                    " THEN respool._room(c.memory, d.memory_used)",
+                ),
+                (
+                    "CASE WHEN d.holder_id IS NULL THEN respool._room(c.share, d.share_used)",
+                    "CASE WHEN d.holder_id IS NULL OR w.slice"
+                    " THEN respool._room(c.share, d.share_used)",
+                ),
+            ],
+        ),
+        (
+            "respool._place_on_node(respool.requests, uuid)",
+            [("AND d.device = v_device AND d.holder_id IS NULL", "AND d.device = v_device")],
+        ),
+    ],
     "broken_group_twin": [
         (
             "respool._may_preempt(text, uuid, boolean, bigint, boolean, text, uuid, bigint,"
             " boolean, text)",
             [("AND (p_group IS NULL OR v_group IS DISTINCT FROM p_group)", "")],
         ),
+    ],
+}
+
+
+# twin -> schema statements run before its functions are replaced (guards that are constraints)
+TWIN_SCHEMA: dict[str, list[str]] = {
+    "broken_slice_twin": [
+        "ALTER TABLE respool.node_devices DROP CONSTRAINT never_whole_and_sliced",
     ],
 }
 
@@ -107,7 +141,10 @@ def _broken(source: str, function: str, replacements: list[tuple[str, str]]) -> 
 
 
 async def install_twin(conn: asyncpg.Connection, name: str) -> None:
-    """Replace the engine functions that twin ``name`` breaks (see :data:`TWINS`)."""
+    """Replace the engine functions that twin ``name`` breaks (see :data:`TWINS`), after its
+    schema statements (:data:`TWIN_SCHEMA`)."""
+    for statement in TWIN_SCHEMA.get(name, []):
+        await conn.execute(statement)
     for function, replacements in TWINS[name]:
         source = await conn.fetchval("SELECT pg_get_functiondef($1::regprocedure)", function)
         await conn.execute(_broken(source, function, replacements))
