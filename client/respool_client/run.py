@@ -53,7 +53,7 @@ from respool_client._async import AsyncRespool
 from respool_client._hold import QUEUE_LEASE, await_grant, start_holding
 from respool_client._status import Status
 from respool_client.errors import AllocationTimeout, ApiError, Preempted, Rejected, RespoolError
-from respool_client.grant import Grant
+from respool_client.grant import Grant, describe_slices
 from respool_client.launcher import Launched, Launcher, LocalLauncher, OnOutput
 from respool_client.pairs import host_node_name, split_amount, split_pair
 from respool_client.wire import GROUP_PATTERN, HOLDING, Request, ResourceSettings
@@ -440,6 +440,9 @@ class _Runner:
             f"{where} after {waited:.1f} s: {json.dumps(grant.resources, sort_keys=True)}; "
             f"running {self.cmd[0]}"
         )
+        if grant.placement is not None:
+            for line in describe_slices(grant.placement):
+                self.status.say(f"request {grant.request_id}: {line}")
         self.status.holding(lambda: _lease_left(grant))
         try:
             group = await self.launcher.start(self.cmd, env, self.workdir, self.on_output)

@@ -38,6 +38,7 @@ __all__ = [
     "NodeUpdate",
     "Placement",
     "PlacementMode",
+    "Slice",
     "AgentHeartbeat",
     "AgentHeartbeatAnswer",
     "AgentJobs",
@@ -161,13 +162,25 @@ class Pool(msgspec.Struct, frozen=True):
     rates: dict[str, Rate] = {}  # rate keys (docs/rates.md), not in capacity
 
 
-class Placement(msgspec.Struct, frozen=True):
+class Slice(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The part of one shared device an allocation holds (docs/placement.md, "Sharing a GPU"):
+    its memory in MiB and, when one was asked, its compute share in percent."""
+
+    memory_mb: int
+    share: int | None = None
+
+
+class Placement(msgspec.Struct, frozen=True, omit_defaults=True):
     """Where an allocation runs in a pool with nodes: the node, its labels and the device ids
-    held per key (docs/placement.md)."""
+    held per key (docs/placement.md); for a slice of a shared device, ``slices`` (key → device
+    id → :class:`Slice`), and ``isolation`` per device key (``exclusive`` for whole devices,
+    else the node's sharing mode: ``mps`` or ``time-slicing``)."""
 
     node: str
     labels: dict[str, str]
     devices: dict[str, list[str]]
+    slices: dict[str, dict[str, Slice]] = {}
+    isolation: dict[str, str] = {}
 
 
 class NodeAllocation(msgspec.Struct, frozen=True):
