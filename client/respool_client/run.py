@@ -55,7 +55,7 @@ from respool_client._status import Status
 from respool_client.errors import AllocationTimeout, ApiError, Preempted, Rejected, RespoolError
 from respool_client.grant import Grant, describe_slices
 from respool_client.launcher import Launched, Launcher, LocalLauncher, OnOutput
-from respool_client.pairs import host_node_name, split_amount, split_pair
+from respool_client.pairs import host_node_name, mebibytes, percent, split_amount, split_pair
 from respool_client.wire import GROUP_PATTERN, HOLDING, Request, ResourceSettings
 
 __all__ = [
@@ -129,6 +129,11 @@ def build_parser(prog: str = "respool run") -> argparse.ArgumentParser:
     add("--gpu", type=_count, metavar="N", help="GPUs (gpu).")
     add("--cpu", type=_decimal, metavar="X", help="CPUs, e.g. 0.5 (mcpu = ceil(x*1000)).")
     add("--memory", metavar="SIZE", help="Memory, e.g. 8GB or 16GiB (memory_mb).")
+    add("--gpu-memory", type=_gpu_memory, metavar="SIZE",
+        help="A slice of one shared GPU with this much memory (gpu_memory_mb): 20GiB, "
+        "512MiB or MiB as a number.")  # fmt: skip
+    add("--gpu-share", type=_gpu_share, metavar="PERCENT",
+        help="With --gpu-memory: this share of the GPU's compute, 1 to 100 (gpu_share).")  # fmt: skip
     add("--resource", "-r", action="append", default=[], type=_amount, metavar="KEY=N",
         help="Any key; repeat for more (tpu=2).")  # fmt: skip
     add("--non-preemptible", action="store_true", help="Never preempted; must fit reserved.")
@@ -211,6 +216,10 @@ def _main(argv: Sequence[str] | None, prog: str) -> int:
         parser.error("no command to run: respool run [options] -- CMD [ARGS...]")
     if not args.subject:
         parser.error("--subject (or RESPOOL_SUBJECT) is required")
+    if args.gpu_share is not None and args.gpu_memory is None:
+        parser.error("--gpu-share: a share is of a slice: give --gpu-memory too")
+    if args.gpu is not None and args.gpu_memory is not None:
+        parser.error("--gpu-memory: whole GPUs (--gpu) or one slice (--gpu-memory), not both")
     try:
         args.node_selector = node_selector(args.selector, args.node, args.here)
     except ValueError as exc:
@@ -578,7 +587,7 @@ class _Runner:
             self.rp.create_request(
                 a.subject,
                 pool=a.pool,
-                resources=dict(a.resource) or None,
+                resources=slice_resources(a) or None,
                 settings=self._settings(),
                 preemptible=not a.non_preemptible,
                 max_retries=a.max_retries,
@@ -713,6 +722,8 @@ OPTION_OF_FIELD = {
     "settings.cpu_count": "--cpu",
     "settings.memory": "--memory",
     "resources": "--resource",
+    "resources.gpu_memory_mb": "--gpu-memory",
+    "resources.gpu_share": "--gpu-share",
     "preemptible": "--non-preemptible",
     "max_retries": "--max-retries",
     "lease_seconds": "--lease",
@@ -823,6 +834,31 @@ def _seconds(text: str) -> float:
 
 def _decimal(text: str) -> Decimal:
     return _finite_non_negative(text, Decimal, "a number")
+
+
+def _gpu_memory(text: str) -> int:
+    try:
+        return mebibytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _gpu_share(text: str) -> int:
+    try:
+        return percent(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def slice_resources(args: argparse.Namespace) -> dict[str, int]:
+    """The request's resources: ``--resource`` pairs, and ``--gpu-memory`` / ``--gpu-share`` as
+    ``gpu_memory_mb`` / ``gpu_share`` (docs/placement.md, "Sharing a GPU")."""
+    out = dict(args.resource)
+    for option, key in (("gpu_memory", "gpu_memory_mb"), ("gpu_share", "gpu_share")):
+        value = getattr(args, option, None)
+        if value is not None:
+            out[key] = value
+    return out
 
 
 def _amount(text: str) -> tuple[str, int]:
