@@ -290,7 +290,6 @@ class RequestFields:
             preemption_group=_group(self.group),
         )
 
-
     def resources(self) -> dict[str, int]:
         """``--resource`` pairs, and a slice of one shared GPU: ``--gpu-memory`` as
         ``gpu_memory_mb``, ``--gpu-share`` as ``gpu_share`` (docs/placement.md, "Sharing a

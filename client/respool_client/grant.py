@@ -95,7 +95,8 @@ def describe_slices(placed: Placement) -> list[str]:
                 TIME_SLICING: "time-slicing: not enforced by the driver, keep within it",
             }.get(mode, mode)
             lines.append(
-                f"{key} {device}: a slice of {part.memory_mb} MiB{share}" + (f" ({how})" if how else "")
+                f"{key} {device}: a slice of {part.memory_mb} MiB{share}"
+                + (f" ({how})" if how else "")
             )
     return lines
 

@@ -37,7 +37,8 @@ SIZE_HINT = "a whole number of MiB (20480), or MiB/GiB/TiB (512MiB, 20GiB)"
 def mebibytes(text: str, minimum: int = 1) -> int:
     """A device memory size in MiB: ``"20GiB"`` → 20480, ``"512MiB"`` → 512, ``"20480"`` →
     20480, ``"1.5GiB"`` → 1536; ``ValueError`` (one line, with the forms taken) for anything
-    else: a decimal unit (``20GB``: GPU memory is counted in MiB), a fraction of a MiB, less than ``minimum``."""
+    else: a decimal unit (``20GB``: GPU memory is counted in MiB), a fraction of a MiB, less
+    than ``minimum``."""
     m = _MIB.match(text)
     if not m or (m.group(2) is None and "." in m.group(1)):
         raise ValueError(f"{text!r} is not a size: give {SIZE_HINT}")
@@ -48,7 +49,7 @@ def mebibytes(text: str, minimum: int = 1) -> int:
     units = int(whole) * per * scale + (int(frac) * per if frac else 0)
     if units % scale:
         raise ValueError(f"{text!r} is not a whole number of MiB")
-    value = units // scale
+    value: int = units // scale
     if value < minimum:
         raise ValueError(f"{text!r}: a size must be at least {minimum} MiB")
     return value

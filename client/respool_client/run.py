@@ -133,7 +133,8 @@ def build_parser(prog: str = "respool run") -> argparse.ArgumentParser:
         help="A slice of one shared GPU with this much memory (gpu_memory_mb): 20GiB, "
         "512MiB or MiB as a number.")  # fmt: skip
     add("--gpu-share", type=_gpu_share, metavar="PERCENT",
-        help="With --gpu-memory: this share of the GPU's compute, 1 to 100 (gpu_share).")  # fmt: skip
+        help="With --gpu-memory: this share of the GPU's compute, 1 to 100 "
+        "(gpu_share).")  # fmt: skip
     add("--resource", "-r", action="append", default=[], type=_amount, metavar="KEY=N",
         help="Any key; repeat for more (tpu=2).")  # fmt: skip
     add("--non-preemptible", action="store_true", help="Never preempted; must fit reserved.")
