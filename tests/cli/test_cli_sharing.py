@@ -13,8 +13,14 @@ from respool_client.detect import detect, registration
 from respool_client.pairs import mebibytes, percent
 
 from support.cli import Cli, failed
-from support.nvidia import A100_LIST, A100_QUERY, H100_MIG_IDS, H100_MIG_LIST, H100_MIG_QUERY
-from support.nvidia import fake_smi
+from support.nvidia import (
+    A100_LIST,
+    A100_QUERY,
+    H100_MIG_IDS,
+    H100_MIG_LIST,
+    H100_MIG_QUERY,
+    fake_smi,
+)
 
 # No server: every command here fails on its options before it calls one.
 NOWHERE = Cli(url="http://127.0.0.1:9", db_url="")
