@@ -50,12 +50,13 @@ from typing import NoReturn, TextIO, TypeVar
 
 from msgspec import UNSET, UnsetType
 from respool_client._async import AsyncRespool
-from respool_client._hold import QUEUE_LEASE, await_grant, start_holding
+from respool_client._hold import QUEUE_LEASE, Usage, await_grant, start_holding
 from respool_client._status import Status
 from respool_client.errors import AllocationTimeout, ApiError, Preempted, Rejected, RespoolError
 from respool_client.grant import Grant, describe_slices
 from respool_client.launcher import Launched, Launcher, LocalLauncher, OnOutput
 from respool_client.pairs import host_node_name, mebibytes, percent, split_amount, split_pair
+from respool_client.usage import USAGE_KEY, measure
 from respool_client.wire import GROUP_PATTERN, HOLDING, Request, ResourceSettings
 
 __all__ = [
@@ -461,7 +462,9 @@ class _Runner:
             return 127, None
         self.group = group
         changes: asyncio.Queue[Request] = asyncio.Queue()
-        hold = start_holding(self.rp, grant, None, None, on_change=changes.put_nowait)
+        hold = start_holding(
+            self.rp, grant, None, None, on_change=changes.put_nowait, usage=_usage(grant, group)
+        )
         if self.stop_signal is not None:  # a signal arrived while CMD was starting
             forward = signal.SIGINT if self.stop_signal == signal.SIGINT else signal.SIGTERM
             self._terminate(self._kill_after(), "stopping", forward)
@@ -665,6 +668,20 @@ class _Runner:
         except RespoolError as exc:
             self.status.say(f"error: {exc}")
             return EXIT_API
+
+
+def _usage(grant: Grant, group: Launched) -> Usage | None:
+    """What to measure for the heartbeats: a grant holding a slice of a GPU
+    (``gpu_memory_mb``) of a command whose process group is known reports that group's GPU
+    memory (:mod:`respool_client.usage`); else nothing."""
+    pgid = getattr(group, "pgid", None)
+    if USAGE_KEY not in grant.resources or not isinstance(pgid, int):
+        return None
+
+    async def measured() -> dict[str, int] | None:
+        return await measure(pgid)
+
+    return measured
 
 
 def _lease_left(grant: Grant) -> float | None:
