@@ -16,11 +16,11 @@ from respool_client.wire import (
     Node,
     Ordering,
     PlacementMode,
-    SliceOveruse,
     Policy,
     Pool,
     Queueing,
     Request,
+    SliceOveruse,
 )
 from rich.console import RenderableType
 from rich.text import Text

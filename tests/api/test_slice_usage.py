@@ -19,7 +19,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.http import error, make_request, ok
 from support.server import Server, running_server
 
-
 SLICE = 20480
 
 
