@@ -10,8 +10,10 @@ wrapper killed while waiting gives its place up. No call retries past ``--timeou
 It runs CMD in a process group of its own (:mod:`respool_client._group`) with the grant's
 variables in its environment (:func:`respool_client.grant.step_env`: ``RESPOOL_REQUEST_ID``,
 ``RESPOOL_POOL``, ``RESPOOL_ATTEMPT``, ``RESPOOL_RESOURCES``, and on a node ``RESPOOL_NODE``,
-``RESPOOL_DEVICES``, ``CUDA_VISIBLE_DEVICES``; rebuilt for every attempt, which may land
-elsewhere), heartbeats and long-polls the request while CMD runs, and:
+``RESPOOL_DEVICES``, ``CUDA_VISIBLE_DEVICES``, and for a slice of a shared GPU its variables;
+rebuilt for every attempt, which may land elsewhere), heartbeats and long-polls the request
+while CMD runs (holding a ``gpu_memory_mb`` slice, each heartbeat carries the GPU memory of
+CMD's group: :mod:`respool_client.usage`), and:
 
 * on ``preempting`` sends SIGTERM to CMD's group, and SIGKILL at the grace deadline (or
   ``--kill-after`` seconds after the SIGTERM);
@@ -111,7 +113,9 @@ def build_parser(prog: str = "respool run") -> argparse.ArgumentParser:
         prog=prog,
         description="Run CMD under a respool allocation: wait for the grant, run CMD with "
         "RESPOOL_REQUEST_ID/POOL/ATTEMPT/RESOURCES set (placed on a node: also RESPOOL_NODE, "
-        "RESPOOL_DEVICES and CUDA_VISIBLE_DEVICES), stop it when preempted, release on exit.",
+        "RESPOOL_DEVICES and CUDA_VISIBLE_DEVICES; a slice of a shared GPU: its one device, "
+        "RESPOOL_GPU_MEMORY_MB/SHARE and the MPS limits, and CMD's GPU memory is reported with "
+        "the heartbeats), stop it when preempted, release on exit.",
         epilog=f"Exit status: CMD's own, or {codes}.\n\nExamples:\n"
         f"  {prog} --subject orchestrator:prod --gpu 2 -- python train.py\n"
         f"  {prog} --subject team:vision --pool a100s --gpu 4 \\\n"
