@@ -347,8 +347,11 @@ def registration(
         if pool is not None:
             body["pool"] = pool
         return "POST", "/v1/nodes", body | shared
+    # a shared device key's memory and share are derived from its devices, never sent
+    derived = {f"{key}_{unit}" for key in old.sharing for unit in ("memory_mb", "share")}
     patch: dict[str, Any] = {
-        "capacity": {k: 0 for k in old.capacity if k not in capacity} | capacity,
+        "capacity": {k: 0 for k in old.capacity if k not in capacity and k not in derived}
+        | capacity,
         "devices": {k: None for k in old.devices if k not in devices} | devices,
     }
     new_labels: dict[str, str | None] = dict(labels)
