@@ -220,6 +220,8 @@ SELECT 'I7', pl.name, r.subject, NULL, format('request %s (%s) is not placed on 
  WHERE r.status IN ('allocated', 'preempting')
    AND EXISTS (SELECT FROM respool.nodes n WHERE n.pool_id = r.pool_id)
    AND NOT EXISTS (SELECT FROM respool.placements p WHERE p.request_id = r.id)
+   -- (a holder of rate keys only holds no node, docs/rates.md)
+   AND NOT (r.command IS NULL AND respool._holds_no_node(r.pool_id, r.resources))
 UNION ALL
 SELECT 'I7', pl.name, pd.subject, NULL,
        format('request %s is placed on node %s, %s', pd.request_id, n.name,
