@@ -17,7 +17,10 @@
    Where a cycle's CPU goes, measured over the same loop: the bench process (its callers), the
    ``respool serve`` process with its children, and the database's backends of the bench
    database (``/proc``; a database on another machine: not measured), each in CPU milliseconds
-   per cycle.
+   per cycle. And the engine's own share, without HTTP: one connection creating batches of 50
+   reservations of four teams interleaved (``respool.create_requests_each``, what the API makes
+   of concurrent creates) and releasing them with their settlements
+   (``respool.release_requests``), its backend's CPU per reservation.
 3. **Refill delay.** The same window, settlements equal to the estimates (so a grant can only
    come from a charge leaving the window): for each grant made while callers waited, the time
    from the instant the last charge before it left the window to the grant, by the database's
@@ -39,9 +42,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import msgspec
 
+from app.db.named import query
 from bench.common import (
     Figures,
     add_dsn_argument,
@@ -67,6 +72,8 @@ class RateResult(Figures):
     cpu_ms_bench: float  # CPU per reserve-and-settle cycle: the bench process (its callers)
     cpu_ms_serve: float  # the respool serve process and its children
     cpu_ms_database: float  # the database's backends of the bench database (nan: not local)
+    engine_ms_create: float  # the engine alone, one connection: a coalesced create, per member
+    engine_ms_release: float  # and a coalesced release with its settlement, per member
     window_s: int
     amount: int
     estimate: int
@@ -252,6 +259,35 @@ class _CpuMeter:
         self.spent = {k: end[k] - self._start[k] for k in end}
 
 
+async def _engine_alone(dsn: str, pool: str, rounds: int = 20, batch: int = 50) -> dict[str, float]:
+    """The engine's CPU per member of a coalesced create and of a coalesced release with its
+    settlement (four teams interleaved, ``batch`` a call), by the backend of one connection;
+    nan for a database on another machine."""
+    conn = await bench_connect(dsn)
+    try:
+        backend = _local_backends([int(await conn.fetchval("SELECT pg_backend_pid()"))])
+        spent = {"create": 0.0, "release": 0.0}
+        for _ in range(rounds):
+            members = [
+                {"subject": f"team-{i % 4}", "pool": pool, "resources": {"llm_tokens": 1000}}
+                for i in range(batch)
+            ]
+            before = _cpu_seconds(backend[0]) if backend else 0.0
+            rows = await conn.fetch(query("create_requests_each"), members, None)
+            middle = _cpu_seconds(backend[0]) if backend else 0.0
+            ids = [UUID(r["request"]["id"]) for r in rows if r["request"] is not None]
+            await conn.fetch(
+                query("release_requests"), ids, [None] * len(ids), [{"llm_tokens": 700}] * len(ids)
+            )
+            spent["create"] += middle - before
+            spent["release"] += (_cpu_seconds(backend[0]) if backend else 0.0) - middle
+    finally:
+        await conn.close()
+    if not backend:
+        return {"create": math.nan, "release": math.nan}
+    return {k: 1000 * v / (rounds * batch) for k, v in spent.items()}
+
+
 async def _windows(dsn: str, pool: str, window: int, amount: int) -> dict[str, float]:
     """Budget use per tumbling window of the run after its first (and before its last)."""
     conn = await bench_connect(dsn)
@@ -327,6 +363,12 @@ async def measure(dsn: str, args: argparse.Namespace) -> RateResult:
     await _setup(dsn, "plain", big, 60, 4, rate=False)
     await _setup(dsn, "tight", args.amount, args.window, 4)
     await _setup(dsn, "exact", args.amount, args.window, 4)
+    await _setup(dsn, "engine", big, 60, 4)
+    engine = await _engine_alone(dsn, "engine")
+    log(
+        f"  the engine alone (one connection, batches of 50): {engine['create']:.2f} ms CPU per"
+        f" create, {engine['release']:.2f} ms per release with its settlement"
+    )
     env = {"RESPOOL_MAX_CONNECTIONS": str(args.callers + 1000)}
     rng = random.Random(7)
 
@@ -374,6 +416,8 @@ async def measure(dsn: str, args: argparse.Namespace) -> RateResult:
         cpu_ms_bench=cpu["bench"],
         cpu_ms_serve=cpu["serve"],
         cpu_ms_database=cpu["database"],
+        engine_ms_create=engine["create"],
+        engine_ms_release=engine["release"],
         window_s=args.window,
         amount=args.amount,
         estimate=args.estimate,
@@ -425,6 +469,7 @@ def run(args: argparse.Namespace) -> int:
             "reserve+settle cycles/s",
             "baseline cycles/s (ordinary key)",
             "CPU ms per cycle: bench / serve / database",
+            "engine alone, CPU ms per create / release",
             "window",
             "budget used per window (mean, min)",
             "admitted per window (max, never above 100 %)",
@@ -440,6 +485,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{r.cycles_per_s:,.0f}",
                 f"{r.baseline_cycles_per_s:,.0f}",
                 f"{r.cpu_ms_bench:.2f} / {r.cpu_ms_serve:.2f} / {r.cpu_ms_database:.2f}",
+                f"{r.engine_ms_create:.2f} / {r.engine_ms_release:.2f}",
                 f"{r.window_s} s, {r.amount:,} / {r.estimate:,} per call",
                 f"{r.used_pct_mean:.1f} %, {r.used_pct_min:.1f} % ({r.windows} windows)",
                 f"{r.admitted_pct_max:.1f} %",
