@@ -168,6 +168,14 @@ async def test_a_request_for_rate_keys_only_holds_no_node(server: Server) -> Non
     more = ok(await c.post("/v1/requests", json=body), 201)
     assert more["status"] == "allocated" and more["placement"] is None
     assert ok(await c.get("/v1/nodes/n1"))["allocations"] == []
+    # Invariant I7 (every holder in a pool with nodes is placed) does not count them.
+    conn = await asyncpg.connect(server.db_url)
+    try:
+        assert [
+            dict(v) for v in await conn.fetch("SELECT * FROM respool.invariant_violations")
+        ] == []
+    finally:
+        await conn.close()
     # Nothing holds the node: it goes without force, and the holders of tokens keep them.
     r = await c.delete("/v1/nodes/n1")
     assert r.status_code == 204
@@ -179,13 +187,6 @@ async def test_a_request_for_rate_keys_only_holds_no_node(server: Server) -> Non
     assert done["status"] == "released" and done["last_placement"] is None
     # (600 settled, 1000 each for the request with a GPU and the last one)
     assert ok(await c.get("/v1/pools/racks"))["rates"]["llm_tokens"]["used"] == 2600
-    conn = await asyncpg.connect(server.db_url)
-    try:
-        assert [
-            dict(v) for v in await conn.fetch("SELECT * FROM respool.invariant_violations")
-        ] == []
-    finally:
-        await conn.close()
 
 
 @pytest.mark.parametrize(
