@@ -264,7 +264,7 @@ BEGIN
      ORDER BY x.n;
 END $$;
 COMMENT ON FUNCTION respool.release_requests(uuid[], integer[], timestamptz, jsonb[]) IS
-    'Several releases in one transaction (the API coalesces concurrent release calls, docs/api.md): member i ends as respool.release_request(p_ids[i], p_attempts[i], p_used[i]) would right after members before it. Pools, then rows, locked up front in id order. Distinct allocated requests (no gang, no job) in pools without nodes and with empty queues, no settlement refused, end set-based (what one by one leaves: a release then grants nothing another release depends on). One row per member, in order: its document, or the error its own call would raise (RP404 id, RP409 attempt, a refused settlement), that member changing nothing.';
+    'Several releases in one transaction (the API coalesces concurrent release calls, docs/api.md): member i ends as respool.release_request(p_ids[i], p_attempts[i], p_used[i]) would right after members before it. Pools, then rows, locked up front in id order. Distinct allocated requests (no gang, no job) in pools without nodes or waiters, no settlement refused, end set-based, as one by one would. One row per member, in order: its document, or the error its own call would raise (RP404 id, RP409 attempt, a refused settlement), that member changing nothing.';
 
 CREATE OR REPLACE FUNCTION respool.cancel_request(p_id uuid, p_attempt integer DEFAULT NULL,
                                                   p_now timestamptz DEFAULT now())
