@@ -14,6 +14,13 @@
    used (the settled amounts) over the amount, the same counting each charge at most at its
    estimate (what admission decided, invariant I10: never above 100 %), and the overrun (units
    settled above their estimates), plus ``invariant_violations``.
+   Where a cycle's CPU goes, measured over the same loop: the bench process (its callers), the
+   ``respool serve`` process with its children, and the database's backends of the bench
+   database (``/proc``; a database on another machine: not measured), each in CPU milliseconds
+   per cycle. And the engine's own share, without HTTP: one connection creating batches of 50
+   reservations of four teams interleaved (``respool.create_requests_each``, what the API makes
+   of concurrent creates) and releasing them with their settlements
+   (``respool.release_requests``), its backend's CPU per reservation.
 3. **Refill delay.** The same window, settlements equal to the estimates (so a grant can only
    come from a charge leaving the window): for each grant made while callers waited, the time
    from the instant the last charge before it left the window to the grant, by the database's
@@ -25,15 +32,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
+import os
 import random
+import resource
 import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import msgspec
 
+from app.db.named import query
 from bench.common import (
     Figures,
     add_dsn_argument,
@@ -45,7 +58,7 @@ from bench.common import (
 )
 from bench.rawhttp import Connection, split_url
 from bench.waiters import _raise_fd_limit
-from bench.wake import serve
+from bench.wake import serve_process
 
 SUMMARY = "rate keys: reservations/s, budget used of a saturated window, refill-to-grant delay"
 
@@ -56,6 +69,11 @@ class RateResult(Figures):
     reservations_per_s: float
     cycles_per_s: float
     baseline_cycles_per_s: float  # the same loop on an ordinary key, released without used
+    cpu_ms_bench: float  # CPU per reserve-and-settle cycle: the bench process (its callers)
+    cpu_ms_serve: float  # the respool serve process and its children
+    cpu_ms_database: float  # the database's backends of the bench database (nan: not local)
+    engine_ms_create: float  # the engine alone, one connection: a coalesced create, per member
+    engine_ms_release: float  # and a coalesced release with its settlement, per member
     window_s: int
     amount: int
     estimate: int
@@ -166,6 +184,110 @@ async def _run_callers(
     return crowd, time.monotonic() - started
 
 
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (``/proc``; 0 when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def _descendants(pid: int) -> list[int]:
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split():
+                found += [int(child), *_descendants(int(child))]
+    return found
+
+
+def _local_backends(pids: list[int]) -> list[int] | None:
+    """``pids`` when each is a PostgreSQL process of this machine; None for a server on another
+    machine (its backends are not ours to read)."""
+    local = []
+    for pid in pids:
+        try:
+            if not Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"postgres"):
+                return None
+        except OSError:
+            continue  # (a backend that ended meanwhile)
+        local.append(pid)
+    return local or None
+
+
+class _CpuMeter:
+    """CPU seconds spent by this process, a serve process (with its children) and the
+    database's backends of one database, between :meth:`start` and :meth:`stop`."""
+
+    def __init__(self, dsn: str, serve_pid: int) -> None:
+        self.dsn, self.serve_pid = dsn, serve_pid
+        self.spent: dict[str, float] = {}
+
+    async def _backends(self) -> list[int] | None:
+        conn = await bench_connect(self.dsn)
+        try:
+            pids = [
+                int(r[0])
+                for r in await conn.fetch(
+                    "SELECT pid FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            ]
+        finally:
+            await conn.close()
+        return _local_backends(pids)
+
+    def _now(self, backends: list[int] | None) -> dict[str, float]:
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        serving = [self.serve_pid, *_descendants(self.serve_pid)]
+        return {
+            "bench": own.ru_utime + own.ru_stime,
+            "serve": sum(_cpu_seconds(p) for p in serving),
+            "database": math.nan if backends is None else sum(_cpu_seconds(p) for p in backends),
+        }
+
+    async def start(self) -> None:
+        self._start = self._now(await self._backends())
+
+    async def stop(self) -> None:
+        # (the backends now: the pool may have opened more; each new one started at 0)
+        end = self._now(await self._backends())
+        self.spent = {k: end[k] - self._start[k] for k in end}
+
+
+async def _engine_alone(dsn: str, pool: str, rounds: int = 20, batch: int = 50) -> dict[str, float]:
+    """The engine's CPU per member of a coalesced create and of a coalesced release with its
+    settlement (four teams interleaved, ``batch`` a call), by the backend of one connection;
+    nan for a database on another machine."""
+    conn = await bench_connect(dsn)
+    try:
+        backend = _local_backends([int(await conn.fetchval("SELECT pg_backend_pid()"))])
+        spent = {"create": 0.0, "release": 0.0}
+        for _ in range(rounds):
+            members = [
+                {"subject": f"team-{i % 4}", "pool": pool, "resources": {"llm_tokens": 1000}}
+                for i in range(batch)
+            ]
+            before = _cpu_seconds(backend[0]) if backend else 0.0
+            rows = await conn.fetch(query("create_requests_each"), members, None)
+            middle = _cpu_seconds(backend[0]) if backend else 0.0
+            ids = [UUID(r["request"]["id"]) for r in rows if r["request"] is not None]
+            await conn.fetch(
+                query("release_requests"), ids, [None] * len(ids), [{"llm_tokens": 700}] * len(ids)
+            )
+            spent["create"] += middle - before
+            spent["release"] += (_cpu_seconds(backend[0]) if backend else 0.0) - middle
+    finally:
+        await conn.close()
+    if not backend:
+        return {"create": math.nan, "release": math.nan}
+    return {k: 1000 * v / (rounds * batch) for k, v in spent.items()}
+
+
 async def _windows(dsn: str, pool: str, window: int, amount: int) -> dict[str, float]:
     """Budget use per tumbling window of the run after its first (and before its last)."""
     conn = await bench_connect(dsn)
@@ -241,6 +363,12 @@ async def measure(dsn: str, args: argparse.Namespace) -> RateResult:
     await _setup(dsn, "plain", big, 60, 4, rate=False)
     await _setup(dsn, "tight", args.amount, args.window, 4)
     await _setup(dsn, "exact", args.amount, args.window, 4)
+    await _setup(dsn, "engine", big, 60, 4)
+    engine = await _engine_alone(dsn, "engine")
+    log(
+        f"  the engine alone (one connection, batches of 50): {engine['create']:.2f} ms CPU per"
+        f" create, {engine['release']:.2f} ms per release with its settlement"
+    )
     env = {"RESPOOL_MAX_CONNECTIONS": str(args.callers + 1000)}
     rng = random.Random(7)
 
@@ -249,18 +377,26 @@ async def measure(dsn: str, args: argparse.Namespace) -> RateResult:
             estimate * (rng.uniform(0.5, 1.0) if rng.random() < 0.9 else rng.uniform(1.0, 1.2))
         )
 
-    with serve(dsn, reconciler=True, env=env) as url:
+    with serve_process(dsn, reconciler=True, env=env) as (url, proc):
         base, base_took = await _run_callers(
             url, "plain", args.callers, 1000, args.seconds, None, wait=False
         )
         baseline = sum(c.cycles for c in base) / base_took
         log(f"  baseline (an ordinary key, no settlement): {baseline:,.0f} cycles/s")
+        meter = _CpuMeter(dsn, proc.pid)
+        await meter.start()
         crowd, took = await _run_callers(
             url, "open", args.callers, 1000, args.seconds, lambda e: e * 7 // 10, wait=False
         )
+        await meter.stop()
         granted = sum(c.granted for c in crowd)
         cycles = sum(c.cycles for c in crowd)
+        cpu = {k: 1000 * v / max(cycles, 1) for k, v in meter.spent.items()}
         log(f"  throughput: {granted / took:,.0f} reservations/s, {cycles / took:,.0f} cycles/s")
+        log(
+            f"  CPU ms per cycle: bench {cpu['bench']:.2f}, serve {cpu['serve']:.2f},"
+            f" database {cpu['database']:.2f}"
+        )
         await _run_callers(
             url, "tight", args.callers, args.estimate, args.saturated_seconds, around, wait=True
         )
@@ -277,6 +413,11 @@ async def measure(dsn: str, args: argparse.Namespace) -> RateResult:
         reservations_per_s=granted / took,
         cycles_per_s=cycles / took,
         baseline_cycles_per_s=baseline,
+        cpu_ms_bench=cpu["bench"],
+        cpu_ms_serve=cpu["serve"],
+        cpu_ms_database=cpu["database"],
+        engine_ms_create=engine["create"],
+        engine_ms_release=engine["release"],
         window_s=args.window,
         amount=args.amount,
         estimate=args.estimate,
@@ -327,6 +468,8 @@ def run(args: argparse.Namespace) -> int:
             "reservations/s",
             "reserve+settle cycles/s",
             "baseline cycles/s (ordinary key)",
+            "CPU ms per cycle: bench / serve / database",
+            "engine alone, CPU ms per create / release",
             "window",
             "budget used per window (mean, min)",
             "admitted per window (max, never above 100 %)",
@@ -341,6 +484,8 @@ def run(args: argparse.Namespace) -> int:
                 f"{r.reservations_per_s:,.0f}",
                 f"{r.cycles_per_s:,.0f}",
                 f"{r.baseline_cycles_per_s:,.0f}",
+                f"{r.cpu_ms_bench:.2f} / {r.cpu_ms_serve:.2f} / {r.cpu_ms_database:.2f}",
+                f"{r.engine_ms_create:.2f} / {r.engine_ms_release:.2f}",
                 f"{r.window_s} s, {r.amount:,} / {r.estimate:,} per call",
                 f"{r.used_pct_mean:.1f} %, {r.used_pct_min:.1f} % ({r.windows} windows)",
                 f"{r.admitted_pct_max:.1f} %",

@@ -24,6 +24,7 @@ def test_bench_rate_runs_end_to_end(admin_url: str) -> None:
     assert result["reservations_per_s"] > 0 and result["windows"] >= 1
     assert result["admitted_pct_max"] <= 100.0
     assert result["violations"] == 0
+    assert result["cpu_ms_bench"] > 0 and result["cpu_ms_serve"] > 0  # where a cycle's CPU went
     assert bench_databases(admin_url) == before  # the run dropped its database
 
 

@@ -135,13 +135,14 @@ BEGIN
     -- respool._node_slots bounds them.
     fits := respool._blocker(p_resources, p_preemptible, p_pool_id, p_policy_id) IS NULL
             AND respool._leaves_earmarks(p_resources, p_pool_id, p_request_id, p_earmark_pool_id);
-    IF fits AND p_selector IS NOT NULL AND respool._pool_has_nodes(p_pool_id) THEN
+    IF fits AND p_selector IS NOT NULL AND respool._pool_has_nodes(p_pool_id)
+       AND NOT respool._holds_no_node(p_pool_id, p_resources, p_request_id) THEN
         node_id := respool._node_for(p_pool_id, p_resources, p_selector, p_request_id);
         fits := node_id IS NOT NULL;
     END IF;
 END $$;
 COMMENT ON FUNCTION respool._fit_node(jsonb, boolean, uuid, uuid, uuid, uuid, jsonb) IS
-    'Whether p_resources (preemptible or not) of policy p_policy_id''s subject fit what is free in pool p_pool_id now: admission rules 1-3 (respool._blocker), the earmark rule (respool._leaves_earmarks; p_request_id / p_earmark_pool_id: the request''s id and earmark, NULL for one not stored yet) and, in a pool with nodes, an active node matching p_selector with room: node_id, the node respool._node_for chooses (p_selector NULL: no node check). Read-only; true only while the caller holds the pool lock.';
+    'Whether p_resources (preemptible or not) of policy p_policy_id''s subject fit what is free in pool p_pool_id now: admission rules 1-3 (respool._blocker), the earmark rule (respool._leaves_earmarks; p_request_id / p_earmark_pool_id: the request''s id and earmark, NULL for one not stored yet) and, in a pool with nodes, an active node matching p_selector with room: node_id, the node respool._node_for chooses (p_selector NULL: no node check; none for a request that holds no node, respool._holds_no_node). Read-only; true only while the caller holds the pool lock.';
 
 CREATE OR REPLACE FUNCTION respool._fits(p_resources jsonb, p_preemptible boolean, p_pool_id uuid, p_policy_id uuid,
                                          p_request_id uuid DEFAULT NULL, p_earmark_pool_id uuid DEFAULT NULL,
@@ -274,6 +275,10 @@ BEGIN
     -- never on a node another member of the same grant took).
     FOR i IN 1..cardinality(p_granted) LOOP
         v_req := p_granted[i];
+        IF p_nodes[i] IS NULL AND v_req.command IS NULL
+           AND respool._holds_no_node(p_pool_id, v_req.resources) THEN
+            CONTINUE;  -- only rate keys: charged on the pool above, held on no node
+        END IF;
         -- (a node respool._fit_node already chose for this grant, under the same lock)
         v_node := coalesce(p_nodes[i],
                            respool._node_for(p_pool_id, v_req.resources, v_req.node_selector, v_req.id,
@@ -286,7 +291,7 @@ BEGIN
     END LOOP;
 END $$;
 COMMENT ON FUNCTION respool._place(uuid, uuid, respool.requests[], uuid[]) IS
-    'Places requests the caller has just moved to allocated, in a pool it has locked, under one policy: charges their resources (np_charge: the non-preemptible part) on the pool''s and policy''s counters, RP500 rather than over-allocate; in a pool with nodes puts each, in order, on p_nodes[i] or else the node respool._node_for chooses now, with its devices (respool._place_on_node; distinct_nodes gang members on different nodes), RP501 when one fits no node. Counterpart: respool._unplace.';
+    'Places requests the caller has just moved to allocated, in a pool it has locked, under one policy: charges their resources (np_charge: the non-preemptible part) on the pool''s and policy''s counters, RP500 rather than over-allocate; in a pool with nodes puts each, in order (but one that asks only rate keys of the pool and is no job: respool._holds_no_node), on p_nodes[i] or else the node respool._node_for chooses now, with its devices (respool._place_on_node; distinct_nodes gang members on different nodes), RP501 when one fits no node. Counterpart: respool._unplace.';
 
 CREATE OR REPLACE FUNCTION respool._placement_json(p_request_id uuid)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
@@ -374,6 +379,24 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION respool._pool_has_nodes(uuid) IS
     'True when the pool is backed by nodes (any state): its grants are placed on nodes (docs/placement.md). One index probe.';
+
+CREATE OR REPLACE FUNCTION respool._holds_no_node(p_pool_id uuid, p_resources jsonb, p_request_id uuid DEFAULT NULL)
+RETURNS boolean LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- Rate keys are the pool's budget, never a node's (docs/rates.md): a request that asks
+    -- nothing else (but the step_run every request carries) has nothing to hold on a node.
+    -- A job still runs on its node's agent.
+    RETURN EXISTS (SELECT FROM jsonb_object_keys(p_resources) k(key)
+                    WHERE k.key <> 'step_run'
+                      AND EXISTS (SELECT FROM respool.pool_rates r WHERE r.pool_id = p_pool_id AND r.key = k.key))
+       AND NOT EXISTS (SELECT FROM jsonb_object_keys(p_resources) k(key)
+                        WHERE k.key <> 'step_run'
+                          AND NOT EXISTS (SELECT FROM respool.pool_rates r WHERE r.pool_id = p_pool_id AND r.key = k.key))
+       AND (p_request_id IS NULL
+            OR NOT EXISTS (SELECT FROM respool.requests q WHERE q.id = p_request_id AND q.command IS NOT NULL));
+END $$;
+COMMENT ON FUNCTION respool._holds_no_node(uuid, jsonb, uuid) IS
+    'True when a grant of p_resources in the pool is placed on no node: apart from the step_run every request carries, it asks only rate keys of the pool, at least one (docs/rates.md), and request p_request_id (NULL: none stored yet) is no job (a job runs on its node''s agent). Such a holder has no placement row, no node counts it and its placement is null. Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._node_matches(p_name text, p_labels jsonb, p_selector jsonb)
 RETURNS boolean LANGUAGE sql STABLE PARALLEL SAFE AS $$
@@ -670,6 +693,7 @@ DECLARE
     v_dev record;
 BEGIN
     IF p_selector IS NULL OR NOT respool._pool_has_nodes(p_pool_id)
+       OR respool._holds_no_node(p_pool_id, p_resources)
        OR respool._node_for(p_pool_id, p_resources, p_selector) IS NOT NULL THEN
         RETURN NULL;
     END IF;
@@ -721,7 +745,7 @@ BEGIN
                   v_key, p_resources ->> v_key, v_best);
 END $$;
 COMMENT ON FUNCTION respool._node_blocker(jsonb, uuid, jsonb) IS
-    'Why a request of these resources and node selector waits for a node in a pool with nodes (docs/placement.md): NULL when an active matching node has room now (respool._node_for; or the pool has no nodes, or p_selector is NULL: a gang), else one sentence (no active matching node, or the first key no active matching node has room for, with the most free; in a pool that shares devices, the first slice or whole-device key no device of an active matching node holds now). Read-only.';
+    'Why a request of these resources and node selector waits for a node in a pool with nodes (docs/placement.md): NULL when an active matching node has room now (respool._node_for; or the pool has no nodes, or p_selector is NULL: a gang, or it asks only rate keys: respool._holds_no_node), else one sentence (no active matching node, or the first key no active matching node has room for, with the most free; with shared devices, the first slice or whole-device key no device of an active matching node holds now). Read-only.';
 
 -- Gangs on nodes (docs/placement.md, gangs on nodes): an arrangement of a gang's members on a
 -- pool's nodes, each member on one node, found by a bounded search instead of member by member.

@@ -322,11 +322,12 @@ END $$;
 COMMENT ON FUNCTION respool._settle_refusal(uuid, jsonb) IS
     'Why a settlement of a request''s rate keys ({key: units used}) is refused, NULLs when it is not: RP400 naming used.<key> (bad key or amount, not a rate key of its pool, not reserved), RP409 (never granted: field used; settled before with another amount: used.<key>). Read-only; respool._settle raises it.';
 
-CREATE OR REPLACE FUNCTION respool._settle(p_id uuid, p_used jsonb, p_now timestamptz)
+DROP FUNCTION IF EXISTS respool._settle(uuid, jsonb, timestamptz);
+CREATE OR REPLACE FUNCTION respool._settle(p_id uuid, p_used jsonb, p_now timestamptz, p_checked boolean DEFAULT false)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     r respool.requests := (SELECT q FROM respool.requests q WHERE q.id = p_id);
-    refusal record := respool._settle_refusal(p_id, p_used);
+    refusal record;
     v_pool uuid;
     v_attempt integer;
     v_units jsonb;
@@ -337,8 +338,11 @@ DECLARE
     v_over boolean := false;
     v_refund boolean := false;
 BEGIN
-    IF refusal.code IS NOT NULL THEN
-        PERFORM respool._fail(refusal.code, refusal.field, refusal.message);
+    IF NOT p_checked THEN  -- (p_checked: the caller has just asked, under the same locks)
+        refusal := respool._settle_refusal(p_id, p_used);
+        IF refusal.code IS NOT NULL THEN
+            PERFORM respool._fail(refusal.code, refusal.field, refusal.message);
+        END IF;
     END IF;
     IF p_used IS NULL OR p_used = 'null'::jsonb THEN
         RETURN;
@@ -382,8 +386,57 @@ BEGIN
         PERFORM respool.allocate_pool(v_pool, p_now);
     END IF;
 END $$;
-COMMENT ON FUNCTION respool._settle(uuid, jsonb, timestamptz) IS
-    'Settles a request''s latest charges with the units really used ({rate key: n}): each becomes n at its original instant, the counters move by the difference while it counts, an event (settled, or overrun when above the estimate) records it. Refused (respool._settle_refusal raised: RP400 used.<key>, RP409) before anything changes. The caller holds the pool and request locks.';
+COMMENT ON FUNCTION respool._settle(uuid, jsonb, timestamptz, boolean) IS
+    'Settles a request''s latest charges with the units really used ({rate key: n}): each becomes n at its original instant, the counters move by the difference while it counts, an event (settled, or overrun when above the estimate) records it. Refused (respool._settle_refusal raised: RP400 used.<key>, RP409) before anything changes, unless p_checked: the caller found no refusal under the same locks. The caller holds the pool and request locks.';
+
+CREATE OR REPLACE FUNCTION respool._settle_many(p_ids uuid[], p_used jsonb[], p_now timestamptz)
+RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    -- respool._settle of each distinct request p_ids[i] with p_used[i] (NULL: none), set-based:
+    -- one statement per table. Only when no charge it settles has a non-preemptible part (that
+    -- part's room moves from one settlement to the next): false, and nothing done, otherwise.
+    IF EXISTS (SELECT FROM unnest(p_ids, p_used) x(id, used)
+                CROSS JOIN LATERAL (SELECT max(c2.attempt) AS a FROM respool.rate_charges c2 WHERE c2.request_id = x.id) l
+                 JOIN respool.rate_charges c ON c.request_id = x.id AND c.attempt = l.a AND x.used ? c.key
+                                            AND c.settled_at IS NULL
+                WHERE x.used IS NOT NULL AND x.used <> 'null'::jsonb AND c.np <> 0) THEN
+        RETURN false;
+    END IF;
+    -- The latest grant's charges each settlement names and that are not settled yet, each
+    -- becoming the units really used at its original instant; counted ones move the counters.
+    WITH s AS MATERIALIZED (
+             SELECT c.id, c.request_id, c.pool_id, c.policy_id, c.key, c.counted, c.amount, c.estimate, c.attempt,
+                    (x.used ->> c.key)::bigint AS actual, x.n
+               FROM unnest(p_ids, p_used) WITH ORDINALITY x(id, used, n)
+              CROSS JOIN LATERAL (SELECT max(c2.attempt) AS a FROM respool.rate_charges c2 WHERE c2.request_id = x.id) l
+               JOIN respool.rate_charges c ON c.request_id = x.id AND c.attempt = l.a AND x.used ? c.key
+                                          AND c.settled_at IS NULL
+              WHERE x.used IS NOT NULL AND x.used <> 'null'::jsonb),
+         charged AS (
+             UPDATE respool.rate_charges rc SET amount = s.actual, np = 0, settled_at = p_now
+               FROM s WHERE rc.id = s.id),
+         pooled AS (
+             UPDATE respool.pool_resources pr SET used = pr.used + d.delta
+               FROM (SELECT pool_id, key, sum(actual - amount) AS delta FROM s WHERE counted GROUP BY pool_id, key) d
+              WHERE pr.pool_id = d.pool_id AND pr.key = d.key),
+         policed AS (
+             UPDATE respool.policy_resources pol SET used = pol.used + d.delta
+               FROM (SELECT policy_id, key, sum(actual - amount) AS delta FROM s WHERE counted GROUP BY policy_id, key) d
+              WHERE pol.policy_id = d.policy_id AND pol.key = d.key)
+    INSERT INTO respool.events (request_id, at, from_status, to_status, reason, attempt, message)
+    SELECT s.request_id, p_now, q.status, q.status,
+           CASE WHEN bool_or(s.actual > s.estimate) THEN 'overrun' ELSE 'settled' END, min(s.attempt),
+           'settled: ' || string_agg(format('%s %s of %s reserved%s', s.key, s.actual, s.estimate,
+                                            CASE WHEN s.actual < s.estimate THEN format(' (%s back)', s.estimate - s.actual)
+                                                 WHEN s.actual > s.estimate THEN format(' (%s over the estimate)', s.actual - s.estimate)
+                                                 ELSE '' END), ', ' ORDER BY s.key)
+      FROM s JOIN respool.requests q ON q.id = s.request_id
+     GROUP BY s.request_id, q.status
+     ORDER BY min(s.n);
+    RETURN true;
+END $$;
+COMMENT ON FUNCTION respool._settle_many(uuid[], jsonb[], timestamptz) IS
+    'respool._settle of several distinct requests (p_used[i] for p_ids[i], NULL: none) in one statement per table: the same charges, counters and settled/overrun events, in member order. Only when none of the charges it settles has a non-preemptible part: else false and nothing changed (the caller settles one by one). The caller checked each settlement (respool._settle_refusal) and holds the pool and request locks; the requests still hold their grants.';
 
 CREATE OR REPLACE FUNCTION respool._rate_spec(p_key text, p_value jsonb, p_old respool.pool_rates, p_old_amount bigint,
                                               OUT amount bigint, OUT per_seconds integer)

@@ -162,6 +162,8 @@ DECLARE
     v_f text;
     v_m text;
     r respool.requests;
+    v_pools uuid[];
+    v_ended respool.requests[];
 BEGIN
     IF p_ids IS NULL OR cardinality(p_ids) NOT BETWEEN 1 AND respool._max_batch() THEN
         PERFORM respool._fail('RP400', 'ids', format('1 to %s request ids', respool._max_batch()));
@@ -178,6 +180,55 @@ BEGIN
                                         CROSS JOIN LATERAL unnest(q.candidate_pool_ids || q.pool_id) x
                                        WHERE q.id = ANY (p_ids) AND x IS NOT NULL));
     PERFORM 1 FROM respool.requests WHERE id = ANY (p_ids) ORDER BY id FOR UPDATE;
+    -- The common case set-based: distinct requests, each allocated (no gang, no job) at its
+    -- attempt, in pools without nodes whose queues are empty, no settlement refused. Ending
+    -- one then changes nothing another's end depends on (a release grants only from the queue,
+    -- and each settles only its own charges), so the whole batch leaves what the members one by
+    -- one would: settled, their units back (one guarded return per pool and policy), released
+    -- in one statement with their events and notifications, each pool passed once.
+    SELECT array_agg(DISTINCT q.pool_id) INTO v_pools FROM respool.requests q WHERE q.id = ANY (p_ids);
+    IF (SELECT count(*) FROM unnest(p_ids, p_attempts) x(id, attempt)
+          JOIN respool.requests q ON q.id = x.id
+         WHERE q.status = 'allocated' AND q.gang_id IS NULL AND q.command IS NULL AND q.pool_id IS NOT NULL
+           AND (x.attempt IS NULL OR x.attempt = q.attempt)) = cardinality(p_ids)
+       AND (SELECT count(DISTINCT x) FROM unnest(p_ids) x) = cardinality(p_ids)
+       AND NOT EXISTS (SELECT FROM respool.queue_entries e WHERE e.pool_id = ANY (v_pools))
+       AND NOT EXISTS (SELECT FROM respool.nodes n WHERE n.pool_id = ANY (v_pools))
+       AND (p_used IS NULL
+            OR NOT EXISTS (SELECT FROM unnest(p_ids, p_used) x(id, used)
+                            WHERE x.used IS NOT NULL AND x.used <> 'null'::jsonb
+                              AND (respool._settle_refusal(x.id, x.used)).code IS NOT NULL)) THEN
+        IF p_used IS NOT NULL AND NOT respool._settle_many(p_ids, p_used, p_now) THEN
+            FOR i IN 1 .. cardinality(p_ids) LOOP
+                PERFORM respool._settle(p_ids[i], p_used[i], p_now, p_checked => true);
+            END LOOP;
+        END IF;
+        -- (units of rate keys come back with time, not here: respool._unplace)
+        PERFORM respool._move_units(g.pool_id, g.policy_id, g.units, g.np, -1)
+           FROM (SELECT q.pool_id, q.policy_id,
+                        respool._sum_units(array_agg(respool._without_rates(q.pool_id, q.resources))) AS units,
+                        respool._sum_units(array_agg(respool._without_rates(q.pool_id, q.np_charge))) AS np
+                   FROM respool.requests q WHERE q.id = ANY (p_ids)
+                  GROUP BY q.pool_id, q.policy_id ORDER BY q.pool_id, q.policy_id) g;
+        -- The status change respool._set_status makes, for all of them.
+        WITH ended AS (
+            UPDATE respool.requests
+               SET status = 'released', reason = NULL, message = '', version = version + 1, updated_at = p_now,
+                   finished_at = p_now, earmark_pool_id = NULL, earmark_node_id = NULL, preempt_deadline = NULL,
+                   lease_expires_at = NULL, run_deadline = NULL, np_charge = '{}'
+             WHERE id = ANY (p_ids)
+            RETURNING *)
+        SELECT array_agg(e::respool.requests ORDER BY x.n) INTO v_ended
+          FROM ended e JOIN unnest(p_ids) WITH ORDINALITY x(id, n) ON x.id = e.id;
+        PERFORM respool._record_events(v_ended, 'allocated', p_now);
+        PERFORM respool.allocate_pool(x, p_now) FROM unnest(v_pools) x ORDER BY x;
+        RETURN QUERY
+        SELECT (x.n - 1)::integer, d.doc::jsonb, NULL::text, NULL::text, NULL::text
+          FROM unnest(p_ids) WITH ORDINALITY x(id, n)
+          LEFT JOIN respool.request_docs(p_ids) d ON d.id = x.id
+         ORDER BY x.n;
+        RETURN;
+    END IF;
     -- In request order, each exactly as respool.release_request would end it after the ones
     -- before it; an unknown id or a stale attempt is that member's error and changes nothing.
     FOR i IN 1 .. cardinality(p_ids) LOOP
@@ -190,7 +241,7 @@ BEGIN
             -- (a refused settlement of rate keys is this member's error and changes nothing)
             SELECT x.code, x.field, x.message INTO v_code, v_f, v_m FROM respool._settle_refusal(p_ids[i], p_used[i]) x;
             IF v_code IS NULL THEN
-                PERFORM respool._settle(p_ids[i], p_used[i], p_now);
+                PERFORM respool._settle(p_ids[i], p_used[i], p_now, p_checked => true);
                 PERFORM respool._end_locked(p_ids[i], 'released', NULL, '',
                                             'released_while_queued', 'released before it was allocated', p_now);
             END IF;
@@ -213,7 +264,7 @@ BEGIN
      ORDER BY x.n;
 END $$;
 COMMENT ON FUNCTION respool.release_requests(uuid[], integer[], timestamptz, jsonb[]) IS
-    'Several releases in one transaction (the API coalesces concurrent release calls, docs/api.md): member i ends as respool.release_request(p_ids[i], p_attempts[i], p_used[i]) would right after members before it. Pools, then rows, locked up front in id order. One row per member, in order: its document, or the error its own call would raise (RP404 id, RP409 attempt, a refused settlement), that member changing nothing.';
+    'Several releases in one transaction (the API coalesces concurrent release calls, docs/api.md): member i ends as respool.release_request(p_ids[i], p_attempts[i], p_used[i]) would right after members before it. Pools, then rows, locked up front in id order. Distinct allocated requests (no gang, no job) in pools without nodes or waiters, no settlement refused, end set-based, as one by one would. One row per member, in order: its document, or the error its own call would raise (RP404 id, RP409 attempt, a refused settlement), that member changing nothing.';
 
 CREATE OR REPLACE FUNCTION respool.cancel_request(p_id uuid, p_attempt integer DEFAULT NULL,
                                                   p_now timestamptz DEFAULT now())

@@ -28,6 +28,11 @@ DECLARE
     q_res jsonb[];
     q_pre boolean[];
     q_sig text[];           -- what makes members alike: admitted pools and shape
+    q_psig text[];          -- the same without the policies: alike but for the subject
+    v_wend integer;
+    v_policies uuid[];
+    v_ok boolean;
+    v_nowin integer := 0;   -- members up to here were in a window that did not fit: not tried again
     v_end integer;
     v_left integer;
     v_low integer;
@@ -225,8 +230,9 @@ BEGIN
            array_agg(t.upto::integer ORDER BY t.n), array_agg(t.resources ORDER BY t.n),
            array_agg(t.preemptible ORDER BY t.n),
            array_agg(t.ok_pools::text || t.ok_policies::text || t.preemptible || t.resources::text
-                     || t.selector::text ORDER BY t.n)
-      INTO q_id, q_at, q_first, q_last, q_res, q_pre, q_sig
+                     || t.selector::text ORDER BY t.n),
+           array_agg(t.ok_pools::text || t.preemptible || t.resources::text || t.selector::text ORDER BY t.n)
+      INTO q_id, q_at, q_first, q_last, q_res, q_pre, q_sig, q_psig
       FROM (SELECT t.n, t.id, t.at, t.resources, t.preemptible, t.selector, k.ok_pools, k.ok_policies,
                    sum(cardinality(k.ok_pools)) OVER (ORDER BY t.n) AS upto
               FROM pg_temp.respool_batch t JOIN pg_temp.respool_batch_combo k ON k.combo = t.combo
@@ -245,6 +251,50 @@ BEGIN
         WHILE v_end < cardinality(q_id) AND q_sig[v_end + 1] = q_sig[i] LOOP
             v_end := v_end + 1;
         END LOOP;
+        -- A window of members alike but for their subjects (their policies), in one pool without
+        -- nodes or earmarks (interleaved callers of a few teams: runs of one): when the pool has
+        -- room for the whole window and each policy for its own members, every member of it
+        -- would be granted one by one in member order (a grant only lowers the pool's room by its
+        -- own units, and its policy's rooms), so each policy's members are granted as one
+        -- respool._grant_many, each at its own instant. Else the runs below decide as before.
+        IF i > v_nowin AND v_end < cardinality(q_id) AND q_psig[v_end + 1] = q_psig[i] AND q_first[i] = q_last[i] THEN
+            v_wend := v_end + 1;
+            WHILE v_wend < cardinality(q_id) AND q_psig[v_wend + 1] = q_psig[i] LOOP
+                v_wend := v_wend + 1;
+            END LOOP;
+            v_ok := NOT respool._pool_has_nodes(q_pools[q_first[i]]) AND NOT respool._earmarked(q_pools[q_first[i]])
+                    AND NOT EXISTS (SELECT FROM unnest(q_shapes[q_first[i] : q_last[v_wend]]) b WHERE b = ANY (v_blocked));
+            -- The pool's room for the whole window (rule 1 and the counters' ceiling), then each
+            -- policy's rules for its own members (respool._fits of that many times the need).
+            v_ok := v_ok AND NOT EXISTS (SELECT FROM respool._pool_place(q_pools[q_first[i]],
+                                                                         respool._scale_units(q_res[i], v_wend - i + 1)) p
+                                          WHERE p.need > 0 AND NOT respool._fits_room(p.need, p.room));
+            IF v_ok THEN
+                v_policies := ARRAY(SELECT p.policy
+                                      FROM unnest(q_policies[q_first[i] : q_last[v_wend]]) WITH ORDINALITY p(policy, k)
+                                     GROUP BY p.policy ORDER BY min(p.k));
+                FOREACH j IN ARRAY ARRAY(SELECT generate_series(1, cardinality(v_policies))) LOOP
+                    v_ok := v_ok AND respool._fits(
+                        respool._scale_units(q_res[i], (SELECT count(*)::integer FROM generate_series(i, v_wend) m
+                                                          WHERE q_policies[q_first[m]] = v_policies[j])),
+                        q_pre[i], q_pools[q_first[i]], v_policies[j], NULL, NULL, NULL);
+                END LOOP;
+            END IF;
+            IF v_ok THEN
+                PERFORM set_config('respool.unannounced', array_to_string(q_id[i : v_wend], ','), true);
+                FOREACH j IN ARRAY ARRAY(SELECT generate_series(1, cardinality(v_policies))) LOOP
+                    PERFORM respool._grant_many(
+                        ARRAY(SELECT q_id[m] FROM generate_series(i, v_wend) m
+                               WHERE q_policies[q_first[m]] = v_policies[j] ORDER BY m),
+                        q_pools[q_first[i]], v_policies[j],
+                        (SELECT q_at[m] FROM generate_series(i, v_wend) m
+                          WHERE q_policies[q_first[m]] = v_policies[j] ORDER BY m LIMIT 1));
+                END LOOP;
+                i := v_wend + 1;
+                CONTINUE;
+            END IF;
+            v_nowin := v_wend;  -- (its members go one run at a time, as before: no window tried again)
+        END IF;
         v_left := i;  -- its first member not granted yet
         j := q_first[i];
         WHILE j <= q_last[i] AND v_left <= v_end LOOP

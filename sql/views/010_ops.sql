@@ -276,6 +276,16 @@ SELECT 'I7', pl.name, r.subject, NULL, format('request %s (%s) is not placed on 
  WHERE r.status IN ('allocated', 'preempting')
    AND EXISTS (SELECT FROM respool.nodes n WHERE n.pool_id = r.pool_id)
    AND NOT EXISTS (SELECT FROM respool.placements p WHERE p.request_id = r.id)
+   -- (a holder of rate keys only, no job, holds no node, docs/rates.md: the test of
+   -- respool._holds_no_node, written out so that a reader of the view needs no more rights)
+   AND NOT (r.command IS NULL
+            AND EXISTS (SELECT FROM jsonb_object_keys(r.resources) k(key)
+                         WHERE k.key <> 'step_run'
+                           AND EXISTS (SELECT FROM respool.pool_rates pr WHERE pr.pool_id = r.pool_id AND pr.key = k.key))
+            AND NOT EXISTS (SELECT FROM jsonb_object_keys(r.resources) k(key)
+                             WHERE k.key <> 'step_run'
+                               AND NOT EXISTS (SELECT FROM respool.pool_rates pr
+                                                WHERE pr.pool_id = r.pool_id AND pr.key = k.key)))
 UNION ALL
 SELECT 'I7', pl.name, pd.subject, NULL,
        format('request %s is placed on node %s, %s', pd.request_id, n.name,

@@ -142,6 +142,53 @@ async def test_rate_keys_and_nodes_and_capacity_do_not_mix(server: Server) -> No
     assert gone["rates"] == {}
 
 
+async def test_a_request_for_rate_keys_only_holds_no_node(server: Server) -> None:
+    """In a pool backed by nodes, a request that asks only the pool's rate keys is charged on
+    the pool and placed on no node: its placement is null, no node lists it among its
+    allocations, and a node can go without force while it holds."""
+    c = server.client
+    hour = {"llm_tokens": {"amount": 10_000, "per_seconds": 3600}}  # no charge leaves meanwhile
+    ok(await c.post("/v1/pools", json={"name": "racks", "rates": hour}), 201)
+    ok(await c.post("/v1/policies", json={"subject": "team-a", "pool": "racks"}), 201)
+    ok(await c.post("/v1/nodes", json={"name": "n1", "pool": "racks", "capacity": {"gpu": 2}}), 201)
+    body = {"subject": "team-a", "pool": "racks", "resources": {"llm_tokens": 1000}}
+    tokens = ok(await c.post("/v1/requests", json=body), 201)
+    assert tokens["status"] == "allocated" and tokens["placement"] is None
+    assert ok(await c.get(f"/v1/requests/{tokens['id']}"))["placement"] is None
+    # A request that also asks a node's key is placed on the node, as before.
+    both = {**body, "resources": {"gpu": 1, "llm_tokens": 1000}}
+    mixed = ok(await c.post("/v1/requests", json=both), 201)
+    assert mixed["placement"]["node"] == "n1"
+    node = ok(await c.get("/v1/nodes/n1"))
+    assert [a["request_id"] for a in node["allocations"]] == [mixed["id"]]
+    assert node["usage"] == {"gpu": 1}
+    ok(await c.post(f"/v1/requests/{mixed['id']}/release"))
+    # With no active node left, a request for rate keys is still granted at once.
+    ok(await c.post("/v1/nodes/n1/cordon"))
+    more = ok(await c.post("/v1/requests", json=body), 201)
+    assert more["status"] == "allocated" and more["placement"] is None
+    assert ok(await c.get("/v1/nodes/n1"))["allocations"] == []
+    # Invariant I7 (every holder in a pool with nodes is placed) does not count them.
+    conn = await asyncpg.connect(server.db_url)
+    try:
+        assert [
+            dict(v) for v in await conn.fetch("SELECT * FROM respool.invariant_violations")
+        ] == []
+    finally:
+        await conn.close()
+    # Nothing holds the node: it goes without force, and the holders of tokens keep them.
+    r = await c.delete("/v1/nodes/n1")
+    assert r.status_code == 204
+    for held in (tokens, more):
+        assert ok(await c.get(f"/v1/requests/{held['id']}"))["status"] == "allocated"
+    done = ok(
+        await c.post(f"/v1/requests/{tokens['id']}/release", json={"used": {"llm_tokens": 600}})
+    )
+    assert done["status"] == "released" and done["last_placement"] is None
+    # (600 settled, 1000 each for the request with a GPU and the last one)
+    assert ok(await c.get("/v1/pools/racks"))["rates"]["llm_tokens"]["used"] == 2600
+
+
 @pytest.mark.parametrize(
     ("used", "status", "field"),
     [

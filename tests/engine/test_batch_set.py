@@ -86,6 +86,29 @@ async def build(conn: asyncpg.Connection, world: str) -> None:
         },
         T0,
     )
+    if world == "teams":
+        # Three teams share pool b (5 gpu free): T without a bound, V with a limit of 2; and a
+        # pool r of a rate key (5,000 tokens a minute) the three of them draw on.
+        await conn.fetchval(
+            "SELECT respool.create_pool(p_name => 'r', p_rates => $1, p_now => $2)",
+            {"tok": {"amount": 5000, "per_seconds": 60}},
+            T0,
+        )
+        for subject, pool, limit in (
+            ("T", "b", {}),
+            ("V", "b", {"gpu": 2}),
+            ("S", "r", {}),
+            ("T", "r", {}),
+            ("V", "r", {}),
+        ):
+            await conn.fetchval(
+                "SELECT respool.create_policy(p_subject => $1, p_pool => $2, p_limit => $3,"
+                " p_now => $4)",
+                subject,
+                pool,
+                limit,
+                T0,
+            )
     if world == "queue":
         # Earlier waiters of another subject in a, blocked by the holder and T's own limit.
         await create_one(
@@ -286,10 +309,11 @@ def fresh(admin_url: str, copies: Any) -> Any:
 
 
 async def both_ways(
-    fresh: Fresh, world: str, members: list[dict[str, Any]]
+    fresh: Fresh, world: str, members: list[dict[str, Any]], counted: str = CREATE_CHECKED
 ) -> tuple[Any, Any, int]:
     """(batch, one by one) snapshots and answers, and how many members the batch created one by
-    one (respool._create_checked calls: 0 when the set-based path made it)."""
+    one (respool._create_checked calls: 0 when the set-based path made it; ``counted``: the
+    calls of another function instead)."""
     async with direct(fresh.take()) as conn:
         await build(conn, world)
         await conn.execute("SET track_functions = 'all'")
@@ -301,7 +325,7 @@ async def both_ways(
                 members,
                 AT,
             )
-            one_by_one_calls = await function_calls(conn, CREATE_CHECKED)
+            one_by_one_calls = await function_calls(conn, counted)
         batch_rows = [{"created": r["created"], "request": r["request"]} for r in rows]
         batch_ids = [r["request"]["id"] for r in batch_rows]
         batch = (await snapshot(conn, batch_ids), answers(batch_rows, batch_ids))
@@ -350,6 +374,36 @@ async def test_a_thousand_alike_members_one_shape_tried_once(fresh: Fresh) -> No
     answered = [d for _c, _i, d in batch[1]]
     assert [d["status"] for d in answered] == ["allocated"] * 3 + ["queued"] * 297
     assert [d["queue_position"] for d in answered[3:]] == list(range(1, 298))
+
+
+TRY_GRANT = "respool._try_grant(uuid, uuid, uuid, timestamptz, respool.requests)"
+
+
+@pytest.mark.parametrize(
+    ("pool", "resources", "teams", "granted", "tried_one_by_one"),
+    [
+        # callers of three teams interleaved, all of them fit: granted together, no member alone
+        ("b", {"gpu": 1}, "STSVT", 5, 0),
+        ("r", {"tok": 1000}, "STVST", 5, 0),
+        # more than fit: each member as one by one decides (V's limit, then the pool's room)
+        ("b", {"gpu": 1}, "SVTVSVTS", 5, 8),
+        ("r", {"tok": 1000}, "STVSTVS", 5, 7),
+    ],
+)
+async def test_interleaved_teams_leave_what_one_by_one_leaves(
+    fresh: Fresh,
+    pool: str,
+    resources: dict[str, int],
+    teams: str,
+    granted: int,
+    tried_one_by_one: int,
+) -> None:
+    members = [member(i, subject=t, pool=pool, resources=resources) for i, t in enumerate(teams)]
+    batch, one, tried = await both_ways(fresh, "teams", members, counted=TRY_GRANT)
+    assert batch == one
+    assert tried == tried_one_by_one
+    answered = [d for _c, _i, d in batch[1]]
+    assert [d["status"] for d in answered].count("allocated") == granted
 
 
 async def test_set_path_grants_without_notifying_the_members(fresh: Fresh) -> None:

@@ -7,15 +7,26 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import asyncpg
 import pytest
-from engine_support import assert_healthy, events, mk_pool_s, mk_req, queue_ids, status
+from engine_support import (
+    assert_healthy,
+    events,
+    mk_policy,
+    mk_pool,
+    mk_pool_s,
+    mk_req,
+    queue_ids,
+    status,
+)
 from respool_client.wire import Request
 
 from app.db import requests as db_requests
 from app.db.connect import APP_API, create_pool
 from app.db.errors import Conflict, NotFound
+from support.db import function_calls
 
 
 @pytest.fixture(autouse=True)
@@ -116,3 +127,77 @@ async def test_concurrent_batches_over_the_same_requests_never_deadlock_or_doubl
     assert all(getattr(d, "status", None) == "released" for r in results for d in r)
     for r in made:
         assert [e[1] for e in await events(conn, r.id)].count("released") == 1
+
+
+async def _ended(conn: asyncpg.Connection, pool: str) -> dict[str, Any]:
+    """What a user or operator sees of pool ``pool`` once its requests ended, each request named
+    by its label: status, version, reason and message, its events (from, to, reason, attempt,
+    message), its charges, and the pool's and policies' counters."""
+    rows = await conn.fetch(
+        "SELECT r.labels ->> 'm' AS m, r.status, r.version, r.reason, r.message,"
+        " r.np_charge::text, r.lease_expires_at IS NULL AS no_lease,"
+        " r.finished_at IS NOT NULL AS finished,"
+        " (SELECT array_agg(ROW(e.from_status, e.to_status, e.reason, e.attempt,"
+        "                       e.message)::text ORDER BY e.id)"
+        "    FROM respool.events e WHERE e.request_id = r.id) AS events,"
+        " (SELECT array_agg(ROW(c.key, c.estimate, c.amount, c.settled_at IS NOT NULL,"
+        "                       c.counted)::text ORDER BY c.key)"
+        "    FROM respool.rate_charges c WHERE c.request_id = r.id) AS charges"
+        " FROM respool.requests r WHERE r.pool_name = $1 ORDER BY m",
+        pool,
+    )
+    counters = await conn.fetch(
+        "SELECT 'pool', NULL, pr.key, pr.used, NULL::bigint FROM respool.pool_resources pr"
+        "  JOIN respool.pools p ON p.id = pr.pool_id WHERE p.name = $1"
+        " UNION ALL SELECT 'policy', po.subject, r.key, r.used, r.np_used"
+        "  FROM respool.policy_resources r JOIN respool.policies po ON po.id = r.policy_id"
+        "  JOIN respool.pools p ON p.id = po.pool_id WHERE p.name = $1 ORDER BY 1, 2, 3",
+        pool,
+    )
+    return {"requests": [dict(r) for r in rows], "counters": [tuple(c) for c in counters]}
+
+
+@pytest.mark.parametrize("queue", [False, True])
+async def test_a_batch_of_settlements_leaves_what_one_release_after_another_leaves(
+    conn: asyncpg.Connection, queue: bool
+) -> None:
+    """Reservations of three teams on a rate key and a GPU, released together with settlements
+    below, at and above their estimates (and one without): the same requests, events, charges
+    and counters as releasing them one after another. ``queue``: a request waits in the pool."""
+    for pool in ("one", "many"):
+        await mk_pool(
+            conn, pool, {"gpu": 8}, rates={"tok": {"amount": 100_000, "per_seconds": 3600}}
+        )
+        for team in ("a", "b", "c"):
+            await mk_policy(conn, team, pool)
+    made: dict[str, list[Request]] = {"one": [], "many": []}
+    for pool in ("one", "many"):
+        for i, team in enumerate("abcabc"):
+            body = {"gpu": 1, "tok": 1000 * (i + 1)}
+            made[pool].append(await mk_req(conn, team, pool, resources=body, labels={"m": str(i)}))
+        if queue:
+            await mk_req(conn, "a", pool, resources={"gpu": 4}, labels={"m": "waits"})
+    used: list[dict[str, int] | None] = [
+        {"tok": 500},
+        {"tok": 2000},
+        {"tok": 3300},
+        None,
+        {"tok": 0},
+        {"tok": 6000},
+    ]
+    for r, u in zip(made["one"], used, strict=True):
+        await db_requests.release_request(conn, r.id, used=u)
+    await conn.execute("SET track_functions = 'all'")
+    async with conn.transaction():
+        done = await db_requests.release_requests(
+            conn, [(r.id, r.attempt, u) for r, u in zip(made["many"], used, strict=True)]
+        )
+        # (with nobody waiting, the settlements were made together; else one by one)
+        together = await function_calls(conn, "respool._settle_many(uuid[], jsonb[], timestamptz)")
+    assert together == (0 if queue else 1)
+    assert [getattr(d, "status", None) for d in done] == ["released"] * 6
+    one, many = await _ended(conn, "one"), await _ended(conn, "many")
+    assert many == one
+    assert [r["status"] for r in one["requests"]] == ["released"] * 6 + (
+        ["allocated"] if queue else []
+    )
