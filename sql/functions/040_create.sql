@@ -307,13 +307,12 @@ BEGIN
                 fields[i] := nullif(v_column, '');
                 messages[i] := v_message;
                 phases[i] := v_phase;
-                bodies[i] := NULL;
             END;
         END LOOP;
     END LOOP;
 END $$;
 COMMENT ON FUNCTION respool._member_refusals(jsonb, integer) IS
-    'After a batch''s set-based checks refused (nothing kept): which members their own create refuses before anything is stored, each as that create would see it: the body''s fields and types (phase 1, every member first), then in member order its values and the pool it names unless its key replays a stored request or a member before it (phase 2). Per member: its checked body (NULL when refused) or the SQLSTATE, field and message, and the phase.';
+    'After a batch''s set-based checks refused (nothing kept): which members their own create refuses before anything is stored, each as that create would see it: the body''s fields and types (phase 1, every member first), then in member order its values and the pool it names unless its key replays a stored request or a member before it (phase 2). Per member: its checked body (NULL when its body check refused), the SQLSTATE, field and message, and the phase.';
 
 CREATE OR REPLACE FUNCTION respool._route_refusal(p_gang boolean, p_bodies jsonb[], p_ids uuid[], p_created boolean[],
                                                   p_codes text[], p_messages text[],
@@ -486,6 +485,7 @@ BEGIN
     SELECT * INTO r FROM respool._member_refusals(p_members, p_default_lease_seconds);
     v_ok := ARRAY(SELECT i FROM generate_subscripts(r.bodies, 1) i WHERE r.codes[i] IS NULL ORDER BY i);
     -- The others made together, each at its own queue instant (member i: i µs after member 0).
+    SELECT NULL::uuid[] AS ids, NULL::boolean[] AS created, NULL::text[] AS codes, NULL::text[] AS messages INTO c;
     IF cardinality(v_ok) > 0 THEN
         SELECT * INTO c FROM respool._create_members(ARRAY(SELECT r.bodies[i] FROM unnest(v_ok) i), p_now, NULL,
                                                      v_count > 1, ARRAY(SELECT i - 1 FROM unnest(v_ok) i));
