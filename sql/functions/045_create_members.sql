@@ -23,6 +23,11 @@ BEGIN
         resources := ARRAY[respool.build_resources(nullif(b -> 'resources', 'null'), nullif(b -> 'settings', 'null'))];
         labels := ARRAY[respool._labels(b -> 'labels')];
         selectors := ARRAY[respool.build_node_selector(b -> 'node_selector', nullif(b -> 'settings', 'null'))];
+        bodies := ARRAY[respool._request_body(b ->> 'pool', resources[1], (b ->> 'preemptible')::boolean,
+                                              (b ->> 'max_retries')::integer, (b ->> 'lease_seconds')::integer,
+                                              labels[1], (b ->> 'max_seconds')::integer, selectors[1],
+                                              b ->> 'preemption_group')];
+        RETURN;
     ELSE
         -- Each distinct resources/settings, labels and node_selector/settings value converted
         -- once (absent and JSON null alike).
@@ -57,6 +62,13 @@ CREATE OR REPLACE FUNCTION respool._member_ids(p_bodies jsonb[], p_stored jsonb[
                                                OUT created boolean[], OUT codes text[], OUT messages text[])
 LANGUAGE plpgsql AS $$
 BEGIN
+    IF NOT EXISTS (SELECT FROM unnest(p_bodies) b WHERE b ? 'idempotency_key' AND b ->> 'idempotency_key' IS NOT NULL) THEN
+        ids := ARRAY(SELECT gen_random_uuid() FROM unnest(p_bodies));  -- no key: every member is new
+        created := array_fill(true, ARRAY[cardinality(p_bodies)]);
+        codes := array_fill(NULL::text, ARRAY[cardinality(p_bodies)]);
+        messages := codes;
+        RETURN;
+    END IF;
     -- The first member naming a key (or naming none) makes a new request unless the key is
     -- stored already; a later member naming it replays the first. A replay on another body: RP422.
     WITH m AS (
@@ -108,10 +120,9 @@ COMMENT ON FUNCTION respool._member_pools(jsonb[], boolean[]) IS
 CREATE OR REPLACE FUNCTION respool._insert_members(p_bodies jsonb[], p_ids uuid[], p_made boolean[], p_pool_ids uuid[],
                                                    p_resources jsonb[], p_labels jsonb[], p_selectors jsonb[],
                                                    p_stored jsonb[], p_now timestamptz, p_gang_id uuid,
-                                                   p_slots integer[])
-RETURNS integer LANGUAGE plpgsql AS $$
-DECLARE
-    v_count integer;
+                                                   p_slots integer[], OUT stored integer,
+                                                   OUT queued respool.requests[])
+LANGUAGE plpgsql AS $$
 BEGIN
     -- Validated under the pool locks (the caller's), so no capacity or policy change slips
     -- between: the rejection table once per distinct (subject, pool named, resources,
@@ -138,7 +149,7 @@ BEGIN
                                  WITH ORDINALITY c(policy_id, pool_id, pool_name, reason, message, k) ON true
               GROUP BY d.subject, d.p, d.r, d.pre, d.x, a.all_pools),
          made AS (
-             INSERT INTO respool.requests (id, subject, pool_ref, pool_id, pool_name, candidate_pool_ids, resources,
+             INSERT INTO respool.requests AS t (id, subject, pool_ref, pool_id, pool_name, candidate_pool_ids, resources,
                                            preemptible, priority, status, reason, message, max_retries, lease_seconds,
                                            max_seconds, idempotency_key, request_body, labels, queued_at, created_at,
                                            updated_at, finished_at, gang_id, node_selector, preemption_group,
@@ -166,15 +177,18 @@ BEGIN
                             AND k.pre = m.pre AND k.x = m.x
               ORDER BY m.n
              ON CONFLICT ON CONSTRAINT idempotency DO NOTHING
-             RETURNING id, created_at, status, reason, attempt, message)
-    -- Their first events, not notified: nobody knows these requests before the call answers.
-    INSERT INTO respool.events (request_id, at, from_status, to_status, reason, attempt, message)
-    SELECT r.id, r.created_at, NULL, r.status, r.reason, r.attempt, r.message FROM made r ORDER BY r.created_at;
-    GET DIAGNOSTICS v_count = ROW_COUNT;
-    RETURN v_count;
+             RETURNING t AS r),
+         -- Their first events, not notified: nobody knows these requests before the call answers.
+         events AS (
+             INSERT INTO respool.events (request_id, at, from_status, to_status, reason, attempt, message)
+             SELECT (m.r).id, (m.r).created_at, NULL, (m.r).status, (m.r).reason, (m.r).attempt, (m.r).message
+               FROM made m ORDER BY (m.r).created_at)
+    SELECT count(*), coalesce(array_agg(m.r ORDER BY (m.r).created_at) FILTER (WHERE (m.r).status = 'queued'), '{}')
+      INTO stored, queued
+      FROM made m;
 END $$;
 COMMENT ON FUNCTION respool._insert_members(jsonb[], uuid[], boolean[], uuid[], jsonb[], jsonb[], jsonb[], jsonb[], timestamptz, uuid, integer[]) IS
-    'Stores the members to be made (p_made) of checked create bodies, their candidate pools locked by the caller: each as rejected (the first candidate''s reason, every candidate''s message; no_policy) or queued with its admitted candidates in candidate order, member i at p_now + i µs (or p_slots[i] µs), its job, p_gang_id; one INSERT for the requests and one for their first events (not notified). Returns how many were stored (fewer: a key a concurrent create stored first).';
+    'Stores the members to be made (p_made) of checked create bodies, their candidate pools locked by the caller: each as rejected (the first candidate''s reason, every candidate''s message; no_policy) or queued with its admitted candidates in candidate order, member i at p_now + i µs (or p_slots[i] µs), its job, p_gang_id; one INSERT for the requests and one for their first events (not notified). Returns how many were stored (fewer: a key a concurrent create stored first) and the queued ones, in member order.';
 
 CREATE OR REPLACE FUNCTION respool._queue_members(p_ids uuid[])
 RETURNS void LANGUAGE plpgsql AS $$
@@ -201,10 +215,9 @@ END $$;
 COMMENT ON FUNCTION respool._queue_members(uuid[]) IS
     'Writes the queue entries of the requests p_ids that a create has just made and that still wait (one per admitted candidate pool, in one INSERT; the caller holds their pools'' locks) and wakes the reconcilers of those pools.';
 
-CREATE OR REPLACE FUNCTION respool._grant_members(p_ids uuid[], p_now timestamptz)
+CREATE OR REPLACE FUNCTION respool._grant_members(q respool.requests[], p_now timestamptz)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
-    q respool.requests[];  -- the members that wait, in member order
     e_pool uuid[];         -- each one's admitted candidates in candidate order, one after the other
     e_policy uuid[];
     v_simple uuid[];       -- the pools where a new request is tried alone
@@ -215,31 +228,33 @@ DECLARE
     v_end integer;
     v_left integer;
     v_shape text;
+    v_waiting boolean := false;  -- one of the members since v_queued still waits
     i integer := 1;
 BEGIN
-    SELECT array_agg(r ORDER BY r.queued_at) INTO q
-      FROM respool.requests r WHERE r.id = ANY (p_ids) AND r.status = 'queued';
-    IF q IS NULL THEN
+    IF cardinality(q) = 0 THEN
         RETURN;
     END IF;
-    SELECT array_agg(c.pool_id ORDER BY x.ordinality, c.k), array_agg(s.policy_id ORDER BY x.ordinality, c.k) INTO e_pool, e_policy
+    -- Each member's admitted candidates with its policy there, in candidate order. A new request
+    -- is tried alone in a best_effort pool that holds for nobody and cannot start holding during
+    -- this call (no entry waits near starvation_seconds; docs/scheduling.md): every earlier
+    -- request already had its chance. Elsewhere a pass decides (respool._try_new).
+    SELECT array_agg(c.pool_id ORDER BY x.ordinality, c.k), array_agg(s.policy_id ORDER BY x.ordinality, c.k),
+           coalesce(array_agg(DISTINCT c.pool_id) FILTER (WHERE pl.queueing = 'best_effort'
+                        AND (pl.starvation_seconds IS NULL
+                             OR (pl.starvation_seconds > 0
+                                 AND NOT EXISTS (SELECT FROM respool.queue_entries e
+                                                  WHERE e.pool_id = pl.id
+                                                    AND e.queued_at <= p_now + interval '1 second'
+                                                                       - make_interval(secs => pl.starvation_seconds))))),
+                    '{}')
+      INTO e_pool, e_policy, v_simple
       FROM unnest(q) WITH ORDINALITY x
      CROSS JOIN LATERAL unnest(x.candidate_pool_ids) WITH ORDINALITY c(pool_id, k)
+      JOIN respool.pools pl ON pl.id = c.pool_id
       JOIN (SELECT d.subject, p.pool_id, p.policy_id
               FROM (SELECT DISTINCT subject FROM unnest(q)) d
              CROSS JOIN LATERAL respool._subject_policies(d.subject) p) s
         ON s.subject = x.subject AND s.pool_id = c.pool_id;
-    -- A new request is tried alone in a best_effort pool that holds for nobody and cannot start
-    -- holding during this call (no entry waits near starvation_seconds; docs/scheduling.md):
-    -- every earlier request already had its chance. Elsewhere a pass decides (respool._try_new).
-    v_simple := ARRAY(SELECT pl.id FROM respool.pools pl
-                       WHERE pl.id = ANY (e_pool) AND pl.queueing = 'best_effort'
-                         AND (pl.starvation_seconds IS NULL
-                              OR (pl.starvation_seconds > 0
-                                  AND NOT EXISTS (SELECT FROM respool.queue_entries e
-                                                   WHERE e.pool_id = pl.id
-                                                     AND e.queued_at <= p_now + interval '1 second'
-                                                                        - make_interval(secs => pl.starvation_seconds)))));
     WHILE i <= cardinality(q) LOOP
         -- The run of alike members i .. v_end: the same subject, admitted pools and shape.
         v_end := i;
@@ -276,10 +291,14 @@ BEGIN
                     v_blocked := v_blocked || v_shape;
                 END IF;
             END LOOP;
+            v_waiting := v_waiting OR v_left <= v_end;
         ELSE
             -- Member by member as its own create: at once where nobody queues in its first
             -- candidate, else queued and tried by respool._try_new, the members before it queued.
-            PERFORM respool._queue_members(ARRAY(SELECT x.id FROM unnest(q[v_queued:i - 1]) x));
+            IF v_waiting THEN
+                PERFORM respool._queue_members(ARRAY(SELECT x.id FROM unnest(q[v_queued:i - 1]) x));
+                v_waiting := false;
+            END IF;
             FOR m IN i .. v_end LOOP
                 PERFORM set_config('respool.unannounced', q[m].id::text, true);
                 IF EXISTS (SELECT FROM respool.queue_entries WHERE pool_id = e_pool[v_first])
@@ -294,19 +313,24 @@ BEGIN
         i := v_end + 1;
     END LOOP;
     PERFORM set_config('respool.unannounced', '', true);
-    PERFORM respool._queue_members(ARRAY(SELECT x.id FROM unnest(q[v_queued:cardinality(q)]) x));
+    IF v_waiting THEN
+        PERFORM respool._queue_members(ARRAY(SELECT x.id FROM unnest(q[v_queued:cardinality(q)]) x));
+    END IF;
 END $$;
-COMMENT ON FUNCTION respool._grant_members(uuid[], timestamptz) IS
-    'Grants the queued requests p_ids (in member order) that this call has just made, as creating them one by one would: each tried in its admitted candidates in candidate order; in best_effort pools that hold for nobody alone (a run of alike members: respool._grant_run, then respool._try_grant), elsewhere by respool._try_new as its own create. Then writes the entries of those still waiting (respool._queue_members). Their own changes are not notified.';
+COMMENT ON FUNCTION respool._grant_members(respool.requests[], timestamptz) IS
+    'Grants the queued requests q (in member order) that this call has just made, as creating them one by one would: each tried in its admitted candidates in candidate order; in best_effort pools that hold for nobody alone (a run of alike members: respool._grant_run, then respool._try_grant), elsewhere by respool._try_new as its own create. Then writes the entries of those still waiting (respool._queue_members). Their own changes are not notified.';
 
 CREATE OR REPLACE FUNCTION respool._create_members(p_bodies jsonb[], p_now timestamptz, p_gang_id uuid,
                                                    p_lock_all boolean, p_slots integer[] DEFAULT NULL,
                                                    OUT ids uuid[], OUT created boolean[],
                                                    OUT codes text[], OUT messages text[])
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql
+-- Its statements take the members' arrays: planned once for every call, not anew each time.
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v record;
     p record;
+    s record;
     v_id uuid;
     v_differs boolean;
 BEGIN
@@ -319,8 +343,9 @@ BEGIN
     SELECT * INTO ids, created, codes, messages FROM respool._member_ids(p_bodies, v.bodies);
     SELECT * INTO p FROM respool._member_pools(p_bodies, created);
     PERFORM respool._lock_pools(p.lock_ids);
-    IF respool._insert_members(p_bodies, ids, created, p.pool_ids, v.resources, v.labels, v.selectors, v.bodies, p_now,
-                               p_gang_id, p_slots) < cardinality(array_positions(created, true)) THEN
+    SELECT * INTO s FROM respool._insert_members(p_bodies, ids, created, p.pool_ids, v.resources, v.labels, v.selectors,
+                                                 v.bodies, p_now, p_gang_id, p_slots);
+    IF s.stored < cardinality(array_positions(created, true)) THEN
         -- A concurrent create stored one of the keys first (ON CONFLICT waited for it): a replay.
         FOR i IN 1 .. cardinality(ids) LOOP
             CONTINUE WHEN NOT created[i] OR EXISTS (SELECT FROM respool.requests WHERE id = ids[i]);
@@ -337,7 +362,7 @@ BEGIN
         END LOOP;
     END IF;
     IF p_gang_id IS NULL THEN
-        PERFORM respool._grant_members(ARRAY(SELECT u.id FROM unnest(ids, created) u(id, made) WHERE u.made), p_now);
+        PERFORM respool._grant_members(s.queued, p_now);
     END IF;
 END $$;
 COMMENT ON FUNCTION respool._create_members(jsonb[], timestamptz, uuid, boolean, integer[]) IS
