@@ -321,6 +321,13 @@ LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_gang uuid := (SELECT gang_id FROM respool.requests WHERE p_gang AND id = p_ids[1]);
 BEGIN
+    IF NOT p_gang THEN
+        -- The first refused member, if any (one pass over the codes, not one lookup per member).
+        SELECT u.n - 1, 'RP422', 'idempotency_key', u.message INTO at, code, field, message
+          FROM unnest(p_codes, p_messages) WITH ORDINALITY u(code, message, n)
+         WHERE u.code IS NOT NULL ORDER BY u.n LIMIT 1;
+        RETURN;
+    END IF;
     FOR i IN 1 .. coalesce(cardinality(p_ids), 0) LOOP
         at := i - 1;
         code := 'RP422';

@@ -120,8 +120,7 @@ COMMENT ON FUNCTION respool._member_pools(jsonb[], boolean[]) IS
 CREATE OR REPLACE FUNCTION respool._insert_members(p_bodies jsonb[], p_ids uuid[], p_made boolean[], p_pool_ids uuid[],
                                                    p_resources jsonb[], p_labels jsonb[], p_selectors jsonb[],
                                                    p_stored jsonb[], p_now timestamptz, p_gang_id uuid,
-                                                   p_slots integer[], OUT stored integer,
-                                                   OUT queued respool.requests[])
+                                                   p_slots integer[], OUT stored integer, OUT queued uuid[])
 LANGUAGE plpgsql AS $$
 BEGIN
     -- Validated under the pool locks (the caller's), so no capacity or policy change slips
@@ -183,7 +182,7 @@ BEGIN
              INSERT INTO respool.events (request_id, at, from_status, to_status, reason, attempt, message)
              SELECT (m.r).id, (m.r).created_at, NULL, (m.r).status, (m.r).reason, (m.r).attempt, (m.r).message
                FROM made m ORDER BY (m.r).created_at)
-    SELECT count(*), coalesce(array_agg(m.r ORDER BY (m.r).created_at) FILTER (WHERE (m.r).status = 'queued'), '{}')
+    SELECT count(*), coalesce(array_agg((m.r).id ORDER BY (m.r).created_at) FILTER (WHERE (m.r).status = 'queued'), '{}')
       INTO stored, queued
       FROM made m;
 END $$;
@@ -197,16 +196,18 @@ DECLARE
 BEGIN
     -- One entry per admitted candidate (candidate_pool_ids, checked under the same pool locks:
     -- what respool._enqueue would find, without checking again) of each that still waits.
-    WITH q AS (SELECT r.id, r.subject, r.candidate_pool_ids, r.queued_at, r.resources, r.preemptible,
-                      r.node_selector
-                 FROM respool.requests r WHERE r.id = ANY (p_ids) AND r.status = 'queued'),
+    WITH q AS MATERIALIZED (
+             SELECT r.id, r.subject, r.candidate_pool_ids, r.queued_at, r.resources, r.preemptible, r.node_selector
+               FROM unnest(p_ids) u(id) JOIN respool.requests r ON r.id = u.id
+              WHERE r.status = 'queued'),
+         s AS MATERIALIZED (  -- each subject's policies, once
+             SELECT d.subject, p.pool_id, p.policy_id
+               FROM (SELECT DISTINCT subject FROM q) d CROSS JOIN LATERAL respool._subject_policies(d.subject) p),
          entered AS (
              INSERT INTO respool.queue_entries (pool_id, request_id, policy_id, queued_at, resources, preemptible,
                                                 node_selector)
              SELECT s.pool_id, q.id, s.policy_id, q.queued_at, q.resources, q.preemptible, q.node_selector
-               FROM (SELECT DISTINCT subject FROM q) d
-              CROSS JOIN LATERAL respool._subject_policies(d.subject) s
-               JOIN q ON q.subject = d.subject AND s.pool_id = ANY (q.candidate_pool_ids)
+               FROM q JOIN s ON s.subject = q.subject AND s.pool_id = ANY (q.candidate_pool_ids)
              RETURNING pool_id)
     SELECT array_agg(DISTINCT pool_id) INTO v_pools FROM entered;
     -- Still waiting: the reconcilers decide at once whether they may preempt.
@@ -215,110 +216,127 @@ END $$;
 COMMENT ON FUNCTION respool._queue_members(uuid[]) IS
     'Writes the queue entries of the requests p_ids that a create has just made and that still wait (one per admitted candidate pool, in one INSERT; the caller holds their pools'' locks) and wakes the reconcilers of those pools.';
 
-CREATE OR REPLACE FUNCTION respool._grant_members(q respool.requests[], p_now timestamptz)
-RETURNS void LANGUAGE plpgsql AS $$
-DECLARE
-    e_pool uuid[];         -- each one's admitted candidates in candidate order, one after the other
-    e_policy uuid[];
-    v_simple uuid[];       -- the pools where a new request is tried alone
-    v_blocked text[] := '{}';
-    v_queued integer := 1; -- the members before it have their queue entries, or need none
-    v_first integer := 1;  -- where member i's candidates start in e_pool
-    v_last integer;
-    v_end integer;
-    v_left integer;
-    v_shape text;
-    v_waiting boolean := false;  -- one of the members since v_queued still waits
-    i integer := 1;
+CREATE OR REPLACE FUNCTION respool._member_runs(p_ids uuid[], p_now timestamptz,
+                                                OUT m_at timestamptz[], OUT r_first integer[], OUT r_last integer[],
+                                                OUT r_res jsonb[], OUT r_pre boolean[], OUT r_sel jsonb[],
+                                                OUT r_e integer[], OUT r_n integer[], OUT e_pool uuid[],
+                                                OUT e_policy uuid[], OUT e_alone boolean[])
+LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    IF cardinality(q) = 0 THEN
-        RETURN;
-    END IF;
-    -- Each member's admitted candidates with its policy there, in candidate order. A new request
-    -- is tried alone in a best_effort pool that holds for nobody and cannot start holding during
+    -- Runs of consecutive alike members (the same subject, admitted pools and shape), in member
+    -- order: where each starts and ends, its shape, and its admitted candidates (r_e, r_n: where
+    -- and how many in e_*) with the policy there, in candidate order. A new request is tried
+    -- alone (e_alone) in a best_effort pool that holds for nobody and cannot start holding during
     -- this call (no entry waits near starvation_seconds; docs/scheduling.md): every earlier
     -- request already had its chance. Elsewhere a pass decides (respool._try_new).
-    SELECT array_agg(c.pool_id ORDER BY x.ordinality, c.k), array_agg(s.policy_id ORDER BY x.ordinality, c.k),
-           coalesce(array_agg(DISTINCT c.pool_id) FILTER (WHERE pl.queueing = 'best_effort'
-                        AND (pl.starvation_seconds IS NULL
-                             OR (pl.starvation_seconds > 0
-                                 AND NOT EXISTS (SELECT FROM respool.queue_entries e
-                                                  WHERE e.pool_id = pl.id
-                                                    AND e.queued_at <= p_now + interval '1 second'
-                                                                       - make_interval(secs => pl.starvation_seconds))))),
-                    '{}')
-      INTO e_pool, e_policy, v_simple
-      FROM unnest(q) WITH ORDINALITY x
-     CROSS JOIN LATERAL unnest(x.candidate_pool_ids) WITH ORDINALITY c(pool_id, k)
-      JOIN respool.pools pl ON pl.id = c.pool_id
-      JOIN (SELECT d.subject, p.pool_id, p.policy_id
-              FROM (SELECT DISTINCT subject FROM unnest(q)) d
-             CROSS JOIN LATERAL respool._subject_policies(d.subject) p) s
-        ON s.subject = x.subject AND s.pool_id = c.pool_id;
-    WHILE i <= cardinality(q) LOOP
-        -- The run of alike members i .. v_end: the same subject, admitted pools and shape.
-        v_end := i;
-        WHILE v_end < cardinality(q) AND (q[v_end + 1].subject, q[v_end + 1].candidate_pool_ids, q[v_end + 1].resources,
-                                          q[v_end + 1].preemptible, q[v_end + 1].node_selector)
-                                         = (q[i].subject, q[i].candidate_pool_ids, q[i].resources, q[i].preemptible,
-                                            q[i].node_selector) LOOP
-            v_end := v_end + 1;
-        END LOOP;
-        v_last := v_first + cardinality(q[i].candidate_pool_ids) - 1;
-        IF e_pool[v_first:v_last] <@ v_simple THEN
+    WITH x AS MATERIALIZED (
+             SELECT u.n::integer AS n, r.queued_at, r.subject, r.candidate_pool_ids AS pools, r.resources,
+                    r.preemptible, r.node_selector,
+                    r.subject || r.candidate_pool_ids::text || r.resources::text || r.preemptible
+                    || r.node_selector::text AS sig
+               FROM unnest(p_ids) WITH ORDINALITY u(id, n) JOIN respool.requests r ON r.id = u.id),
+         g AS (SELECT x.*, sum((x.sig IS DISTINCT FROM y.sig)::integer) OVER (ORDER BY x.n) AS run
+                 FROM x LEFT JOIN x y ON y.n = x.n - 1),
+         runs AS MATERIALIZED (
+             SELECT DISTINCT ON (g.run) g.run, g.n AS first, max(g.n) OVER (PARTITION BY g.run) AS last, g.subject,
+                    g.pools, g.resources, g.preemptible AS pre, g.node_selector AS selector
+               FROM g ORDER BY g.run, g.n),
+         e AS MATERIALIZED (
+             SELECT runs.run, c.pool_id, s.policy_id, row_number() OVER (ORDER BY runs.run, c.k) AS pos,
+                    pl.queueing = 'best_effort'
+                    AND (pl.starvation_seconds IS NULL
+                         OR (pl.starvation_seconds > 0
+                             AND NOT EXISTS (SELECT FROM respool.queue_entries q
+                                              WHERE q.pool_id = pl.id
+                                                AND q.queued_at <= p_now + interval '1 second'
+                                                                   - make_interval(secs => pl.starvation_seconds)))) AS alone
+               FROM runs CROSS JOIN LATERAL unnest(runs.pools) WITH ORDINALITY c(pool_id, k)
+               JOIN respool.pools pl ON pl.id = c.pool_id
+               JOIN LATERAL respool._subject_policies(runs.subject) s ON s.pool_id = c.pool_id)
+    SELECT (SELECT array_agg(x.queued_at ORDER BY x.n) FROM x),
+           (SELECT array_agg(runs.first ORDER BY runs.run) FROM runs),
+           (SELECT array_agg(runs.last ORDER BY runs.run) FROM runs),
+           (SELECT array_agg(runs.resources ORDER BY runs.run) FROM runs),
+           (SELECT array_agg(runs.pre ORDER BY runs.run) FROM runs),
+           (SELECT array_agg(runs.selector ORDER BY runs.run) FROM runs),
+           (SELECT array_agg(f.pos::integer ORDER BY f.run) FROM (SELECT run, min(pos) AS pos FROM e GROUP BY run) f),
+           (SELECT array_agg(f.n::integer ORDER BY f.run) FROM (SELECT run, count(*) AS n FROM e GROUP BY run) f),
+           (SELECT array_agg(e.pool_id ORDER BY e.pos) FROM e),
+           (SELECT array_agg(e.policy_id ORDER BY e.pos) FROM e),
+           (SELECT array_agg(e.alone ORDER BY e.pos) FROM e)
+      INTO m_at, r_first, r_last, r_res, r_pre, r_sel, r_e, r_n, e_pool, e_policy, e_alone;
+END $$;
+COMMENT ON FUNCTION respool._member_runs(uuid[], timestamptz) IS
+    'The plan of a create''s grants for its queued new requests p_ids (member order): each one''s queue instant; the runs of consecutive alike members (same subject, admitted pools and shape) with their shape; each run''s admitted candidates in candidate order with the policy there and whether a new request is tried alone there (a best_effort pool that holds for nobody and cannot start holding by p_now + 1 s). Read-only.';
+
+CREATE OR REPLACE FUNCTION respool._grant_members(p_ids uuid[], p_now timestamptz)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    w record;              -- the runs (respool._member_runs)
+    r respool.requests;
+    v_blocked text[] := '{}';
+    v_queued integer := 1; -- the members before it have their queue entries, or need none
+    v_waiting boolean := false;  -- one of the members since v_queued still waits
+    v_left integer;
+    v_shape text;
+BEGIN
+    IF cardinality(p_ids) = 0 THEN
+        RETURN;
+    END IF;
+    SELECT * INTO w FROM respool._member_runs(p_ids, p_now);
+    FOR k IN 1 .. cardinality(w.r_first) LOOP
+        IF w.e_alone[w.r_e[k] : w.r_e[k] + w.r_n[k] - 1] <@ ARRAY[true] THEN
             -- In each pool in turn, as many of those left as fit together, then one at a time
             -- until one is blocked: units are only taken here, so a shape blocked once stays
             -- blocked and is not tried again.
-            v_left := i;
-            FOR j IN v_first .. v_last LOOP
-                EXIT WHEN v_left > v_end;
-                v_shape := e_pool[j]::text || e_policy[j]::text || q[i].preemptible || q[i].resources::text || q[i].node_selector::text;
+            v_left := w.r_first[k];
+            FOR j IN w.r_e[k] .. w.r_e[k] + w.r_n[k] - 1 LOOP
+                EXIT WHEN v_left > w.r_last[k];
+                v_shape := w.e_pool[j]::text || w.e_policy[j]::text || w.r_pre[k] || w.r_res[k]::text || w.r_sel[k]::text;
                 CONTINUE WHEN v_shape = ANY (v_blocked);
-                IF v_end > v_left THEN
-                    PERFORM set_config('respool.unannounced',
-                                       array_to_string(ARRAY(SELECT x.id FROM unnest(q[v_left:v_end]) x), ','), true);
+                IF w.r_last[k] > v_left THEN
+                    PERFORM set_config('respool.unannounced', array_to_string(p_ids[v_left : w.r_last[k]], ','), true);
                     v_left := v_left + cardinality(respool._grant_run(
-                        e_pool[j], e_policy[j], q[i].preemptible, q[i].resources, q[i].node_selector, NULL, NULL, NULL,
-                        NULL, q[v_left].queued_at, ARRAY(SELECT x.id FROM unnest(q[v_left:v_end]) x)));
+                        w.e_pool[j], w.e_policy[j], w.r_pre[k], w.r_res[k], w.r_sel[k], NULL, NULL, NULL, NULL,
+                        w.m_at[v_left], p_ids[v_left : w.r_last[k]]));
                 END IF;
-                WHILE v_left <= v_end LOOP
-                    PERFORM set_config('respool.unannounced', q[v_left].id::text, true);
-                    EXIT WHEN respool._try_grant(q[v_left].id, e_pool[j], e_policy[j], q[v_left].queued_at,
-                                                 q[v_left]) <> 'granted';
+                WHILE v_left <= w.r_last[k] LOOP
+                    PERFORM set_config('respool.unannounced', p_ids[v_left]::text, true);
+                    SELECT * INTO r FROM respool.requests WHERE id = p_ids[v_left];
+                    EXIT WHEN respool._try_grant(r.id, w.e_pool[j], w.e_policy[j], r.queued_at, r) <> 'granted';
                     v_left := v_left + 1;
                 END LOOP;
-                IF v_left <= v_end THEN
+                IF v_left <= w.r_last[k] THEN
                     v_blocked := v_blocked || v_shape;
                 END IF;
             END LOOP;
-            v_waiting := v_waiting OR v_left <= v_end;
+            v_waiting := v_waiting OR v_left <= w.r_last[k];
         ELSE
             -- Member by member as its own create: at once where nobody queues in its first
             -- candidate, else queued and tried by respool._try_new, the members before it queued.
             IF v_waiting THEN
-                PERFORM respool._queue_members(ARRAY(SELECT x.id FROM unnest(q[v_queued:i - 1]) x));
+                PERFORM respool._queue_members(p_ids[v_queued : w.r_first[k] - 1]);
                 v_waiting := false;
             END IF;
-            FOR m IN i .. v_end LOOP
-                PERFORM set_config('respool.unannounced', q[m].id::text, true);
-                IF EXISTS (SELECT FROM respool.queue_entries WHERE pool_id = e_pool[v_first])
-                   OR respool._try_grant(q[m].id, e_pool[v_first], e_policy[v_first], q[m].queued_at, q[m]) <> 'granted' THEN
-                    PERFORM respool._queue_members(ARRAY[q[m].id]);
-                    PERFORM respool._try_new(q[m].id, q[m].queued_at);
+            FOR m IN w.r_first[k] .. w.r_last[k] LOOP
+                PERFORM set_config('respool.unannounced', p_ids[m]::text, true);
+                SELECT * INTO r FROM respool.requests WHERE id = p_ids[m];
+                IF EXISTS (SELECT FROM respool.queue_entries WHERE pool_id = w.e_pool[w.r_e[k]])
+                   OR respool._try_grant(r.id, w.e_pool[w.r_e[k]], w.e_policy[w.r_e[k]], r.queued_at, r) <> 'granted' THEN
+                    PERFORM respool._queue_members(ARRAY[r.id]);
+                    PERFORM respool._try_new(r.id, r.queued_at);
                 END IF;
             END LOOP;
-            v_queued := v_end + 1;
+            v_queued := w.r_last[k] + 1;
         END IF;
-        v_first := v_first + (v_end - i + 1) * cardinality(q[i].candidate_pool_ids);
-        i := v_end + 1;
     END LOOP;
     PERFORM set_config('respool.unannounced', '', true);
     IF v_waiting THEN
-        PERFORM respool._queue_members(ARRAY(SELECT x.id FROM unnest(q[v_queued:cardinality(q)]) x));
+        PERFORM respool._queue_members(p_ids[v_queued : cardinality(p_ids)]);
     END IF;
 END $$;
-COMMENT ON FUNCTION respool._grant_members(respool.requests[], timestamptz) IS
-    'Grants the queued requests q (in member order) that this call has just made, as creating them one by one would: each tried in its admitted candidates in candidate order; in best_effort pools that hold for nobody alone (a run of alike members: respool._grant_run, then respool._try_grant), elsewhere by respool._try_new as its own create. Then writes the entries of those still waiting (respool._queue_members). Their own changes are not notified.';
+COMMENT ON FUNCTION respool._grant_members(uuid[], timestamptz) IS
+    'Grants the queued requests p_ids (in member order) that this call has just made, as creating them one by one would: each tried in its admitted candidates in candidate order; where a new request is tried alone (respool._member_runs) a run of alike members by respool._grant_run, then respool._try_grant, elsewhere each by respool._try_new as its own create. Then writes the entries of those still waiting (respool._queue_members). Their own changes are not notified.';
 
 CREATE OR REPLACE FUNCTION respool._create_members(p_bodies jsonb[], p_now timestamptz, p_gang_id uuid,
                                                    p_lock_all boolean, p_slots integer[] DEFAULT NULL,
