@@ -194,7 +194,7 @@ BEGIN
              UNION ALL
              (SELECT x.id, NULL::uuid, r.command IS NOT NULL
                 FROM unnest(p_new[1:v_high]) WITH ORDINALITY x(id, k) JOIN respool.requests r ON r.id = x.id
-               WHERE p_new IS NOT NULL
+               WHERE p_new IS NOT NULL AND r.id = ANY (p_new[1:v_high])
                ORDER BY x.k) LOOP
         EXIT WHEN c.gang_id IS NOT NULL;
         -- (a job may not go to a lost agent's node, which _node_slots counts: one by one, docs/jobs.md)

@@ -480,7 +480,7 @@ BEGIN
         SELECT * INTO c FROM respool._create_members(respool._checked_bodies(p_members, p_default_lease_seconds),
                                                      p_now, NULL, v_count > 1);
         RETURN QUERY
-        SELECT (x.n - 1)::integer, c.created[x.n], d.doc::jsonb, c.codes[x.n],
+        SELECT (x.n - 1)::integer, CASE WHEN c.codes[x.n] IS NULL THEN c.created[x.n] END, d.doc::jsonb, c.codes[x.n],
                CASE WHEN c.codes[x.n] IS NOT NULL THEN 'idempotency_key' END, c.messages[x.n]
           FROM unnest(c.ids) WITH ORDINALITY x(id, n)
           LEFT JOIN respool.request_docs(c.ids) d ON d.id = x.id AND c.codes[x.n] IS NULL
@@ -498,7 +498,7 @@ BEGIN
                                                      v_count > 1, ARRAY(SELECT i - 1 FROM unnest(v_ok) i));
     END IF;
     RETURN QUERY
-    SELECT (x.n - 1)::integer, c.created[k.k], d.doc::jsonb,
+    SELECT (x.n - 1)::integer, CASE WHEN c.codes[k.k] IS NULL THEN c.created[k.k] END, d.doc::jsonb,
            coalesce(r.codes[x.n], c.codes[k.k]),
            CASE WHEN r.codes[x.n] IS NOT NULL THEN r.fields[x.n] WHEN c.codes[k.k] IS NOT NULL THEN 'idempotency_key' END,
            coalesce(r.messages[x.n], c.messages[k.k])

@@ -81,7 +81,8 @@ BEGIN
              SELECT m.n, coalesce(st.id, gen_random_uuid()) AS id, st.id IS NULL AS made,
                     coalesce(st.request_body, m.body) AS body
                FROM m LEFT JOIN LATERAL (SELECT r.id, r.request_body FROM respool.requests r
-                                          WHERE m.k IS NOT NULL AND r.subject = m.s AND r.idempotency_key = m.k) st ON true
+                                          WHERE m.k IS NOT NULL AND r.subject = m.s AND r.idempotency_key = m.k
+                                          LIMIT 1) st ON true  -- (one index probe per key)
               WHERE m.f = m.n),
          x AS (SELECT m.n, o.id, o.made AND m.f = m.n AS made,
                       NOT (o.made AND m.f = m.n) AND o.body IS DISTINCT FROM m.body AS differs, m.k
@@ -198,8 +199,7 @@ BEGIN
     -- what respool._enqueue would find, without checking again) of each that still waits.
     WITH q AS MATERIALIZED (
              SELECT r.id, r.subject, r.candidate_pool_ids, r.queued_at, r.resources, r.preemptible, r.node_selector
-               FROM unnest(p_ids) u(id) JOIN respool.requests r ON r.id = u.id
-              WHERE r.status = 'queued'),
+               FROM respool.requests r WHERE r.id = ANY (p_ids) AND r.status = 'queued'),
          s AS MATERIALIZED (  -- each subject's policies, once
              SELECT d.subject, p.pool_id, p.policy_id
                FROM (SELECT DISTINCT subject FROM q) d CROSS JOIN LATERAL respool._subject_policies(d.subject) p),
@@ -217,60 +217,57 @@ COMMENT ON FUNCTION respool._queue_members(uuid[]) IS
     'Writes the queue entries of the requests p_ids that a create has just made and that still wait (one per admitted candidate pool, in one INSERT; the caller holds their pools'' locks) and wakes the reconcilers of those pools.';
 
 CREATE OR REPLACE FUNCTION respool._member_runs(p_ids uuid[], p_now timestamptz,
-                                                OUT m_at timestamptz[], OUT r_first integer[], OUT r_last integer[],
-                                                OUT r_res jsonb[], OUT r_pre boolean[], OUT r_sel jsonb[],
-                                                OUT r_e integer[], OUT r_n integer[], OUT e_pool uuid[],
-                                                OUT e_policy uuid[], OUT e_alone boolean[])
-LANGUAGE plpgsql STABLE AS $$
+                                                OUT m_at timestamptz[], OUT r_first integer[], OUT r_res jsonb[],
+                                                OUT r_pre boolean[], OUT r_sel jsonb[], OUT r_n integer[],
+                                                OUT e_pool uuid[], OUT e_policy uuid[], OUT e_alone boolean[])
+LANGUAGE plpgsql STABLE
+-- (its statements take the members' arrays: planned once, not anew for every call)
+SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    v_firsts uuid[];  -- each run's first member
 BEGIN
-    -- Runs of consecutive alike members (the same subject, admitted pools and shape), in member
-    -- order: where each starts and ends, its shape, and its admitted candidates (r_e, r_n: where
-    -- and how many in e_*) with the policy there, in candidate order. A new request is tried
-    -- alone (e_alone) in a best_effort pool that holds for nobody and cannot start holding during
-    -- this call (no entry waits near starvation_seconds; docs/scheduling.md): every earlier
-    -- request already had its chance. Elsewhere a pass decides (respool._try_new).
-    WITH x AS MATERIALIZED (
-             SELECT u.n::integer AS n, r.queued_at, r.subject, r.candidate_pool_ids AS pools, r.resources,
-                    r.preemptible, r.node_selector,
-                    r.subject || r.candidate_pool_ids::text || r.resources::text || r.preemptible
-                    || r.node_selector::text AS sig
-               FROM unnest(p_ids) WITH ORDINALITY u(id, n) JOIN respool.requests r ON r.id = u.id),
-         g AS (SELECT x.*, sum((x.sig IS DISTINCT FROM y.sig)::integer) OVER (ORDER BY x.n) AS run
-                 FROM x LEFT JOIN x y ON y.n = x.n - 1),
-         runs AS MATERIALIZED (
-             SELECT DISTINCT ON (g.run) g.run, g.n AS first, max(g.n) OVER (PARTITION BY g.run) AS last, g.subject,
-                    g.pools, g.resources, g.preemptible AS pre, g.node_selector AS selector
-               FROM g ORDER BY g.run, g.n),
-         e AS MATERIALIZED (
-             SELECT runs.run, c.pool_id, s.policy_id, row_number() OVER (ORDER BY runs.run, c.k) AS pos,
-                    pl.queueing = 'best_effort'
-                    AND (pl.starvation_seconds IS NULL
-                         OR (pl.starvation_seconds > 0
-                             AND NOT EXISTS (SELECT FROM respool.queue_entries q
-                                              WHERE q.pool_id = pl.id
-                                                AND q.queued_at <= p_now + interval '1 second'
-                                                                   - make_interval(secs => pl.starvation_seconds)))) AS alone
-               FROM runs CROSS JOIN LATERAL unnest(runs.pools) WITH ORDINALITY c(pool_id, k)
-               JOIN respool.pools pl ON pl.id = c.pool_id
-               JOIN LATERAL respool._subject_policies(runs.subject) s ON s.pool_id = c.pool_id)
-    SELECT (SELECT array_agg(x.queued_at ORDER BY x.n) FROM x),
-           (SELECT array_agg(runs.first ORDER BY runs.run) FROM runs),
-           (SELECT array_agg(runs.last ORDER BY runs.run) FROM runs),
-           (SELECT array_agg(runs.resources ORDER BY runs.run) FROM runs),
-           (SELECT array_agg(runs.pre ORDER BY runs.run) FROM runs),
-           (SELECT array_agg(runs.selector ORDER BY runs.run) FROM runs),
-           (SELECT array_agg(f.pos::integer ORDER BY f.run) FROM (SELECT run, min(pos) AS pos FROM e GROUP BY run) f),
-           (SELECT array_agg(f.n::integer ORDER BY f.run) FROM (SELECT run, count(*) AS n FROM e GROUP BY run) f),
-           (SELECT array_agg(e.pool_id ORDER BY e.pos) FROM e),
-           (SELECT array_agg(e.policy_id ORDER BY e.pos) FROM e),
-           (SELECT array_agg(e.alone ORDER BY e.pos) FROM e)
-      INTO m_at, r_first, r_last, r_res, r_pre, r_sel, r_e, r_n, e_pool, e_policy, e_alone;
+    -- Each member's queue instant; the runs of consecutive alike members (the same subject,
+    -- admitted pools and shape): where each starts, its shape.
+    SELECT array_agg(x.queued_at ORDER BY x.n), array_agg(x.n ORDER BY x.n) FILTER (WHERE x.starts),
+           array_agg(x.id ORDER BY x.n) FILTER (WHERE x.starts),
+           array_agg(x.resources ORDER BY x.n) FILTER (WHERE x.starts),
+           array_agg(x.preemptible ORDER BY x.n) FILTER (WHERE x.starts),
+           array_agg(x.node_selector ORDER BY x.n) FILTER (WHERE x.starts)
+      INTO m_at, r_first, v_firsts, r_res, r_pre, r_sel
+      FROM (SELECT u.n::integer AS n, r.id, r.queued_at, r.resources, r.preemptible, r.node_selector,
+                   ROW(r.subject, r.candidate_pool_ids, r.resources, r.preemptible, r.node_selector)
+                   IS DISTINCT FROM lag(ROW(r.subject, r.candidate_pool_ids, r.resources, r.preemptible,
+                                            r.node_selector)) OVER (ORDER BY u.n) AS starts
+              FROM unnest(p_ids) WITH ORDINALITY u(id, n) JOIN respool.requests r ON r.id = u.id
+             WHERE r.id = ANY (p_ids)) x;  -- (an index scan, whatever the plan thinks of the table's size)
+    -- Each run's admitted candidates (r_n of them) with its policy there, in candidate order. A
+    -- new request is tried alone (e_alone) in a best_effort pool that holds for nobody and cannot
+    -- start holding during this call (no entry waits near starvation_seconds; docs/scheduling.md):
+    -- every earlier request already had its chance. Elsewhere a pass decides (respool._try_new).
+    SELECT array_agg(c.pool_id ORDER BY f.run, c.k), array_agg(s.policy_id ORDER BY f.run, c.k),
+           array_agg(pl.queueing = 'best_effort'
+                     AND (pl.starvation_seconds IS NULL
+                          OR (pl.starvation_seconds > 0
+                              AND NOT EXISTS (SELECT FROM respool.queue_entries q
+                                               WHERE q.pool_id = pl.id
+                                                 AND q.queued_at <= p_now + interval '1 second'
+                                                                    - make_interval(secs => pl.starvation_seconds))))
+                     ORDER BY f.run, c.k),
+           array_agg(cardinality(r.candidate_pool_ids) ORDER BY f.run) FILTER (WHERE c.k = 1)
+      INTO e_pool, e_policy, e_alone, r_n
+      FROM unnest(v_firsts) WITH ORDINALITY f(id, run)
+      JOIN respool.requests r ON r.id = f.id AND r.id = ANY (v_firsts)
+     CROSS JOIN LATERAL unnest(r.candidate_pool_ids) WITH ORDINALITY c(pool_id, k)
+      JOIN respool.pools pl ON pl.id = c.pool_id
+      JOIN LATERAL respool._subject_policies(r.subject) s ON s.pool_id = c.pool_id;
 END $$;
 COMMENT ON FUNCTION respool._member_runs(uuid[], timestamptz) IS
-    'The plan of a create''s grants for its queued new requests p_ids (member order): each one''s queue instant; the runs of consecutive alike members (same subject, admitted pools and shape) with their shape; each run''s admitted candidates in candidate order with the policy there and whether a new request is tried alone there (a best_effort pool that holds for nobody and cannot start holding by p_now + 1 s). Read-only.';
+    'The plan of a create''s grants for its queued new requests p_ids (member order): each one''s queue instant; the runs of consecutive alike members (same subject, admitted pools and shape): where each starts and its shape; each run''s admitted candidates (r_n) in candidate order with the policy there and whether a new request is tried alone there (a best_effort pool that holds for nobody and cannot start holding by p_now + 1 s). Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._grant_members(p_ids uuid[], p_now timestamptz)
-RETURNS void LANGUAGE plpgsql AS $$
+RETURNS void LANGUAGE plpgsql
+-- The grant routines are planned as everywhere else (their plans are shared with the passes).
+SET plan_cache_mode = auto AS $$
 DECLARE
     w record;              -- the runs (respool._member_runs)
     r respool.requests;
@@ -278,6 +275,8 @@ DECLARE
     v_queued integer := 1; -- the members before it have their queue entries, or need none
     v_waiting boolean := false;  -- one of the members since v_queued still waits
     v_left integer;
+    v_last integer;        -- the run's last member
+    v_e integer := 1;      -- where the run's candidates start in w.e_*
     v_shape text;
 BEGIN
     IF cardinality(p_ids) = 0 THEN
@@ -285,32 +284,33 @@ BEGIN
     END IF;
     SELECT * INTO w FROM respool._member_runs(p_ids, p_now);
     FOR k IN 1 .. cardinality(w.r_first) LOOP
-        IF w.e_alone[w.r_e[k] : w.r_e[k] + w.r_n[k] - 1] <@ ARRAY[true] THEN
+        v_last := coalesce(w.r_first[k + 1] - 1, cardinality(p_ids));
+        IF w.e_alone[v_e : v_e + w.r_n[k] - 1] <@ ARRAY[true] THEN
             -- In each pool in turn, as many of those left as fit together, then one at a time
             -- until one is blocked: units are only taken here, so a shape blocked once stays
             -- blocked and is not tried again.
             v_left := w.r_first[k];
-            FOR j IN w.r_e[k] .. w.r_e[k] + w.r_n[k] - 1 LOOP
-                EXIT WHEN v_left > w.r_last[k];
+            FOR j IN v_e .. v_e + w.r_n[k] - 1 LOOP
+                EXIT WHEN v_left > v_last;
                 v_shape := w.e_pool[j]::text || w.e_policy[j]::text || w.r_pre[k] || w.r_res[k]::text || w.r_sel[k]::text;
                 CONTINUE WHEN v_shape = ANY (v_blocked);
-                IF w.r_last[k] > v_left THEN
-                    PERFORM set_config('respool.unannounced', array_to_string(p_ids[v_left : w.r_last[k]], ','), true);
+                IF v_last > v_left THEN
+                    PERFORM set_config('respool.unannounced', array_to_string(p_ids[v_left : v_last], ','), true);
                     v_left := v_left + cardinality(respool._grant_run(
                         w.e_pool[j], w.e_policy[j], w.r_pre[k], w.r_res[k], w.r_sel[k], NULL, NULL, NULL, NULL,
-                        w.m_at[v_left], p_ids[v_left : w.r_last[k]]));
+                        w.m_at[v_left], p_ids[v_left : v_last]));
                 END IF;
-                WHILE v_left <= w.r_last[k] LOOP
+                WHILE v_left <= v_last LOOP
                     PERFORM set_config('respool.unannounced', p_ids[v_left]::text, true);
                     SELECT * INTO r FROM respool.requests WHERE id = p_ids[v_left];
                     EXIT WHEN respool._try_grant(r.id, w.e_pool[j], w.e_policy[j], r.queued_at, r) <> 'granted';
                     v_left := v_left + 1;
                 END LOOP;
-                IF v_left <= w.r_last[k] THEN
+                IF v_left <= v_last THEN
                     v_blocked := v_blocked || v_shape;
                 END IF;
             END LOOP;
-            v_waiting := v_waiting OR v_left <= w.r_last[k];
+            v_waiting := v_waiting OR v_left <= v_last;
         ELSE
             -- Member by member as its own create: at once where nobody queues in its first
             -- candidate, else queued and tried by respool._try_new, the members before it queued.
@@ -318,17 +318,18 @@ BEGIN
                 PERFORM respool._queue_members(p_ids[v_queued : w.r_first[k] - 1]);
                 v_waiting := false;
             END IF;
-            FOR m IN w.r_first[k] .. w.r_last[k] LOOP
+            FOR m IN w.r_first[k] .. v_last LOOP
                 PERFORM set_config('respool.unannounced', p_ids[m]::text, true);
                 SELECT * INTO r FROM respool.requests WHERE id = p_ids[m];
-                IF EXISTS (SELECT FROM respool.queue_entries WHERE pool_id = w.e_pool[w.r_e[k]])
-                   OR respool._try_grant(r.id, w.e_pool[w.r_e[k]], w.e_policy[w.r_e[k]], r.queued_at, r) <> 'granted' THEN
+                IF EXISTS (SELECT FROM respool.queue_entries WHERE pool_id = w.e_pool[v_e])
+                   OR respool._try_grant(r.id, w.e_pool[v_e], w.e_policy[v_e], r.queued_at, r) <> 'granted' THEN
                     PERFORM respool._queue_members(ARRAY[r.id]);
                     PERFORM respool._try_new(r.id, r.queued_at);
                 END IF;
             END LOOP;
-            v_queued := w.r_last[k] + 1;
+            v_queued := v_last + 1;
         END IF;
+        v_e := v_e + w.r_n[k];
     END LOOP;
     PERFORM set_config('respool.unannounced', '', true);
     IF v_waiting THEN
