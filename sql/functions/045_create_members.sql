@@ -61,12 +61,27 @@ COMMENT ON FUNCTION respool._member_values(jsonb[]) IS
 CREATE OR REPLACE FUNCTION respool._member_ids(p_bodies jsonb[], p_stored jsonb[], OUT ids uuid[],
                                                OUT created boolean[], OUT codes text[], OUT messages text[])
 LANGUAGE plpgsql AS $$
+DECLARE
+    v_id uuid;
+    v_differs boolean;
 BEGIN
     IF NOT EXISTS (SELECT FROM unnest(p_bodies) b WHERE b ? 'idempotency_key' AND b ->> 'idempotency_key' IS NOT NULL) THEN
         ids := ARRAY(SELECT gen_random_uuid() FROM unnest(p_bodies));  -- no key: every member is new
         created := array_fill(true, ARRAY[cardinality(p_bodies)]);
         codes := array_fill(NULL::text, ARRAY[cardinality(p_bodies)]);
         messages := codes;
+        RETURN;
+    END IF;
+    IF cardinality(p_bodies) = 1 THEN
+        -- One member, one key: a replay of the stored request it names, if any.
+        SELECT r.id, r.request_body IS DISTINCT FROM p_stored[1] INTO v_id, v_differs
+          FROM respool.requests r
+         WHERE r.subject = p_bodies[1] ->> 'subject' AND r.idempotency_key = p_bodies[1] ->> 'idempotency_key';
+        ids := ARRAY[coalesce(v_id, gen_random_uuid())];
+        created := ARRAY[v_id IS NULL];
+        codes := ARRAY[CASE WHEN v_differs THEN 'RP422' END];
+        messages := ARRAY[CASE WHEN v_differs THEN format('idempotency_key %L was already used by request %s with a different body',
+                                                          p_bodies[1] ->> 'idempotency_key', v_id) END];
         RETURN;
     END IF;
     -- The first member naming a key (or naming none) makes a new request unless the key is
