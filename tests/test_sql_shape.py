@@ -16,9 +16,7 @@ MAX_LINES = 120
 
 # Over a limit today in files that other changes are rewriting; the list empties as they land
 # (a name leaves it once its function is within the limits).
-PENDING = {
-    ("respool._create_set", "lines"),
-}
+PENDING: set[tuple[str, str]] = set()
 
 _CREATE = re.compile(r"^CREATE (?:OR REPLACE )?FUNCTION\s+(respool\.\w+)\s*\(", re.M | re.I)
 _BODY = re.compile(r"\bAS\s+(\$\w*\$)", re.I)

@@ -72,6 +72,7 @@ BEGIN
            earmark_pool_id = CASE WHEN p_to = 'queued' THEN earmark_pool_id END,
            earmark_node_id = CASE WHEN p_to = 'queued' THEN earmark_node_id END,
            preempt_deadline = CASE WHEN p_to = 'preempting' THEN preempt_deadline END,
+           preempt_note = CASE WHEN p_to = 'preempting' THEN preempt_note END,
            -- Leaving the holding statuses: respool._unplace has given the units back; the lease,
            -- runtime cap and non-preemptible charge go in this same row version.
            lease_expires_at = CASE WHEN p_to IN ('allocated', 'preempting') THEN lease_expires_at END,
@@ -82,4 +83,4 @@ BEGIN
     PERFORM respool._record_event(r, v_from, p_now);
     RETURN r;
 END $$;
-COMMENT ON FUNCTION respool._set_status(uuid, text, text, text, timestamptz) IS 'The way a request changes status (a grant does the same in respool._grant_many, set-based): bumps version, stamps finished_at, drops an earmark when it leaves the queue, a grace deadline when it leaves preempting, and the lease, runtime cap and non-preemptible charge when it stops holding units; writes the event, notifies.';
+COMMENT ON FUNCTION respool._set_status(uuid, text, text, text, timestamptz) IS 'The way a request changes status (a grant does the same in respool._grant_many, set-based): bumps version, stamps finished_at, drops an earmark when it leaves the queue, a grace deadline and its note when it leaves preempting, and the lease, runtime cap and non-preemptible charge when it stops holding units; writes the event, notifies.';

@@ -145,10 +145,13 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION respool._scale_units(jsonb, integer) IS 'A unit map {key: n} times p_times: the need of that many requests of one shape.';
 
+DROP FUNCTION IF EXISTS respool._grant_run(uuid, uuid, boolean, jsonb, jsonb, timestamptz, uuid, timestamptz, uuid,
+                                            timestamptz);
 CREATE OR REPLACE FUNCTION respool._grant_run(p_pool_id uuid, p_policy_id uuid, p_preemptible boolean,
                                               p_resources jsonb, p_selector jsonb,
                                               p_from_at timestamptz, p_from_id uuid,
-                                              p_before_at timestamptz, p_before_id uuid, p_now timestamptz)
+                                              p_before_at timestamptz, p_before_id uuid, p_now timestamptz,
+                                              p_new uuid[] DEFAULT NULL)
 RETURNS uuid[] LANGUAGE plpgsql AS $$
 DECLARE
     v_run uuid[] := '{}';
@@ -158,11 +161,15 @@ DECLARE
     c record;
 BEGIN
     -- Only for a pass without earmarks or a starvation hold (those need the per-request checks:
-    -- the caller, respool.allocate_pool, decides). The bound is the next other shape's head.
+    -- the caller, respool.allocate_pool, decides), or for requests a create has just made, each
+    -- tried alone (respool._grant_members). The bound is the next other shape's head.
     -- How many requests of the shape fit together, before reading the queue: the capacity
     -- model's count by division (respool._fit_count) and, in a pool with nodes, its nodes' slots
     -- (respool._node_slots). So the work is the same whatever the length of the queue.
     v_high := respool._fit_count(p_resources, p_preemptible, p_pool_id, p_policy_id);
+    IF p_new IS NOT NULL THEN
+        v_high := least(v_high, cardinality(p_new));
+    END IF;
     IF v_high >= 2 AND respool._pool_has_nodes(p_pool_id) THEN
         v_high := least(v_high, respool._node_slots(p_pool_id, p_resources, p_selector));
     END IF;
@@ -175,15 +182,20 @@ BEGIN
     -- The run: at most that many of the shape's entries from (p_from_at, p_from_id) on, in
     -- queue-time order (an index range of queue_entries_shape_idx), that come before the next
     -- other shape's head in the queue order ((p_before_at, p_before_id), NULL: none), up to the
-    -- first gang entry (a gang is granted on its own).
-    FOR c IN SELECT e.request_id, r.gang_id, r.command IS NOT NULL AS job
-               FROM respool.queue_entries e JOIN respool.requests r ON r.id = e.request_id
-              WHERE e.pool_id = p_pool_id AND e.policy_id = p_policy_id
-                AND e.preemptible = p_preemptible AND e.resources = p_resources AND e.node_selector = p_selector
-                AND (e.queued_at, e.request_id) >= (p_from_at, p_from_id)
-                AND (p_before_at IS NULL OR (e.queued_at, e.request_id) < (p_before_at, p_before_id))
-              ORDER BY e.queued_at, e.request_id
-              LIMIT v_high LOOP
+    -- first gang entry (a gang is granted on its own); or the first of p_new, in their order.
+    FOR c IN (SELECT e.request_id, r.gang_id, r.command IS NOT NULL AS job
+                FROM respool.queue_entries e JOIN respool.requests r ON r.id = e.request_id
+               WHERE p_new IS NULL AND e.pool_id = p_pool_id AND e.policy_id = p_policy_id
+                 AND e.preemptible = p_preemptible AND e.resources = p_resources AND e.node_selector = p_selector
+                 AND (e.queued_at, e.request_id) >= (p_from_at, p_from_id)
+                 AND (p_before_at IS NULL OR (e.queued_at, e.request_id) < (p_before_at, p_before_id))
+               ORDER BY e.queued_at, e.request_id
+               LIMIT v_high)
+             UNION ALL
+             (SELECT x.id, NULL::uuid, r.command IS NOT NULL
+                FROM unnest(p_new[1:v_high]) WITH ORDINALITY x(id, k) JOIN respool.requests r ON r.id = x.id
+               WHERE p_new IS NOT NULL AND r.id = ANY (p_new[1:v_high])
+               ORDER BY x.k) LOOP
         EXIT WHEN c.gang_id IS NOT NULL;
         -- (a job may not go to a lost agent's node, which _node_slots counts: one by one, docs/jobs.md)
         EXIT WHEN c.job AND EXISTS (SELECT FROM respool.nodes n WHERE n.pool_id = p_pool_id AND n.agent = 'lost');
@@ -192,21 +204,24 @@ BEGIN
     IF cardinality(v_run) < 2 THEN
         RETURN '{}';
     END IF;
-    -- Lock them without waiting; the run ends before the first one another transaction holds
-    -- or already took (the one-request path then decides on it: skip it, or stop a strict pool).
-    v_locked := ARRAY(SELECT id FROM respool.requests WHERE id = ANY (v_run) AND status = 'queued'
-                       ORDER BY id FOR UPDATE SKIP LOCKED);
-    WHILE v_prefix < cardinality(v_run) AND v_run[v_prefix + 1] = ANY (v_locked) LOOP
-        v_prefix := v_prefix + 1;
-    END LOOP;
-    v_run := v_run[1:v_prefix];
-    IF v_prefix > 0 THEN
+    IF p_new IS NULL THEN
+        -- Lock them without waiting; the run ends before the first one another transaction holds
+        -- or already took (the one-request path then decides on it: skip it, or stop a strict pool).
+        -- (Requests this transaction just made are invisible to every other: nothing to lock.)
+        v_locked := ARRAY(SELECT id FROM respool.requests WHERE id = ANY (v_run) AND status = 'queued'
+                           ORDER BY id FOR UPDATE SKIP LOCKED);
+        WHILE v_prefix < cardinality(v_run) AND v_run[v_prefix + 1] = ANY (v_locked) LOOP
+            v_prefix := v_prefix + 1;
+        END LOOP;
+        v_run := v_run[1:v_prefix];
+    END IF;
+    IF cardinality(v_run) > 0 THEN
         PERFORM respool._grant_many(v_run, p_pool_id, p_policy_id, p_now);
     END IF;
     RETURN v_run;
 END $$;
-COMMENT ON FUNCTION respool._grant_run(uuid, uuid, boolean, jsonb, jsonb, timestamptz, uuid, timestamptz, uuid, timestamptz) IS
-    'Set-based grants in a pass of a pool the caller has locked: of one queue shape''s entries (resources and node selector) from (p_from_at, p_from_id) on and before (p_before_at, p_before_id) (NULL: no bound), as many as fit together (at least two, else none; at most respool._max_batch()) are locked without waiting and granted in one respool._grant_many, stopping before a gang entry or an entry locked or taken elsewhere. Reads only the entries it grants, plus one. Returns the granted ids in queue order.';
+COMMENT ON FUNCTION respool._grant_run(uuid, uuid, boolean, jsonb, jsonb, timestamptz, uuid, timestamptz, uuid, timestamptz, uuid[]) IS
+    'Set-based grants of several alike requests in a pool the caller has locked: of one queue shape''s entries from (p_from_at, p_from_id) on and before (p_before_at, p_before_id) (NULL: no bound), or of p_new (requests this transaction made, in order, no row lock needed), as many as fit together (respool._fit_count by division; at least two, else none) are granted in one respool._grant_many, stopping before a gang entry or an entry locked or taken elsewhere. Returns the granted ids in order.';
 
 CREATE OR REPLACE FUNCTION respool._grant_earmarked(p_pool_id uuid, p_now timestamptz)
 RETURNS integer LANGUAGE plpgsql AS $$

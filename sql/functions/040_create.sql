@@ -1,10 +1,10 @@
 -- Creating requests: one create body, as a JSON document, from the HTTP edge to the engine.
--- One function creates a request from that document, alone or as a batch member:
--- respool.create_request (respool.create_requests makes a batch set-based, respool._create_set
--- in 045_create_set.sql, with the outcome of calling it per member in member order, and calls it
--- per member where that cannot be decided set-based; respool.create_requests_each does the same
--- but refuses a member alone and answers a row per member); respool._create_body, which all call,
--- is the one place on the server that checks the body's fields and types and fills its defaults.
+-- respool._create_body, which every create calls, is the one place on the server that checks the
+-- body's fields and types and fills its defaults. One route then makes requests from checked
+-- bodies, one or many (respool._create_members, 045_create_members.sql): respool.create_request
+-- is a batch of one; respool.create_requests makes a batch all or nothing (or a gang), and
+-- respool.create_requests_each refuses a member alone and answers a row per member. Where a
+-- batch's set-based checks refuse, the members are checked one by one to name the refused one.
 -- What-if takes the same document.
 -- See docs/api.md ("One create body, one path", "Batch create").
 
@@ -38,19 +38,6 @@ BEGIN
     RETURN p_labels;
 END $$;
 COMMENT ON FUNCTION respool._labels(jsonb) IS 'Validates labels: at most 64 string entries, bounded lengths.';
-
-CREATE OR REPLACE FUNCTION respool._replay(p_existing respool.requests, p_body jsonb)
-RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
-BEGIN
-    IF p_existing.request_body IS DISTINCT FROM p_body THEN
-        PERFORM respool._fail('RP422', 'idempotency_key', format(
-            'idempotency_key %L was already used by request %s with a different body',
-            p_existing.idempotency_key, p_existing.id));
-    END IF;
-    RETURN respool.request_json(p_existing.id);
-END $$;
-COMMENT ON FUNCTION respool._replay(respool.requests, jsonb) IS
-    'An idempotent retry: the existing request when the body matches, RP422 otherwise.';
 
 CREATE OR REPLACE FUNCTION respool._body_int(p_value jsonb, p_field text, p_low integer, p_high integer,
                                              p_message text)
@@ -155,127 +142,6 @@ $$;
 COMMENT ON FUNCTION respool._request_body(text, jsonb, boolean, integer, integer, jsonb, integer, jsonb, text) IS
     'The body a request stores (request_body) and an idempotent retry must repeat, from its converted fields; max_seconds, node_selector and preemption_group only when set, so bodies stored before they existed still compare equal. Inlined (SQL).';
 
-CREATE OR REPLACE FUNCTION respool._create_checked(
-    p_checked jsonb,
-    p_now timestamptz,
-    p_gang_id uuid,
-    p_answer boolean,
-    OUT created boolean,
-    OUT request jsonb)
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_in jsonb := p_checked;
-    v_subject text := v_in ->> 'subject';
-    v_pool_ref text := v_in ->> 'pool';
-    v_preemptible boolean := (v_in ->> 'preemptible')::boolean;
-    v_max_retries integer := (v_in ->> 'max_retries')::integer;
-    v_lease_seconds integer := (v_in ->> 'lease_seconds')::integer;
-    v_max_seconds integer := (v_in ->> 'max_seconds')::integer;
-    v_key text := v_in ->> 'idempotency_key';
-    v_group text := v_in ->> 'preemption_group';
-    v_resources jsonb; v_labels jsonb; v_selector jsonb; v_body jsonb;
-    v_pool_id uuid;
-    v_all uuid[];
-    v_ok uuid[] := '{}';
-    v_first_reason text;
-    v_messages text[] := '{}';
-    v_names text[] := '{}';
-    v_first_policy uuid;  -- the first candidate's policy: the highest priority among them
-    v_at_pool uuid;       -- the first admitted candidate, where a grant at once is tried
-    v_at_policy uuid;
-    r respool.requests;
-    c record;
-BEGIN
-    v_resources := respool.build_resources(nullif(v_in -> 'resources', 'null'), nullif(v_in -> 'settings', 'null'));
-    v_labels := respool._labels(v_in -> 'labels');
-    v_selector := respool.build_node_selector(v_in -> 'node_selector', nullif(v_in -> 'settings', 'null'));
-    v_body := respool._request_body(v_pool_ref, v_resources, v_preemptible, v_max_retries, v_lease_seconds, v_labels,
-                                    v_max_seconds, v_selector, v_group);
-    IF v_key IS NOT NULL THEN
-        PERFORM respool._claim_keys(ARRAY[v_in]);  -- (a batch claimed them all already, in order)
-        SELECT * INTO r FROM respool.requests WHERE subject = v_subject AND idempotency_key = v_key;
-        IF FOUND THEN
-            created := false;
-            request := respool._replay(r, v_body);
-            RETURN;
-        END IF;
-    END IF;
-
-    IF v_pool_ref IS NOT NULL THEN
-        v_pool_id := respool.resolve_pool(v_pool_ref);
-    END IF;
-    SELECT array_agg(s.pool_id ORDER BY s.pool_id) INTO v_all
-      FROM respool._subject_policies(v_subject) s WHERE v_pool_id IS NULL OR s.pool_id = v_pool_id;
-    v_all := coalesce(v_all, '{}');
-    -- Validate under the pool locks, so a concurrent capacity or policy change cannot slip between.
-    PERFORM respool._lock_pools(v_all);
-    FOR c IN SELECT * FROM respool._candidate_rejections(v_subject, v_all, v_resources, v_preemptible, v_selector) LOOP
-        v_first_policy := coalesce(v_first_policy, c.policy_id);
-        v_names := v_names || c.pool_name;
-        IF c.reason IS NULL THEN
-            v_ok := v_ok || c.pool_id;
-            v_at_pool := coalesce(v_at_pool, c.pool_id);
-            v_at_policy := coalesce(v_at_policy, c.policy_id);
-        ELSE
-            v_first_reason := coalesce(v_first_reason, c.reason);
-            v_messages := v_messages || c.message;
-        END IF;
-    END LOOP;
-    IF cardinality(v_names) = 0 THEN
-        v_first_reason := 'no_policy';
-        v_messages := ARRAY[CASE WHEN v_pool_ref IS NULL
-                                 THEN format('subject %s has no policy on any pool', v_subject)
-                                 ELSE format('subject %s has no policy on pool %s', v_subject, v_pool_ref) END];
-    END IF;
-
-    INSERT INTO respool.requests (subject, pool_ref, pool_id, pool_name, candidate_pool_ids, resources,
-                                  preemptible, priority, status, reason, message, max_retries, lease_seconds,
-                                  max_seconds, idempotency_key, request_body, labels, queued_at, created_at, updated_at,
-                                  finished_at, gang_id, node_selector, preemption_group)
-    VALUES (v_subject, v_pool_ref,
-            CASE WHEN cardinality(v_all) = 1 THEN v_all[1] ELSE v_pool_id END,
-            CASE WHEN cardinality(v_names) = 1 THEN v_names[1]
-                 WHEN v_pool_id IS NOT NULL THEN (SELECT name FROM respool.pools WHERE id = v_pool_id) END,
-            v_ok, v_resources, v_preemptible,
-            coalesce((SELECT p.priority FROM respool.policies p WHERE p.id = v_first_policy), 0),
-            CASE WHEN cardinality(v_ok) = 0 THEN 'rejected' ELSE 'queued' END,
-            CASE WHEN cardinality(v_ok) = 0 THEN v_first_reason END,
-            CASE WHEN cardinality(v_ok) = 0 THEN array_to_string(v_messages, '; ') ELSE '' END,
-            v_max_retries, v_lease_seconds, v_max_seconds, v_key, v_body, v_labels, p_now, p_now, p_now,
-            CASE WHEN cardinality(v_ok) = 0 THEN p_now END, p_gang_id, v_selector, v_group)
-    ON CONFLICT ON CONSTRAINT idempotency DO NOTHING
-    RETURNING * INTO r;
-    IF NOT FOUND THEN
-        -- A concurrent create with the same key committed first; ON CONFLICT waited for it.
-        SELECT * INTO r FROM respool.requests WHERE subject = v_subject AND idempotency_key = v_key;
-        created := false;
-        request := respool._replay(r, v_body);
-        RETURN;
-    END IF;
-    -- Until this call answers, nobody knows the request: its own changes are not notified.
-    PERFORM set_config('respool.unannounced', r.id::text, true);
-    PERFORM respool._record_event(r, NULL, p_now);
-    PERFORM respool._job_store(r.id, v_in -> 'job');  -- before any grant (docs/jobs.md)
-
-    -- Granted at once where nobody queues in its first admitted candidate; a gang member waits for its gang.
-    IF r.status = 'queued' AND p_gang_id IS NULL
-       AND (v_at_pool IS NULL OR EXISTS (SELECT FROM respool.queue_entries WHERE pool_id = v_at_pool)
-            OR respool._try_grant(r.id, v_at_pool, v_at_policy, p_now, r) <> 'granted') THEN
-        -- Its queue entries: one per candidate that the checks above admitted (v_ok), under
-        -- the same pool locks (what respool._enqueue would find, without checking again).
-        INSERT INTO respool.queue_entries (pool_id, request_id, policy_id, queued_at, resources, preemptible,
-                                           node_selector)
-        SELECT s.pool_id, r.id, s.policy_id, r.queued_at, r.resources, r.preemptible, r.node_selector
-          FROM respool._subject_policies(r.subject) s WHERE s.pool_id = ANY (v_ok);
-        PERFORM respool._try_new(r.id, p_now);
-    END IF;
-    PERFORM set_config('respool.unannounced', '', true);
-    created := true;
-    request := CASE WHEN p_answer THEN respool.request_json(r.id) ELSE jsonb_build_object('id', r.id) END;
-END $$;
-COMMENT ON FUNCTION respool._create_checked(jsonb, timestamptz, uuid, boolean) IS
-    'respool.create_request after its body check: p_checked is a body respool._create_body has checked and completed (a batch checks every member first and hands each over here, so no member is checked twice). Everything else create_request says holds here.';
-
 CREATE OR REPLACE FUNCTION respool.create_request(
     p_body jsonb,
     p_default_lease_seconds integer DEFAULT NULL,
@@ -285,13 +151,31 @@ CREATE OR REPLACE FUNCTION respool.create_request(
     OUT created boolean,
     OUT request jsonb)
 LANGUAGE plpgsql AS $$
+DECLARE
+    c record;
 BEGIN
-    SELECT c.created, c.request INTO created, request
-      FROM respool._create_checked(respool._create_body(p_body, p_default_lease_seconds), p_now, p_gang_id,
-                                   p_answer) c;
+    -- A batch of one, through the one create route (respool._create_members).
+    SELECT * INTO c FROM respool._create_members(ARRAY[respool._create_body(p_body, p_default_lease_seconds)], p_now,
+                                                 p_gang_id, false);
+    IF c.codes[1] IS NOT NULL THEN
+        PERFORM respool._fail(c.codes[1], 'idempotency_key', c.messages[1]);
+    END IF;
+    created := c.created[1];
+    request := CASE WHEN p_answer OR NOT created THEN respool.request_json(c.ids[1])
+                    ELSE jsonb_build_object('id', c.ids[1]) END;
 END $$;
 COMMENT ON FUNCTION respool.create_request(jsonb, integer, timestamptz, uuid, boolean) IS
-    'Creates (or replays, by idempotency key: RP422 on another body) one request from its create body, the fields of POST /v1/requests (docs/api.md), checked by respool._create_body (absent lease_seconds: p_default_lease_seconds) and made by respool._create_checked, as every batch member is: stored rejected or queued under its candidate pools'' locks, then granted at once where it fits (docs/engine.md, Functions). p_gang_id: a gang member, left to respool._gang_start. p_answer false: answers {"id"} only. Returns created (false for a replay) and the document.';
+    'Creates (or replays, by idempotency key: RP422 on another body) one request from its create body, the fields of POST /v1/requests (docs/api.md), checked by respool._create_body (absent lease_seconds: p_default_lease_seconds) and made by respool._create_members as a batch of one: stored rejected or queued under its candidate pools'' locks, then granted at once where it fits (docs/engine.md, Functions). p_gang_id: a gang member, left to respool._gang_start. p_answer false: answers {"id"} only. Returns created (false for a replay) and the document.';
+
+CREATE OR REPLACE FUNCTION respool._checked_bodies(p_members jsonb, p_default_lease_seconds integer)
+RETURNS jsonb[] LANGUAGE sql STABLE AS $$
+    SELECT array_agg(c.body ORDER BY m.n)
+      FROM jsonb_array_elements(p_members) WITH ORDINALITY m(b, n)
+      JOIN (SELECT d.b, respool._create_body(d.b, p_default_lease_seconds) AS body
+              FROM (SELECT DISTINCT b FROM jsonb_array_elements(p_members) b) d) c ON c.b = m.b
+$$;
+COMMENT ON FUNCTION respool._checked_bodies(jsonb, integer) IS
+    'The members of a batch checked and completed by respool._create_body, each distinct body once, in member order. RP400 naming the field of a bad one (which member: respool._member_refusals finds out).';
 
 CREATE OR REPLACE FUNCTION respool._claim_keys(p_bodies jsonb[])
 RETURNS void LANGUAGE plpgsql AS $$
@@ -374,27 +258,152 @@ END $$;
 COMMENT ON FUNCTION respool._batch_count(jsonb, integer) IS
     'The member count of a batch: p_members a JSON array of 1 to respool._max_batch() bodies and p_default_lease_seconds null or a valid lease, else RP400 naming members or default_lease_seconds.';
 
-CREATE OR REPLACE FUNCTION respool._try_create_set(p_members jsonb, p_default_lease_seconds integer,
-                                                   p_now timestamptz, p_lock_subject_pools boolean,
-                                                   OUT ids uuid[], OUT created boolean[])
+CREATE OR REPLACE FUNCTION respool._member_refusals(p_members jsonb, p_default_lease_seconds integer,
+                                                    OUT bodies jsonb[], OUT codes text[], OUT fields text[],
+                                                    OUT messages text[], OUT phases integer[])
 LANGUAGE plpgsql AS $$
 DECLARE
+    v_count integer := jsonb_array_length(p_members);
+    v_seen text[] := '{}';  -- subject and key of the members that pass, in member order
+    v_key text;
+    v_phase integer;
     v_state text;
+    v_message text;
+    v_column text;
+    b jsonb;
 BEGIN
-    SELECT array_agg(s.request_id ORDER BY s.member), array_agg(s.created ORDER BY s.member)
-      INTO ids, created
-      FROM respool._create_set(p_members, p_default_lease_seconds, p_now, p_lock_subject_pools) s;
-EXCEPTION WHEN OTHERS THEN
-    GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE;
-    -- (42501: a role without the TEMPORARY privilege its work tables need.)
-    IF v_state NOT IN ('RP298', 'RP400', 'RP404', 'RP409', 'RP422', '42501') THEN
-        RAISE;
-    END IF;
-    ids := NULL;
-    created := NULL;
+    bodies := array_fill(NULL::jsonb, ARRAY[v_count]);
+    codes := array_fill(NULL::text, ARRAY[v_count]);
+    fields := codes;
+    messages := codes;
+    phases := array_fill(NULL::integer, ARRAY[v_count]);
+    -- Phase 1, every member first: the body's fields and types. Phase 2, in member order: its
+    -- values and, unless its key replays (stored, or named by a member before it that passes),
+    -- the pool it names. Each check in a subtransaction of its own: only after a refusal.
+    FOR v_phase IN 1 .. 2 LOOP
+        FOR i IN 1 .. v_count LOOP
+            CONTINUE WHEN codes[i] IS NOT NULL;
+            BEGIN
+                IF v_phase = 1 THEN
+                    bodies[i] := respool._create_body(p_members -> (i - 1), p_default_lease_seconds);
+                ELSE
+                    b := bodies[i];
+                    v_key := (b ->> 'subject') || E'\n' || (b ->> 'idempotency_key');
+                    PERFORM respool._member_values(ARRAY[b]);
+                    IF b ->> 'pool' IS NOT NULL
+                       AND (v_key IS NULL OR NOT (v_key = ANY (v_seen)
+                                                  OR EXISTS (SELECT FROM respool.requests r
+                                                              WHERE r.subject = b ->> 'subject'
+                                                                AND r.idempotency_key = b ->> 'idempotency_key'))) THEN
+                        PERFORM respool.resolve_pool(b ->> 'pool');
+                    END IF;
+                    IF v_key IS NOT NULL THEN
+                        v_seen := v_seen || v_key;
+                    END IF;
+                END IF;
+            EXCEPTION WHEN SQLSTATE 'RP400' OR SQLSTATE 'RP404' OR SQLSTATE 'RP409' OR SQLSTATE 'RP422' THEN
+                GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT, v_column = COLUMN_NAME;
+                codes[i] := v_state;
+                fields[i] := nullif(v_column, '');
+                messages[i] := v_message;
+                phases[i] := v_phase;
+            END;
+        END LOOP;
+    END LOOP;
 END $$;
-COMMENT ON FUNCTION respool._try_create_set(jsonb, integer, timestamptz, boolean) IS
-    'respool._create_set in a subtransaction (docs/engine.md, "How a batch is made"): the members'' request ids and created flags in member order, or both NULL, nothing kept, where it gives way (RP298, a refused member, no TEMPORARY privilege); the caller then creates the members one by one. Any other error is raised.';
+COMMENT ON FUNCTION respool._member_refusals(jsonb, integer) IS
+    'After a batch''s set-based checks refused (nothing kept): which members their own create refuses before anything is stored, each as that create would see it: the body''s fields and types (phase 1, every member first), then in member order its values and the pool it names unless its key replays a stored request or a member before it (phase 2). Per member: its checked body (NULL when its body check refused), the SQLSTATE, field and message, and the phase.';
+
+CREATE OR REPLACE FUNCTION respool._route_refusal(p_gang boolean, p_bodies jsonb[], p_ids uuid[], p_created boolean[],
+                                                  p_codes text[], p_messages text[],
+                                                  OUT at integer, OUT code text, OUT field text, OUT message text)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_gang uuid := (SELECT gang_id FROM respool.requests WHERE p_gang AND id = p_ids[1]);
+BEGIN
+    IF NOT p_gang THEN
+        -- The first refused member, if any (one pass over the codes, not one lookup per member).
+        SELECT u.n - 1, 'RP422', 'idempotency_key', u.message INTO at, code, field, message
+          FROM unnest(p_codes, p_messages) WITH ORDINALITY u(code, message, n)
+         WHERE u.code IS NOT NULL ORDER BY u.n LIMIT 1;
+        RETURN;
+    END IF;
+    FOR i IN 1 .. coalesce(cardinality(p_ids), 0) LOOP
+        at := i - 1;
+        code := 'RP422';
+        field := 'idempotency_key';
+        message := p_messages[i];
+        EXIT WHEN p_codes[i] IS NOT NULL;
+        -- An idempotent retry of a gang answers that gang: every member a replay of it.
+        message := format('idempotency_key %L is used by request %s, which is not a member of the gang the other members make',
+                          p_bodies[i] ->> 'idempotency_key', p_ids[i]);
+        EXIT WHEN p_gang AND (p_created[i] IS DISTINCT FROM p_created[1]
+                              OR (NOT p_created[i] AND (SELECT gang_id FROM respool.requests WHERE id = p_ids[i])
+                                                       IS DISTINCT FROM v_gang));
+        at := NULL;
+    END LOOP;
+    IF at IS NULL AND p_gang AND NOT p_created[1]
+       AND (v_gang IS NULL OR (SELECT count(*) FROM respool.requests WHERE gang_id = v_gang) <> cardinality(p_ids)) THEN
+        at := 0;
+        code := 'RP422';
+        field := 'idempotency_key';
+        message := 'these idempotency keys were used by requests that do not make up one gang of these members';
+    END IF;
+    IF at IS NULL THEN
+        code := NULL;
+        field := NULL;
+        message := NULL;
+    END IF;
+END $$;
+COMMENT ON FUNCTION respool._route_refusal(boolean, jsonb[], uuid[], boolean[], text[], text[]) IS
+    'The first member (from 0) of a batch the create route made (its ids, created flags and RP422 refusals) that its own create refuses: a replay on another body or, for a gang (p_gang), a member that is not a replay of the same gang as the others (RP422, field idempotency_key); NULLs when none.';
+
+CREATE OR REPLACE FUNCTION respool._batch_refusal(p_members jsonb, p_default_lease_seconds integer, p_now timestamptz,
+                                                  p_gang_id uuid, OUT at integer, OUT code text, OUT field text,
+                                                  OUT message text, OUT ids uuid[], OUT created boolean[])
+LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+    c record;
+    v_count integer := jsonb_array_length(p_members);
+    v_first integer;
+    v_pool uuid;
+BEGIN
+    SELECT * INTO r FROM respool._member_refusals(p_members, p_default_lease_seconds);
+    SELECT min(i) INTO v_first FROM generate_subscripts(r.phases, 1) i WHERE r.phases[i] = 1;
+    IF v_first IS NULL AND p_gang_id IS NOT NULL THEN
+        -- A gang is one request in many parts: checked against member 0 before any member is made.
+        FOR i IN 1 .. v_count - 1 LOOP
+            BEGIN
+                v_pool := CASE WHEN r.bodies[1] ->> 'pool' IS NOT NULL THEN respool.resolve_pool(r.bodies[1] ->> 'pool') END;
+                PERFORM respool._gang_member_check(r.bodies[1], r.bodies[i + 1], v_pool);
+            EXCEPTION WHEN SQLSTATE 'RP400' OR SQLSTATE 'RP404' THEN
+                GET STACKED DIAGNOSTICS code = RETURNED_SQLSTATE, message = MESSAGE_TEXT, field = COLUMN_NAME;
+                at := i;
+                field := nullif(field, '');
+                RETURN;
+            END;
+        END LOOP;
+    END IF;
+    at := NULL;
+    SELECT coalesce(v_first, min(i), v_count + 1) INTO v_first FROM generate_subscripts(r.phases, 1) i WHERE r.phases[i] = 2;
+    IF v_first > 1 THEN
+        -- The members before the first refused one, made: a replay refused among them comes first.
+        SELECT * INTO c FROM respool._create_members(r.bodies[1:v_first - 1], p_now, p_gang_id, v_count > 1);
+        SELECT * INTO at, code, field, message FROM respool._route_refusal(p_gang_id IS NOT NULL, r.bodies[1:v_first - 1],
+                                                                           c.ids, c.created, c.codes, c.messages);
+        ids := c.ids;
+        created := c.created;
+    END IF;
+    IF at IS NULL AND v_first <= v_count THEN
+        at := v_first - 1;
+        code := r.codes[v_first];
+        field := r.fields[v_first];
+        message := r.messages[v_first];
+    END IF;
+END $$;
+COMMENT ON FUNCTION respool._batch_refusal(jsonb, integer, timestamptz, uuid) IS
+    'For an all or nothing batch whose set-based attempt was refused (nothing kept): the first member (from 0) its own create refuses in member order, with the SQLSTATE, field and message (body checks of every member first, then a gang''s member checks, then each member''s values, pool and key), after making the members before it (the caller raises). at NULL: none refused; ids and created then answer for every member.';
 
 CREATE OR REPLACE FUNCTION respool.create_requests(
     p_members jsonb,
@@ -406,115 +415,53 @@ RETURNS TABLE (member integer, created boolean, request jsonb)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_count integer;
-    v_at integer := 0;
-    v_bodies jsonb[] := '{}';
-    m jsonb;
-    v_state text;
-    v_message text;
-    v_column text;
-    v_gang uuid;       -- all_or_nothing: the members' gang
+    v_gang uuid := CASE WHEN coalesce(p_all_or_nothing, false) THEN gen_random_uuid() END;  -- the members' gang
+    v_bodies jsonb[];
     v_pool uuid;
-    v_ids uuid[] := '{}';
-    v_created boolean[] := '{}';
-    c record;
+    c record;  -- what the create route made: ids, created, refusals
+    f record;  -- the first refused member
 BEGIN
     v_count := respool._batch_count(p_members, p_default_lease_seconds);
-    IF coalesce(p_distinct_nodes, false) AND NOT coalesce(p_all_or_nothing, false) THEN
+    IF coalesce(p_distinct_nodes, false) AND v_gang IS NULL THEN
         PERFORM respool._fail('RP400', 'distinct_nodes',
             'distinct_nodes places the members of a gang on different nodes: it needs all_or_nothing true');
     END IF;
-
-    IF NOT coalesce(p_all_or_nothing, false) THEN
-        -- Set-based first; where it gives way (nothing of it kept), the members are created one
-        -- by one below, which also names the first refused member.
-        SELECT s.ids, s.created INTO v_ids, v_created
-          FROM respool._try_create_set(p_members, p_default_lease_seconds, p_now, v_count > 1) s;
-        IF v_ids IS NOT NULL THEN
-            RETURN QUERY SELECT (x.n - 1)::integer, v_created[x.n], d.doc::jsonb
-                           FROM unnest(v_ids) WITH ORDINALITY x(id, n)
-                           JOIN respool.request_docs(v_ids) d ON d.id = x.id
-                          ORDER BY x.n;
-            RETURN;
-        END IF;
-        v_ids := '{}';
-        v_created := '{}';
-    END IF;
     BEGIN
-        -- Every body checked and completed first, so a malformed member refuses the batch
-        -- before any work.
-        FOR i IN 0 .. v_count - 1 LOOP
-            v_at := i;  -- (a FOR variable is not visible in the handler below)
-            v_bodies := v_bodies || respool._create_body(p_members -> i, p_default_lease_seconds);
-        END LOOP;
-        PERFORM respool._claim_keys(v_bodies);
-        IF v_count > 1 THEN
-            -- Every pool any member may be created in, locked up front in id order: each member
-            -- then locks a subset it already holds, so members that name different pools never
-            -- take pool locks out of the global order (no deadlock with other writers).
-            PERFORM respool._lock_pools(respool._batch_pools(v_bodies));
-        END IF;
-        IF coalesce(p_all_or_nothing, false) THEN
+        v_bodies := respool._checked_bodies(p_members, p_default_lease_seconds);
+        IF v_gang IS NOT NULL THEN
             -- A gang is one request in many parts: one subject, one pool (or none named, so the
             -- same candidates), one preemptible flag and one retry budget for all.
-            m := v_bodies[1];
-            v_pool := CASE WHEN m ->> 'pool' IS NOT NULL THEN respool.resolve_pool(m ->> 'pool') END;
-            FOR i IN 1 .. v_count - 1 LOOP
-                v_at := i;
-                PERFORM respool._gang_member_check(m, v_bodies[i + 1], v_pool);
-            END LOOP;
-            v_gang := gen_random_uuid();
+            v_pool := CASE WHEN v_bodies[1] ->> 'pool' IS NOT NULL THEN respool.resolve_pool(v_bodies[1] ->> 'pool') END;
+            PERFORM respool._gang_member_check(v_bodies[1], b, v_pool) FROM unnest(v_bodies[2:]) b;
         END IF;
-        FOR i IN 0 .. v_count - 1 LOOP
-            v_at := i;
-            -- Member i is queued i microseconds after member 0: queue time then keeps member
-            -- order among members that are otherwise alike (ids are random).
-            SELECT * INTO c FROM respool._create_checked(v_bodies[i + 1],
-                                                          p_now + make_interval(secs => i / 1000000.0), v_gang, false);
-            v_ids := v_ids || (c.request ->> 'id')::uuid;
-            v_created := v_created || c.created;
-            IF v_gang IS NOT NULL THEN
-                -- An idempotent retry of a gang answers that gang: every member a replay of it.
-                IF c.created IS DISTINCT FROM v_created[1]
-                   OR (NOT c.created AND (c.request ->> 'gang_id') IS DISTINCT FROM
-                                         (SELECT gang_id::text FROM respool.requests WHERE id = v_ids[1])) THEN
-                    PERFORM respool._fail('RP422', 'idempotency_key', format(
-                        'idempotency_key %L is used by request %s, which is not a member of the gang the other members make',
-                        v_bodies[i + 1] ->> 'idempotency_key', c.request ->> 'id'));
-                END IF;
-            END IF;
-        END LOOP;
-        IF v_gang IS NOT NULL THEN
-            v_at := 0;
-            IF v_created[1] THEN
-                IF p_distinct_nodes THEN
-                    UPDATE respool.requests SET distinct_nodes = true WHERE gang_id = v_gang;
-                END IF;
-                PERFORM respool._gang_start(v_gang, p_now);
-            ELSIF (c.request ->> 'gang_id') IS NULL
-                  OR (SELECT count(*) FROM respool.requests WHERE gang_id = (c.request ->> 'gang_id')::uuid) <> v_count THEN
-                PERFORM respool._fail('RP422', 'idempotency_key',
-                    'these idempotency keys were used by requests that do not make up one gang of these members');
-            END IF;
-        END IF;
-        -- Every member as it stands once the batch is done, its document built with the others'
-        -- (positions and ETAs once per pool, respool.request_docs).
-        RETURN QUERY SELECT (x.n - 1)::integer, v_created[x.n], d.doc::jsonb
-                       FROM unnest(v_ids) WITH ORDINALITY x(id, n)
-                       JOIN respool.request_docs(v_ids) d ON d.id = x.id
-                      ORDER BY x.n;
-    EXCEPTION WHEN OTHERS THEN
-        GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT, v_column = COLUMN_NAME;
-        IF v_state NOT IN ('RP400', 'RP404', 'RP409', 'RP422') THEN
-            RAISE;
-        END IF;
-        -- The whole batch is refused (everything above is rolled back); the error names the member.
-        RAISE EXCEPTION '%', format('members[%s]: %s', v_at, v_message)
-            USING ERRCODE = v_state,
-                  COLUMN = format('members[%s]', v_at) || CASE WHEN coalesce(v_column, '') = '' THEN '' ELSE '.' || v_column END;
+        SELECT * INTO c FROM respool._create_members(v_bodies, p_now, v_gang, v_count > 1);
+        SELECT * INTO f FROM respool._route_refusal(v_gang IS NOT NULL, v_bodies, c.ids, c.created, c.codes, c.messages);
+    EXCEPTION WHEN SQLSTATE 'RP400' OR SQLSTATE 'RP404' OR SQLSTATE 'RP409' OR SQLSTATE 'RP422' THEN
+        -- Refused (nothing of it kept): which member, in the state its own create would see.
+        SELECT * INTO f FROM respool._batch_refusal(p_members, p_default_lease_seconds, p_now, v_gang);
+        c := f;
     END;
+    IF f.at IS NOT NULL THEN
+        -- The whole batch is refused (the caller's transaction fails); the error names the member.
+        RAISE EXCEPTION '%', format('members[%s]: %s', f.at, f.message)
+            USING ERRCODE = f.code,
+                  COLUMN = format('members[%s]', f.at) || CASE WHEN coalesce(f.field, '') = '' THEN '' ELSE '.' || f.field END;
+    END IF;
+    IF v_gang IS NOT NULL AND c.created[1] THEN
+        IF p_distinct_nodes THEN
+            UPDATE respool.requests SET distinct_nodes = true WHERE gang_id = v_gang;
+        END IF;
+        PERFORM respool._gang_start(v_gang, p_now);
+    END IF;
+    -- Every member as it stands once the batch is done, its document built with the others'
+    -- (positions and ETAs once per pool, respool.request_docs).
+    RETURN QUERY SELECT (x.n - 1)::integer, c.created[x.n], d.doc::jsonb
+                   FROM unnest(c.ids) WITH ORDINALITY x(id, n)
+                   JOIN respool.request_docs(c.ids) d ON d.id = x.id
+                  ORDER BY x.n;
 END $$;
 COMMENT ON FUNCTION respool.create_requests(jsonb, boolean, integer, timestamptz, boolean) IS
-    'Batch create (docs/api.md "Batch create"; docs/engine.md "How a batch is made"): 1 to 1000 create bodies in one transaction, each as its own respool.create_request in member order, member i queued i µs after member 0; set-based where respool._try_create_set can, else member by member. Any member error refuses the batch: the same SQLSTATE, naming members[i].<field>. p_all_or_nothing: the members are a gang (docs/scheduling.md; p_distinct_nodes: each on its own node). One row per member, in member order, as it stands once the batch is done.';
+    'Batch create (docs/api.md "Batch create"; docs/engine.md "How a batch is made"): 1 to 1000 create bodies in one transaction, through the one create route (respool._create_members), leaving what creating each in member order would, member i queued i µs after member 0. Any member refused refuses the batch: the same SQLSTATE, naming members[i].<field>. p_all_or_nothing: the members are a gang (docs/scheduling.md; p_distinct_nodes: each on its own node). One row per member, in member order, as it stands once the batch is done.';
 
 CREATE OR REPLACE FUNCTION respool.create_requests_each(
     p_members jsonb,
@@ -525,88 +472,43 @@ RETURNS TABLE (member integer, created boolean, request jsonb,
 LANGUAGE plpgsql AS $$
 DECLARE
     v_count integer := respool._batch_count(p_members, p_default_lease_seconds);
-    v_ids uuid[];
-    v_created boolean[];
-    v_bodies jsonb[] := '{}';
-    v_codes text[] := '{}';     -- per member: the SQLSTATE of its refusal, or NULL
-    v_fields text[] := '{}';
-    v_messages text[] := '{}';
-    v_state text;
-    v_message text;
-    v_column text;
-    v_from integer := 1;        -- the run of members [v_from, v_to) tried in one subtransaction
-    v_to integer;
-    v_at integer;
-    c record;
+    c record;      -- what the create route made
+    r record;      -- the members refused before anything is stored
+    v_ok integer[];
 BEGIN
-    SELECT s.ids, s.created INTO v_ids, v_created
-      FROM respool._try_create_set(p_members, p_default_lease_seconds, p_now, v_count > 1) s;
-    IF v_ids IS NULL THEN
-        v_ids := array_fill(NULL::uuid, ARRAY[v_count]);
-        v_created := array_fill(NULL::boolean, ARRAY[v_count]);
-        FOR i IN 1 .. v_count LOOP
-            BEGIN
-                v_bodies[i] := respool._create_body(p_members -> (i - 1), p_default_lease_seconds);
-            EXCEPTION WHEN SQLSTATE 'RP400' OR SQLSTATE 'RP404' OR SQLSTATE 'RP409' OR SQLSTATE 'RP422' THEN
-                GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT,
-                                        v_column = COLUMN_NAME;
-                v_codes[i] := v_state;
-                v_messages[i] := v_message;
-                v_fields[i] := v_column;
-            END;
-        END LOOP;
-        -- Keys and pools of the checked members taken up front, in their global orders, as a
-        -- batch does (respool.create_requests).
-        PERFORM respool._claim_keys(array_remove(v_bodies, NULL));
-        IF v_count > 1 THEN
-            PERFORM respool._lock_pools(respool._batch_pools(array_remove(v_bodies, NULL)));
-        END IF;
-        -- Runs of members, each in one subtransaction. A run stopped by a refused member is
-        -- rolled back and run again up to it, then that member is tried first in a run of its
-        -- own: refused there, right after the members kept, it gets its single create's error
-        -- (named in the state it sees, ids included) and changes nothing; the rest go on after it.
-        v_to := v_count + 1;
-        WHILE v_from <= v_count LOOP
-            BEGIN
-                FOR i IN v_from .. v_to - 1 LOOP
-                    CONTINUE WHEN v_codes[i] IS NOT NULL;
-                    v_at := i;
-                    -- Member i queued i - 1 microseconds after member 0, as in a batch.
-                    SELECT * INTO c FROM respool._create_checked(
-                        v_bodies[i], p_now + make_interval(secs => (i - 1) / 1000000.0), NULL, false);
-                    v_ids[i] := (c.request ->> 'id')::uuid;
-                    v_created[i] := c.created;
-                END LOOP;
-                v_from := v_to;
-                v_to := v_count + 1;
-            EXCEPTION WHEN SQLSTATE 'RP400' OR SQLSTATE 'RP404' OR SQLSTATE 'RP409' OR SQLSTATE 'RP422' THEN
-                GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT,
-                                        v_column = COLUMN_NAME;
-                FOR i IN v_from .. v_to - 1 LOOP
-                    v_ids[i] := NULL;
-                    v_created[i] := NULL;
-                END LOOP;
-                IF v_at = v_from THEN
-                    v_codes[v_at] := v_state;
-                    v_messages[v_at] := v_message;
-                    v_fields[v_at] := v_column;
-                    v_from := v_at + 1;
-                    v_to := v_count + 1;
-                ELSE
-                    v_to := v_at;
-                END IF;
-            END;
-        END LOOP;
+    BEGIN
+        SELECT * INTO c FROM respool._create_members(respool._checked_bodies(p_members, p_default_lease_seconds),
+                                                     p_now, NULL, v_count > 1);
+        RETURN QUERY
+        SELECT (x.n - 1)::integer, CASE WHEN c.codes[x.n] IS NULL THEN c.created[x.n] END, d.doc::jsonb, c.codes[x.n],
+               CASE WHEN c.codes[x.n] IS NOT NULL THEN 'idempotency_key' END, c.messages[x.n]
+          FROM unnest(c.ids) WITH ORDINALITY x(id, n)
+          LEFT JOIN respool.request_docs(c.ids) d ON d.id = x.id AND c.codes[x.n] IS NULL
+         ORDER BY x.n;
+        RETURN;
+    EXCEPTION WHEN SQLSTATE 'RP400' OR SQLSTATE 'RP404' OR SQLSTATE 'RP409' OR SQLSTATE 'RP422' THEN
+        NULL;  -- refused members (nothing of it kept): found member by member below
+    END;
+    SELECT * INTO r FROM respool._member_refusals(p_members, p_default_lease_seconds);
+    v_ok := ARRAY(SELECT i FROM generate_subscripts(r.bodies, 1) i WHERE r.codes[i] IS NULL ORDER BY i);
+    -- The others made together, each at its own queue instant (member i: i µs after member 0).
+    SELECT NULL::uuid[] AS ids, NULL::boolean[] AS created, NULL::text[] AS codes, NULL::text[] AS messages INTO c;
+    IF cardinality(v_ok) > 0 THEN
+        SELECT * INTO c FROM respool._create_members(ARRAY(SELECT r.bodies[i] FROM unnest(v_ok) i), p_now, NULL,
+                                                     v_count > 1, ARRAY(SELECT i - 1 FROM unnest(v_ok) i));
     END IF;
     RETURN QUERY
-    SELECT (x.n - 1)::integer, v_created[x.n], d.doc::jsonb,
-           v_codes[x.n], nullif(v_fields[x.n], ''), v_messages[x.n]
-      FROM unnest(v_ids) WITH ORDINALITY x(id, n)
-      LEFT JOIN respool.request_docs(array_remove(v_ids, NULL)) d ON d.id = x.id
+    SELECT (x.n - 1)::integer, CASE WHEN c.codes[k.k] IS NULL THEN c.created[k.k] END, d.doc::jsonb,
+           coalesce(r.codes[x.n], c.codes[k.k]),
+           CASE WHEN r.codes[x.n] IS NOT NULL THEN r.fields[x.n] WHEN c.codes[k.k] IS NOT NULL THEN 'idempotency_key' END,
+           coalesce(r.messages[x.n], c.messages[k.k])
+      FROM generate_subscripts(r.codes, 1) x(n)
+      LEFT JOIN unnest(v_ok) WITH ORDINALITY k(n, k) ON k.n = x.n
+      LEFT JOIN respool.request_docs(c.ids) d ON d.id = c.ids[k.k] AND c.codes[k.k] IS NULL
      ORDER BY x.n;
 END $$;
 COMMENT ON FUNCTION respool.create_requests_each(jsonb, integer, timestamptz) IS
-    'Creates (or replays) each of 1 to 1000 create bodies in one transaction, in member order, exactly as its own respool.create_request would right after the members before it. One row per member: created and its document once all are done, or the SQLSTATE (RP400/RP404/RP409/RP422), field and message its single create raises, that member changing nothing. Any other error fails the call. See docs/engine.md ("How a batch reports each member").';
+    'Creates (or replays) each of 1 to 1000 create bodies in one transaction, in member order, exactly as its own respool.create_request would right after the members before it (the one create route, respool._create_members). One row per member: created and its document once all are done, or the SQLSTATE (RP400/RP404/RP409/RP422), field and message its single create raises, that member changing nothing. Any other error fails the call. See docs/engine.md ("How a batch reports each member").';
 
 CREATE OR REPLACE FUNCTION respool.what_if_request(
     p_body jsonb,

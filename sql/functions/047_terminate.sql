@@ -14,7 +14,8 @@ BEGIN
     SELECT * INTO r FROM respool.requests WHERE id = p_id FOR UPDATE;
     SELECT preemption_grace_seconds INTO v_grace FROM respool.pools WHERE id = r.pool_id;
     IF v_grace > 0 THEN
-        UPDATE respool.requests SET preempt_deadline = p_now + make_interval(secs => v_grace)
+        -- The message's parts as data: the admin's message, and the deadline its hint names.
+        UPDATE respool.requests SET preempt_deadline = p_now + make_interval(secs => v_grace), preempt_note = p_message
          WHERE id = p_id;
         IF p_reason = 'over_slice' THEN
             PERFORM respool._set_status(p_id, 'preempting', 'over_slice',

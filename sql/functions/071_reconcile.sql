@@ -62,17 +62,17 @@ RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     v_id uuid;
     v_reason text;
-    v_message text;
+    v_note text;
     n integer := 0;
 BEGIN
-    FOR v_id, v_reason, v_message IN SELECT id, reason, message FROM respool.requests
+    FOR v_id, v_reason, v_note IN SELECT id, reason, coalesce(preempt_note, message) FROM respool.requests
                  WHERE pool_id = p_pool_id AND status = 'preempting' AND preempt_deadline <= p_now
                  ORDER BY preempt_deadline, id FOR UPDATE LOOP
         PERFORM respool._unplace(v_id);
         IF v_reason IN ('terminated', 'over_slice') THEN  -- ended for good (047_terminate.sql)
+            -- (its message from its parts: the reason's message, kept as data by the terminate)
             PERFORM respool._after_preemption(v_id, v_reason,
-                                              regexp_replace(v_message, '; release within \d+ s$', '')
-                                              || '; the grace period ended before the client released', p_now);
+                                              v_note || '; the grace period ended before the client released', p_now);
         ELSE
             PERFORM respool._after_preemption(v_id, 'grace_expired',
                                               'preempted: the grace period ended before the client released', p_now);
@@ -81,7 +81,7 @@ BEGIN
     END LOOP;
     RETURN n;
 END $$;
-COMMENT ON FUNCTION respool._finish_grace(uuid, timestamptz) IS 'Victims whose grace deadline passed lose their units and become preempted (or requeued) with reason grace_expired; a terminated one (reason terminated or over_slice, 047_terminate.sql) keeps its reason and message and is never requeued. The units go to the earmark holders first.';
+COMMENT ON FUNCTION respool._finish_grace(uuid, timestamptz) IS 'Victims whose grace deadline passed lose their units and become preempted (or requeued) with reason grace_expired; a terminated one (reason terminated or over_slice, 047_terminate.sql) keeps its reason and its message (preempt_note, kept apart from the release hint) and is never requeued. The units go to the earmark holders first.';
 
 CREATE OR REPLACE FUNCTION respool._drop_stale_earmarks(p_pool_id uuid, p_now timestamptz)
 RETURNS integer LANGUAGE plpgsql AS $$

@@ -26,6 +26,7 @@ _REASON_SITES = [
     r"_shed\((?:\s*[^,()]+,){3}\s*'([a-z_]+)'",  # capacity / limit shrink (pool, policy, excess)
     r"_preempt\(\s*[^,()]+,\s*'([a-z_]+)'",  # a draining node's holders
     r"reason(?:\s+text)?\s*:=\s*'([a-z_]+)'",  # v_reason := 'no_policy'
+    r"coalesce\([a-z_.]*reason,\s*'([a-z_]+)'\)",  # a create's rejection: coalesce(.., 'no_policy')
     r"SELECT\s+\d+(?:\s+AS\s+rank)?,\s*key,\s*'([a-z_]+)'",  # the rejection checks, in order
     r"THEN\s+'([a-z_]+)'\s+ELSE\s+'([a-z_]+)'\s+END\s+AS\s+mode",  # preemption modes
 ]

@@ -26,7 +26,7 @@ from support.db import direct, drop_database_later, function_calls
 
 T0 = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
 AT = T0 + timedelta(minutes=1)  # the batch's clock
-CREATE_CHECKED = "respool._create_checked(jsonb, timestamptz, uuid, boolean)"
+ONE_AT_A_TIME = "respool._try_new(uuid, timestamptz)"
 
 
 async def build(conn: asyncpg.Connection, world: str) -> None:
@@ -309,11 +309,11 @@ def fresh(admin_url: str, copies: Any) -> Any:
 
 
 async def both_ways(
-    fresh: Fresh, world: str, members: list[dict[str, Any]], counted: str = CREATE_CHECKED
+    fresh: Fresh, world: str, members: list[dict[str, Any]]
 ) -> tuple[Any, Any, int]:
-    """(batch, one by one) snapshots and answers, and how many members the batch created one by
-    one (respool._create_checked calls: 0 when the set-based path made it; ``counted``: the
-    calls of another function instead)."""
+    """(batch, one by one) snapshots and answers, and how many members the batch tried one at a
+    time through their pools' queues (respool._try_new calls: 0 when every member was tried
+    alone, runs of alike members together)."""
     async with direct(fresh.take()) as conn:
         await build(conn, world)
         await conn.execute("SET track_functions = 'all'")
@@ -325,7 +325,7 @@ async def both_ways(
                 members,
                 AT,
             )
-            one_by_one_calls = await function_calls(conn, counted)
+            one_by_one_calls = await function_calls(conn, ONE_AT_A_TIME)
         batch_rows = [{"created": r["created"], "request": r["request"]} for r in rows]
         batch_ids = [r["request"]["id"] for r in batch_rows]
         batch = (await snapshot(conn, batch_ids), answers(batch_rows, batch_ids))
@@ -359,9 +359,9 @@ async def test_a_batch_leaves_what_one_by_one_leaves(fresh: Fresh, world: str) -
     batch, one, one_by_one = await both_ways(fresh, world, members)
     assert batch[0] == one[0]  # requests, events per request, queues, counters
     assert batch[1] == one[1]  # the answers
-    # the set-based path made the batch where it decides alike; one by one where a pool is
-    # strict or holds (or may start holding) for a starving head
-    assert one_by_one == (0 if world in ("plain", "queue") else len(members))
+    # members tried alone, alike ones together, where that decides alike; one at a time through
+    # the queue where a pool is strict or holds (or may start holding) for a starving head
+    assert (one_by_one == 0) == (world in ("plain", "queue"))
     statuses = [r["status"] for r in (d for _c, _i, d in batch[1])]
     assert {"allocated", "queued", "rejected"} <= set(statuses)
 
@@ -376,18 +376,17 @@ async def test_a_thousand_alike_members_one_shape_tried_once(fresh: Fresh) -> No
     assert [d["queue_position"] for d in answered[3:]] == list(range(1, 298))
 
 
-TRY_GRANT = "respool._try_grant(uuid, uuid, uuid, timestamptz, respool.requests)"
 
 
 @pytest.mark.parametrize(
-    ("pool", "resources", "teams", "granted", "tried_one_by_one"),
+    ("pool", "resources", "teams", "granted"),
     [
-        # callers of three teams interleaved, all of them fit: granted together, no member alone
-        ("b", {"gpu": 1}, "STSVT", 5, 0),
-        ("r", {"tok": 1000}, "STVST", 5, 0),
+        # callers of three teams interleaved, all of them fit
+        ("b", {"gpu": 1}, "STSVT", 5),
+        ("r", {"tok": 1000}, "STVST", 5),
         # more than fit: each member as one by one decides (V's limit, then the pool's room)
-        ("b", {"gpu": 1}, "SVTVSVTS", 5, 8),
-        ("r", {"tok": 1000}, "STVSTVS", 5, 7),
+        ("b", {"gpu": 1}, "SVTVSVTS", 5),
+        ("r", {"tok": 1000}, "STVSTVS", 5),
     ],
 )
 async def test_interleaved_teams_leave_what_one_by_one_leaves(
@@ -396,12 +395,10 @@ async def test_interleaved_teams_leave_what_one_by_one_leaves(
     resources: dict[str, int],
     teams: str,
     granted: int,
-    tried_one_by_one: int,
 ) -> None:
     members = [member(i, subject=t, pool=pool, resources=resources) for i, t in enumerate(teams)]
-    batch, one, tried = await both_ways(fresh, "teams", members, counted=TRY_GRANT)
+    batch, one, _tried = await both_ways(fresh, "teams", members)
     assert batch == one
-    assert tried == tried_one_by_one
     answered = [d for _c, _i, d in batch[1]]
     assert [d["status"] for d in answered].count("allocated") == granted
 
