@@ -376,8 +376,6 @@ async def test_a_thousand_alike_members_one_shape_tried_once(fresh: Fresh) -> No
     assert [d["queue_position"] for d in answered[3:]] == list(range(1, 298))
 
 
-
-
 @pytest.mark.parametrize(
     ("pool", "resources", "teams", "granted"),
     [
