@@ -461,6 +461,7 @@ DECLARE
     dv record;
     v_hheld jsonb[];
     v_hover jsonb;
+    v_devices boolean;
     v_ids uuid[];
     v_policies uuid[];
     v_held jsonb[];
@@ -494,6 +495,7 @@ BEGIN
          ORDER BY p.node_name
     LOOP
         CONTINUE WHEN NOT respool._could_hold(nd.id, p_request.resources);
+        v_devices := false;
         -- the eligible victim units on the node, in victim order, with what they hold there
         SELECT coalesce(array_agg(x.id ORDER BY (x.policy_id = p_policy_id) DESC, x.priority, x.allocated_at DESC, x.id DESC), '{}'),
                array_agg(x.policy_id ORDER BY (x.policy_id = p_policy_id) DESC, x.priority, x.allocated_at DESC, x.id DESC),
@@ -504,16 +506,25 @@ BEGIN
          WHERE respool._may_preempt(p_mode, p_policy_id, p_request.preemptible,
                                     respool._rank(me.priority, me.priority_lane), me.priority_lane,
                                     p_request.preemption_group, x.policy_id, x.rank, x.lane, x.preemption_group);
-        -- each device a slice could use, one at a time; whole devices: the key's devices at once
-        FOR dv IN SELECT p.key, p.device, p.slice, p.wanted, p.need_memory, p.need_share, p.memory,
-                         p.held AND NOT p.holder_leaving AS whole_held, p.holder_id,
-                         p.room_memory_settled, p.room_share_settled
-                    FROM respool._device_places(p_pool_id, p_request.resources, v_moving) p
-                   WHERE p.node_id = nd.id AND p.fits_ever AND (p.slice OR p.memory > 0)
-                   ORDER BY p.slice DESC, p.position LOOP
+        -- each device a slice could use, one at a time; whole devices: the key's devices at
+        -- once; a node none of whose devices is shared: its counters alone (the last row)
+        FOR dv IN SELECT d.* FROM (
+                      SELECT p.key, p.device, p.slice, p.wanted, p.need_memory, p.need_share, p.memory,
+                             p.held AND NOT p.holder_leaving AS whole_held, p.holder_id,
+                             p.room_memory_settled, p.room_share_settled, p.position, 0 AS last
+                        FROM respool._device_places(p_pool_id, p_request.resources, v_moving) p
+                       WHERE p.node_id = nd.id AND p.fits_ever AND (p.slice OR p.memory > 0)
+                      UNION ALL
+                      SELECT NULL, NULL, false, 0, 0, 0, 0, false, NULL, 0, 0, 0, 1) d
+                   ORDER BY d.last, d.slice DESC, d.position LOOP
+            EXIT WHEN dv.last = 1 AND v_devices;  -- priced on its devices
+            v_devices := dv.last = 0;
             v_deficit := nd.deficit;
             v_forced := '{}';
-            IF dv.slice THEN
+            IF dv.last = 1 THEN
+                v_hheld := v_held;
+                v_hover := over;
+            ELSIF dv.slice THEN
                 v_deficit := v_deficit || jsonb_build_object(
                     '~memory', dv.need_memory - CASE WHEN dv.whole_held THEN dv.memory ELSE dv.room_memory_settled END,
                     '~share', dv.need_share - CASE WHEN dv.whole_held THEN 100 ELSE dv.room_share_settled END,
