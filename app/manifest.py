@@ -60,6 +60,7 @@ _POOL_SCALARS = (
     "starvation_seconds",
     "ordering",
     "placement",
+    "slice_overuse",
 )
 _POLICY_SCALARS = ("priority", "description")
 _EMPTY_POOL = PoolSpec(name="")

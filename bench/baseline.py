@@ -72,7 +72,8 @@ async def setup_minimal(conn: asyncpg.Connection, subjects: int, pools: int) -> 
 
 
 async def check_minimal_run(conn: asyncpg.Connection) -> int:
-    """Every minimal request released and every counter back at 0; then cleared out."""
+    """Every minimal request released and every counter back at 0; then ANALYZE (the history
+    stays, as the engine's does: check_engine_run)."""
     row = await conn.fetchrow(
         "SELECT count(*) AS n, count(*) FILTER (WHERE status <> 'released') AS open"
         "  FROM bench_min.requests"
@@ -84,8 +85,10 @@ async def check_minimal_run(conn: asyncpg.Connection) -> int:
     )
     if row["open"] or used:
         raise SystemExit(f"minimal cycles went wrong: {dict(row)}, {used} units still used")
-    await conn.execute("TRUNCATE bench_min.events, bench_min.requests")
-    await conn.execute("VACUUM ANALYZE bench_min.pool_counters, bench_min.policy_counters")
+    await conn.execute(
+        "VACUUM ANALYZE bench_min.events, bench_min.requests,"
+        " bench_min.pool_counters, bench_min.policy_counters"
+    )
     return int(row["n"])
 
 
@@ -106,6 +109,13 @@ async def measure(
             scripts["minimal"].write_text(MINIMAL_SQL)
             scripts["engine"].write_text(ENGINE_SQL)
             defines = {"subjects": str(subjects), "pools": str(pools)}
+            for name in ("minimal", "engine"):  # history first (check_engine_run), unmeasured
+                await common.run_pgbench(
+                    pgbench, dsn, scripts[name], clients=max(clients),
+                    seconds=min(common.WARM_UP_SECONDS, seconds), defines=defines,
+                )  # fmt: skip
+            await check_minimal_run(conn)
+            await check_engine_run(conn)
             for rep in range(repeats):
                 for c in clients:
                     for name in ("minimal", "engine"):

@@ -28,6 +28,9 @@ from app.db.migrate import migrate
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 REPO = Path(__file__).resolve().parent.parent
+# An unmeasured run before the measured ones, so that plans are made against tables that hold a
+# history (bench.cycles.check_engine_run): at most this long, at most one measured run's length.
+WARM_UP_SECONDS = 3.0
 
 
 # --- statistics ------------------------------------------------------------------------------

@@ -60,6 +60,8 @@ KNOWN_ERRORS: tuple[type[BaseException], ...] = (
 _PARAM_OF_FIELD = {
     "preemption_grace_seconds": "grace",
     "resources": "resource",
+    "resources.gpu_memory_mb": "gpu_memory",
+    "resources.gpu_share": "gpu_share",
     "labels": "label",
     "lease_seconds": "lease",
     "settings.memory": "memory",

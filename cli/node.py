@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
-from respool_client.detect import Machine, detect, registration
+from respool_client.detect import Machine, detect, memory_map, registration, sharing_map
 from respool_client.pairs import host_node_name, selector, split_pair
 from respool_client.wire import Node
 from rich.console import RenderableType
@@ -100,6 +100,32 @@ Labels = Annotated[
     list[str] | None,
     typer.Option("--label", "-l", metavar="KEY=VALUE", help="A label, e.g. gpu-type=A100-80G."),
 ]
+Sharing = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--sharing",
+        metavar="KEY=MODE",
+        help="Share each device of a key in slices: gpu=mps (memory and compute limits set by"
+        " MPS) or gpu=time-slicing (not enforced by the driver); needs --device-memory (found"
+        " by --detect).",
+    ),
+]
+DeviceMemory = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--device-memory",
+        metavar="KEY=SIZE",
+        help="Each device's memory of a shared key: gpu=81920 (MiB) or gpu=80GiB.",
+    ),
+]
+ReservedMemory = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--reserved-memory",
+        metavar="KEY=SIZE",
+        help="Memory kept back on each device of a shared key for the driver: gpu=512 (default 0).",
+    ),
+]
 Selector = Annotated[
     list[str] | None,
     typer.Option(
@@ -185,10 +211,43 @@ class NodeUnits:
     capacity: Capacity = None
     devices: Devices = None
     label: Labels = None
+    sharing: Sharing = None
+    device_memory: DeviceMemory = None
+    reserved_memory: ReservedMemory = None
 
     def named(self) -> dict[str, list[str]]:
         """``--devices`` as device ids per key."""
         return parse_devices(self.devices or [])
+
+    def shared(self) -> dict[str, str]:
+        """``--sharing`` as the mode per device key."""
+        try:
+            return sharing_map(self.sharing or [])
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--sharing") from None
+
+    def memory(self, option: str) -> dict[str, int]:
+        """``--device-memory`` / ``--reserved-memory`` as MiB per device key."""
+        items = self.device_memory if option == "--device-memory" else self.reserved_memory
+        try:
+            return memory_map(items or [], 1 if option == "--device-memory" else 0)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint=option) from None
+
+    def sharing_fields(self, found: Machine | None = None) -> dict[str, Any]:
+        """The node's sharing fields (docs/placement.md, "Sharing a GPU"): with ``found``
+        (--detect) the keys it could share and their memory, the memory given overriding;
+        else what was asked. Only the maps that are not empty."""
+        sharing = self.shared()
+        if found is not None:  # detect decides for the gpu key
+            sharing = {k: v for k, v in sharing.items() if k != "gpu"} | found.sharing
+        memory = (found.device_memory_mb if found else {}) | self.memory("--device-memory")
+        fields = {
+            "sharing": sharing,
+            "device_memory_mb": memory,
+            "reserved_memory_mb": self.memory("--reserved-memory"),
+        }
+        return {name: value for name, value in fields.items() if value}
 
     def labels(self) -> dict[str, str]:
         return parse_labels(self.label or [])
@@ -205,11 +264,14 @@ def add(name: NewNodeName, pool: PoolOpt = None, *, units: NodeUnits, shown: Sho
 
         respool node add gpu-01 --pool training -c '{"gpu": 8, "mcpu": 64000}' \\
             --devices gpu=0,1,2,3,4,5,6,7 --label gpu-type=A100-80G
+        respool node add gpu-02 --pool notebooks --devices gpu=0,1 \\
+            --sharing gpu=mps --device-memory gpu=80GiB --reserved-memory gpu=512
     """
     named = units.named()
     if not units.capacity and not named:
         raise typer.BadParameter("give the node's units: -c '{\"gpu\": 8}' or --devices gpu=0,1")
     fields = _body(pool=pool, capacity=units.capacity, devices=named, labels=units.labels())
+    fields |= units.sharing_fields()
     with shown.api() as api:
         node = api.call("POST", "/v1/nodes", Node, body={"name": name} | fields)
     note(f"added node {node.name}" + (f" to pool {node.pool}" if node.pool else " (in no pool)"))
@@ -225,6 +287,7 @@ def _registration(
     devices: dict[str, list[str]],
     labels: dict[str, str],
     detected: bool,
+    **shared: Any,
 ) -> tuple[Node, bool]:
     """Create the node, or make an existing one match what was found
     (:func:`respool_client.detect.registration`). Returns (node, created)."""
@@ -237,6 +300,7 @@ def _registration(
         devices=devices,
         labels=labels,
         detected=detected,
+        **shared,
     )
     return api.call(method, path, Node, body=body), old is None
 
@@ -260,13 +324,14 @@ def register(
     Example:
 
         respool node register --pool training --detect
+        respool node register --pool notebooks --detect --sharing gpu=mps
         respool node register --name cpu-07 -c '{"mcpu": 32000, "memory_mb": 128000}'
     """
     try:
         node_name = name if name is not None else host_node_name()
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--name") from None
-    found = detect() if detect_ else Machine()
+    found = detect(sharing=units.shared()) if detect_ else Machine()
     for line in found.notes:
         note(line)
     given = units.named()
@@ -290,6 +355,7 @@ def register(
             devices=named,
             labels=labels,
             detected=detect_,
+            **units.sharing_fields(found if detect_ else None),
         )
     where = f" in pool {node.pool}" if node.pool else " (in no pool)"
     note(f"{'registered' if created else 'updated'} node {node.name}{where}")

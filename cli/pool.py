@@ -20,6 +20,7 @@ from respool_client.wire import (
     Pool,
     Queueing,
     Request,
+    SliceOveruse,
 )
 from rich.console import RenderableType
 from rich.text import Text
@@ -169,11 +170,19 @@ class PoolFields:
             " free), spread the emptiest. Default pack.",
         ),
     ] = None
+    slice_overuse: Annotated[
+        SliceOveruse | None,
+        typer.Option(
+            "--slice-overuse",
+            help="Use above a slice of a shared GPU (reported with heartbeats): report records"
+            " an over_slice event, terminate also ends the holding. Default report.",
+        ),
+    ] = None
     rate: Rates = None
 
     def body(self) -> dict[str, Any]:
         """The fields given but the capacity, as the API names them."""
-        names = ("description", "queueing", "ordering", "placement")
+        names = ("description", "queueing", "ordering", "placement", "slice_overuse")
         body = given_of(self, *names, preemption_grace_seconds="grace")
         if (
             self.starvation is not None
@@ -307,13 +316,14 @@ def update(ref: PoolRef, *, fields: PoolFields, shown: Shown) -> None:
         respool pool update training-gpus -c '{"gpu": 4}'
         respool pool update training-gpus -c '{step_run: 0}' --queueing strict
         respool pool update training-gpus --starvation-seconds 600 --ordering fair
+        respool pool update notebooks --slice-overuse terminate
         respool pool update llm --rate llm_tokens=3000000/1m
     """
     body = ({} if fields.capacity is None else {"capacity": fields.capacity}) | fields.body()
     if not body:
         raise typer.BadParameter(
             "nothing to update: give --capacity, --description, --queueing, --grace,"
-            " --starvation-seconds, --ordering, --placement or --rate"
+            " --starvation-seconds, --ordering, --placement, --slice-overuse or --rate"
         )
     with shown.api() as api:
         pool = api.call("PATCH", f"/v1/pools/{segment(ref)}", Pool, body=body)

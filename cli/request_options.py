@@ -12,7 +12,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from msgspec import UNSET, UnsetType
 from respool_client.durations import parse_duration
-from respool_client.pairs import selector
+from respool_client.pairs import mebibytes, percent, selector
 from respool_client.wire import GROUP_PATTERN, MAX_BATCH, RequestCreate, ResourceSettings
 
 from cli.complete import complete_node, complete_pool, complete_subject
@@ -26,6 +26,8 @@ __all__ = [
     "Wait",
     "Cpu",
     "Gpu",
+    "GpuMemory",
+    "GpuShare",
     "Group",
     "IdempotencyKey",
     "Label",
@@ -96,6 +98,43 @@ Memory = Annotated[
         "--memory",
         help="Memory (memory_mb): 8G or 8GB is 8x10^9 bytes (as in Kubernetes), 16Gi or 16GiB"
         " is 16x2^30 (Slurm's 16G).",
+    ),
+]
+
+
+def parse_gpu_memory(text: str) -> int:
+    """``--gpu-memory``: 20GiB, 512MiB or a whole number of MiB."""
+    try:
+        return mebibytes(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def parse_gpu_share(text: str) -> int:
+    """``--gpu-share``: a whole percent, 1 to 100."""
+    try:
+        return percent(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+GpuMemory = Annotated[
+    int | None,
+    typer.Option(
+        "--gpu-memory",
+        parser=parse_gpu_memory,
+        metavar="SIZE",
+        help="A slice of one shared GPU with this much memory (gpu_memory_mb): 20GiB, 512MiB"
+        " or MiB as a number.",
+    ),
+]
+GpuShare = Annotated[
+    int | None,
+    typer.Option(
+        "--gpu-share",
+        parser=parse_gpu_share,
+        metavar="PERCENT",
+        help="With --gpu-memory: this share of the GPU's compute, 1 to 100 (gpu_share).",
     ),
 ]
 Resource = Annotated[
@@ -220,6 +259,8 @@ class RequestFields:
     gpu: Gpu = None
     cpu: Cpu = None
     memory: Memory = None
+    gpu_memory: GpuMemory = None
+    gpu_share: GpuShare = None
     resource: Resource = None
     label: Label = None
     non_preemptible: NonPreemptible = False
@@ -238,7 +279,7 @@ class RequestFields:
             subject=subject,
             pool=self.pool,
             settings=settings if settings.to_json() else None,
-            resources=parse_pairs(self.resource or [], "--resource") or None,
+            resources=self.resources() or None,
             labels=parse_labels(self.label or []) or None,
             preemptible=not self.non_preemptible,
             max_retries=self.max_retries,
@@ -248,6 +289,33 @@ class RequestFields:
             node_selector=_selector(self.select or [], self.node) or None,
             preemption_group=_group(self.group),
         )
+
+    def resources(self) -> dict[str, int]:
+        """``--resource`` pairs, and a slice of one shared GPU: ``--gpu-memory`` as
+        ``gpu_memory_mb``, ``--gpu-share`` as ``gpu_share`` (docs/placement.md, "Sharing a
+        GPU")."""
+        out = parse_pairs(self.resource or [], "--resource")
+        if self.gpu_share is not None and self.gpu_memory is None:
+            raise typer.BadParameter(
+                "a share is of a slice: give --gpu-memory too", param_hint="--gpu-share"
+            )
+        if self.gpu is not None and self.gpu_memory is not None:
+            raise typer.BadParameter(
+                "whole GPUs (--gpu) or one slice (--gpu-memory), not both",
+                param_hint="--gpu-memory",
+            )
+        for option, key, value in (
+            ("--gpu-memory", "gpu_memory_mb", self.gpu_memory),
+            ("--gpu-share", "gpu_share", self.gpu_share),
+        ):
+            if value is None:
+                continue
+            if key in out and out[key] != value:
+                raise typer.BadParameter(
+                    f"{option} and --resource {key}={out[key]} disagree", param_hint=option
+                )
+            out[key] = value
+        return out
 
 
 def _group(group: str | None) -> str | None:

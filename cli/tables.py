@@ -421,6 +421,7 @@ def pool_header(pool: Pool, nodes: Sequence[Node] = ()) -> Table:
             ("Ordering", pool.ordering),
             ("Nodes", _fmt_nodes(pool, nodes)),
             ("Placement", pool.placement),
+            ("Slice overuse", pool.slice_overuse),
             ("Queued", pool.queued),
             ("Created", fmt_time(pool.created_at)),
             ("Updated", fmt_time(pool.updated_at)),

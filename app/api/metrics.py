@@ -227,6 +227,20 @@ async def _state_gauges(registry: CollectorRegistry, pool: asyncpg.Pool) -> None
         "How long the oldest request in a pool's queue has waited",
         "pool",
     )
+    # Shared devices (docs/placement.md, "Sharing a GPU"): the holders' reported use.
+    over_holders = gauge(
+        "respool_slice_over_holders",
+        "Holders whose last reported use (heartbeat usage) is above their slice, by pool and"
+        " <K>_memory_mb key",
+        "pool",
+        "key",
+    )
+    over_mb = gauge(
+        "respool_slice_over_memory_mb",
+        "MiB those holders use above their slices, summed, by pool and <K>_memory_mb key",
+        "pool",
+        "key",
+    )
     requests = gauge("respool_requests", "Stored requests per status", "status")
     violations = gauge(
         "respool_invariant_violations",
@@ -255,6 +269,9 @@ async def _state_gauges(registry: CollectorRegistry, pool: asyncpg.Pool) -> None
         n, oldest = stats.get(name, (0, 0.0))
         q_len.labels(name).set(n)
         q_oldest.labels(name).set(oldest)
+    for so in await db_metrics.slice_overuse_rows(pool):
+        over_holders.labels(so.pool, so.key).set(so.holders)
+        over_mb.labels(so.pool, so.key).set(so.over_mb)
     counts = await db_metrics.request_counts(pool)
     for status in STATUSES:
         requests.labels(status).set(counts.get(status, 0))

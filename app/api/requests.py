@@ -27,6 +27,7 @@ from respool_client.wire import (
     Event,
     JobRelease,
     RequestCreate,
+    RequestHeartbeat,
     RequestPage,
     RequestTerminate,
     Status,
@@ -336,28 +337,39 @@ class RequestController(Controller):
     @post(
         "/{request_id:uuid}/heartbeat",
         status_code=200,
-        summary="Extend the lease (queued: set the queue lease)",
+        summary="Extend the lease (queued: set the queue lease); report the use of a slice",
         description=(
             "Allocated: the lease becomes now + lease_seconds (default: the request's own"
             " lease_seconds). Queued: sets a queue lease of the same length; a queued request"
-            " whose queue lease lapses is cancelled with reason `abandoned`."
+            " whose queue lease lapses is cancelled with reason `abandoned`. An optional body"
+            ' `{"usage": {"gpu_memory_mb": N}}` reports what the holder of a slice of a'
+            " shared device uses now (MiB per `<K>_memory_mb` key it asked): use above the slice"
+            " records an event with reason `over_slice` once per crossing, and when the pool's"
+            " `slice_overuse` is `terminate` the holder is terminated (reason `over_slice`)."
+            " See docs/placement.md, Sharing a GPU."
         ),
         responses=_ACTION_ERRORS,
     )
     async def heartbeat(
         self,
         state: State,
+        request: AnyRequest,
         request_id: FromPath[UUID],
         attempt: _Attempt = None,
         lease_seconds: _LeaseSeconds = None,
         queue_lease_seconds: _QueueLeaseSeconds = None,
+        data: StrictBody[RequestHeartbeat | None] = None,  # usage of a slice
     ) -> ResourceRequest:
+        usage: dict[str, int] | None = None
+        if (await request.body()).strip() not in (b"", b"null"):
+            usage = (await decode_body(request, RequestHeartbeat)).usage
         return await db_requests.heartbeat_request(
             db(state),
             request_id,
             attempt=attempt,
             lease_seconds=lease_seconds,
             queue_lease_seconds=queue_lease_seconds,
+            usage=usage,
         )
 
     @post(

@@ -120,6 +120,7 @@ class _Runner:
             starvation_off=changed(c.fields, "starvation_seconds") and starvation is None,
             ordering=new_text(c.fields, "ordering"),
             placement=new_text(c.fields, "placement"),
+            slice_overuse=new_text(c.fields, "slice_overuse"),
             rates=rate_changes(c.fields) or None,
         )
 

@@ -37,6 +37,7 @@ __all__ = [
     "pool_key_rows",
     "queue_stats",
     "request_counts",
+    "slice_overuse_rows",
     "tally_events",
 ]
 
@@ -158,6 +159,19 @@ async def queue_stats(db: Executor) -> dict[str, tuple[int, float]]:
 async def invariant_violation_counts(db: Executor) -> dict[str, int]:
     rows = await db.fetch(query("invariant_violation_counts"))
     return {r["invariant"]: int(r["n"]) for r in rows}
+
+
+class SliceOveruseRow(msgspec.Struct, frozen=True):
+    """Holders of slices of one key in one pool above their slice now (docs/placement.md)."""
+
+    pool: str
+    key: str  # a <K>_memory_mb key
+    holders: int
+    over_mb: int  # MiB above their slices, summed
+
+
+# Per pool and slice key with a report from a holder: who is above their slice now.
+slice_overuse_rows = _query_rows("slice_overuse_rows", SliceOveruseRow)
 
 
 class TallyRow(msgspec.Struct, frozen=True):

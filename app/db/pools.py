@@ -26,10 +26,12 @@ async def create_pool(
     ordering: str | None = "fifo",
     placement: str | None = "pack",
     rates: Mapping[str, Any] | None = None,
+    slice_overuse: str | None = "report",
 ) -> Pool:
     """Create a pool; ``starvation_seconds=None`` turns the starvation guard off;
     ``placement`` (pack, spread) chooses nodes once nodes back it; ``rates`` declares rate
-    keys ``{key: {"amount", "per_seconds"}}`` (docs/rates.md)."""
+    keys ``{key: {"amount", "per_seconds"}}`` (docs/rates.md); ``slice_overuse`` (report,
+    terminate): what use above a slice of a shared device does (docs/placement.md)."""
     doc = await db.fetchval(
         query("create_pool"),
         name,
@@ -41,6 +43,7 @@ async def create_pool(
         ordering,
         placement,
         _plain(rates),
+        slice_overuse,
     )
     return _as(Pool, doc)
 
@@ -59,6 +62,7 @@ async def update_pool(
     ordering: str | None = None,
     placement: str | None = None,
     rates: Mapping[str, Any] | None = None,
+    slice_overuse: str | None = None,
 ) -> Pool:
     """Update a pool; ``None`` keeps a field, ``starvation_off`` turns the guard off. A
     ``capacity`` on a pool backed by nodes is a conflict (its capacity is theirs). ``rates``
@@ -75,6 +79,7 @@ async def update_pool(
         ordering,
         placement,
         _plain(rates),
+        slice_overuse,
     )
     return _as(Pool, doc)
 

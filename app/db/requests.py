@@ -176,11 +176,19 @@ async def heartbeat_request(
     attempt: int | None = None,
     lease_seconds: int | None = None,
     queue_lease_seconds: int | None = None,
+    usage: Mapping[str, int] | None = None,
 ) -> Request:
     """Extend the lease to now + ``lease_seconds`` (default: the request's own); queued: set
-    the queue lease to now + ``queue_lease_seconds`` (default: the same length)."""
+    the queue lease to now + ``queue_lease_seconds`` (default: the same length). ``usage``:
+    the holder's use of its slices, ``{"gpu_memory_mb": N}`` (docs/placement.md, "Sharing a
+    GPU": above a slice, an ``over_slice`` event, and its pool may terminate it)."""
     doc = await db.fetchval(
-        query("heartbeat_request"), request_id, attempt, lease_seconds, queue_lease_seconds
+        query("heartbeat_request"),
+        request_id,
+        attempt,
+        lease_seconds,
+        queue_lease_seconds,
+        None if usage is None else dict(usage),
     )
     return _as(Request, doc)
 

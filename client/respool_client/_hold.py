@@ -49,6 +49,8 @@ QUEUE_LEASE = 30  # seconds a waiter that stopped heartbeating keeps its queue p
 
 # Called with every new state of a request (``respool run`` acts on them).
 OnChange = Callable[[Request], Awaitable[None] | None]
+# What a holder uses now, sent with a heartbeat (``{"gpu_memory_mb": N}``; None: nothing).
+Usage = Callable[[], Awaitable[dict[str, int] | None]]
 
 
 async def _call(callback: OnChange | None, state: Request) -> None:
@@ -164,20 +166,27 @@ def start_holding(
     interval: float | None,
     on_preempted: OnPreempted | None,
     on_change: OnChange | None = None,
+    usage: Usage | None = None,
 ) -> asyncio.Task[None]:
-    """Heartbeat ``grant`` and long-poll its request, in a background task."""
+    """Heartbeat ``grant`` and long-poll its request, in a background task; ``usage``: what
+    to report with each heartbeat (``{"gpu_memory_mb": N}``; None: nothing this time)."""
     every = heartbeat_interval(grant.lease_seconds) if interval is None else interval
     notice = _Notice(grant, on_preempted)
-    return asyncio.create_task(_hold(rp, grant, every, notice, on_change))
+    return asyncio.create_task(_hold(rp, grant, every, notice, on_change, usage))
 
 
 async def _hold(
-    rp: RequestVerbs, grant: Grant, interval: float, notice: _Notice, on_change: OnChange | None
+    rp: RequestVerbs,
+    grant: Grant,
+    interval: float,
+    notice: _Notice,
+    on_change: OnChange | None,
+    usage: Usage | None = None,
 ) -> None:
     if grant.preempted:
         await notice.fire()
     tasks = [
-        asyncio.create_task(_heartbeat_loop(rp, grant, interval, notice)),
+        asyncio.create_task(_heartbeat_loop(rp, grant, interval, notice, usage)),
         asyncio.create_task(_watch_loop(rp, grant, notice, on_change)),
     ]
     try:
@@ -188,16 +197,20 @@ async def _hold(
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _heartbeat_loop(rp: RequestVerbs, grant: Grant, interval: float, notice: _Notice) -> None:
+async def _heartbeat_loop(
+    rp: RequestVerbs, grant: Grant, interval: float, notice: _Notice, usage: Usage | None = None
+) -> None:
     """Renew the lease every ``interval`` s on a fixed schedule: each heartbeat gives up
-    (retries included) before the next is due, so a slow answer never delays the next."""
+    (retries included) before the next is due, so a slow answer never delays the next. With
+    ``usage``, each heartbeat carries what it measured just before (docs/placement.md)."""
     due = time.monotonic()
     while True:
         due += interval
         await asyncio.sleep(max(0.0, due - time.monotonic()))
+        used = await _measured(usage)
         sent = time.monotonic()
         try:
-            state = await rp.heartbeat(grant.request_id, grant.attempt, within=interval)
+            state = await rp.heartbeat(grant.request_id, grant.attempt, within=interval, usage=used)
         except ApiError as exc:
             if exc.status_code in (404, 409):  # deleted / requeued under a new attempt
                 grant.reason = "requeued" if exc.status_code == 409 else "not_found"
@@ -217,6 +230,17 @@ async def _heartbeat_loop(rp: RequestVerbs, grant: Grant, interval: float, notic
         elif state.status == "allocated":
             grant._renewed(sent)
         due = max(due, time.monotonic() - interval)  # a stall (SIGSTOP) does not burst
+
+
+async def _measured(usage: Usage | None) -> dict[str, int] | None:
+    """What ``usage`` measured now; a measurement that fails sends nothing (logged)."""
+    if usage is None:
+        return None
+    try:
+        return await usage()
+    except Exception as exc:  # noqa: BLE001 - a measurement never stops the heartbeats
+        log.warning("could not measure the use of the slice: %s", exc)
+        return None
 
 
 async def _watch_loop(

@@ -98,6 +98,7 @@ class Respool:
         *,
         lease_seconds: int | None = None,
         queue_lease_seconds: int | None = None,
+        usage: Mapping[str, int] | None = None,
     ) -> Request:
         return self._run(
             self._async.heartbeat(
@@ -105,6 +106,7 @@ class Respool:
                 attempt,
                 lease_seconds=lease_seconds,
                 queue_lease_seconds=queue_lease_seconds,
+                usage=usage,
             )
         )
 

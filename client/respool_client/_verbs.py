@@ -109,11 +109,13 @@ class RequestVerbs(Transport):
         within: float | None = None,
         lease_seconds: int | None = None,
         queue_lease_seconds: int | None = None,
+        usage: Mapping[str, int] | None = None,
     ) -> Request:
         """Extend the lease to now + ``lease_seconds`` (default: the request's); queued: set the
         queue lease to now + ``queue_lease_seconds`` (default: the same length), which an
         allocated request ignores; ``within``: give up (retries included) after this many
-        seconds."""
+        seconds. ``usage``: what the holder of a slice uses now, ``{"gpu_memory_mb": N}``
+        (docs/placement.md, "Sharing a GPU")."""
         return await self._request(
             "POST",
             f"/v1/requests/{request_id}/heartbeat",
@@ -122,6 +124,7 @@ class RequestVerbs(Transport):
                 "lease_seconds": lease_seconds,
                 "queue_lease_seconds": queue_lease_seconds,
             },
+            body=None if usage is None else {"usage": dict(usage)},
             retry_for=within,
             http_timeout=None if within is None else min(self.request_timeout, max(within, 1.0)),
         )

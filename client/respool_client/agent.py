@@ -34,7 +34,14 @@ from typing import Any
 import msgspec
 from respool_client._async import AsyncRespool
 from respool_client._status import Status
-from respool_client.detect import Machine, detect, node_path, registration
+from respool_client.detect import (
+    Machine,
+    detect,
+    memory_map,
+    node_path,
+    registration,
+    sharing_map,
+)
 from respool_client.errors import ApiError, RespoolError
 from respool_client.grant import Grant
 from respool_client.launcher import Launcher, LocalLauncher, Stream
@@ -78,6 +85,15 @@ def build_parser(prog: str = "respool agent") -> argparse.ArgumentParser:
     add("--detect", action="store_true",
         help="With --register: GPUs from nvidia-smi (ids, a gpu-type label), mcpu and memory_mb "
         "from the OS, as `respool node register --detect` finds them.")  # fmt: skip
+    add("--sharing", action="append", default=[], metavar="KEY=MODE",
+        help="With --register: share each device of the key in slices, gpu=mps or "
+        "gpu=time-slicing (with --detect, its device memory is nvidia-smi's "
+        "memory.total).")  # fmt: skip
+    add("--device-memory", action="append", default=[], metavar="KEY=SIZE",
+        help="With --register: each device's memory of a shared key, gpu=81920 (MiB) or "
+        "gpu=80GiB.")  # fmt: skip
+    add("--reserved-memory", action="append", default=[], metavar="KEY=SIZE",
+        help="With --register: memory kept back per device of a shared key (gpu=512).")  # fmt: skip
     add("--interval", type=int, default=10, metavar="S",
         help="Heartbeat every S seconds (1..300, default 10); not heard for 3 intervals, the "
         "node takes no new jobs.")  # fmt: skip
@@ -277,7 +293,12 @@ class Agent:
     async def register(self) -> int:
         """--register: create the node or make it match what was found (0), else why not."""
         name: str = self.args.node
-        found = await asyncio.to_thread(detect) if self.args.detect else Machine()
+        asked = self.args.shared
+        found = (
+            await asyncio.to_thread(detect, sharing=asked["sharing"])
+            if self.args.detect
+            else Machine()
+        )
         for line in found.notes:
             self.say(line)
         try:
@@ -297,9 +318,15 @@ class Agent:
                     return EXIT_USAGE
                 self.say(f"node {name} is registered (--detect would update its units)")
                 return 0
+            sharing = {k: v for k, v in asked["sharing"].items() if k != "gpu"} | found.sharing
+            shared = {
+                "sharing": sharing,
+                "device_memory_mb": found.device_memory_mb | asked["device_memory_mb"],
+                "reserved_memory_mb": asked["reserved_memory_mb"],
+            }
             method, path, body = registration(
                 old, name, pool=None, capacity=found.capacity, devices=found.devices,
-                labels=found.labels, detected=True,
+                labels=found.labels, detected=True, **shared,
             )  # fmt: skip
             retry = 0.0 if method == "POST" else None
             node = msgspec.convert(
@@ -488,6 +515,20 @@ def main(argv: Sequence[str] | None = None, prog: str = "respool agent") -> int:
         parser.error("--detect goes with --register (it finds what the node is registered with)")
     if args.register and args.pool:
         parser.error("--register registers a node: give --node NAME, not --pool")
+    if (args.sharing or args.device_memory or args.reserved_memory) and not args.register:
+        parser.error("--sharing, --device-memory and --reserved-memory go with --register")
+    try:
+        args.shared = {"sharing": sharing_map(args.sharing)}
+    except ValueError as exc:
+        parser.error(f"--sharing: {exc}")
+    for option, name, least in (
+        ("--device-memory", "device_memory_mb", 1),
+        ("--reserved-memory", "reserved_memory_mb", 0),
+    ):
+        try:
+            args.shared[name] = memory_map(getattr(args, name.removesuffix("_mb")), least)
+        except ValueError as exc:
+            parser.error(f"{option}: {exc}")
     if args.register and not args.node:
         try:
             args.node = host_node_name()

@@ -19,6 +19,12 @@ so in :attr:`Machine.notes` and goes on.
 
 Registering again makes the node match what was found: keys and device lists it no longer has
 are removed, a ``gpu-type`` label of GPUs that are gone too; other labels stay.
+
+Sharing (docs/placement.md, "Sharing a GPU"): asked with ``sharing={"gpu": "mps"}`` (the
+options ``--sharing gpu=mps``), the ``gpu`` key holds the whole GPUs only and its
+``device_memory_mb`` is their ``memory.total`` (the smallest, when they differ); MIG instances
+stay whole devices, under a key of their own per MIG profile (``1g.10gb`` →
+``mig_1g_10gb``), never shared. Without sharing, detection is as above.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
+from respool_client.pairs import mebibytes
 from respool_client.wire import Node
 
 __all__ = [
@@ -38,11 +45,17 @@ __all__ = [
     "Machine",
     "detect",
     "gpu_type",
+    "memory_map",
+    "mig_key",
     "node_path",
     "parse_gpus",
     "parse_mig",
+    "parse_mig_profiles",
     "registration",
+    "sharing_map",
 ]
+
+SHARING_MODES = ("mps", "time-slicing")
 
 QUERY = ["--query-gpu=index,uuid,name,memory.total", "--format=csv,noheader"]
 TIMEOUT = 30.0
@@ -68,6 +81,13 @@ class Machine:
     devices: dict[str, list[str]] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # shared device keys (docs/placement.md, "Sharing a GPU"); empty: whole devices only
+    sharing: dict[str, str] = field(default_factory=dict)
+    device_memory_mb: dict[str, int] = field(default_factory=dict)
+    # what the probe saw, for sharing: the whole GPUs' smallest memory.total (MiB), and the
+    # MIG instances per key of their profile
+    gpu_memory_mb: int | None = None
+    mig: dict[str, list[str]] = field(default_factory=dict)
 
 
 def gpu_type(product: str) -> str:
@@ -105,6 +125,90 @@ def parse_mig(text: str) -> dict[int, list[str]]:
         if mig and current is not None:
             out.setdefault(current, []).append(mig.group(3).strip())
     return out
+
+
+def parse_mig_profiles(text: str) -> dict[int, list[tuple[str, str]]]:
+    """``nvidia-smi -L``: (profile, MIG UUID) of the MIG devices under each GPU index."""
+    out: dict[int, list[tuple[str, str]]] = {}
+    current: int | None = None
+    for line in text.splitlines():
+        gpu = _GPU_LINE.match(line)
+        if gpu:
+            current = int(gpu.group(1))
+            continue
+        mig = _MIG_LINE.match(line)
+        if mig and current is not None:
+            out.setdefault(current, []).append((mig.group(1), mig.group(3).strip()))
+    return out
+
+
+def mig_key(profile: str) -> str:
+    """The device key of a MIG profile: ``1g.10gb`` → ``mig_1g_10gb`` (a resource key has
+    lower-case letters, digits and ``_`` only)."""
+    return ("mig_" + re.sub(r"[^a-z0-9]+", "_", profile.lower()).strip("_"))[:63]
+
+
+def _mebibytes(memory: str) -> int | None:
+    """``"81920 MiB"`` → 81920; None when nvidia-smi wrote something else."""
+    parts = memory.split()
+    if len(parts) == 2 and parts[0].isdigit() and parts[1] == "MiB":
+        return int(parts[0])
+    return None
+
+
+def sharing_map(items: list[str]) -> dict[str, str]:
+    """``["gpu=mps"]`` → ``{"gpu": "mps"}``; ``ValueError`` naming the pair for another
+    mode or shape (the server checks the key)."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, mode = item.partition("=")
+        key, mode = key.strip(), mode.strip()
+        if not sep or not key or mode not in SHARING_MODES:
+            raise ValueError(f"{item!r}: expected KEY=mps or KEY=time-slicing (gpu=mps)")
+        out[key] = mode
+    return out
+
+
+def memory_map(items: list[str], minimum: int = 1) -> dict[str, int]:
+    """``["gpu=81920"]``, ``["gpu=80GiB"]`` → ``{"gpu": 81920}`` (MiB); ``ValueError`` naming
+    the pair for a size that is not one (:func:`respool_client.pairs.mebibytes`)."""
+    out: dict[str, int] = {}
+    for item in items:
+        key, sep, size = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{item!r}: expected KEY=SIZE (gpu=81920, gpu=80GiB)")
+        out[key.strip()] = mebibytes(size, minimum)
+    return out
+
+
+def _share(machine: Machine, sharing: dict[str, str]) -> None:
+    """Make ``machine``'s ``gpu`` key shared as ``sharing`` asks (see the module docstring)."""
+    mode = sharing.get("gpu")
+    if mode is None:
+        return
+    if "gpu" not in machine.devices:
+        machine.notes.append("no GPU found: nothing to share (--sharing gpu ignored)")
+        return
+    mig_ids = {i for ids in machine.mig.values() for i in ids}
+    whole = [i for i in machine.devices["gpu"] if i not in mig_ids]
+    for key, ids in machine.mig.items():
+        machine.devices[key] = ids
+        machine.capacity[key] = len(ids)
+    if mig_ids:
+        machine.notes.append(
+            f"{len(mig_ids)} MIG devices stay whole devices of their own key: "
+            + ", ".join(sorted(machine.mig))
+        )
+    if not whole:
+        del machine.devices["gpu"], machine.capacity["gpu"]
+        machine.notes.append("every GPU is split in MIG instances: no gpu to share")
+        return
+    machine.devices["gpu"], machine.capacity["gpu"] = whole, len(whole)
+    if machine.gpu_memory_mb is None:
+        machine.notes.append("nvidia-smi gave no memory.total: give --device-memory gpu=SIZE")
+    else:
+        machine.device_memory_mb["gpu"] = machine.gpu_memory_mb
+    machine.sharing["gpu"] = mode
 
 
 def _nvidia_smi(*args: str) -> str:
@@ -154,10 +258,22 @@ def _probe_gpus(machine: Machine) -> None:
         machine.notes.append("nvidia-smi lists no GPU: registering a machine with no GPU")
         return
     try:
-        mig = parse_mig(_nvidia_smi("-L"))
+        profiles = parse_mig_profiles(_nvidia_smi("-L"))
     except (OSError, RuntimeError) as exc:
-        mig = {}
+        profiles = {}
         machine.notes.append(f"cannot list MIG devices ({exc}); using whole GPUs")
+    mig = {index: [uuid for _, uuid in found] for index, found in profiles.items()}
+    for found in profiles.values():
+        for profile, uuid in found:
+            machine.mig.setdefault(mig_key(profile), []).append(uuid)
+    memories = [_mebibytes(g.memory) for g in gpus if g.index not in mig]
+    if memories and None not in memories:
+        machine.gpu_memory_mb = min(m for m in memories if m is not None)
+        if len(set(memories)) > 1:
+            machine.notes.append(
+                "GPUs of different memory: device_memory_mb is the smallest,"
+                f" {machine.gpu_memory_mb}"
+            )
     ids: list[str] = []
     for gpu in gpus:
         ids.extend(mig.get(gpu.index, [str(gpu.index)]))
@@ -175,10 +291,11 @@ def _probe_gpus(machine: Machine) -> None:
         machine.notes.append(f"{n} MIG devices: their MIG UUIDs are the gpu device ids")
 
 
-def detect(*, meminfo: str = "/proc/meminfo") -> Machine:
-    """Probe this machine (see the module docstring)."""
+def detect(*, meminfo: str = "/proc/meminfo", sharing: dict[str, str] | None = None) -> Machine:
+    """Probe this machine (see the module docstring); ``sharing``: the device keys to share."""
     machine = Machine()
     _probe_gpus(machine)
+    _share(machine, sharing or {})
     machine.capacity["mcpu"] = _cpus() * 1000
     memory = _memory_mb(meminfo)
     if memory:
@@ -202,11 +319,24 @@ def registration(
     devices: dict[str, list[str]],
     labels: dict[str, str],
     detected: bool,
+    sharing: dict[str, str] | None = None,
+    device_memory_mb: dict[str, int] | None = None,
+    reserved_memory_mb: dict[str, int] | None = None,
 ) -> tuple[str, str, dict[str, Any]]:
     """The call (method, path, JSON body) that registers node ``name`` with these units, given
     the node as it is (``old``; None: not registered): a create, or an update that makes it
     match (see the module docstring). ``pool`` None leaves a node where it is (a create: the
-    server's default)."""
+    server's default). ``sharing``, ``device_memory_mb``, ``reserved_memory_mb``: the shared
+    device keys (docs/placement.md, "Sharing a GPU"), sent when given."""
+    shared = {
+        name: value
+        for name, value in (
+            ("sharing", sharing),
+            ("device_memory_mb", device_memory_mb),
+            ("reserved_memory_mb", reserved_memory_mb),
+        )
+        if value
+    }
     if old is None:
         body: dict[str, Any] = {
             "name": name,
@@ -216,9 +346,12 @@ def registration(
         }
         if pool is not None:
             body["pool"] = pool
-        return "POST", "/v1/nodes", body
+        return "POST", "/v1/nodes", body | shared
+    # a shared device key's memory and share are derived from its devices, never sent
+    derived = {f"{key}_{unit}" for key in old.sharing for unit in ("memory_mb", "share")}
     patch: dict[str, Any] = {
-        "capacity": {k: 0 for k in old.capacity if k not in capacity} | capacity,
+        "capacity": {k: 0 for k in old.capacity if k not in capacity and k not in derived}
+        | capacity,
         "devices": {k: None for k in old.devices if k not in devices} | devices,
     }
     new_labels: dict[str, str | None] = dict(labels)
@@ -228,4 +361,4 @@ def registration(
         patch["labels"] = new_labels
     if pool is not None:
         patch["pool"] = pool
-    return "PATCH", node_path(name), patch
+    return "PATCH", node_path(name), patch | shared

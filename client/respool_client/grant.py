@@ -12,10 +12,13 @@ from uuid import UUID
 from respool_client.errors import Preempted
 from respool_client.wire import Placement, Request
 
-__all__ = ["Grant", "OnPreempted", "step_env"]
+__all__ = ["Grant", "OnPreempted", "describe_slices", "slice_env", "step_env"]
 
 # The device key whose ids become CUDA_VISIBLE_DEVICES.
 GPU_KEY = "gpu"
+# Sharing modes of a device key (docs/placement.md, "Sharing a GPU").
+MPS = "mps"
+TIME_SLICING = "time-slicing"
 
 
 def step_env(state: Request) -> dict[str, str]:
@@ -25,6 +28,15 @@ def step_env(state: Request) -> dict[str, str]:
     ``RESPOOL_NODE`` (the node's name) and ``RESPOOL_DEVICES`` (JSON ``{key: [ids]}``, ``{}``
     without named devices); and when gpu devices were placed, ``CUDA_VISIBLE_DEVICES``: their
     ids joined by commas in the order given (indices, GPU UUIDs and MIG ids work as they are).
+
+    A slice of a shared device (docs/placement.md, "Sharing a GPU") adds, per sliced key ``K``,
+    ``RESPOOL_<K>_MEMORY_MB`` and (a share asked) ``RESPOOL_<K>_SHARE``, and
+    ``RESPOOL_<K>_ISOLATION`` for every placed device key with an isolation (``exclusive``,
+    ``mps``, ``time-slicing``); for the gpu key under ``mps`` also
+    ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=<memory_mb>M"`` (device 0: the only one the step
+    sees) and ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=<share>`` (a share asked). Under
+    ``time-slicing`` nothing is enforced by the driver: the slice is a promise kept by
+    counting only.
 
     A variable left out here is not the grant's to set: ``respool run`` passes the caller's
     value through (e.g. ``CUDA_VISIBLE_DEVICES`` in a pool without nodes)."""
@@ -41,7 +53,52 @@ def step_env(state: Request) -> dict[str, str]:
         gpus = placed.devices.get(GPU_KEY)
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        env.update(slice_env(placed))
     return env
+
+
+def slice_env(placed: Placement) -> dict[str, str]:
+    """The variables of the slices and isolation of ``placed`` (see :func:`step_env`)."""
+    env: dict[str, str] = {}
+    for key, mode in sorted(placed.isolation.items()):
+        if key in placed.devices:
+            env[f"RESPOOL_{key.upper()}_ISOLATION"] = mode
+    for key, held in sorted(placed.slices.items()):
+        if len(held) != 1:  # a request holds at most one slice, of one device
+            continue
+        ((device, part),) = held.items()
+        name = key.upper()
+        env[f"RESPOOL_{name}_MEMORY_MB"] = str(part.memory_mb)
+        if part.share is not None:
+            env[f"RESPOOL_{name}_SHARE"] = str(part.share)
+        if key != GPU_KEY:
+            continue
+        env["CUDA_VISIBLE_DEVICES"] = device  # that one device, also if devices said more
+        if placed.isolation.get(key) == MPS:
+            # Inside the step its one visible device is device 0.
+            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={part.memory_mb}M"
+            if part.share is not None:
+                env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(part.share)
+    return env
+
+
+def describe_slices(placed: Placement) -> list[str]:
+    """One line per slice held, for people: ``gpu 3: 20480 MiB, 50% of its compute (mps)``;
+    under ``time-slicing`` it says that the driver enforces nothing."""
+    lines = []
+    for key, held in sorted(placed.slices.items()):
+        for device, part in sorted(held.items()):
+            share = "" if part.share is None else f", {part.share}% of its compute"
+            mode = placed.isolation.get(key, "")
+            how = {
+                MPS: "mps: memory and compute limited by the MPS server",
+                TIME_SLICING: "time-slicing: not enforced by the driver, keep within it",
+            }.get(mode, mode)
+            lines.append(
+                f"{key} {device}: a slice of {part.memory_mb} MiB{share}"
+                + (f" ({how})" if how else "")
+            )
+    return lines
 
 
 class Grant:
@@ -78,7 +135,9 @@ class Grant:
         """The variables a step holding this grant runs with (a fresh dict each call):
         ``RESPOOL_REQUEST_ID``, ``RESPOOL_POOL``, ``RESPOOL_ATTEMPT``, ``RESPOOL_RESOURCES``,
         and, placed on a node, ``RESPOOL_NODE``, ``RESPOOL_DEVICES`` and (gpu devices placed)
-        ``CUDA_VISIBLE_DEVICES``: the same that ``respool run`` sets for its command.
+        ``CUDA_VISIBLE_DEVICES``; for a slice of a shared GPU also ``RESPOOL_GPU_MEMORY_MB``,
+        ``RESPOOL_GPU_SHARE`` and under MPS its limits (:func:`step_env`): the same that
+        ``respool run`` sets for its command.
 
         ``os.environ.update(grant.env())`` before starting CUDA makes the process use only
         its own GPUs."""

@@ -73,6 +73,11 @@ class LocalProcess:
     def returncode(self) -> int | None:
         return self.group.proc.returncode
 
+    @property
+    def pgid(self) -> int:
+        """Its process group: what ``respool run`` measures the GPU memory of."""
+        return self.group.pgid
+
     def signal(self, sig: int) -> None:
         self.group.signal(sig)
 

@@ -66,6 +66,8 @@ class PoolSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, k
     ordering: Literal["fifo", "fair"] = "fifo"  # fair share: docs/scheduling.md
     placement: Literal["pack", "spread"] = "pack"  # pools with nodes: docs/placement.md
     rates: dict[str, RateSpec] = {}  # rate keys: docs/rates.md
+    # use above a slice of a shared device: docs/placement.md, "Sharing a GPU"
+    slice_overuse: Literal["report", "terminate"] = "report"
     policies: list[PolicySpec] = []
 
 
@@ -194,6 +196,7 @@ def current_manifest(
                 starvation_seconds=p.starvation_seconds,
                 ordering=p.ordering,
                 placement=p.placement,
+                slice_overuse=p.slice_overuse,
                 rates={
                     k: RateSpec(amount=r.amount, per_seconds=r.per_seconds)
                     for k, r in sorted(p.rates.items())

@@ -17,6 +17,8 @@ __all__ = [
     "amounts",
     "host_node_name",
     "labels",
+    "mebibytes",
+    "percent",
     "selector",
     "split_amount",
     "split_pair",
@@ -24,6 +26,41 @@ __all__ = [
 
 # The built-in label every node carries: its name (docs/placement.md).
 NODE_LABEL = "node"
+
+# A device's memory (docs/placement.md, "Sharing a GPU"), counted in MiB: a whole number of
+# MiB, or a number with the unit MiB, GiB or TiB (also Mi, Gi, Ti; any case).
+_MIB = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(mib|mi|gib|gi|tib|ti)?\s*$", re.IGNORECASE)
+_MIB_PER = {"": 1, "mi": 1, "gi": 1024, "ti": 1024 * 1024}
+SIZE_HINT = "a whole number of MiB (20480), or MiB/GiB/TiB (512MiB, 20GiB)"
+
+
+def mebibytes(text: str, minimum: int = 1) -> int:
+    """A device memory size in MiB: ``"20GiB"`` → 20480, ``"512MiB"`` → 512, ``"20480"`` →
+    20480, ``"1.5GiB"`` → 1536; ``ValueError`` (one line, with the forms taken) for anything
+    else: a decimal unit (``20GB``: GPU memory is counted in MiB), a fraction of a MiB, less
+    than ``minimum``."""
+    m = _MIB.match(text)
+    if not m or (m.group(2) is None and "." in m.group(1)):
+        raise ValueError(f"{text!r} is not a size: give {SIZE_HINT}")
+    unit = (m.group(2) or "").lower().removesuffix("b")
+    whole, _, frac = m.group(1).partition(".")
+    per = _MIB_PER[unit]
+    scale = 10 ** len(frac)
+    units = int(whole) * per * scale + (int(frac) * per if frac else 0)
+    if units % scale:
+        raise ValueError(f"{text!r} is not a whole number of MiB")
+    value: int = units // scale
+    if value < minimum:
+        raise ValueError(f"{text!r}: a size must be at least {minimum} MiB")
+    return value
+
+
+def percent(text: str) -> int:
+    """A compute share in percent, 1 to 100 (``"50"``, ``"50%"``); ``ValueError`` else."""
+    raw = text.strip().removesuffix("%").strip()
+    if not raw.isdigit() or not 1 <= int(raw) <= 100:
+        raise ValueError(f"{text!r} is not a share: give a whole percent from 1 to 100")
+    return int(raw)
 
 
 def split_pair(text: str) -> tuple[str, str]:

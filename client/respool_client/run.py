@@ -10,8 +10,10 @@ wrapper killed while waiting gives its place up. No call retries past ``--timeou
 It runs CMD in a process group of its own (:mod:`respool_client._group`) with the grant's
 variables in its environment (:func:`respool_client.grant.step_env`: ``RESPOOL_REQUEST_ID``,
 ``RESPOOL_POOL``, ``RESPOOL_ATTEMPT``, ``RESPOOL_RESOURCES``, and on a node ``RESPOOL_NODE``,
-``RESPOOL_DEVICES``, ``CUDA_VISIBLE_DEVICES``; rebuilt for every attempt, which may land
-elsewhere), heartbeats and long-polls the request while CMD runs, and:
+``RESPOOL_DEVICES``, ``CUDA_VISIBLE_DEVICES``, and for a slice of a shared GPU its variables;
+rebuilt for every attempt, which may land elsewhere), heartbeats and long-polls the request
+while CMD runs (holding a ``gpu_memory_mb`` slice, each heartbeat carries the GPU memory of
+CMD's group: :mod:`respool_client.usage`), and:
 
 * on ``preempting`` sends SIGTERM to CMD's group, and SIGKILL at the grace deadline (or
   ``--kill-after`` seconds after the SIGTERM);
@@ -50,12 +52,13 @@ from typing import NoReturn, TextIO, TypeVar
 
 from msgspec import UNSET, UnsetType
 from respool_client._async import AsyncRespool
-from respool_client._hold import QUEUE_LEASE, await_grant, start_holding
+from respool_client._hold import QUEUE_LEASE, Usage, await_grant, start_holding
 from respool_client._status import Status
 from respool_client.errors import AllocationTimeout, ApiError, Preempted, Rejected, RespoolError
-from respool_client.grant import Grant
+from respool_client.grant import Grant, describe_slices
 from respool_client.launcher import Launched, Launcher, LocalLauncher, OnOutput
-from respool_client.pairs import host_node_name, split_amount, split_pair
+from respool_client.pairs import host_node_name, mebibytes, percent, split_amount, split_pair
+from respool_client.usage import USAGE_KEY, measure
 from respool_client.wire import GROUP_PATTERN, HOLDING, Request, ResourceSettings
 
 __all__ = [
@@ -110,7 +113,9 @@ def build_parser(prog: str = "respool run") -> argparse.ArgumentParser:
         prog=prog,
         description="Run CMD under a respool allocation: wait for the grant, run CMD with "
         "RESPOOL_REQUEST_ID/POOL/ATTEMPT/RESOURCES set (placed on a node: also RESPOOL_NODE, "
-        "RESPOOL_DEVICES and CUDA_VISIBLE_DEVICES), stop it when preempted, release on exit.",
+        "RESPOOL_DEVICES and CUDA_VISIBLE_DEVICES; a slice of a shared GPU: its one device, "
+        "RESPOOL_GPU_MEMORY_MB/SHARE and the MPS limits, and CMD's GPU memory is reported with "
+        "the heartbeats), stop it when preempted, release on exit.",
         epilog=f"Exit status: CMD's own, or {codes}.\n\nExamples:\n"
         f"  {prog} --subject orchestrator:prod --gpu 2 -- python train.py\n"
         f"  {prog} --subject team:vision --pool a100s --gpu 4 \\\n"
@@ -129,6 +134,12 @@ def build_parser(prog: str = "respool run") -> argparse.ArgumentParser:
     add("--gpu", type=_count, metavar="N", help="GPUs (gpu).")
     add("--cpu", type=_decimal, metavar="X", help="CPUs, e.g. 0.5 (mcpu = ceil(x*1000)).")
     add("--memory", metavar="SIZE", help="Memory, e.g. 8GB or 16GiB (memory_mb).")
+    add("--gpu-memory", type=_gpu_memory, metavar="SIZE",
+        help="A slice of one shared GPU with this much memory (gpu_memory_mb): 20GiB, "
+        "512MiB or MiB as a number.")  # fmt: skip
+    add("--gpu-share", type=_gpu_share, metavar="PERCENT",
+        help="With --gpu-memory: this share of the GPU's compute, 1 to 100 "
+        "(gpu_share).")  # fmt: skip
     add("--resource", "-r", action="append", default=[], type=_amount, metavar="KEY=N",
         help="Any key; repeat for more (tpu=2).")  # fmt: skip
     add("--non-preemptible", action="store_true", help="Never preempted; must fit reserved.")
@@ -211,6 +222,10 @@ def _main(argv: Sequence[str] | None, prog: str) -> int:
         parser.error("no command to run: respool run [options] -- CMD [ARGS...]")
     if not args.subject:
         parser.error("--subject (or RESPOOL_SUBJECT) is required")
+    if args.gpu_share is not None and args.gpu_memory is None:
+        parser.error("--gpu-share: a share is of a slice: give --gpu-memory too")
+    if args.gpu is not None and args.gpu_memory is not None:
+        parser.error("--gpu-memory: whole GPUs (--gpu) or one slice (--gpu-memory), not both")
     try:
         args.node_selector = node_selector(args.selector, args.node, args.here)
     except ValueError as exc:
@@ -440,6 +455,9 @@ class _Runner:
             f"{where} after {waited:.1f} s: {json.dumps(grant.resources, sort_keys=True)}; "
             f"running {self.cmd[0]}"
         )
+        if grant.placement is not None:
+            for line in describe_slices(grant.placement):
+                self.status.say(f"request {grant.request_id}: {line}")
         self.status.holding(lambda: _lease_left(grant))
         try:
             group = await self.launcher.start(self.cmd, env, self.workdir, self.on_output)
@@ -448,7 +466,9 @@ class _Runner:
             return 127, None
         self.group = group
         changes: asyncio.Queue[Request] = asyncio.Queue()
-        hold = start_holding(self.rp, grant, None, None, on_change=changes.put_nowait)
+        hold = start_holding(
+            self.rp, grant, None, None, on_change=changes.put_nowait, usage=_usage(grant, group)
+        )
         if self.stop_signal is not None:  # a signal arrived while CMD was starting
             forward = signal.SIGINT if self.stop_signal == signal.SIGINT else signal.SIGTERM
             self._terminate(self._kill_after(), "stopping", forward)
@@ -575,7 +595,7 @@ class _Runner:
             self.rp.create_request(
                 a.subject,
                 pool=a.pool,
-                resources=dict(a.resource) or None,
+                resources=slice_resources(a) or None,
                 settings=self._settings(),
                 preemptible=not a.non_preemptible,
                 max_retries=a.max_retries,
@@ -654,6 +674,20 @@ class _Runner:
             return EXIT_API
 
 
+def _usage(grant: Grant, group: Launched) -> Usage | None:
+    """What to measure for the heartbeats: a grant holding a slice of a GPU
+    (``gpu_memory_mb``) of a command whose process group is known reports that group's GPU
+    memory (:mod:`respool_client.usage`); else nothing."""
+    pgid = getattr(group, "pgid", None)
+    if USAGE_KEY not in grant.resources or not isinstance(pgid, int):
+        return None
+
+    async def measured() -> dict[str, int] | None:
+        return await measure(pgid)
+
+    return measured
+
+
 def _lease_left(grant: Grant) -> float | None:
     """Seconds until ``grant``'s lease ends unless a heartbeat renews it (None: no lease)."""
     if grant._valid_until is None:
@@ -710,6 +744,8 @@ OPTION_OF_FIELD = {
     "settings.cpu_count": "--cpu",
     "settings.memory": "--memory",
     "resources": "--resource",
+    "resources.gpu_memory_mb": "--gpu-memory",
+    "resources.gpu_share": "--gpu-share",
     "preemptible": "--non-preemptible",
     "max_retries": "--max-retries",
     "lease_seconds": "--lease",
@@ -820,6 +856,31 @@ def _seconds(text: str) -> float:
 
 def _decimal(text: str) -> Decimal:
     return _finite_non_negative(text, Decimal, "a number")
+
+
+def _gpu_memory(text: str) -> int:
+    try:
+        return mebibytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _gpu_share(text: str) -> int:
+    try:
+        return percent(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def slice_resources(args: argparse.Namespace) -> dict[str, int]:
+    """The request's resources: ``--resource`` pairs, and ``--gpu-memory`` / ``--gpu-share`` as
+    ``gpu_memory_mb`` / ``gpu_share`` (docs/placement.md, "Sharing a GPU")."""
+    out = dict(args.resource)
+    for option, key in (("gpu_memory", "gpu_memory_mb"), ("gpu_share", "gpu_share")):
+        value = getattr(args, option, None)
+        if value is not None:
+            out[key] = value
+    return out
 
 
 def _amount(text: str) -> tuple[str, int]:

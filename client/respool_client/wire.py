@@ -39,6 +39,7 @@ __all__ = [
     "Placement",
     "PlacementMode",
     "Slice",
+    "SliceOveruse",
     "AgentHeartbeat",
     "AgentHeartbeatAnswer",
     "AgentJobs",
@@ -71,6 +72,7 @@ __all__ = [
     "RequestBatch",
     "RequestBatchCreate",
     "RequestCreate",
+    "RequestHeartbeat",
     "RequestPage",
     "RequestTerminate",
     "ResourceSettings",
@@ -115,6 +117,7 @@ Reason = Literal[
     "node_drain",  # its node is draining (docs/placement.md)
     "node_removed",  # its node was deleted or moved to another pool with force
     "terminated",  # an admin terminated it (docs/preemption.md)
+    "over_slice",  # it used more than its slice and its pool terminates that (docs/placement.md)
     "retry",
     # jobs (docs/jobs.md): queued again after a lease lapsed / never claimed on a lost node;
     # released by a restarted agent whose job's processes were gone
@@ -130,6 +133,8 @@ PlacementMode = Literal["pack", "spread"]
 NodeState = Literal["active", "cordoned", "draining"]
 # How slices of a shared device are kept apart (docs/placement.md, "Sharing a GPU")
 SharingMode = Literal["mps", "time-slicing"]
+# What a pool does about use above a slice of a shared device (docs/placement.md)
+SliceOveruse = Literal["report", "terminate"]
 
 # --- answers ---------------------------------------------------------------------------------
 
@@ -162,6 +167,7 @@ class Pool(msgspec.Struct, frozen=True):
     placement: PlacementMode = "pack"  # pools with nodes (docs/placement.md)
     nodes: int = 0  # how many nodes back the pool; 0: abstract units
     rates: dict[str, Rate] = {}  # rate keys (docs/rates.md), not in capacity
+    slice_overuse: SliceOveruse = "report"  # use above a slice (docs/placement.md)
 
 
 class Slice(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -535,6 +541,8 @@ class PoolCreate(_Body):
     placement: PlacementMode = "pack"
     # rate keys (docs/rates.md): their units come back with time, not on release
     rates: Annotated[dict[str, RateSpec], _RATES] = {}
+    # use above a slice of a shared device: an event (report), or also the end of the holding
+    slice_overuse: SliceOveruse = "report"
 
 
 class PoolUpdate(_Body):
@@ -549,6 +557,7 @@ class PoolUpdate(_Body):
     ordering: Ordering | UnsetType = UNSET
     placement: PlacementMode | UnsetType = UNSET
     rates: Annotated[dict[str, RateChange | None] | UnsetType, _RATES] = UNSET
+    slice_overuse: SliceOveruse | UnsetType = UNSET
 
 
 class PolicyCreate(_Body):
@@ -688,6 +697,25 @@ class RequestTerminate(_Body):
 
     force: bool = False
     reason: Annotated[str, _declare(max_length=MAX_DESCRIPTION, pattern=_NO_NUL)] = ""
+
+
+# A heartbeat's usage: MiB used per <K>_memory_mb key (the memory of a slice of device key K).
+USAGE_KEY_PATTERN = "^[a-z][a-z0-9_]*_memory_mb$"
+
+
+class RequestHeartbeat(_Body):
+    """Optional body of ``POST /v1/requests/{id}/heartbeat``: ``usage``, what the holder of a
+    slice of a shared device uses now, ``{"gpu_memory_mb": 18000}`` (docs/placement.md,
+    "Sharing a GPU"). The engine names a bad key or amount (``usage.gpu_memory_mb``)."""
+
+    usage: Annotated[
+        dict[str, int] | None,
+        _declare(
+            max_properties=MAX_KEYS,
+            property_names={"pattern": USAGE_KEY_PATTERN, "maxLength": 63},
+            additional_properties={"type": "integer", "minimum": 0, "maximum": MAX_AMOUNT},
+        ),
+    ] = None
 
 
 class RequestBatchCreate(_Body):

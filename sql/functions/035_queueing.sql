@@ -26,8 +26,10 @@ DECLARE
     r respool.requests;
 BEGIN
     r := respool._set_status(p_request_id, 'preempted', p_reason, p_message, p_now);
-    -- A terminated request is never requeued (docs/preemption.md, "Terminate").
-    IF r.attempt <= r.max_retries AND p_reason IS DISTINCT FROM 'terminated' THEN
+    -- A terminated request is never requeued (docs/preemption.md, "Terminate"), nor one its pool
+    -- ended for using more than its slice (over_slice, docs/placement.md, "Sharing a GPU").
+    IF r.attempt <= r.max_retries AND p_reason IS DISTINCT FROM 'terminated'
+       AND p_reason IS DISTINCT FROM 'over_slice' THEN
         UPDATE respool.requests
            SET attempt = attempt + 1,
                pool_id = CASE WHEN cardinality(candidate_pool_ids) = 1 THEN pool_id END,
@@ -50,7 +52,7 @@ BEGIN
     RETURN r;
 END $$;
 COMMENT ON FUNCTION respool._after_preemption(uuid, text, text, timestamptz) IS
-    'Marks a freed victim preempted and, while attempt <= max_retries and unless p_reason is terminated (an admin ended it: docs/preemption.md, "Terminate"), requeues it (attempt + 1, original queue time); a gang member is requeued with its gang, which queues once no member holds units (docs/scheduling.md, gangs).';
+    'Marks a freed victim preempted and, while attempt <= max_retries and unless p_reason is terminated (an admin ended it: docs/preemption.md, "Terminate") or over_slice (its pool ended it for using more than its slice: docs/placement.md, "Sharing a GPU"), requeues it (attempt + 1, original queue time); a gang member is requeued with its gang, which queues once no member holds units (docs/scheduling.md, gangs).';
 
 CREATE OR REPLACE FUNCTION respool._reject_unfittable(p_request_id uuid, p_now timestamptz)
 RETURNS respool.requests LANGUAGE plpgsql AS $$

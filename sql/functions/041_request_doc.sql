@@ -13,10 +13,13 @@ COMMENT ON FUNCTION respool._placement_doc(uuid) IS 'Where a holding request is 
 
 CREATE OR REPLACE FUNCTION respool._request_doc(r respool.requests, p_position bigint, p_message text,
                                                 p_eta jsonb)
-RETURNS json LANGUAGE sql STABLE AS $$
+RETURNS json LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- PL/pgSQL, not SQL: its sub-selects keep a SQL function from being inlined, and before
+    -- PostgreSQL 18 a SQL function's body is planned again on every call (every answer).
     -- json, not jsonb: built as text in one go (a page of 1,000 is aggregated with json_agg and
     -- sent as it is; jsonb took three times as long to build and print).
-    SELECT json_build_object(
+    RETURN json_build_object(
         'id', r.id, 'subject', r.subject, 'pool', r.pool_name, 'pool_id', r.pool_id,
         'policy_id', r.policy_id, 'resources', r.resources, 'preemptible', r.preemptible,
         'priority', r.priority, 'status', r.status, 'reason', r.reason, 'message', coalesce(p_message, ''),
@@ -38,8 +41,8 @@ RETURNS json LANGUAGE sql STABLE AS $$
                    'claimed', CASE WHEN r.claimed_attempt IS NOT NULL THEN json_build_object(
                        'node', (SELECT n.name FROM respool.nodes n WHERE n.id = r.claimed_node_id),
                        'attempt', r.claimed_attempt, 'at', r.claimed_at) END) END,
-        'exit_code', r.exit_code)
-$$;
+        'exit_code', r.exit_code);
+END $$;
 COMMENT ON FUNCTION respool._request_doc(respool.requests, bigint, text, jsonb) IS 'The one JSON shape of a request as the API shows it, from its row, its placement (respool._placement_doc, while it holds units; after, last_placement, where it held units the last time) and the computed queue position, message (NULL: empty) and ETA: shared by the one-request read (as jsonb) and the page read (json_agg), so both give the same document.';
 
 CREATE OR REPLACE FUNCTION respool._request_json(p_id uuid)

@@ -6,10 +6,93 @@
 -- the old one, or calls by name would be ambiguous.
 DROP FUNCTION IF EXISTS respool.heartbeat_request(uuid, integer, timestamptz);
 DROP FUNCTION IF EXISTS respool.heartbeat_request(uuid, integer, timestamptz, integer);
+DROP FUNCTION IF EXISTS respool.heartbeat_request(uuid, integer, timestamptz, integer, integer);
+CREATE OR REPLACE FUNCTION respool._check_usage(p_usage jsonb)
+RETURNS void LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    k text;
+    v jsonb;
+BEGIN
+    IF p_usage IS NULL OR jsonb_typeof(p_usage) = 'null' THEN
+        RETURN;
+    END IF;
+    IF jsonb_typeof(p_usage) <> 'object' THEN
+        PERFORM respool._fail('RP400', 'usage',
+                              'usage must be an object of <key>_memory_mb to the MiB used, e.g. {"gpu_memory_mb": 20480}');
+    END IF;
+    IF (SELECT count(*) FROM jsonb_object_keys(p_usage)) > respool._max_keys() THEN
+        PERFORM respool._fail('RP400', 'usage', format('usage: at most %s keys', respool._max_keys()));
+    END IF;
+    FOR k, v IN SELECT key, value FROM jsonb_each(p_usage) ORDER BY key LOOP
+        IF k !~ respool._key_pattern() OR k !~ '^[a-z][a-z0-9_]*_memory_mb$' THEN
+            PERFORM respool._fail('RP400', 'usage.' || left(k, 64), format(
+                'usage.%s: not a <K>_memory_mb key (the memory of a slice of device key K, e.g. gpu_memory_mb)',
+                left(k, 64)));
+        END IF;
+        IF jsonb_typeof(v) <> 'number' OR v::text !~ '^[0-9]{1,16}$' OR v::text::bigint > respool._max_amount() THEN
+            PERFORM respool._fail('RP400', 'usage.' || k, format(
+                'usage.%s must be a whole number of MiB from 0 to %s, got %s', k, respool._max_amount(), left(v::text, 40)));
+        END IF;
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION respool._check_usage(jsonb) IS 'Validates a heartbeat''s usage (NULL: none): an object of at most _max_keys() <K>_memory_mb keys, each a whole number of MiB from 0 to _max_amount(); RP400 naming usage or usage.<key>.';
+
+CREATE OR REPLACE FUNCTION respool._report_usage(p_id uuid, p_attempt integer, p_usage jsonb, p_now timestamptz)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    r respool.requests;
+    u record;
+    v_crossed text[] := '{}';
+    v_message text;
+BEGIN
+    SELECT * INTO r FROM respool.requests WHERE id = p_id;
+    IF NOT FOUND OR r.status <> 'allocated' OR r.attempt <> coalesce(p_attempt, r.attempt) THEN
+        RETURN;
+    END IF;
+    -- Above a slice: decide under the pool and request locks (lock order: pools, then the
+    -- request), so two reports never both see the crossing and a termination can follow.
+    IF EXISTS (SELECT FROM jsonb_each_text(p_usage) x
+                WHERE r.resources ? x.key AND x.value::bigint > (r.resources ->> x.key)::bigint) THEN
+        r := respool._lock_request(p_id, p_attempt);
+        IF r.status <> 'allocated' THEN
+            RETURN;
+        END IF;
+    END IF;
+    -- Only the keys the request asked (its own resources): a key it holds no slice of is ignored.
+    FOR u IN SELECT x.key, x.value::bigint AS used, (r.resources ->> x.key)::bigint AS slice,
+                    coalesce(s.over AND s.attempt = r.attempt, false) AS was_over
+               FROM jsonb_each_text(p_usage) x
+               LEFT JOIN respool.slice_use s ON s.request_id = p_id AND s.key = x.key
+              WHERE r.resources ? x.key
+              ORDER BY x.key LOOP
+        INSERT INTO respool.slice_use AS s (request_id, key, attempt, used, slice, over, reported_at)
+        VALUES (p_id, u.key, r.attempt, u.used, u.slice, u.used > u.slice, p_now)
+        ON CONFLICT (request_id, key) DO UPDATE
+           SET attempt = excluded.attempt, used = excluded.used, slice = excluded.slice,
+               over = excluded.over, reported_at = excluded.reported_at;
+        IF u.used > u.slice AND NOT u.was_over THEN  -- a crossing: once until it drops back
+            v_crossed := v_crossed || format('%s %s MiB used, above its slice of %s MiB', u.key, u.used, u.slice);
+        END IF;
+    END LOOP;
+    IF cardinality(v_crossed) = 0 THEN
+        RETURN;
+    END IF;
+    v_message := 'over its slice: ' || array_to_string(v_crossed, ', ');
+    -- An event without a status change, as a settlement's (039_rates.sql).
+    INSERT INTO respool.events (request_id, at, from_status, to_status, reason, attempt, message)
+    VALUES (p_id, p_now, 'allocated', 'allocated', 'over_slice', r.attempt, v_message);
+    IF (SELECT slice_overuse FROM respool.pools WHERE id = r.pool_id) = 'terminate' THEN
+        PERFORM respool._terminate_holding(p_id, 'over_slice', v_message || '; its pool terminates slice overuse',
+                                           format('gang %s: member %s was over its slice', r.gang_id, p_id), p_now);
+    END IF;
+END $$;
+COMMENT ON FUNCTION respool._report_usage(uuid, integer, jsonb, timestamptz) IS 'A holder''s reported use of its slices, for an allocated request on p_attempt (else nothing): per <K>_memory_mb key the request asked (others are ignored), respool.slice_use keeps the last report. Use above the slice that was not above at the previous report of the attempt (a crossing) records one over_slice event (from and to allocated), under the pool and request locks; when the pool''s slice_overuse is terminate, the holder and its gang are also terminated, reason over_slice (respool._terminate_holding).';
+
 CREATE OR REPLACE FUNCTION respool.heartbeat_request(p_id uuid, p_attempt integer DEFAULT NULL,
                                                      p_now timestamptz DEFAULT now(),
                                                      p_lease_seconds integer DEFAULT NULL,
-                                                     p_queue_lease_seconds integer DEFAULT NULL)
+                                                     p_queue_lease_seconds integer DEFAULT NULL,
+                                                     p_usage jsonb DEFAULT NULL)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     r respool.requests;
@@ -22,6 +105,7 @@ BEGIN
         PERFORM respool._fail('RP400', 'queue_lease_seconds',
                               'queue_lease_seconds must be between 1 and ' || respool._max_seconds());
     END IF;
+    PERFORM respool._check_usage(p_usage);
     SELECT * INTO r FROM respool.requests WHERE id = p_id;
     IF FOUND AND r.status = 'allocated' AND r.lease_expires_at <= p_now
        AND respool.leases_may_lapse() THEN
@@ -41,6 +125,11 @@ BEGIN
     IF p_attempt IS NOT NULL AND p_attempt <> r.attempt THEN
         PERFORM respool._fail('RP409', 'attempt', format(
             'stale attempt %s: request %s is on attempt %s', p_attempt, p_id, r.attempt));
+    END IF;
+    IF r.status = 'allocated' AND p_usage IS NOT NULL AND p_usage <> '{}' AND jsonb_typeof(p_usage) = 'object' THEN
+        -- Before the lease update, which locks the request row: a crossing locks the pools first.
+        PERFORM respool._report_usage(p_id, p_attempt, p_usage, p_now);
+        SELECT * INTO r FROM respool.requests WHERE id = p_id;  -- terminated: no lease to renew
     END IF;
     v_seconds := coalesce(p_lease_seconds, r.lease_seconds);
     -- No FOR UPDATE here: a lock on a queued request would make a concurrent allocation pass
@@ -67,7 +156,7 @@ BEGIN
     END IF;
     RETURN respool.request_json(p_id);
 END $$;
-COMMENT ON FUNCTION respool.heartbeat_request(uuid, integer, timestamptz, integer, integer) IS 'Allocated: the lease becomes now + p_lease_seconds (default: the request''s lease_seconds; none without one, nor for a job not yet claimed), locking only the request row; a lapsed lease is expired as the reconciler would (a job with retries left is requeued), never revived. Queued: the queue lease (respool.queue_leases) becomes now + p_queue_lease_seconds, the request row unlocked; when it lapses the request is cancelled (abandoned). RP400 for a bad length, RP404, RP409 for a stale p_attempt. Returns the request.';
+COMMENT ON FUNCTION respool.heartbeat_request(uuid, integer, timestamptz, integer, integer, jsonb) IS 'Allocated: the lease becomes now + p_lease_seconds (default: the request''s lease_seconds; none without one, nor for a job not yet claimed), locking only the request row; a lapsed lease is expired as the reconciler would (a job with retries left is requeued), never revived. p_usage: use of its slices (respool._report_usage). Queued: the queue lease (respool.queue_leases) becomes now + p_queue_lease_seconds, the request row unlocked; when it lapses the request is cancelled (abandoned). RP400 for a bad length, RP404, RP409 for a stale p_attempt. Returns the request.';
 
 CREATE OR REPLACE FUNCTION respool._expire_one(p_id uuid, p_reason text, p_message text, p_now timestamptz)
 RETURNS integer LANGUAGE plpgsql AS $$

@@ -1,7 +1,10 @@
 -- Terminate (docs/preemption.md, "Terminate"): an admin ends a request, as a preemption would,
--- and it is never requeued. The rules are in the COMMENT of respool.terminate_request.
+-- and it is never requeued. The rules are in the COMMENT of respool.terminate_request. The same
+-- machinery ends a holder whose pool terminates slice overuse (reason over_slice,
+-- respool._report_usage: docs/placement.md, "Sharing a GPU").
 
-CREATE OR REPLACE FUNCTION respool._terminate_member(p_id uuid, p_message text, p_now timestamptz)
+CREATE OR REPLACE FUNCTION respool._terminate_member(p_id uuid, p_message text, p_now timestamptz,
+                                                     p_reason text DEFAULT 'terminated')
 RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     r respool.requests;
@@ -13,14 +16,41 @@ BEGIN
     IF v_grace > 0 THEN
         UPDATE respool.requests SET preempt_deadline = p_now + make_interval(secs => v_grace)
          WHERE id = p_id;
-        PERFORM respool._set_status(p_id, 'preempting', 'terminated',
-                                    p_message || format('; release within %s s', v_grace), p_now);
+        IF p_reason = 'over_slice' THEN
+            PERFORM respool._set_status(p_id, 'preempting', 'over_slice',
+                                        p_message || format('; release within %s s', v_grace), p_now);
+        ELSE
+            PERFORM respool._set_status(p_id, 'preempting', 'terminated',
+                                        p_message || format('; release within %s s', v_grace), p_now);
+        END IF;
         RETURN 'preempting';
     END IF;
     PERFORM respool._unplace(p_id);
+    IF p_reason = 'over_slice' THEN
+        RETURN (respool._after_preemption(p_id, 'over_slice', p_message, p_now)).status;
+    END IF;
     RETURN (respool._after_preemption(p_id, 'terminated', p_message, p_now)).status;
 END $$;
-COMMENT ON FUNCTION respool._terminate_member(uuid, text, timestamptz) IS 'Terminates one allocated request of a pool the caller has locked (preemptible or not): with the pool''s grace period it goes to preempting (reason terminated, deadline now + grace) and keeps its units until release or deadline; without, its units are freed and it becomes preempted with reason terminated (never requeued: respool._after_preemption). The caller grants the pool''s queue. Returns the new status.';
+COMMENT ON FUNCTION respool._terminate_member(uuid, text, timestamptz, text) IS 'Terminates one allocated request of a pool the caller has locked (preemptible or not) with p_reason (terminated, or over_slice): with the pool''s grace period it goes to preempting (deadline now + grace) and keeps its units until release or deadline; without, its units are freed and it becomes preempted (never requeued: respool._after_preemption). The caller grants the pool''s queue. Returns the new status.';
+
+CREATE OR REPLACE FUNCTION respool._terminate_holding(p_id uuid, p_reason text, p_message text,
+                                                      p_follower text, p_now timestamptz)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    r respool.requests;
+    m record;
+BEGIN
+    SELECT * INTO r FROM respool.requests WHERE id = p_id;
+    -- The whole gang goes, as for a preemption (members hold units in one pool, locked by the caller).
+    FOR m IN SELECT q.id FROM respool.requests q
+              WHERE (q.id = p_id OR q.gang_id = r.gang_id) AND q.status = 'allocated'
+              ORDER BY q.id FOR UPDATE LOOP
+        PERFORM respool._terminate_member(m.id, CASE WHEN m.id = p_id THEN p_message ELSE p_follower END,
+                                          p_now, p_reason);
+    END LOOP;
+    PERFORM respool.allocate_pool(r.pool_id, p_now);
+END $$;
+COMMENT ON FUNCTION respool._terminate_holding(uuid, text, text, text, timestamptz) IS 'Ends an allocated request whose pool and row the caller has locked, with its whole gang (members get p_follower as message), as respool._terminate_member does with p_reason; then grants the pool''s queue in the same transaction.';
 
 CREATE OR REPLACE FUNCTION respool.terminate_request(p_id uuid, p_force boolean DEFAULT false,
                                                     p_reason text DEFAULT '',
@@ -53,14 +83,7 @@ BEGIN
             PERFORM respool._fail('RP409', 'force', format(
                 'request %s is not preemptible: terminate it with force', p_id));
         END IF;
-        -- The whole gang goes, as for a preemption (members hold units in one pool, locked above).
-        FOR m IN SELECT q.id FROM respool.requests q
-                  WHERE (q.id = p_id OR q.gang_id = r.gang_id) AND q.status = 'allocated'
-                  ORDER BY q.id FOR UPDATE LOOP
-            PERFORM respool._terminate_member(m.id, CASE WHEN m.id = p_id THEN v_message ELSE v_follower END,
-                                              p_now);
-        END LOOP;
-        PERFORM respool.allocate_pool(r.pool_id, p_now);
+        PERFORM respool._terminate_holding(p_id, 'terminated', v_message, v_follower, p_now);
     ELSIF r.status = 'preempting' AND coalesce(p_force, false) THEN
         -- Preempted at once: the units of the request and of its gang members still in their
         -- grace period are freed; members already queued again (after an earlier preemption)

@@ -8,6 +8,7 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
         'id', p.id, 'name', p.name, 'description', p.description, 'queueing', p.queueing,
         'preemption_grace_seconds', p.preemption_grace_seconds,
         'starvation_seconds', p.starvation_seconds, 'ordering', p.ordering, 'placement', p.placement,
+        'slice_overuse', p.slice_overuse,
         'nodes', (SELECT count(*) FROM respool.nodes WHERE pool_id = p.id),
         -- rate keys (docs/rates.md) under rates; their usage is the sum of the charges inside the window
         'capacity', coalesce((SELECT jsonb_object_agg(pr.key, pr.capacity) FROM respool.pool_resources pr
@@ -24,7 +25,7 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
         'created_at', p.created_at, 'updated_at', p.updated_at)
       FROM respool.pools p WHERE p.id = p_id
 $$;
-COMMENT ON FUNCTION respool.pool_json(uuid) IS 'A pool as the API shows it: settings (queueing, grace, starvation guard, ordering, placement), capacity (derived from its nodes when it has any; rate keys apart, under rates), usage (allocated per key; a rate key''s: inside its window now), rates, queued count and how many nodes back it.';
+COMMENT ON FUNCTION respool.pool_json(uuid) IS 'A pool as the API shows it: settings (queueing, grace, starvation guard, ordering, placement, slice_overuse), capacity (derived from its nodes when it has any; rate keys apart, under rates), usage (allocated per key; a rate key''s: inside its window now), rates, queued count and how many nodes back it.';
 
 CREATE OR REPLACE FUNCTION respool.get_pool(p_ref text)
 RETURNS jsonb LANGUAGE sql STABLE AS $$ SELECT respool.pool_json(respool.resolve_pool(p_ref)) $$;
@@ -163,7 +164,8 @@ CREATE OR REPLACE FUNCTION respool.create_pool(p_name text, p_capacity jsonb DEF
                                                p_starvation_seconds integer DEFAULT 300,
                                                p_ordering text DEFAULT 'fifo',
                                                p_placement text DEFAULT 'pack',
-                                               p_rates jsonb DEFAULT NULL)
+                                               p_rates jsonb DEFAULT NULL,
+                                               p_slice_overuse text DEFAULT 'report')
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     v_id uuid;
@@ -182,12 +184,13 @@ BEGIN
     END IF;
     PERFORM respool._pool_settings(p_description, p_queueing, p_preemption_grace_seconds,
                                    p_starvation_seconds, p_ordering, p_placement);
+    PERFORM respool._check_one_of('slice_overuse', p_slice_overuse, 'report', 'terminate');
     BEGIN
         INSERT INTO respool.pools (name, description, queueing, preemption_grace_seconds, starvation_seconds,
-                                   ordering, placement, created_at, updated_at)
+                                   ordering, placement, slice_overuse, created_at, updated_at)
         VALUES (p_name, coalesce(p_description, ''), coalesce(p_queueing, 'best_effort'),
                 coalesce(p_preemption_grace_seconds, 0), p_starvation_seconds, coalesce(p_ordering, 'fifo'),
-                coalesce(p_placement, 'pack'), p_now, p_now)
+                coalesce(p_placement, 'pack'), coalesce(p_slice_overuse, 'report'), p_now, p_now)
         RETURNING id INTO v_id;
     EXCEPTION WHEN unique_violation THEN
         PERFORM respool._fail('RP409', 'name', format('pool %s already exists', p_name));
@@ -197,8 +200,8 @@ BEGIN
     PERFORM respool._set_rates(v_id, p_rates, v_capacity, p_now);  -- rate keys (039_rates.sql)
     RETURN respool.pool_json(v_id);
 END $$;
-COMMENT ON FUNCTION respool.create_pool(text, jsonb, text, text, integer, timestamptz, integer, text, text, jsonb) IS
-    'Creates a pool (RP400 on bad fields or a UUID name, RP409 on a taken name or a name that is an existing pool''s id prefix); zero capacities are dropped; p_starvation_seconds NULL turns the starvation guard off; p_placement (pack, spread) chooses nodes once nodes back it (docs/placement.md); p_rates declares rate keys (respool._set_rates).';
+COMMENT ON FUNCTION respool.create_pool(text, jsonb, text, text, integer, timestamptz, integer, text, text, jsonb, text) IS
+    'Creates a pool (RP400 on bad fields or a UUID name, RP409 on a taken name or a name that is an existing pool''s id prefix); zero capacities are dropped; p_starvation_seconds NULL turns the starvation guard off; p_placement (pack, spread) chooses nodes once nodes back it (docs/placement.md); p_rates declares rate keys (respool._set_rates); p_slice_overuse (report, terminate) is what use above a slice of a shared device does (respool._report_usage).';
 
 CREATE OR REPLACE FUNCTION respool.update_pool(p_ref text, p_capacity jsonb DEFAULT NULL,
                                                p_description text DEFAULT NULL,
@@ -209,7 +212,8 @@ CREATE OR REPLACE FUNCTION respool.update_pool(p_ref text, p_capacity jsonb DEFA
                                                p_starvation_off boolean DEFAULT false,
                                                p_ordering text DEFAULT NULL,
                                                p_placement text DEFAULT NULL,
-                                               p_rates jsonb DEFAULT NULL)
+                                               p_rates jsonb DEFAULT NULL,
+                                               p_slice_overuse text DEFAULT NULL)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     v_id uuid := respool.resolve_pool(p_ref);
@@ -220,6 +224,7 @@ DECLARE
 BEGIN
     PERFORM respool._pool_settings(p_description, p_queueing, p_preemption_grace_seconds,
                                    p_starvation_seconds, p_ordering, p_placement);
+    PERFORM respool._check_one_of('slice_overuse', p_slice_overuse, 'report', 'terminate');
     PERFORM respool._lock_pools(ARRAY[v_id]);
     IF v_changes <> '{}' AND EXISTS (SELECT FROM respool.nodes WHERE pool_id = v_id) THEN
         -- docs/placement.md: the capacity of a pool with nodes is the sum over its nodes.
@@ -252,13 +257,14 @@ BEGIN
                                      ELSE coalesce(p_starvation_seconds, starvation_seconds) END,
            ordering = coalesce(p_ordering, ordering),
            placement = coalesce(p_placement, placement),
+           slice_overuse = coalesce(p_slice_overuse, slice_overuse),
            updated_at = p_now
      WHERE id = v_id;
     PERFORM respool._settle_pool(v_id, NULL, p_now);
     RETURN respool.pool_json(v_id);
 END $$;
-COMMENT ON FUNCTION respool.update_pool(text, jsonb, text, text, integer, timestamptz, integer, boolean, text, text, jsonb) IS
-    'Updates a pool: capacity merges (0 removes a key), rates merge (null removes one), RP409 if reserved shares would exceed it (naming the policies and saying to detach or shrink them first) or the pool is backed by nodes (its capacity is theirs); queued requests that can never fit are rejected and what fits is granted, in one transaction. Usage above a shrunk capacity is left to the reconciler. NULL arguments keep a field; p_starvation_off turns the starvation guard off.';
+COMMENT ON FUNCTION respool.update_pool(text, jsonb, text, text, integer, timestamptz, integer, boolean, text, text, jsonb, text) IS
+    'Updates a pool: capacity merges (0 removes a key), rates merge (null removes one), p_slice_overuse applies from the next crossing of a slice, RP409 if reserved shares would exceed it (naming the policies and saying to detach or shrink them first) or the pool is backed by nodes (its capacity is theirs); queued requests that can never fit are rejected and what fits is granted, in one transaction. Usage above a shrunk capacity is left to the reconciler. NULL arguments keep a field; p_starvation_off turns the starvation guard off.';
 
 CREATE OR REPLACE FUNCTION respool.delete_pool(p_ref text, p_force boolean DEFAULT false,
                                                p_now timestamptz DEFAULT now())

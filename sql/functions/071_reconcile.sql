@@ -69,8 +69,8 @@ BEGIN
                  WHERE pool_id = p_pool_id AND status = 'preempting' AND preempt_deadline <= p_now
                  ORDER BY preempt_deadline, id FOR UPDATE LOOP
         PERFORM respool._unplace(v_id);
-        IF v_reason = 'terminated' THEN  -- an admin ended it: it stays ended (047_terminate.sql)
-            PERFORM respool._after_preemption(v_id, 'terminated',
+        IF v_reason IN ('terminated', 'over_slice') THEN  -- ended for good (047_terminate.sql)
+            PERFORM respool._after_preemption(v_id, v_reason,
                                               regexp_replace(v_message, '; release within \d+ s$', '')
                                               || '; the grace period ended before the client released', p_now);
         ELSE
@@ -81,7 +81,7 @@ BEGIN
     END LOOP;
     RETURN n;
 END $$;
-COMMENT ON FUNCTION respool._finish_grace(uuid, timestamptz) IS 'Victims whose grace deadline passed lose their units and become preempted (or requeued) with reason grace_expired; a terminated one (reason terminated, 047_terminate.sql) keeps its reason and admin''s message and is never requeued. The units go to the earmark holders first.';
+COMMENT ON FUNCTION respool._finish_grace(uuid, timestamptz) IS 'Victims whose grace deadline passed lose their units and become preempted (or requeued) with reason grace_expired; a terminated one (reason terminated or over_slice, 047_terminate.sql) keeps its reason and message and is never requeued. The units go to the earmark holders first.';
 
 CREATE OR REPLACE FUNCTION respool._drop_stale_earmarks(p_pool_id uuid, p_now timestamptz)
 RETURNS integer LANGUAGE plpgsql AS $$

@@ -74,10 +74,21 @@ SELECT e.id, e.at, r.pool_name AS pool, e.to_status, e.reason,
         OR (e.to_status = 'preempted' AND NOT EXISTS (
             SELECT FROM respool.events n WHERE n.request_id = e.request_id
                AND n.id > e.id AND n.from_status = 'preempted'))) AS final,
-       CASE WHEN e.to_status = 'allocated' THEN extract(epoch FROM e.at - (
+       CASE WHEN e.to_status = 'allocated' AND e.from_status IS DISTINCT FROM 'allocated' THEN extract(epoch FROM e.at - (
             SELECT q.at FROM respool.events q WHERE q.request_id = e.request_id
                AND q.id < e.id AND q.to_status = 'queued'
              ORDER BY q.id DESC LIMIT 1))::double precision END AS wait_seconds
   FROM respool.events e JOIN respool.requests r ON r.id = e.request_id
  WHERE e.at >= $1
  ORDER BY e.id;
+
+-- slice_overuse_rows --
+-- Per pool and <K>_memory_mb key: holders whose last reported use is above their slice now, and
+-- by how many MiB in all (docs/placement.md, "Sharing a GPU").
+SELECT r.pool_name AS pool, s.key, count(*) FILTER (WHERE s.over) AS holders,
+       coalesce(sum(s.used - s.slice) FILTER (WHERE s.over), 0) AS over_mb
+  FROM respool.slice_use s
+  JOIN respool.requests r ON r.id = s.request_id AND r.attempt = s.attempt
+ WHERE r.status IN ('allocated', 'preempting') AND r.pool_name IS NOT NULL
+ GROUP BY r.pool_name, s.key
+ ORDER BY r.pool_name, s.key;

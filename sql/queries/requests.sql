@@ -51,9 +51,9 @@ SELECT respool.terminate_request(p_id => $1, p_force => $2, p_reason => $3);
 -- heartbeat_request --
 -- Heartbeat: extend an allocated request's lease to now + $3 seconds (NULL: the request's
 -- lease_seconds), or set a queued request's queue lease to now + $4 seconds (NULL: the same as
--- the lease); $2 fences a stale attempt.
+-- the lease); $2 fences a stale attempt; $5 the holder's use of its slices (NULL: none).
 SELECT respool.heartbeat_request(p_id => $1, p_attempt => $2, p_lease_seconds => $3,
-                                 p_queue_lease_seconds => $4);
+                                 p_queue_lease_seconds => $4, p_usage => $5);
 
 -- delete_request --
 -- Delete a terminal request (its events stay: history is append-only).

@@ -26,7 +26,7 @@ SELECT a.request_id, r.pool_name AS pool, r.subject, a.attempt, r.preemptible, r
            AND e.to_status NOT IN ('allocated', 'preempting')
          ORDER BY e.id
          LIMIT 1) x ON true
- WHERE a.to_status = 'allocated'
+ WHERE a.to_status = 'allocated' AND a.from_status IS DISTINCT FROM 'allocated'  -- not an over_slice note
  ORDER BY a.at, a.request_id;
 COMMENT ON VIEW respool.allocation_intervals IS
     'One row per time a request held units: from its allocated event to the event that ended the holding (released, preempted, expired, cancelled). A preempting request still holds. ended_at is NULL while it holds.';
@@ -61,7 +61,7 @@ SELECT a.request_id, r.pool_name AS pool, r.subject, a.attempt, r.preemptible,
          WHERE e.request_id = a.request_id AND e.id < a.id AND e.to_status = 'queued'
          ORDER BY e.id DESC
          LIMIT 1) q
- WHERE a.to_status = 'allocated'
+ WHERE a.to_status = 'allocated' AND a.from_status IS DISTINCT FROM 'allocated'  -- not an over_slice note
  ORDER BY a.at, a.request_id;
 COMMENT ON VIEW respool.request_waits IS
     'One row per grant: how long the request waited since it (re-)entered the queue. A request granted at creation waited 0 s; requests still queued are in respool.queue, not here.';

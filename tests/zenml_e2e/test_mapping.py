@@ -205,3 +205,10 @@ def test_on_one_pool_the_subjects_own_policy_wins_over_a_pattern() -> None:
     # gpus: the exact policy (priority 0), else prod* (4); cpus: prod*, the longer prefix (3).
     assert zm.candidate_pools("orchestrator:prod", policies) == ["cpus", "big", "gpus"]
     assert zm.candidate_pools("orchestrator:prod-2", policies) == ["gpus", "cpus", "big"]
+
+
+def test_a_slice_of_a_shared_gpu_is_named_resources() -> None:
+    # ResourceSettings(resources={"gpu_memory_mb": 20480, "gpu_share": 50}) (docs/zenml.md,
+    # "A slice of a shared GPU"): the keys pass through as they are.
+    demands = [D(20480, resource="gpu_memory_mb"), D(50, resource="gpu_share")]
+    assert zm.demands_to_resources(demands) == {"gpu_memory_mb": 20480, "gpu_share": 50}

@@ -1,0 +1,90 @@
+"""Shared GPUs of a node through the command line and the server (docs/cli.md, "Shared GPUs";
+docs/placement.md, "Sharing a GPU"): ``node add --sharing/--device-memory/--reserved-memory``
+and ``node register --detect --sharing`` send the node's ``sharing``, ``device_memory_mb`` and
+``reserved_memory_mb``, which the node's answer carries; a slice asked with ``--gpu-memory``
+lands on one device of it, and ``respool run`` gives its command that one device and the
+slice's variables."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from respool_client.pairs import host_node_name
+
+from support.cli import Cli
+from support.nvidia import (
+    A100_LIST,
+    A100_QUERY,
+    H100_MIG_IDS,
+    H100_MIG_LIST,
+    H100_MIG_QUERY,
+    fake_smi,
+)
+
+
+@pytest.fixture
+def smi_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}/bin{os.pathsep}/usr/bin")
+    return bin_dir
+
+
+async def test_node_add_with_sharing(cli: Cli) -> None:
+    await cli.ok("pool", "create", "nb")
+    node = await cli.json(
+        "node", "add", "nb-01", "--pool", "nb", "--devices", "gpu=0,1",
+        "--sharing", "gpu=mps", "--device-memory", "gpu=80GiB", "--reserved-memory", "gpu=512",
+    )  # fmt: skip
+    assert node["sharing"] == {"gpu": "mps"}
+    assert node["device_memory_mb"] == {"gpu": 81920}
+    assert node["reserved_memory_mb"] == {"gpu": 512}
+
+
+async def test_register_detect_sharing(cli: Cli, smi_dir: Path) -> None:
+    await cli.ok("pool", "create", "nb")
+    fake_smi(smi_dir, A100_QUERY, A100_LIST)
+    node = await cli.json("node", "register", "--pool", "nb", "--detect", "--sharing", "gpu=mps")
+    assert node["name"] == host_node_name()
+    assert node["sharing"] == {"gpu": "mps"} and node["device_memory_mb"] == {"gpu": 81920}
+    # the box comes back split in MIG: its instances are whole devices of their own keys
+    fake_smi(smi_dir, H100_MIG_QUERY, H100_MIG_LIST)
+    again = await cli.json("node", "register", "--detect", "--sharing", "gpu=time-slicing")
+    assert again["devices"] == {"gpu": ["1"], **H100_MIG_IDS}
+    assert again["sharing"] == {"gpu": "time-slicing"}
+    assert again["device_memory_mb"] == {"gpu": 81559}
+
+
+async def test_respool_run_gets_its_slice(cli: Cli, tmp_path: Path) -> None:
+    await cli.ok("pool", "create", "nb")
+    await cli.ok("pool", "attach-policy", "nb", "team:nb")
+    await cli.ok(
+        "node", "add", "nb-01", "--pool", "nb", "--devices", "gpu=0,1",
+        "--sharing", "gpu=mps", "--device-memory", "gpu=81920",
+    )  # fmt: skip
+    out = tmp_path / "env.json"
+    probe = (
+        "import json, os, sys; json.dump({k: v for k, v in os.environ.items()"
+        " if k.startswith(('RESPOOL_GPU', 'CUDA_'))}, open(sys.argv[1], 'w'))"
+    )
+    env = {**os.environ, "RESPOOL_URL": cli.url, "RESPOOL_SUBJECT": "team:nb"}
+    env.pop("RESPOOL_TOKEN", None)
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "respool_client.run", "--pool", "nb", "--gpu-memory", "20GiB",
+         "--gpu-share", "50", "--", sys.executable, "-c", probe, str(out)],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(out.read_text())
+    assert seen["CUDA_VISIBLE_DEVICES"] in ("0", "1")
+    assert seen["RESPOOL_GPU_MEMORY_MB"] == "20480" and seen["RESPOOL_GPU_SHARE"] == "50"
+    assert seen["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"
+    assert seen["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    assert "a slice of 20480 MiB" in done.stderr
