@@ -476,12 +476,11 @@ DECLARE
     best_top integer;
     best_name text;
 BEGIN
-    -- Per active matching node that could ever hold the need: the node's deficit on its counters
+    -- Per active matching node that could ever hold the need: its counters' deficit
     -- (respool._node_places) and, for a slice, one device's (respool._device_places) as pseudo
-    -- keys of the same deficit map, so respool._minimal_victims takes the smallest set among the
-    -- node's eligible units; for whole devices, the devices freed first
-    -- (respool._whole_device_victims), then the minimal set for the rest. The smallest set wins
-    -- (fewest victims, lowest top priority, node name), as on nodes.
+    -- keys of one deficit map for respool._minimal_victims; whole devices: the devices freed
+    -- first (respool._whole_device_victims), then the minimal set for the rest. The smallest set
+    -- wins (fewest victims, lowest top priority, node name), as on nodes.
     SELECT coalesce(jsonb_object_agg(u2.policy_id || '/' || u2.key, u2.used - u2.leaving - u2.reserved), '{}')
       INTO over FROM respool._usage(p_pool_id) u2 WHERE u2.policy_id IS NOT NULL;
     FOR nd IN
