@@ -151,6 +151,9 @@ def _node_fields(old: NodeSpec, new: NodeSpec) -> list[FieldChange]:
         + _text_map_changes("labels", old.labels, new.labels)
         + _map_changes("capacity", node_capacity(old), node_capacity(new))
         + _text_map_changes("devices", old.devices, new.devices)
+        + _text_map_changes("sharing", old.sharing, new.sharing)
+        + _text_map_changes("device_memory_mb", old.device_memory_mb, new.device_memory_mb)
+        + _text_map_changes("reserved_memory_mb", old.reserved_memory_mb, new.reserved_memory_mb)
     )
 
 
@@ -185,8 +188,8 @@ def _node_changes(current: Manifest, desired: Manifest, prune: bool) -> list[Cha
 
 def node_patch(fields: Iterable[FieldChange]) -> dict[str, object]:
     """A node update's changes as an ``update_node`` body: ``pool``/``state`` as they are,
-    ``labels`` (null removes), ``capacity`` (0 removes) and ``devices`` (null: the key's units
-    become anonymous) as merges."""
+    ``labels`` (null removes), ``capacity`` (0 removes), ``devices`` (null: the key's units
+    become anonymous) and the sharing maps (null removes a key) as merges."""
     body: dict[str, object] = {}
     maps: dict[str, dict[str, object]] = {}
     for f in fields:

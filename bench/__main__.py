@@ -9,7 +9,8 @@ writes the report; ``python -m bench <scenario>`` runs one and prints its figure
 ``python -m bench jobs`` measures jobs run by node agents (docs/jobs.md);
 ``python -m bench depth`` times a release that grants against the queue's length (docs/engine.md);
 ``python -m bench rate`` measures rate keys: reservations/s, a saturated window, refill delay
-(docs/rates.md).
+(docs/rates.md);
+``python -m bench sharing`` measures grants of slices of shared GPUs (docs/placement.md).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from bench import (
     jobs,
     placement,
     rate,
+    sharing,
     suite,
     sweep,
     wake,
@@ -58,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         (placement, "placement"),
         (jobs, "jobs"),
         (rate, "rate"),
+        (sharing, "sharing"),
     ):
         mod.add_arguments(commands.add_parser(name, help=mod.SUMMARY, description=mod.SUMMARY))
     dashboard.add_arguments(
@@ -89,6 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "placement",
         "jobs",
         "rate",
+        "sharing",
     ):
         runner: Callable[[argparse.Namespace], int] = {
             "baseline": baseline.run,
@@ -100,6 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "sweep": sweep.run,
             "placement": placement.run,
             "rate": rate.run,
+            "sharing": sharing.run,
         }[args.command]
         return runner(args)
     if args.command == "all":

@@ -81,6 +81,10 @@ class NodeSpec(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, k
     capacity: dict[str, int] = {}
     devices: dict[str, list[str]] = {}
     state: Literal["active", "cordoned", "draining"] = "active"
+    # shared devices (docs/placement.md, "Sharing a GPU"), keyed by a device key
+    sharing: dict[str, Literal["mps", "time-slicing"]] = {}
+    device_memory_mb: dict[str, int] = {}
+    reserved_memory_mb: dict[str, int] = {}
 
 
 class Manifest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -148,13 +152,18 @@ def node_capacity(spec: NodeSpec) -> dict[str, int]:
 
 
 def _node_spec(n: Node) -> NodeSpec:
+    # (the slice counters of a shared key are derived from its devices: not part of the spec)
+    derived = {f"{k}{suffix}" for k in n.sharing for suffix in ("_memory_mb", "_share")}
     return NodeSpec(
         name=n.name,
         pool=n.pool,
         labels=dict(sorted(n.labels.items())),
-        capacity=dict(sorted(n.capacity.items())),
+        capacity={k: v for k, v in sorted(n.capacity.items()) if k not in derived},
         devices={k: list(v) for k, v in sorted(n.devices.items())},
         state=n.state,
+        sharing=dict(sorted(n.sharing.items())),
+        device_memory_mb=dict(sorted(n.device_memory_mb.items())),
+        reserved_memory_mb=dict(sorted(n.reserved_memory_mb.items())),
     )
 
 

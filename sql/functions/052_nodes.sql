@@ -744,13 +744,14 @@ BEGIN
               WHERE d.node_id = p_node.id AND d.memory_used > 0 ORDER BY d.key, d.position LOOP
         v_offer := (p_sharing -> 'device_memory_mb' ->> v.key)::bigint
                    - coalesce((p_sharing -> 'reserved_memory_mb' ->> v.key)::bigint, 0);
-        CONTINUE WHEN v_offer IS NULL OR v.memory_used <= v_offer;
+        -- (the slices fit the new offer: the capacity model's comparison, respool._fits_room)
+        CONTINUE WHEN v_offer IS NULL OR respool._fits_room(v.memory_used, v_offer);
         FOR w IN SELECT ds.request_id
                    FROM respool.device_slices ds JOIN respool.requests r ON r.id = ds.request_id
                   WHERE ds.node_id = p_node.id AND ds.key = v.key AND ds.device = v.device
                   ORDER BY r.preemptible DESC, r.priority, r.allocated_at DESC, r.id DESC LOOP
-            EXIT WHEN (SELECT memory_used FROM respool.node_devices
-                        WHERE node_id = p_node.id AND key = v.key AND device = v.device) <= v_offer;
+            EXIT WHEN respool._fits_room((SELECT memory_used FROM respool.node_devices
+                                          WHERE node_id = p_node.id AND key = v.key AND device = v.device), v_offer);
             n := n + respool._node_evict(w.request_id, 'capacity_shrink',
                                          format('node %s: the memory of device %s %s shrank to %s MiB', p_node.name,
                                                 v.key, v.device, v_offer), p_now);

@@ -371,6 +371,85 @@ END $$;
 COMMENT ON FUNCTION respool._choose_node_victims(uuid, respool.requests, uuid, text) IS
     'Node-aware victim choice in a pool with nodes (docs/placement.md): for each active node matching the request''s selector that could ever hold it (respool._node_places), the minimal set (respool._minimal_victims, the eligibility rule respool._may_preempt) among the allocations placed on it that makes the request fit there; takes the node whose set is smallest (fewest victims, then the lowest top victim priority, then the node''s name). victims {} (with that node) when it fits a node already, NULL when no node can be made to fit. Read-only.';
 
+CREATE OR REPLACE FUNCTION respool._device_victim_held(p_node_id uuid, p_key text, p_device text, p_holder uuid,
+                                                       p_ids uuid[], p_policies uuid[], p_held jsonb[], p_over jsonb,
+                                                       OUT held jsonb[], OUT over jsonb)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    u record;
+    v_whole integer;
+BEGIN
+    -- What each victim unit (a request, or a gang's members) holds of one device, as pseudo keys
+    -- beside its node units: ~memory, ~share (its slices there), ~whole (1: it holds the device
+    -- whole); and each unit's policy borrowing on them (above its share on the slice keys, or on
+    -- the whole key), for respool._minimal_victims.
+    held := p_held;
+    over := p_over;
+    FOR i IN 1..coalesce(cardinality(p_ids), 0) LOOP
+        SELECT coalesce(sum(ds.memory_mb), 0)::bigint AS mem, coalesce(sum(coalesce(ds.share, 0)), 0)::bigint AS share
+          INTO u
+          FROM respool.device_slices ds JOIN respool.requests q ON q.id = ds.request_id
+         WHERE ds.node_id = p_node_id AND ds.key = p_key AND ds.device = p_device AND q.status = 'allocated'
+           AND (q.id = p_ids[i] OR q.gang_id = (SELECT g.gang_id FROM respool.requests g WHERE g.id = p_ids[i]));
+        v_whole := CASE WHEN p_holder IS NOT NULL AND (p_holder = p_ids[i]
+                                 OR (SELECT q.gang_id FROM respool.requests q WHERE q.id = p_holder)
+                                    = (SELECT g.gang_id FROM respool.requests g WHERE g.id = p_ids[i]))
+                        THEN 1 ELSE 0 END;
+        held[i] := (held[i] - ARRAY['~memory', '~share', '~whole'])
+                   || jsonb_build_object('~memory', u.mem, '~share', u.share, '~whole', v_whole);
+        over := over || jsonb_build_object(
+            p_policies[i] || '/~memory', greatest(coalesce((p_over ->> (p_policies[i] || '/' || p_key || '_memory_mb'))::bigint, 0),
+                                                  coalesce((p_over ->> (p_policies[i] || '/' || p_key))::bigint, 0)),
+            p_policies[i] || '/~share', greatest(coalesce((p_over ->> (p_policies[i] || '/' || p_key || '_share'))::bigint, 0),
+                                                 coalesce((p_over ->> (p_policies[i] || '/' || p_key))::bigint, 0)),
+            p_policies[i] || '/~whole', coalesce((p_over ->> (p_policies[i] || '/' || p_key))::bigint, 0));
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION respool._device_victim_held(uuid, text, text, uuid, uuid[], uuid[], jsonb[], jsonb) IS
+    'For a slice''s victim choice on one device (respool._choose_device_victims): each victim unit''s held map with pseudo keys of that device (~memory, ~share: its slices there; ~whole: 1 when it holds the device whole), and the policies'' borrowing on them (the most above the share of the slice keys or the whole key). Read-only.';
+
+CREATE OR REPLACE FUNCTION respool._whole_device_victims(p_pool_id uuid, p_need jsonb, p_node_id uuid, p_key text,
+                                                         p_wanted bigint, p_moving boolean, p_ids uuid[])
+RETURNS uuid[] LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_short bigint;
+    v_forced uuid[] := '{}';
+    u record;
+BEGIN
+    -- Whole devices of a shared key need untouched devices: the ones short (settled rooms:
+    -- victims in their grace period gone) are freed whole, the devices with the fewest holders
+    -- first (list order on ties), each only when every holder is an eligible unit (p_ids).
+    SELECT p_wanted - count(*) FILTER (WHERE respool._fits_room(p.need_memory, p.room_memory_settled)
+                                         AND respool._fits_room(p.need_share, p.room_share_settled))
+      INTO v_short
+      FROM respool._device_places(p_pool_id, p_need, p_moving) p
+     WHERE p.node_id = p_node_id AND p.key = p_key AND NOT p.slice;
+    FOR u IN SELECT p.device, array_agg(DISTINCT h.unit) AS holders
+               FROM respool._device_places(p_pool_id, p_need, p_moving) p
+              CROSS JOIN LATERAL (
+                     SELECT coalesce((SELECT m2.id FROM respool.requests m2
+                                       WHERE m2.gang_id = q.gang_id AND m2.status = 'allocated'
+                                       ORDER BY m2.id LIMIT 1), q.id) AS unit
+                       FROM respool.requests q
+                      WHERE q.status = 'allocated'
+                        AND (q.id = p.holder_id OR q.id IN (SELECT ds.request_id FROM respool.device_slices ds
+                                                             WHERE ds.node_id = p.node_id AND ds.key = p.key
+                                                               AND ds.device = p.device))) h
+              WHERE p.node_id = p_node_id AND p.key = p_key AND NOT p.slice
+                AND NOT (respool._fits_room(p.need_memory, p.room_memory_settled)
+                         AND respool._fits_room(p.need_share, p.room_share_settled))
+              GROUP BY p.device, p.position
+              ORDER BY count(DISTINCT h.unit), p.position LOOP
+        EXIT WHEN v_short <= 0;
+        CONTINUE WHEN NOT u.holders <@ p_ids;  -- a holder that may not be preempted
+        v_forced := array(SELECT DISTINCT x FROM unnest(v_forced || u.holders) x);
+        v_short := v_short - 1;
+    END LOOP;
+    RETURN CASE WHEN v_short <= 0 THEN v_forced END;
+END $$;
+COMMENT ON FUNCTION respool._whole_device_victims(uuid, jsonb, uuid, text, bigint, boolean, uuid[]) IS
+    'The victim units that free enough untouched devices of key p_key on one node for p_wanted whole devices (respool._device_places, settled rooms): the devices with the fewest holders first, each only when all its holders are in p_ids. {} when enough are untouched already, NULL when they cannot be freed. Read-only.';
+
 CREATE OR REPLACE FUNCTION respool._choose_device_victims(p_pool_id uuid, p_request respool.requests, p_policy_id uuid,
                                                           p_mode text, OUT node_id uuid, OUT victims uuid[])
 LANGUAGE plpgsql STABLE AS $$
@@ -380,36 +459,30 @@ DECLARE
     over jsonb;
     nd record;
     dv record;
-    u record;
+    v_hheld jsonb[];
+    v_hover jsonb;
+    v_devices boolean;
     v_ids uuid[];
     v_policies uuid[];
     v_held jsonb[];
     v_prios integer[];
     v_deficit jsonb;
     v_forced uuid[];
-    v_short bigint;
-    v_over jsonb;
-    m record;
     v_set uuid[];
+    m record;
     v_count integer;
     v_top integer;
     best_count integer;
     best_top integer;
     best_name text;
 BEGIN
-    -- Device-level victim choice (docs/placement.md, "Sharing a GPU"): on each active matching
-    -- node that could ever hold the need (its counters and its devices empty), the node's
-    -- deficit on its counters (need - room_settled, respool._node_places) and, for a slice, the
-    -- deficit on one device (need - its settled rooms, respool._device_places; a device held
-    -- whole needs its holder gone) as pseudo keys of the same deficit map, so that
-    -- respool._minimal_victims takes the smallest set among that device's holders and the
-    -- node's. Whole devices of a shared key need untouched devices: the devices freed with the
-    -- fewest holders are taken first, then the minimal set for the rest. The smallest set wins
-    -- (fewest victims, lowest top priority, node name), as on nodes.
+    -- Per active matching node that could ever hold the need: its counters' deficit
+    -- (respool._node_places) and, for a slice, one device's (respool._device_places) as pseudo
+    -- keys of one deficit map for respool._minimal_victims; whole devices: the devices freed
+    -- first (respool._whole_device_victims), then the minimal set for the rest. The smallest set
+    -- wins (fewest victims, lowest top priority, node name), as on nodes.
     SELECT coalesce(jsonb_object_agg(u2.policy_id || '/' || u2.key, u2.used - u2.leaving - u2.reserved), '{}')
-      INTO over
-      FROM respool._usage(p_pool_id) u2
-     WHERE u2.policy_id IS NOT NULL;
+      INTO over FROM respool._usage(p_pool_id) u2 WHERE u2.policy_id IS NOT NULL;
     FOR nd IN
         SELECT p.node_id AS id, p.node_name AS name,
                coalesce(jsonb_object_agg(p.key, p.need - p.room_settled)
@@ -421,8 +494,9 @@ BEGIN
          ORDER BY p.node_name
     LOOP
         CONTINUE WHEN NOT respool._could_hold(nd.id, p_request.resources);
+        v_devices := false;
         -- the eligible victim units on the node, in victim order, with what they hold there
-        SELECT array_agg(x.id ORDER BY (x.policy_id = p_policy_id) DESC, x.priority, x.allocated_at DESC, x.id DESC),
+        SELECT coalesce(array_agg(x.id ORDER BY (x.policy_id = p_policy_id) DESC, x.priority, x.allocated_at DESC, x.id DESC), '{}'),
                array_agg(x.policy_id ORDER BY (x.policy_id = p_policy_id) DESC, x.priority, x.allocated_at DESC, x.id DESC),
                array_agg(x.resources ORDER BY (x.policy_id = p_policy_id) DESC, x.priority, x.allocated_at DESC, x.id DESC),
                array_agg(x.priority ORDER BY (x.policy_id = p_policy_id) DESC, x.priority, x.allocated_at DESC, x.id DESC)
@@ -431,89 +505,50 @@ BEGIN
          WHERE respool._may_preempt(p_mode, p_policy_id, p_request.preemptible,
                                     respool._rank(me.priority, me.priority_lane), me.priority_lane,
                                     p_request.preemption_group, x.policy_id, x.rank, x.lane, x.preemption_group);
-        v_ids := coalesce(v_ids, '{}');
-        -- Each device the need could use there: a slice one device at a time; whole devices all
-        -- of the key's devices at once (the device row stands for its key).
-        FOR dv IN SELECT p.key, p.device, p.slice, p.wanted, p.need_memory, p.need_share, p.memory, p.position,
-                         p.held AND NOT p.holder_leaving AS whole_held, p.holder_id,
-                         p.room_memory_settled, p.room_share_settled
-                    FROM respool._device_places(p_pool_id, p_request.resources, v_moving) p
-                   WHERE p.node_id = nd.id AND p.fits_ever AND (p.slice OR p.memory > 0)
-                   ORDER BY p.slice DESC, p.position LOOP
+        -- each device a slice could use, one at a time; whole devices: the key's devices at
+        -- once; a node none of whose devices is shared: its counters alone (the last row)
+        FOR dv IN SELECT d.* FROM (
+                      SELECT p.key, p.device, p.slice, p.wanted, p.need_memory, p.need_share, p.memory,
+                             p.held AND NOT p.holder_leaving AS whole_held, p.holder_id,
+                             p.room_memory_settled, p.room_share_settled, p.position, 0 AS last
+                        FROM respool._device_places(p_pool_id, p_request.resources, v_moving) p
+                       WHERE p.node_id = nd.id AND p.fits_ever AND (p.slice OR p.memory > 0)
+                      UNION ALL
+                      SELECT NULL, NULL, false, 0, 0, 0, 0, false, NULL, 0, 0, 0, 1) d
+                   ORDER BY d.last, d.slice DESC, d.position LOOP
+            EXIT WHEN dv.last = 1 AND v_devices;  -- priced on its devices
+            v_devices := dv.last = 0;
             v_deficit := nd.deficit;
             v_forced := '{}';
-            v_over := over;
-            IF dv.slice THEN
-                -- pseudo keys of this device: its memory, its share, and its whole holder
+            IF dv.last = 1 THEN
+                v_hheld := v_held;
+                v_hover := over;
+            ELSIF dv.slice THEN
                 v_deficit := v_deficit || jsonb_build_object(
                     '~memory', dv.need_memory - CASE WHEN dv.whole_held THEN dv.memory ELSE dv.room_memory_settled END,
                     '~share', dv.need_share - CASE WHEN dv.whole_held THEN 100 ELSE dv.room_share_settled END,
                     '~whole', CASE WHEN dv.whole_held THEN 1 ELSE 0 END);
-                FOR i IN 1..cardinality(v_ids) LOOP
-                    SELECT coalesce(sum(ds.memory_mb), 0)::bigint AS mem, coalesce(sum(coalesce(ds.share, 0)), 0)::bigint AS share
-                      INTO u
-                      FROM respool.device_slices ds JOIN respool.requests q ON q.id = ds.request_id
-                     WHERE ds.node_id = nd.id AND ds.key = dv.key AND ds.device = dv.device AND q.status = 'allocated'
-                       AND (q.id = v_ids[i] OR q.gang_id = (SELECT g.gang_id FROM respool.requests g WHERE g.id = v_ids[i]));
-                    v_held[i] := (v_held[i] - ARRAY['~memory', '~share', '~whole'])
-                                 || jsonb_build_object('~memory', u.mem, '~share', u.share,
-                                                       '~whole', CASE WHEN dv.holder_id IS NOT NULL AND (
-                                                           dv.holder_id = v_ids[i] OR (SELECT q.gang_id FROM respool.requests q WHERE q.id = dv.holder_id)
-                                                               = (SELECT g.gang_id FROM respool.requests g WHERE g.id = v_ids[i]))
-                                                           THEN 1 ELSE 0 END);
-                    -- borrowing on the device: above the share on the slice keys or the whole key
-                    v_over := v_over || jsonb_build_object(
-                        v_policies[i] || '/~memory', greatest(coalesce((over ->> (v_policies[i] || '/' || dv.key || '_memory_mb'))::bigint, 0),
-                                                              coalesce((over ->> (v_policies[i] || '/' || dv.key))::bigint, 0)),
-                        v_policies[i] || '/~share', greatest(coalesce((over ->> (v_policies[i] || '/' || dv.key || '_share'))::bigint, 0),
-                                                             coalesce((over ->> (v_policies[i] || '/' || dv.key))::bigint, 0)),
-                        v_policies[i] || '/~whole', coalesce((over ->> (v_policies[i] || '/' || dv.key))::bigint, 0));
-                END LOOP;
+                SELECT x.held, x.over INTO v_hheld, v_hover
+                  FROM respool._device_victim_held(nd.id, dv.key, dv.device, dv.holder_id, v_ids, v_policies, v_held, over) x;
             ELSE
-                -- whole devices of a shared key: untouched (settled) devices short of the need
-                -- are freed whole, the devices with the fewest holders first
-                SELECT dv.wanted - count(*) FILTER (WHERE respool._fits_room(p.need_memory, p.room_memory_settled)
-                                                      AND respool._fits_room(p.need_share, p.room_share_settled))
-                  INTO v_short
-                  FROM respool._device_places(p_pool_id, p_request.resources, v_moving) p
-                 WHERE p.node_id = nd.id AND p.key = dv.key AND NOT p.slice;
-                FOR u IN SELECT p.device, array_agg(DISTINCT h.unit) AS holders
-                           FROM respool._device_places(p_pool_id, p_request.resources, v_moving) p
-                          CROSS JOIN LATERAL (
-                                 SELECT coalesce((SELECT m2.id FROM respool.requests m2
-                                                   WHERE m2.gang_id = q.gang_id AND m2.status = 'allocated'
-                                                   ORDER BY m2.id LIMIT 1), q.id) AS unit
-                                   FROM respool.requests q
-                                  WHERE q.status = 'allocated'
-                                    AND (q.id = p.holder_id OR q.id IN (SELECT ds.request_id FROM respool.device_slices ds
-                                                                         WHERE ds.node_id = p.node_id AND ds.key = p.key
-                                                                           AND ds.device = p.device))) h
-                          WHERE p.node_id = nd.id AND p.key = dv.key AND NOT p.slice
-                            AND NOT (respool._fits_room(p.need_memory, p.room_memory_settled)
-                                     AND respool._fits_room(p.need_share, p.room_share_settled))
-                          GROUP BY p.device, p.position
-                          ORDER BY count(DISTINCT h.unit), p.position LOOP
-                    EXIT WHEN v_short <= 0;
-                    CONTINUE WHEN NOT u.holders <@ v_ids;  -- a holder that may not be preempted
-                    v_forced := array(SELECT DISTINCT x FROM unnest(v_forced || u.holders) x);
-                    v_short := v_short - 1;
-                END LOOP;
-                CONTINUE WHEN v_short > 0;
+                v_forced := respool._whole_device_victims(p_pool_id, p_request.resources, nd.id, dv.key, dv.wanted,
+                                                          v_moving, v_ids);
+                EXIT WHEN v_forced IS NULL;
                 FOR i IN 1..cardinality(v_ids) LOOP
                     CONTINUE WHEN NOT v_ids[i] = ANY (v_forced);
                     v_deficit := respool._take_units(v_deficit, v_held[i], 1);
                 END LOOP;
+                v_hheld := v_held;
+                v_hover := over;
             END IF;
-            IF NOT respool._any_over(v_deficit) THEN
-                m := ROW('{}'::uuid[], true);
-                v_set := v_forced;
-            ELSE
+            v_set := v_forced;
+            IF respool._any_over(v_deficit) THEN
                 SELECT mv.victims, mv.covered INTO m
                   FROM respool._minimal_victims(
                            array(SELECT v_ids[i] FROM generate_subscripts(v_ids, 1) i WHERE NOT v_ids[i] = ANY (v_forced)),
                            array(SELECT v_policies[i] FROM generate_subscripts(v_ids, 1) i WHERE NOT v_ids[i] = ANY (v_forced)),
-                           array(SELECT v_held[i] FROM generate_subscripts(v_ids, 1) i WHERE NOT v_ids[i] = ANY (v_forced)),
-                           v_deficit, v_over, p_policy_id) mv;
+                           array(SELECT v_hheld[i] FROM generate_subscripts(v_ids, 1) i WHERE NOT v_ids[i] = ANY (v_forced)),
+                           v_deficit, v_hover, p_policy_id) mv;
                 CONTINUE WHEN NOT m.covered;
                 v_set := v_forced || m.victims;
             END IF;
@@ -536,4 +571,4 @@ BEGIN
     END LOOP;
 END $$;
 COMMENT ON FUNCTION respool._choose_device_victims(uuid, respool.requests, uuid, text) IS
-    'Victim choice for a need the devices of a shared key decide: per active matching node that could ever hold it, a slice is priced on each device whose offer holds it (its memory, share and whole holder as pseudo keys of the deficit map beside the node''s counters; respool._minimal_victims among the node''s eligible units, respool._may_preempt), whole devices by freeing the devices with the fewest holders first; the smallest set wins (fewest victims, lowest top priority, node name). victims {} when it fits a node already, NULL when nothing can make it fit. Read-only.';
+    'Victim choice for a need the devices of a shared key decide (docs/placement.md, "Sharing a GPU"), per active matching node that could ever hold it: a slice priced on each device whose offer holds it (respool._device_victim_held), whole devices by respool._whole_device_victims; the eligible units are respool._may_preempt''s, the set respool._minimal_victims''. The smallest set wins (fewest victims, lowest top priority, node name). {} when it fits a node already, NULL when nothing can. Read-only.';

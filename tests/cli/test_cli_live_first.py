@@ -79,6 +79,7 @@ async def test_node_column_and_where_a_finished_request_ran(module_cli: Cli) -> 
     assert released["placement"] is None
     assert released["last_placement"] == {
         "node": "ranon-1", "labels": {}, "devices": {"gpu": ["0", "1"]},
+        "slices": {}, "isolation": {"gpu": "exclusive"},
     }  # fmt: skip
     again = await cli.json("request", "describe", first["id"])
     assert again["placement"] is None and again["last_placement"] == released["last_placement"]

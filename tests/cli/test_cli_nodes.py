@@ -84,6 +84,8 @@ async def test_selector_picks_nodes_and_requests(cli: Cli) -> None:
         "node": "gpu-01",
         "labels": {"gpu-type": "A100-80G"},
         "devices": {"gpu": ["0", "1"]},
+        "slices": {},
+        "isolation": {"gpu": "exclusive"},
     }
     text = (await cli.ok("request", "describe", on["id"])).stdout
     assert "node gpu-01, devices gpu=0,1" in text and "node=gpu-01" in text

@@ -583,3 +583,17 @@ async def test_broken_slice_twin_is_caught_by_i9(env: Env, twin: str | None) -> 
     else:
         assert piece["status"] == "allocated" and slice_of(piece)[0] == "0"
         assert "I9" in found, found
+
+
+async def test_a_whole_request_preempts_on_a_whole_only_node_of_a_sharing_pool(env: Env) -> None:
+    await env.pool("pack", "t")
+    await env.node("a", ["0"], mode=None)  # whole only
+    await env.node("b", ["0"])  # shared
+    low_a = await env.req({"gpu": 1}, "s", node_selector={"node": "a"})
+    low_b = await _slices(env, "s", 1000, 1000)  # two victims on b
+    high = await env.req({"gpu": 1}, "t")
+    await env.reconcile()
+    # one victim on a beats two on b
+    assert (await env.get(low_a))["status"] == "preempted"
+    assert [(await env.get(x))["status"] for x in low_b] == ["allocated", "allocated"]
+    assert (await env.get(high))["placement"]["node"] == "a"
