@@ -23,6 +23,14 @@
    ``respool.reconcile_pool`` pass (one transaction, timed by the client) preempts the minimal
    victim set on one node and grants it. Then it is released and its victims replaced, and the
    next pass is timed; passes alternate with the same on an abstract pool of as many GPUs.
+4. **slices**: shared GPUs (docs/placement.md, "Sharing a GPU"). A saturated mixed trace of
+   slices (``gpu_memory_mb`` 10–40 GiB, a third with a ``gpu_share``) and whole-GPU jobs on
+   ``--slice-nodes`` nodes × 8 A100 80 GB (sharing ``mps``), replayed on the simulated clock as
+   in ``fragmentation``; then the same jobs asking whole GPUs only (a slice becomes ``gpu: 1``).
+   Figures: held GPU memory × time ÷ (offered memory × the window), the mean number of jobs
+   running at once and its ratio to whole GPUs only. Then cycles as in ``cycles``: slice grants
+   (create granted at once + release) on a shared pool against whole-device grants on a pool of
+   the same nodes without sharing (and whole devices on the shared pool), 1 and 8 clients.
 """
 
 from __future__ import annotations
@@ -47,14 +55,19 @@ from bench.common import DEFAULT_DSN, Figures, Spread, log, positive_ints, ratio
 from bench.cycles import check_engine_run
 from bench.wake import percentile
 
-SUMMARY = "placement on nodes: cycles against abstract units, fragmentation, node-aware preemption"
-SCENARIOS = ("cycles", "fragmentation", "preemption")
+SUMMARY = (
+    "placement on nodes: cycles against abstract units, fragmentation, node-aware preemption, "
+    "shared GPUs (slices)"
+)
+SCENARIOS = ("cycles", "fragmentation", "preemption", "slices")
 SEED = 24
 SIZES = (1, 2, 4, 8)
 WEIGHTS = (40, 30, 20, 10)
 HOLD_S = (5 * 60, 120 * 60)  # uniform, seconds of simulated time
 BORROWER_SIZES = (1, 2, 4)
-TARGETS = {"cycles": 0.7, "busy": 0.9, "preemption_ms": 50.0}
+TARGETS = {
+    "cycles": 0.7, "busy": 0.9, "preemption_ms": 50.0, "slice_memory": 0.9, "slice_cycles": 0.8
+}  # fmt: skip
 
 # Pool names: bench-p0 is abstract, bench-p1 is backed by nodes (pgbench passes the digit).
 POOL = {False: "bench-p0", True: "bench-p1"}
@@ -173,8 +186,8 @@ async def _check_cycles(conn: asyncpg.Connection) -> None:
     await conn.execute("VACUUM ANALYZE respool.node_resources, respool.node_devices")
 
 
-def _write_script(path: Path) -> Path:
-    path.write_text(CYCLE_SQL)
+def _write_script(path: Path, text: str = CYCLE_SQL) -> Path:
+    path.write_text(text)
     return path
 
 
@@ -576,6 +589,422 @@ async def measure_preemption(
     return figures
 
 
+# --- 4. slices -------------------------------------------------------------------------------
+
+DEVICE_MB = 81920  # an A100 80 GB (what nvidia-smi reports as memory.total), nothing reserved
+SLICE_GIB = (10, 40)  # a slice's memory, whole GiB, uniform
+SLICE_JOBS = 0.7  # share of the trace's jobs that are slices; the rest are whole 1/2/4/8 GPUs
+SLICE_WITH_SHARE = 1 / 3  # share of slices that also ask a compute share
+SLICE_CYCLE_MB, SLICE_CYCLE_SHARE = 20480, 25  # the slice of a cycle
+# Pools of the slice cycles: bench-p0 whole devices, no sharing; bench-p1 slices of shared
+# devices; bench-p2 whole devices of shared devices (pgbench passes the digit as :kind).
+SLICE_KINDS = {0: "whole", 1: "slice", 2: "whole_on_shared"}
+
+SLICE_CYCLE_SQL = """\\set s random(1, :subjects)
+SELECT c.request->>'id' AS rid FROM respool.create_request(jsonb_build_object(
+    'subject', 'bench-s' || :s::text, 'pool', 'bench-p' || :kind::text,
+    'resources', CASE WHEN :kind = 1
+                      THEN '{"gpu_memory_mb": MEMORY, "gpu_share": SHARE}'::jsonb
+                      ELSE '{"gpu": 1}'::jsonb END,
+    'lease_seconds', 300)) c
+ WHERE c.request->>'status' = 'allocated'
+   AND jsonb_array_length(c.request->'placement'->'devices'->'gpu') = 1
+   AND (c.request->'placement'->'slices' ? 'gpu') = (:kind = 1) \\gset
+SELECT respool.release_request(p_id => :rid::uuid) IS NOT NULL;
+""".replace("MEMORY", str(SLICE_CYCLE_MB)).replace("SHARE", str(SLICE_CYCLE_SHARE))
+# (\\gset refuses zero rows: a cycle not granted at once, or granted otherwise than asked (a
+# slice on one device in the shared pool, one whole device elsewhere), aborts the run.)
+
+SLICE_NODE_STATE = """
+SELECT (SELECT count(*) FROM respool.placements) AS placements,
+       (SELECT count(*) FROM respool.node_resources WHERE used <> 0) AS counters,
+       (SELECT count(*) FROM respool.node_devices
+         WHERE holder_id IS NOT NULL OR memory_used <> 0 OR share_used <> 0) AS devices,
+       (SELECT count(*) FROM respool.device_slices) AS slices
+"""
+
+SLICE_HOLDERS = """
+SELECT coalesce(array_agg(r.id), '{}') AS ids,
+       (SELECT coalesce(sum(nr.used), 0) FROM respool.node_resources nr
+          JOIN respool.nodes n ON n.id = nr.node_id
+         WHERE n.pool_id = $1 AND nr.key = 'gpu_memory_mb') AS node_memory,
+       (SELECT count(*) FROM respool.node_devices nd
+          JOIN respool.nodes n ON n.id = nd.node_id
+         WHERE n.pool_id = $1 AND (nd.holder_id IS NOT NULL OR nd.memory_used > 0)) AS devices
+  FROM respool.requests r
+ WHERE r.pool_id = $1 AND r.status = 'allocated'
+"""
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job of the slice trace: whole GPUs (``gpus``) or a slice (``memory_mb``, ``share``)."""
+
+    gpus: int
+    memory_mb: int
+    share: int | None
+    hold: float
+
+    @property
+    def is_slice(self) -> bool:
+        return self.gpus == 0
+
+    def resources(self) -> dict[str, int]:
+        if not self.is_slice:
+            return {"gpu": self.gpus}
+        out = {"gpu_memory_mb": self.memory_mb}
+        if self.share is not None:
+            out["gpu_share"] = self.share
+        return out
+
+    @property
+    def needs_mb(self) -> int:
+        """The memory the job needs: its slice, or every device it asks, whole."""
+        return self.memory_mb if self.is_slice else self.gpus * DEVICE_MB
+
+    def whole(self) -> Job:
+        """The same job asking whole GPUs only: a slice becomes one whole GPU."""
+        return Job(1, 0, None, self.hold) if self.is_slice else self
+
+
+def slice_trace(jobs: int, seed: int) -> list[Job]:
+    """``jobs`` slices and whole-GPU jobs, replayable: 70 % slices of 10–40 GiB (whole GiB), a
+    third of them with a compute share in proportion to their memory (rounded up to 10 %); 30 %
+    whole jobs of 1/2/4/8 GPUs (weights 40/30/20/10 %); hold times uniform in 5–120 minutes."""
+    rng = random.Random(seed)  # noqa: S311 - a replayable trace, not crypto
+    out = []
+    for _ in range(jobs):
+        hold = rng.uniform(*HOLD_S)
+        if rng.random() < SLICE_JOBS:
+            mb = rng.randint(*SLICE_GIB) * 1024
+            share = -(-mb * 10 // DEVICE_MB) * 10 if rng.random() < SLICE_WITH_SHARE else None
+            out.append(Job(0, mb, share, hold))
+        else:
+            out.append(Job(rng.choices(SIZES, WEIGHTS)[0], 0, None, hold))
+    return out
+
+
+async def make_shared_pool(
+    conn: asyncpg.Connection, name: str, *, nodes: int, gpus_per_node: int, shared: bool
+) -> UUID:
+    """A ``pack`` pool of ``nodes`` × ``gpus_per_node`` A100 80 GB, sharing ``mps`` (or whole
+    devices only, the device memory still given)."""
+    doc = await conn.fetchval(
+        "SELECT respool.create_pool(p_name => $1, p_capacity => '{}'::jsonb,"
+        "                           p_placement => 'pack', p_starvation_seconds => NULL)",
+        name,
+    )
+    devices = [str(d) for d in range(gpus_per_node)]
+    body: dict[str, Any] = {"pool": name, "devices": {"gpu": devices},
+                            "device_memory_mb": {"gpu": DEVICE_MB}}  # fmt: skip
+    if shared:
+        body["sharing"] = {"gpu": "mps"}
+    for i in range(nodes):
+        await conn.execute(
+            "SELECT respool.create_node($1::jsonb)", body | {"name": f"{name}-n{i:03d}"}
+        )
+    got = dict(
+        await conn.fetch(
+            "SELECT key, capacity FROM respool.pool_resources WHERE pool_id = $1::uuid",
+            doc["id"],
+        )
+    )
+    want = {"gpu": nodes * gpus_per_node}
+    if shared:
+        want |= {"gpu_memory_mb": nodes * gpus_per_node * DEVICE_MB,
+                 "gpu_share": nodes * gpus_per_node * 100}  # fmt: skip
+    if {k: got.get(k) for k in want} != want:
+        raise SystemExit(f"placement slices: pool {name} has {got}, expected {want}")
+    return UUID(doc["id"])
+
+
+@dataclass
+class SliceReplay:
+    """One replay of the slice trace (``mixed``: as traced; ``whole``: whole GPUs only)."""
+
+    mode: str
+    gpus: int
+    jobs: int
+    simulated_hours: float
+    wall_seconds: float
+    held_memory_share: float  # memory held (slices; whole devices) × time ÷ (offered × window)
+    needed_memory_share: float  # memory the jobs need × time ÷ (offered × window)
+    busy_gpu_share: float  # devices with a holder or a slice × time ÷ (GPUs × window)
+    mean_running: float  # jobs running at once, time-weighted over the window
+    granted: int  # jobs granted within the window
+    jobs_per_hour: float  # granted ÷ window
+    wait_mean_min: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class _SliceSim:
+    """The slice trace on one pool, the engine deciding every grant (simulated clock). Each
+    job is (what it asks, the memory it needs)."""
+
+    def __init__(self, conn: asyncpg.Connection, pool: str, pool_id: UUID, gpus: int) -> None:
+        self.conn, self.pool, self.pool_id, self.gpus = conn, pool, pool_id, gpus
+        self.t0 = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+        self.t = 0.0
+        self.burst = 0
+        self.running: dict[UUID, tuple[Job, int]] = {}
+        self.ends: list[tuple[float, UUID]] = []
+        self.queued: dict[UUID, tuple[Job, int, float]] = {}  # id -> (asks, needs, queued at)
+        self.held_mb = self.needed_mb = self.devices = 0
+        self.held_mb_s = self.needed_mb_s = self.device_s = self.job_s = 0.0
+        self.waits: list[float] = []
+
+    def now(self) -> datetime.datetime:
+        return self.t0 + datetime.timedelta(seconds=self.t)
+
+    def _start(self, rid: UUID, job: Job, needs: int, waited: float) -> None:
+        self.running[rid] = (job, needs)
+        self.held_mb += job.needs_mb
+        self.needed_mb += needs
+        heapq.heappush(self.ends, (self.t + job.hold, rid))
+        self.waits.append(waited / 60)
+
+    async def submit(self, job: Job, needs: int) -> None:
+        # A microsecond apart within an instant: the queue's order is the trace's (as above).
+        at = self.now() + datetime.timedelta(microseconds=self.burst)
+        self.burst += 1
+        body = {"subject": "slices", "pool": self.pool, "resources": job.resources()}
+        doc = await _create(self.conn, body, at)
+        rid = UUID(doc["id"])
+        if doc["status"] == "allocated":
+            self._start(rid, job, needs, 0.0)
+        elif doc["status"] == "queued":
+            self.queued[rid] = (job, needs, self.t)
+        else:
+            raise SystemExit(f"placement slices: a job {job.resources()} is {doc['status']}: {doc}")
+
+    async def settle(self) -> None:
+        """Learn what the engine granted at this instant; check the holders and the nodes'
+        memory counters against the replay's books."""
+        row = await self.conn.fetchrow(SLICE_HOLDERS, self.pool_id)
+        assert row is not None
+        holding = set(row["ids"])
+        for rid in holding - self.running.keys():
+            job, needs, queued_at = self.queued.pop(rid)
+            self._start(rid, job, needs, self.t - queued_at)
+        if holding != self.running.keys():
+            raise SystemExit("placement slices: the engine's holders differ from the replay")
+        if row["node_memory"] != self.held_mb:
+            raise SystemExit(
+                f"placement slices: node counters say {row['node_memory']} MiB in use, "
+                f"the holders {self.held_mb}"
+            )
+        self.devices = int(row["devices"])
+
+    def advance(self, to: float) -> None:
+        dt = to - self.t
+        self.held_mb_s += self.held_mb * dt
+        self.needed_mb_s += self.needed_mb * dt
+        self.device_s += self.devices * dt
+        self.job_s += len(self.running) * dt
+        self.t = to
+        self.burst = 0
+
+    async def release_next(self) -> None:
+        end, rid = heapq.heappop(self.ends)
+        self.advance(end)
+        doc = await self.conn.fetchval(
+            "SELECT respool.release_request(p_id => $1, p_now => $2)", rid, self.now()
+        )
+        if doc["status"] != "released":
+            raise SystemExit(f"placement slices: a release answered {doc['status']}")
+        job, needs = self.running.pop(rid)
+        self.held_mb -= job.needs_mb
+        self.needed_mb -= needs
+
+
+async def _replay_slices(
+    dsn: str, mode: str, work: list[Job], nodes: int, depth: int
+) -> SliceReplay:
+    gpn = 8
+    conn = await common.bench_connect(dsn)
+    try:
+        pool = f"slices-{mode}"
+        pool_id = await make_shared_pool(conn, pool, nodes=nodes, gpus_per_node=gpn, shared=True)
+        await conn.execute(
+            "SELECT respool.create_policy(p_subject => 'slices', p_pool => $1)", pool
+        )
+        sim = _SliceSim(conn, pool, pool_id, nodes * gpn)
+        todo = iter([(j if mode == "mixed" else j.whole(), j.needs_mb) for j in work])
+        exhausted = False
+        started = time.perf_counter()
+
+        async def top_up() -> None:
+            nonlocal exhausted
+            while len(sim.queued) < depth and not exhausted:
+                job = next(todo, None)
+                if job is None:
+                    exhausted = True
+                    break
+                await sim.submit(*job)
+
+        await top_up()
+        await sim.settle()
+        while not exhausted:
+            if not sim.ends:
+                raise SystemExit("placement slices: nothing runs and the queue is stuck")
+            await sim.release_next()
+            await sim.settle()
+            await top_up()
+            await sim.settle()
+        wall = time.perf_counter() - started
+        await _healthy(conn, f"slices ({mode})")
+    finally:
+        await conn.close()
+    window = sim.t or float("nan")
+    offered = sim.gpus * DEVICE_MB * window
+    granted = len(sim.waits)
+    figures = SliceReplay(
+        mode=mode,
+        gpus=sim.gpus,
+        jobs=len(work),
+        simulated_hours=sim.t / 3600,
+        wall_seconds=wall,
+        held_memory_share=sim.held_mb_s / offered,
+        needed_memory_share=sim.needed_mb_s / offered,
+        busy_gpu_share=sim.device_s / (sim.gpus * window),
+        mean_running=sim.job_s / window,
+        granted=granted,
+        jobs_per_hour=granted / (window / 3600),
+        wait_mean_min=sum(sim.waits) / granted if granted else None,
+    )
+    log(
+        f"  placement slices: {mode:5} memory held {figures.held_memory_share:.1%}, "
+        f"{figures.mean_running:.1f} jobs at once, "
+        f"{figures.simulated_hours:.0f} h simulated in {wall:.1f} s"
+    )
+    return figures
+
+
+@dataclass
+class SliceFigures:
+    trace: dict[str, Any]
+    mixed: SliceReplay
+    whole: SliceReplay
+    cycles: dict[str, dict[int, Spread]]  # kind -> clients -> cycles/s
+    clients: list[int]
+
+    @property
+    def concurrency_ratio(self) -> float:
+        return self.mixed.mean_running / self.whole.mean_running
+
+    def cycle_ratio(self, clients: int, kind: str = "whole") -> float:
+        return ratio(self.cycles["slice"][clients], self.cycles[kind][clients])
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "trace": self.trace,
+            "mixed": self.mixed.as_dict(),
+            "whole": self.whole.as_dict(),
+            "concurrency_ratio": self.concurrency_ratio,
+            "cycles": {
+                k: {str(c): s.as_dict() for c, s in v.items()} for k, v in self.cycles.items()
+            },
+            "slice_over_whole": {str(c): self.cycle_ratio(c) for c in self.clients},
+            "slice_over_whole_on_shared": {
+                str(c): self.cycle_ratio(c, "whole_on_shared") for c in self.clients
+            },
+        }
+
+
+async def _check_slice_cycles(conn: asyncpg.Connection) -> None:
+    row = await conn.fetchrow(SLICE_NODE_STATE)
+    assert row is not None
+    if any(row.values()):
+        raise SystemExit(f"placement slice cycles left node state behind: {dict(row)}")
+    await check_engine_run(conn)
+    await conn.execute(
+        "VACUUM ANALYZE respool.node_resources, respool.node_devices, respool.device_slices"
+    )
+
+
+async def measure_slice_cycles(
+    dsn: str, clients: list[int], seconds: float, repeats: int, nodes: int, subjects: int
+) -> dict[str, dict[int, Spread]]:
+    pgbench = common.find_pgbench()
+    samples: dict[int, dict[int, list[float]]] = {k: {} for k in SLICE_KINDS}
+    conn = await common.bench_connect(dsn)
+    try:
+        for kind in SLICE_KINDS:
+            pool = f"bench-p{kind}"
+            await make_shared_pool(conn, pool, nodes=nodes, gpus_per_node=8, shared=kind > 0)
+            for s in range(1, subjects + 1):
+                await conn.execute(
+                    "SELECT respool.create_policy(p_subject => $1, p_pool => $2)",
+                    f"bench-s{s}",
+                    pool,
+                )
+        await conn.execute("VACUUM ANALYZE")
+        with tempfile.TemporaryDirectory(prefix="respool-bench-") as tmp:
+            script = _write_script(Path(tmp, "slice-cycle.sql"), SLICE_CYCLE_SQL)
+            defines = {"subjects": str(subjects)}
+            for kind in SLICE_KINDS:  # history first (check_engine_run), unmeasured
+                await common.run_pgbench(
+                    pgbench, dsn, script, clients=max(clients),
+                    seconds=min(common.WARM_UP_SECONDS, seconds),
+                    defines=defines | {"kind": str(kind)},
+                )  # fmt: skip
+                await _check_slice_cycles(conn)
+            for rep in range(repeats):
+                for c in clients:
+                    for kind, name in SLICE_KINDS.items():
+                        tps = await common.run_pgbench(
+                            pgbench, dsn, script, clients=c, seconds=seconds,
+                            defines=defines | {"kind": str(kind)},
+                        )  # fmt: skip
+                        samples[kind].setdefault(c, []).append(tps)
+                        await _check_slice_cycles(conn)
+                        log(f"  placement slice cycles: {rep + 1}/{repeats} {name:15} {c:>2}"
+                            f" clients {tps:,.0f}/s")  # fmt: skip
+        await _healthy(conn, "slice cycles")
+    finally:
+        await conn.close()
+    return {
+        name: {c: Spread.of(v) for c, v in samples[kind].items()}
+        for kind, name in SLICE_KINDS.items()
+    }
+
+
+async def measure_slices(
+    admin_dsn: str,
+    *,
+    jobs: int,
+    nodes: int,
+    depth: int,
+    seed: int,
+    clients: list[int],
+    seconds: float,
+    repeats: int,
+    subjects: int,
+) -> SliceFigures:
+    work = slice_trace(jobs, seed)
+    replays = {}
+    for mode in ("mixed", "whole"):
+        async with common.fresh_database(admin_dsn) as dsn:
+            replays[mode] = await _replay_slices(dsn, mode, work, nodes, depth)
+    async with common.fresh_database(admin_dsn) as dsn:
+        cycles = await measure_slice_cycles(dsn, clients, seconds, repeats, nodes, subjects)
+    slices = [j for j in work if j.is_slice]
+    trace_facts = {
+        "jobs": jobs,
+        "slices": len(slices),
+        "slices_with_share": sum(j.share is not None for j in slices),
+        "whole_jobs_by_gpus": {str(g): sum(j.gpus == g for j in work) for g in SIZES},
+        "nodes": nodes,
+        "device_memory_mb": DEVICE_MB,
+        "sharing": "mps",
+        "queue_depth": depth,
+        "seed": seed,
+    }
+    return SliceFigures(trace_facts, replays["mixed"], replays["whole"], cycles, clients)
+
+
 # --- the command -----------------------------------------------------------------------------
 
 
@@ -584,6 +1013,7 @@ class PlacementResults(Figures):
     cycles: CycleFigures | None = None
     fragmentation: dict[str, FragFigures] | None = None
     preemption: PreemptFigures | None = None
+    slices: SliceFigures | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -593,20 +1023,27 @@ class PlacementResults(Figures):
             out["fragmentation"] = {m: f.as_dict() for m, f in self.fragmentation.items()}
         if self.preemption:
             out["preemption"] = self.preemption.as_dict()
+        if self.slices:
+            out["slices"] = self.slices.as_dict()
         return out
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dsn", default=DEFAULT_DSN, help="server (default: %(default)s)")
     parser.add_argument(
-        "--scenario", choices=SCENARIOS, default=None, help="one scenario (default: all three)"
+        "--scenario", choices=SCENARIOS, default=None, help="one scenario (default: all four)"
     )
-    parser.add_argument("--seconds", type=float, default=10, help="cycles: seconds per run (10)")
-    parser.add_argument("--repeats", type=int, default=3, help="cycles: runs per figure (3)")
+    parser.add_argument(
+        "--seconds", type=float, default=None,
+        help="cycles: seconds per run (cycles 10, slice cycles 3)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="cycles: runs per figure (cycles 3, slices 2)"
+    )
     parser.add_argument(
         "--clients", type=positive_ints, default=[1, 8], help="cycles: clients (1,8)"
     )
-    parser.add_argument("--subjects", type=int, default=1, help="cycles: subjects (1)")
+    parser.add_argument("--subjects", type=int, default=1, help="cycles, slices: subjects (1)")
     parser.add_argument(
         "--nodes", type=int, default=100, help="cycles, preemption: nodes of 8 GPUs (100)"
     )
@@ -615,8 +1052,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--jobs", type=int, default=2000, help="fragmentation: jobs (2000)")
     parser.add_argument(
-        "--queue-depth", type=int, default=32, help="fragmentation: jobs kept waiting (32)"
-    )
+        "--queue-depth", type=int, default=32,
+        help="fragmentation, slices: jobs kept waiting (32)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--slice-nodes", type=int, default=16,
+        help="slices: nodes of 8 shared A100 80 GB, trace and cycles (16)",
+    )  # fmt: skip
+    parser.add_argument("--slice-jobs", type=int, default=1500, help="slices: jobs (1500)")
     parser.add_argument("--seed", type=int, default=SEED, help=f"traces' seed ({SEED})")
     parser.add_argument(
         "--starvation-seconds",
@@ -633,8 +1076,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _check(args: argparse.Namespace) -> None:
     for name in ("seconds", "repeats", "subjects", "nodes", "frag_nodes", "jobs", "queue_depth",
-                 "passes"):  # fmt: skip
-        if getattr(args, name) < 1:
+                 "passes", "slice_nodes", "slice_jobs"):  # fmt: skip
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1")
     if not 1 <= args.preempt_gpus <= 8:
         raise SystemExit("--preempt-gpus must be 1..8 (one node's GPUs)")
@@ -649,8 +1092,9 @@ async def _measure(args: argparse.Namespace) -> PlacementResults:
     if "cycles" in only:
         async with common.fresh_database(args.dsn) as dsn:
             out.cycles = await measure_cycles(
-                dsn, args.clients, args.seconds, args.repeats, args.nodes, 8, args.subjects
-            )
+                dsn, args.clients, args.seconds or 10, args.repeats or 3, args.nodes, 8,
+                args.subjects,
+            )  # fmt: skip
     if "fragmentation" in only:
         out.fragmentation = await measure_fragmentation(
             args.dsn, args.jobs, args.frag_nodes, args.queue_depth, args.seed,
@@ -660,6 +1104,12 @@ async def _measure(args: argparse.Namespace) -> PlacementResults:
         out.preemption = await measure_preemption(
             args.dsn, args.nodes, 8, args.preempt_gpus, args.passes, args.seed
         )
+    if "slices" in only:
+        out.slices = await measure_slices(
+            args.dsn, jobs=args.slice_jobs, nodes=args.slice_nodes, depth=args.queue_depth,
+            seed=args.seed, clients=args.clients, seconds=args.seconds or 3,
+            repeats=args.repeats or 2, subjects=args.subjects,
+        )  # fmt: skip
     return out
 
 
@@ -720,6 +1170,33 @@ def rows(r: PlacementResults) -> list[list[str]]:
                 f"{p50:.1f} / {p90:.1f} ms ({victims.median:g} victim{_s(victims.median)})",
                 f"≤ {TARGETS['preemption_ms']:.0f} ms" if name == "node" else "–",
                 _verdict(p90 <= TARGETS["preemption_ms"]) if name == "node" else "",
+            ])  # fmt: skip
+    if x := r.slices:
+        for replay, label in ((x.mixed, "slices and whole GPUs"), (x.whole, "whole GPUs only")):
+            mixed = replay is x.mixed
+            out.append([
+                f"busy GPU memory-time, {label}",
+                f"{replay.held_memory_share:.1%} held, {replay.needed_memory_share:.1%} needed "
+                f"({replay.gpus} GPUs, {replay.jobs:,} jobs, {replay.simulated_hours:,.0f} h; "
+                f"GPUs busy {replay.busy_gpu_share:.1%})",
+                f"≥ {TARGETS['slice_memory']:.0%}" if mixed else "–",
+                _verdict(replay.held_memory_share >= TARGETS["slice_memory"]) if mixed else "",
+            ])  # fmt: skip
+        out.append([
+            "jobs running at once: slices ÷ whole GPUs only",
+            f"{x.mixed.mean_running:.1f} / {x.whole.mean_running:.1f} = "
+            f"{x.concurrency_ratio:.2f} × ({x.mixed.jobs_per_hour:,.0f} / "
+            f"{x.whole.jobs_per_hour:,.0f} jobs/h)",
+            "–", "",
+        ])  # fmt: skip
+        for n in x.clients:
+            k = x.cycle_ratio(n)
+            out.append([
+                f"cycles/s, {n} client{_s(n)}: slice ÷ whole device",
+                f"{x.cycles['slice'][n].fmt()} / {x.cycles['whole'][n].fmt()} = {k:.2f} × "
+                f"(whole on the shared pool {x.cycles['whole_on_shared'][n].fmt()})",
+                f"≥ {TARGETS['slice_cycles']}",
+                _verdict(k >= TARGETS["slice_cycles"]),
             ])  # fmt: skip
     return out
 
