@@ -1035,7 +1035,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--seconds", type=float, default=None,
-        help="cycles: seconds per run (cycles 10, slice cycles 3)",
+        help="cycles: seconds per run (cycles 10, slice cycles 2)",
     )  # fmt: skip
     parser.add_argument(
         "--repeats", type=int, default=None, help="cycles: runs per figure (cycles 3, slices 2)"
@@ -1059,7 +1059,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--slice-nodes", type=int, default=16,
         help="slices: nodes of 8 shared A100 80 GB, trace and cycles (16)",
     )  # fmt: skip
-    parser.add_argument("--slice-jobs", type=int, default=1500, help="slices: jobs (1500)")
+    parser.add_argument("--slice-jobs", type=int, default=500, help="slices: jobs (500)")
     parser.add_argument("--seed", type=int, default=SEED, help=f"traces' seed ({SEED})")
     parser.add_argument(
         "--starvation-seconds",
@@ -1107,7 +1107,7 @@ async def _measure(args: argparse.Namespace) -> PlacementResults:
     if "slices" in only:
         out.slices = await measure_slices(
             args.dsn, jobs=args.slice_jobs, nodes=args.slice_nodes, depth=args.queue_depth,
-            seed=args.seed, clients=args.clients, seconds=args.seconds or 3,
+            seed=args.seed, clients=args.clients, seconds=args.seconds or 2,
             repeats=args.repeats or 2, subjects=args.subjects,
         )  # fmt: skip
     return out
