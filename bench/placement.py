@@ -1059,7 +1059,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--slice-nodes", type=int, default=16,
         help="slices: nodes of 8 shared A100 80 GB, trace and cycles (16)",
     )  # fmt: skip
-    parser.add_argument("--slice-jobs", type=int, default=500, help="slices: jobs (500)")
+    parser.add_argument("--slice-jobs", type=int, default=1000, help="slices: jobs (1000)")
     parser.add_argument("--seed", type=int, default=SEED, help=f"traces' seed ({SEED})")
     parser.add_argument(
         "--starvation-seconds",
