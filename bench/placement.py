@@ -703,12 +703,10 @@ async def make_shared_pool(
         await conn.execute(
             "SELECT respool.create_node($1::jsonb)", body | {"name": f"{name}-n{i:03d}"}
         )
-    got = dict(
-        await conn.fetch(
-            "SELECT key, capacity FROM respool.pool_resources WHERE pool_id = $1::uuid",
-            doc["id"],
-        )
+    rows = await conn.fetch(
+        "SELECT key, capacity FROM respool.pool_resources WHERE pool_id = $1::uuid", doc["id"]
     )
+    got: dict[str, int] = {r["key"]: r["capacity"] for r in rows}
     want = {"gpu": nodes * gpus_per_node}
     if shared:
         want |= {"gpu_memory_mb": nodes * gpus_per_node * DEVICE_MB,
@@ -1171,9 +1169,9 @@ def rows(r: PlacementResults) -> list[list[str]]:
                 f"≤ {TARGETS['preemption_ms']:.0f} ms" if name == "node" else "–",
                 _verdict(p90 <= TARGETS["preemption_ms"]) if name == "node" else "",
             ])  # fmt: skip
-    if x := r.slices:
-        for replay, label in ((x.mixed, "slices and whole GPUs"), (x.whole, "whole GPUs only")):
-            mixed = replay is x.mixed
+    if sl := r.slices:
+        for replay, label in ((sl.mixed, "slices and whole GPUs"), (sl.whole, "whole GPUs only")):
+            mixed = replay is sl.mixed
             out.append([
                 f"busy GPU memory-time, {label}",
                 f"{replay.held_memory_share:.1%} held, {replay.needed_memory_share:.1%} needed "
@@ -1184,17 +1182,17 @@ def rows(r: PlacementResults) -> list[list[str]]:
             ])  # fmt: skip
         out.append([
             "jobs running at once: slices ÷ whole GPUs only",
-            f"{x.mixed.mean_running:.1f} / {x.whole.mean_running:.1f} = "
-            f"{x.concurrency_ratio:.2f} × ({x.mixed.jobs_per_hour:,.0f} / "
-            f"{x.whole.jobs_per_hour:,.0f} jobs/h)",
+            f"{sl.mixed.mean_running:.1f} / {sl.whole.mean_running:.1f} = "
+            f"{sl.concurrency_ratio:.2f} × ({sl.mixed.jobs_per_hour:,.0f} / "
+            f"{sl.whole.jobs_per_hour:,.0f} jobs/h)",
             "–", "",
         ])  # fmt: skip
-        for n in x.clients:
-            k = x.cycle_ratio(n)
+        for n in sl.clients:
+            k = sl.cycle_ratio(n)
             out.append([
                 f"cycles/s, {n} client{_s(n)}: slice ÷ whole device",
-                f"{x.cycles['slice'][n].fmt()} / {x.cycles['whole'][n].fmt()} = {k:.2f} × "
-                f"(whole on the shared pool {x.cycles['whole_on_shared'][n].fmt()})",
+                f"{sl.cycles['slice'][n].fmt()} / {sl.cycles['whole'][n].fmt()} = {k:.2f} × "
+                f"(whole on the shared pool {sl.cycles['whole_on_shared'][n].fmt()})",
                 f"≥ {TARGETS['slice_cycles']}",
                 _verdict(k >= TARGETS["slice_cycles"]),
             ])  # fmt: skip
