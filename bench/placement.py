@@ -726,6 +726,9 @@ class SliceReplay:
     simulated_hours: float
     wall_seconds: float
     held_memory_share: float  # memory held (slices; whole devices) × time ÷ (offered × window)
+    # the same from the end of the longest first hold (the first jobs all gone; None: the
+    # window ends before)
+    held_memory_share_settled: float | None
     needed_memory_share: float  # memory the jobs need × time ÷ (offered × window)
     busy_gpu_share: float  # devices with a holder or a slice × time ÷ (GPUs × window)
     mean_running: float  # jobs running at once, time-weighted over the window
@@ -751,6 +754,7 @@ class _SliceSim:
         self.queued: dict[UUID, tuple[Job, int, float]] = {}  # id -> (asks, needs, queued at)
         self.held_mb = self.needed_mb = self.devices = 0
         self.held_mb_s = self.needed_mb_s = self.device_s = self.job_s = 0.0
+        self.held_mb_s_settled = 0.0
         self.waits: list[float] = []
 
     def now(self) -> datetime.datetime:
@@ -798,6 +802,7 @@ class _SliceSim:
     def advance(self, to: float) -> None:
         dt = to - self.t
         self.held_mb_s += self.held_mb * dt
+        self.held_mb_s_settled += self.held_mb * max(0.0, to - max(self.t, HOLD_S[1]))
         self.needed_mb_s += self.needed_mb * dt
         self.device_s += self.devices * dt
         self.job_s += len(self.running) * dt
@@ -865,6 +870,11 @@ async def _replay_slices(
         simulated_hours=sim.t / 3600,
         wall_seconds=wall,
         held_memory_share=sim.held_mb_s / offered,
+        held_memory_share_settled=(
+            sim.held_mb_s_settled / (sim.gpus * DEVICE_MB * (sim.t - HOLD_S[1]))
+            if sim.t > HOLD_S[1]
+            else None
+        ),
         needed_memory_share=sim.needed_mb_s / offered,
         busy_gpu_share=sim.device_s / (sim.gpus * window),
         mean_running=sim.job_s / window,
@@ -1119,6 +1129,10 @@ def _minutes(m: float | None) -> str:
     return "–" if m is None else f"{m:,.0f}"
 
 
+def _pct(share: float | None) -> str:
+    return "–" if share is None else f"{share:.1%}"
+
+
 def _verdict(ok: bool) -> str:
     return "met" if ok else "**missed**"
 
@@ -1174,7 +1188,8 @@ def rows(r: PlacementResults) -> list[list[str]]:
             mixed = replay is sl.mixed
             out.append([
                 f"busy GPU memory-time, {label}",
-                f"{replay.held_memory_share:.1%} held, {replay.needed_memory_share:.1%} needed "
+                f"{replay.held_memory_share:.1%} held ({_pct(replay.held_memory_share_settled)} "
+                f"after {HOLD_S[1] // 3600} h), {replay.needed_memory_share:.1%} needed "
                 f"({replay.gpus} GPUs, {replay.jobs:,} jobs, {replay.simulated_hours:,.0f} h; "
                 f"GPUs busy {replay.busy_gpu_share:.1%})",
                 f"≥ {TARGETS['slice_memory']:.0%}" if mixed else "–",

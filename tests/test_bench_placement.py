@@ -96,6 +96,8 @@ def test_slices_replays_the_trace_with_slices_and_with_whole_gpus_only(admin_url
         replay = x[mode]
         assert replay["mode"] == mode and replay["jobs"] == 60 and replay["gpus"] == 16
         assert 0 < replay["held_memory_share"] <= 1
+        settled = replay["held_memory_share_settled"]
+        assert settled is None or 0 < settled <= 1
         assert 0 < replay["needed_memory_share"] <= replay["held_memory_share"] + 1e-9
         assert 0 < replay["busy_gpu_share"] <= 1
         assert replay["mean_running"] > 0 and replay["granted"] > 0
