@@ -313,9 +313,20 @@ def node_keys_table(node: Node) -> FitTable:
             str(used),
             "-" if total is None else str(total - used),
             usage_bar(used, total),
-            str(len(node.devices[key])) if key in node.devices else "anonymous",
+            _devices_of(node, key),
         )
     return out
+
+
+def _devices_of(node: Node, key: str) -> str:
+    """How many devices back ``key``; ``of gpu`` for the memory and share derived from a shared
+    key's devices; else ``anonymous``."""
+    if key in node.devices:
+        return str(len(node.devices[key]))
+    for shared in node.sharing:
+        if key in (f"{shared}_memory_mb", f"{shared}_share"):
+            return f"of {shared}"
+    return "anonymous"
 
 
 def _holder(a: NodeAllocation) -> tuple[str, str]:
@@ -325,18 +336,56 @@ def _holder(a: NodeAllocation) -> tuple[str, str]:
     return short(a.request_id), a.subject
 
 
+def _fmt_slice(memory_mb: int, share: int | None) -> str:
+    """``20480 MiB`` or ``20480 MiB, 50%``."""
+    return f"{memory_mb} MiB" + ("" if share is None else f", {share}%")
+
+
 def node_devices_table(node: Node) -> FitTable:
-    """Every named device in list order, and who holds it (``-``: free)."""
-    holders: dict[tuple[str, str], tuple[str, str]] = {}
+    """Every named device in list order, and who holds it (``-``: free). A node with shared
+    devices adds SLICE (a holder's memory and compute share; ``whole`` for a whole-device
+    holder) and FREE (the device's memory left for slices, with its isolation): one row per
+    slice holder of a shared device."""
+    holders: dict[tuple[str, str], list[tuple[tuple[str, str], str]]] = {}
     for a in node.allocations:
         for key, ids in a.devices.items():
             for device in ids:
-                holders[(key, device)] = _holder(a)
-    out = table("KEY", "DEVICE", "HOLDER", "SUBJECT", title="Devices")
+                part = a.slices.get(key, {}).get(device)
+                what = "whole" if part is None else _fmt_slice(part.memory_mb, part.share)
+                holders.setdefault((key, device), []).append((_holder(a), what))
+    shared = bool(node.sharing)
+    headers = ["KEY", "DEVICE", "HOLDER", "SUBJECT"] + (["SLICE", "FREE"] if shared else [])
+    out = table(*headers, title="Devices")
     for key in _key_order(node.devices):
+        mode = node.sharing.get(key)
+        offer = node.device_memory_mb.get(key, 0) - node.reserved_memory_mb.get(key, 0)
         for device in node.devices[key]:
-            holder, subject = holders.get((key, device), ("-", "-"))
-            out.add_row(key, device, holder, subject)
+            rows = holders.get((key, device), [])
+            if not shared:
+                holder, subject = rows[0][0] if rows else ("-", "-")
+                out.add_row(key, device, holder, subject)
+                continue
+            free = "-"
+            if mode is not None:
+                held = sum(
+                    p.memory_mb
+                    for a in node.allocations
+                    if (p := a.slices.get(key, {}).get(device)) is not None
+                )
+                whole = any(what == "whole" for _, what in rows)
+                free = f"{0 if whole else offer - held}/{offer} MiB ({mode})"
+            if not rows:
+                out.add_row(key, device, "-", "-", "-", free)
+            for i, ((holder, subject), what) in enumerate(rows):
+                first = i == 0
+                out.add_row(
+                    key if first else "",
+                    device if first else "",
+                    holder,
+                    subject,
+                    what,
+                    free if first else "",
+                )
     return out
 
 

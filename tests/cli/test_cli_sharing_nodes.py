@@ -88,3 +88,55 @@ async def test_respool_run_gets_its_slice(cli: Cli, tmp_path: Path) -> None:
     assert seen["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"
     assert seen["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
     assert "a slice of 20480 MiB" in done.stderr
+
+
+async def test_node_describe_shows_each_slice_and_the_free_memory(cli: Cli) -> None:
+    await cli.ok("pool", "create", "nb")
+    await cli.ok("pool", "attach-policy", "nb", "team:*")
+    await cli.ok(
+        "node", "add", "nb-01", "--pool", "nb", "--devices", "gpu=0,1,2",
+        "--sharing", "gpu=mps", "--device-memory", "gpu=81920", "--reserved-memory", "gpu=512",
+    )  # fmt: skip
+    # pack: both slices land on the same device, the whole one on another
+    a = await cli.json(
+        "request",
+        "create",
+        "-s",
+        "team:a",
+        "--pool",
+        "nb",
+        "--gpu-memory",
+        "20GiB",
+        "--gpu-share",
+        "50",
+    )
+    b = await cli.json("request", "create", "-s", "team:b", "--pool", "nb", "--gpu-memory", "10GiB")
+    w = await cli.json("request", "create", "-s", "team:w", "--pool", "nb", "-r", "gpu=1")
+    sliced = a["placement"]["devices"]["gpu"][0]
+    assert b["placement"]["devices"]["gpu"] == [sliced]
+    whole = w["placement"]["devices"]["gpu"][0]
+    result = await cli.api("node", "describe", "nb-01", COLUMNS="200")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    devices = out[out.index("Devices") : out.index("Allocations")].splitlines()[3:]
+    rows = [line.split() for line in devices if line.strip()]
+    offer = "81408"  # 81920 - 512 reserved
+    free = f"{81408 - 20480 - 10240}/{offer}"
+    assert rows[0][:2] == ["gpu", sliced] and rows[0][-3:] == [free, "MiB", "(mps)"]
+    slice_rows = [" ".join(r) for r in rows[:2]]
+    assert any(f"{a['id'][:8]} team:a 20480 MiB, 50%" in r for r in slice_rows)
+    assert any(f"{b['id'][:8]} team:b 10240 MiB" in r for r in slice_rows)
+    assert ["gpu", whole, w["id"][:8], "team:w", "whole", f"0/{offer}", "MiB", "(mps)"] in rows
+    spare = next(d for d in ("0", "1", "2") if d not in (sliced, whole))
+    assert ["gpu", spare, "-", "-", "-", f"{offer}/{offer}", "MiB", "(mps)"] in rows
+    # the derived keys count the memory and share, and say where they come from
+    capacity = {line.split()[0]: line.split() for line in out.splitlines() if "gpu_" in line}
+    assert capacity["gpu_memory_mb"][1:3] == [str(3 * 81408), str(20480 + 10240 + 81408)]
+    assert capacity["gpu_share"][1:3] == ["300", "150"]
+    # the pool counts the shared memory as a key of its own: USED/TOTAL in list and describe
+    used = f"{20480 + 10240 + 81408}/{3 * 81408}"
+    for view in (("pool", "list"), ("pool", "describe", "nb")):
+        shown = await cli.api(*view, COLUMNS="200")
+        assert shown.exit_code == 0, shown.output
+        line = next(x for x in shown.stdout.splitlines() if "gpu_memory_mb" in x)
+        assert used in line
