@@ -9,6 +9,7 @@ Two kinds of numbers:
   allocated, free, reserved, borrowed and queued demand per pool and key; usage per policy;
   whether each policy is inside its windows now and how many subjects a pattern covers;
   capacity, allocated and free per node and key, and each node's state (docs/placement.md);
+  per shared device, its memory offered, held by slices, and its slice holders;
   queue length and oldest wait per pool; stored requests per status; invariant violations.
   Every replica reports the same values: aggregate with ``max``, not ``sum``.
 * **Event counters** (:class:`EventTally`): preemptions by pool and reason, requests by final
@@ -157,6 +158,16 @@ _NODE_KEY_GAUGES = {
     "free": "Node capacity minus allocated, per key (below 0 after a shrink until the reconciler"
     " acts)",
 }
+# Per shared device (docs/placement.md, "Sharing a GPU"), from respool.device_usage: row field ->
+# (metric, help).
+_DEVICE_GAUGES = {
+    "memory_mb": (
+        "respool_device_memory_offered_mb",
+        "A shared device's memory offered to slices (device memory less what it keeps back)",
+    ),
+    "memory_used": ("respool_device_memory_sliced_mb", "Memory its slices hold, in MiB"),
+    "slices": ("respool_device_slice_holders", "Requests holding a slice of it"),
+}
 _POLICY_GAUGES = {
     "used": "Units a subject holds in a pool",
     "reserved": "A subject's reserved share",
@@ -201,6 +212,10 @@ async def _state_gauges(registry: CollectorRegistry, pool: asyncpg.Pool) -> None
     per_policy = per("policy", _POLICY_GAUGES, "pool", "subject", "key")
     per_node = per("node", _NODE_KEY_GAUGES, "pool", "node", "key")
     per_rate = [(f, gauge(name, doc, "pool", "subject", "key")) for f, name, doc in _RATE_GAUGES]
+    per_device = [
+        (f, gauge(name, doc, "pool", "node", "key", "device"))
+        for f, (name, doc) in _DEVICE_GAUGES.items()
+    ]
     node_state = gauge(
         "respool_node_state",
         "1 for a node's current state (active, cordoned, draining), 0 for the others",
@@ -261,6 +276,8 @@ async def _state_gauges(registry: CollectorRegistry, pool: asyncpg.Pool) -> None
         _set_fields(per_rate, rate, rate.pool, rate.subject or "", rate.key)
     for nk in await db_metrics.node_key_rows(pool):
         _set_fields(per_node, nk, nk.pool or "", nk.node, nk.key)
+    for d in await db_metrics.device_rows(pool):
+        _set_fields(per_device, d, d.pool or "", d.node, d.key, d.device)
     for ns in await db_metrics.node_states(pool):
         for state in NODE_STATES:
             node_state.labels(ns.pool or "", ns.node, state).set(1 if ns.state == state else 0)

@@ -21,6 +21,7 @@ from app.db.executor import Executor, _as
 from app.db.named import query
 
 __all__ = [
+    "DeviceRow",
     "NodeKeyRow",
     "NodeStateRow",
     "PoolKeyRow",
@@ -29,6 +30,7 @@ __all__ = [
     "TallyRow",
     "connection",
     "database_now",
+    "device_rows",
     "invariant_violation_counts",
     "node_key_rows",
     "node_states",
@@ -91,6 +93,22 @@ class NodeKeyRow(msgspec.Struct, frozen=True):
 
 # Per node and key: ``respool.node_usage``.
 node_key_rows = _query_rows("node_key_rows", NodeKeyRow)
+
+
+class DeviceRow(msgspec.Struct, frozen=True):
+    """One shared device of a node (docs/placement.md, "Sharing a GPU")."""
+
+    pool: str | None  # None: a node in no pool
+    node: str
+    key: str
+    device: str
+    memory_mb: int  # its offer to slices: device memory less what it keeps back
+    memory_used: int  # what its slices hold
+    slices: int  # how many slices it has (each a holder)
+
+
+# Per shared device: ``respool.device_usage``.
+device_rows = _query_rows("device_rows", DeviceRow)
 
 
 class NodeStateRow(msgspec.Struct, frozen=True):

@@ -47,6 +47,13 @@ SELECT pl.name AS pool, p.subject, p.active,
 -- Per node and key it tracks: respool.node_usage (pool NULL: a node in no pool).
 SELECT pool, node, state, key, capacity, allocated, free FROM respool.node_usage;
 
+-- device_rows --
+-- Per shared device (docs/placement.md, "Sharing a GPU"): respool.device_usage, devices of a key
+-- with a sharing mode only (pool NULL: a node in no pool).
+SELECT pool, node, key, device, memory_mb, memory_used, slices
+  FROM respool.device_usage
+ WHERE sharing IS NOT NULL;
+
 -- node_states --
 -- Every node with its pool and state, keys or not (respool.node_usage has a row per key only).
 SELECT pl.name AS pool, n.name AS node, n.state

@@ -119,3 +119,32 @@ async def test_node_invariants_are_counted(srv: tuple[Server, asyncpg.Connection
     assert get(m, "respool_invariant_violations", invariant="I6") == 1
     assert get(m, "respool_invariant_violations", invariant="I5") == 0
     assert get(m, "respool_node_allocated", pool="box", node="box1", key="mcpu") == 5
+
+
+async def test_shared_device_gauges(srv: tuple[Server, asyncpg.Connection]) -> None:
+    """Per shared device: the memory it offers to slices, what its slices hold, how many."""
+    server, conn = srv
+    await conn.execute("SELECT respool.create_pool(p_name => 'nb')")
+    await conn.execute("SELECT respool.create_policy(p_subject => 'S', p_pool => 'nb')")
+    await _node(conn, {"name": "nb1", "pool": "nb", "devices": {"gpu": ["0", "1"]},
+                       "sharing": {"gpu": "mps"}, "device_memory_mb": {"gpu": 81920},
+                       "reserved_memory_mb": {"gpu": 512}})  # fmt: skip
+    placed = []
+    for memory, share in ((20480, 50), (10240, None)):
+        resources = {"gpu_memory_mb": memory} | ({"gpu_share": share} if share else {})
+        made = await conn.fetchval(
+            "SELECT (respool.create_request($1)).request",
+            {"subject": "S", "pool": "nb", "resources": resources},
+        )
+        assert made["status"] == "allocated"
+        placed.append(made["placement"]["devices"]["gpu"][0])
+    assert placed[0] == placed[1]  # pack: the second slice joins the first
+    sliced, spare = placed[0], "1" if placed[0] == "0" else "0"
+    m = await scrape(server)
+    for device, used, holders in ((sliced, 30720, 2), (spare, 0, 0)):
+        labels = {"pool": "nb", "node": "nb1", "key": "gpu", "device": device}
+        assert get(m, "respool_device_memory_offered_mb", **labels) == 81408
+        assert get(m, "respool_device_memory_sliced_mb", **labels) == used
+        assert get(m, "respool_device_slice_holders", **labels) == holders
+    # devices handed out whole only (box1) have no device series
+    assert not [k for k in m if k[0].startswith("respool_device_") and ("node", "box1") in k[1]]
