@@ -33,6 +33,7 @@ __all__ = [
     "NodeRow",
     "PoolRow",
     "QueueRow",
+    "SliceRow",
     "dashboard_data",
 ]
 
@@ -47,13 +48,27 @@ class NodeKeyRow(msgspec.Struct, frozen=True):
     named: bool
 
 
+class SliceRow(msgspec.Struct, frozen=True):
+    """A slice of a shared device and its holder (docs/placement.md, "Sharing a GPU")."""
+
+    request_id: UUID
+    subject: str
+    memory_mb: int
+    share: int | None  # null: no compute share promised
+
+
 class DeviceRow(msgspec.Struct, frozen=True):
-    """One named device of a node, in list order, and the request holding it (null: free)."""
+    """One named device of a node, in list order, and the request holding it whole (null: not
+    held whole). A shared device has its ``sharing`` mode, its ``memory_mb`` offer to slices
+    and its ``slices`` (largest first); a device of a key not shared: null, null and []."""
 
     key: str
     device: str
     request_id: UUID | None
     subject: str | None
+    sharing: str | None = None
+    memory_mb: int | None = None
+    slices: list[SliceRow] = []
 
 
 class NodeRow(msgspec.Struct, frozen=True):

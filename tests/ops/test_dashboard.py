@@ -385,6 +385,97 @@ async def test_chromium_draws_one_cell_per_device_coloured_by_holder(
     assert (tmp_path / "nodes.png").read_bytes().startswith(b"\x89PNG")
 
 
+# --- a shared device: its slices, sized by memory and coloured by holder -----------------------
+
+
+@pytest.fixture
+async def shared_live(db_url: str) -> AsyncIterator[tuple[Server, dict[str, Any]]]:
+    """Pool nb backed by node nb-1 (gpus 0..2 shared under mps, 81920 MiB each, 512 kept back):
+    two slices packed on one device, one request holding another device whole."""
+    async with running_server(db_url) as srv:
+        c = srv.client
+
+        async def ok(url: str, **body: Any) -> Any:
+            r = await c.post(url, json=body)
+            assert r.is_success, r.text
+            return r.json()
+
+        await ok("/v1/pools", name="nb", capacity={})
+        await ok("/v1/nodes", name="nb-1", pool="nb", devices={"gpu": ["0", "1", "2"]},
+                 sharing={"gpu": "mps"}, device_memory_mb={"gpu": 81920},
+                 reserved_memory_mb={"gpu": 512})  # fmt: skip
+        for subject in ("team:a", "team:b", "team:w"):
+            await ok("/v1/policies", subject=subject, pool="nb")
+        held = {
+            "a": await ok("/v1/requests", subject="team:a", pool="nb",
+                          resources={"gpu_memory_mb": 40960, "gpu_share": 50}),
+            "b": await ok("/v1/requests", subject="team:b", pool="nb",
+                          resources={"gpu_memory_mb": 20480}),
+            "w": await ok("/v1/requests", subject="team:w", pool="nb", resources={"gpu": 1}),
+        }  # fmt: skip
+        for r in held.values():
+            assert r["status"] == "allocated", r
+        yield srv, held
+
+
+async def test_dashboard_data_has_each_shared_devices_slices(
+    shared_live: tuple[Server, dict[str, Any]],
+) -> None:
+    srv, held = shared_live
+    data = (await srv.client.get("/v1/dashboard")).json()
+    (node,) = next(p for p in data["pools"] if p["name"] == "nb")["nodes"]
+    devices = {d["device"]: d for d in node["devices"]}
+    sliced = held["a"]["placement"]["devices"]["gpu"][0]
+    assert held["b"]["placement"]["devices"]["gpu"] == [sliced]  # pack: one device
+    whole = held["w"]["placement"]["devices"]["gpu"][0]
+    for d in devices.values():
+        assert d["key"] == "gpu" and d["sharing"] == "mps" and d["memory_mb"] == 81408
+    # the slices, largest first, each with its holder, memory and share (null: none asked)
+    assert devices[sliced]["request_id"] is None
+    assert devices[sliced]["slices"] == [
+        {"request_id": held["a"]["id"], "subject": "team:a", "memory_mb": 40960, "share": 50},
+        {"request_id": held["b"]["id"], "subject": "team:b", "memory_mb": 20480, "share": None},
+    ]
+    # a device held whole has its holder and no slices; a free one neither
+    assert devices[whole]["request_id"] == held["w"]["id"] and devices[whole]["slices"] == []
+    (spare,) = set(devices) - {sliced, whole}
+    assert devices[spare]["request_id"] is None and devices[spare]["slices"] == []
+    keys = {k["key"]: k for k in node["keys"]}
+    assert keys["gpu_memory_mb"] == {
+        "key": "gpu_memory_mb", "capacity": 3 * 81408, "used": 40960 + 20480 + 81408,
+        "named": False,
+    }  # fmt: skip
+
+
+@in_chromium
+async def test_chromium_draws_a_shared_devices_slices(
+    shared_live: tuple[Server, dict[str, Any]], tmp_path: Path
+) -> None:
+    srv, held = shared_live
+    url = srv.url + "/"
+    dom = (
+        await _chromium(tmp_path / "dom", "--virtual-time-budget=5000", "--dump-dom", url)
+    ).decode()
+    assert 'data-ready="1"' in dom, dom[:2000]
+
+    def parts(device: str) -> list[tuple[str, float]]:
+        """The cell of ``device``: each part's holder and width in percent."""
+        cell = dom.split(f'data-device="{device}"')[1].split('class="cell')[0]
+        found = re.findall(r'class="slice" data-holder="([^"]+)" style="width:\s*([0-9.]+)%', cell)
+        return [(rid, round(float(width), 1)) for rid, width in found]
+
+    sliced = held["a"]["placement"]["devices"]["gpu"][0]
+    assert parts(sliced) == [
+        (held["a"]["id"], round(100 * 40960 / 81408, 1)),
+        (held["b"]["id"], round(100 * 20480 / 81408, 1)),
+    ]
+    assert parts(held["w"]["placement"]["devices"]["gpu"][0]) == [(held["w"]["id"], 100.0)]
+    assert dom.count('data-sharing="mps"') == 3
+    # the legend names every holder, of a slice or of a whole device
+    for r in held.values():
+        assert f'class="holder" data-holder="{r["id"]}"' in dom
+
+
 # --- auth on: a prompt for a token, never an empty dashboard -----------------------------------
 
 

@@ -114,6 +114,33 @@ function holderColour(id) {
 
 function holderName(d) { return d.subject + " (" + shortId(d.request_id) + ")"; }
 
+// A shared device not held whole: a wider cell with one part per slice, its width the slice's
+// part of the device's offer, coloured by its holder; the rest of the cell is its free memory.
+// A holder of the whole device fills the cell.
+function sharedCell(key, d, holders) {
+  const parts = d.request_id
+    ? [{ request_id: d.request_id, subject: d.subject, memory_mb: d.memory_mb, share: null, whole: true }]
+    : d.slices;
+  const held = parts.reduce((sum, s) => sum + s.memory_mb, 0);
+  const free = d.memory_mb - held;
+  const cell = el("div", {
+    class: "cell shared" + (parts.length ? " held" : ""), "data-device": d.device,
+    "data-sharing": d.sharing,
+    title: key + " " + d.device + " (" + d.sharing + "): " + free + " of " + d.memory_mb + " MiB free",
+  });
+  for (const s of parts) {
+    const width = d.memory_mb ? (100 * s.memory_mb / d.memory_mb).toFixed(2) + "%" : "0%";
+    cell.append(el("div", {
+      class: "slice", "data-holder": s.request_id,
+      style: "width:" + width + ";background:" + holderColour(s.request_id),
+      title: key + " " + d.device + ": " + holderName(s) + (s.whole ? ", whole" : ", " + s.memory_mb + " MiB" +
+        (s.share === null ? "" : ", " + s.share + "%")),
+    }));
+    holders.set(s.request_id, s);
+  }
+  return cell;
+}
+
 // One node of a pool: a row of cells per key with named devices (one cell per device, coloured
 // by its holder), a bar per key of anonymous units, and a legend naming each holder.
 function nodeBlock(node) {
@@ -130,6 +157,10 @@ function nodeBlock(node) {
     if (k.named) {
       const cells = el("div", { class: "cells" });
       for (const d of node.devices.filter((x) => x.key === k.key)) {
+        if (d.sharing) {
+          cells.append(sharedCell(k.key, d, holders));
+          continue;
+        }
         const attrs = { class: "cell" + (d.request_id ? " held" : ""), "data-device": d.device };
         if (d.request_id) {
           attrs["data-holder"] = d.request_id;
