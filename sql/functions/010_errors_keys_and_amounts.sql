@@ -32,6 +32,28 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION respool._absent_object(jsonb, text, text) IS 'The shared first check of an optional JSON object argument: true when absent (SQL or JSON null), false when an object; RP400 naming p_field with p_message otherwise.';
 
+CREATE OR REPLACE FUNCTION respool._absent_map(p_map jsonb, p_field text, p_message text,
+                                               p_label_keys boolean DEFAULT false)
+RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_pattern text := CASE WHEN p_label_keys THEN respool._label_key_pattern() ELSE respool._key_pattern() END;
+    v_bad text;
+BEGIN
+    IF respool._absent_object(p_map, p_field, p_message) THEN
+        RETURN true;
+    END IF;
+    IF (SELECT count(*) FROM jsonb_object_keys(p_map)) > respool._max_keys() THEN
+        PERFORM respool._fail('RP400', p_field, format('%s has more than %s keys', p_field, respool._max_keys()));
+    END IF;
+    SELECT left(k, 70) INTO v_bad FROM jsonb_object_keys(p_map) k WHERE k !~ v_pattern ORDER BY k LIMIT 1;
+    IF FOUND THEN
+        PERFORM respool._fail('RP400', p_field || '.' || v_bad, format('%s: bad %s key %L (expected %s)',
+            p_field, CASE WHEN p_label_keys THEN 'label' ELSE 'resource' END, v_bad, v_pattern));
+    END IF;
+    RETURN false;
+END $$;
+COMMENT ON FUNCTION respool._absent_map(jsonb, text, text, boolean) IS 'The shared shape check of a map argument keyed by resource keys (p_label_keys: label keys): true when absent (respool._absent_object, p_message when not an object); else at most respool._max_keys() keys, each matching its pattern (RP400 naming p_field, or p_field.key for the first bad key in key order), and false. The caller checks the values.';
+
 CREATE OR REPLACE FUNCTION respool._is_soft_key(p_key text)
 RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT p_key IN ('mcpu', 'memory_mb', 'step_run')
@@ -67,17 +89,10 @@ DECLARE
     result jsonb := '{}';
     n bigint;
 BEGIN
-    IF respool._absent_object(p_map, p_field, format('%s must be an object of key: integer', p_field)) THEN
+    IF respool._absent_map(p_map, p_field, format('%s must be an object of key: integer', p_field)) THEN
         RETURN '{}';
     END IF;
-    IF (SELECT count(*) FROM jsonb_object_keys(p_map)) > respool._max_keys() THEN
-        PERFORM respool._fail('RP400', p_field, format('%s has more than %s keys', p_field, respool._max_keys()));
-    END IF;
     FOR k, v IN SELECT * FROM jsonb_each(p_map) LOOP
-        IF k !~ respool._key_pattern() THEN
-            PERFORM respool._fail('RP400', p_field || '.' || left(k, 70),
-                format('%s: bad resource key %L (expected %s)', p_field, left(k, 70), respool._key_pattern()));
-        END IF;
         n := respool._amount(v, p_field || '.' || k);
         IF n > 0 OR p_keep_zeros THEN
             result := result || jsonb_build_object(k, n);

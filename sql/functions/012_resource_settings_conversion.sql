@@ -84,17 +84,10 @@ DECLARE
     k text;
     v jsonb;
 BEGIN
-    IF respool._absent_object(p_map, p_field, p_field || ' must be an object of label: string') THEN
+    IF respool._absent_map(p_map, p_field, p_field || ' must be an object of label: string', true) THEN
         RETURN '{}';
     END IF;
-    IF (SELECT count(*) FROM jsonb_object_keys(p_map)) > respool._max_keys() THEN
-        PERFORM respool._fail('RP400', p_field, format('%s has more than %s keys', p_field, respool._max_keys()));
-    END IF;
     FOR k, v IN SELECT * FROM jsonb_each(p_map) ORDER BY 1 LOOP
-        IF k !~ respool._label_key_pattern() THEN
-            PERFORM respool._fail('RP400', p_field || '.' || left(k, 70),
-                format('%s: bad label key %L (expected %s)', p_field, left(k, 70), respool._label_key_pattern()));
-        END IF;
         CONTINUE WHEN p_allow_null AND jsonb_typeof(v) = 'null';
         IF jsonb_typeof(v) <> 'string' THEN
             PERFORM respool._fail('RP400', p_field || '.' || k, format('%s.%s must be a string', p_field, k));

@@ -523,17 +523,10 @@ BEGIN
         PERFORM respool._fail('RP400', 'capacity.' || k, format(
             'capacity.%s: %s is a rate key of pool %s; set its amount under rates', k, k, v_name));
     END IF;
-    IF respool._absent_object(p_rates, 'rates', 'rates must be an object of key: {"amount": int, "per_seconds": int}') THEN
+    IF respool._absent_map(p_rates, 'rates', 'rates must be an object of key: {"amount": int, "per_seconds": int}') THEN
         RETURN;
     END IF;
-    IF (SELECT count(*) FROM jsonb_object_keys(p_rates)) > respool._max_keys() THEN
-        PERFORM respool._fail('RP400', 'rates', format('rates has more than %s keys', respool._max_keys()));
-    END IF;
     FOR k, v IN SELECT * FROM jsonb_each(p_rates) ORDER BY 1 LOOP
-        IF k !~ respool._key_pattern() THEN
-            PERFORM respool._fail('RP400', 'rates.' || left(k, 70),
-                format('rates: bad resource key %L (expected %s)', left(k, 70), respool._key_pattern()));
-        END IF;
         -- (nodes count their keys per machine: a key a node tracks is no budget of the pool)
         IF EXISTS (SELECT FROM respool.node_resources nr JOIN respool.nodes n ON n.id = nr.node_id
                     WHERE n.pool_id = p_pool_id AND nr.key = k) THEN

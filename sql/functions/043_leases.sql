@@ -13,26 +13,16 @@ DECLARE
     k text;
     v jsonb;
 BEGIN
-    IF p_usage IS NULL OR jsonb_typeof(p_usage) = 'null' THEN
+    IF respool._absent_map(p_usage, 'usage',
+                           'usage must be an object of <key>_memory_mb to the MiB used, e.g. {"gpu_memory_mb": 20480}') THEN
         RETURN;
     END IF;
-    IF jsonb_typeof(p_usage) <> 'object' THEN
-        PERFORM respool._fail('RP400', 'usage',
-                              'usage must be an object of <key>_memory_mb to the MiB used, e.g. {"gpu_memory_mb": 20480}');
-    END IF;
-    IF (SELECT count(*) FROM jsonb_object_keys(p_usage)) > respool._max_keys() THEN
-        PERFORM respool._fail('RP400', 'usage', format('usage: at most %s keys', respool._max_keys()));
-    END IF;
     FOR k, v IN SELECT key, value FROM jsonb_each(p_usage) ORDER BY key LOOP
-        IF k !~ respool._key_pattern() OR k !~ '^[a-z][a-z0-9_]*_memory_mb$' THEN
-            PERFORM respool._fail('RP400', 'usage.' || left(k, 64), format(
-                'usage.%s: not a <K>_memory_mb key (the memory of a slice of device key K, e.g. gpu_memory_mb)',
-                left(k, 64)));
-        END IF;
-        IF jsonb_typeof(v) <> 'number' OR v::text !~ '^[0-9]{1,16}$' OR v::text::bigint > respool._max_amount() THEN
+        IF k !~ '_memory_mb$' THEN
             PERFORM respool._fail('RP400', 'usage.' || k, format(
-                'usage.%s must be a whole number of MiB from 0 to %s, got %s', k, respool._max_amount(), left(v::text, 40)));
+                'usage.%s: not a <K>_memory_mb key (the memory of a slice of device key K, e.g. gpu_memory_mb)', k));
         END IF;
+        PERFORM respool._amount(v, 'usage.' || k);
     END LOOP;
 END $$;
 COMMENT ON FUNCTION respool._check_usage(jsonb) IS 'Validates a heartbeat''s usage (NULL: none): an object of at most _max_keys() <K>_memory_mb keys, each a whole number of MiB from 0 to _max_amount(); RP400 naming usage or usage.<key>.';

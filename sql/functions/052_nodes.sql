@@ -44,17 +44,10 @@ DECLARE
     v jsonb;
     d jsonb;
 BEGIN
-    IF respool._absent_object(p_devices, 'devices', 'devices must be an object of key: [device id, ...]') THEN
+    IF respool._absent_map(p_devices, 'devices', 'devices must be an object of key: [device id, ...]') THEN
         RETURN '{}';
     END IF;
-    IF (SELECT count(*) FROM jsonb_object_keys(p_devices)) > respool._max_keys() THEN
-        PERFORM respool._fail('RP400', 'devices', format('devices has more than %s keys', respool._max_keys()));
-    END IF;
     FOR k, v IN SELECT * FROM jsonb_each(p_devices) ORDER BY 1 LOOP
-        IF k !~ respool._key_pattern() THEN
-            PERFORM respool._fail('RP400', 'devices.' || left(k, 70),
-                format('devices: bad resource key %L (expected %s)', left(k, 70), respool._key_pattern()));
-        END IF;
         CONTINUE WHEN p_allow_null AND jsonb_typeof(v) = 'null';
         IF jsonb_typeof(v) <> 'array' OR jsonb_array_length(v) = 0 THEN
             PERFORM respool._fail('RP400', 'devices.' || k, format(
@@ -153,17 +146,10 @@ DECLARE
     v jsonb;
 BEGIN
     -- sharing {key: mode}, device_memory_mb {key: MiB > 0}, reserved_memory_mb {key: MiB >= 0}
-    IF respool._absent_object(p_map, p_field, format('%s must be an object keyed by a device key', p_field)) THEN
+    IF respool._absent_map(p_map, p_field, format('%s must be an object keyed by a device key', p_field)) THEN
         RETURN '{}';
     END IF;
-    IF (SELECT count(*) FROM jsonb_object_keys(p_map)) > respool._max_keys() THEN
-        PERFORM respool._fail('RP400', p_field, format('%s has more than %s keys', p_field, respool._max_keys()));
-    END IF;
     FOR k, v IN SELECT * FROM jsonb_each(p_map) ORDER BY 1 LOOP
-        IF k !~ respool._key_pattern() THEN
-            PERFORM respool._fail('RP400', p_field || '.' || left(k, 70),
-                format('%s: bad resource key %L (expected %s)', p_field, left(k, 70), respool._key_pattern()));
-        END IF;
         CONTINUE WHEN p_allow_null AND jsonb_typeof(v) = 'null';
         IF p_field = 'sharing' THEN
             IF jsonb_typeof(v) IS DISTINCT FROM 'string' OR (v #>> '{}') NOT IN ('mps', 'time-slicing') THEN
