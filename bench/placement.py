@@ -43,9 +43,10 @@ import random
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from uuid import UUID
 
 import asyncpg
@@ -274,6 +275,45 @@ class FragFigures:
         return out
 
 
+class _Replayed(Protocol):
+    queued: Any
+    ends: Any
+
+    async def submit(self, *job: Any) -> None: ...
+    async def settle(self) -> None: ...
+    async def release_next(self) -> None: ...
+
+
+async def _replay_trace(
+    sim: _Replayed,
+    todo: Iterator[tuple[Any, ...]],
+    depth: int,
+    what: str,
+    after_release: Callable[[], Awaitable[None]],
+) -> None:
+    """Replays a trace on a simulated clock: keeps ``depth`` jobs waiting, and at each step
+    ends the holding that ends first, settles (``after_release``), tops the queue up and settles
+    again, until the trace is exhausted."""
+
+    async def top_up() -> bool:
+        while len(sim.queued) < depth:
+            job = next(todo, None)
+            if job is None:
+                return False
+            await sim.submit(*job)
+        return True
+
+    more = await top_up()
+    await sim.settle()
+    while more:
+        if not sim.ends:
+            raise SystemExit(f"placement {what}: nothing runs and the queue is stuck")
+        await sim.release_next()
+        await after_release()
+        more = await top_up()
+        await sim.settle()
+
+
 class _Sim:
     """One replay of the trace on one pool, with the engine deciding every grant."""
 
@@ -377,27 +417,10 @@ async def _replay(
         await conn.execute("SELECT respool.create_policy(p_subject => 'frag', p_pool => $1)", pool)
         sim = _Sim(conn, pool, pool_id, nodes * gpn, mode != "abstract")
         started = time.perf_counter()
-        todo = iter(jobs)
-        exhausted = False
-
-        async def top_up() -> None:
-            nonlocal exhausted
-            while len(sim.queued) < depth and not exhausted:
-                job = next(todo, None)
-                if job is None:
-                    exhausted = True
-                    break
-                await sim.submit(*job)
-
-        await top_up()
-        await sim.settle()
-        while not exhausted:
-            if not sim.ends:
-                raise SystemExit("placement fragmentation: nothing runs and the queue is stuck")
-            await sim.release_next()
-            await sim.settle(count=False)
-            await top_up()
-            await sim.settle()
+        # (after a release the instant is not over: its waits are counted at the next settle)
+        await _replay_trace(
+            sim, iter(jobs), depth, "fragmentation", lambda: sim.settle(count=False)
+        )
         wall = time.perf_counter() - started
         await _healthy(conn, f"fragmentation ({mode})")
     finally:
@@ -835,27 +858,8 @@ async def _replay_slices(
         )
         sim = _SliceSim(conn, pool, pool_id, nodes * gpn)
         todo = iter([(j if mode == "mixed" else j.whole(), j.needs_mb) for j in work])
-        exhausted = False
         started = time.perf_counter()
-
-        async def top_up() -> None:
-            nonlocal exhausted
-            while len(sim.queued) < depth and not exhausted:
-                job = next(todo, None)
-                if job is None:
-                    exhausted = True
-                    break
-                await sim.submit(*job)
-
-        await top_up()
-        await sim.settle()
-        while not exhausted:
-            if not sim.ends:
-                raise SystemExit("placement slices: nothing runs and the queue is stuck")
-            await sim.release_next()
-            await sim.settle()
-            await top_up()
-            await sim.settle()
+        await _replay_trace(sim, todo, depth, "slices", sim.settle)
         wall = time.perf_counter() - started
         await _healthy(conn, f"slices ({mode})")
     finally:
