@@ -114,17 +114,8 @@ def parse_gpus(text: str) -> list[Gpu]:
 def parse_mig(text: str) -> dict[int, list[str]]:
     """``nvidia-smi -L``: the MIG device UUIDs under each GPU index, in listing order (GPUs
     without MIG devices are left out)."""
-    out: dict[int, list[str]] = {}
-    current: int | None = None
-    for line in text.splitlines():
-        gpu = _GPU_LINE.match(line)
-        if gpu:
-            current = int(gpu.group(1))
-            continue
-        mig = _MIG_LINE.match(line)
-        if mig and current is not None:
-            out.setdefault(current, []).append(mig.group(3).strip())
-    return out
+    by_gpu = parse_mig_profiles(text)
+    return {gpu: [uuid for _profile, uuid in migs] for gpu, migs in by_gpu.items()}
 
 
 def parse_mig_profiles(text: str) -> dict[int, list[tuple[str, str]]]:
