@@ -129,6 +129,12 @@ async def test_node_describe_shows_each_slice_and_the_free_memory(cli: Cli) -> N
     assert ["gpu", whole, w["id"][:8], "team:w", "whole", f"0/{offer}", "MiB", "(mps)"] in rows
     spare = next(d for d in ("0", "1", "2") if d not in (sliced, whole))
     assert ["gpu", spare, "-", "-", "-", f"{offer}/{offer}", "MiB", "(mps)"] in rows
+    # in a terminal of 80 columns every line fits, and each holder is still named
+    narrow = await cli.api("node", "describe", "nb-01", COLUMNS="80")
+    assert narrow.exit_code == 0, narrow.output
+    assert max(len(line) for line in narrow.stdout.splitlines()) <= 80, narrow.stdout
+    for held in (a, b, w):
+        assert held["id"][:8] in narrow.stdout
     # the derived keys count the memory and share, and say where they come from
     capacity = {line.split()[0]: line.split() for line in out.splitlines() if "gpu_" in line}
     assert capacity["gpu_memory_mb"][1:3] == [str(3 * 81408), str(20480 + 10240 + 81408)]
