@@ -8,11 +8,8 @@ DECLARE
     v_count bigint;
     v_bad text;
 BEGIN
-    IF p_job IS NULL OR p_job = 'null'::jsonb THEN
+    IF respool._absent_object(p_job, 'job', 'job must be an object with command, env, workdir, name') THEN
         RETURN;
-    END IF;
-    IF jsonb_typeof(p_job) <> 'object' THEN
-        PERFORM respool._fail('RP400', 'job', 'job must be an object with command, env, workdir, name');
     END IF;
     SELECT min(k) INTO v_bad FROM jsonb_object_keys(p_job) k
      WHERE k NOT IN ('command', 'env', 'workdir', 'name', 'array_index');

@@ -108,12 +108,14 @@ async def test_a_job_is_created_and_its_env_values_never_shown(jobs: Setup) -> N
 
 async def test_bad_jobs_are_refused_naming_the_field(jobs: Setup) -> None:
     s = jobs
-    for job, field in (
+    job_cases: list[tuple[object, str]] = [
+        (["x"], "job"),
         ({"command": []}, "job.command"),
         ({"command": ["x", ""]}, "job.command"),
         ({"command": ["x"], "env": {"1BAD": "v"}}, "job.env.1BAD"),
         ({"command": ["x"], "name": "n" * 129}, "job.name"),
-    ):
+    ]
+    for job, field in job_cases:
         body = {"subject": "team", "pool": "p", "resources": {"gpu": 1}, "job": job}
         answer = await s.c.post("/v1/requests", headers=s.client, json=body)
         err = error(answer, 400)
