@@ -206,7 +206,15 @@ $$;
 COMMENT ON FUNCTION respool._slice_needs(jsonb) IS
     'The slices a need asks: per key <K>_memory_mb of the need, the device key K, the memory (MiB) and the share (<K>_share, NULL when not asked). Whether K is shared is the node''s (respool._device_places). Inlined (SQL).';
 
-CREATE OR REPLACE FUNCTION respool._device_places(p_pool_id uuid, p_need jsonb, p_moving boolean DEFAULT false)
+CREATE OR REPLACE FUNCTION respool._device_rank(p_spread boolean, p_left bigint)
+RETURNS bigint LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN p_spread THEN -p_left ELSE p_left END
+$$;
+COMMENT ON FUNCTION respool._device_rank(boolean, bigint) IS
+    'THE placement order of a slice among the devices that fit it, lowest first: pack takes the device left with the least memory once placed, p_spread the most (ties: list order, the caller''s). Inlined (SQL).';
+
+CREATE OR REPLACE FUNCTION respool._device_places(p_pool_id uuid, p_need jsonb, p_moving boolean DEFAULT false,
+                                                  p_node_id uuid DEFAULT NULL)
 RETURNS TABLE (node_id uuid, node_name text, state text, labels jsonb, agent text, key text, device text,
                "position" integer, sharing text, slice boolean, wanted bigint, need_memory bigint, need_share bigint,
                memory bigint, share bigint, memory_used bigint, share_used bigint, held boolean,
@@ -256,12 +264,12 @@ LANGUAGE sql STABLE AS $$
                    p_moving AND d.holder_id IS NOT NULL
                    AND EXISTS (SELECT FROM respool.requests v WHERE v.id = d.holder_id AND v.status = 'preempting')
                        AS holder_leaving) m
-     WHERE NOT w.slice OR nr.sharing IS NOT NULL
+     WHERE (NOT w.slice OR nr.sharing IS NOT NULL) AND (p_node_id IS NULL OR n.id = p_node_id)
 $$;
-COMMENT ON FUNCTION respool._device_places(uuid, jsonb, boolean) IS
-    'THE device places of a pool: one row per device of its nodes (any state; with the node''s attributes) that p_need may use: of a key it asks whole devices of (wanted: how many) or of a shared key it asks a slice of (<K>_memory_mb, <K>_share; wanted 1). need: the slice, or a whole device''s offer and 100 (0 and 0 when not shared); use, holder; rooms now (held whole: -1), fits (now) and fits_ever (empty); with p_moving, what victims in their grace period hold there and the settled rooms (them gone). Inlined (SQL).';
+COMMENT ON FUNCTION respool._device_places(uuid, jsonb, boolean, uuid) IS
+    'THE device places of a pool: one row per device of its nodes (any state; with the node''s attributes; only node p_node_id''s when given) that p_need may use: of a key it asks whole devices of (wanted: how many) or of a shared key it asks a slice of (<K>_memory_mb, <K>_share; wanted 1). need: the slice, or a whole device''s offer and 100 (0 and 0 when not shared); use, holder; rooms now (held whole: -1), fits (now) and fits_ever (empty); with p_moving, what victims in their grace period hold there and the settled rooms (them gone). Inlined (SQL).';
 
-CREATE OR REPLACE FUNCTION respool._device_fit(p_pool_id uuid, p_need jsonb, p_spread boolean)
+CREATE OR REPLACE FUNCTION respool._device_fit(p_pool_id uuid, p_need jsonb, p_spread boolean, p_node_id uuid DEFAULT NULL)
 RETURNS TABLE (node_id uuid, fits boolean, fits_ever boolean, best_left bigint, slots bigint, whole_left bigint)
 LANGUAGE sql STABLE AS $$
     -- Per node and key: enough fitting devices (a slice: one; whole: as many as wanted); the
@@ -282,12 +290,12 @@ LANGUAGE sql STABLE AS $$
                         THEN coalesce(sum(least(respool._how_many(p.need_memory, p.room_memory),
                                                 respool._how_many(p.need_share, p.room_share))) FILTER (WHERE p.fits), 0)
                         ELSE count(*) FILTER (WHERE p.fits) / greatest(max(p.wanted), 1) END AS slots
-              FROM respool._device_places(p_pool_id, p_need) p
+              FROM respool._device_places(p_pool_id, p_need, false, p_node_id) p
              GROUP BY p.node_id, p.key, p.slice) g
      GROUP BY g.node_id
 $$;
-COMMENT ON FUNCTION respool._device_fit(uuid, jsonb, boolean) IS
-    'The device level of the node rule, per node of the pool with a device p_need may use (respool._device_places): fits (every key it asks whole devices of has that many fitting devices, every slice a device with room), fits_ever (the same on empty devices), best_left (a slice''s device in the placement order: pack the least memory left once placed, p_spread the most), whole_left (the untouched devices whole ones leave) and slots (how many needs alike its devices hold now). A node without such a device has no row: its counters decide. Inlined (SQL).';
+COMMENT ON FUNCTION respool._device_fit(uuid, jsonb, boolean, uuid) IS
+    'The device level of the node rule, per node of the pool (only p_node_id when given) with a device p_need may use (respool._device_places): fits (every key it asks whole devices of has that many fitting devices, every slice a device with room), fits_ever (the same on empty devices), best_left (a slice''s device in the placement order: pack the least memory left once placed, p_spread the most), whole_left (the untouched devices whole ones leave) and slots (how many needs alike its devices hold now). A node without such a device has no row: its counters decide. Inlined (SQL).';
 
 CREATE OR REPLACE FUNCTION respool._device_fit_map(p_pool_id uuid, p_need jsonb, p_spread boolean DEFAULT false)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
@@ -343,7 +351,7 @@ BEGIN
     -- holds it (respool._device_fit, fits_ever).
     IF EXISTS (SELECT FROM respool.node_resources nr WHERE nr.node_id = p_node_id AND nr.sharing IS NOT NULL)
        AND EXISTS (SELECT FROM respool._device_fit((SELECT n.pool_id FROM respool.nodes n WHERE n.id = p_node_id),
-                                                   p_need, false) f
+                                                   p_need, false, p_node_id) f
                     WHERE f.node_id = p_node_id AND NOT f.fits_ever) THEN
         RETURN false;
     END IF;

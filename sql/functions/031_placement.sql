@@ -249,6 +249,18 @@ END $$;
 COMMENT ON FUNCTION respool._move_extra(uuid, jsonb, integer, boolean) IS
     'Charges (p_sign 1) or returns (-1) the memory and share of whole shared devices {<K>_memory_mb, <K>_share} on a pool''s counters alone. A grant''s charge is guarded (p_guard: used + n <= capacity, RP500 rather than over-allocate); a node change''s charge may come before the pool''s capacity is derived again, and gets a counter when there is none. CHECK used >= 0 catches a double return.';
 
+CREATE OR REPLACE FUNCTION respool._placing_order(p_needs jsonb[])
+RETURNS integer[] LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF cardinality(p_needs) <= 1 THEN
+        RETURN ARRAY(SELECT generate_subscripts(p_needs, 1));
+    END IF;
+    RETURN ARRAY(SELECT u.i FROM unnest(p_needs) WITH ORDINALITY u(m, i)
+                  ORDER BY (SELECT coalesce(sum(s.memory_mb), 0) FROM respool._slice_needs(u.m) s) DESC, u.i);
+END $$;
+COMMENT ON FUNCTION respool._placing_order(jsonb[]) IS
+    'The order in which the requests of one grant (a gang, a run) are put on nodes and devices: the most slice memory first (docs/placement.md, gangs of slices), then grant order. Indices into p_needs.';
+
 CREATE OR REPLACE FUNCTION respool._place(p_pool_id uuid, p_policy_id uuid, p_granted respool.requests[],
                                           p_nodes uuid[] DEFAULT NULL)
 RETURNS void LANGUAGE plpgsql AS $$
@@ -256,6 +268,7 @@ DECLARE
     v_req respool.requests;
     v_node uuid;
     v_gang_nodes uuid[] := '{}';
+    i integer;
 BEGIN
     -- The caller checked respool._fit_node first. RP501 (a gang that cannot be placed member by
     -- member) is for the caller's subtransaction to take the whole grant back.
@@ -271,9 +284,9 @@ BEGIN
     IF NOT respool._pool_has_nodes(p_pool_id) THEN
         RETURN;  -- placed in the pool as a whole: nothing below the pool to record
     END IF;
-    -- The placement: one node each, in grant order (a gang member by member; with distinct_nodes
+    -- The placement: one node each, in placing order (a gang member by member; with distinct_nodes
     -- never on a node another member of the same grant took).
-    FOR i IN 1..cardinality(p_granted) LOOP
+    FOREACH i IN ARRAY respool._placing_order(ARRAY(SELECT g.resources FROM unnest(p_granted) g)) LOOP
         v_req := p_granted[i];
         IF p_nodes[i] IS NULL AND v_req.command IS NULL
            AND respool._holds_no_node(p_pool_id, v_req.resources) THEN
@@ -291,7 +304,7 @@ BEGIN
     END LOOP;
 END $$;
 COMMENT ON FUNCTION respool._place(uuid, uuid, respool.requests[], uuid[]) IS
-    'Places requests the caller has just moved to allocated, in a pool it has locked, under one policy: charges their resources (np_charge: the non-preemptible part) on the pool''s and policy''s counters, RP500 rather than over-allocate; in a pool with nodes puts each, in order (but one that asks only rate keys of the pool and is no job: respool._holds_no_node), on p_nodes[i] or else the node respool._node_for chooses now, with its devices (respool._place_on_node; distinct_nodes gang members on different nodes), RP501 when one fits no node. Counterpart: respool._unplace.';
+    'Places requests the caller has just moved to allocated, in a pool it has locked, under one policy: charges their resources (np_charge: the non-preemptible part) on the pool''s and policy''s counters, RP500 rather than over-allocate; in a pool with nodes puts each, in respool._placing_order (but one holding only rate keys of the pool and no job: respool._holds_no_node), on p_nodes[i] or else the node respool._node_for chooses now, with its devices (respool._place_on_node; distinct_nodes gang members on different nodes), RP501 when one fits no node. Counterpart: respool._unplace.';
 
 CREATE OR REPLACE FUNCTION respool._placement_json(p_request_id uuid)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
@@ -531,7 +544,7 @@ BEGIN
         WITH wanted AS (
             SELECT d.key, d.device
               FROM (SELECT p.key, p.device, p.wanted, row_number() OVER (PARTITION BY p.key ORDER BY p.position) AS n
-                      FROM respool._device_places(v_pool_id, p_request.resources) p
+                      FROM respool._device_places(v_pool_id, p_request.resources, false, p_node_id) p
                      WHERE p.node_id = p_node_id AND NOT p.slice AND p.fits) d
              WHERE d.n <= d.wanted)
         UPDATE respool.node_devices t SET holder_id = p_request.id
@@ -551,9 +564,9 @@ BEGIN
                       JOIN respool.node_resources nr ON nr.node_id = p_node_id AND nr.key = s.key AND nr.sharing IS NOT NULL
                      ORDER BY s.key LOOP
             SELECT p.device INTO v_device
-              FROM respool._device_places(v_pool_id, p_request.resources) p
+              FROM respool._device_places(v_pool_id, p_request.resources, false, p_node_id) p
              WHERE p.node_id = p_node_id AND p.slice AND p.key = v_sl.key AND p.fits
-             ORDER BY CASE WHEN v_spread THEN -1 ELSE 1 END * (p.room_memory - p.need_memory), p.position
+             ORDER BY respool._device_rank(v_spread, p.room_memory - p.need_memory), p.position
              LIMIT 1;
             IF v_device IS NULL THEN
                 RAISE EXCEPTION 'request % fits no %s device of node % now', p_request.id, v_sl.key, p_node_id
@@ -781,6 +794,122 @@ END $$;
 COMMENT ON FUNCTION respool._gang_rooms(uuid, text[], jsonb, boolean, uuid) IS
     'The nodes of a pool matching p_selector a gang may use, in the pool''s placement order, and each one''s room of p_keys (sorted), flattened (room[(n-1)*K + k]; respool._node_places, the key rule deciding a key a node lacks). p_now: the active nodes, room now net of earmarks held there for requests other than p_request_id; else every node in any state, empty. Read-only.';
 
+CREATE OR REPLACE FUNCTION respool._gang_devices(p_pool_id uuid, p_needs jsonb[], p_node_ids uuid[], p_now boolean)
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_need jsonb;
+BEGIN
+    -- The shared device keys the members ask (whole devices of K or slices of K), as a need of
+    -- one whole device of each: its device places list every device of those keys.
+    SELECT jsonb_object_agg(k.key, 1) INTO v_need
+      FROM (SELECT x.key FROM unnest(p_needs) m CROSS JOIN LATERAL jsonb_object_keys(m) x(key)
+            UNION
+            SELECT s.key FROM unnest(p_needs) m CROSS JOIN LATERAL respool._slice_needs(m) s) k
+     WHERE EXISTS (SELECT FROM respool.node_resources nr JOIN respool.nodes n ON n.id = nr.node_id
+                    WHERE n.pool_id = p_pool_id AND nr.key = k.key AND nr.sharing IS NOT NULL);
+    IF v_need IS NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN (SELECT coalesce(jsonb_agg(jsonb_build_array(array_position(p_node_ids, p.node_id), p.key, p.memory,
+                                                        CASE WHEN p_now THEN p.room_memory ELSE p.memory END,
+                                                        CASE WHEN p_now THEN p.room_share ELSE p.share END)
+                                      ORDER BY array_position(p_node_ids, p.node_id), p.key, p.position), '[]')
+              FROM respool._device_places(p_pool_id, v_need) p
+             WHERE p.sharing IS NOT NULL AND p.node_id = ANY (p_node_ids));
+END $$;
+COMMENT ON FUNCTION respool._gang_devices(uuid, jsonb[], uuid[], boolean) IS
+    'The shared devices a gang''s members (p_needs) may use on the nodes p_node_ids, from the device places (respool._device_places): [[node index in p_node_ids, key, offer, memory room, share room], ...] in node, key and list order; rooms now (p_now; a device held whole -1) or empty. NULL when the members ask no key a node of the pool shares. Read-only.';
+
+CREATE OR REPLACE FUNCTION respool._devices_take(p_bin integer, p_need jsonb, p_spread boolean, p_dev_bin integer[],
+                                                 p_dev_key text[], p_offer bigint[], INOUT p_mem bigint[],
+                                                 INOUT p_share bigint[], OUT taken jsonb)
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    w record;
+    s record;
+    best integer;
+    n bigint;
+BEGIN
+    -- As respool._place_on_node puts a request on a node: whole devices of a key the node shares
+    -- on untouched devices in list order, then each slice on the device the placement order
+    -- takes (respool._device_rank, then list order).
+    taken := '[]';
+    FOR w IN SELECT x.key, x.value::bigint AS n FROM jsonb_each_text(p_need) x
+              WHERE x.value::bigint > 0
+                AND EXISTS (SELECT FROM generate_subscripts(p_dev_bin, 1) j WHERE p_dev_bin[j] = p_bin AND p_dev_key[j] = x.key) LOOP
+        n := 0;
+        FOR j IN 1..cardinality(p_dev_bin) LOOP
+            CONTINUE WHEN n = w.n OR p_dev_bin[j] <> p_bin OR p_dev_key[j] <> w.key
+                OR NOT (respool._fits_room(p_offer[j], p_mem[j]) AND respool._fits_room(100, p_share[j]));
+            taken := taken || jsonb_build_array(jsonb_build_array(j, p_mem[j] + 1, p_share[j] + 1));
+            p_mem[j] := -1;  -- held whole
+            p_share[j] := -1;
+            n := n + 1;
+        END LOOP;
+        IF n < w.n THEN
+            taken := NULL;
+            RETURN;
+        END IF;
+    END LOOP;
+    FOR s IN SELECT x.key, x.memory_mb, coalesce(x.share, 0) AS share FROM respool._slice_needs(p_need) x ORDER BY x.key LOOP
+        best := NULL;
+        FOR j IN 1..cardinality(p_dev_bin) LOOP
+            CONTINUE WHEN p_dev_bin[j] <> p_bin OR p_dev_key[j] <> s.key
+                OR NOT (respool._fits_room(s.memory_mb, p_mem[j]) AND respool._fits_room(s.share, p_share[j]));
+            IF best IS NULL OR respool._device_rank(p_spread, p_mem[j] - s.memory_mb)
+                               < respool._device_rank(p_spread, p_mem[best] - s.memory_mb) THEN
+                best := j;
+            END IF;
+        END LOOP;
+        IF best IS NULL THEN
+            taken := NULL;
+            RETURN;
+        END IF;
+        p_mem[best] := p_mem[best] - s.memory_mb;
+        p_share[best] := p_share[best] - s.share;
+        taken := taken || jsonb_build_array(jsonb_build_array(best, s.memory_mb, s.share));
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION respool._devices_take(integer, jsonb, boolean, integer[], text[], bigint[], bigint[], bigint[]) IS
+    'A simulation of placing need p_need on node (bin) p_bin over shared devices given as arrays (node bin, key, offer, memory room, share room; a device held whole has rooms -1), as placing does: the rooms after, and taken, what to give back when it ends ([[device index, memory, share], ...]); taken NULL when the devices cannot take it (rooms then partly changed: discard them). A key the node does not share is left to its counters.';
+
+CREATE OR REPLACE FUNCTION respool._devices_give(p_taken jsonb, INOUT p_mem bigint[], INOUT p_share bigint[])
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    t jsonb;
+BEGIN
+    FOR t IN SELECT jsonb_array_elements(coalesce(p_taken, '[]')) LOOP
+        p_mem[(t ->> 0)::integer] := p_mem[(t ->> 0)::integer] + (t ->> 1)::bigint;
+        p_share[(t ->> 0)::integer] := p_share[(t ->> 0)::integer] + (t ->> 2)::bigint;
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION respool._devices_give(jsonb, bigint[], bigint[]) IS
+    'The counterpart of respool._devices_take: gives what it took (p_taken) back to the simulated device rooms.';
+
+CREATE OR REPLACE FUNCTION respool._gang_devices_fit(p_choice integer[], p_needs jsonb[], p_devices jsonb, p_spread boolean)
+RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    dn integer[] := ARRAY(SELECT (e.d ->> 0)::integer FROM jsonb_array_elements(p_devices) WITH ORDINALITY e(d, j) ORDER BY e.j);
+    dk text[] := ARRAY(SELECT e.d ->> 1 FROM jsonb_array_elements(p_devices) WITH ORDINALITY e(d, j) ORDER BY e.j);
+    doffer bigint[] := ARRAY(SELECT (e.d ->> 2)::bigint FROM jsonb_array_elements(p_devices) WITH ORDINALITY e(d, j) ORDER BY e.j);
+    dm bigint[] := ARRAY(SELECT (e.d ->> 3)::bigint FROM jsonb_array_elements(p_devices) WITH ORDINALITY e(d, j) ORDER BY e.j);
+    ds bigint[] := ARRAY(SELECT (e.d ->> 4)::bigint FROM jsonb_array_elements(p_devices) WITH ORDINALITY e(d, j) ORDER BY e.j);
+    t record;
+    i integer;
+BEGIN
+    FOREACH i IN ARRAY respool._placing_order(p_needs) LOOP  -- the order placing takes them in
+        t := respool._devices_take(p_choice[i], p_needs[i], p_spread, dn, dk, doffer, dm, ds);
+        IF t.taken IS NULL THEN
+            RETURN false;
+        END IF;
+        dm := t.p_mem;
+        ds := t.p_share;
+    END LOOP;
+    RETURN true;
+END $$;
+COMMENT ON FUNCTION respool._gang_devices_fit(integer[], jsonb[], jsonb, boolean) IS
+    'Whether the shared devices (respool._gang_devices) take a gang''s members p_needs on the nodes p_choice (node indices, member order) the way placing does (respool._placing_order, respool._devices_take; p_spread: the pool places by spread).';
+
 CREATE OR REPLACE FUNCTION respool._gang_bound(p_need bigint[], p_room bigint[], p_nk integer, p_m integer,
                                                p_nn integer, p_distinct boolean)
 RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS $$
@@ -808,9 +937,11 @@ COMMENT ON FUNCTION respool._gang_bound(bigint[], bigint[], integer, integer, in
     'A necessary condition for p_m members (needs flattened p_nk per member) to be arranged on p_nn nodes (rooms flattened p_nk per node), each on one node (p_distinct: different ones): per key the needs'' sum fits the rooms'' sum, and the nodes together can take p_m members. False means no arrangement exists; true decides nothing.';
 
 CREATE OR REPLACE FUNCTION respool._gang_search(p_need bigint[], p_room bigint[], p_nk integer, p_m integer,
-                                                p_nn integer, p_distinct boolean)
+                                                p_nn integer, p_distinct boolean, p_needs jsonb[] DEFAULT NULL,
+                                                p_devices jsonb DEFAULT NULL, p_spread boolean DEFAULT false)
 RETURNS integer[] LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
+    v_found integer[];
     room bigint[] := p_room;
     ord integer[];      -- members, largest first
     choice integer[];
@@ -875,7 +1006,7 @@ BEGIN
                     EXIT;
                 END IF;
             END LOOP;
-            CONTINUE WHEN same;
+            CONTINUE WHEN same AND p_devices IS NULL;  -- (alike node rooms may differ in their devices)
             found := n;
             EXIT;
         END LOOP;
@@ -893,13 +1024,17 @@ BEGIN
             choice[d] := found;
             d := d + 1;
             IF d > p_m THEN
-                RETURN ARRAY(SELECT choice[array_position(ord, i)] FROM generate_series(1, p_m) i);
+                v_found := ARRAY(SELECT choice[array_position(ord, i)] FROM generate_series(1, p_m) i);
+                IF p_devices IS NULL OR respool._gang_devices_fit(v_found, p_needs, p_devices, p_spread) THEN
+                    RETURN v_found;
+                END IF;
+                d := p_m;  -- the shared devices cannot take this arrangement: try the next one
             END IF;
         END IF;
     END LOOP;
 END $$;
-COMMENT ON FUNCTION respool._gang_search(bigint[], bigint[], integer, integer, integer, boolean) IS
-    'An exact, bounded search (at most 20,000 steps) for an arrangement of p_m members (needs flattened p_nk per member) on p_nn nodes (rooms flattened p_nk per node, respool._gang_rooms), each member on one node (p_distinct: different ones), every key fitting. Returns the node index of each member in member order, ''{}'' when none exists, NULL when undecided within the step budget.';
+COMMENT ON FUNCTION respool._gang_search(bigint[], bigint[], integer, integer, integer, boolean, jsonb[], jsonb, boolean) IS
+    'An exact, bounded search (at most 20,000 steps) for an arrangement of p_m members (needs flattened p_nk per member) on p_nn nodes (rooms flattened p_nk per node, respool._gang_rooms), each member on one node (p_distinct: different ones), every key fitting and, with p_devices, the shared devices taking the members (p_needs) as placing would (respool._gang_devices_fit). Returns the node index of each member in member order, ''{}'' when none exists, NULL when undecided within the step budget.';
 
 CREATE OR REPLACE FUNCTION respool._gang_arrangement(p_pool_id uuid, p_needs jsonb[], p_selector jsonb,
                                                      p_distinct boolean, p_now boolean,
@@ -939,7 +1074,9 @@ BEGIN
         placeable := respool._gang_bound(v_need, v_room, v_nk, v_m, v_nn, p_distinct);
         RETURN;
     END IF;
-    v_choice := respool._gang_search(v_need, v_room, v_nk, v_m, v_nn, p_distinct);
+    v_choice := respool._gang_search(v_need, v_room, v_nk, v_m, v_nn, p_distinct, p_needs,
+                                     respool._gang_devices(p_pool_id, p_needs, v_node_ids, p_now),
+                                     (SELECT placement = 'spread' FROM respool.pools WHERE id = p_pool_id));
     IF v_choice IS NULL THEN
         placeable := NULL;  -- undecided within the budget: the caller treats it as may fit
     ELSIF v_choice = '{}' THEN
@@ -950,4 +1087,4 @@ BEGIN
     END IF;
 END $$;
 COMMENT ON FUNCTION respool._gang_arrangement(uuid, jsonb[], jsonb, boolean, boolean, uuid) IS
-    'Whether a gang''s members (p_needs, in member order) can be arranged on the nodes of a pool matching p_selector, each on one node (p_distinct: different ones), every key fitting (the node rule of respool._gang_rooms). p_now: on the active nodes'' free units now, net of earmarks for other requests, and nodes gives each member''s node; else on every node, empty. Exact up to respool._gang_max_exact() members (placeable NULL: undecided within the search budget); above, a necessary condition only, nodes NULL. Read-only.';
+    'Whether a gang''s members (p_needs, in member order) can be arranged on the nodes of a pool matching p_selector, each on one node (p_distinct: different ones), every key fitting (respool._gang_rooms) and the shared devices taking them as placing would (respool._gang_devices). p_now: on the active nodes'' free units now, net of earmarks for other requests, and nodes gives each member''s node; else on every node, empty. Exact up to respool._gang_max_exact() members (placeable NULL: undecided within the search budget); above, a necessary condition only, nodes NULL. Read-only.';

@@ -72,10 +72,48 @@ RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT 100 $$;
 COMMENT ON FUNCTION respool._eta_depth() IS
     'How deep in a queue an ETA is estimated (docs/scheduling.md, ETA): requests further back get eta null, so a read of a queued request stays O(shapes + this), not O(queue).';
 
+CREATE OR REPLACE FUNCTION respool._eta_devices(p_pool_id uuid, p_nodes uuid[], OUT dev_ids text[], OUT dev_bin integer[],
+                                                OUT dev_key text[], OUT offer bigint[], OUT mem bigint[], OUT share bigint[])
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- The shared devices of the active nodes (bins p_nodes), with their rooms now (the device
+    -- places of one whole device of each shared key), for the device level of the ETA walk.
+    IF NOT respool._pool_shares(p_pool_id) THEN
+        RETURN;
+    END IF;
+    SELECT array_agg(p.node_id::text || '/' || p.key || '/' || p.device ORDER BY b.i, p.key, p.position),
+           array_agg(b.i::integer ORDER BY b.i, p.key, p.position), array_agg(p.key ORDER BY b.i, p.key, p.position),
+           array_agg(p.memory ORDER BY b.i, p.key, p.position), array_agg(p.room_memory ORDER BY b.i, p.key, p.position),
+           array_agg(p.room_share ORDER BY b.i, p.key, p.position)
+      INTO dev_ids, dev_bin, dev_key, offer, mem, share
+      FROM respool._device_places(p_pool_id, (SELECT jsonb_object_agg(DISTINCT nr.key, 1) FROM respool.node_resources nr
+                                                JOIN respool.nodes n ON n.id = nr.node_id
+                                               WHERE n.pool_id = p_pool_id AND nr.sharing IS NOT NULL)) p
+      JOIN unnest(p_nodes) WITH ORDINALITY b(node_id, i) ON b.node_id = p.node_id
+     WHERE p.sharing IS NOT NULL;
+END $$;
+COMMENT ON FUNCTION respool._eta_devices(uuid, uuid[]) IS
+    'The shared devices of a pool''s nodes p_nodes (the bins of the ETA walk) as arrays for respool._devices_take: identities node/key/device, bin, key, offer, memory and share rooms now (held whole: -1), in bin, key and list order; all NULL when no node of the pool shares. Read-only.';
+
+CREATE OR REPLACE FUNCTION respool._eta_device_frees(p_request_id uuid, p_dev_ids text[])
+RETURNS jsonb LANGUAGE sql STABLE AS $$
+    -- its slices, and the shared devices it holds whole (room -1 back to the offer)
+    SELECT coalesce(jsonb_agg(jsonb_build_array(f.j, f.memory, f.share)), '[]') FROM (
+        SELECT array_position(p_dev_ids, ds.node_id::text || '/' || ds.key || '/' || ds.device) AS j,
+               ds.memory_mb AS memory, coalesce(ds.share, 0) AS share
+          FROM respool.device_slices ds WHERE ds.request_id = p_request_id AND p_dev_ids IS NOT NULL
+        UNION ALL
+        SELECT array_position(p_dev_ids, d.node_id::text || '/' || d.key || '/' || d.device), coalesce(d.memory_mb, 0) + 1, 101
+          FROM respool.node_devices d WHERE d.holder_id = p_request_id AND p_dev_ids IS NOT NULL) f
+     WHERE f.j IS NOT NULL
+$$;
+COMMENT ON FUNCTION respool._eta_device_frees(uuid, text[]) IS
+    'What a holder gives back to the shared devices p_dev_ids (respool._eta_devices) when it ends, in the form respool._devices_give takes: its slices, and each device it holds whole (rooms -1 back to the offer and 100). Inlined (SQL).';
+
 CREATE OR REPLACE FUNCTION respool._eta_holders(p_pool_id uuid, p_now timestamptz, p_hist double precision[],
                                                 p_q double precision, p_keys text[], p_nodes uuid[],
-                                                OUT h_end double precision[], OUT h_bin integer[],
-                                                OUT h_units bigint[])
+                                                p_dev_ids text[], OUT h_end double precision[], OUT h_bin integer[],
+                                                OUT h_units bigint[], OUT h_frees jsonb[])
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     -- Each holder ends at the quantile of its remaining hold given its age (the recorded holds
@@ -84,13 +122,15 @@ BEGIN
     -- that take no grants do not count).
     SELECT coalesce(array_agg(x.rem ORDER BY x.rem, x.id) FILTER (WHERE u.k = 1), '{}'),  -- one per holder
            coalesce(array_agg(x.bin ORDER BY x.rem, x.id) FILTER (WHERE u.k = 1), '{}'),
-           coalesce(array_agg(u.n ORDER BY x.rem, x.id, u.k), '{}')
-      INTO h_end, h_bin, h_units
+           coalesce(array_agg(u.n ORDER BY x.rem, x.id, u.k), '{}'),
+           coalesce(array_agg(x.frees ORDER BY x.rem, x.id) FILTER (WHERE u.k = 1), '{}')
+      INTO h_end, h_bin, h_units, h_frees
       FROM (SELECT r.id, coalesce(pl.resources, r.resources) AS resources,
                    CASE WHEN p_nodes = '{}' THEN 1 ELSE array_position(p_nodes, pl.node_id) END AS bin,
                    greatest(least(respool._remaining_hold(p_hist, a.age, p_q),
                              extract(epoch FROM r.run_deadline - p_now),
-                             extract(epoch FROM r.preempt_deadline - p_now)), 0) AS rem
+                             extract(epoch FROM r.preempt_deadline - p_now)), 0) AS rem,
+                   respool._eta_device_frees(r.id, p_dev_ids) AS frees
               FROM respool.requests r
               LEFT JOIN respool.placements pl ON pl.request_id = r.id
              CROSS JOIN LATERAL (SELECT extract(epoch FROM p_now - r.allocated_at)::double precision AS age) a
@@ -99,15 +139,21 @@ BEGIN
                            FROM generate_series(1, greatest(cardinality(p_keys), 1)) k) u
      WHERE x.bin IS NOT NULL;
 END $$;
-COMMENT ON FUNCTION respool._eta_holders(uuid, timestamptz, double precision[], double precision, text[], uuid[]) IS
-    'The holders of a pool in the ETA simulation at quantile p_q (docs/scheduling.md, ETA): each one''s simulated end in seconds from p_now (ascending; respool._remaining_hold, capped by its max_seconds and grace deadlines), its bin (1 without nodes, else its node''s index in p_nodes; holders on other nodes left out) and its units of p_keys (flattened). Read-only.';
+COMMENT ON FUNCTION respool._eta_holders(uuid, timestamptz, double precision[], double precision, text[], uuid[], text[]) IS
+    'The holders of a pool in the ETA simulation at quantile p_q (docs/scheduling.md, ETA): each one''s simulated end in seconds from p_now (ascending; respool._remaining_hold, capped by its max_seconds and grace deadlines), its bin (1 without nodes, else its node''s index in p_nodes; holders on other nodes left out), its units of p_keys (flattened) and what it gives back to the shared devices p_dev_ids (respool._eta_device_frees). Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._eta_walk(p_free bigint[], p_nk integer, p_nb integer,
                                              h_end double precision[], h_bin integer[], h_units bigint[],
                                              e_id uuid[], e_units bigint[], e_ok boolean[],
-                                             p_hold double precision, p_until uuid)
+                                             p_hold double precision, p_until uuid,
+                                             p_dev_bin integer[], p_dev_key text[], p_offer bigint[], p_mem bigint[],
+                                             p_share bigint[], h_frees jsonb[], e_needs jsonb[], p_spread boolean)
 RETURNS double precision[] LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
+    v_mem bigint[] := p_mem;           -- the shared devices' rooms (respool._eta_devices)
+    v_share bigint[] := p_share;
+    g_taken jsonb[] := '{}';           -- what each simulated grant took of them
+    dv record;
     v_free bigint[] := p_free; -- flattened nk per bin
     g_end double precision[] := '{}';  -- simulated grants: end times, non-decreasing (FIFO)
     g_idx integer[] := '{}';           -- and the queue entry each one is
@@ -135,6 +181,10 @@ BEGIN
                         EXIT;
                     END IF;
                 END LOOP;
+                IF fit IS NOT NULL AND v_mem IS NOT NULL THEN  -- and the devices of a node that shares
+                    dv := respool._devices_take(b, e_needs[i], p_spread, p_dev_bin, p_dev_key, p_offer, v_mem, v_share);
+                    fit := CASE WHEN dv.taken IS NOT NULL THEN b END;
+                END IF;
                 EXIT WHEN fit IS NOT NULL;
             END LOOP;
             EXIT WHEN fit IS NOT NULL;
@@ -144,6 +194,9 @@ BEGIN
                 FOR j IN 1..nk LOOP
                     v_free[(h_bin[hp] - 1) * nk + j] := v_free[(h_bin[hp] - 1) * nk + j] + h_units[(hp - 1) * nk + j];
                 END LOOP;
+                IF v_mem IS NOT NULL THEN
+                    SELECT * INTO v_mem, v_share FROM respool._devices_give(h_frees[hp], v_mem, v_share);
+                END IF;
                 hp := hp + 1;
             ELSIF gp <= cardinality(g_end) THEN
                 t := greatest(t, g_end[gp]);
@@ -151,6 +204,9 @@ BEGIN
                     v_free[(g_bin[gp] - 1) * nk + j] := v_free[(g_bin[gp] - 1) * nk + j]
                                                         + e_units[(g_idx[gp] - 1) * nk + j];
                 END LOOP;
+                IF v_mem IS NOT NULL THEN
+                    SELECT * INTO v_mem, v_share FROM respool._devices_give(g_taken[gp], v_mem, v_share);
+                END IF;
                 gp := gp + 1;
             ELSE
                 EXIT entries;  -- nothing left to free: the rest cannot fit as the pool stands
@@ -164,11 +220,16 @@ BEGIN
         g_end := g_end || (t + p_hold);
         g_idx := g_idx || i;
         g_bin := g_bin || fit;
+        IF v_mem IS NOT NULL THEN
+            v_mem := dv.p_mem;
+            v_share := dv.p_share;
+            g_taken := array_append(g_taken, dv.taken);
+        END IF;
     END LOOP;
     RETURN v_out;
 END $$;
-COMMENT ON FUNCTION respool._eta_walk(bigint[], integer, integer, double precision[], integer[], bigint[], uuid[], bigint[], boolean[], double precision, uuid) IS
-    'The queue walk of the ETA simulation (docs/scheduling.md, ETA): from the free units per bin (p_free, flattened p_nk per bin), the holders'' ends (respool._eta_holders) and the queue entries in order (units flattened p_nk, allowed bins flattened p_nb), each entry is granted at the first time a bin it may use has room and holds for p_hold. Returns each entry''s simulated start (seconds), NULL for entries never reached (after p_until, or past one that cannot fit as the pool stands).';
+COMMENT ON FUNCTION respool._eta_walk(bigint[], integer, integer, double precision[], integer[], bigint[], uuid[], bigint[], boolean[], double precision, uuid, integer[], text[], bigint[], bigint[], bigint[], jsonb[], jsonb[], boolean) IS
+    'The queue walk of the ETA simulation (docs/scheduling.md, ETA): from the free units per bin (p_free, flattened p_nk per bin), the holders'' ends (respool._eta_holders) and the queue entries in order (units flattened p_nk, allowed bins flattened p_nb), each entry is granted at the first time a bin it may use has room (in a pool that shares, and its devices p_dev_*: respool._devices_take) and holds for p_hold. Returns each entry''s simulated start (seconds), NULL for entries never reached (after p_until, or past one that cannot fit as the pool stands).';
 
 CREATE OR REPLACE FUNCTION respool._eta_pool(p_pool_id uuid, p_now timestamptz, p_until uuid DEFAULT NULL)
 RETURNS TABLE (request_id uuid, p50_seconds bigint, p90_seconds bigint)
@@ -188,6 +249,9 @@ DECLARE
     e_units bigint[];
     e_ok boolean[];
     v_free0 bigint[];
+    e_needs jsonb[];    -- each entry's resources, for the device level
+    d record;           -- shared devices (respool._eta_devices)
+    v_spread boolean;
     h record;
     out50 double precision[];
     out90 double precision[];
@@ -218,8 +282,9 @@ BEGIN
         nb := 1;
     END IF;
     SELECT array_agg(o.request_id ORDER BY o.position) FILTER (WHERE u.k = 1),  -- one per entry
-           array_agg(u.n ORDER BY o.position, u.k)
-      INTO e_id, e_units
+           array_agg(u.n ORDER BY o.position, u.k),
+           array_agg(r.resources ORDER BY o.position) FILTER (WHERE u.k = 1)
+      INTO e_id, e_units, e_needs
       FROM respool._queue_top(p_pool_id, respool._eta_depth()) o
       -- the entry's resources: a gang's entry holds its members' sum (docs/scheduling.md, gangs)
       JOIN respool.queue_entries r ON r.pool_id = p_pool_id AND r.request_id = o.request_id
@@ -242,13 +307,18 @@ BEGIN
          CROSS JOIN generate_subscripts(v_nodes, 1) nb_i(b)
           JOIN respool.nodes n ON n.id = v_nodes[nb_i.b];
     END IF;
-    -- The simulation at the median, then at the 90th percentile of the recorded holds.
-    h := respool._eta_holders(p_pool_id, p_now, v_hist, 0.5, v_keys, v_nodes);
+    -- The simulation at the median, then at the 90th percentile of the recorded holds; in a
+    -- pool that shares, with its shared devices' rooms too.
+    d := respool._eta_devices(p_pool_id, v_nodes);
+    SELECT placement = 'spread' INTO v_spread FROM respool.pools WHERE id = p_pool_id;
+    h := respool._eta_holders(p_pool_id, p_now, v_hist, 0.5, v_keys, v_nodes, d.dev_ids);
     out50 := respool._eta_walk(v_free0, nk, nb, h.h_end, h.h_bin, h.h_units, e_id, e_units, e_ok,
-                               respool._quantile(v_hist, 0.5), p_until);
-    h := respool._eta_holders(p_pool_id, p_now, v_hist, 0.9, v_keys, v_nodes);
+                               respool._quantile(v_hist, 0.5), p_until,
+                               d.dev_bin, d.dev_key, d.offer, d.mem, d.share, h.h_frees, e_needs, v_spread);
+    h := respool._eta_holders(p_pool_id, p_now, v_hist, 0.9, v_keys, v_nodes, d.dev_ids);
     out90 := respool._eta_walk(v_free0, nk, nb, h.h_end, h.h_bin, h.h_units, e_id, e_units, e_ok,
-                               respool._quantile(v_hist, 0.9), p_until);
+                               respool._quantile(v_hist, 0.9), p_until,
+                               d.dev_bin, d.dev_key, d.offer, d.mem, d.share, h.h_frees, e_needs, v_spread);
     FOR i IN 1..cardinality(e_id) LOOP
         CONTINUE WHEN out50[i] IS NULL OR out90[i] IS NULL;
         request_id := e_id[i];
@@ -259,7 +329,7 @@ BEGIN
     END LOOP;
 END $$;
 COMMENT ON FUNCTION respool._eta_pool(uuid, timestamptz, uuid) IS
-    'The ETA of the first respool._eta_depth() requests of a pool''s queue (or up to p_until; docs/scheduling.md, ETA): per queued request, the simulated seconds from p_now until its units are free, at the median (p50) and 90th percentile (p90) of the pool''s recorded holds. In a pool with nodes units live per active node and a gang gets no estimate. No rows while the pool has fewer than respool._eta_min_holds() recorded holds. Read-only; O(holders + shapes * depth * nodes).';
+    'The ETA of the first respool._eta_depth() requests of a pool''s queue (or up to p_until; docs/scheduling.md, ETA): per queued request, the simulated seconds from p_now until its units are free, at the median (p50) and 90th percentile (p90) of the pool''s recorded holds. In a pool with nodes units live per active node (and on its shared devices, a slice on one device) and a gang gets no estimate. No rows while the pool has fewer than respool._eta_min_holds() recorded holds. Read-only; O(holders + shapes * depth * nodes).';
 
 CREATE OR REPLACE FUNCTION respool._eta(p_pool_id uuid, p_request_id uuid, p_now timestamptz)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$

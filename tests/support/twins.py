@@ -94,7 +94,7 @@ TWINS: dict[str, list[tuple[str, list[tuple[str, str]]]]] = {
     ],
     "broken_slice_twin": [
         (
-            "respool._device_places(uuid, jsonb, boolean)",
+            "respool._device_places(uuid, jsonb, boolean, uuid)",
             [
                 (
                     "CASE WHEN d.holder_id IS NULL THEN respool._room(c.memory, d.memory_used)",
