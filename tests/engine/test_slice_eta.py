@@ -45,4 +45,3 @@ async def test_a_slice_waiting_for_a_device_gets_the_eta_of_the_holder_that_free
     # the first holder has run 30 s of a typical 100 s hold: about 70 s left at the median
     assert eta is not None and 60 <= eta["p50_seconds"] <= 75, eta
     assert eta["p90_seconds"] >= eta["p50_seconds"]
-
