@@ -271,13 +271,16 @@ COMMENT ON FUNCTION respool._device_places(uuid, jsonb, boolean, uuid) IS
 
 CREATE OR REPLACE FUNCTION respool._device_fit(p_pool_id uuid, p_need jsonb, p_spread boolean, p_node_id uuid DEFAULT NULL)
 RETURNS TABLE (node_id uuid, fits boolean, fits_ever boolean, best_left bigint, slots bigint, whole_left bigint)
-LANGUAGE sql STABLE AS $$
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
     -- Per node and key: enough fitting devices (a slice: one; whole: as many as wanted); the
     -- slice's device the placement order takes (pack: least memory left, spread: most), the
     -- untouched devices whole ones leave, and how many needs alike the devices hold
     -- (respool._how_many per device for a slice).
+    -- (PL/pgSQL: its plan is kept per session; as a SQL function it was planned at every call)
+    RETURN QUERY
     SELECT g.node_id, bool_and(g.ok), bool_and(g.ok_ever),
-           CASE WHEN p_spread THEN max(g.best_left) ELSE min(g.best_left) END, min(g.slots),
+           CASE WHEN p_spread THEN max(g.best_left) ELSE min(g.best_left) END, min(g.slots)::bigint,
            sum(g.whole_left)::bigint
       FROM (SELECT p.node_id, p.key, p.slice,
                    count(*) FILTER (WHERE p.fits) >= max(p.wanted) AS ok,
@@ -292,10 +295,10 @@ LANGUAGE sql STABLE AS $$
                         ELSE count(*) FILTER (WHERE p.fits) / greatest(max(p.wanted), 1) END AS slots
               FROM respool._device_places(p_pool_id, p_need, false, p_node_id) p
              GROUP BY p.node_id, p.key, p.slice) g
-     GROUP BY g.node_id
-$$;
+     GROUP BY g.node_id;
+END $$;
 COMMENT ON FUNCTION respool._device_fit(uuid, jsonb, boolean, uuid) IS
-    'The device level of the node rule, per node of the pool (only p_node_id when given) with a device p_need may use (respool._device_places): fits (every key it asks whole devices of has that many fitting devices, every slice a device with room), fits_ever (the same on empty devices), best_left (a slice''s device in the placement order: pack the least memory left once placed, p_spread the most), whole_left (the untouched devices whole ones leave) and slots (how many needs alike its devices hold now). A node without such a device has no row: its counters decide. Inlined (SQL).';
+    'The device level of the node rule, per node of the pool (only p_node_id when given) with a device p_need may use (respool._device_places): fits (every key it asks whole devices of has that many fitting devices, every slice a device with room), fits_ever (the same on empty devices), best_left (a slice''s device in the placement order: pack the least memory left once placed, p_spread the most), whole_left (the untouched devices whole ones leave) and slots (how many needs alike its devices hold now). A node without such a device has no row: its counters decide. Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._device_fit_map(p_pool_id uuid, p_need jsonb, p_spread boolean DEFAULT false)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
