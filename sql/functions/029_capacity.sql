@@ -316,17 +316,19 @@ COMMENT ON FUNCTION respool._device_fit_map(uuid, jsonb, boolean) IS
     'respool._device_fit as a map {node id: [fits, fits_ever, best_left, slots, whole_left]} that node queries look up, read once per call; NULL when no node of the pool shares a device key (the device level then decides nothing the node counters do not). Read-only.';
 
 CREATE OR REPLACE FUNCTION respool._whole_device_extra(p_node_id uuid, p_counts jsonb)
-RETURNS jsonb LANGUAGE sql STABLE AS $$
-    -- n whole devices of a shared key K take n offers of memory and n * 100 of share
-    SELECT coalesce(jsonb_object_agg(x.key, x.n), '{}') FROM (
+RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- n whole devices of a shared key K take n offers of memory and n * 100 of share (PL/pgSQL:
+    -- its plan is kept per session; as a SQL function it was planned at every grant)
+    RETURN (SELECT coalesce(jsonb_object_agg(x.key, x.n), '{}') FROM (
         SELECT nr.key || '_memory_mb' AS key, (c.value::bigint * (nr.device_memory_mb - nr.reserved_memory_mb)) AS n
           FROM jsonb_each_text(p_counts) c JOIN respool.node_resources nr ON nr.node_id = p_node_id AND nr.key = c.key
          WHERE nr.sharing IS NOT NULL AND c.value::bigint > 0
         UNION ALL
         SELECT nr.key || '_share', c.value::bigint * 100
           FROM jsonb_each_text(p_counts) c JOIN respool.node_resources nr ON nr.node_id = p_node_id AND nr.key = c.key
-         WHERE nr.sharing IS NOT NULL AND c.value::bigint > 0) x
-$$;
+         WHERE nr.sharing IS NOT NULL AND c.value::bigint > 0) x);
+END $$;
 COMMENT ON FUNCTION respool._whole_device_extra(uuid, jsonb) IS
     'What whole devices {key: count} of a node take of its slice counters beyond the request''s own keys: per shared key K, <K>_memory_mb (count times the offer) and <K>_share (count times 100), so that the node''s and the pool''s counters of a shared key stay exact. {} for keys that are not shared.';
 

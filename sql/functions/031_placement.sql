@@ -286,7 +286,8 @@ BEGIN
     END IF;
     -- The placement: one node each, in placing order (a gang member by member; with distinct_nodes
     -- never on a node another member of the same grant took).
-    FOREACH i IN ARRAY respool._placing_order(ARRAY(SELECT g.resources FROM unnest(p_granted) g)) LOOP
+    FOREACH i IN ARRAY CASE WHEN cardinality(p_granted) = 1 THEN ARRAY[1]
+                            ELSE respool._placing_order(ARRAY(SELECT g.resources FROM unnest(p_granted) g)) END LOOP
         v_req := p_granted[i];
         IF p_nodes[i] IS NULL AND v_req.command IS NULL
            AND respool._holds_no_node(p_pool_id, v_req.resources) THEN
