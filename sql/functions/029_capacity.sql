@@ -18,7 +18,9 @@
 -- (each device a need may use: shared devices sliced by memory and share, docs/placement.md). Node choice, slots, victim choice, rejections, blockers,
 -- the starvation guard and the ETA read it. Both are LANGUAGE sql and inlined into the callers'
 -- queries: no call per place or per row, and the units moving (respool._moving_units) are read
--- once per call, only by callers that ask for them.
+-- once per call, only by callers that ask for them. Simulations that place several needs in turn
+-- (a gang's arrangement, the ETA walk) take and give device rooms through respool._devices_take
+-- and respool._devices_give, which place a need on a node's shared devices as a grant does.
 
 CREATE OR REPLACE FUNCTION respool._effective_capacity(p_key text, p_capacity bigint)
 RETURNS bigint LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
@@ -314,6 +316,72 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION respool._device_fit_map(uuid, jsonb, boolean) IS
     'respool._device_fit as a map {node id: [fits, fits_ever, best_left, slots, whole_left]} that node queries look up, read once per call; NULL when no node of the pool shares a device key (the device level then decides nothing the node counters do not). Read-only.';
+
+CREATE OR REPLACE FUNCTION respool._devices_take(p_bin integer, p_need jsonb, p_spread boolean, p_dev_bin integer[],
+                                                 p_dev_key text[], p_offer bigint[], INOUT p_mem bigint[],
+                                                 INOUT p_share bigint[], OUT taken jsonb)
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    w record;
+    s record;
+    best integer;
+    n bigint;
+BEGIN
+    -- As respool._place_on_node puts a request on a node: whole devices of a key the node shares
+    -- on untouched devices in list order, then each slice on the device the placement order
+    -- takes (respool._device_rank, then list order).
+    taken := '[]';
+    FOR w IN SELECT x.key, x.value::bigint AS n FROM jsonb_each_text(p_need) x
+              WHERE x.value::bigint > 0
+                AND EXISTS (SELECT FROM generate_subscripts(p_dev_bin, 1) j WHERE p_dev_bin[j] = p_bin AND p_dev_key[j] = x.key) LOOP
+        n := 0;
+        FOR j IN 1..cardinality(p_dev_bin) LOOP
+            CONTINUE WHEN n = w.n OR p_dev_bin[j] <> p_bin OR p_dev_key[j] <> w.key
+                OR NOT (respool._fits_room(p_offer[j], p_mem[j]) AND respool._fits_room(100, p_share[j]));
+            taken := taken || jsonb_build_array(jsonb_build_array(j, p_mem[j] + 1, p_share[j] + 1));
+            p_mem[j] := -1;  -- held whole
+            p_share[j] := -1;
+            n := n + 1;
+        END LOOP;
+        IF n < w.n THEN
+            taken := NULL;
+            RETURN;
+        END IF;
+    END LOOP;
+    FOR s IN SELECT x.key, x.memory_mb, coalesce(x.share, 0) AS share FROM respool._slice_needs(p_need) x ORDER BY x.key LOOP
+        best := NULL;
+        FOR j IN 1..cardinality(p_dev_bin) LOOP
+            CONTINUE WHEN p_dev_bin[j] <> p_bin OR p_dev_key[j] <> s.key
+                OR NOT (respool._fits_room(s.memory_mb, p_mem[j]) AND respool._fits_room(s.share, p_share[j]));
+            IF best IS NULL OR respool._device_rank(p_spread, p_mem[j] - s.memory_mb)
+                               < respool._device_rank(p_spread, p_mem[best] - s.memory_mb) THEN
+                best := j;
+            END IF;
+        END LOOP;
+        IF best IS NULL THEN
+            taken := NULL;
+            RETURN;
+        END IF;
+        p_mem[best] := p_mem[best] - s.memory_mb;
+        p_share[best] := p_share[best] - s.share;
+        taken := taken || jsonb_build_array(jsonb_build_array(best, s.memory_mb, s.share));
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION respool._devices_take(integer, jsonb, boolean, integer[], text[], bigint[], bigint[], bigint[]) IS
+    'A simulation of placing need p_need on node (bin) p_bin over shared devices given as arrays (node bin, key, offer, memory room, share room; a device held whole has rooms -1), as placing does: the rooms after, and taken, what to give back when it ends ([[device index, memory, share], ...]); taken NULL when the devices cannot take it (rooms then partly changed: discard them). A key the node does not share is left to its counters.';
+
+CREATE OR REPLACE FUNCTION respool._devices_give(p_taken jsonb, INOUT p_mem bigint[], INOUT p_share bigint[])
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    t jsonb;
+BEGIN
+    FOR t IN SELECT jsonb_array_elements(coalesce(p_taken, '[]')) LOOP
+        p_mem[(t ->> 0)::integer] := p_mem[(t ->> 0)::integer] + (t ->> 1)::bigint;
+        p_share[(t ->> 0)::integer] := p_share[(t ->> 0)::integer] + (t ->> 2)::bigint;
+    END LOOP;
+END $$;
+COMMENT ON FUNCTION respool._devices_give(jsonb, bigint[], bigint[]) IS
+    'The counterpart of respool._devices_take: gives what it took (p_taken) back to the simulated device rooms.';
 
 CREATE OR REPLACE FUNCTION respool._whole_device_extra(p_node_id uuid, p_counts jsonb)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
