@@ -6,8 +6,8 @@ nodes × 8 GPUs, one whose GPUs are whole only (``plain``) and one whose GPUs ar
 holder, with ``--held`` grants held throughout, for three shapes: one whole GPU in the plain
 pool, one whole GPU in the shared pool, and a slice (20 GB, share 25) in the shared pool.
 After one warm-up round of each shape and an ANALYZE (on a new connection, so that plans see
-tables of a realistic size), rounds alternate the shapes so that load drift touches all three; the figures are cycles per second
-(median of ``--rounds``) and each shape's ratio to the plain pool's. Commits do not wait for the
+tables of a realistic size), rounds alternate the shapes so that load drift touches all three;
+the figures are cycles per second (median of ``--rounds``) and each shape's ratio to the plain pool's. Commits do not wait for the
 disk (``synchronous_commit = off``), so the figure is the engine's work. Every grant must be
 immediate, and no invariant may break (I1-I9).
 """
