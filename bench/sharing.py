@@ -1,15 +1,15 @@
 """Scenario ``sharing``: what shared devices (docs/placement.md, "Sharing a GPU") cost a grant.
 
 Through the engine only (one asyncpg connection, one fresh database): two pools of ``--nodes``
-nodes × 8 GPUs, one whose GPUs are whole only (``plain``) and one whose GPUs are shared (``mps``,
-80 GB each). Each sample is a create that is granted at once plus the release of the oldest
-holder, with ``--held`` grants held throughout, for three shapes: one whole GPU in the plain
-pool, one whole GPU in the shared pool, and a slice (20 GB, share 25) in the shared pool.
+nodes × 8 GPUs, one whose GPUs are whole only (``plain``) and one whose GPUs are shared
+(``mps``, 80 GB each). Each sample is a create that is granted at once plus the release of the
+oldest holder, with ``--held`` grants held throughout, for three shapes: one whole GPU in the
+plain pool, one whole GPU in the shared pool, and a slice (20 GB, share 25) in the shared pool.
 After one warm-up round of each shape and an ANALYZE (on a new connection, so that plans see
 tables of a realistic size), rounds alternate the shapes so that load drift touches all three;
-the figures are cycles per second (median of ``--rounds``) and each shape's ratio to the plain pool's. Commits do not wait for the
-disk (``synchronous_commit = off``), so the figure is the engine's work. Every grant must be
-immediate, and no invariant may break (I1-I9).
+the figures are cycles per second (median of ``--rounds``) and each shape's ratio to the plain
+pool's. Commits do not wait for the disk (``synchronous_commit = off``), so the figure is the
+engine's work. Every grant must be immediate, and no invariant may break (I1-I9).
 """
 
 from __future__ import annotations
