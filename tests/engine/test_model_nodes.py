@@ -734,11 +734,6 @@ class NodeMachine(NodeModelMachine):
         if reconcile:
             self.reconcile()
 
-    @precondition(lambda self: self.started)
-    @rule(data=st.data(), state=st.sampled_from(["cordoned", "draining", "active", "active"]))
-    def set_state(self, data: st.DataObject, state: str) -> None:
-        self._set_state(data.draw(st.sampled_from(sorted(self.model.nodes))), state)
-
     # comparison ----------------------------------------------------------------------------------
 
     @invariant()

@@ -342,14 +342,6 @@ class SharedMachine(NodeModelMachine):
         self._create(MRequest("", 0, 0, 0, gpus, 0, dict(selector)))
         self.stats["create_whole"] += 1
 
-    @precondition(lambda self: self.started)
-    @rule(
-        name=st.sampled_from(sorted(NODES)),
-        state=st.sampled_from(["cordoned", "draining", "active", "active"]),
-    )
-    def set_state(self, name: str, state: str) -> None:
-        self._set_state(name, state)
-
     @invariant()
     def engine_matches_model(self) -> None:
         if not self.started:

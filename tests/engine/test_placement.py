@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -23,21 +22,13 @@ import pytest
 
 from app.db.connect import APP_CLI, connect
 from support.churn import churn
-from support.db import RECONCILE_POOL
+from support.db import RECONCILE_POOL, ClockedConn
 
-CLOCK0 = datetime(2031, 3, 1, tzinfo=UTC)
+CLOCK0 = ClockedConn.clock0
 
 
-class Env:
+class Env(ClockedConn):
     """One database connection and a clock that moves one second per call."""
-
-    def __init__(self, conn: asyncpg.Connection) -> None:
-        self.conn = conn
-        self.tick = 0
-
-    def now(self) -> datetime:
-        self.tick += 1
-        return CLOCK0 + timedelta(seconds=self.tick)
 
     async def pool(self, name: str, *, placement: str = "pack", grace: int = 0) -> None:
         await self.conn.fetchval(
@@ -130,15 +121,6 @@ class Env:
             distinct,
         )
         return [r["request"] for r in rows]
-
-    async def get(self, doc: dict[str, Any]) -> dict[str, Any]:
-        got: dict[str, Any] = await self.conn.fetchval("SELECT respool.get_request($1)", doc["id"])
-        return got
-
-    async def release(self, doc: dict[str, Any]) -> None:
-        await self.conn.fetchval(
-            "SELECT respool.release_request(p_id => $1, p_now => $2)", doc["id"], self.now()
-        )
 
     async def reconcile(self, pool: str) -> None:
         await self.conn.fetchval(RECONCILE_POOL, pool, self.now())

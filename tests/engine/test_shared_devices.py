@@ -13,30 +13,21 @@ from __future__ import annotations
 
 import asyncio
 import random
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
 import pytest
 
 from support.churn import churn
-from support.db import RECONCILE_POOL
+from support.db import RECONCILE_POOL, ClockedConn
 from support.twins import install_twin
 
-CLOCK0 = datetime(2031, 3, 1, tzinfo=UTC)
+CLOCK0 = ClockedConn.clock0
 GB80 = 81920  # MiB of an 80 GB device
 
 
-class Env:
+class Env(ClockedConn):
     """One connection, a clock one second per call, a pool ``gpus`` with a policy for ``s``."""
-
-    def __init__(self, conn: asyncpg.Connection) -> None:
-        self.conn = conn
-        self.tick = 0
-
-    def now(self) -> datetime:
-        self.tick += 1
-        return CLOCK0 + timedelta(seconds=self.tick)
 
     async def pool(self, placement: str = "pack", *subjects: str) -> None:
         await self.conn.fetchval(
@@ -90,15 +81,6 @@ class Env:
             "SELECT request FROM respool.create_request($1, p_now => $2)", body, self.now()
         )
         return doc
-
-    async def get(self, doc: dict[str, Any]) -> dict[str, Any]:
-        got: dict[str, Any] = await self.conn.fetchval("SELECT respool.get_request($1)", doc["id"])
-        return got
-
-    async def release(self, doc: dict[str, Any]) -> None:
-        await self.conn.fetchval(
-            "SELECT respool.release_request(p_id => $1, p_now => $2)", doc["id"], self.now()
-        )
 
     async def reconcile(self) -> None:
         await self.conn.fetchval(RECONCILE_POOL, "gpus", self.now())

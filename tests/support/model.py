@@ -140,7 +140,10 @@ class NodeModelMachine(ModelClockMachine):
     def cancel(self, data: st.DataObject) -> None:
         self._end(data, self.cancellable, "cancel_request", "cancelled")
 
-    def _set_state(self, name: str, state: str) -> None:
+    @precondition(lambda self: self.started)
+    @rule(data=st.data(), state=st.sampled_from(["cordoned", "draining", "active", "active"]))
+    def set_state(self, data: st.DataObject, state: str) -> None:
+        name = data.draw(st.sampled_from(sorted(self.model.nodes)))
         self.sql("SELECT respool.set_node_state($1, $2, p_now => $3)", name, state, self.now())
         node = self.model.nodes[name]
         changed = node.state != state
