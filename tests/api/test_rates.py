@@ -13,6 +13,7 @@ import asyncpg
 import httpx
 import pytest
 
+from support.db import direct
 from support.http import error, ok
 from support.server import ServeProcess, Server, running_server
 
@@ -282,11 +283,8 @@ async def test_gauges_dashboard_and_views_show_rate_keys(db_url: str) -> None:
         (key,) = [k for p in board["pools"] for k in p["keys"] if k["key"] == "llm_tokens"]
         assert key["per_seconds"] == 2 and key["allocated"] == 4000 and key["capacity"] == 10_000
         assert key["next_refill_at"] is not None
-        conn = await asyncpg.connect(db_url)
-        try:
+        async with direct(db_url) as conn:
             rows = await conn.fetch(
                 "SELECT subject, used, amount FROM respool.rate_usage WHERE pool = 'llm'"
             )
-        finally:
-            await conn.close()
         assert [tuple(r) for r in rows] == [("team-a", 4000, None), (None, 4000, 10_000)]

@@ -9,7 +9,9 @@ shadow the real ``cli`` package. Its modules therefore have names unique in test
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -29,3 +31,12 @@ async def module_cli(module_db_url: str) -> AsyncIterator[Cli]:
     """A CLI against a server shared by the module (tests use names of their own)."""
     async with running_server(module_db_url) as srv:
         yield Cli(url=srv.url, db_url=module_db_url)
+
+
+@pytest.fixture
+def smi_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A directory first on PATH (and the only one: no real nvidia-smi can answer)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}/bin{os.pathsep}/usr/bin")
+    return bin_dir

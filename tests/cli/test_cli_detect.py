@@ -39,15 +39,6 @@ NO_DRIVER = (
 )
 
 
-@pytest.fixture
-def smi_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A directory first on PATH (and the only one: no real nvidia-smi can answer)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}/bin{os.pathsep}/usr/bin")
-    return bin_dir
-
-
 def _os_units() -> tuple[int, int]:
     """mcpu and memory_mb as a user would work them out on this machine."""
     cpus = len(os.sched_getaffinity(0))

@@ -5,7 +5,6 @@ whole devices of their own key), the node body the options make, the request's
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -24,15 +23,6 @@ from support.nvidia import (
 
 # No server: every command here fails on its options before it calls one.
 NOWHERE = Cli(url="http://127.0.0.1:9", db_url="")
-
-
-@pytest.fixture
-def smi_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A directory first on PATH (and the only one: no real nvidia-smi can answer)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}/bin{os.pathsep}/usr/bin")
-    return bin_dir
 
 
 def test_sizes_of_device_memory() -> None:

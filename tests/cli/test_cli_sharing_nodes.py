@@ -14,7 +14,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from respool_client.pairs import host_node_name
 
 from support.cli import Cli
@@ -26,14 +25,6 @@ from support.nvidia import (
     H100_MIG_QUERY,
     fake_smi,
 )
-
-
-@pytest.fixture
-def smi_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}/bin{os.pathsep}/usr/bin")
-    return bin_dir
 
 
 async def test_node_add_with_sharing(cli: Cli) -> None:

@@ -9,18 +9,16 @@ import asyncio
 import json
 import subprocess
 import sys
-import uuid
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from typing import Any
 
-import msgspec
 import pytest
 from respool_client import AsyncRespool, Grant, Rejected, Request, Respool, allocated
 from respool_client.run import here, host_node_name, node_selector
 
 from support.http import ok
 from support.server import Server, running_server
+from support.wire import wire_request
 
 GPU_UUIDS = [
     "GPU-5a3b8c2e-1f4d-4e6a-9b7c-0d1e2f3a4b5c",
@@ -30,35 +28,7 @@ MIG = "MIG-9f1c2d3e-4a5b-5c6d-7e8f-9a0b1c2d3e4f"
 
 
 def _request(**fields: Any) -> Request:
-    now = datetime.now(UTC).isoformat()
-    doc: dict[str, Any] = {
-        "id": str(uuid.uuid4()),
-        "subject": "orchestrator:prod",
-        "pool": "a100s",
-        "pool_id": str(uuid.uuid4()),
-        "policy_id": None,
-        "resources": {"gpu": 2, "step_run": 1},
-        "preemptible": True,
-        "priority": 0,
-        "status": "allocated",
-        "reason": None,
-        "message": "",
-        "queue_position": None,
-        "attempt": 3,
-        "max_retries": 5,
-        "lease_seconds": None,
-        "lease_expires_at": None,
-        "preempt_deadline": None,
-        "idempotency_key": None,
-        "labels": {},
-        "version": 4,
-        "created_at": now,
-        "updated_at": now,
-        "allocated_at": now,
-        "finished_at": None,
-        **fields,
-    }
-    return msgspec.convert(doc, Request, strict=False)
+    return wire_request(**{"attempt": 3, "max_retries": 5, "version": 4, **fields})
 
 
 def test_placed_gpus_become_cuda_visible_devices_as_given() -> None:

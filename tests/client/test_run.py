@@ -22,6 +22,7 @@ import pytest
 
 from support.http import ok
 from support.server import Server, running_server
+from support.wait import first_true
 
 EXIT_REJECTED = 73
 EXIT_PREEMPTED = 75
@@ -65,15 +66,6 @@ def _events(log: Path) -> list[dict[str, Any]]:
     if not log.exists():
         return []
     return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-
-
-async def _until(check: Any, within: float = 20.0) -> Any:
-    for _ in range(int(within / 0.05)):
-        result = await check()
-        if result:
-            return result
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"not true within {within} s: {check}")
 
 
 async def _setup(server: Server, *, grace: int, gpus: int = 2) -> None:
@@ -140,11 +132,11 @@ async def test_preempting_sends_sigterm_before_the_deadline(live: Server, tmp_pa
     await _setup(live, grace=20)
     proc = await _wrap(live, tmp_path, "polite", "--gpu", "2")
     log = tmp_path / "log"
-    started = await _until(lambda: _first(log, "start"))
+    started = await first_true(lambda: _first(log, "start"))
     assert started["attempt"] == 1 and started["pool"] == "p"
     assert started["resources"]["gpu"] == 2
     owner = await _owner_takes_back(live)
-    term = await _until(lambda: _first(log, "sigterm"))
+    term = await first_true(lambda: _first(log, "sigterm"))
     # The deadline is the preempting event's time plus the grace (the request's own
     # preempt_deadline is cleared once the wrapper releases, which may already have happened).
     events = ok(await live.client.get(f"/v1/requests/{started['request']}/events"))
@@ -154,7 +146,7 @@ async def test_preempting_sends_sigterm_before_the_deadline(live: Server, tmp_pa
     code, err = await _exit(proc, tmp_path)
     assert code == EXIT_PREEMPTED, err
     # The child stopped; the wrapper released: the owner gets the units at once.
-    assert await _until(lambda: _status_is(live, owner["id"], "allocated"))
+    assert await first_true(lambda: _status_is(live, owner["id"], "allocated"))
     assert (await _request(live, started["request"]))["status"] == "preempted"
 
 
@@ -165,24 +157,24 @@ async def test_sigkill_at_the_deadline_when_sigterm_is_ignored(
     await _setup(live, grace=2)
     proc = await _wrap(live, tmp_path, "stubborn", "--gpu", "2")
     log = tmp_path / "log"
-    started = await _until(lambda: _first(log, "start"))
+    started = await first_true(lambda: _first(log, "start"))
     owner = await _owner_takes_back(live)
-    await _until(lambda: _first(log, "sigterm"))
+    await first_true(lambda: _first(log, "sigterm"))
     code, err = await _exit(proc, tmp_path)
     assert code == EXIT_PREEMPTED, err
     assert "SIGKILL" in err
     assert not _alive(started["pid"])
-    assert await _until(lambda: _status_is(live, owner["id"], "allocated"))
+    assert await first_true(lambda: _status_is(live, owner["id"], "allocated"))
 
 
 async def test_requeued_after_preemption_runs_again(live: Server, tmp_path: Path) -> None:
     await _setup(live, grace=20)
     proc = await _wrap(live, tmp_path, "retry", "--gpu", "2", "--max-retries", "1")
     log = tmp_path / "log"
-    first = await _until(lambda: _first(log, "start"))
+    first = await first_true(lambda: _first(log, "start"))
     owner = await _owner_takes_back(live)
-    await _until(lambda: _first(log, "sigterm"))
-    await _until(lambda: _status_is(live, owner["id"], "allocated"))
+    await first_true(lambda: _first(log, "sigterm"))
+    await first_true(lambda: _status_is(live, owner["id"], "allocated"))
     ok(await live.client.post(f"/v1/requests/{owner['id']}/release"))
     code, err = await _exit(proc, tmp_path)
     assert code == 7, err  # the second run's own status
@@ -199,11 +191,11 @@ async def test_kill_9_of_the_wrapper_lease_expiry_frees_the_units(
     await _setup(live, grace=0)
     proc = await _wrap(live, tmp_path, "polite", "--gpu", "2", "--lease", "2")
     log = tmp_path / "log"
-    started = await _until(lambda: _first(log, "start"))
+    started = await first_true(lambda: _first(log, "start"))
     proc.kill()
     await proc.wait()
     try:
-        assert await _until(lambda: _status_is(live, started["request"], "expired"), 30)
+        assert await first_true(lambda: _status_is(live, started["request"], "expired"), 30)
         pool = ok(await live.client.get("/v1/pools/p"))
         assert not pool["usage"].get("gpu")
     finally:
@@ -215,9 +207,9 @@ async def test_sigterm_to_the_wrapper_stops_cmd_and_releases(live: Server, tmp_p
     await _setup(live, grace=0)
     proc = await _wrap(live, tmp_path, "polite", "--gpu", "1")
     log = tmp_path / "log"
-    started = await _until(lambda: _first(log, "start"))
+    started = await first_true(lambda: _first(log, "start"))
     proc.send_signal(signal.SIGTERM)
-    await _until(lambda: _first(log, "sigterm"))
+    await first_true(lambda: _first(log, "sigterm"))
     code, err = await _exit(proc, tmp_path)
     assert code == 128 + signal.SIGTERM, err
     assert (await _request(live, started["request"]))["status"] == "released"
@@ -324,7 +316,7 @@ async def test_cmd_leaving_children_they_are_stopped_before_the_release(
 ) -> None:
     await _setup(live, grace=0)
     proc = await _wrap_group(live, tmp_path, "leave", "--gpu", "1")
-    pids = await _until(lambda: _pids(tmp_path))
+    pids = await first_true(lambda: _pids(tmp_path))
     try:
         await _watch_release(live, proc, pids)
         code, err = await _exit(proc, tmp_path)
@@ -340,7 +332,7 @@ async def test_sigterm_cmd_ignoring_it_keeps_the_units_until_it_is_killed(
 ) -> None:
     await _setup(live, grace=0)
     proc = await _wrap_group(live, tmp_path, "stubborn", "--gpu", "1", "--kill-after", "1")
-    pids = await _until(lambda: _pids(tmp_path))
+    pids = await first_true(lambda: _pids(tmp_path))
     try:
         proc.send_signal(signal.SIGTERM)
         sent = time.monotonic()
@@ -363,7 +355,7 @@ async def test_every_stop_signal_stops_the_group_then_releases(
 ) -> None:
     await _setup(live, grace=0)
     proc = await _wrap_group(live, tmp_path, "wait", "--gpu", "1")
-    pids = await _until(lambda: _pids(tmp_path))
+    pids = await first_true(lambda: _pids(tmp_path))
     try:
         proc.send_signal(sig)
         await _watch_release(live, proc, pids)
@@ -378,7 +370,7 @@ async def test_every_stop_signal_stops_the_group_then_releases(
 async def test_sigkill_of_the_wrapper_kills_cmds_whole_group(live: Server, tmp_path: Path) -> None:
     await _setup(live, grace=0)
     proc = await _wrap_group(live, tmp_path, "wait", "--gpu", "1")
-    pids = await _until(lambda: _pids(tmp_path))
+    pids = await first_true(lambda: _pids(tmp_path))
     try:
         proc.kill()
         await proc.wait()
@@ -386,7 +378,7 @@ async def test_sigkill_of_the_wrapper_kills_cmds_whole_group(live: Server, tmp_p
         async def all_gone() -> bool:
             return not any(_running(pid) for pid in pids)
 
-        await _until(all_gone, within=5)
+        await first_true(all_gone, within=5)
     finally:
         _kill_leftovers(pids)
 
@@ -401,7 +393,7 @@ async def test_wrapper_killed_while_queued_loses_its_place(live: Server, tmp_pat
         items = ok(await live.client.get("/v1/requests", params={"subject": "borrower"}))["items"]
         return bool(items and items[0]["status"] == "queued")
 
-    await _until(queued)
+    await first_true(queued)
     await asyncio.sleep(3)  # longer than the queue lease: the wrapper's heartbeats keep it
     assert (await _the_request(live))["status"] == "queued"
     proc.kill()
@@ -411,14 +403,14 @@ async def test_wrapper_killed_while_queued_loses_its_place(live: Server, tmp_pat
         body = await _the_request(live)
         return bool((body["status"], body["reason"]) == ("cancelled", "abandoned"))
 
-    await _until(abandoned, within=8)
+    await first_true(abandoned, within=8)
     assert not (tmp_path / "pids").exists()  # CMD never ran
 
 
 async def test_lease_none_asks_for_no_lease(live: Server, tmp_path: Path) -> None:
     await _setup(live, grace=0)
     proc = await _wrap_group(live, tmp_path, "wait", "--gpu", "1", "--lease", "none")
-    pids = await _until(lambda: _pids(tmp_path))
+    pids = await first_true(lambda: _pids(tmp_path))
     try:
         body = await _the_request(live)
         assert body["lease_seconds"] is None and body["lease_expires_at"] is None
@@ -434,12 +426,12 @@ async def test_api_unreachable_past_the_lease_stops_cmd(db_url: str, tmp_path: P
         await _setup(server, grace=0)
         proc = await _wrap(server, tmp_path, "polite", "--gpu", "1", "--lease", "3")
         log = tmp_path / "log"
-        started = await _until(lambda: _first(log, "start"))
+        started = await first_true(lambda: _first(log, "start"))
     gone_at = time.time()  # the API is gone: no heartbeat gets through any more
     try:
-        term = await _until(lambda: _first(log, "sigterm"), within=10)
+        term = await first_true(lambda: _first(log, "sigterm"), within=10)
         assert term["at"] - gone_at < 3 + 1.5  # by the end of the lease (plus a heartbeat)
-        await _until(lambda: _not_running(started["pid"]), within=5)
+        await first_true(lambda: _not_running(started["pid"]), within=5)
         assert "no heartbeat got through within the lease" in (tmp_path / "wrapper.err").read_text()
     finally:
         proc.kill()
@@ -453,7 +445,7 @@ async def _not_running(pid: int) -> bool:
 async def test_a_second_signal_kills_at_once(live: Server, tmp_path: Path) -> None:
     await _setup(live, grace=0)
     proc = await _wrap_group(live, tmp_path, "stubborn", "--gpu", "1", "--kill-after", "30")
-    pids = await _until(lambda: _pids(tmp_path))
+    pids = await first_true(lambda: _pids(tmp_path))
     try:
         proc.send_signal(signal.SIGINT)
         await asyncio.sleep(0.5)
@@ -506,8 +498,8 @@ async def test_two_runs_on_one_8_gpu_node_see_disjoint_gpus(live: Server, tmp_pa
     inherited = {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
     a = await _wrap(live, tmp_path / "a", "polite", "--gpu", "4", env_extra=inherited)
     b = await _wrap(live, tmp_path / "b", "polite", "--gpu", "4", env_extra=inherited)
-    started_a = await _until(lambda: _first(tmp_path / "a" / "log", "start"))
-    started_b = await _until(lambda: _first(tmp_path / "b" / "log", "start"))
+    started_a = await first_true(lambda: _first(tmp_path / "a" / "log", "start"))
+    started_b = await first_true(lambda: _first(tmp_path / "b" / "log", "start"))
     gpus_a, gpus_b = started_a["cuda"].split(","), started_b["cuda"].split(",")
     assert len(gpus_a) == len(gpus_b) == 4
     assert set(gpus_a).isdisjoint(gpus_b)
@@ -520,7 +512,7 @@ async def test_two_runs_on_one_8_gpu_node_see_disjoint_gpus(live: Server, tmp_pa
 
     # A third run of 4 GPUs waits: the node has none left.
     c = await _wrap(live, tmp_path / "c", "polite", "--gpu", "4")
-    queued = await _until(lambda: _queued_in_p(live))
+    queued = await first_true(lambda: _queued_in_p(live))
     assert len(queued) == 1
     assert await _first(tmp_path / "c" / "log", "start") is None
 
@@ -528,7 +520,7 @@ async def test_two_runs_on_one_8_gpu_node_see_disjoint_gpus(live: Server, tmp_pa
     a.send_signal(signal.SIGTERM)
     code, err = await _exit(a, tmp_path / "a")
     assert code == 128 + signal.SIGTERM, err
-    started_c = await _until(lambda: _first(tmp_path / "c" / "log", "start"))
+    started_c = await first_true(lambda: _first(tmp_path / "c" / "log", "start"))
     assert started_c["request"] == queued[0]["id"]
     assert set(started_c["cuda"].split(",")) == set(gpus_a)
     assert started_c["node"] == "box-1"
@@ -543,7 +535,7 @@ async def test_here_and_node_choose_the_node(live: Server, tmp_path: Path) -> No
     # --here: the node named by RESPOOL_NODE.
     proc = await _wrap(live, tmp_path / "here", "polite", "--gpu", "2", "--here",
                        env_extra={"RESPOOL_NODE": "box-2"})  # fmt: skip
-    started = await _until(lambda: _first(tmp_path / "here" / "log", "start"))
+    started = await first_true(lambda: _first(tmp_path / "here" / "log", "start"))
     assert started["node"] == "box-2"
     assert started["cuda"] == "GPU-aaaa,MIG-bbbb"  # UUIDs and MIG ids as given
     answer = await _request(live, started["request"])
@@ -553,7 +545,7 @@ async def test_here_and_node_choose_the_node(live: Server, tmp_path: Path) -> No
     # --node and --selector: both must match.
     proc = await _wrap(live, tmp_path / "node", "polite", "--gpu", "1", "--node", "box-1",
                        "--selector", "gpu-type=A100-80G")  # fmt: skip
-    started = await _until(lambda: _first(tmp_path / "node" / "log", "start"))
+    started = await first_true(lambda: _first(tmp_path / "node" / "log", "start"))
     assert started["node"] == "box-1" and started["cuda"] == "0"
     proc.send_signal(signal.SIGTERM)
     await _exit(proc, tmp_path / "node")
@@ -572,7 +564,7 @@ async def test_a_pool_without_nodes_leaves_cuda_visible_devices_alone(
     await _setup(live, grace=0)
     proc = await _wrap(live, tmp_path, "polite", "--gpu", "1",
                        env_extra={"CUDA_VISIBLE_DEVICES": "3"})  # fmt: skip
-    started = await _until(lambda: _first(tmp_path / "log", "start"))
+    started = await first_true(lambda: _first(tmp_path / "log", "start"))
     assert started["cuda"] == "3"
     assert started["node"] is None and started["devices"] is None
     proc.send_signal(signal.SIGTERM)
@@ -588,7 +580,7 @@ async def test_a_requeued_attempt_gets_the_env_of_its_new_placement(
     proc = await _wrap(live, tmp_path, "retry", "--gpu", "2", "--max-retries", "1",
                        "--selector", "gpu-type=A100-80G")  # fmt: skip
     log = tmp_path / "log"
-    first = await _until(lambda: _first(log, "start"))
+    first = await first_true(lambda: _first(log, "start"))
     taken = first["node"]
     other = "box-2" if taken == "box-1" else "box-1"
     # The owner takes its share back on exactly that node: the borrower is preempted there,

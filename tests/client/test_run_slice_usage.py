@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.http import ok
 from support.nvidia import A100_LIST, A100_QUERY, apps_file, fake_smi
 from support.server import Server, running_server
+from support.wait import first_true
 
 EXIT_PREEMPTED = 75
 
@@ -88,15 +89,6 @@ async def _wrap(server: Server, tmp: Path, mib: int) -> asyncio.subprocess.Proce
         )  # fmt: skip
 
 
-async def _until(check: Any, within: float = 20.0) -> Any:
-    for _ in range(int(within / 0.05)):
-        result = await check()
-        if result:
-            return result
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"not true within {within} s: {check}")
-
-
 def _events(log: Path) -> list[str]:
     if not log.exists():
         return []
@@ -145,7 +137,7 @@ async def test_within_its_slice_the_command_runs_to_its_end(live: Server, tmp_pa
     async def reported() -> bool:
         return await _reported(live) is not None
 
-    await _until(reported)  # a heartbeat carried the use
+    await first_true(reported)  # a heartbeat carried the use
     assert await _reported(live) == 0  # within its slice
     (tmp_path / "log.done").touch()
     code = await asyncio.wait_for(proc.wait(), 30)

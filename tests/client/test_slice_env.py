@@ -6,47 +6,20 @@ as before (exclusive)."""
 
 from __future__ import annotations
 
-import uuid
-from datetime import UTC, datetime
 from typing import Any
 
-import msgspec
 from respool_client import Grant, Request
 from respool_client.grant import describe_slices
+
+from support.wire import wire_request
 
 MPS_VARS = ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
 
 
 def _request(placement: dict[str, Any], resources: dict[str, int]) -> Request:
-    now = datetime.now(UTC).isoformat()
-    doc: dict[str, Any] = {
-        "id": str(uuid.uuid4()),
-        "subject": "team:notebooks",
-        "pool": "a100s",
-        "pool_id": str(uuid.uuid4()),
-        "policy_id": None,
-        "resources": resources,
-        "preemptible": True,
-        "priority": 0,
-        "status": "allocated",
-        "reason": None,
-        "message": "",
-        "queue_position": None,
-        "attempt": 1,
-        "max_retries": 0,
-        "lease_seconds": None,
-        "lease_expires_at": None,
-        "preempt_deadline": None,
-        "idempotency_key": None,
-        "labels": {},
-        "version": 2,
-        "created_at": now,
-        "updated_at": now,
-        "allocated_at": now,
-        "finished_at": None,
-        "placement": placement,
-    }
-    return msgspec.convert(doc, Request, strict=False)
+    return wire_request(
+        subject="team:notebooks", resources=resources, version=2, placement=placement
+    )
 
 
 def _slice(mode: str, share: int | None) -> dict[str, Any]:

@@ -65,7 +65,7 @@ from hypothesis.stateful import (
 )
 from test_placement import NODE_INVARIANTS_SQL
 
-from support.model import DatabaseMachine, ModelClockMachine, model_test
+from support.model import DatabaseMachine, NodeModelMachine, model_test
 
 SOFT_KEYS = frozenset({"mcpu", "memory_mb", "step_run"})
 CLOCK0 = datetime(2032, 1, 1, tzinfo=UTC)
@@ -535,7 +535,9 @@ def node_violations(machine: DatabaseMachine, but_over: Collection[str]) -> list
     ]
 
 
-class NodeMachine(ModelClockMachine):
+class NodeMachine(NodeModelMachine):
+    pool = POOL
+    cancellable = ("queued", "allocated")
     clock0 = CLOCK0
 
     def __init__(self) -> None:
@@ -695,38 +697,13 @@ class NodeMachine(ModelClockMachine):
         self._create_gang(subject, [{"gpu": g} for g in gpus], distinct, selector)
         self.stats["create_mixed_gang"] += 1
 
-    def _pick(self, data: st.DataObject, statuses: tuple[str, ...]) -> MRequest:
-        ids = sorted(
-            (r for r in self.model.requests.values() if r.status in statuses),
-            key=lambda r: (r.seq, r.queued_at),
-        )
-        return data.draw(st.sampled_from(ids))
-
-    @precondition(lambda self: any(r.status == "allocated" for r in self.model.requests.values()))
-    @rule(data=st.data())
-    def release(self, data: st.DataObject) -> None:
-        self._release(data)
+    def pick_key(self, r: MRequest) -> Any:
+        return (r.seq, r.queued_at)
 
     @precondition(lambda self: any(r.status == "allocated" for r in self.model.requests.values()))
     @rule(data=st.data())
     def release_more(self, data: st.DataObject) -> None:
-        self._release(data)
-
-    def _release(self, data: st.DataObject) -> None:
-        r = self._pick(data, ("allocated",))
-        self.sql("SELECT respool.release_request(p_id => $1, p_now => $2)", r.id, self.now())
-        self.model.finish(r, "released")
-        self.stats["release"] += 1
-
-    @precondition(
-        lambda self: any(r.status in ("queued", "allocated") for r in self.model.requests.values())
-    )
-    @rule(data=st.data())
-    def cancel(self, data: st.DataObject) -> None:
-        r = self._pick(data, ("queued", "allocated"))
-        self.sql("SELECT respool.cancel_request(p_id => $1, p_now => $2)", r.id, self.now())
-        self.model.finish(r, "cancelled")
-        self.stats["cancel"] += 1
+        self.release(data)
 
     @precondition(lambda self: self.started and len(self.model.nodes) < len(JOINERS))
     @rule(data=st.data())
@@ -757,29 +734,7 @@ class NodeMachine(ModelClockMachine):
         if reconcile:
             self.reconcile()
 
-    @precondition(lambda self: self.started)
-    @rule(data=st.data(), state=st.sampled_from(["cordoned", "draining", "active", "active"]))
-    def set_state(self, data: st.DataObject, state: str) -> None:
-        name = data.draw(st.sampled_from(sorted(self.model.nodes)))
-        self.sql("SELECT respool.set_node_state($1, $2, p_now => $3)", name, state, self.now())
-        node = self.model.nodes[name]
-        changed = node.state != state
-        node.state = state
-        if changed:
-            self.model.settle()
-        self.stats[f"state_{state}"] += 1
-
-    @precondition(lambda self: self.started)
-    @rule()
-    def reconcile(self) -> None:
-        self.reconcile_pool(POOL, self.now())
-        self.model.reconcile()
-        self.stats["reconcile"] += 1
-
     # comparison ----------------------------------------------------------------------------------
-
-    def teardown(self) -> None:
-        self.stats.update(self.model.stats)
 
     @invariant()
     def engine_matches_model(self) -> None:

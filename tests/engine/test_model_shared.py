@@ -43,7 +43,7 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, precondition, rule
 
-from support.model import ModelClockMachine, model_test
+from support.model import NodeModelMachine, model_test
 
 CLOCK0 = datetime(2033, 1, 1, tzinfo=UTC)
 POOL = "sp"
@@ -209,6 +209,10 @@ class Model:
                         d.share -= r.share
         r.node, r.devices = None, []
 
+    def settle(self) -> None:
+        """After a node changes state: grant what now fits."""
+        self.allocate()
+
     def allocate(self) -> None:
         for r in sorted(self.requests.values(), key=lambda r: r.seq):
             if r.status == "queued":
@@ -270,8 +274,9 @@ SELECT jsonb_build_object(
 """
 
 
-class SharedMachine(ModelClockMachine):
+class SharedMachine(NodeModelMachine):
     clock0 = CLOCK0
+    pool = POOL
 
     def __init__(self) -> None:
         super().__init__()
@@ -336,52 +341,6 @@ class SharedMachine(ModelClockMachine):
     def create_whole(self, gpus: int, selector: dict[str, str]) -> None:
         self._create(MRequest("", 0, 0, 0, gpus, 0, dict(selector)))
         self.stats["create_whole"] += 1
-
-    def _pick(self, data: st.DataObject, statuses: tuple[str, ...]) -> MRequest:
-        found = sorted(
-            (r for r in self.model.requests.values() if r.status in statuses), key=lambda r: r.seq
-        )
-        return data.draw(st.sampled_from(found))
-
-    @precondition(lambda self: any(r.status == "allocated" for r in self.model.requests.values()))
-    @rule(data=st.data())
-    def release(self, data: st.DataObject) -> None:
-        r = self._pick(data, ("allocated",))
-        self.sql("SELECT respool.release_request(p_id => $1, p_now => $2)", r.id, self.now())
-        self.model.finish(r, "released")
-        self.stats["release"] += 1
-
-    @precondition(lambda self: any(r.status == "queued" for r in self.model.requests.values()))
-    @rule(data=st.data())
-    def cancel(self, data: st.DataObject) -> None:
-        r = self._pick(data, ("queued",))
-        self.sql("SELECT respool.cancel_request(p_id => $1, p_now => $2)", r.id, self.now())
-        self.model.finish(r, "cancelled")
-        self.stats["cancel"] += 1
-
-    @precondition(lambda self: self.started)
-    @rule(
-        name=st.sampled_from(sorted(NODES)),
-        state=st.sampled_from(["cordoned", "draining", "active", "active"]),
-    )
-    def set_state(self, name: str, state: str) -> None:
-        self.sql("SELECT respool.set_node_state($1, $2, p_now => $3)", name, state, self.now())
-        node = self.model.nodes[name]
-        changed = node.state != state
-        node.state = state
-        if changed:
-            self.model.allocate()
-        self.stats[f"state_{state}"] += 1
-
-    @precondition(lambda self: self.started)
-    @rule()
-    def reconcile(self) -> None:
-        self.reconcile_pool(POOL, self.now())
-        self.model.reconcile()
-        self.stats["reconcile"] += 1
-
-    def teardown(self) -> None:
-        self.stats.update(self.model.stats)
 
     @invariant()
     def engine_matches_model(self) -> None:

@@ -15,28 +15,20 @@ from __future__ import annotations
 
 import asyncio
 import random
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
 import pytest
 
 from app.db.connect import APP_CLI, connect
-from support.db import RECONCILE_POOL
+from support.churn import churn
+from support.db import RECONCILE_POOL, ClockedConn
 
-CLOCK0 = datetime(2031, 3, 1, tzinfo=UTC)
+CLOCK0 = ClockedConn.clock0
 
 
-class Env:
+class Env(ClockedConn):
     """One database connection and a clock that moves one second per call."""
-
-    def __init__(self, conn: asyncpg.Connection) -> None:
-        self.conn = conn
-        self.tick = 0
-
-    def now(self) -> datetime:
-        self.tick += 1
-        return CLOCK0 + timedelta(seconds=self.tick)
 
     async def pool(self, name: str, *, placement: str = "pack", grace: int = 0) -> None:
         await self.conn.fetchval(
@@ -129,15 +121,6 @@ class Env:
             distinct,
         )
         return [r["request"] for r in rows]
-
-    async def get(self, doc: dict[str, Any]) -> dict[str, Any]:
-        got: dict[str, Any] = await self.conn.fetchval("SELECT respool.get_request($1)", doc["id"])
-        return got
-
-    async def release(self, doc: dict[str, Any]) -> None:
-        await self.conn.fetchval(
-            "SELECT respool.release_request(p_id => $1, p_now => $2)", doc["id"], self.now()
-        )
 
     async def reconcile(self, pool: str) -> None:
         await self.conn.fetchval(RECONCILE_POOL, pool, self.now())
@@ -630,42 +613,23 @@ async def test_concurrent_creates_and_releases_never_share_a_device(
     await env.node("n3", "gpus", capacity={"mcpu": 4000})
     seen: list[str] = []
 
+    def body(rng: random.Random) -> dict[str, Any]:
+        resources = {"gpu": rng.randint(1, 3)} if rng.random() < 0.8 else {}
+        if rng.random() < 0.4:
+            resources["mcpu"] = rng.choice([500, 2000])
+        doc: dict[str, Any] = {"subject": rng.choice(["s", "t"]), "pool": "gpus"}
+        doc["resources"] = resources
+        if rng.random() < 0.2:
+            doc["node_selector"] = {"node": rng.choice(["n1", "n2"])}
+        return doc
+
+    async def after(_: asyncpg.Connection, doc: dict[str, Any]) -> None:
+        # Every document a worker sees shows only devices of its own node.
+        if doc["placement"]:
+            seen.append(doc["placement"]["node"])
+
     async def worker(seed: int) -> None:
-        rng = random.Random(seed)
-        c = await connect(db_url, application_name=APP_CLI)
-        mine: list[Any] = []
-        try:
-            for _ in range(40):
-                if mine and rng.random() < 0.45:
-                    rid = mine.pop(rng.randrange(len(mine)))
-                    # Queued -> cancel; allocated -> release (a queued one granted meanwhile
-                    # by another worker's release is cancelled, which ends a holding too).
-                    status = await c.fetchval(
-                        "SELECT status FROM respool.requests WHERE id = $1", rid
-                    )
-                    action = "release_request" if status == "allocated" else "cancel_request"
-                    await c.fetchval(f"SELECT respool.{action}(p_id => $1)", rid)
-                    continue
-                resources = {"gpu": rng.randint(1, 3)} if rng.random() < 0.8 else {}
-                if rng.random() < 0.4:
-                    resources["mcpu"] = rng.choice([500, 2000])
-                body: dict[str, Any] = {
-                    "subject": rng.choice(["s", "t"]),
-                    "pool": "gpus",
-                    "resources": resources,
-                }
-                if rng.random() < 0.2:
-                    body["node_selector"] = {"node": rng.choice(["n1", "n2"])}
-                doc = await c.fetchval("SELECT request FROM respool.create_request($1)", body)
-                if doc["status"] in ("allocated", "queued"):
-                    mine.append(doc["id"])
-                # Every document a worker sees shows only devices of its own node.
-                if doc["placement"]:
-                    seen.append(doc["placement"]["node"])
-            for rid in mine:
-                await c.fetchval("SELECT respool.cancel_request(p_id => $1)", rid)
-        finally:
-            await c.close()
+        await churn(db_url, seed, body, after, cancel_at_end=True)
 
     async def auditor(stop: asyncio.Event) -> list[str]:
         c = await connect(db_url, application_name=APP_CLI)

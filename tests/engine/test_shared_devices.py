@@ -13,30 +13,21 @@ from __future__ import annotations
 
 import asyncio
 import random
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
 import pytest
 
-from app.db.connect import APP_CLI, connect
-from support.db import RECONCILE_POOL
+from support.churn import churn
+from support.db import RECONCILE_POOL, ClockedConn
 from support.twins import install_twin
 
-CLOCK0 = datetime(2031, 3, 1, tzinfo=UTC)
+CLOCK0 = ClockedConn.clock0
 GB80 = 81920  # MiB of an 80 GB device
 
 
-class Env:
+class Env(ClockedConn):
     """One connection, a clock one second per call, a pool ``gpus`` with a policy for ``s``."""
-
-    def __init__(self, conn: asyncpg.Connection) -> None:
-        self.conn = conn
-        self.tick = 0
-
-    def now(self) -> datetime:
-        self.tick += 1
-        return CLOCK0 + timedelta(seconds=self.tick)
 
     async def pool(self, placement: str = "pack", *subjects: str) -> None:
         await self.conn.fetchval(
@@ -90,15 +81,6 @@ class Env:
             "SELECT request FROM respool.create_request($1, p_now => $2)", body, self.now()
         )
         return doc
-
-    async def get(self, doc: dict[str, Any]) -> dict[str, Any]:
-        got: dict[str, Any] = await self.conn.fetchval("SELECT respool.get_request($1)", doc["id"])
-        return got
-
-    async def release(self, doc: dict[str, Any]) -> None:
-        await self.conn.fetchval(
-            "SELECT respool.release_request(p_id => $1, p_now => $2)", doc["id"], self.now()
-        )
 
     async def reconcile(self) -> None:
         await self.conn.fetchval(RECONCILE_POOL, "gpus", self.now())
@@ -385,37 +367,24 @@ async def test_concurrent_slices_and_whole_grants_keep_i8_and_i9(
     await env.node("n1", ["0", "1"], memory=40000)
     await env.node("n2", ["a", "b", "c"], memory=24000, reserved=1000)
 
+    def body(rng: random.Random) -> dict[str, Any]:
+        if rng.random() < 0.3:
+            resources = {"gpu": rng.randint(1, 2)}
+        else:
+            resources = {"gpu_memory_mb": rng.choice([2000, 8000, 15000])}
+            if rng.random() < 0.5:
+                resources["gpu_share"] = rng.choice([10, 30, 60])
+        return {"subject": "s", "pool": "gpus", "resources": resources}
+
+    async def after(c: asyncpg.Connection, _: dict[str, Any]) -> None:
+        bad = await c.fetch(
+            "SELECT invariant, detail FROM respool.invariant_violations"
+            " WHERE invariant IN ('I8', 'I9')"
+        )
+        assert not bad, bad
+
     async def worker(seed: int) -> None:
-        rng = random.Random(seed)
-        c = await connect(db_url, application_name=APP_CLI)
-        mine: list[Any] = []
-        try:
-            for _ in range(40):
-                if mine and rng.random() < 0.45:
-                    rid = mine.pop(rng.randrange(len(mine)))
-                    status = await c.fetchval(
-                        "SELECT status FROM respool.requests WHERE id = $1", rid
-                    )
-                    action = "release_request" if status == "allocated" else "cancel_request"
-                    await c.fetchval(f"SELECT respool.{action}(p_id => $1)", rid)
-                    continue
-                if rng.random() < 0.3:
-                    resources = {"gpu": rng.randint(1, 2)}
-                else:
-                    resources = {"gpu_memory_mb": rng.choice([2000, 8000, 15000])}
-                    if rng.random() < 0.5:
-                        resources["gpu_share"] = rng.choice([10, 30, 60])
-                body = {"subject": "s", "pool": "gpus", "resources": resources}
-                doc = await c.fetchval("SELECT request FROM respool.create_request($1)", body)
-                if doc["status"] in ("allocated", "queued"):
-                    mine.append(doc["id"])
-                bad = await c.fetch(
-                    "SELECT invariant, detail FROM respool.invariant_violations"
-                    " WHERE invariant IN ('I8', 'I9')"
-                )
-                assert not bad, bad
-        finally:
-            await c.close()
+        await churn(db_url, seed, body, after, cancel_at_end=False)
 
     await asyncio.gather(*(worker(i) for i in range(workers)))
     assert await env.violations() == []

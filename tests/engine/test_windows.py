@@ -211,37 +211,21 @@ async def test_office_hours_in_berlin_move_in_utc_with_summer_time(
         (utc("2026-03-30T07:00"), utc("2026-03-30T15:00")),
         (utc("2026-03-31T07:00"), utc("2026-03-31T15:00")),
     ]
-    # Friday before the spring change: active, then closed for the weekend until Monday 07:00 UTC.
-    assert await window_state(conn, OFFICE, utc("2026-03-27T10:00")) == (
-        True,
-        utc("2026-03-27T16:00"),
-    )
-    assert await window_state(conn, OFFICE, utc("2026-03-27T17:00")) == (
-        False,
-        utc("2026-03-30T07:00"),
-    )
-    assert await window_state(conn, OFFICE, utc("2026-03-30T07:30")) == (
-        True,
-        utc("2026-03-30T15:00"),
-    )
-    # Friday before the autumn change: Monday opens at 08:00 UTC again.
-    assert await window_state(conn, OFFICE, utc("2026-10-23T14:00")) == (
-        True,
-        utc("2026-10-23T15:00"),
-    )
-    assert await window_state(conn, OFFICE, utc("2026-10-23T17:00")) == (
-        False,
-        utc("2026-10-26T08:00"),
-    )
-    assert await window_state(conn, OFFICE, utc("2026-10-26T07:30")) == (
-        False,
-        utc("2026-10-26T08:00"),
-    )
-    # The end is exclusive: at 16:00 UTC on a winter Friday the policy is already off.
-    assert await window_state(conn, OFFICE, utc("2026-03-27T16:00")) == (
-        False,
-        utc("2026-03-30T07:00"),
-    )
+    for at, expected in [
+        # Friday before the spring change: active, then closed for the weekend until Monday
+        # 07:00 UTC.
+        ("2026-03-27T10:00", (True, "2026-03-27T16:00")),
+        ("2026-03-27T17:00", (False, "2026-03-30T07:00")),
+        ("2026-03-30T07:30", (True, "2026-03-30T15:00")),
+        # Friday before the autumn change: Monday opens at 08:00 UTC again.
+        ("2026-10-23T14:00", (True, "2026-10-23T15:00")),
+        ("2026-10-23T17:00", (False, "2026-10-26T08:00")),
+        ("2026-10-26T07:30", (False, "2026-10-26T08:00")),
+        # The end is exclusive: at 16:00 UTC on a winter Friday the policy is already off.
+        ("2026-03-27T16:00", (False, "2026-03-30T07:00")),
+    ]:
+        active, until = expected
+        assert await window_state(conn, OFFICE, utc(at)) == (active, utc(until)), at
 
 
 async def test_a_window_crossing_midnight_belongs_to_the_day_it_starts(

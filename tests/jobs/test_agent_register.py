@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ import pytest
 from support.cli import Cli
 from support.http import ok
 from support.nvidia import A100_LIST, A100_QUERY, fake_smi, gpus
+from support.proc import stop
 from support.server import Server, respool_command, running_server
 from support.wait import first_true
 
@@ -80,18 +80,6 @@ class Box:
             return None
         doc: dict[str, Any] = ok(r)
         return doc
-
-
-async def stop(proc: asyncio.subprocess.Process) -> int:
-    if proc.returncode is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), 30)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode is not None
-    return proc.returncode
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ import pytest
 from app.db import tokens
 from app.db.connect import APP_CLI, connect
 from support.db import direct
+from support.proc import stop
 from support.server import Server, respool_command, running_server
 from support.wait import first_true
 
@@ -200,13 +200,18 @@ async def _chromium(profile: Path, *args: str) -> bytes:
     return out
 
 
-@in_chromium
-async def test_chromium_renders_pools_queue_and_events(live: Server, tmp_path: Path) -> None:
-    url = live.url + "/"
+async def _dashboard_dom(srv: Server, tmp_path: Path) -> str:
+    """The dashboard's DOM once its script has drawn it (asserted: ``data-ready``)."""
     dom = (
-        await _chromium(tmp_path / "dom", "--virtual-time-budget=5000", "--dump-dom", url)
+        await _chromium(tmp_path / "dom", "--virtual-time-budget=5000", "--dump-dom", srv.url + "/")
     ).decode()
     assert 'data-ready="1"' in dom, dom[:2000]
+    return dom
+
+
+@in_chromium
+async def test_chromium_renders_pools_queue_and_events(live: Server, tmp_path: Path) -> None:
+    dom = await _dashboard_dom(live, tmp_path)
     for pool in ("a100", "cpu-batch", "licences"):
         assert f'data-pool="{pool}"' in dom, pool
     assert re.search(r"<b>gpu</b>\s*6 / 8", dom)
@@ -248,7 +253,7 @@ async def test_chromium_renders_pools_queue_and_events(live: Server, tmp_path: P
         "--virtual-time-budget=5000",
         "--window-size=1440,1250",
         f"--screenshot={shot}",
-        url,
+        live.url + "/",
     )
     data = shot.read_bytes()
     assert data.startswith(b"\x89PNG") and len(data) > 20_000
@@ -349,11 +354,7 @@ async def test_chromium_draws_one_cell_per_device_coloured_by_holder(
     node_live: tuple[Server, dict[str, Any]], tmp_path: Path
 ) -> None:
     srv, held = node_live
-    url = srv.url + "/"
-    dom = (
-        await _chromium(tmp_path / "dom", "--virtual-time-budget=5000", "--dump-dom", url)
-    ).decode()
-    assert 'data-ready="1"' in dom, dom[:2000]
+    dom = await _dashboard_dom(srv, tmp_path)
     assert 'data-node="box-1"' in dom and 'data-node="box-2"' in dom
     assert 'data-node="spare"' not in dom
     cells = re.findall(r'<div class="cell(?: held)?" data-device="([^"]+)"([^>]*)>', dom)
@@ -380,7 +381,7 @@ async def test_chromium_draws_one_cell_per_device_coloured_by_holder(
     assert 'class="nodes"' not in abstract_card and 'class="cell' not in abstract_card
     await _chromium(
         tmp_path / "shot", "--virtual-time-budget=5000", "--window-size=1440,900",
-        f"--screenshot={tmp_path / 'nodes.png'}", url,
+        f"--screenshot={tmp_path / 'nodes.png'}", srv.url + "/",
     )  # fmt: skip
     assert (tmp_path / "nodes.png").read_bytes().startswith(b"\x89PNG")
 
@@ -452,11 +453,7 @@ async def test_chromium_draws_a_shared_devices_slices(
     shared_live: tuple[Server, dict[str, Any]], tmp_path: Path
 ) -> None:
     srv, held = shared_live
-    url = srv.url + "/"
-    dom = (
-        await _chromium(tmp_path / "dom", "--virtual-time-budget=5000", "--dump-dom", url)
-    ).decode()
-    assert 'data-ready="1"' in dom, dom[:2000]
+    dom = await _dashboard_dom(srv, tmp_path)
 
     def parts(device: str) -> list[tuple[str, float]]:
         """The cell of ``device``: each part's holder and width in percent."""
@@ -499,10 +496,7 @@ async def test_chromium_without_a_token_asks_for_one(
     guarded: tuple[Server, str], tmp_path: Path
 ) -> None:
     srv, _ = guarded
-    dom = (
-        await _chromium(tmp_path / "dom", "--virtual-time-budget=5000", "--dump-dom", srv.url + "/")
-    ).decode()
-    assert 'data-ready="1"' in dom, dom[:2000]
+    dom = await _dashboard_dom(srv, tmp_path)
     assert 'data-auth="needed"' in dom
     assert '<section id="locked" class="locked" data-state="needed">' in dom  # shown
     assert '<h2 id="locked-title">Token needed</h2>' in dom
@@ -747,13 +741,7 @@ async def running_job(db_url: str, tmp_path: Path) -> AsyncIterator[RunningJob]:
                 await first_true(printed_done)
                 yield RunningJob(srv, admin, rid, go)
             finally:
-                if agent.returncode is None:
-                    agent.send_signal(signal.SIGTERM)
-                    try:
-                        await asyncio.wait_for(agent.wait(), 30)
-                    except TimeoutError:
-                        agent.kill()
-                        await agent.wait()
+                await stop(agent)
     finally:
         await conn.close()
 

@@ -8,6 +8,7 @@ import contextlib
 import uuid
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Coroutine
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import asyncpg
@@ -19,6 +20,7 @@ from app.db.dsn import with_database
 from app.db.migrate import migrate
 
 __all__ = [
+    "ClockedConn",
     "Copies",
     "assert_refused",
     "assert_refused_read_write",
@@ -225,3 +227,27 @@ async def reconcile(conn: asyncpg.Connection, pool: str, now: Any = None) -> Any
         pool,
         now,
     )
+
+
+class ClockedConn:
+    """One database connection and a clock (:meth:`now`) that moves one second per call from
+    ``clock0``; ``tick`` is how far it has moved. Reads and releases a request by its document."""
+
+    clock0 = datetime(2031, 3, 1, tzinfo=UTC)
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self.conn = conn
+        self.tick = 0
+
+    def now(self) -> datetime:
+        self.tick += 1
+        return self.clock0 + timedelta(seconds=self.tick)
+
+    async def get(self, doc: dict[str, Any]) -> dict[str, Any]:
+        got: dict[str, Any] = await self.conn.fetchval("SELECT respool.get_request($1)", doc["id"])
+        return got
+
+    async def release(self, doc: dict[str, Any]) -> None:
+        await self.conn.fetchval(
+            "SELECT respool.release_request(p_id => $1, p_now => $2)", doc["id"], self.now()
+        )

@@ -15,7 +15,13 @@ from typing import Any, ClassVar, TypeVar
 import asyncpg
 import pytest
 from hypothesis import HealthCheck, settings
-from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from app.db.connect import APP_CLI, connect
 from support.db import RECONCILE_POOL
@@ -94,6 +100,67 @@ class ModelClockMachine(DatabaseMachine):
         self.seq += 1
         self.model.now = self.seq
         return self.clock0 + timedelta(seconds=self.seq)
+
+
+class NodeModelMachine(ModelClockMachine):
+    """The rules the node models share: end a request (release, cancel), set a node's state,
+    reconcile the pool; what differs is data: the pool, the statuses a cancel may end, the
+    order requests are picked in. The ``model`` has ``requests`` (each with ``id`` and
+    ``status``), ``nodes`` (each with ``state``), ``finish``, ``settle``, ``reconcile`` and
+    ``stats``."""
+
+    pool: ClassVar[str]
+    cancellable: ClassVar[tuple[str, ...]] = ("queued",)
+    started: bool
+
+    def pick_key(self, r: Any) -> Any:
+        return r.seq
+
+    def _pick(self, data: st.DataObject, statuses: tuple[str, ...]) -> Any:
+        found = sorted(
+            (r for r in self.model.requests.values() if r.status in statuses), key=self.pick_key
+        )
+        return data.draw(st.sampled_from(found))
+
+    def _end(self, data: st.DataObject, statuses: tuple[str, ...], call: str, status: str) -> None:
+        r = self._pick(data, statuses)
+        self.sql(f"SELECT respool.{call}(p_id => $1, p_now => $2)", r.id, self.now())
+        self.model.finish(r, status)
+        self.stats[call.removesuffix("_request")] += 1
+
+    @precondition(lambda self: any(r.status == "allocated" for r in self.model.requests.values()))
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        self._end(data, ("allocated",), "release_request", "released")
+
+    @precondition(
+        lambda self: any(r.status in self.cancellable for r in self.model.requests.values())
+    )
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        self._end(data, self.cancellable, "cancel_request", "cancelled")
+
+    @precondition(lambda self: self.started)
+    @rule(data=st.data(), state=st.sampled_from(["cordoned", "draining", "active", "active"]))
+    def set_state(self, data: st.DataObject, state: str) -> None:
+        name = data.draw(st.sampled_from(sorted(self.model.nodes)))
+        self.sql("SELECT respool.set_node_state($1, $2, p_now => $3)", name, state, self.now())
+        node = self.model.nodes[name]
+        changed = node.state != state
+        node.state = state
+        if changed:
+            self.model.settle()
+        self.stats[f"state_{state}"] += 1
+
+    @precondition(lambda self: self.started)
+    @rule()
+    def reconcile(self) -> None:
+        self.reconcile_pool(self.pool, self.now())
+        self.model.reconcile()
+        self.stats["reconcile"] += 1
+
+    def teardown(self) -> None:
+        self.stats.update(self.model.stats)
 
 
 # The engine breaks ties by id wherever its orders end (queue order: queue time, then id; victim
