@@ -273,14 +273,13 @@ COMMENT ON FUNCTION respool._device_places(uuid, jsonb, boolean, uuid) IS
 
 CREATE OR REPLACE FUNCTION respool._device_fit(p_pool_id uuid, p_need jsonb, p_spread boolean, p_node_id uuid DEFAULT NULL)
 RETURNS TABLE (node_id uuid, fits boolean, fits_ever boolean, best_left bigint, slots bigint, whole_left bigint)
-LANGUAGE plpgsql STABLE AS $$
-BEGIN
+LANGUAGE sql STABLE AS $$
     -- Per node and key: enough fitting devices (a slice: one; whole: as many as wanted); the
     -- slice's device the placement order takes (pack: least memory left, spread: most), the
     -- untouched devices whole ones leave, and how many needs alike the devices hold
     -- (respool._how_many per device for a slice).
-    -- (PL/pgSQL: its plan is kept per session; as a SQL function it was planned at every call)
-    RETURN QUERY
+    -- (every output column has its declared type, casts included: a result that needs a
+    -- coercion keeps PostgreSQL from inlining the function, which then is planned at every call)
     SELECT g.node_id, bool_and(g.ok), bool_and(g.ok_ever),
            CASE WHEN p_spread THEN max(g.best_left) ELSE min(g.best_left) END, min(g.slots)::bigint,
            sum(g.whole_left)::bigint
@@ -297,10 +296,10 @@ BEGIN
                         ELSE count(*) FILTER (WHERE p.fits) / greatest(max(p.wanted), 1) END AS slots
               FROM respool._device_places(p_pool_id, p_need, false, p_node_id) p
              GROUP BY p.node_id, p.key, p.slice) g
-     GROUP BY g.node_id;
-END $$;
+     GROUP BY g.node_id
+$$;
 COMMENT ON FUNCTION respool._device_fit(uuid, jsonb, boolean, uuid) IS
-    'The device level of the node rule, per node of the pool (only p_node_id when given) with a device p_need may use (respool._device_places): fits (every key it asks whole devices of has that many fitting devices, every slice a device with room), fits_ever (the same on empty devices), best_left (a slice''s device in the placement order: pack the least memory left once placed, p_spread the most), whole_left (the untouched devices whole ones leave) and slots (how many needs alike its devices hold now). A node without such a device has no row: its counters decide. Read-only.';
+    'The device level of the node rule, per node of the pool (only p_node_id when given) with a device p_need may use (respool._device_places): fits (every key it asks whole devices of has that many fitting devices, every slice a device with room), fits_ever (the same on empty devices), best_left (a slice''s device in the placement order: pack the least memory left once placed, p_spread the most), whole_left (the untouched devices whole ones leave) and slots (how many needs alike its devices hold now). A node without such a device has no row: its counters decide. Inlined (SQL).';
 
 CREATE OR REPLACE FUNCTION respool._device_fit_map(p_pool_id uuid, p_need jsonb, p_spread boolean DEFAULT false)
 RETURNS jsonb LANGUAGE plpgsql STABLE AS $$
@@ -416,6 +415,9 @@ COMMENT ON FUNCTION respool._place_keys(uuid, text) IS
 
 CREATE OR REPLACE FUNCTION respool._could_hold(p_node_id uuid, p_need jsonb)
 RETURNS boolean LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_pool uuid := (SELECT n.pool_id FROM respool.nodes n WHERE n.id = p_node_id);  -- (an argument
+    -- with a sub-select would keep respool._device_fit from being inlined)
 BEGIN
     -- One node's place, empty: the columns respool._node_places gives it (capacity by the key
     -- rule, room_ever), read by two index probes of the node's counters instead of a pass over
@@ -423,8 +425,7 @@ BEGIN
     -- node that shares a device key, its devices too: a slice needs one device whose offer
     -- holds it (respool._device_fit, fits_ever).
     IF EXISTS (SELECT FROM respool.node_resources nr WHERE nr.node_id = p_node_id AND nr.sharing IS NOT NULL)
-       AND EXISTS (SELECT FROM respool._device_fit((SELECT n.pool_id FROM respool.nodes n WHERE n.id = p_node_id),
-                                                   p_need, false, p_node_id) f
+       AND EXISTS (SELECT FROM respool._device_fit(v_pool, p_need, false, p_node_id) f
                     WHERE f.node_id = p_node_id AND NOT f.fits_ever) THEN
         RETURN false;
     END IF;
