@@ -56,24 +56,6 @@ _encoder = msgspec.json.Encoder(enc_hook=str)
 state_log = logging.getLogger("respool.state")
 
 
-class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """A stream handler that writes to whatever ``sys.stderr`` is when a record is emitted, so a
-    replaced (or closed and replaced) ``sys.stderr`` never leaves it writing to a dead stream.
-    A stream given with ``setStream`` is kept instead."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._explicit: Any = None
-
-    @property
-    def stream(self) -> Any:
-        return sys.stderr if self._explicit is None else self._explicit
-
-    @stream.setter
-    def stream(self, value: Any) -> None:
-        self._explicit = value
-
-
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: ``ts``, ``level``, ``logger``, ``msg``, extras, ``exc``."""
 
@@ -104,7 +86,7 @@ def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     """
     if fmt not in LOG_FORMATS:
         raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, got {fmt!r}")
-    handler = StderrHandler()
+    handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
     for old in list(root.handlers):
