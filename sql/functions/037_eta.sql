@@ -130,7 +130,7 @@ BEGIN
                    greatest(least(respool._remaining_hold(p_hist, a.age, p_q),
                              extract(epoch FROM r.run_deadline - p_now),
                              extract(epoch FROM r.preempt_deadline - p_now)), 0) AS rem,
-                   respool._eta_device_frees(r.id, p_dev_ids) AS frees
+                   CASE WHEN p_dev_ids IS NOT NULL THEN respool._eta_device_frees(r.id, p_dev_ids) END AS frees
               FROM respool.requests r
               LEFT JOIN respool.placements pl ON pl.request_id = r.id
              CROSS JOIN LATERAL (SELECT extract(epoch FROM p_now - r.allocated_at)::double precision AS age) a
