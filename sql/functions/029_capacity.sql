@@ -416,18 +416,20 @@ COMMENT ON FUNCTION respool._place_keys(uuid, text) IS
 CREATE OR REPLACE FUNCTION respool._could_hold(p_node_id uuid, p_need jsonb)
 RETURNS boolean LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    v_pool uuid := (SELECT n.pool_id FROM respool.nodes n WHERE n.id = p_node_id);  -- (an argument
-    -- with a sub-select would keep respool._device_fit from being inlined)
+    v_pool uuid;
 BEGIN
     -- One node's place, empty: the columns respool._node_places gives it (capacity by the key
     -- rule, room_ever), read by two index probes of the node's counters instead of a pass over
     -- the pool's nodes, as callers ask it node by node and stop at the first that could. On a
     -- node that shares a device key, its devices too: a slice needs one device whose offer
     -- holds it (respool._device_fit, fits_ever).
-    IF EXISTS (SELECT FROM respool.node_resources nr WHERE nr.node_id = p_node_id AND nr.sharing IS NOT NULL)
-       AND EXISTS (SELECT FROM respool._device_fit(v_pool, p_need, false, p_node_id) f
+    IF EXISTS (SELECT FROM respool.node_resources nr WHERE nr.node_id = p_node_id AND nr.sharing IS NOT NULL) THEN
+        -- (the pool id in a variable: a sub-select as an argument keeps _device_fit from being inlined)
+        v_pool := (SELECT n.pool_id FROM respool.nodes n WHERE n.id = p_node_id);
+        IF EXISTS (SELECT FROM respool._device_fit(v_pool, p_need, false, p_node_id) f
                     WHERE f.node_id = p_node_id AND NOT f.fits_ever) THEN
-        RETURN false;
+            RETURN false;
+        END IF;
     END IF;
     RETURN NOT EXISTS (SELECT FROM jsonb_each_text(p_need) x
                          LEFT JOIN respool.node_resources nr ON nr.node_id = p_node_id AND nr.key = x.key
