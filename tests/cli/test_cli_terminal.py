@@ -17,6 +17,7 @@ import pytest
 from cli_terminal import ROOT, Run, in_pipe, in_terminal
 
 from support.cli import Cli, failed
+from support.ports import free_port
 
 PROD = "orchestrator:prod-stack"
 DEV = "orchestrator:dev-stack"
@@ -281,12 +282,6 @@ async def test_serve_on_a_port_in_use_says_one_line_and_never_that_it_listens(
     assert run.stdout == ""
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _serve_and_ask(port: int, db_url: str) -> tuple[str, int]:
     """``respool serve`` until it says where it listens; then one API call there, and stop."""
     env = {"RESPOOL_DATABASE_URL": db_url, "RESPOOL_HOST": "127.0.0.1", "PYTHONPATH": str(ROOT)}
@@ -315,7 +310,7 @@ def _serve_and_ask(port: int, db_url: str) -> tuple[str, int]:
 
 
 async def test_serve_says_where_it_listens_and_answers_there(module_db_url: str) -> None:
-    port = _free_port()
+    port = free_port()
     said, status = await asyncio.to_thread(_serve_and_ask, port, module_db_url)
     assert said.startswith(f"respool API on http://127.0.0.1:{port} (database "), said
     assert status == 200

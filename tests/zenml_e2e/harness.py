@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SIDE = Path(__file__).resolve().parent / "zenml_side"
@@ -52,13 +53,6 @@ def zenml_available() -> str | None:
                 " run integrations/zenml/ci-install.sh again"
             )
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _wait_http(url: str, proc: subprocess.Popen[bytes], seconds: float, log: Path) -> None:
@@ -155,7 +149,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 @contextlib.contextmanager
 def running(db_url: str, workdir: Path, reconcile_interval: float = 0.2) -> Iterator[Servers]:
     """respool on ``db_url`` and a ZenML server (auth on, plug-in loaded) using it."""
-    rp_port, zen_port = _free_port(), _free_port()
+    rp_port, zen_port = free_port(), free_port()
     respool_url = f"http://127.0.0.1:{rp_port}"
     zenml_url = f"http://127.0.0.1:{zen_port}"
     base = {k: v for k, v in os.environ.items() if not k.startswith(("ZENML_", "RESPOOL_"))}

@@ -28,7 +28,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -40,6 +39,7 @@ from typing import Any
 import httpx
 import pytest
 
+from support.ports import free_port
 from zenml_e2e.harness import ROOT, ZENML_VENV, zenml_available
 
 DOC = ROOT / "docs" / "zenml.md"
@@ -101,19 +101,12 @@ def _normal_install(line: str) -> str:
 # --- running the page ------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 class Page:
     """The page's blocks run one after the other, the servers among them kept running."""
 
     def __init__(self, workdir: Path, db_url: str) -> None:
         self.workdir = workdir
-        self.ports = {name: _free_port() for name in PAGE_PORTS}
+        self.ports = {name: free_port() for name in PAGE_PORTS}
         self.respool_url = f"http://127.0.0.1:{self.ports['respool']}"
         self.servers: list[tuple[subprocess.Popen[bytes], Path]] = []
         self.outputs: dict[str, str] = {}
