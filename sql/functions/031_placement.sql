@@ -164,38 +164,50 @@ END $$;
 COMMENT ON FUNCTION respool._take_units(jsonb, jsonb, integer) IS
     'p_map {key: units} minus (p_sign 1) or plus (p_sign -1) the amounts p_units holds of the same keys; keys p_map lacks are ignored.';
 
-CREATE OR REPLACE FUNCTION respool._move_units(p_pool_id uuid, p_policy_id uuid, p_units jsonb, p_np jsonb,
-                                               p_sign integer)
+DROP FUNCTION IF EXISTS respool._move_extra(uuid, jsonb, integer, boolean);
+
+CREATE OR REPLACE FUNCTION respool._move_pool_units(p_pool_id uuid, p_units jsonb, p_sign integer,
+                                                    p_guard boolean DEFAULT true)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
-    v_keys integer := (SELECT count(*) FROM jsonb_object_keys(p_units));
     v_moved text[];
 BEGIN
-    -- One guarded statement per table: a charge that would pass a capacity or a limit moves
-    -- fewer keys than it has and fails below instead of over-allocating.
+    -- One guarded statement: a charge that would pass a capacity moves fewer keys than it has
+    -- and fails below instead of over-allocating.
     WITH moved AS (
         UPDATE respool.pool_resources pr SET used = pr.used + p_sign * x.value::bigint
           FROM jsonb_each_text(p_units) x
          WHERE pr.pool_id = p_pool_id AND pr.key = x.key
-           AND (p_sign < 0 OR pr.used + x.value::bigint <= pr.capacity
+           AND (NOT p_guard OR p_sign < 0 OR pr.used + x.value::bigint <= pr.capacity
                 OR (pr.capacity IS NULL AND respool._is_soft_key(pr.key)
                     AND pr.used + x.value::bigint <= respool._max_total()))
         RETURNING pr.key)
     SELECT coalesce(array_agg(key), '{}') INTO v_moved FROM moved;
-    IF cardinality(v_moved) < v_keys THEN
-        -- Only a soft key the pool does not list may be charged without a counter: it gets an
-        -- untracked one.
-        IF p_sign < 0 OR EXISTS (SELECT FROM jsonb_object_keys(p_units) k(key)
-                                  WHERE k.key <> ALL (v_moved)
-                                    AND (NOT respool._is_soft_key(k.key)
-                                         OR EXISTS (SELECT FROM respool.pool_resources
-                                                     WHERE pool_id = p_pool_id AND key = k.key))) THEN
+    IF cardinality(v_moved) < (SELECT count(*) FROM jsonb_object_keys(p_units)) THEN
+        -- A charge of a key without a counter gets one when the key is soft and the pool does
+        -- not list it (untracked), or when the charge is unguarded (a node change).
+        IF p_sign < 0 OR (p_guard AND EXISTS (SELECT FROM jsonb_object_keys(p_units) k(key)
+                                               WHERE k.key <> ALL (v_moved)
+                                                 AND (NOT respool._is_soft_key(k.key)
+                                                      OR EXISTS (SELECT FROM respool.pool_resources
+                                                                  WHERE pool_id = p_pool_id AND key = k.key)))) THEN
             RAISE EXCEPTION 'moving % units % in pool % would pass its capacity or finds no counter',
                 p_sign, p_units, p_pool_id USING ERRCODE = 'RP500';
         END IF;
         INSERT INTO respool.pool_resources (pool_id, key, used)
         SELECT p_pool_id, x.key, x.value::bigint FROM jsonb_each_text(p_units) x WHERE x.key <> ALL (v_moved);
     END IF;
+END $$;
+COMMENT ON FUNCTION respool._move_pool_units(uuid, jsonb, integer, boolean) IS
+    'Charges (p_sign 1) or returns (-1) units {key: n} on a pool''s counters in one statement. A guarded charge (p_guard, the default) keeps used + n <= capacity (respool._max_total() for an unlisted soft key) and raises RP500 rather than over-allocate; an unguarded one (a node change, charging the memory of whole shared devices before the pool''s capacity is derived again) gets a counter where there is none. CHECK used >= 0 catches a double return.';
+
+CREATE OR REPLACE FUNCTION respool._move_units(p_pool_id uuid, p_policy_id uuid, p_units jsonb, p_np jsonb,
+                                               p_sign integer)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_moved text[];
+BEGIN
+    PERFORM respool._move_pool_units(p_pool_id, p_units, p_sign);
     WITH moved AS (
         UPDATE respool.policy_resources pol
            SET used = pol.used + p_sign * x.value::bigint,
@@ -205,7 +217,7 @@ BEGIN
            AND (p_sign < 0 OR pol.used + x.value::bigint <= coalesce(pol."limit", respool._max_total()))
         RETURNING pol.key)
     SELECT coalesce(array_agg(key), '{}') INTO v_moved FROM moved;
-    IF cardinality(v_moved) < v_keys THEN
+    IF cardinality(v_moved) < (SELECT count(*) FROM jsonb_object_keys(p_units)) THEN
         -- A key the policy has no counter for (no limit, no reservation) gets one.
         IF p_sign < 0 OR EXISTS (SELECT FROM respool.policy_resources
                                   WHERE policy_id = p_policy_id AND key IN (SELECT jsonb_object_keys(p_units))
@@ -219,35 +231,7 @@ BEGIN
     END IF;
 END $$;
 COMMENT ON FUNCTION respool._move_units(uuid, uuid, jsonb, jsonb, integer) IS
-    'Charges (p_sign 1) or returns (p_sign -1) units {key: n} on a pool''s counters and one policy''s counters (p_np: the non-preemptible part), one statement per table. A charge is guarded (used + n <= capacity / limit, or respool._max_total() for a counter nothing else bounds) and raises RP500 rather than over-allocate; a soft key the pool does not list gets an untracked counter, a key the policy does not bound a plain one. CHECK used >= 0 catches a double return.';
-
-CREATE OR REPLACE FUNCTION respool._move_extra(p_pool_id uuid, p_units jsonb, p_sign integer,
-                                               p_guard boolean DEFAULT false)
-RETURNS void LANGUAGE plpgsql AS $$
-DECLARE
-    v_moved text[];
-BEGIN
-    -- The memory and share of whole shared devices: the pool's counters only (a policy is
-    -- charged what its request asks, docs/placement.md).
-    WITH moved AS (
-        UPDATE respool.pool_resources pr SET used = pr.used + p_sign * x.value::bigint
-          FROM jsonb_each_text(p_units) x
-         WHERE pr.pool_id = p_pool_id AND pr.key = x.key
-           AND (NOT p_guard OR p_sign < 0 OR pr.used + x.value::bigint <= pr.capacity)
-        RETURNING pr.key)
-    SELECT coalesce(array_agg(key), '{}') INTO v_moved FROM moved;
-    IF cardinality(v_moved) < (SELECT count(*) FROM jsonb_object_keys(p_units)) THEN
-        IF p_guard OR p_sign < 0 THEN
-            RAISE EXCEPTION 'moving % units % of whole shared devices in pool % would pass its capacity or finds no counter',
-                p_sign, p_units, p_pool_id USING ERRCODE = 'RP500';
-        END IF;
-        -- (a node change charges them before the pool's capacity is derived again)
-        INSERT INTO respool.pool_resources (pool_id, key, used)
-        SELECT p_pool_id, x.key, x.value::bigint FROM jsonb_each_text(p_units) x WHERE x.key <> ALL (v_moved);
-    END IF;
-END $$;
-COMMENT ON FUNCTION respool._move_extra(uuid, jsonb, integer, boolean) IS
-    'Charges (p_sign 1) or returns (-1) the memory and share of whole shared devices {<K>_memory_mb, <K>_share} on a pool''s counters alone. A grant''s charge is guarded (p_guard: used + n <= capacity, RP500 rather than over-allocate); a node change''s charge may come before the pool''s capacity is derived again, and gets a counter when there is none. CHECK used >= 0 catches a double return.';
+    'Charges (p_sign 1) or returns (p_sign -1) units {key: n} on a pool''s counters (respool._move_pool_units, guarded) and one policy''s counters (p_np: the non-preemptible part), one statement per table. The policy''s charge is guarded too (used + n <= limit, or respool._max_total() for a counter nothing else bounds) and raises RP500 rather than over-allocate; a key the policy does not bound gets a plain counter. CHECK used >= 0 catches a double return.';
 
 CREATE OR REPLACE FUNCTION respool._placing_order(p_needs jsonb[])
 RETURNS integer[] LANGUAGE plpgsql IMMUTABLE AS $$
@@ -364,7 +348,7 @@ BEGIN
           FROM jsonb_each_text(v_units) x
          WHERE nr.node_id = v_node AND nr.key = x.key;
         IF v_extra <> '{}' THEN
-            PERFORM respool._move_extra(r.pool_id, v_extra, -1);
+            PERFORM respool._move_pool_units(r.pool_id, v_extra, -1);
         END IF;
         UPDATE respool.requests SET last_placement = v_doc WHERE id = p_request_id;
         UPDATE respool.node_devices SET holder_id = NULL WHERE holder_id = p_request_id;
@@ -524,7 +508,7 @@ BEGIN
             USING ERRCODE = 'RP500';
     END IF;
     IF v_extra <> '{}' THEN
-        PERFORM respool._move_extra(v_pool_id, v_extra, 1, true);
+        PERFORM respool._move_pool_units(v_pool_id, v_extra, 1);
     END IF;
     -- Devices: the first free ids of each named key, in the node's list order. The holder column
     -- takes one holder per device; a device already held is never taken (holder_id IS NULL), and

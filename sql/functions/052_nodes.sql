@@ -562,7 +562,7 @@ BEGIN
     -- it is then.
     FOR pl IN SELECT p.request_id, p.extra, r.pool_id FROM respool.placements p JOIN respool.requests r ON r.id = p.request_id
                WHERE p.node_id = p_node_id AND p.extra <> '{}' ORDER BY p.request_id LOOP
-        PERFORM respool._move_extra(pl.pool_id, pl.extra, -1);
+        PERFORM respool._move_pool_units(pl.pool_id, pl.extra, -1);
         UPDATE respool.node_resources nr SET used = nr.used - x.value::bigint
           FROM jsonb_each_text(pl.extra) x WHERE nr.node_id = p_node_id AND nr.key = x.key;
         UPDATE respool.placements SET resources = resources - array(SELECT jsonb_object_keys(pl.extra)), extra = '{}'
@@ -586,7 +586,7 @@ BEGIN
                WHERE p.node_id = p_node_id AND p.extra = '{}' ORDER BY p.request_id LOOP
         v_extra := respool._whole_device_extra(p_node_id, coalesce(pl.held, '{}'));
         CONTINUE WHEN v_extra = '{}';
-        PERFORM respool._move_extra(pl.pool_id, v_extra, 1);
+        PERFORM respool._move_pool_units(pl.pool_id, v_extra, 1, false);
         UPDATE respool.node_resources nr SET used = nr.used + x.value::bigint
           FROM jsonb_each_text(v_extra) x WHERE nr.node_id = p_node_id AND nr.key = x.key;
         UPDATE respool.placements SET resources = resources || v_extra, extra = v_extra WHERE request_id = pl.request_id;
