@@ -77,27 +77,22 @@ BEGIN
        OR (p_body ->> 'subject') !~ respool._subject_pattern() THEN
         PERFORM respool._fail('RP400', 'subject', 'subject must match ' || respool._subject_pattern());
     END IF;
-    IF jsonb_typeof(p_body -> 'pool') NOT IN ('string', 'null') THEN
-        PERFORM respool._fail('RP400', 'pool', 'pool must be a string or null');
-    END IF;
+    -- Fields of one JSON type or null, in the order they are checked. The contents of resources,
+    -- settings and labels: respool.build_resources and respool._labels check them, naming the key.
+    PERFORM respool._fail('RP400', first.field, first.message)
+       FROM (SELECT f.field, f.message
+               FROM (VALUES (1, 'pool', 'string', 'pool must be a string or null'),
+                            (2, 'resources', 'object', 'resources must be an object or null'),
+                            (3, 'settings', 'object', 'settings must be an object or null'),
+                            (4, 'labels', 'object', 'labels must be an object or null'),
+                            (5, 'node_selector', 'object', 'node_selector must be an object of label: value, or null'))
+                    f(i, field, type, message)
+              WHERE jsonb_typeof(p_body -> f.field) NOT IN (f.type, 'null')
+              ORDER BY f.i LIMIT 1) first;
     IF jsonb_typeof(p_body -> 'idempotency_key') NOT IN ('string', 'null')
        OR length(p_body ->> 'idempotency_key') NOT BETWEEN 1 AND respool._max_key_length() THEN
         PERFORM respool._fail('RP400', 'idempotency_key',
                               format('idempotency_key must have 1 to %s characters', respool._max_key_length()));
-    END IF;
-    -- The contents of resources, settings and labels: respool.build_resources and
-    -- respool._labels check them, naming the key.
-    IF jsonb_typeof(p_body -> 'resources') NOT IN ('object', 'null') THEN
-        PERFORM respool._fail('RP400', 'resources', 'resources must be an object or null');
-    END IF;
-    IF jsonb_typeof(p_body -> 'settings') NOT IN ('object', 'null') THEN
-        PERFORM respool._fail('RP400', 'settings', 'settings must be an object or null');
-    END IF;
-    IF jsonb_typeof(p_body -> 'labels') NOT IN ('object', 'null') THEN
-        PERFORM respool._fail('RP400', 'labels', 'labels must be an object or null');
-    END IF;
-    IF jsonb_typeof(p_body -> 'node_selector') NOT IN ('object', 'null') THEN
-        PERFORM respool._fail('RP400', 'node_selector', 'node_selector must be an object of label: value, or null');
     END IF;
     IF jsonb_typeof(p_body -> 'preemption_group') NOT IN ('string', 'null')
        OR (p_body ->> 'preemption_group') !~ respool._group_pattern() THEN
