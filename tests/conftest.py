@@ -18,6 +18,7 @@ Shared helpers live in the package ``support`` (tests/support).
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import shutil
 import sys
@@ -105,6 +106,21 @@ async def _no_durability(url: str) -> None:
         await conn.execute("SELECT pg_reload_conf()")
     finally:
         await conn.close()
+
+
+@pytest.fixture(autouse=True)
+def _logging_as_it_was() -> Iterator[None]:
+    """A test that runs ``respool serve`` or ``reconcile`` in this process (CliRunner) configures
+    the root logger on the runner's stderr, closed when the command ends; put the loggers back so
+    no later test writes to that stream or at that level."""
+    names = ("", "uvicorn", "uvicorn.error", "uvicorn.access")
+    loggers = [logging.getLogger(name) for name in names]
+    saved = [(lg, list(lg.handlers), lg.level, lg.propagate) for lg in loggers]
+    yield
+    for lg, handlers, level, propagate in saved:
+        lg.handlers[:] = handlers
+        lg.setLevel(level)
+        lg.propagate = propagate
 
 
 @pytest.fixture(scope="session")

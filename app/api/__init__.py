@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from litestar import Litestar, Request, Response
+from litestar.logging.config import LoggingConfig
 from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import SwaggerRenderPlugin
@@ -153,6 +154,9 @@ def create_app(
             render_plugins=[SwaggerRenderPlugin()],
         ),
         debug=False,
+        # Litestar keeps its own logger; the root logger stays as app.logs.configure_logging set
+        # it (RESPOOL_LOG_LEVEL, RESPOOL_LOG_FORMAT), where Litestar's default would replace it.
+        logging_config=LoggingConfig(configure_root_logger=False),
     )
     app.state.settings = settings
     app.state.notifier = Notifier()

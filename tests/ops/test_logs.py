@@ -8,13 +8,16 @@ import io
 import json
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import asyncpg
+import httpx
 import pytest
 
 from app.logs import JsonFormatter, StateChangeLog, configure_logging
 from app.settings import Settings, SettingsError
-from support.server import running_server
+from support.http import ok
+from support.server import ServeProcess, running_server
 from support.wait import wait_until
 
 
@@ -156,3 +159,41 @@ async def test_state_change_log_uses_the_payload_when_it_has_the_subject(
     assert rec.subject == "team-b" and rec.reason == "reclaim"  # type: ignore[attr-defined]
     assert rec.from_status == "allocated" and rec.status == "preempted"  # type: ignore[attr-defined]
     assert "reason reclaim" in rec.getMessage()
+
+
+@pytest.mark.parametrize("level", ["INFO", "WARNING"])
+async def test_serve_writes_its_state_lines_in_the_format_and_level_set(
+    db_url: str, tmp_path: Path, level: str
+) -> None:
+    """``respool serve`` with ``RESPOOL_LOG_FORMAT=json``: every line it writes is one JSON object,
+    and its state-change lines (level INFO) are there only when ``RESPOOL_LOG_LEVEL`` lets INFO
+    through."""
+    serve = ServeProcess(db_url, tmp_path, RESPOOL_LOG_FORMAT="json", RESPOOL_LOG_LEVEL=level)
+    serve.start()
+    try:
+        await serve.ready()
+        async with httpx.AsyncClient(base_url=serve.url, timeout=30) as c:
+            ok(await c.post("/v1/pools", json={"name": "p", "capacity": {"gpu": 1}}), 201)
+            ok(await c.post("/v1/policies", json={"subject": "team-a", "pool": "p"}), 201)
+            body = {"subject": "team-a", "pool": "p", "resources": {"gpu": 1}}
+            made = ok(await c.post("/v1/requests", json=body), 201)
+            ok(await c.post(f"/v1/requests/{made['id']}/release"))
+
+            def released_logged() -> bool:
+                return any(
+                    '"state_change"' in line and '"released"' in line
+                    for line in serve.log(200_000).splitlines()
+                )
+
+            if level == "INFO":
+                await wait_until(released_logged, "the release's state line", within=10)
+    finally:
+        serve.close()
+    lines = [line for line in serve.log(200_000).splitlines() if line.startswith("{")]
+    docs = [json.loads(line) for line in lines]
+    assert docs and all({"ts", "level", "logger", "msg"} <= set(d) for d in docs)
+    states = [d for d in docs if d["logger"] == "respool.state"]
+    if level == "INFO":
+        assert [d["status"] for d in states] == ["queued", "allocated", "released"]
+    else:
+        assert states == [] and all(d["level"] != "INFO" for d in docs)
