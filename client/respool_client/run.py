@@ -54,7 +54,14 @@ from msgspec import UNSET, UnsetType
 from respool_client._async import AsyncRespool
 from respool_client._hold import QUEUE_LEASE, Usage, await_grant, start_holding
 from respool_client._status import Status
-from respool_client.errors import AllocationTimeout, ApiError, Preempted, Rejected, RespoolError
+from respool_client.errors import (
+    AllocationTimeout,
+    ApiError,
+    Preempted,
+    Rejected,
+    RespoolError,
+    field_led,
+)
 from respool_client.grant import Grant, describe_slices
 from respool_client.launcher import Launched, Launcher, LocalLauncher, OnOutput
 from respool_client.pairs import host_node_name, mebibytes, percent, split_amount, split_pair
@@ -769,12 +776,7 @@ def api_error_text(exc: ApiError) -> str:
     if found is None:
         return f"{detail} ({field})"
     option, rest = found
-    head = field.partition(".")[0]
-    for prefix, named in ((field, rest), (head, "")):
-        if detail.startswith((f"{prefix} ", f"{prefix}:")) and not detail.startswith(f"{prefix} '"):
-            tail = detail[len(prefix) :].lstrip(": ")
-            return f"{option}: {named} {tail}" if named else f"{option}: {tail}"
-    return f"{option}: {detail}"
+    return field_led(detail, field, option, rest) or f"{option}: {detail}"
 
 
 def _option_of(field: str | None) -> tuple[str, str] | None:
