@@ -129,11 +129,8 @@ def build_parser(prog: str = "respool run") -> argparse.ArgumentParser:
         "      --selector gpu-type=A100-80G --max-retries 2 -- python train.py",
         formatter_class=_HelpFormatter,
     )
+    add_connection(parser, token_help="Bearer token (RESPOOL_TOKEN).")
     add = parser.add_argument
-    add("--url", default=os.environ.get("RESPOOL_URL", "http://127.0.0.1:8080"), metavar="URL",
-        help="API URL (RESPOOL_URL; default http://127.0.0.1:8080).")  # fmt: skip
-    add("--token", default=os.environ.get("RESPOOL_TOKEN"), metavar="TOKEN",
-        help="Bearer token (RESPOOL_TOKEN).")  # fmt: skip
     add("--subject", "-s", default=os.environ.get("RESPOOL_SUBJECT"), metavar="SUBJECT",
         help="Who asks, e.g. orchestrator:prod (RESPOOL_SUBJECT).")  # fmt: skip
     add("--pool", metavar="POOL",
@@ -176,6 +173,14 @@ def build_parser(prog: str = "respool run") -> argparse.ArgumentParser:
         "case.")  # fmt: skip
     add("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     return parser
+
+
+def add_connection(parser: argparse.ArgumentParser, *, token_help: str) -> None:
+    """``--url`` and ``--token``, defaulting to RESPOOL_URL and RESPOOL_TOKEN."""
+    add = parser.add_argument
+    add("--url", default=os.environ.get("RESPOOL_URL", "http://127.0.0.1:8080"), metavar="URL",
+        help="API URL (RESPOOL_URL; default http://127.0.0.1:8080).")  # fmt: skip
+    add("--token", default=os.environ.get("RESPOOL_TOKEN"), metavar="TOKEN", help=token_help)
 
 
 class _HelpFormatter(argparse.HelpFormatter):
