@@ -64,7 +64,14 @@ from respool_client.errors import (
 )
 from respool_client.grant import Grant, describe_slices
 from respool_client.launcher import Launched, Launcher, LocalLauncher, OnOutput
-from respool_client.pairs import host_node_name, mebibytes, percent, split_amount, split_pair
+from respool_client.pairs import (
+    host_node_name,
+    mebibytes,
+    percent,
+    raising,
+    split_amount,
+    split_pair,
+)
 from respool_client.usage import USAGE_KEY, measure
 from respool_client.wire import GROUP_PATTERN, HOLDING, Request, ResourceSettings
 
@@ -865,18 +872,8 @@ def _decimal(text: str) -> Decimal:
     return _finite_non_negative(text, Decimal, "a number")
 
 
-def _gpu_memory(text: str) -> int:
-    try:
-        return mebibytes(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _gpu_share(text: str) -> int:
-    try:
-        return percent(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+_gpu_memory = raising(mebibytes, argparse.ArgumentTypeError)
+_gpu_share = raising(percent, argparse.ArgumentTypeError)
 
 
 def slice_resources(args: argparse.Namespace) -> dict[str, int]:
