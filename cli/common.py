@@ -8,6 +8,7 @@ import re
 from typing import Any, NoReturn
 
 import typer
+from respool_client.errors import field_led
 from typer._click.globals import get_current_context  # Typer vendors click
 
 __all__ = [
@@ -115,12 +116,9 @@ def user_message(detail: str, field: str | None) -> str:
     if field is None or found is None:
         return detail
     label, rest = found
-    head = field.partition(".")[0]
-    for prefix, named in ((field, rest), (head, "")):
-        # (not ``pool 'x' not found``: there the word is the thing's kind, kept as it is)
-        if detail.startswith((f"{prefix} ", f"{prefix}:")) and not detail.startswith(f"{prefix} '"):
-            tail = detail[len(prefix) :].lstrip(": ")
-            return f"{label}: {named} {tail}" if named else f"{label}: {tail}"
+    led = field_led(detail, field, label, rest)
+    if led is not None:
+        return led
     word = re.compile(rf"\b{re.escape(field)}\b")
     if not detail.startswith(field) and word.search(detail):
         return word.sub(label, detail, count=1)

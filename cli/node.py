@@ -278,30 +278,11 @@ def add(name: NewNodeName, pool: PoolOpt = None, *, units: NodeUnits, shown: Sho
     emit(node, shown.output, lambda: _node_view(node))
 
 
-def _registration(
-    api: Api,
-    name: str,
-    *,
-    pool: str | None,
-    capacity: dict[str, int],
-    devices: dict[str, list[str]],
-    labels: dict[str, str],
-    detected: bool,
-    **shared: Any,
-) -> tuple[Node, bool]:
+def _registration(api: Api, name: str, **units: Any) -> tuple[Node, bool]:
     """Create the node, or make an existing one match what was found
-    (:func:`respool_client.detect.registration`). Returns (node, created)."""
+    (:func:`respool_client.detect.registration`, which takes ``units``). Returns (node, created)."""
     old = api.find(_path(name), Node)
-    method, path, body = registration(
-        old,
-        name,
-        pool=pool,
-        capacity=capacity,
-        devices=devices,
-        labels=labels,
-        detected=detected,
-        **shared,
-    )
+    method, path, body = registration(old, name, **units)
     return api.call(method, path, Node, body=body), old is None
 
 

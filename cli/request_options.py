@@ -12,7 +12,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from msgspec import UNSET, UnsetType
 from respool_client.durations import parse_duration
-from respool_client.pairs import mebibytes, percent, selector
+from respool_client.pairs import mebibytes, percent, raising, selector
 from respool_client.wire import GROUP_PATTERN, MAX_BATCH, RequestCreate, ResourceSettings
 
 from cli.complete import complete_node, complete_pool, complete_subject
@@ -102,20 +102,8 @@ Memory = Annotated[
 ]
 
 
-def parse_gpu_memory(text: str) -> int:
-    """``--gpu-memory``: 20GiB, 512MiB or a whole number of MiB."""
-    try:
-        return mebibytes(text)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
-
-
-def parse_gpu_share(text: str) -> int:
-    """``--gpu-share``: a whole percent, 1 to 100."""
-    try:
-        return percent(text)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
+parse_gpu_memory = raising(mebibytes, typer.BadParameter)  # --gpu-memory: 20GiB, 512MiB or MiB
+parse_gpu_share = raising(percent, typer.BadParameter)  # --gpu-share: a whole percent, 1 to 100
 
 
 GpuMemory = Annotated[

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
-from typing import Any, TypeAlias, TypeVar
+from typing import Annotated, Any, TypeAlias, TypeVar
 
 import asyncpg
 import msgspec
@@ -11,7 +11,7 @@ from litestar import Request, delete
 from litestar.datastructures import State
 from litestar.dto import AbstractDTO
 from litestar.exceptions import SerializationException
-from litestar.params import JSONBody, SkipValidation
+from litestar.params import JSONBody, QueryParameter, SkipValidation
 from msgspec import UNSET
 
 from app.api.coalesce import CreateCoalescer, ReleaseCoalescer
@@ -24,6 +24,8 @@ __all__ = [
     "AnyRequest",
     "DecodedOnce",
     "StrictBody",
+    "Wait",
+    "capped_wait",
     "coalescer",
     "db",
     "decode_body",
@@ -40,6 +42,15 @@ T = TypeVar("T")
 AnyRequest: TypeAlias = Request[Any, Any, Any]
 # A JSON body that OpenAPI documents but Litestar does not decode: decode_body does, strictly.
 StrictBody: TypeAlias = SkipValidation[JSONBody[T]]
+# A long-poll's ``wait`` query parameter; capped_wait reads it.
+Wait = Annotated[
+    float | None,
+    QueryParameter(
+        ge=0,
+        description="Seconds to wait (capped by RESPOOL_MAX_WAIT)",
+        schema_extra={"minimum": 0},  # Litestar drops a bound of 0 from the document
+    ),
+]
 
 
 def db(state: State) -> asyncpg.Pool:
@@ -75,6 +86,11 @@ def notifier(state: State) -> Notifier:
 def settings(state: State) -> Settings:
     s: Settings = state.settings
     return s
+
+
+def capped_wait(state: State, wait: float | None) -> float:
+    """A long-poll's seconds to wait: ``wait`` capped by RESPOOL_MAX_WAIT (0: answer now)."""
+    return min(float(wait), settings(state).max_wait) if wait else 0.0
 
 
 async def decode_body(request: Request[Any, Any, Any], kind: type[T]) -> T:

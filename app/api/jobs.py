@@ -25,7 +25,16 @@ from respool_client.wire import (
 )
 
 from app.api.auth import AuthError, Principal, principal_of
-from app.api.common import AnyRequest, StrictBody, db, decode_body, notifier, settings
+from app.api.common import (
+    AnyRequest,
+    StrictBody,
+    Wait,
+    capped_wait,
+    db,
+    decode_body,
+    notifier,
+    settings,
+)
 from app.api.errors import ApiError, error_responses
 from app.db import jobs as db_jobs
 
@@ -33,15 +42,6 @@ __all__ = ["AgentController", "JobController", "agent_only"]
 
 # A waiting agent or log follower reads again at least this often, whatever the notifications do.
 POLL_BACKSTOP = 2.0
-
-_Wait = Annotated[
-    float | None,
-    QueryParameter(
-        ge=0,
-        description="Seconds to wait (capped by RESPOOL_MAX_WAIT)",
-        schema_extra={"minimum": 0},
-    ),
-]
 
 
 async def agent_only(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
@@ -57,10 +57,6 @@ def _agent(request: AnyRequest) -> Principal:
     if p.role != "agent":
         raise AuthError(403, f"only an agent token may do this (token {p.name!r})")
     return p
-
-
-def _capped(state: State, wait: float | None) -> float:
-    return min(float(wait), settings(state).max_wait) if wait else 0.0
 
 
 class AgentController(Controller):
@@ -93,14 +89,14 @@ class AgentController(Controller):
         self,
         state: State,
         request: AnyRequest,
-        wait: _Wait = None,
+        wait: Wait = None,
         claimed: Annotated[
             bool, QueryParameter(description="The jobs this agent claimed and still runs")
         ] = False,
     ) -> AgentJobs:
         p = _agent(request)
         pool = db(state)
-        seconds = 0.0 if claimed else _capped(state, wait)
+        seconds = 0.0 if claimed else capped_wait(state, wait)
         items = await db_jobs.agent_jobs(
             pool, node_id=p.node_id, pool_id=p.pool_id, claimed=claimed
         )
@@ -200,10 +196,10 @@ class JobController(Controller):
         after: Annotated[
             int, QueryParameter(ge=-1, le=INT32_MAX, description="Only chunks after this seq")
         ] = -1,
-        wait: _Wait = None,
+        wait: Wait = None,
     ) -> JobLogs:
         pool = db(state)
-        seconds = _capped(state, wait)
+        seconds = capped_wait(state, wait)
         found = await db_jobs.job_logs(pool, request_id, attempt=attempt, after=after)
         if found.chunks or found.done or seconds <= 0:
             return found

@@ -48,6 +48,8 @@ from app.api.common import (
     AnyRequest,
     DecodedOnce,
     StrictBody,
+    Wait,
+    capped_wait,
     coalescer,
     db,
     decode_body,
@@ -65,14 +67,6 @@ from app.logs import log_created
 # Every waited request is re-read at least this often, whatever the notifications do.
 POLL_BACKSTOP = 2.0
 
-_Wait = Annotated[
-    float | None,
-    QueryParameter(
-        ge=0,
-        description="Seconds to wait (capped by RESPOOL_MAX_WAIT)",
-        schema_extra={"minimum": 0},  # Litestar drops a bound of 0 from the document
-    ),
-]
 _Attempt = Annotated[
     int | None,
     QueryParameter(
@@ -207,12 +201,6 @@ def visible_to(request: AnyRequest, what: WhatIf) -> WhatIf:
     return msgspec.structs.replace(what, would_preempt=victims)
 
 
-def _capped(state: State, wait: float | None) -> float:
-    if not wait:
-        return 0.0
-    return min(float(wait), settings(state).max_wait)
-
-
 class RequestController(Controller):
     path = "/v1/requests"
     tags = ["requests"]
@@ -239,7 +227,7 @@ class RequestController(Controller):
         state: State,
         request: AnyRequest,
         data: StrictBody[RequestCreate],
-        wait: _Wait = None,
+        wait: Wait = None,
         dry_run: _DryRun = False,
     ) -> Response[ResourceRequest]:  # a dry run answers a WhatIf, a Request subclass
         body: RequestCreate = data
@@ -260,7 +248,7 @@ class RequestController(Controller):
         if created.created:
             log_created(req)  # the engine does not notify a create's own changes
         status_code = 201 if created.created else 200
-        seconds = _capped(state, wait)
+        seconds = capped_wait(state, wait)
         if seconds > 0 and req.status == "queued" and not notifier(state).closing:
             # The grant may have been committed before we registered: wait_for reads first.
             answer = await wait_for(state, req.id, seconds, lambda s: s.status != "queued")
@@ -317,13 +305,13 @@ class RequestController(Controller):
         self,
         state: State,
         request_id: FromPath[UUID],
-        wait: _Wait = None,
+        wait: Wait = None,
         version: Annotated[
             int | None,
             QueryParameter(description="Answer once the version differs (default: current)"),
         ] = None,
     ) -> Response[ResourceRequest]:
-        seconds = _capped(state, wait)
+        seconds = capped_wait(state, wait)
         if seconds <= 0:
             return Response(await db_requests.get_request(db(state), request_id))
         seen = version

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from typing import Any
 
 from respool_client._hold import QUEUE_LEASE, acquire, finish, start_holding
@@ -43,14 +43,32 @@ class AsyncRespool(RequestVerbs):
         self.queue_lease = queue_lease
         self.subject = subject or os.environ.get("RESPOOL_SUBJECT") or None
 
-    def _reserve_subject(self, subject: str | None) -> str:
+    def _reserving(
+        self,
+        pool: str | None,
+        resources: Mapping[str, int],
+        subject: str | None,
+        timeout: float | None,
+        fields: dict[str, Any],
+    ) -> Coroutine[Any, Any, Grant]:
+        """The wait for :meth:`reserve`'s grant (a :class:`Reservation`), ``reserve``'s and the
+        blocking client's; the subject is checked now, before it is awaited."""
         who = subject or self.subject
         if not who:
             raise RespoolError(
                 "reserve needs a subject: pass subject=..., or set it on the client"
                 " (subject=... or RESPOOL_SUBJECT)"
             )
-        return who
+        return acquire(
+            self,
+            who,
+            within=timeout,
+            queue_lease=self.queue_lease,
+            kind=Reservation,
+            pool=pool,
+            resources=dict(resources),
+            **fields,
+        )
 
     @contextlib.asynccontextmanager
     async def reserve(
@@ -74,17 +92,7 @@ class AsyncRespool(RequestVerbs):
 
         Without ``settle`` the estimate stays charged. ``fields``: those of
         :meth:`create_request`."""
-        who = self._reserve_subject(subject)
-        grant = await acquire(
-            self,
-            who,
-            within=timeout,
-            queue_lease=self.queue_lease,
-            kind=Reservation,
-            pool=pool,
-            resources=dict(resources),
-            **fields,
-        )
+        grant = await self._reserving(pool, resources, subject, timeout, fields)
         assert isinstance(grant, Reservation)
         beat = start_holding(self, grant, heartbeat_interval, on_preempted)
         try:

@@ -163,19 +163,7 @@ class Respool:
             r.settle(llm_tokens=answer.usage.total_tokens)
         """
         core = self._async
-        who = core._reserve_subject(subject)
-        grant = self._run(
-            acquire(
-                core,
-                who,
-                within=timeout,
-                queue_lease=core.queue_lease,
-                kind=Reservation,
-                pool=pool,
-                resources=dict(resources),
-                **fields,
-            )
-        )
+        grant = self._run(core._reserving(pool, resources, subject, timeout, fields))
         assert isinstance(grant, Reservation)
         with self._held(grant, heartbeat_interval, on_preempted):
             yield grant

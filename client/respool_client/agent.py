@@ -46,7 +46,14 @@ from respool_client.errors import ApiError, RespoolError
 from respool_client.grant import Grant
 from respool_client.launcher import Launcher, LocalLauncher, Stream
 from respool_client.pairs import host_node_name
-from respool_client.run import EXIT_API, EXIT_USAGE, GONE_KILL_AFTER, _HelpFormatter, _Runner
+from respool_client.run import (
+    EXIT_API,
+    EXIT_USAGE,
+    GONE_KILL_AFTER,
+    _HelpFormatter,
+    _Runner,
+    add_connection,
+)
 from respool_client.wire import Node
 
 __all__ = ["build_parser", "main"]
@@ -70,11 +77,8 @@ def build_parser(prog: str = "respool agent") -> argparse.ArgumentParser:
         f"  RESPOOL_TOKEN=... {prog} --pool cpu-pool --interval 5",
         formatter_class=_HelpFormatter,
     )
+    add_connection(parser, token_help="A token of role agent (RESPOOL_TOKEN).")
     add = parser.add_argument
-    add("--url", default=os.environ.get("RESPOOL_URL", "http://127.0.0.1:8080"), metavar="URL",
-        help="API URL (RESPOOL_URL; default http://127.0.0.1:8080).")  # fmt: skip
-    add("--token", default=os.environ.get("RESPOOL_TOKEN"), metavar="TOKEN",
-        help="A token of role agent (RESPOOL_TOKEN).")  # fmt: skip
     add("--node", metavar="NAME",
         help="The node this agent serves; must be the token's node (a check).")  # fmt: skip
     add("--pool", metavar="POOL",

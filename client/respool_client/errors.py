@@ -21,6 +21,19 @@ class ApiError(RespoolError):
         self.field = field
 
 
+def field_led(detail: str, field: str, label: str, rest: str) -> str | None:
+    """``detail`` when it starts with ``field`` (or the field's head, before a dot), that word
+    replaced by ``label`` (the option the user typed) and ``rest`` (the part of the field below
+    it): ``capacity.gpu must be ...`` → ``--capacity: gpu must be ...``. None when it does not,
+    or when the word names a kind of thing (``pool 'x' not found``: kept as it is)."""
+    head = field.partition(".")[0]
+    for prefix, named in ((field, rest), (head, "")):
+        if detail.startswith((f"{prefix} ", f"{prefix}:")) and not detail.startswith(f"{prefix} '"):
+            tail = detail[len(prefix) :].lstrip(": ")
+            return f"{label}: {named} {tail}" if named else f"{label}: {tail}"
+    return None
+
+
 class _Ended(RespoolError):
     """The request ended without an allocation to use; ``reason`` is the engine's code."""
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import re
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 __all__ = [
     "NODE_LABEL",
@@ -19,10 +20,13 @@ __all__ = [
     "labels",
     "mebibytes",
     "percent",
+    "raising",
     "selector",
     "split_amount",
     "split_pair",
 ]
+
+T = TypeVar("T")
 
 # The built-in label every node carries: its name (docs/placement.md).
 NODE_LABEL = "node"
@@ -61,6 +65,20 @@ def percent(text: str) -> int:
     if not raw.isdigit() or not 1 <= int(raw) <= 100:
         raise ValueError(f"{text!r} is not a share: give a whole percent from 1 to 100")
     return int(raw)
+
+
+def raising(parse: Callable[[str], T], error: Callable[[str], Exception]) -> Callable[[str], T]:
+    """``parse`` (e.g. :func:`mebibytes`) as an option's parser: its ``ValueError`` raised as
+    ``error`` with the same message (the CLI's usage error: ``typer.BadParameter``,
+    ``argparse.ArgumentTypeError``)."""
+
+    def parsed(text: str) -> T:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise error(str(exc)) from None
+
+    return parsed
 
 
 def split_pair(text: str) -> tuple[str, str]:

@@ -54,10 +54,24 @@ from msgspec import UNSET, UnsetType
 from respool_client._async import AsyncRespool
 from respool_client._hold import QUEUE_LEASE, Usage, await_grant, start_holding
 from respool_client._status import Status
-from respool_client.errors import AllocationTimeout, ApiError, Preempted, Rejected, RespoolError
+from respool_client.errors import (
+    AllocationTimeout,
+    ApiError,
+    Preempted,
+    Rejected,
+    RespoolError,
+    field_led,
+)
 from respool_client.grant import Grant, describe_slices
 from respool_client.launcher import Launched, Launcher, LocalLauncher, OnOutput
-from respool_client.pairs import host_node_name, mebibytes, percent, split_amount, split_pair
+from respool_client.pairs import (
+    host_node_name,
+    mebibytes,
+    percent,
+    raising,
+    split_amount,
+    split_pair,
+)
 from respool_client.usage import USAGE_KEY, measure
 from respool_client.wire import GROUP_PATTERN, HOLDING, Request, ResourceSettings
 
@@ -122,11 +136,8 @@ def build_parser(prog: str = "respool run") -> argparse.ArgumentParser:
         "      --selector gpu-type=A100-80G --max-retries 2 -- python train.py",
         formatter_class=_HelpFormatter,
     )
+    add_connection(parser, token_help="Bearer token (RESPOOL_TOKEN).")
     add = parser.add_argument
-    add("--url", default=os.environ.get("RESPOOL_URL", "http://127.0.0.1:8080"), metavar="URL",
-        help="API URL (RESPOOL_URL; default http://127.0.0.1:8080).")  # fmt: skip
-    add("--token", default=os.environ.get("RESPOOL_TOKEN"), metavar="TOKEN",
-        help="Bearer token (RESPOOL_TOKEN).")  # fmt: skip
     add("--subject", "-s", default=os.environ.get("RESPOOL_SUBJECT"), metavar="SUBJECT",
         help="Who asks, e.g. orchestrator:prod (RESPOOL_SUBJECT).")  # fmt: skip
     add("--pool", metavar="POOL",
@@ -169,6 +180,14 @@ def build_parser(prog: str = "respool run") -> argparse.ArgumentParser:
         "case.")  # fmt: skip
     add("cmd", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
     return parser
+
+
+def add_connection(parser: argparse.ArgumentParser, *, token_help: str) -> None:
+    """``--url`` and ``--token``, defaulting to RESPOOL_URL and RESPOOL_TOKEN."""
+    add = parser.add_argument
+    add("--url", default=os.environ.get("RESPOOL_URL", "http://127.0.0.1:8080"), metavar="URL",
+        help="API URL (RESPOOL_URL; default http://127.0.0.1:8080).")  # fmt: skip
+    add("--token", default=os.environ.get("RESPOOL_TOKEN"), metavar="TOKEN", help=token_help)
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -769,12 +788,7 @@ def api_error_text(exc: ApiError) -> str:
     if found is None:
         return f"{detail} ({field})"
     option, rest = found
-    head = field.partition(".")[0]
-    for prefix, named in ((field, rest), (head, "")):
-        if detail.startswith((f"{prefix} ", f"{prefix}:")) and not detail.startswith(f"{prefix} '"):
-            tail = detail[len(prefix) :].lstrip(": ")
-            return f"{option}: {named} {tail}" if named else f"{option}: {tail}"
-    return f"{option}: {detail}"
+    return field_led(detail, field, option, rest) or f"{option}: {detail}"
 
 
 def _option_of(field: str | None) -> tuple[str, str] | None:
@@ -858,18 +872,8 @@ def _decimal(text: str) -> Decimal:
     return _finite_non_negative(text, Decimal, "a number")
 
 
-def _gpu_memory(text: str) -> int:
-    try:
-        return mebibytes(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _gpu_share(text: str) -> int:
-    try:
-        return percent(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+_gpu_memory = raising(mebibytes, argparse.ArgumentTypeError)
+_gpu_share = raising(percent, argparse.ArgumentTypeError)
 
 
 def slice_resources(args: argparse.Namespace) -> dict[str, int]:
