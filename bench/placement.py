@@ -333,6 +333,18 @@ class _Clock:
     def advance(self, to: float) -> None:
         raise NotImplementedError
 
+    async def _submit(self, body: dict[str, Any], job: str) -> tuple[UUID, bool]:
+        """Create ``body`` (``job`` names it in an error) now; return its id and whether it
+        queued (else it was allocated). Jobs submitted at one instant are a microsecond apart,
+        so that the queue's order (and so the whole replay) is the trace's order, not that of
+        their random ids."""
+        at = self.now() + datetime.timedelta(microseconds=self.burst)
+        self.burst += 1
+        doc = await _create(self.conn, body, at)
+        if doc["status"] not in ("allocated", "queued"):
+            raise SystemExit(f"{self.what}: {job} is {doc['status']}: {doc}")
+        return UUID(doc["id"]), doc["status"] == "queued"
+
     async def _release_first(self) -> UUID:
         """Move the clock to the earliest end and release that job; return its id."""
         end, rid = heapq.heappop(self.ends)
@@ -371,20 +383,12 @@ class _Sim(_Clock):
         self.waits[gpus].append(waited / 60)
 
     async def submit(self, gpus: int, hold: float) -> None:
-        # Jobs submitted at one instant are a microsecond apart, so that the queue's order (and
-        # so the whole replay) is the trace's order, not that of their random ids.
-        at = self.now() + datetime.timedelta(microseconds=self.burst)
-        self.burst += 1
-        doc = await _create(
-            self.conn, {"subject": "frag", "pool": self.pool, "resources": {"gpu": gpus}}, at
-        )
-        rid = UUID(doc["id"])
-        if doc["status"] == "allocated":
-            self._start(rid, gpus, hold, 0.0)
-        elif doc["status"] == "queued":
+        body = {"subject": "frag", "pool": self.pool, "resources": {"gpu": gpus}}
+        rid, queued = await self._submit(body, f"a {gpus}-GPU job")
+        if queued:
             self.queued[rid] = (gpus, hold, self.t)
         else:
-            raise SystemExit(f"placement fragmentation: a {gpus}-GPU job is {doc['status']}: {doc}")
+            self._start(rid, gpus, hold, 0.0)
 
     async def settle(self, *, count: bool = True) -> None:
         """Learn what the engine granted at this instant and check the counters; then (once
@@ -807,18 +811,12 @@ class _SliceSim(_Clock):
         self.waits.append(waited / 60)
 
     async def submit(self, job: Job, needs: int) -> None:
-        # A microsecond apart within an instant: the queue's order is the trace's (as above).
-        at = self.now() + datetime.timedelta(microseconds=self.burst)
-        self.burst += 1
         body = {"subject": "slices", "pool": self.pool, "resources": job.resources()}
-        doc = await _create(self.conn, body, at)
-        rid = UUID(doc["id"])
-        if doc["status"] == "allocated":
-            self._start(rid, job, needs, 0.0)
-        elif doc["status"] == "queued":
+        rid, queued = await self._submit(body, f"a job {job.resources()}")
+        if queued:
             self.queued[rid] = (job, needs, self.t)
         else:
-            raise SystemExit(f"placement slices: a job {job.resources()} is {doc['status']}: {doc}")
+            self._start(rid, job, needs, 0.0)
 
     async def settle(self) -> None:
         """Learn what the engine granted at this instant; check the holders and the nodes'
