@@ -314,18 +314,60 @@ async def _replay_trace(
         await sim.settle()
 
 
-class _Sim:
+class _Clock:
+    """What both replays share: a simulated clock from t0 (jobs submitted at one instant a
+    ``burst`` of microseconds apart) and the releases, earliest end first."""
+
+    what = ""  # "placement <scenario>", for the errors
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self.conn = conn
+        self.t0 = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+        self.t = 0.0  # simulated seconds since t0
+        self.burst = 0  # jobs submitted at this instant
+        self.ends: list[tuple[float, UUID]] = []
+
+    def now(self) -> datetime.datetime:
+        return self.t0 + datetime.timedelta(seconds=self.t)
+
+    def advance(self, to: float) -> None:
+        raise NotImplementedError
+
+    async def _submit(self, body: dict[str, Any], job: str) -> tuple[UUID, bool]:
+        """Create ``body`` (``job`` names it in an error) now; return its id and whether it
+        queued (else it was allocated). Jobs submitted at one instant are a microsecond apart,
+        so that the queue's order (and so the whole replay) is the trace's order, not that of
+        their random ids."""
+        at = self.now() + datetime.timedelta(microseconds=self.burst)
+        self.burst += 1
+        doc = await _create(self.conn, body, at)
+        if doc["status"] not in ("allocated", "queued"):
+            raise SystemExit(f"{self.what}: {job} is {doc['status']}: {doc}")
+        return UUID(doc["id"]), doc["status"] == "queued"
+
+    async def _release_first(self) -> UUID:
+        """Move the clock to the earliest end and release that job; return its id."""
+        end, rid = heapq.heappop(self.ends)
+        self.advance(end)
+        doc = await self.conn.fetchval(
+            "SELECT respool.release_request(p_id => $1, p_now => $2)", rid, self.now()
+        )
+        if doc["status"] != "released":
+            raise SystemExit(f"{self.what}: a release answered {doc['status']}")
+        return rid
+
+
+class _Sim(_Clock):
     """One replay of the trace on one pool, with the engine deciding every grant."""
+
+    what = "placement fragmentation"
 
     def __init__(
         self, conn: asyncpg.Connection, pool: str, pool_id: UUID, gpus: int, nodes: bool
     ) -> None:
-        self.conn, self.pool, self.pool_id, self.gpus, self.nodes = conn, pool, pool_id, gpus, nodes
-        self.t0 = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
-        self.t = 0.0  # simulated seconds since t0
-        self.burst = 0  # jobs submitted at this instant
+        super().__init__(conn)
+        self.pool, self.pool_id, self.gpus, self.nodes = pool, pool_id, gpus, nodes
         self.running: dict[UUID, int] = {}  # id -> GPUs
-        self.ends: list[tuple[float, UUID]] = []
         self.queued: dict[UUID, tuple[int, float, float]] = {}  # id -> (GPUs, hold, queued at)
         self.busy = 0
         self.busy_gpu_s = 0.0
@@ -334,9 +376,6 @@ class _Sim:
         self.hit: dict[UUID, int] = {}  # id -> GPUs
         self.waits: dict[int, list[float]] = {s: [] for s in SIZES}
 
-    def now(self) -> datetime.datetime:
-        return self.t0 + datetime.timedelta(seconds=self.t)
-
     def _start(self, rid: UUID, gpus: int, hold: float, waited: float) -> None:
         self.running[rid] = gpus
         self.busy += gpus
@@ -344,20 +383,12 @@ class _Sim:
         self.waits[gpus].append(waited / 60)
 
     async def submit(self, gpus: int, hold: float) -> None:
-        # Jobs submitted at one instant are a microsecond apart, so that the queue's order (and
-        # so the whole replay) is the trace's order, not that of their random ids.
-        at = self.now() + datetime.timedelta(microseconds=self.burst)
-        self.burst += 1
-        doc = await _create(
-            self.conn, {"subject": "frag", "pool": self.pool, "resources": {"gpu": gpus}}, at
-        )
-        rid = UUID(doc["id"])
-        if doc["status"] == "allocated":
-            self._start(rid, gpus, hold, 0.0)
-        elif doc["status"] == "queued":
+        body = {"subject": "frag", "pool": self.pool, "resources": {"gpu": gpus}}
+        rid, queued = await self._submit(body, f"a {gpus}-GPU job")
+        if queued:
             self.queued[rid] = (gpus, hold, self.t)
         else:
-            raise SystemExit(f"placement fragmentation: a {gpus}-GPU job is {doc['status']}: {doc}")
+            self._start(rid, gpus, hold, 0.0)
 
     async def settle(self, *, count: bool = True) -> None:
         """Learn what the engine granted at this instant and check the counters; then (once
@@ -393,14 +424,7 @@ class _Sim:
         self.burst = 0
 
     async def release_next(self) -> None:
-        end, rid = heapq.heappop(self.ends)
-        self.advance(end)
-        doc = await self.conn.fetchval(
-            "SELECT respool.release_request(p_id => $1, p_now => $2)", rid, self.now()
-        )
-        if doc["status"] != "released":
-            raise SystemExit(f"placement fragmentation: a release answered {doc['status']}")
-        self.busy -= self.running.pop(rid)
+        self.busy -= self.running.pop(await self._release_first())
 
 
 async def _replay(
@@ -763,25 +787,21 @@ class SliceReplay:
         return dict(self.__dict__)
 
 
-class _SliceSim:
+class _SliceSim(_Clock):
     """The slice trace on one pool, the engine deciding every grant (simulated clock). Each
     job is (what it asks, the memory it needs)."""
 
+    what = "placement slices"
+
     def __init__(self, conn: asyncpg.Connection, pool: str, pool_id: UUID, gpus: int) -> None:
-        self.conn, self.pool, self.pool_id, self.gpus = conn, pool, pool_id, gpus
-        self.t0 = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
-        self.t = 0.0
-        self.burst = 0
+        super().__init__(conn)
+        self.pool, self.pool_id, self.gpus = pool, pool_id, gpus
         self.running: dict[UUID, tuple[Job, int]] = {}
-        self.ends: list[tuple[float, UUID]] = []
         self.queued: dict[UUID, tuple[Job, int, float]] = {}  # id -> (asks, needs, queued at)
         self.held_mb = self.needed_mb = self.devices = 0
         self.held_mb_s = self.needed_mb_s = self.device_s = self.job_s = 0.0
         self.held_mb_s_settled = 0.0
         self.waits: list[float] = []
-
-    def now(self) -> datetime.datetime:
-        return self.t0 + datetime.timedelta(seconds=self.t)
 
     def _start(self, rid: UUID, job: Job, needs: int, waited: float) -> None:
         self.running[rid] = (job, needs)
@@ -791,18 +811,12 @@ class _SliceSim:
         self.waits.append(waited / 60)
 
     async def submit(self, job: Job, needs: int) -> None:
-        # A microsecond apart within an instant: the queue's order is the trace's (as above).
-        at = self.now() + datetime.timedelta(microseconds=self.burst)
-        self.burst += 1
         body = {"subject": "slices", "pool": self.pool, "resources": job.resources()}
-        doc = await _create(self.conn, body, at)
-        rid = UUID(doc["id"])
-        if doc["status"] == "allocated":
-            self._start(rid, job, needs, 0.0)
-        elif doc["status"] == "queued":
+        rid, queued = await self._submit(body, f"a job {job.resources()}")
+        if queued:
             self.queued[rid] = (job, needs, self.t)
         else:
-            raise SystemExit(f"placement slices: a job {job.resources()} is {doc['status']}: {doc}")
+            self._start(rid, job, needs, 0.0)
 
     async def settle(self) -> None:
         """Learn what the engine granted at this instant; check the holders and the nodes'
@@ -833,14 +847,7 @@ class _SliceSim:
         self.burst = 0
 
     async def release_next(self) -> None:
-        end, rid = heapq.heappop(self.ends)
-        self.advance(end)
-        doc = await self.conn.fetchval(
-            "SELECT respool.release_request(p_id => $1, p_now => $2)", rid, self.now()
-        )
-        if doc["status"] != "released":
-            raise SystemExit(f"placement slices: a release answered {doc['status']}")
-        job, needs = self.running.pop(rid)
+        job, needs = self.running.pop(await self._release_first())
         self.held_mb -= job.needs_mb
         self.needed_mb -= needs
 

@@ -33,6 +33,28 @@ async def mk_policy(conn: asyncpg.Connection, subject: str, pool: str, **kw: Any
     return await db_policies.create_policy(conn, subject=subject, pool=pool, **kw)
 
 
+async def mk_gpu_node(
+    conn: asyncpg.Connection,
+    name: str,
+    pool: str,
+    kind: str,
+    gpus: int,
+    now: datetime | None = None,
+) -> None:
+    """Node ``name`` in ``pool``: GPUs "0" to ``gpus`` - 1, labelled gpu-type ``kind``;
+    registered at ``now`` (None: the transaction's time, create_node's default)."""
+    await conn.fetchval(
+        "SELECT respool.create_node($1, p_now => coalesce($2, now()))",
+        {
+            "name": name,
+            "pool": pool,
+            "labels": {"gpu-type": kind},
+            "devices": {"gpu": [str(i) for i in range(gpus)]},
+        },
+        now,
+    )
+
+
 async def mk_pool_s(conn: asyncpg.Connection, capacity: Mapping[str, int], **kw: Any) -> None:
     """Pool ``p`` (``kw``: its other settings) with a plain policy for subject ``S``."""
     await mk_pool(conn, "p", capacity, **kw)

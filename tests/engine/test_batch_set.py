@@ -17,7 +17,7 @@ from typing import Any
 
 import asyncpg
 import pytest
-from engine_support import assert_healthy
+from engine_support import assert_healthy, mk_gpu_node
 
 from app.db import batch as db_batch
 from app.db.dsn import with_database
@@ -46,17 +46,8 @@ async def build(conn: asyncpg.Connection, world: str) -> None:
     await conn.fetchval(
         "SELECT respool.create_pool(p_name => 'n', p_capacity => '{}', p_now => $1)", T0
     )
-    for node, kind in (("x", "x"), ("y", "y")):
-        await conn.fetchval(
-            "SELECT respool.create_node($1, p_now => $2)",
-            {
-                "name": node,
-                "pool": "n",
-                "labels": {"gpu-type": kind},
-                "devices": {"gpu": list("0123")},
-            },
-            T0,
-        )
+    for node in ("x", "y"):
+        await mk_gpu_node(conn, node, "n", kind=node, gpus=4, now=T0)
     for subject, pool, priority, limit in (
         ("S", "a", 10, {}),
         ("S", "b", 0, {}),

@@ -10,22 +10,14 @@ from typing import Any
 from uuid import UUID
 
 import asyncpg
-from engine_support import db_now, mk_policy, mk_pool, release_at
+from engine_support import db_now, mk_gpu_node, mk_policy, mk_pool, release_at
 
 
 async def two_nodes(conn: asyncpg.Connection) -> None:
     """Pool gpus backed by an A100 node and an H100 node of 8 GPUs each."""
     await mk_pool(conn, "gpus", {}, starvation_seconds=None)
     for name, kind in (("a100-1", "A100"), ("h100-1", "H100")):
-        await conn.execute(
-            "SELECT respool.create_node($1::jsonb)",
-            {
-                "name": name,
-                "pool": "gpus",
-                "labels": {"gpu-type": kind},
-                "devices": {"gpu": [str(i) for i in range(8)]},
-            },
-        )
+        await mk_gpu_node(conn, name, "gpus", kind, gpus=8)
 
 
 async def create(
