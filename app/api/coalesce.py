@@ -6,9 +6,10 @@ coalescer keeps the bodies in arrival order; up to ``flushers`` tasks at once (f
 pool's connections, so reads, heartbeats and releases keep some) each take a connection, then
 everything pending (at most a batch, 1,000), create it, answer each create, and go on while
 anything is pending. A lone create (nothing else pending) is one ``respool.create_request``, as
-without coalescing; two or more are one ``respool.create_requests_each`` call, in arrival order,
-which is then their queue order. Each create keeps its own answer (201 or 200, its document), its
-idempotency key and its errors:
+without coalescing; two or more are one ``respool.create_requests_each`` call, subject by
+subject (the subjects in the order of their first create, each subject's creates in arrival
+order), which is then their queue order. Each create keeps its own answer (201 or 200, its
+document), its idempotency key and its errors:
 
 * a member the engine refuses gets its own row's error (``respool.create_requests_each`` answers
   one row per member: its document, or the code, field and message its single create would
@@ -187,7 +188,20 @@ class _Coalescer(Generic[In, Out]):
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-class CreateCoalescer(_Coalescer[bytes, Created]):
+Create = tuple[bytes, str]  # the body, its subject
+
+
+def by_subject(taken: list[_Pending[Create, Created]]) -> list[_Pending[Create, Created]]:
+    """``taken`` with the creates of each subject together, in arrival order within a subject,
+    subjects in the order of their first create: alike requests then form runs the engine grants
+    together (docs/api.md, "Coalesced creates")."""
+    first: dict[str, int] = {}
+    for i, p in enumerate(taken):
+        first.setdefault(p.item[1], i)
+    return sorted(taken, key=lambda p: first[p.item[1]])
+
+
+class CreateCoalescer(_Coalescer[Create, Created]):
     """Creates the bodies handed to :meth:`create` through as few engine calls as the load allows
     (see the module docstring). One per app and pool."""
 
@@ -204,17 +218,18 @@ class CreateCoalescer(_Coalescer[bytes, Created]):
         super().__init__(pool, flushers=flushers, batch_limit=batch_limit)
         self.default_lease_seconds = default_lease_seconds
 
-    async def create(self, body: bytes) -> Created:
+    async def create(self, body: bytes, subject: str) -> Created:
         """Create (or replay) the request of the create body ``body`` (JSON, already checked to
-        be well-formed): its answer as a single create would give it, or its error.
-        :class:`app.db.connect.PoolSaturated` at once when the line is full."""
-        return await self._submit(body)
+        be well-formed) for ``subject`` (its subject): its answer as a single create would give
+        it, or its error. :class:`app.db.connect.PoolSaturated` at once when the line is full."""
+        return await self._submit((body, subject))
 
-    async def _run(self, conn: Any, taken: list[_Pending[bytes, Created]]) -> None:
+    async def _run(self, conn: Any, taken: list[_Pending[Create, Created]]) -> None:
         """Create ``taken`` on ``conn`` and answer each create."""
         if len(taken) == 1:
-            results: list[Created | EngineError] = [await self._single(conn, taken[0].item)]
+            results: list[Created | EngineError] = [await self._single(conn, taken[0].item[0])]
         else:
+            taken = by_subject(taken)
             try:
                 results = await self._batch(conn, taken)
             except _DATABASE_DOWN:
@@ -228,12 +243,12 @@ class CreateCoalescer(_Coalescer[bytes, Created]):
             elif not p.future.done():
                 p.future.set_result(result)
 
-    async def _one_by_one(self, conn: Any, taken: list[_Pending[bytes, Created]]) -> None:
+    async def _one_by_one(self, conn: Any, taken: list[_Pending[Create, Created]]) -> None:
         """Each create alone, each answered with its own result or error."""
         log.info("coalesced create of %d failed as a whole: creating each alone", len(taken))
         for p in taken:
             try:
-                result = await self._single(conn, p.item)
+                result = await self._single(conn, p.item[0])
             except Exception as exc:  # noqa: BLE001 - that create's own error, for its handler
                 _fail(p, exc)
             else:
@@ -246,9 +261,9 @@ class CreateCoalescer(_Coalescer[bytes, Created]):
         )
 
     async def _batch(
-        self, conn: Any, taken: list[_Pending[bytes, Created]]
+        self, conn: Any, taken: list[_Pending[Create, Created]]
     ) -> list[Created | EngineError]:
-        members = msgspec.Raw(b"[" + b",".join(p.item for p in taken) + b"]")
+        members = msgspec.Raw(b"[" + b",".join(p.item[0] for p in taken) + b"]")
         return await db_batch.create_requests_each(
             conn, members, default_lease_seconds=self.default_lease_seconds
         )

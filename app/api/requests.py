@@ -243,7 +243,7 @@ class RequestController(Controller):
             return Response(visible_to(request, what), status_code=200)
         # Made together with the creates waiting at the same time, in arrival order, each with
         # its own answer (app.api.coalesce; docs/api.md, "Coalesced creates").
-        created = await coalescer(state).create(raw)
+        created = await coalescer(state).create(raw, body.subject)
         req = created.request
         if created.created:
             log_created(req)  # the engine does not notify a create's own changes

@@ -89,6 +89,28 @@ async def test_200_concurrent_creates_each_get_their_own_answer(server: Server) 
         assert ok(await server.client.get(f"{CREATE}/{d['id']}"))["id"] == d["id"]
 
 
+async def test_creates_of_several_subjects_are_made_subject_by_subject(server: Server) -> None:
+    """One call made for creates of two subjects that arrived interleaved: each subject's creates
+    in their arrival order, the subject whose first create came first made first."""
+    c = server.client
+    await pool_with_policy(c, capacity={"gpu": 2})
+    ok(await c.post("/v1/policies", json={"subject": "other", "pool": "p"}), 201)
+    bodies = [
+        team_gpu(subject=s, labels={"i": str(i)}) for i, s in enumerate(["team", "other"] * 2)
+    ]
+    answers = await together(server, bodies)
+    assert coalescer(server).largest >= 4
+    docs = [ok(r, 201) for r in answers]
+    assert [d["labels"]["i"] for d in docs] == ["0", "1", "2", "3"]  # each gets its own answer
+    got = {d["labels"]["i"]: (d["status"], d["queue_position"]) for d in docs}
+    assert got == {
+        "0": ("allocated", None),
+        "2": ("allocated", None),
+        "1": ("queued", 1),
+        "3": ("queued", 2),
+    }
+
+
 async def test_an_invalid_member_gets_a_single_creates_error(server: Server) -> None:
     c = server.client
     await pool_with_policy(c, capacity={"gpu": 8})

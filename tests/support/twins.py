@@ -41,14 +41,15 @@ TWINS: dict[str, list[tuple[str, list[tuple[str, str]]]]] = {
             "respool._move_pool_units(uuid, jsonb, integer, boolean)",
             [
                 (
-                    "\n           AND (NOT p_guard OR p_sign < 0 OR pr.used + x.value::bigint <= pr.capacity"
+                    "\n           AND (NOT p_guard OR p_sign < 0"
+                    " OR pr.used + x.value::bigint <= pr.capacity"
                     "\n                OR (pr.capacity IS NULL AND respool._is_soft_key(pr.key)"
                     "\n                    AND pr.used + x.value::bigint <= respool._max_total()))",
                     "",
                 ),
                 (
-                    "IF p_sign < 0 OR (p_guard AND EXISTS (SELECT FROM jsonb_object_keys(p_units) k(key)",
-                    "IF false AND (p_guard AND EXISTS (SELECT FROM jsonb_object_keys(p_units) k(key)",
+                    "IF p_sign < 0 OR (p_guard AND EXISTS",
+                    "IF false AND (p_guard AND EXISTS",
                 ),
             ],
         ),
