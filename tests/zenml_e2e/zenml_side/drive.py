@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -22,6 +23,11 @@ from zenml.pipelines import pipeline
 from zenml.steps import step
 
 LOG = os.environ["ZT_STEP_LOG"]
+
+# ZenML interrupts a preempted step as SIGINT would (``_thread.interrupt_main``), which does
+# nothing where SIGINT is ignored: a shell without job control starts its background jobs so,
+# and the step processes inherit it. Handled here, it is the default again in every step.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @step
