@@ -188,10 +188,12 @@ class _Coalescer(Generic[In, Out]):
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-Create = tuple[bytes, str]  # the body, its subject
+PendingCreate = tuple[bytes, str]  # the body, its subject
 
 
-def by_subject(taken: list[_Pending[Create, Created]]) -> list[_Pending[Create, Created]]:
+def _by_subject(
+    taken: list[_Pending[PendingCreate, Created]],
+) -> list[_Pending[PendingCreate, Created]]:
     """``taken`` with the creates of each subject together, in arrival order within a subject,
     subjects in the order of their first create: alike requests then form runs the engine grants
     together (docs/api.md, "Coalesced creates")."""
@@ -201,7 +203,7 @@ def by_subject(taken: list[_Pending[Create, Created]]) -> list[_Pending[Create, 
     return sorted(taken, key=lambda p: first[p.item[1]])
 
 
-class CreateCoalescer(_Coalescer[Create, Created]):
+class CreateCoalescer(_Coalescer[PendingCreate, Created]):
     """Creates the bodies handed to :meth:`create` through as few engine calls as the load allows
     (see the module docstring). One per app and pool."""
 
@@ -224,12 +226,12 @@ class CreateCoalescer(_Coalescer[Create, Created]):
         it, or its error. :class:`app.db.connect.PoolSaturated` at once when the line is full."""
         return await self._submit((body, subject))
 
-    async def _run(self, conn: Any, taken: list[_Pending[Create, Created]]) -> None:
+    async def _run(self, conn: Any, taken: list[_Pending[PendingCreate, Created]]) -> None:
         """Create ``taken`` on ``conn`` and answer each create."""
         if len(taken) == 1:
             results: list[Created | EngineError] = [await self._single(conn, taken[0].item[0])]
         else:
-            taken = by_subject(taken)
+            taken = _by_subject(taken)
             try:
                 results = await self._batch(conn, taken)
             except _DATABASE_DOWN:
@@ -243,7 +245,7 @@ class CreateCoalescer(_Coalescer[Create, Created]):
             elif not p.future.done():
                 p.future.set_result(result)
 
-    async def _one_by_one(self, conn: Any, taken: list[_Pending[Create, Created]]) -> None:
+    async def _one_by_one(self, conn: Any, taken: list[_Pending[PendingCreate, Created]]) -> None:
         """Each create alone, each answered with its own result or error."""
         log.info("coalesced create of %d failed as a whole: creating each alone", len(taken))
         for p in taken:
@@ -261,7 +263,7 @@ class CreateCoalescer(_Coalescer[Create, Created]):
         )
 
     async def _batch(
-        self, conn: Any, taken: list[_Pending[Create, Created]]
+        self, conn: Any, taken: list[_Pending[PendingCreate, Created]]
     ) -> list[Created | EngineError]:
         members = msgspec.Raw(b"[" + b",".join(p.item[0] for p in taken) + b"]")
         return await db_batch.create_requests_each(
