@@ -90,8 +90,9 @@ def describe_slices(placed: Placement) -> list[str]:
         for device, part in sorted(held.items()):
             share = "" if part.share is None else f", {part.share}% of its compute"
             mode = placed.isolation.get(key, "")
+            limited = "memory" if part.share is None else "memory and compute"
             how = {
-                MPS: "mps: memory and compute limited by the MPS server",
+                MPS: f"mps: {limited} limited by the MPS server",
                 TIME_SLICING: "time-slicing: not enforced by the driver, keep within it",
             }.get(mode, mode)
             lines.append(

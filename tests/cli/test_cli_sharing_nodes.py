@@ -52,33 +52,54 @@ async def test_register_detect_sharing(cli: Cli, smi_dir: Path) -> None:
     assert again["device_memory_mb"] == {"gpu": 81559}
 
 
-async def test_respool_run_gets_its_slice(cli: Cli, tmp_path: Path) -> None:
+async def test_two_respool_runs_share_one_device_each_with_its_slice(
+    cli: Cli, tmp_path: Path
+) -> None:
     await cli.ok("pool", "create", "nb")
     await cli.ok("pool", "attach-policy", "nb", "team:nb")
     await cli.ok(
         "node", "add", "nb-01", "--pool", "nb", "--devices", "gpu=0,1",
         "--sharing", "gpu=mps", "--device-memory", "gpu=81920",
     )  # fmt: skip
-    out = tmp_path / "env.json"
+    # Each command writes its environment, then waits for the other's: both hold at once.
     probe = (
-        "import json, os, sys; json.dump({k: v for k, v in os.environ.items()"
-        " if k.startswith(('RESPOOL_GPU', 'CUDA_'))}, open(sys.argv[1], 'w'))"
+        "import json, os, sys, time; json.dump({k: v for k, v in os.environ.items()"
+        " if k.startswith(('RESPOOL_GPU', 'CUDA_'))}, open(sys.argv[1], 'w'));"
+        " deadline = time.monotonic() + 30\n"
+        "while not os.path.exists(sys.argv[2]) and time.monotonic() < deadline: time.sleep(0.05)\n"
+        "sys.exit(0 if os.path.exists(sys.argv[2]) else 3)"
     )
     env = {**os.environ, "RESPOOL_URL": cli.url, "RESPOOL_SUBJECT": "team:nb"}
     env.pop("RESPOOL_TOKEN", None)
-    done = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "respool_client.run", "--pool", "nb", "--gpu-memory", "20GiB",
-         "--gpu-share", "50", "--", sys.executable, "-c", probe, str(out)],
-        env=env, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    seen = json.loads(out.read_text())
-    assert seen["CUDA_VISIBLE_DEVICES"] in ("0", "1")
-    assert seen["RESPOOL_GPU_MEMORY_MB"] == "20480" and seen["RESPOOL_GPU_SHARE"] == "50"
-    assert seen["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"
-    assert seen["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
-    assert "a slice of 20480 MiB" in done.stderr
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+
+    def run(slice_options: list[str], mine: Path, other: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "respool_client.run", "--pool", "nb", *slice_options,
+             "--", sys.executable, "-c", probe, str(mine), str(other)],
+            env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+
+    first, second = await asyncio.gather(
+        asyncio.to_thread(run, ["--gpu-memory", "20GiB"], one, two),
+        asyncio.to_thread(run, ["--gpu-memory", "40GiB", "--gpu-share", "50"], two, one),
+    )
+    assert first.returncode == 0, first.stderr
+    assert second.returncode == 0, second.stderr
+    seen_one, seen_two = json.loads(one.read_text()), json.loads(two.read_text())
+    # pack: the second slice goes on the device the first one already uses
+    assert seen_one["CUDA_VISIBLE_DEVICES"] == seen_two["CUDA_VISIBLE_DEVICES"]
+    assert seen_one["CUDA_VISIBLE_DEVICES"] in ("0", "1")
+    assert seen_one["RESPOOL_GPU_MEMORY_MB"] == "20480"
+    assert seen_one["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"
+    assert "RESPOOL_GPU_SHARE" not in seen_one
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in seen_one
+    assert seen_two["RESPOOL_GPU_MEMORY_MB"] == "40960" and seen_two["RESPOOL_GPU_SHARE"] == "50"
+    assert seen_two["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=40960M"
+    assert seen_two["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    assert seen_one["RESPOOL_GPU_ISOLATION"] == seen_two["RESPOOL_GPU_ISOLATION"] == "mps"
+    assert "a slice of 20480 MiB (mps: memory limited" in first.stderr
+    assert "a slice of 40960 MiB, 50% of its compute (mps: memory and compute" in second.stderr
 
 
 async def test_node_describe_shows_each_slice_and_the_free_memory(cli: Cli) -> None:

@@ -49,6 +49,10 @@ def test_an_mps_slice_without_a_share_promises_no_compute() -> None:
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20480M"
     assert "RESPOOL_GPU_SHARE" not in env
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in env
+    (line,) = describe_slices(
+        Grant(_request(_slice("mps", None), {"gpu_memory_mb": 20480})).placement
+    )  # type: ignore[arg-type]
+    assert line == "gpu 3: a slice of 20480 MiB (mps: memory limited by the MPS server)"
 
 
 def test_a_time_sliced_slice_sets_no_driver_limit_and_says_so() -> None:
