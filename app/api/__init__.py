@@ -21,7 +21,7 @@ from litestar.openapi.plugins import SwaggerRenderPlugin
 
 from app import __version__
 from app.api.apply import ApplyController
-from app.api.auth import Authenticator, auth_guard
+from app.api.auth import Authenticator
 from app.api.batch import BatchController
 from app.api.dashboard import DashboardController
 from app.api.edge import EdgeGuard
@@ -33,9 +33,9 @@ from app.api.nodes import NodeController
 from app.api.openapi import ClosedStructSchemaPlugin, answer_options
 from app.api.policies import PolicyController
 from app.api.pools import PoolController
-from app.api.query_params import known_query_params
 from app.api.requests import RequestController
 from app.api.retention import RetentionController
+from app.api.route_checks import RouteChecks
 from app.db.connect import APP_API, create_pool
 from app.db.dsn import resolve_database_url
 from app.liveness import ServiceLiveness
@@ -134,14 +134,14 @@ def create_app(
             ApplyController,
         ],
         lifespan=[lifespan],
-        guards=[auth_guard, known_query_params],
         middleware=[
             DefineMiddleware(
                 EdgeGuard,
                 auth=authenticator,
                 max_waits=settings.max_waits,
                 max_waits_per_token=settings.max_waits_per_token,
-            )
+            ),
+            RouteChecks,
         ],
         before_request=answer_options,
         exception_handlers={**exception_handlers, RecursionError: _too_deep},
