@@ -10,6 +10,8 @@ cost one connection object per call.
 
 from __future__ import annotations
 
+from typing import Any
+
 from litestar.connection import ASGIConnection
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Receive, Scope, Send
@@ -29,9 +31,7 @@ class RouteChecks:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == ScopeType.HTTP:
-            connection: ASGIConnection[object, object, object, object] = ASGIConnection(
-                scope, receive, send
-            )
+            connection: ASGIConnection[Any, Any, Any, Any] = ASGIConnection(scope, receive, send)
             handler = scope["route_handler"]
             await auth_guard(connection, handler)
             await known_query_params(connection, handler)
