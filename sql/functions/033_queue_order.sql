@@ -134,13 +134,16 @@ CREATE OR REPLACE FUNCTION respool._queue_positions(p_pool_id uuid, p_request_id
 RETURNS TABLE (request_id uuid, "position" bigint)
 LANGUAGE plpgsql STABLE AS $$
 #variable_conflict use_column
+DECLARE
+    v_one bigint;
 BEGIN
     IF cardinality(p_request_ids) = 1 THEN
         -- One request (the answer of a create or a read): count only the entries ahead of it
-        -- (respool._queue_position), rather than reading every entry of its shapes.
-        RETURN QUERY SELECT x.id, x.pos
-                       FROM (SELECT p_request_ids[1] AS id, respool._queue_position(p_pool_id, p_request_ids[1]) AS pos) x
-                      WHERE x.pos IS NOT NULL;
+        -- (respool._queue_position, counted once), rather than reading every entry of its shapes.
+        v_one := respool._queue_position(p_pool_id, p_request_ids[1]);
+        IF v_one IS NOT NULL THEN
+            RETURN QUERY SELECT p_request_ids[1], v_one;
+        END IF;
         RETURN;
     END IF;
     -- Counting what is ahead, as _queue_position does, but for many requests at once and
