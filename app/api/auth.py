@@ -188,7 +188,7 @@ class Authenticator:
 
 
 async def auth_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-    """App-level guard: authenticate and authorize every ``/v1`` route."""
+    """Authenticate and authorize every ``/v1`` route (run by :mod:`app.api.route_checks`)."""
     path: str = connection.scope["path"]
     if path != "/v1" and not path.startswith("/v1/"):
         return  # /healthz, /readyz, /metrics, /schema*

@@ -2,9 +2,10 @@
 
 Litestar ignores a query parameter a route does not declare. On a route that changes state
 that is dangerous: ``?dryrun=true`` (for ``dry_run``) or ``?dry_run=true`` on the batch route
-(which has no what-if) would create for real. :func:`known_query_params` is a guard, so it
-holds for every ``POST``/``PUT``/``PATCH``/``DELETE`` route at once: an unknown parameter is
-400 naming it, before the handler runs and before anything is changed.
+(which has no what-if) would create for real. :func:`known_query_params` runs for every route
+(:mod:`app.api.route_checks`), so it holds for every ``POST``/``PUT``/``PATCH``/``DELETE`` route
+at once: an unknown parameter is 400 naming it, before the handler runs and before anything is
+changed.
 """
 
 from __future__ import annotations
