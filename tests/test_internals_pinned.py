@@ -3,7 +3,7 @@
 
 ``app.db.connect.BoundedPool`` overrides asyncpg's private ``Pool._acquire`` and reads
 ``Pool._queue`` and ``PoolConnectionProxy._holder._timeout`` (the bounded line of calls waiting
-for a connection, 429 past it); ``app.api.server`` subclasses uvicorn's ``H11Protocol`` (one
+for a connection, 429 past it); ``app.api.server`` subclasses uvicorn's ``HttpToolsProtocol`` (one
 write per answer, header/body timeouts, the connection cap) and ``uvicorn.Server`` (SIGTERM
 handling). pyproject.toml bounds both libraries to the versions tested; a test here fails when
 a new version moves what those overrides rely on, and its message says what to re-check.
@@ -19,10 +19,9 @@ from typing import Any
 
 import asyncpg
 import asyncpg.pool
-import h11
 import pytest
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from app.api.server import ApiServer, CoalescingTransport, guarded_protocol
@@ -36,8 +35,9 @@ ASYNCPG = (
 )
 UVICORN = (
     f"uvicorn {uvicorn.__version__} moved an internal that app/api/server.py relies on: "
-    "re-check GuardedH11Protocol and CoalescingTransport (H11Protocol.connection_made, "
-    "data_received, on_response_complete, .transport, .conn, .connections, .loop, and "
+    "re-check GuardedProtocol and CoalescingTransport (HttpToolsProtocol.connection_made, "
+    "data_received, the parser callbacks on_message_begin, on_headers_complete, "
+    "on_message_complete, on_response_complete, .transport, .connections, .loop, and "
     "RequestResponseCycle taking the protocol's transport) and ApiServer.capture_signals "
     "(Server._captured_signals) against the new uvicorn, then widen the uvicorn bound in "
     "pyproject.toml"
@@ -122,20 +122,23 @@ async def test_asyncpg_queue_holds_the_free_connections_and_release_uses_the_hol
 # --- uvicorn -----------------------------------------------------------------------------------
 
 
-def test_uvicorn_h11_protocol_methods_keep_their_signatures() -> None:
+def test_uvicorn_httptools_protocol_methods_keep_their_signatures() -> None:
     for name, parameters in {
         "__init__": ["self", "config", "server_state", "app_state", "_loop"],
         "connection_made": ["self", "transport"],
         "connection_lost": ["self", "exc"],
         "data_received": ["self", "data"],
+        "on_message_begin": ["self"],
+        "on_headers_complete": ["self"],
+        "on_message_complete": ["self"],
         "on_response_complete": ["self"],
     }.items():
-        assert _parameters(getattr(H11Protocol, name)) == parameters, f"{name}: {UVICORN}"
-    # h11 (uvicorn's dependency) as GuardedH11Protocol._follow reads it.
-    conn = h11.Connection(h11.SERVER)
-    assert conn.their_state is h11.IDLE, UVICORN
-    assert conn.trailing_data == (b"", False), UVICORN
-    assert h11.SEND_BODY is not None, UVICORN
+        assert _parameters(getattr(HttpToolsProtocol, name)) == parameters, f"{name}: {UVICORN}"
+
+
+def phase(protocol: Any) -> str | None:
+    """The phase the protocol's timer is armed for."""
+    return protocol._phase  # type: ignore[no-any-return]
 
 
 class FakeSocket:
@@ -194,7 +197,6 @@ async def test_uvicorn_cycles_write_through_the_protocols_transport() -> None:
     try:
         assert protocol in state.connections, UVICORN
         assert protocol.loop is asyncio.get_running_loop(), UVICORN
-        assert isinstance(protocol.conn, h11.Connection), UVICORN
         # connection_made's transport is replaced by the coalescer...
         assert isinstance(transport, CoalescingTransport), UVICORN
         protocol.data_received(b"GET / HTTP/1.1\r\nHost: test\r\n\r\n")
@@ -209,6 +211,31 @@ async def test_uvicorn_cycles_write_through_the_protocols_transport() -> None:
     finally:
         protocol.connection_lost(None)
     assert protocol not in state.connections, UVICORN
+
+
+async def test_the_parser_callbacks_move_the_timer_from_headers_to_body_to_none() -> None:
+    protocol_class = guarded_protocol(header_timeout=10.0, body_timeout=30.0, max_connections=8)
+    config = uvicorn.Config(_hello, http=protocol_class, lifespan="off", log_config=None)
+    state = ServerState()
+    protocol = protocol_class(config=config, server_state=state, app_state={})
+    sock = FakeSocket()
+    protocol.connection_made(sock)  # type: ignore[arg-type]
+    try:
+        assert phase(protocol) == "headers", UVICORN  # armed when it connected
+        protocol.data_received(b"POST / HTTP/1.1\r\nHost: test\r\n")
+        assert phase(protocol) == "headers", UVICORN
+        protocol.data_received(b"Content-Length: 5\r\n\r\n")
+        assert phase(protocol) == "body", UVICORN
+        protocol.data_received(b"hel")
+        assert phase(protocol) == "body", UVICORN
+        protocol.data_received(b"lo")
+        assert phase(protocol) is None, UVICORN  # the app answers: no timer
+        await asyncio.wait_for(asyncio.gather(*state.tasks), 10)
+        assert phase(protocol) is None, UVICORN  # idle: uvicorn's keep-alive timer
+        protocol.data_received(b"GET")
+        assert phase(protocol) == "headers", UVICORN  # the next request's first byte
+    finally:
+        protocol.connection_lost(None)
 
 
 def test_uvicorn_server_records_captured_signals_for_capture_signals() -> None:

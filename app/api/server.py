@@ -1,7 +1,7 @@
 """uvicorn for the API: SIGTERM/SIGINT also answer every open long-poll at once; slow clients
 are timed out and connections are capped (docs/ops.md "Limits").
 
-* :func:`guarded_protocol`: uvicorn's h11 protocol plus a header timeout (from a connection's
+* :func:`guarded_protocol`: uvicorn's httptools protocol plus a header timeout (from a connection's
   first byte, or a request's, to the end of its headers) and a body timeout (from the end of the
   headers to the end of the body), and a cap on open connections (a connection above it is
   closed at once, so file descriptors stay bounded). Idle keep-alive connections are closed by
@@ -32,10 +32,9 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
-import h11
 import uvicorn
 from litestar import Litestar
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.notify import Notifier
 from app.settings import Settings
@@ -138,14 +137,21 @@ class CoalescingTransport:
         return getattr(self._transport, name)
 
 
-class GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with header/body timeouts and a connection cap (class attributes
-    set by :func:`guarded_protocol`)."""
+class GuardedProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with header/body timeouts and a connection cap (class
+    attributes set by :func:`guarded_protocol`).
+
+    Where the peer is comes from the parser's callbacks: from a message's first byte to the end
+    of its headers it sends ``headers``, then its ``body`` until the message is complete; from
+    then until the answer is complete it waits for us (``answer``: no timer); afterwards the
+    connection is idle (uvicorn's keep-alive timer covers it).
+    """
 
     header_timeout = 10.0
     body_timeout = 30.0
     max_connections = 20_000
-    _phase: str | None = None
+    _phase: str | None = None  # what the armed timer waits for
+    _parsing: str | None = None  # where the peer is: headers, body, answer, or None (idle)
     _timer: asyncio.TimerHandle | None = None
     _coalescer: CoalescingTransport | None = None
 
@@ -173,27 +179,39 @@ class GuardedH11Protocol(H11Protocol):
         super().data_received(data)
         self._follow()
 
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._parsing = "headers"
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        self._parsing = "body"
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._parsing = "answer"
+
     def on_response_complete(self) -> None:
         # The answer is complete: its head and body leave now, in one write.
         if self._coalescer is not None:
             self._coalescer.flush()
+        if self._parsing == "answer":
+            self._parsing = None
         super().on_response_complete()
         self._follow()
 
     def _follow(self) -> None:
-        """Arm the timer for the phase the peer is in: headers, body, or none (answering)."""
+        """Arm the timer for the phase the peer is in: headers, body, or none."""
         if self.transport is None or self.transport.is_closing():
             return
-        state = self.conn.their_state
-        if state is h11.IDLE:
-            # Waiting for a request: uvicorn's keep-alive timer covers an idle connection; ours
-            # starts with the request's first byte.
-            partial = bool(self.conn.trailing_data[0])
-            self._arm("headers" if partial or self._phase == "headers" else None)
-        elif state is h11.SEND_BODY:
-            self._arm("body")
-        else:
+        if self._parsing in ("headers", "body"):
+            self._arm(self._parsing)
+        elif self._parsing == "answer":
             self._arm(None)
+        else:
+            # Idle: uvicorn's keep-alive timer covers it, but a connection that has not sent
+            # its first request keeps the timer armed when it connected.
+            self._arm("headers" if self._phase == "headers" else None)
 
     def _arm(self, phase: str | None) -> None:
         if phase == self._phase:
@@ -215,11 +233,11 @@ class GuardedH11Protocol(H11Protocol):
 
 def guarded_protocol(
     *, header_timeout: float, body_timeout: float, max_connections: int
-) -> type[GuardedH11Protocol]:
-    """A :class:`GuardedH11Protocol` subclass with these limits (uvicorn's ``http=``)."""
+) -> type[GuardedProtocol]:
+    """A :class:`GuardedProtocol` subclass with these limits (uvicorn's ``http=``)."""
     return type(
-        "RespoolH11Protocol",
-        (GuardedH11Protocol,),
+        "RespoolHttpProtocol",
+        (GuardedProtocol,),
         {
             "header_timeout": header_timeout,
             "body_timeout": body_timeout,
@@ -278,7 +296,7 @@ _refused_log = RateLimitedLog()
 
 
 def uvicorn_config(app: Litestar, settings: Settings, **overrides: Any) -> uvicorn.Config:
-    """The uvicorn configuration of ``respool serve``: guarded h11, limits from ``settings``.
+    """The uvicorn configuration of ``respool serve``: guarded httptools, limits from ``settings``.
 
     The connection cap is kept below the file-descriptor limit (raised first).
     """

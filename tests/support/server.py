@@ -101,7 +101,7 @@ async def running_server(
     app = create_app(settings, with_reconciler=with_reconciler)
     sock = listening_socket(port)
     config = uvicorn.Config(
-        app, lifespan="on", log_level="warning", ws="none", http="h11", access_log=False
+        app, lifespan="on", log_level="warning", ws="none", http="httptools", access_log=False
     )
     srv = InProcessServer(config, app)
     async with serving(srv, sock) as bound:
