@@ -186,13 +186,19 @@ async def _hello(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"hello"})
 
 
-async def test_uvicorn_cycles_write_through_the_protocols_transport() -> None:
+def _connected() -> tuple[Any, ServerState, FakeSocket]:
+    """A guarded protocol serving ``_hello``, connected to a fake socket."""
     protocol_class = guarded_protocol(header_timeout=10.0, body_timeout=30.0, max_connections=8)
     config = uvicorn.Config(_hello, http=protocol_class, lifespan="off", log_config=None)
     state = ServerState()
     protocol = protocol_class(config=config, server_state=state, app_state={})
     sock = FakeSocket()
     protocol.connection_made(sock)  # type: ignore[arg-type]
+    return protocol, state, sock
+
+
+async def test_uvicorn_cycles_write_through_the_protocols_transport() -> None:
+    protocol, state, sock = _connected()
     transport: Any = protocol.transport
     try:
         assert protocol in state.connections, UVICORN
@@ -214,12 +220,7 @@ async def test_uvicorn_cycles_write_through_the_protocols_transport() -> None:
 
 
 async def test_the_parser_callbacks_move_the_timer_from_headers_to_body_to_none() -> None:
-    protocol_class = guarded_protocol(header_timeout=10.0, body_timeout=30.0, max_connections=8)
-    config = uvicorn.Config(_hello, http=protocol_class, lifespan="off", log_config=None)
-    state = ServerState()
-    protocol = protocol_class(config=config, server_state=state, app_state={})
-    sock = FakeSocket()
-    protocol.connection_made(sock)  # type: ignore[arg-type]
+    protocol, state, sock = _connected()
     try:
         assert phase(protocol) == "headers", UVICORN  # armed when it connected
         protocol.data_received(b"POST / HTTP/1.1\r\nHost: test\r\n")
