@@ -3,10 +3,11 @@
 
 ``app.db.connect.BoundedPool`` overrides asyncpg's private ``Pool._acquire`` and reads
 ``Pool._queue`` and ``PoolConnectionProxy._holder._timeout`` (the bounded line of calls waiting
-for a connection, 429 past it); ``app.api.server`` subclasses uvicorn's ``HttpToolsProtocol`` (one
-write per answer, header/body timeouts, the connection cap) and ``uvicorn.Server`` (SIGTERM
-handling). pyproject.toml bounds both libraries to the versions tested; a test here fails when
-a new version moves what those overrides rely on, and its message says what to re-check.
+for a connection, 429 past it); ``app.api.server`` subclasses uvicorn's ``HttpToolsProtocol``
+(one write per answer, header/body timeouts following httptools' parser callbacks, the
+connection cap) and ``uvicorn.Server`` (SIGTERM handling). pyproject.toml bounds these libraries
+(and httptools) to the versions tested; a test here fails when a new version moves what those
+overrides rely on, and its message says what to re-check.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 import asyncpg
 import asyncpg.pool
+import httptools
 import pytest
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -34,13 +36,14 @@ ASYNCPG = (
     "asyncpg bound in pyproject.toml"
 )
 UVICORN = (
-    f"uvicorn {uvicorn.__version__} moved an internal that app/api/server.py relies on: "
-    "re-check GuardedProtocol and CoalescingTransport (HttpToolsProtocol.connection_made, "
-    "data_received, the parser callbacks on_message_begin, on_headers_complete, "
-    "on_message_complete, on_response_complete, .transport, .connections, .loop, and "
-    "RequestResponseCycle taking the protocol's transport) and ApiServer.capture_signals "
-    "(Server._captured_signals) against the new uvicorn, then widen the uvicorn bound in "
-    "pyproject.toml"
+    f"uvicorn {uvicorn.__version__} (httptools {httptools.__version__}) moved an internal that "
+    "app/api/server.py relies on: re-check GuardedHttpToolsProtocol and CoalescingTransport "
+    "(HttpToolsProtocol.connection_made, connection_lost, data_received, the parser callbacks "
+    "on_message_begin, on_headers_complete and on_message_complete, on_response_complete, "
+    ".transport, .parser, .cycle, .pipeline, .flow, .connections, .loop, send_400_response, "
+    "and RequestResponseCycle taking the protocol's transport) and ApiServer.capture_signals "
+    "(Server._captured_signals) against the new uvicorn and httptools, then widen their "
+    "bounds in pyproject.toml"
 )
 
 
@@ -132,13 +135,9 @@ def test_uvicorn_httptools_protocol_methods_keep_their_signatures() -> None:
         "on_headers_complete": ["self"],
         "on_message_complete": ["self"],
         "on_response_complete": ["self"],
+        "send_400_response": ["self", "msg"],
     }.items():
         assert _parameters(getattr(HttpToolsProtocol, name)) == parameters, f"{name}: {UVICORN}"
-
-
-def phase(protocol: Any) -> str | None:
-    """The phase the protocol's timer is armed for."""
-    return protocol._phase  # type: ignore[no-any-return]
 
 
 class FakeSocket:
@@ -186,23 +185,18 @@ async def _hello(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"hello"})
 
 
-def _connected() -> tuple[Any, ServerState, FakeSocket]:
-    """A guarded protocol serving ``_hello``, connected to a fake socket."""
+async def test_uvicorn_cycles_write_through_the_protocols_transport() -> None:
     protocol_class = guarded_protocol(header_timeout=10.0, body_timeout=30.0, max_connections=8)
     config = uvicorn.Config(_hello, http=protocol_class, lifespan="off", log_config=None)
     state = ServerState()
     protocol = protocol_class(config=config, server_state=state, app_state={})
     sock = FakeSocket()
     protocol.connection_made(sock)  # type: ignore[arg-type]
-    return protocol, state, sock
-
-
-async def test_uvicorn_cycles_write_through_the_protocols_transport() -> None:
-    protocol, state, sock = _connected()
     transport: Any = protocol.transport
     try:
         assert protocol in state.connections, UVICORN
         assert protocol.loop is asyncio.get_running_loop(), UVICORN
+        assert isinstance(protocol.parser, httptools.HttpRequestParser), UVICORN
         # connection_made's transport is replaced by the coalescer...
         assert isinstance(transport, CoalescingTransport), UVICORN
         protocol.data_received(b"GET / HTTP/1.1\r\nHost: test\r\n\r\n")
@@ -219,24 +213,81 @@ async def test_uvicorn_cycles_write_through_the_protocols_transport() -> None:
     assert protocol not in state.connections, UVICORN
 
 
-async def test_the_parser_callbacks_move_the_timer_from_headers_to_body_to_none() -> None:
-    protocol, state, sock = _connected()
+async def _echo(scope: Any, receive: Any, send: Any) -> None:
+    assert scope["type"] == "http"
+    body = b""
+    more = True
+    while more:
+        message = await receive()
+        body += message.get("body", b"")
+        more = message.get("more_body", False)
+    headers = [(b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _drain(tasks: set[asyncio.Task[None]]) -> None:
+    """Until no request cycle runs (a completed answer starts the next pipelined one)."""
+    while tasks:
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+
+
+async def test_httptools_parser_callbacks_drive_the_timeouts_and_pipelining() -> None:
+    protocol_class = guarded_protocol(header_timeout=10.0, body_timeout=30.0, max_connections=8)
+    config = uvicorn.Config(_echo, http=protocol_class, lifespan="off", log_config=None)
+    state = ServerState()
+    protocol: Any = protocol_class(config=config, server_state=state, app_state={})
+    sock = FakeSocket()
+    protocol.connection_made(sock)
     try:
-        assert phase(protocol) == "headers", UVICORN  # armed when it connected
-        protocol.data_received(b"POST / HTTP/1.1\r\nHost: test\r\n")
-        assert phase(protocol) == "headers", UVICORN
-        protocol.data_received(b"Content-Length: 5\r\n\r\n")
-        assert phase(protocol) == "body", UVICORN
-        protocol.data_received(b"hel")
-        assert phase(protocol) == "body", UVICORN
-        protocol.data_received(b"lo")
-        assert phase(protocol) is None, UVICORN  # the app answers: no timer
-        await asyncio.wait_for(asyncio.gather(*state.tasks), 10)
-        assert phase(protocol) is None, UVICORN  # idle: uvicorn's keep-alive timer
-        protocol.data_received(b"GET")
-        assert phase(protocol) == "headers", UVICORN  # the next request's first byte
+        assert protocol._phase == "headers", UVICORN  # armed at connection_made
+        # on_message_begin: the headers' timer goes on while the headers come ...
+        protocol.data_received(b"POST /a HTTP/1.1\r\nHost: test\r\n")
+        assert protocol._phase == "headers", UVICORN
+        assert protocol.cycle is None, UVICORN
+        # ... on_headers_complete makes the request's cycle: the body's timer ...
+        protocol.data_received(b"Content-Length: 5\r\n\r\nhe")
+        assert protocol._phase == "body", UVICORN
+        assert protocol.cycle is not None and not protocol.cycle.response_complete, UVICORN
+        assert not protocol.pipeline, UVICORN
+        # ... on_message_complete: none while the app answers.
+        protocol.data_received(b"llo")
+        assert protocol._phase is None, UVICORN
+        await _drain(state.tasks)
+        assert protocol.cycle.response_complete, UVICORN
+        assert sock.writes == [sock.writes[0]] and sock.writes[0].endswith(b"hello"), UVICORN
+        # Idle: uvicorn's keep-alive timer, not ours.
+        assert protocol._phase is None, UVICORN
+        assert protocol.timeout_keep_alive_task is not None, UVICORN
+        # A request's head coming while another is answered waits unread (reading paused, as
+        # with h11), without a timer until the answer is complete.
+        protocol.data_received(b"GET /b HTTP/1.1\r\nHost: test\r\n\r\nGET /c HT")
+        assert protocol.timeout_keep_alive_task is None, UVICORN
+        assert protocol._phase is None, UVICORN
+        assert protocol.flow.read_paused, UVICORN
+        await _drain(state.tasks)
+        assert len(sock.writes) == 2, (sock.writes, UVICORN)
+        assert not protocol.flow.read_paused, UVICORN
+        assert protocol._phase == "headers", UVICORN  # the next request's, from now
+        # Pipelined: the next complete request waits in .pipeline behind the one answered.
+        protocol.data_received(b"TP/1.1\r\nHost: test\r\n\r\nGET /d HTTP/1.1\r\nHost: test\r\n\r\n")
+        assert len(protocol.pipeline) == 1, UVICORN
+        assert protocol._phase is None, UVICORN
+        await _drain(state.tasks)
+        assert len(sock.writes) == 4, (sock.writes, UVICORN)
+        assert all(w.startswith(b"HTTP/1.1 200 ") for w in sock.writes), UVICORN
+        assert not protocol.pipeline, UVICORN
+        assert protocol._phase is None, UVICORN
+        # An incomplete head above 16 KiB: 400 and closed (h11's limit).
+        protocol.data_received(b"GET /e HTTP/1.1\r\n" + b"X-Filler: " + b"a" * 10_000)
+        assert protocol._phase == "headers", UVICORN
+        protocol.data_received(b"a" * 10_000)
+        assert sock.closing, UVICORN
+        assert sock.writes[-1].startswith(b"HTTP/1.1 400 "), UVICORN
     finally:
         protocol.connection_lost(None)
+    assert protocol._timer is None, UVICORN
+    assert protocol not in state.connections, UVICORN
 
 
 def test_uvicorn_server_records_captured_signals_for_capture_signals() -> None:

@@ -1,11 +1,13 @@
 """uvicorn for the API: SIGTERM/SIGINT also answer every open long-poll at once; slow clients
 are timed out and connections are capped (docs/ops.md "Limits").
 
-* :func:`guarded_protocol`: uvicorn's httptools protocol plus a header timeout (from a connection's
-  first byte, or a request's, to the end of its headers) and a body timeout (from the end of the
-  headers to the end of the body), and a cap on open connections (a connection above it is
-  closed at once, so file descriptors stay bounded). Idle keep-alive connections are closed by
-  uvicorn's ``timeout_keep_alive`` (:data:`KEEP_ALIVE_TIMEOUT`).
+* :func:`guarded_protocol`: uvicorn's httptools protocol (the C parser: less CPU per request
+  than the pure-Python h11) plus a header timeout (from a connection's first byte, or a
+  request's, to the end of its headers; a connection that sends nothing is closed after it too)
+  and a body timeout (from the end of the headers to the end of the body), and a cap on open
+  connections (a connection above it is closed at once, so file descriptors stay bounded). No
+  timer runs while an answer is being made. Idle keep-alive connections are closed by uvicorn's
+  ``timeout_keep_alive`` (:data:`KEEP_ALIVE_TIMEOUT`).
 * :class:`CoalescingTransport`: an answer's head and body leave in one ``send()`` (docs/api.md,
   "One write per answer").
 * :func:`raise_nofile_limit`: the soft ``RLIMIT_NOFILE`` raised to the hard one at start.
@@ -64,6 +66,11 @@ KEEP_ALIVE_TIMEOUT = 20
 
 # Bytes held back at most before they are written at once (a streamed body is not held whole).
 COALESCE_LIMIT = 64 * 1024
+
+# Bytes of a request's line and headers received, still incomplete, above which the request is
+# refused (400, connection closed): h11's limit (uvicorn's h11_max_incomplete_event_size), kept
+# with httptools, which has none.
+MAX_INCOMPLETE_HEAD = 16 * 1024
 
 
 class CoalescingTransport:
@@ -137,21 +144,27 @@ class CoalescingTransport:
         return getattr(self._transport, name)
 
 
-class GuardedProtocol(HttpToolsProtocol):
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with header/body timeouts and a connection cap (class
     attributes set by :func:`guarded_protocol`).
 
-    Where the peer is comes from the parser's callbacks: from a message's first byte to the end
-    of its headers it sends ``headers``, then its ``body`` until the message is complete; from
-    then until the answer is complete it waits for us (``answer``: no timer); afterwards the
-    connection is idle (uvicorn's keep-alive timer covers it).
+    The parser's callbacks record where the request being read is (``_reading``: ``"headers"``
+    from its first byte, ``"body"`` from the end of its headers, ``None`` once it is whole); the
+    timer follows after each ``data_received`` and each completed answer, so a request whose
+    bytes come in one read arms no timer at all.
+
+    As with h11: an incomplete head above :data:`MAX_INCOMPLETE_HEAD` bytes is refused (400),
+    and the head of a request pipelined behind one being answered waits unread (reading paused
+    until the answer is complete), so neither memory nor time is unbounded.
     """
 
     header_timeout = 10.0
     body_timeout = 30.0
     max_connections = 20_000
-    _phase: str | None = None  # what the armed timer waits for
-    _parsing: str | None = None  # where the peer is: headers, body, answer, or None (idle)
+    _phase: str | None = None  # what the timer is armed for
+    _reading: str | None = None  # where the parser is in the request being read
+    _head_bytes = 0  # bytes of the incomplete head counted so far
+    _ended = False  # a request ended in the bytes being parsed
     _timer: asyncio.TimerHandle | None = None
     _coalescer: CoalescingTransport | None = None
 
@@ -176,42 +189,71 @@ class GuardedProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        self._ended = False
         super().data_received(data)
-        self._follow()
+        self._follow(len(data))
 
+    # Parser callbacks (called from data_received, while httptools parses).
     def on_message_begin(self) -> None:
+        self._reading = "headers"
+        self._head_bytes = 0
         super().on_message_begin()
-        self._parsing = "headers"
 
     def on_headers_complete(self) -> None:
+        self._reading = "body"
         super().on_headers_complete()
-        self._parsing = "body"
 
     def on_message_complete(self) -> None:
+        self._reading = None
+        self._ended = True
         super().on_message_complete()
-        self._parsing = "answer"
 
     def on_response_complete(self) -> None:
         # The answer is complete: its head and body leave now, in one write.
         if self._coalescer is not None:
             self._coalescer.flush()
-        if self._parsing == "answer":
-            self._parsing = None
         super().on_response_complete()
-        self._follow()
+        self._follow(0)
 
-    def _follow(self) -> None:
-        """Arm the timer for the phase the peer is in: headers, body, or none."""
+    def _follow(self, received: int) -> None:
+        """Arm the timer for the phase the peer is in: headers, body, or none (answering, or an
+        idle keep-alive connection); ``received``: the bytes just parsed (0 after an answer)."""
         if self.transport is None or self.transport.is_closing():
             return
-        if self._parsing in ("headers", "body"):
-            self._arm(self._parsing)
-        elif self._parsing == "answer":
+        cycle = self.cycle
+        # An earlier request is being answered: a pipelined request waits without a timer
+        # (its own starts once the answer is complete).
+        answering = cycle is not None and not cycle.response_complete
+        reading = self._reading
+        if reading == "headers":
+            if answering:
+                self._arm(None)
+                if received:
+                    self.flow.pause_reading()  # on_response_complete resumes it
+                return
+            # The bytes of a read in which a request ended are not counted (the head began in
+            # it, after that request): at most one read below the count.
+            if received and not self._ended:
+                self._head_bytes += received
+                if self._head_bytes > MAX_INCOMPLETE_HEAD:
+                    msg = "Invalid HTTP request received."  # as uvicorn's h11 protocol says it
+                    self.logger.warning(msg)
+                    self._arm(None)
+                    self.send_400_response(msg)
+                    return
+            self._arm("headers")
+        elif reading == "body":
+            # This request's cycle is queued behind an earlier one while the pipeline holds it.
+            self._arm(None if self.pipeline else "body")
+        elif answering:
             self._arm(None)
         else:
-            # Idle: uvicorn's keep-alive timer covers it, but a connection that has not sent
-            # its first request keeps the timer armed when it connected.
-            self._arm("headers" if self._phase == "headers" else None)
+            # Between requests, nothing being answered: uvicorn's keep-alive timer covers an
+            # idle connection (armed when an answer completes); ours goes on from
+            # connection_made until a request is whole, and starts again when bytes come that
+            # leave no request to answer (blank lines before a request, which httptools skips;
+            # data_received has stopped the keep-alive timer by then).
+            self._arm("headers" if received or self._phase == "headers" else None)
 
     def _arm(self, phase: str | None) -> None:
         if phase == self._phase:
@@ -233,11 +275,11 @@ class GuardedProtocol(HttpToolsProtocol):
 
 def guarded_protocol(
     *, header_timeout: float, body_timeout: float, max_connections: int
-) -> type[GuardedProtocol]:
-    """A :class:`GuardedProtocol` subclass with these limits (uvicorn's ``http=``)."""
+) -> type[GuardedHttpToolsProtocol]:
+    """A :class:`GuardedHttpToolsProtocol` subclass with these limits (uvicorn's ``http=``)."""
     return type(
-        "RespoolHttpProtocol",
-        (GuardedProtocol,),
+        "RespoolHttpToolsProtocol",
+        (GuardedHttpToolsProtocol,),
         {
             "header_timeout": header_timeout,
             "body_timeout": body_timeout,

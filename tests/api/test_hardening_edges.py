@@ -234,6 +234,30 @@ async def test_slow_headers_and_bodies_are_timed_out(db_url: str) -> None:
         await _healthz_answers(port)
 
 
+async def test_an_oversized_incomplete_head_is_refused(db_url: str) -> None:
+    async with guarded_server(db_url) as port:
+        # More than 16 KiB of headers, never finished: 400 and closed.
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Filler: " + b"a" * 10_000)
+        await w.drain()
+        await asyncio.sleep(0.2)
+        w.write(b"a" * 10_000)
+        await w.drain()
+        answer = await asyncio.wait_for(r.read(), 20)
+        w.close()
+        assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+        assert b"connection: close" in answer.lower()
+        # A head of 12 KiB in parts is still answered.
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Filler: " + b"a" * 6_000)
+        await w.drain()
+        await asyncio.sleep(0.2)
+        w.write(b"a" * 6_000 + b"\r\nConnection: close\r\n\r\n")
+        answer = await asyncio.wait_for(r.read(), 20)
+        w.close()
+        assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+
+
 async def test_connections_above_the_cap_are_closed(db_url: str) -> None:
     async with guarded_server(db_url, max_connections=3, header_timeout=60.0) as port:
         held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]

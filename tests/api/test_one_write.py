@@ -11,7 +11,7 @@ from typing import Any
 import uvicorn
 
 from app.api import create_app
-from app.api.server import ApiServer, GuardedProtocol, guarded_protocol, uvicorn_config
+from app.api.server import ApiServer, GuardedHttpToolsProtocol, guarded_protocol, uvicorn_config
 from app.settings import Settings
 from support.server import serving
 
@@ -47,12 +47,12 @@ class CountingTransport:
         return getattr(self._transport, name)
 
 
-def counting_protocol(writes: list[bytes]) -> type[GuardedProtocol]:
+def counting_protocol(writes: list[bytes]) -> type[GuardedHttpToolsProtocol]:
     base = guarded_protocol(header_timeout=10.0, body_timeout=30.0, max_connections=1000)
 
     class Counting(base):  # type: ignore[valid-type,misc]
-        def connection_made(self, transport: asyncio.Transport) -> None:
-            super().connection_made(CountingTransport(transport, writes))
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(CountingTransport(transport, writes))  # type: ignore[arg-type]
 
     return Counting
 
