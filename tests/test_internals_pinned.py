@@ -140,6 +140,16 @@ def test_uvicorn_httptools_protocol_methods_keep_their_signatures() -> None:
         assert _parameters(getattr(HttpToolsProtocol, name)) == parameters, f"{name}: {UVICORN}"
 
 
+def cycle_of(protocol: Any) -> Any:
+    """The request-response cycle the protocol holds now (read afresh at each call)."""
+    return protocol.cycle
+
+
+def phase(protocol: Any) -> str | None:
+    """What the protocol's timer is armed for."""
+    return protocol._phase  # type: ignore[no-any-return]
+
+
 class FakeSocket:
     """A socket transport that records its writes."""
 
@@ -240,47 +250,47 @@ async def test_httptools_parser_callbacks_drive_the_timeouts_and_pipelining() ->
     sock = FakeSocket()
     protocol.connection_made(sock)
     try:
-        assert protocol._phase == "headers", UVICORN  # armed at connection_made
+        assert phase(protocol) == "headers", UVICORN  # armed at connection_made
         # on_message_begin: the headers' timer goes on while the headers come ...
         protocol.data_received(b"POST /a HTTP/1.1\r\nHost: test\r\n")
-        assert protocol._phase == "headers", UVICORN
-        assert protocol.cycle is None, UVICORN
+        assert phase(protocol) == "headers", UVICORN
+        assert cycle_of(protocol) is None, UVICORN
         # ... on_headers_complete makes the request's cycle: the body's timer ...
         protocol.data_received(b"Content-Length: 5\r\n\r\nhe")
-        assert protocol._phase == "body", UVICORN
-        assert protocol.cycle is not None and not protocol.cycle.response_complete, UVICORN
+        assert phase(protocol) == "body", UVICORN
+        assert cycle_of(protocol) is not None and not cycle_of(protocol).response_complete, UVICORN
         assert not protocol.pipeline, UVICORN
         # ... on_message_complete: none while the app answers.
         protocol.data_received(b"llo")
-        assert protocol._phase is None, UVICORN
+        assert phase(protocol) is None, UVICORN
         await _drain(state.tasks)
-        assert protocol.cycle.response_complete, UVICORN
+        assert cycle_of(protocol).response_complete, UVICORN
         assert sock.writes == [sock.writes[0]] and sock.writes[0].endswith(b"hello"), UVICORN
         # Idle: uvicorn's keep-alive timer, not ours.
-        assert protocol._phase is None, UVICORN
+        assert phase(protocol) is None, UVICORN
         assert protocol.timeout_keep_alive_task is not None, UVICORN
         # A request's head coming while another is answered waits unread (reading paused, as
         # with h11), without a timer until the answer is complete.
         protocol.data_received(b"GET /b HTTP/1.1\r\nHost: test\r\n\r\nGET /c HT")
         assert protocol.timeout_keep_alive_task is None, UVICORN
-        assert protocol._phase is None, UVICORN
+        assert phase(protocol) is None, UVICORN
         assert protocol.flow.read_paused, UVICORN
         await _drain(state.tasks)
         assert len(sock.writes) == 2, (sock.writes, UVICORN)
         assert not protocol.flow.read_paused, UVICORN
-        assert protocol._phase == "headers", UVICORN  # the next request's, from now
+        assert phase(protocol) == "headers", UVICORN  # the next request's, from now
         # Pipelined: the next complete request waits in .pipeline behind the one answered.
         protocol.data_received(b"TP/1.1\r\nHost: test\r\n\r\nGET /d HTTP/1.1\r\nHost: test\r\n\r\n")
         assert len(protocol.pipeline) == 1, UVICORN
-        assert protocol._phase is None, UVICORN
+        assert phase(protocol) is None, UVICORN
         await _drain(state.tasks)
         assert len(sock.writes) == 4, (sock.writes, UVICORN)
         assert all(w.startswith(b"HTTP/1.1 200 ") for w in sock.writes), UVICORN
         assert not protocol.pipeline, UVICORN
-        assert protocol._phase is None, UVICORN
+        assert phase(protocol) is None, UVICORN
         # An incomplete head above 16 KiB: 400 and closed (h11's limit).
         protocol.data_received(b"GET /e HTTP/1.1\r\n" + b"X-Filler: " + b"a" * 10_000)
-        assert protocol._phase == "headers", UVICORN
+        assert phase(protocol) == "headers", UVICORN
         protocol.data_received(b"a" * 10_000)
         assert sock.closing, UVICORN
         assert sock.writes[-1].startswith(b"HTTP/1.1 400 "), UVICORN

@@ -51,8 +51,8 @@ def counting_protocol(writes: list[bytes]) -> type[GuardedHttpToolsProtocol]:
     base = guarded_protocol(header_timeout=10.0, body_timeout=30.0, max_connections=1000)
 
     class Counting(base):  # type: ignore[valid-type,misc]
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(CountingTransport(transport, writes))  # type: ignore[arg-type]
+        def connection_made(self, transport: asyncio.Transport) -> None:
+            super().connection_made(CountingTransport(transport, writes))
 
     return Counting
 
