@@ -38,15 +38,24 @@ async def until_pending(server: Server, n: int) -> None:
 
 
 async def together(
-    server: Server, bodies: list[dict[str, Any]], *, params: dict[str, Any] | None = None
+    server: Server,
+    bodies: list[dict[str, Any]],
+    *,
+    params: dict[str, Any] | None = None,
+    in_order: bool = False,
 ) -> list[httpx.Response]:
     """POST every body at once, each on its own connection, while the pool is busy: all wait in
-    the coalescer before any is made. The answers, in the order of ``bodies``."""
+    the coalescer before any is made. ``in_order``: each reaches the coalescer before the next is
+    sent, so their arrival order is that of ``bodies``. The answers, in the order of ``bodies``."""
     await warm(server)
     limits = httpx.Limits(max_connections=len(bodies) + 1, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits) as c:
         async with busy_pool(server):
-            tasks = [asyncio.create_task(c.post(CREATE, json=b, params=params)) for b in bodies]
+            tasks = []
+            for i, b in enumerate(bodies, start=1):
+                tasks.append(asyncio.create_task(c.post(CREATE, json=b, params=params)))
+                if in_order:
+                    await until_pending(server, i)
             await until_pending(server, len(bodies))
         return list(await asyncio.gather(*tasks))
 
@@ -98,7 +107,7 @@ async def test_creates_of_several_subjects_are_made_subject_by_subject(server: S
     bodies = [
         team_gpu(subject=s, labels={"i": str(i)}) for i, s in enumerate(["team", "other"] * 2)
     ]
-    answers = await together(server, bodies)
+    answers = await together(server, bodies, in_order=True)
     assert coalescer(server).largest >= 4
     docs = [ok(r, 201) for r in answers]
     assert [d["labels"]["i"] for d in docs] == ["0", "1", "2", "3"]  # each gets its own answer
