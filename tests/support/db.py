@@ -65,10 +65,15 @@ async def direct(dsn: str) -> AsyncIterator[asyncpg.Connection]:
 
 
 async def connections_by_app(conn: asyncpg.Connection) -> Counter[str]:
-    """Connections to ``conn``'s database by application_name, ``conn`` itself excluded."""
+    """Client connections to ``conn``'s database by application_name, ``conn`` itself excluded.
+
+    Only client backends count: an autovacuum worker also shows the database's name (with an
+    empty application_name) while it vacuums or analyzes a table there.
+    """
     rows = await conn.fetch(
         "SELECT application_name, count(*) AS n FROM pg_stat_activity"
         " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        " AND backend_type = 'client backend'"
         " GROUP BY application_name"
     )
     return Counter({r["application_name"]: r["n"] for r in rows})
