@@ -7,7 +7,10 @@ $$;
 COMMENT ON FUNCTION respool._is_terminal(text) IS 'Statuses a request never leaves (preempted once no retry requeued it).';
 
 CREATE OR REPLACE FUNCTION respool._record_events(p_requests respool.requests[], p_from text, p_now timestamptz)
-RETURNS void LANGUAGE plpgsql AS $$
+RETURNS void LANGUAGE plpgsql
+-- (one plan for its two statements, whatever the array: a custom plan for every call cost more
+-- than the insert it plans; docs/benchmarks.md)
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_quiet text[] := string_to_array(nullif(current_setting('respool.unannounced', true), ''), ',');
     -- The request these changes happen for (a preemption's beneficiary: respool._preempt_for,
