@@ -23,7 +23,9 @@ COMMENT ON FUNCTION respool._granted_at(timestamptz, respool.requests) IS
 
 CREATE OR REPLACE FUNCTION respool._grant_many(p_ids uuid[], p_pool_id uuid, p_policy_id uuid, p_now timestamptz,
                                                p_nodes uuid[] DEFAULT NULL)
-RETURNS integer LANGUAGE plpgsql AS $$
+RETURNS integer LANGUAGE plpgsql
+-- (its statements take the ids as an array: planned once, not anew for every call)
+SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_pool_name text;
     v_priority integer;
@@ -307,12 +309,15 @@ BEGIN
         RETURN;  -- gone, or nobody waits: the common case after a release
     END IF;
     PERFORM respool._expire_charges(p_pool_id) WHERE respool._pool_has_rates(p_pool_id);  -- rate keys: 039_rates.sql
-    -- Requests that victims in their grace period were preempted for come first: the units
-    -- those victims free are theirs (docs/preemption.md, earmarks), whatever the queue order or queueing mode.
-    granted := respool._grant_earmarked(p_pool_id, p_now);
-    v_free := respool._free_units(p_pool_id);
     -- Set-based runs of one shape (respool._grant_run) unless earmarks are still pending here.
     v_runs := NOT EXISTS (SELECT FROM respool.requests WHERE earmark_pool_id = p_pool_id AND status = 'queued');
+    IF NOT v_runs THEN
+        -- Requests that victims in their grace period were preempted for come first: the units
+        -- those victims free are theirs (docs/preemption.md, earmarks), whatever the queue order or queueing mode.
+        granted := respool._grant_earmarked(p_pool_id, p_now);
+        v_runs := NOT EXISTS (SELECT FROM respool.requests WHERE earmark_pool_id = p_pool_id AND status = 'queued');
+    END IF;
+    v_free := respool._free_units(p_pool_id);
     -- Every request carries step_run: 1, so a full tracked step_run ends the pass.
     IF (v_free ->> 'step_run')::bigint <= 0 THEN
         RETURN;
@@ -346,7 +351,9 @@ BEGIN
             CONTINUE;  -- merge again: the shape's candidate moved back in the queue
         ELSE
             v_run := '{}';
-            IF v_runs AND v_hold.head_id IS NULL THEN
+            -- (a run is two or more: not when the free units hold one at most)
+            IF v_runs AND v_hold.head_id IS NULL
+               AND respool._fits_room_unbounded(respool._scale_units(g_resources[best], 2), v_free) THEN
                 -- The shape's entries ahead of the second-best head: all of them when the
                 -- second is of a lower (priority, in-share, share) class, else those queued before it.
                 v_run := respool._grant_run(
