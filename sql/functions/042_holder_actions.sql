@@ -47,7 +47,9 @@ END $$;
 COMMENT ON FUNCTION respool._leave_queue(uuid, text, text, text, timestamptz) IS 'Takes a locked queued request (and the rest of its gang, docs/scheduling.md, gangs) out of every queue with a terminal status, then lets strict queues behind it move (and best_effort queues whose starvation hold it may have been), and grants in the pool where members of its gang gave units back.';
 
 CREATE OR REPLACE FUNCTION respool._queues_left(p_pool_ids uuid[], p_now timestamptz)
-RETURNS void LANGUAGE plpgsql AS $$
+RETURNS void LANGUAGE plpgsql
+-- (the passes it starts are planned as every pass is, whatever its caller, _grant_many, sets)
+SET plan_cache_mode = auto AS $$
 DECLARE
     v_pool respool.pools;
 BEGIN
