@@ -9,9 +9,9 @@ from typing import Any
 
 import typer
 import yaml
-from respool_client.pairs import amounts, labels
+from respool_client.pairs import amounts, labels, selector
 
-__all__ = ["parse_decimal", "parse_labels", "parse_map", "parse_pairs"]
+__all__ = ["parse_decimal", "parse_labels", "parse_map", "parse_pairs", "parse_selector"]
 
 _MAP_HINT = """expected a map of resource key to integer, e.g. '{"gpu": 8}' or 'gpu: 8'"""
 
@@ -55,6 +55,14 @@ def parse_labels(pairs: Iterable[str]) -> dict[str, str]:
         return labels(pairs)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--label") from None
+
+
+def parse_selector(items: Iterable[str], node: str | None = None) -> dict[str, str]:
+    """``--selector k=v`` (repeatable) and ``--node NAME`` as one node selector."""
+    try:
+        return selector(items, node)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--selector") from None
 
 
 def parse_decimal(text: str) -> Decimal:

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 from respool_client.detect import Machine, detect, memory_map, registration, sharing_map
-from respool_client.pairs import host_node_name, selector, split_pair
+from respool_client.pairs import host_node_name, split_pair
 from respool_client.wire import Node
 from rich.console import RenderableType
 from rich.text import Text
@@ -21,7 +21,7 @@ from cli.api import Api, segment
 from cli.common import CliError, confirm
 from cli.complete import complete_pool
 from cli.help import with_examples
-from cli.maps import parse_labels
+from cli.maps import parse_labels, parse_selector
 from cli.options import Remote, Shown, Typer, Yes, map_option
 from cli.output import emit, note
 from cli.tables import (
@@ -165,14 +165,6 @@ def parse_devices(items: Iterable[str]) -> dict[str, list[str]]:
             )
         out[key] = ids
     return out
-
-
-def parse_selector(items: Iterable[str], node: str | None = None) -> dict[str, str]:
-    """``--selector k=v`` (repeatable) and ``--node NAME`` as one node selector."""
-    try:
-        return selector(items, node)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--selector") from None
 
 
 def _node_view(node: Node) -> list[RenderableType]:

@@ -12,11 +12,11 @@ from typing import Annotated, Any, TypeVar
 import typer
 from msgspec import UNSET, UnsetType
 from respool_client.durations import parse_duration
-from respool_client.pairs import mebibytes, percent, raising, selector
+from respool_client.pairs import mebibytes, percent, raising
 from respool_client.wire import GROUP_PATTERN, MAX_BATCH, RequestCreate, ResourceSettings
 
 from cli.complete import complete_node, complete_pool, complete_subject
-from cli.maps import parse_decimal, parse_labels, parse_pairs
+from cli.maps import parse_decimal, parse_labels, parse_pairs, parse_selector
 
 __all__ = [
     "Count",
@@ -274,7 +274,7 @@ class RequestFields:
             # left out: the server's default
             lease_seconds=UNSET if self.lease is None else self.lease.seconds,
             **more,
-            node_selector=_selector(self.select or [], self.node) or None,
+            node_selector=parse_selector(self.select or [], self.node) or None,
             preemption_group=_group(self.group),
         )
 
@@ -311,13 +311,6 @@ def _group(group: str | None) -> str | None:
     if group is not None and not re.fullmatch(GROUP_PATTERN, group):
         raise typer.BadParameter("1 to 128 printable characters", param_hint="--group")
     return group
-
-
-def _selector(pairs: list[str], node: str | None) -> dict[str, str]:
-    try:
-        return selector(pairs, node)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--selector") from None
 
 
 def _set(value: T | None) -> T | UnsetType:
