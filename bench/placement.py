@@ -244,12 +244,20 @@ def trace(jobs: int, seed: int) -> list[tuple[int, float]]:
 
 
 @dataclass
-class FragFigures:
-    mode: str  # pack | spread | abstract
+class _ReplayRun:
+    """What every replay of a trace reports first: its mode, its size and how long it ran
+    (:meth:`_Clock.run_fields`)."""
+
+    mode: str
     gpus: int
     jobs: int
     simulated_hours: float
     wall_seconds: float
+
+
+@dataclass
+class FragFigures(_ReplayRun):
+    # mode: pack | spread | abstract
     busy_share: float
     fragmentation_events: int
     jobs_hit: int
@@ -276,6 +284,7 @@ class FragFigures:
 
 
 class _Replayed(Protocol):
+    conn: asyncpg.Connection
     queued: Any
     ends: Any
 
@@ -289,11 +298,13 @@ async def _replay_trace(
     todo: Iterator[tuple[Any, ...]],
     depth: int,
     what: str,
+    mode: str,
     after_release: Callable[[], Awaitable[None]],
-) -> None:
+) -> float:
     """Replays a trace on a simulated clock: keeps ``depth`` jobs waiting, and at each step
     ends the holding that ends first, settles (``after_release``), tops the queue up and settles
-    again, until the trace is exhausted."""
+    again, until the trace is exhausted; then checks the invariants. Returns the wall-clock
+    seconds of the replay."""
 
     async def top_up() -> bool:
         while len(sim.queued) < depth:
@@ -303,6 +314,7 @@ async def _replay_trace(
             await sim.submit(*job)
         return True
 
+    started = time.perf_counter()
     more = await top_up()
     await sim.settle()
     while more:
@@ -312,6 +324,9 @@ async def _replay_trace(
         await after_release()
         more = await top_up()
         await sim.settle()
+    wall = time.perf_counter() - started
+    await _healthy(sim.conn, f"{what} ({mode})")
+    return wall
 
 
 class _Clock:
@@ -319,6 +334,7 @@ class _Clock:
     ``burst`` of microseconds apart) and the releases, earliest end first."""
 
     what = ""  # "placement <scenario>", for the errors
+    gpus: int  # set by each replay
 
     def __init__(self, conn: asyncpg.Connection) -> None:
         self.conn = conn
@@ -329,6 +345,17 @@ class _Clock:
 
     def now(self) -> datetime.datetime:
         return self.t0 + datetime.timedelta(seconds=self.t)
+
+    def run_fields(self, mode: str, jobs: int, wall: float) -> dict[str, Any]:
+        """The :class:`_ReplayRun` fields of this replay of ``jobs`` jobs, which took ``wall``
+        seconds."""
+        return {
+            "mode": mode,
+            "gpus": self.gpus,
+            "jobs": jobs,
+            "simulated_hours": self.t / 3600,
+            "wall_seconds": wall,
+        }
 
     def advance(self, to: float) -> None:
         raise NotImplementedError
@@ -440,22 +467,15 @@ async def _replay(
         )  # fmt: skip
         await conn.execute("SELECT respool.create_policy(p_subject => 'frag', p_pool => $1)", pool)
         sim = _Sim(conn, pool, pool_id, nodes * gpn, mode != "abstract")
-        started = time.perf_counter()
         # (after a release the instant is not over: its waits are counted at the next settle)
-        await _replay_trace(
-            sim, iter(jobs), depth, "fragmentation", lambda: sim.settle(count=False)
+        wall = await _replay_trace(
+            sim, iter(jobs), depth, "fragmentation", mode, lambda: sim.settle(count=False)
         )
-        wall = time.perf_counter() - started
-        await _healthy(conn, f"fragmentation ({mode})")
     finally:
         await conn.close()
     span = sim.t * sim.gpus or float("nan")
     figures = FragFigures(
-        mode=mode,
-        gpus=sim.gpus,
-        jobs=len(jobs),
-        simulated_hours=sim.t / 3600,
-        wall_seconds=wall,
+        **sim.run_fields(mode, len(jobs), wall),
         busy_share=sim.busy_gpu_s / span,
         fragmentation_events=sum(sim.events.values()),
         jobs_hit=len(sim.hit),
@@ -764,14 +784,10 @@ async def make_shared_pool(
 
 
 @dataclass
-class SliceReplay:
-    """One replay of the slice trace (``mixed``: as traced; ``whole``: whole GPUs only)."""
+class SliceReplay(_ReplayRun):
+    """One replay of the slice trace (``mode`` ``mixed``: as traced; ``whole``: whole GPUs
+    only)."""
 
-    mode: str
-    gpus: int
-    jobs: int
-    simulated_hours: float
-    wall_seconds: float
     held_memory_share: float  # memory held (slices; whole devices) × time ÷ (offered × window)
     # the same from the end of the longest first hold (the first jobs all gone; None: the
     # window ends before)
@@ -865,21 +881,14 @@ async def _replay_slices(
         )
         sim = _SliceSim(conn, pool, pool_id, nodes * gpn)
         todo = iter([(j if mode == "mixed" else j.whole(), j.needs_mb) for j in work])
-        started = time.perf_counter()
-        await _replay_trace(sim, todo, depth, "slices", sim.settle)
-        wall = time.perf_counter() - started
-        await _healthy(conn, f"slices ({mode})")
+        wall = await _replay_trace(sim, todo, depth, "slices", mode, sim.settle)
     finally:
         await conn.close()
     window = sim.t or float("nan")
     offered = sim.gpus * DEVICE_MB * window
     granted = len(sim.waits)
     figures = SliceReplay(
-        mode=mode,
-        gpus=sim.gpus,
-        jobs=len(work),
-        simulated_hours=sim.t / 3600,
-        wall_seconds=wall,
+        **sim.run_fields(mode, len(work), wall),
         held_memory_share=sim.held_mb_s / offered,
         held_memory_share_settled=(
             sim.held_mb_s_settled / (sim.gpus * DEVICE_MB * (sim.t - HOLD_S[1]))
