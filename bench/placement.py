@@ -334,7 +334,11 @@ class _Clock:
     ``burst`` of microseconds apart) and the releases, earliest end first."""
 
     what = ""  # "placement <scenario>", for the errors
-    gpus: int  # set by each replay
+    # set by each replay: its pool, GPUs and books (a job is two fields, as _start takes them)
+    pool_id: UUID
+    gpus: int
+    running: dict[UUID, Any]
+    queued: dict[UUID, tuple[Any, Any, float]]  # id -> (the job, queued at)
 
     def __init__(self, conn: asyncpg.Connection) -> None:
         self.conn = conn
@@ -359,6 +363,23 @@ class _Clock:
 
     def advance(self, to: float) -> None:
         raise NotImplementedError
+
+    def _start(self, rid: UUID, job: Any, more: Any, waited: float) -> None:
+        raise NotImplementedError
+
+    async def _granted(self, holders: str) -> asyncpg.Record:
+        """Start every job the engine granted at this instant (``holders``: the query of the
+        pool's holders, ``ids``, and its counters) and check that the engine's holders are the
+        replay's; the row of ``holders``."""
+        row = await self.conn.fetchrow(holders, self.pool_id)
+        assert row is not None
+        holding = set(row["ids"])
+        for rid in holding - self.running.keys():
+            job, more, queued_at = self.queued.pop(rid)
+            self._start(rid, job, more, self.t - queued_at)
+        if holding != self.running.keys():
+            raise SystemExit(f"{self.what}: the engine's holders differ from the replay")
+        return row
 
     async def _submit(self, body: dict[str, Any], job: str) -> tuple[UUID, bool]:
         """Create ``body`` (``job`` names it in an error) now; return its id and whether it
@@ -420,14 +441,9 @@ class _Sim(_Clock):
     async def settle(self, *, count: bool = True) -> None:
         """Learn what the engine granted at this instant and check the counters; then (once
         per instant, ``count``) count the jobs that wait although the free total holds them."""
-        row = await self.conn.fetchrow(HOLDERS, self.pool_id)
-        assert row is not None
-        holding = set(row["ids"])
-        for rid in holding - self.running.keys():
-            gpus, hold, queued_at = self.queued.pop(rid)
-            self._start(rid, gpus, hold, self.t - queued_at)
-        if holding != self.running.keys() or row["gpus"] != self.busy:
-            raise SystemExit("placement fragmentation: the engine's holders differ from the replay")
+        row = await self._granted(HOLDERS)
+        if row["gpus"] != self.busy:
+            raise SystemExit(f"{self.what}: the engine's holders differ from the replay")
         if self.nodes and row["node_gpus"] != self.busy:
             raise SystemExit(
                 f"placement fragmentation: node counters say {row['node_gpus']} GPUs in use, "
@@ -837,14 +853,7 @@ class _SliceSim(_Clock):
     async def settle(self) -> None:
         """Learn what the engine granted at this instant; check the holders and the nodes'
         memory counters against the replay's books."""
-        row = await self.conn.fetchrow(SLICE_HOLDERS, self.pool_id)
-        assert row is not None
-        holding = set(row["ids"])
-        for rid in holding - self.running.keys():
-            job, needs, queued_at = self.queued.pop(rid)
-            self._start(rid, job, needs, self.t - queued_at)
-        if holding != self.running.keys():
-            raise SystemExit("placement slices: the engine's holders differ from the replay")
+        row = await self._granted(SLICE_HOLDERS)
         if row["node_memory"] != self.held_mb:
             raise SystemExit(
                 f"placement slices: node counters say {row['node_memory']} MiB in use, "
