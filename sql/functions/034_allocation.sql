@@ -280,23 +280,17 @@ CREATE OR REPLACE FUNCTION respool._allocate_pass(p_pool_id uuid, p_now timestam
                                                    OUT granted integer, OUT again boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_queueing text;
-    v_starvation integer;
+    v_queueing text; v_starvation integer;
     v_free jsonb;
     -- The starvation guard (docs/scheduling.md): the pass's head (first entry that stays blocked) and,
     -- once it has waited starvation_seconds, the hold for it.
     v_head_seen boolean := false;
     v_hold respool.pool_hold;
     outcome text;
-    g_policy uuid[];
-    g_preemptible boolean[];
-    g_resources jsonb[];
-    g_selector jsonb[];
+    g_policy uuid[]; g_preemptible boolean[]; g_resources jsonb[]; g_selector jsonb[];
     g_priority bigint[];    -- the shapes' ranks (respool._rank: lane first)
-    g_in_share boolean[];
+    g_in_share boolean[]; g_share double precision[]; g_backfill boolean[];
     g_at timestamptz[]; g_id uuid[];
-    g_share double precision[];
-    g_backfill boolean[];
     best integer;
     bound_at timestamptz; bound_id uuid;  -- the end of the best shape's run (respool._best_head)
     next_at timestamptz; next_id uuid;
@@ -309,13 +303,12 @@ BEGIN
         RETURN;  -- gone, or nobody waits: the common case after a release
     END IF;
     PERFORM respool._expire_charges(p_pool_id) WHERE respool._pool_has_rates(p_pool_id);  -- rate keys: 039_rates.sql
-    -- Set-based runs of one shape (respool._grant_run) unless earmarks are still pending here.
+    -- Requests that victims in their grace period were preempted for come first: the units
+    -- those victims free are theirs (docs/preemption.md, earmarks), whatever the queue order or
+    -- queueing mode. Set-based runs of one shape (respool._grant_run) only in a pass that met none.
     v_runs := NOT EXISTS (SELECT FROM respool.requests WHERE earmark_pool_id = p_pool_id AND status = 'queued');
     IF NOT v_runs THEN
-        -- Requests that victims in their grace period were preempted for come first: the units
-        -- those victims free are theirs (docs/preemption.md, earmarks), whatever the queue order or queueing mode.
         granted := respool._grant_earmarked(p_pool_id, p_now);
-        v_runs := NOT EXISTS (SELECT FROM respool.requests WHERE earmark_pool_id = p_pool_id AND status = 'queued');
     END IF;
     v_free := respool._free_units(p_pool_id);
     -- Every request carries step_run: 1, so a full tracked step_run ends the pass.
