@@ -62,6 +62,30 @@ async def spans(
     return [(r["starts_at"], r["ends_at"]) for r in rows]
 
 
+async def assert_states(
+    conn: asyncpg.Connection,
+    windows: list[dict[str, Any]] | None,
+    cases: list[tuple[str, tuple[bool, str | None]]],
+) -> None:
+    """At each UTC time ``at`` of ``cases``, ``windows`` are (active, next change); a next change
+    of None is never."""
+    for at, (active, until) in cases:
+        expected = (active, None if until is None else utc(until))
+        assert await window_state(conn, windows, utc(at)) == expected, at
+
+
+async def assert_spans(
+    conn: asyncpg.Connection,
+    windows: list[dict[str, Any]],
+    start: str,
+    end: str,
+    expected: list[tuple[str, str]],
+) -> None:
+    """From UTC ``start`` to ``end``, ``windows`` are in force exactly over ``expected``."""
+    got = await spans(conn, windows, utc(start), utc(end))
+    assert got == [(utc(a), utc(b)) for a, b in expected]
+
+
 async def policy(
     conn: asyncpg.Connection,
     subject: str,
@@ -206,12 +230,12 @@ async def test_office_hours_in_berlin_move_in_utc_with_summer_time(
 ) -> None:
     # 09:00-17:00 in Berlin is 08:00-16:00 UTC in winter, 07:00-15:00 UTC in summer (from the
     # last Sunday of March, 2026-03-29, to the last Sunday of October, 2026-10-25).
-    assert await spans(conn, OFFICE, utc("2026-03-27T00:00"), utc("2026-04-01T00:00")) == [
-        (utc("2026-03-27T08:00"), utc("2026-03-27T16:00")),
-        (utc("2026-03-30T07:00"), utc("2026-03-30T15:00")),
-        (utc("2026-03-31T07:00"), utc("2026-03-31T15:00")),
-    ]
-    for at, expected in [
+    await assert_spans(conn, OFFICE, "2026-03-27T00:00", "2026-04-01T00:00", [
+        ("2026-03-27T08:00", "2026-03-27T16:00"),
+        ("2026-03-30T07:00", "2026-03-30T15:00"),
+        ("2026-03-31T07:00", "2026-03-31T15:00"),
+    ])  # fmt: skip
+    await assert_states(conn, OFFICE, [
         # Friday before the spring change: active, then closed for the weekend until Monday
         # 07:00 UTC.
         ("2026-03-27T10:00", (True, "2026-03-27T16:00")),
@@ -223,9 +247,7 @@ async def test_office_hours_in_berlin_move_in_utc_with_summer_time(
         ("2026-10-26T07:30", (False, "2026-10-26T08:00")),
         # The end is exclusive: at 16:00 UTC on a winter Friday the policy is already off.
         ("2026-03-27T16:00", (False, "2026-03-30T07:00")),
-    ]:
-        active, until = expected
-        assert await window_state(conn, OFFICE, utc(at)) == (active, utc(until)), at
+    ])  # fmt: skip
 
 
 async def test_a_window_crossing_midnight_belongs_to_the_day_it_starts(
@@ -233,30 +255,20 @@ async def test_a_window_crossing_midnight_belongs_to_the_day_it_starts(
 ) -> None:
     night = [{"timezone": "Europe/Berlin", "days": ["sat"], "from": "22:00", "to": "06:00"}]
     # Saturday 22:00 CET to Sunday 06:00 CEST: the spring night is 7 hours long.
-    assert await spans(conn, night, utc("2026-03-27T00:00"), utc("2026-04-06T00:00")) == [
-        (utc("2026-03-28T21:00"), utc("2026-03-29T04:00")),
-        (utc("2026-04-04T20:00"), utc("2026-04-05T04:00")),
-    ]
-    assert await window_state(conn, night, utc("2026-03-29T03:00")) == (
-        True,
-        utc("2026-03-29T04:00"),
-    )
-    # Sunday night is not a Saturday: off until next Saturday 22:00 CEST.
-    assert await window_state(conn, night, utc("2026-03-29T21:30")) == (
-        False,
-        utc("2026-04-04T20:00"),
-    )
-    # The autumn night is 9 hours long.
-    assert await window_state(conn, night, utc("2026-10-24T20:00")) == (
-        True,
-        utc("2026-10-25T05:00"),
-    )
+    await assert_spans(conn, night, "2026-03-27T00:00", "2026-04-06T00:00", [
+        ("2026-03-28T21:00", "2026-03-29T04:00"),
+        ("2026-04-04T20:00", "2026-04-05T04:00"),
+    ])  # fmt: skip
+    await assert_states(conn, night, [
+        ("2026-03-29T03:00", (True, "2026-03-29T04:00")),
+        # Sunday night is not a Saturday: off until next Saturday 22:00 CEST.
+        ("2026-03-29T21:30", (False, "2026-04-04T20:00")),
+        # The autumn night is 9 hours long.
+        ("2026-10-24T20:00", (True, "2026-10-25T05:00")),
+    ])  # fmt: skip
     # from = to: 24 hours.
     whole_day = [{"timezone": "UTC", "days": ["mon"], "from": "12:00", "to": "12:00"}]
-    assert await window_state(conn, whole_day, utc("2026-03-03T11:00")) == (
-        True,
-        utc("2026-03-03T12:00"),
-    )
+    await assert_states(conn, whole_day, [("2026-03-03T11:00", (True, "2026-03-03T12:00"))])
 
 
 async def test_local_times_that_do_not_exist_or_exist_twice(conn: asyncpg.Connection) -> None:
@@ -264,33 +276,26 @@ async def test_local_times_that_do_not_exist_or_exist_twice(conn: asyncpg.Connec
     # one that exists twice is read as standard time (the later instant, PostgreSQL's rule).
     small_hours = [{"timezone": "Europe/Berlin", "days": ["sun"], "from": "02:00", "to": "03:00"}]
     # 2026-03-29: 02:00 and 03:00 local both come out as 01:00 UTC: no window that day.
-    assert await spans(conn, small_hours, utc("2026-03-28T00:00"), utc("2026-03-30T00:00")) == []
+    await assert_spans(conn, small_hours, "2026-03-28T00:00", "2026-03-30T00:00", [])
     # 2026-10-25: 02:00 is read as 02:00 CET (01:00 UTC), 03:00 CET is 02:00 UTC.
-    assert await spans(conn, small_hours, utc("2026-10-24T00:00"), utc("2026-10-26T00:00")) == [
-        (utc("2026-10-25T01:00"), utc("2026-10-25T02:00"))
-    ]
+    await assert_spans(conn, small_hours, "2026-10-24T00:00", "2026-10-26T00:00", [
+        ("2026-10-25T01:00", "2026-10-25T02:00")
+    ])  # fmt: skip
 
 
 async def test_one_time_windows_and_merged_neighbours(conn: asyncpg.Connection) -> None:
     once = [{"start": "2026-03-02T07:00:00Z", "end": "2026-03-02T08:00:00Z"}]
-    assert await window_state(conn, once, utc("2026-03-01T00:00")) == (
-        False,
-        utc("2026-03-02T07:00"),
-    )
-    assert await window_state(conn, once, utc("2026-03-02T07:00")) == (
-        True,
-        utc("2026-03-02T08:00"),
-    )
-    assert await window_state(conn, once, utc("2026-03-02T08:00")) == (False, None)  # never again
+    await assert_states(conn, once, [
+        ("2026-03-01T00:00", (False, "2026-03-02T07:00")),
+        ("2026-03-02T07:00", (True, "2026-03-02T08:00")),
+        ("2026-03-02T08:00", (False, None)),  # never again
+    ])  # fmt: skip
     # A one-time window touching a weekly one: one span, so no change at 08:00.
     both = [*once, {"timezone": "UTC", "from": "08:00", "to": "09:00"}]
-    assert await window_state(conn, both, utc("2026-03-02T07:30")) == (
-        True,
-        utc("2026-03-02T09:00"),
-    )
-    assert await window_state(conn, None, utc("2026-03-02T07:30")) == (True, None)
+    await assert_states(conn, both, [("2026-03-02T07:30", (True, "2026-03-02T09:00"))])
+    await assert_states(conn, None, [("2026-03-02T07:30", (True, None))])
     every_minute = [{"timezone": "Asia/Kolkata", "from": "05:30", "to": "05:30"}]
-    assert await window_state(conn, every_minute, utc("2026-03-02T07:30")) == (True, None)
+    await assert_states(conn, every_minute, [("2026-03-02T07:30", (True, None))])
 
 
 # --- reserved shares at every instant -----------------------------------------------------------
