@@ -74,24 +74,28 @@ async def test_a_conflict_inside_a_far_one_time_window_is_found(
 # --- the hour skipped when the clocks go forward (Berlin: 2026-03-29, 02:00 -> 03:00) ----------
 
 
+def _sunday(zone: str, start: str, end: str) -> list[dict[str, Any]]:
+    return [{"timezone": zone, "days": ["sun"], "from": start, "to": end}]
+
+
 # name: (windows, from, to, the spans in force between them), all UTC.
 SPRING_GAP: dict[str, tuple[list[dict[str, Any]], str, str, list[tuple[str, str]]]] = {
     # 02:30 does not exist that night; 03:00-03:30 CEST does (01:00-01:30 UTC).
     "a window starting in the spring gap starts when the clocks jump": (
-        [{"timezone": "Europe/Berlin", "days": ["sun"], "from": "02:30", "to": "03:30"}],
-        "2026-03-28T00:00", "2026-03-30T00:00", [("2026-03-29T01:00", "2026-03-29T01:30")]),
+        _sunday("Europe/Berlin", "02:30", "03:30"), "2026-03-28T00:00", "2026-03-30T00:00",
+        [("2026-03-29T01:00", "2026-03-29T01:30")]),
     # Any other Sunday: the whole hour (winter time, 01:30-02:30 UTC).
     "the same window on any other Sunday is the whole hour": (
-        [{"timezone": "Europe/Berlin", "days": ["sun"], "from": "02:30", "to": "03:30"}],
-        "2026-03-21T00:00", "2026-03-23T00:00", [("2026-03-22T01:30", "2026-03-22T02:30")]),
+        _sunday("Europe/Berlin", "02:30", "03:30"), "2026-03-21T00:00", "2026-03-23T00:00",
+        [("2026-03-22T01:30", "2026-03-22T02:30")]),
     # 01:30-02:00 CET exists (00:30-01:00 UTC); then the clocks jump to 03:00 CEST.
     "a window ending in the spring gap ends when the clocks jump": (
-        [{"timezone": "Europe/Berlin", "days": ["sun"], "from": "01:30", "to": "02:30"}],
-        "2026-03-28T00:00", "2026-03-30T00:00", [("2026-03-29T00:30", "2026-03-29T01:00")]),
+        _sunday("Europe/Berlin", "01:30", "02:30"), "2026-03-28T00:00", "2026-03-30T00:00",
+        [("2026-03-29T00:30", "2026-03-29T01:00")]),
     # A 30-minute gap (Lord Howe Island: 02:00 -> 02:30 on 2026-10-04, UTC+10:30 -> +11).
     "a window ending in a 30-minute spring gap ends when the clocks jump": (
-        [{"timezone": "Australia/Lord_Howe", "days": ["sun"], "from": "02:10", "to": "03:00"}],
-        "2026-10-03T00:00", "2026-10-05T00:00", [("2026-10-03T15:30", "2026-10-03T16:00")]),
+        _sunday("Australia/Lord_Howe", "02:10", "03:00"), "2026-10-03T00:00", "2026-10-05T00:00",
+        [("2026-10-03T15:30", "2026-10-03T16:00")]),
 }  # fmt: skip
 
 
