@@ -11,6 +11,7 @@ import pytest
 
 from support.db import issue_tokens
 from support.http import error, get_request, make_request, ok
+from support.placement import gpu_placement
 from support.server import Server, running_server
 
 ADMIN_TOKEN = "test-admin-token-nodes-0123456789"
@@ -172,10 +173,7 @@ async def test_held_node_delete_and_move_need_force(server: Server) -> None:
     await add_node(c, "a", devices={"gpu": ["0", "1"]})
     held = await make_request(c, pool="gpus", resources={"gpu": 2})
     assert held["status"] == "allocated"
-    assert held["placement"] == {
-        "node": "a", "labels": {}, "devices": {"gpu": ["0", "1"]},
-        "slices": {}, "isolation": {"gpu": "exclusive"},
-    }  # fmt: skip
+    assert held["placement"] == gpu_placement("a", ["0", "1"])
 
     err = error(await c.delete("/v1/nodes/a"), 409, "force")
     assert "1 allocation" in err["detail"]

@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 
 from support.http import error, ok
+from support.placement import gpu_placement
 from support.server import Server
 
 GB80 = 81920
@@ -96,13 +97,9 @@ async def test_a_slice_answers_its_device_slice_and_isolation(server: Server) ->
     await _shared(c)
     got = await _ask(c, {"gpu_memory_mb": 20480, "gpu_share": 50})
     assert got["status"] == "allocated"
-    assert got["placement"] == {
-        "node": "n1",
-        "labels": {},
-        "devices": {"gpu": ["0"]},
-        "slices": {"gpu": {"0": {"memory_mb": 20480, "share": 50}}},
-        "isolation": {"gpu": "mps"},
-    }
+    assert got["placement"] == gpu_placement(
+        "n1", ["0"], slices={"0": {"memory_mb": 20480, "share": 50}}, isolation="mps"
+    )
     second = await _ask(c, {"gpu_memory_mb": 20480})
     assert second["placement"]["slices"] == {"gpu": {"0": {"memory_mb": 20480}}}
     whole = await _ask(c, {"gpu": 1})

@@ -39,6 +39,21 @@ def _write(tmp_path: Path, text: str, name: str = "pools.yaml") -> str:
     return str(path)
 
 
+async def _apply_new(cli: Cli, tmp_path: Path, text: str) -> tuple[str, Any]:
+    """Writes ``text`` to a manifest and applies it: (the manifest's path, the plan applied)."""
+    path = _write(tmp_path, text)
+    plan = await cli.json("apply", "-f", path)
+    assert plan["applied"] is True
+    return path, plan
+
+
+async def _assert_applied_again_changes_nothing(cli: Cli, path: str) -> None:
+    """Applying the manifest at ``path`` again changes nothing, and the table says so."""
+    again = await cli.json("apply", "-f", path)
+    assert again["changes"] == [] and again["applied"] is False
+    assert "No changes" in (await cli.ok("apply", "-f", path)).stdout
+
+
 def _summary(plan: dict[str, object]) -> list[tuple[str, str, str]]:
     changes = plan["changes"]
     assert isinstance(changes, list)
@@ -49,9 +64,8 @@ def _summary(plan: dict[str, object]) -> list[tuple[str, str, str]]:
 
 
 async def test_apply_is_idempotent(cli: Cli, tmp_path: Path) -> None:
-    path = _write(tmp_path, MANIFEST)
-    plan = await cli.json("apply", "-f", path)
-    assert plan["applied"] is True and plan["dry_run"] is False
+    path, plan = await _apply_new(cli, tmp_path, MANIFEST)
+    assert plan["dry_run"] is False
     assert _summary(plan) == [
         ("create", "pool", "gpus"),
         ("create", "policy", "gpus/orchestrator:prod"),
@@ -66,10 +80,7 @@ async def test_apply_is_idempotent(cli: Cli, tmp_path: Path) -> None:
     assert policies["orchestrator:prod"]["reserved"] == {"gpu": 4}
     assert policies["orchestrator:dev"]["limit"] == {"gpu": 6, "step_run": 4}
 
-    again = await cli.json("apply", "-f", path)
-    assert again["changes"] == [] and again["applied"] is False
-    table = await cli.ok("apply", "-f", path)
-    assert "No changes" in table.stdout
+    await _assert_applied_again_changes_nothing(cli, path)
 
     # a field diff: one key changed, one removed, one scalar
     changed = MANIFEST.replace("limit: {gpu: 6, step_run: 4}", "limit: {gpu: 5}").replace(
@@ -288,9 +299,9 @@ def _nodes(plan: dict[str, object]) -> list[tuple[str, str]]:
 
 
 async def test_apply_creates_nodes_and_is_idempotent(cli: Cli, tmp_path: Path) -> None:
-    path = _write(tmp_path, NODES.replace(SPARE, SPARE + "    capacity: {mcpu: 1000}\n"))
-    plan = await cli.json("apply", "-f", path)
-    assert plan["applied"] is True
+    path, plan = await _apply_new(
+        cli, tmp_path, NODES.replace(SPARE, SPARE + "    capacity: {mcpu: 1000}\n")
+    )
     assert _summary(plan) == [
         ("create", "pool", "boxes"),
         ("create", "policy", "boxes/orchestrator:prod"),
@@ -313,9 +324,7 @@ async def test_apply_creates_nodes_and_is_idempotent(cli: Cli, tmp_path: Path) -
     assert node["labels"] == {"gpu-type": "A100-80G", "zone": "eu-1"}
     assert (await cli.json("node", "describe", "spare"))["pool"] is None
 
-    again = await cli.json("apply", "-f", path)
-    assert again["changes"] == [] and again["applied"] is False
-    assert "No changes" in (await cli.ok("apply", "-f", path)).stdout
+    await _assert_applied_again_changes_nothing(cli, path)
 
 
 async def test_export_writes_nodes_and_applies_back_to_nothing(cli: Cli, tmp_path: Path) -> None:

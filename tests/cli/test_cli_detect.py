@@ -13,7 +13,7 @@ from respool_client.detect import detect, gpu_type
 from respool_client.pairs import host_node_name
 
 from support.cli import Cli, failed
-from support.nvidia import A100_LIST, A100_QUERY, fake_smi
+from support.nvidia import fake_a100_box, fake_smi
 
 MIG_QUERY = (
     "0, GPU-5d5ba0d6-d33d-2b2c-524d-9e3d8d2b8a77, NVIDIA A100-SXM4-40GB, 40960 MiB\n"
@@ -64,7 +64,7 @@ def test_gpu_type_is_the_product_name_without_the_vendor() -> None:
 
 
 def test_an_8_gpu_box(smi_dir: Path) -> None:
-    fake_smi(smi_dir, A100_QUERY, A100_LIST)
+    fake_a100_box(smi_dir)
     found = detect()
     mcpu, memory_mb = _os_units()
     assert found.capacity == {"gpu": 8, "mcpu": mcpu, "memory_mb": memory_mb}
@@ -102,7 +102,7 @@ def test_no_nvidia_smi_is_a_machine_without_gpu(smi_dir: Path) -> None:
 
 async def test_register_detect_then_again_updates(cli: Cli, smi_dir: Path) -> None:
     await cli.ok("pool", "create", "boxes")
-    fake_smi(smi_dir, A100_QUERY, A100_LIST)
+    fake_a100_box(smi_dir)
     result = await cli.ok("node", "register", "--pool", "boxes", "--detect", "-o", "json")
     name = host_node_name()
     assert f"registered node {name} in pool boxes" in result.stderr

@@ -13,6 +13,7 @@ import sys
 import httpx
 
 from support.cli import Cli, failed
+from support.placement import gpu_placement
 
 
 async def _box(cli: Cli, pool: str, node: str) -> None:
@@ -77,10 +78,7 @@ async def test_node_column_and_where_a_finished_request_ran(module_cli: Cli) -> 
 
     # placement keeps its meaning (null once it no longer holds); last_placement says where it ran
     assert released["placement"] is None
-    assert released["last_placement"] == {
-        "node": "ranon-1", "labels": {}, "devices": {"gpu": ["0", "1"]},
-        "slices": {}, "isolation": {"gpu": "exclusive"},
-    }  # fmt: skip
+    assert released["last_placement"] == gpu_placement("ranon-1", ["0", "1"])
     again = await cli.json("request", "describe", first["id"])
     assert again["placement"] is None and again["last_placement"] == released["last_placement"]
 

@@ -4,6 +4,7 @@ command's happy path, its table, ``-o json``, and one-line errors."""
 from __future__ import annotations
 
 from support.cli import Cli, failed
+from support.placement import gpu_placement
 
 GPUS_8 = "gpu=0,1,2,3,4,5,6,7"
 
@@ -80,13 +81,7 @@ async def test_selector_picks_nodes_and_requests(cli: Cli) -> None:
     on = await cli.json("request", "create", "-s", "orchestrator:prod", "--pool", "boxes",
                         "--gpu", "2", "--node", "gpu-01")  # fmt: skip
     assert on["node_selector"] == {"node": "gpu-01"}
-    assert on["placement"] == {
-        "node": "gpu-01",
-        "labels": {"gpu-type": "A100-80G"},
-        "devices": {"gpu": ["0", "1"]},
-        "slices": {},
-        "isolation": {"gpu": "exclusive"},
-    }
+    assert on["placement"] == gpu_placement("gpu-01", ["0", "1"], labels={"gpu-type": "A100-80G"})
     text = (await cli.ok("request", "describe", on["id"])).stdout
     assert "node gpu-01, devices gpu=0,1" in text and "node=gpu-01" in text
 

@@ -13,11 +13,11 @@ from respool_client.pairs import mebibytes, percent
 
 from support.cli import Cli, failed
 from support.nvidia import (
-    A100_LIST,
-    A100_QUERY,
     H100_MIG_IDS,
     H100_MIG_LIST,
     H100_MIG_QUERY,
+    fake_a100_box,
+    fake_h100_mig_box,
     fake_smi,
 )
 
@@ -39,7 +39,7 @@ def test_sizes_of_device_memory() -> None:
 
 
 def test_a_shared_8_gpu_box_offers_each_gpus_memory(smi_dir: Path) -> None:
-    fake_smi(smi_dir, A100_QUERY, A100_LIST)
+    fake_a100_box(smi_dir)
     found = detect(sharing={"gpu": "mps"})
     assert found.devices == {"gpu": [str(i) for i in range(8)]}
     assert found.sharing == {"gpu": "mps"}
@@ -47,13 +47,13 @@ def test_a_shared_8_gpu_box_offers_each_gpus_memory(smi_dir: Path) -> None:
 
 
 def test_without_sharing_detect_finds_no_device_memory(smi_dir: Path) -> None:
-    fake_smi(smi_dir, A100_QUERY, A100_LIST)
+    fake_a100_box(smi_dir)
     found = detect()
     assert (found.sharing, found.device_memory_mb) == ({}, {})
 
 
 def test_mig_instances_stay_whole_devices_of_their_own_key(smi_dir: Path) -> None:
-    fake_smi(smi_dir, H100_MIG_QUERY, H100_MIG_LIST)
+    fake_h100_mig_box(smi_dir)
     found = detect(sharing={"gpu": "time-slicing"})
     assert found.devices == {"gpu": ["1"], **H100_MIG_IDS}  # only GPU 1 is whole: shared
     assert {k: found.capacity[k] for k in found.devices} == {

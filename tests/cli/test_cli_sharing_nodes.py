@@ -18,12 +18,9 @@ from respool_client.pairs import host_node_name
 
 from support.cli import Cli
 from support.nvidia import (
-    A100_LIST,
-    A100_QUERY,
     H100_MIG_IDS,
-    H100_MIG_LIST,
-    H100_MIG_QUERY,
-    fake_smi,
+    fake_a100_box,
+    fake_h100_mig_box,
 )
 
 
@@ -40,12 +37,12 @@ async def test_node_add_with_sharing(cli: Cli) -> None:
 
 async def test_register_detect_sharing(cli: Cli, smi_dir: Path) -> None:
     await cli.ok("pool", "create", "nb")
-    fake_smi(smi_dir, A100_QUERY, A100_LIST)
+    fake_a100_box(smi_dir)
     node = await cli.json("node", "register", "--pool", "nb", "--detect", "--sharing", "gpu=mps")
     assert node["name"] == host_node_name()
     assert node["sharing"] == {"gpu": "mps"} and node["device_memory_mb"] == {"gpu": 81920}
     # the box comes back split in MIG: its instances are whole devices of their own keys
-    fake_smi(smi_dir, H100_MIG_QUERY, H100_MIG_LIST)
+    fake_h100_mig_box(smi_dir)
     again = await cli.json("node", "register", "--detect", "--sharing", "gpu=time-slicing")
     assert again["devices"] == {"gpu": ["1"], **H100_MIG_IDS}
     assert again["sharing"] == {"gpu": "time-slicing"}

@@ -14,6 +14,7 @@ from respool_client import ApiError, AsyncRespool, Reservation, Respool, Respool
 
 from support.http import ok
 from support.server import Server, running_server
+from support.wire import wire_request
 
 
 @pytest.fixture
@@ -105,33 +106,8 @@ async def test_reserve_needs_a_subject(live: Server, monkeypatch: pytest.MonkeyP
 
 
 def test_settle_takes_counts_only() -> None:
-    from respool_client.wire import Request
-
-    state = Request(
-        id="00000000-0000-4000-8000-000000000001",  # type: ignore[arg-type]
-        subject="s",
-        pool="llm",
-        pool_id=None,
-        policy_id=None,
-        resources={"llm_tokens": 5},
-        preemptible=True,
-        priority=0,
-        status="allocated",
-        reason=None,
-        message="",
-        queue_position=None,
-        attempt=1,
-        max_retries=0,
-        lease_seconds=None,
-        lease_expires_at=None,
-        preempt_deadline=None,
-        idempotency_key=None,
-        labels={},
-        version=2,
-        created_at="2026-01-01T00:00:00Z",  # type: ignore[arg-type]
-        updated_at="2026-01-01T00:00:00Z",  # type: ignore[arg-type]
-        allocated_at=None,
-        finished_at=None,
+    state = wire_request(
+        subject="s", pool="llm", pool_id=None, resources={"llm_tokens": 5}, version=2
     )
     r = Reservation(state)
     with pytest.raises(ValueError, match="llm_tokens"):

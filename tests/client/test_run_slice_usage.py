@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from support.http import ok
-from support.nvidia import A100_LIST, A100_QUERY, apps_file, fake_smi
+from support.nvidia import apps_file, fake_a100_box
 from support.server import Server, running_server
 from support.wait import first_true
 
@@ -70,7 +70,7 @@ async def _pool(server: Server, overuse: str) -> None:
 async def _wrap(server: Server, tmp: Path, mib: int) -> asyncio.subprocess.Process:
     """``respool run --gpu-memory 20GiB --lease 3 -- python CHILD`` with the fake nvidia-smi."""
     bin_dir = tmp / "bin"
-    fake_smi(bin_dir, A100_QUERY, A100_LIST)
+    fake_a100_box(bin_dir)
     child = tmp / "child.py"
     child.write_text(CHILD)
     environ = {

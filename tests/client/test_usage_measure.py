@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from respool_client.usage import gpu_memory_of_group, measure, parse_compute_apps
 
-from support.nvidia import A100_LIST, A100_QUERY, compute_apps, fake_smi
+from support.nvidia import compute_apps, fake_a100_box, fake_smi
 
 
 def test_the_rows_nvidia_smi_prints() -> None:
@@ -54,7 +54,7 @@ def test_measure_through_nvidia_smi(
 ) -> None:
     leader, child = group
     bin_dir = tmp_path / "bin"
-    fake_smi(bin_dir, A100_QUERY, A100_LIST)
+    fake_a100_box(bin_dir)
     compute_apps(bin_dir, [(child, 20000), (os.getpid(), 1)])
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}/bin{os.pathsep}/usr/bin")
     assert asyncio.run(measure(leader.pid)) == {"gpu_memory_mb": 20000}

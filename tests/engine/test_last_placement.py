@@ -11,6 +11,8 @@ import asyncpg
 import pytest
 from test_placement import Env
 
+from support.placement import gpu_placement
+
 
 @pytest.fixture
 def env(conn: asyncpg.Connection) -> Env:
@@ -43,10 +45,9 @@ async def test_a_preempted_request_requeued_keeps_where_it_ran_and_each_grant_is
     now = await env.get(victim)
     assert (now["status"], now["attempt"]) == ("queued", 2)
     assert now["placement"] is None
-    assert now["last_placement"] == {
-        "node": "n1", "labels": {"gpu-type": "A100-80G"}, "devices": {"gpu": ["0", "1", "2", "3"]},
-        "slices": {}, "isolation": {"gpu": "exclusive"},
-    }  # fmt: skip
+    assert now["last_placement"] == gpu_placement(
+        "n1", ["0", "1", "2", "3"], labels={"gpu-type": "A100-80G"}
+    )
 
     # the owner goes; the borrower is granted again (on n1, its selector) and holds again
     await env.release(owner)
@@ -71,10 +72,7 @@ async def test_an_expired_request_keeps_where_it_ran(env: Env) -> None:
     await env.reconcile("gpus")  # the lease lapsed
     ended = await env.get(doc)
     assert ended["status"] == "expired" and ended["placement"] is None
-    assert ended["last_placement"] == {
-        "node": "n1", "labels": {}, "devices": {"gpu": ["0"]},
-        "slices": {}, "isolation": {"gpu": "exclusive"},
-    }  # fmt: skip
+    assert ended["last_placement"] == gpu_placement("n1", ["0"])
 
 
 async def test_a_pool_without_nodes_has_no_placement_anywhere(conn: asyncpg.Connection) -> None:

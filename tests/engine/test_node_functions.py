@@ -26,6 +26,13 @@ async def node_pool(conn: asyncpg.Connection, name: str = "gpus", **kw: Any) -> 
     await mk_policy(conn, "S", name)
 
 
+async def node_a(conn: asyncpg.Connection, **body: Any) -> None:
+    """A node pool gpus (:func:`node_pool`) with one node a in it (``body``: its devices or
+    capacity)."""
+    await node_pool(conn)
+    await db_nodes.create_node(conn, {"name": "a", "pool": "gpus", **body})
+
+
 async def capacity(conn: asyncpg.Connection, pool: str = "gpus") -> dict[str, int]:
     return (await db_pools.get_pool(conn, pool)).capacity
 
@@ -388,10 +395,7 @@ async def test_forced_move_preempts_at_once_without_grace(conn: asyncpg.Connecti
 async def test_removed_device_preempts_its_holder_and_kept_ones_stay(
     conn: asyncpg.Connection,
 ) -> None:
-    await node_pool(conn)
-    await db_nodes.create_node(
-        conn, {"name": "a", "pool": "gpus", "devices": {"gpu": ["0", "1", "2", "3"]}}
-    )
+    await node_a(conn, devices={"gpu": ["0", "1", "2", "3"]})
     first = await mk_req(conn, "S", "gpus", resources={"gpu": 2})
     second = await mk_req(conn, "S", "gpus", resources={"gpu": 2})
     node = await db_nodes.get_node(conn, "a")
@@ -419,8 +423,7 @@ async def test_uncordon_grants_what_waited(conn: asyncpg.Connection) -> None:
 
 
 async def test_growth_grants_what_now_fits(conn: asyncpg.Connection) -> None:
-    await node_pool(conn)
-    await db_nodes.create_node(conn, {"name": "a", "pool": "gpus", "devices": {"gpu": ["0", "1"]}})
+    await node_a(conn, devices={"gpu": ["0", "1"]})
     held = await mk_req(conn, "S", "gpus", resources={"gpu": 2})
     waiting = await mk_req(conn, "S", "gpus", resources={"gpu": 2})
     assert (held.status, waiting.status) == ("allocated", "queued")
@@ -448,8 +451,7 @@ async def test_drain_lets_the_reconciler_preempt_preemptible_holders(
 
 
 async def test_anonymous_shrink_is_left_to_the_reconciler(conn: asyncpg.Connection) -> None:
-    await node_pool(conn)
-    await db_nodes.create_node(conn, {"name": "a", "pool": "gpus", "capacity": {"gpu": 8}})
+    await node_a(conn, capacity={"gpu": 8})
     big = await mk_req(conn, "S", "gpus", resources={"gpu": 4})
     small = await mk_req(conn, "S", "gpus", resources={"gpu": 2})
     node = await db_nodes.update_node(conn, "a", {"capacity": {"gpu": 4}})
@@ -467,10 +469,7 @@ async def test_anonymous_shrink_is_left_to_the_reconciler(conn: asyncpg.Connecti
 async def test_removed_key_preempts_its_holders_and_a_soft_key_only_stops_counting(
     conn: asyncpg.Connection,
 ) -> None:
-    await node_pool(conn)
-    await db_nodes.create_node(
-        conn, {"name": "a", "pool": "gpus", "capacity": {"gpu": 4, "tpu": 2, "mcpu": 8000}}
-    )
+    await node_a(conn, capacity={"gpu": 4, "tpu": 2, "mcpu": 8000})
     tpu = await mk_req(conn, "S", "gpus", resources={"tpu": 1, "mcpu": 1000})
     gpu = await mk_req(conn, "S", "gpus", resources={"gpu": 1, "mcpu": 1000})
     node = await db_nodes.update_node(conn, "a", {"capacity": {"tpu": 0, "mcpu": 0}})
@@ -486,8 +485,7 @@ async def test_removed_key_preempts_its_holders_and_a_soft_key_only_stops_counti
 
 
 async def test_naming_devices_gives_holders_the_first_ids(conn: asyncpg.Connection) -> None:
-    await node_pool(conn)
-    await db_nodes.create_node(conn, {"name": "a", "pool": "gpus", "capacity": {"gpu": 4}})
+    await node_a(conn, capacity={"gpu": 4})
     r = await mk_req(conn, "S", "gpus", resources={"gpu": 2})
     node = await db_nodes.update_node(conn, "a", {"devices": {"gpu": ["a", "b", "c", "d"]}})
     assert node.allocations[0].devices == {"gpu": ["a", "b"]}

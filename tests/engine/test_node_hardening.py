@@ -112,18 +112,30 @@ async def test_queued_gang_becomes_rejected_when_a_node_change_makes_it_unplacea
 # --- the starvation guard on nodes -----------------------------------------------------------
 
 
-async def test_starving_head_holds_only_the_nodes_it_could_use(env: Env) -> None:
+H100 = {"gpu-class": "h100"}
+A100 = {"gpu-class": "a100"}
+
+
+async def _starving_h100_head(
+    env: Env, *, h100_gpus: int, holder_gpus: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A starving pool with a 4-GPU a100 node and an ``h100_gpus`` h100 node; an h100 holder of
+    ``holder_gpus`` allocated and a 4-GPU h100 head queued behind it, then starving.
+    Returns (holder, head)."""
     await _nodes_pool(env, starvation=5)
-    await env.node("a100", "gpus", capacity={"gpu": 4}, labels={"gpu-class": "a100"})
-    await env.node("h100", "gpus", capacity={"gpu": 4}, labels={"gpu-class": "h100"})
-    h100 = {"gpu-class": "h100"}
-    a100 = {"gpu-class": "a100"}
-    holder = await env.req("s", "gpus", {"gpu": 4}, selector=h100)
-    head = await env.req("s", "gpus", {"gpu": 4}, selector=h100)
+    await env.node("a100", "gpus", capacity={"gpu": 4}, labels=A100)
+    await env.node("h100", "gpus", capacity={"gpu": h100_gpus}, labels=H100)
+    holder = await env.req("s", "gpus", {"gpu": holder_gpus}, selector=H100)
+    head = await env.req("s", "gpus", {"gpu": 4}, selector=H100)
     assert (holder["status"], head["status"]) == ("allocated", "queued")
     env.tick += 60  # the head starves
+    return holder, head
+
+
+async def test_starving_head_holds_only_the_nodes_it_could_use(env: Env) -> None:
+    holder, head = await _starving_h100_head(env, h100_gpus=4, holder_gpus=4)
     # The a100 node's free units are no use to the head: a100 work still starts.
-    small = await env.req("s", "gpus", {"gpu": 2}, selector=a100)
+    small = await env.req("s", "gpus", {"gpu": 2}, selector=A100)
     assert small["status"] == "allocated"
     got = await env.get(small)
     assert got["placement"]["node"] == "a100"
@@ -133,16 +145,9 @@ async def test_starving_head_holds_only_the_nodes_it_could_use(env: Env) -> None
 
 
 async def test_starving_head_still_holds_its_own_node(env: Env) -> None:
-    await _nodes_pool(env, starvation=5)
-    await env.node("a100", "gpus", capacity={"gpu": 4}, labels={"gpu-class": "a100"})
-    await env.node("h100", "gpus", capacity={"gpu": 8}, labels={"gpu-class": "h100"})
-    h100 = {"gpu-class": "h100"}
-    holder = await env.req("s", "gpus", {"gpu": 6}, selector=h100)
-    head = await env.req("s", "gpus", {"gpu": 4}, selector=h100)
-    assert head["status"] == "queued"
-    env.tick += 60
+    holder, head = await _starving_h100_head(env, h100_gpus=8, holder_gpus=6)
     # A 1-GPU h100 request would leave the h100 node 1 free: held for the head.
-    other = await env.req("s", "gpus", {"gpu": 1}, selector=h100)
+    other = await env.req("s", "gpus", {"gpu": 1}, selector=H100)
     assert other["status"] == "queued"
     await env.release(holder)
     assert (await env.get(head))["status"] == "allocated"

@@ -23,6 +23,7 @@ import pytest
 from app.db.connect import APP_CLI, connect
 from support.churn import churn
 from support.db import RECONCILE_POOL, ClockedConn
+from support.placement import gpu_placement
 
 CLOCK0 = ClockedConn.clock0
 
@@ -169,13 +170,7 @@ async def test_grant_lands_on_one_node_first_free_devices_in_list_order(env: Env
     await env.node("n1", "gpus", gpus=["3", "1", "0", "2"], labels={"gpu-type": "A100"})
     a = await env.req("s", "gpus", {"gpu": 2})
     assert a["status"] == "allocated"
-    assert a["placement"] == {
-        "node": "n1",
-        "labels": {"gpu-type": "A100"},
-        "devices": {"gpu": ["3", "1"]},
-        "slices": {},
-        "isolation": {"gpu": "exclusive"},
-    }
+    assert a["placement"] == gpu_placement("n1", ["3", "1"], labels={"gpu-type": "A100"})
     b = await env.req("s", "gpus", {"gpu": 1})
     assert await env.where(b) == ("n1", ["0"])
     await env.release(a)

@@ -30,13 +30,26 @@ async def gpu_req(conn: asyncpg.Connection, subject: str, gpu: int, **kw: Any) -
     return await mk_req(conn, subject, resources={"gpu": gpu}, **kw)
 
 
+async def pool_p(conn: asyncpg.Connection, gpus: int, policies: dict[str, Any]) -> None:
+    """Pool p of ``gpus`` GPUs, with a policy for each subject of ``policies`` (its options)."""
+    await mk_pool(conn, "p", {"gpu": gpus})
+    for subject, options in policies.items():
+        await mk_policy(conn, subject, "p", **options)
+
+
+async def reconciled(conn: asyncpg.Connection, *requests: Any) -> list[str]:
+    """Reconciles pool p; then the status of each of ``requests``, in order."""
+    await reconcile(conn, "p")
+    return await statuses(conn, *(r.id for r in requests))
+
+
 # --- priority lanes ----------------------------------------------------------------------------
 
 
 async def test_a_lane_request_comes_before_every_non_lane_request(conn: asyncpg.Connection) -> None:
-    await mk_pool(conn, "p", {"gpu": 2})
-    await mk_policy(conn, "high", "p", priority=100)
-    await mk_policy(conn, "oncall", "p", priority=-5, priority_lane=True)
+    await pool_p(
+        conn, 2, {"high": {"priority": 100}, "oncall": {"priority": -5, "priority_lane": True}}
+    )
     await gpu_req(conn, "high", 2)  # holds the pool
     first = await gpu_req(conn, "high", 2)
     lane = await gpu_req(conn, "oncall", 2)
@@ -46,13 +59,12 @@ async def test_a_lane_request_comes_before_every_non_lane_request(conn: asyncpg.
 
 
 async def test_a_lane_request_preempts_a_borrower_of_any_priority(conn: asyncpg.Connection) -> None:
-    await mk_pool(conn, "p", {"gpu": 8})
-    await mk_policy(conn, "vip", "p", priority=1000)
-    await mk_policy(conn, "oncall", "p", priority=0, priority_lane=True)
+    await pool_p(
+        conn, 8, {"vip": {"priority": 1000}, "oncall": {"priority": 0, "priority_lane": True}}
+    )
     held = [await gpu_req(conn, "vip", 4), await gpu_req(conn, "vip", 4)]
     lane = await gpu_req(conn, "oncall", 4)
-    await reconcile(conn, "p")
-    assert await statuses(conn, lane.id, *(h.id for h in held)) == [
+    assert await reconciled(conn, lane, *held) == [
         "allocated",
         "allocated",
         "preempted",
@@ -62,36 +74,32 @@ async def test_a_lane_request_preempts_a_borrower_of_any_priority(conn: asyncpg.
 
 
 async def test_lane_allocations_never_preempt_each_other(conn: asyncpg.Connection) -> None:
-    await mk_pool(conn, "p", {"gpu": 4})
-    await mk_policy(conn, "lane-low", "p", priority=0, priority_lane=True)
-    # a higher priority and a reserved share: neither lets it take another lane's work
-    await mk_policy(conn, "lane-high", "p", priority=50, reserved={"gpu": 4}, priority_lane=True)
+    await pool_p(conn, 4, {
+        "lane-low": {"priority": 0, "priority_lane": True},
+        # a higher priority and a reserved share: neither lets it take another lane's work
+        "lane-high": {"priority": 50, "reserved": {"gpu": 4}, "priority_lane": True},
+    })  # fmt: skip
     held = await gpu_req(conn, "lane-low", 4)
     waiting = await gpu_req(conn, "lane-high", 4)
-    await reconcile(conn, "p")
-    assert await statuses(conn, held.id, waiting.id) == ["allocated", "queued"]
+    assert await reconciled(conn, held, waiting) == ["allocated", "queued"]
 
 
 async def test_non_lane_work_never_preempts_a_lane_by_priority(conn: asyncpg.Connection) -> None:
-    await mk_pool(conn, "p", {"gpu": 4})
-    await mk_policy(conn, "lane", "p", priority=-100, priority_lane=True)
-    await mk_policy(conn, "vip", "p", priority=1000)
+    await pool_p(
+        conn, 4, {"lane": {"priority": -100, "priority_lane": True}, "vip": {"priority": 1000}}
+    )
     held = await gpu_req(conn, "lane", 4)
     waiting = await gpu_req(conn, "vip", 4)
-    await reconcile(conn, "p")
-    assert await statuses(conn, held.id, waiting.id) == ["allocated", "queued"]
+    assert await reconciled(conn, held, waiting) == ["allocated", "queued"]
 
 
 async def test_a_reserved_share_is_reclaimed_from_a_borrowing_lane(
     conn: asyncpg.Connection,
 ) -> None:
-    await mk_pool(conn, "p", {"gpu": 4})
-    await mk_policy(conn, "lane", "p", priority_lane=True)
-    await mk_policy(conn, "owner", "p", reserved={"gpu": 2})
+    await pool_p(conn, 4, {"lane": {"priority_lane": True}, "owner": {"reserved": {"gpu": 2}}})
     held = [await gpu_req(conn, "lane", 2), await gpu_req(conn, "lane", 2)]
     mine = await gpu_req(conn, "owner", 2)
-    await reconcile(conn, "p")
-    assert await statuses(conn, mine.id, *(h.id for h in held)) == [
+    assert await reconciled(conn, mine, *held) == [
         "allocated",
         "allocated",
         "preempted",
@@ -99,9 +107,7 @@ async def test_a_reserved_share_is_reclaimed_from_a_borrowing_lane(
 
 
 async def test_a_lane_gang_preempts_borrowers_as_one_request(conn: asyncpg.Connection) -> None:
-    await mk_pool(conn, "p", {"gpu": 8})
-    await mk_policy(conn, "vip", "p", priority=10)
-    await mk_policy(conn, "oncall", "p", priority_lane=True)
+    await pool_p(conn, 8, {"vip": {"priority": 10}, "oncall": {"priority_lane": True}})
     held = [await gpu_req(conn, "vip", 2) for _ in range(4)]
     gang = await db_batch.create_requests(
         conn,
@@ -124,44 +130,34 @@ async def test_a_lane_gang_preempts_borrowers_as_one_request(conn: asyncpg.Conne
 
 
 async def test_a_request_never_preempts_its_own_group_by_priority(conn: asyncpg.Connection) -> None:
-    await mk_pool(conn, "p", {"gpu": 4})
-    await mk_policy(conn, "low", "p", priority=0)
-    await mk_policy(conn, "high", "p", priority=10)
+    await pool_p(conn, 4, {"low": {"priority": 0}, "high": {"priority": 10}})
     held = await gpu_req(conn, "low", 4, preemption_group="run-7")
     mine = await gpu_req(conn, "high", 4, preemption_group="run-7")
-    await reconcile(conn, "p")
-    assert await statuses(conn, held.id, mine.id) == ["allocated", "queued"]
+    assert await reconciled(conn, held, mine) == ["allocated", "queued"]
     other = await gpu_req(conn, "high", 4, preemption_group="run-8")
-    await reconcile(conn, "p")
     # it waits instead; a request of another group behind it preempts
-    assert await statuses(conn, held.id, mine.id, other.id) == ["preempted", "queued", "allocated"]
+    assert await reconciled(conn, held, mine, other) == ["preempted", "queued", "allocated"]
 
 
 async def test_a_request_never_reclaims_from_its_own_group(conn: asyncpg.Connection) -> None:
-    await mk_pool(conn, "p", {"gpu": 4})
-    await mk_policy(conn, "owner", "p", reserved={"gpu": 4})
-    await mk_policy(conn, "borrower", "p")
+    await pool_p(conn, 4, {"owner": {"reserved": {"gpu": 4}}, "borrower": {}})
     held = [
         await gpu_req(conn, "borrower", 2, preemption_group="sweep"),
         await gpu_req(conn, "borrower", 2),
     ]
     mine = await gpu_req(conn, "owner", 2, preemption_group="sweep")
-    await reconcile(conn, "p")
     # the most recently allocated borrower is the only one outside the group: it goes
-    assert await statuses(conn, mine.id, *(h.id for h in held)) == [
+    assert await reconciled(conn, mine, *held) == [
         "allocated",
         "allocated",
         "preempted",
     ]
     more = await gpu_req(conn, "owner", 2, preemption_group="sweep")
-    await reconcile(conn, "p")
-    assert await statuses(conn, more.id, held[0].id) == ["queued", "allocated"]
+    assert await reconciled(conn, more, held[0]) == ["queued", "allocated"]
 
 
 async def test_what_if_names_no_victim_of_the_own_group(conn: asyncpg.Connection) -> None:
-    await mk_pool(conn, "p", {"gpu": 4})
-    await mk_policy(conn, "low", "p")
-    await mk_policy(conn, "high", "p", priority=5)
+    await pool_p(conn, 4, {"low": {}, "high": {"priority": 5}})
     same = await gpu_req(conn, "low", 2, preemption_group="g")
     other = await gpu_req(conn, "low", 2)
     answer = await db_requests.what_if_request(
@@ -176,8 +172,7 @@ async def test_what_if_names_no_victim_of_the_own_group(conn: asyncpg.Connection
 
 
 async def test_a_gang_has_one_group(conn: asyncpg.Connection) -> None:
-    await mk_pool(conn, "p", {"gpu": 4})
-    await mk_policy(conn, "S", "p")
+    await pool_p(conn, 4, {"S": {}})
     with pytest.raises(BadInput) as err:
         await db_batch.create_requests(
             conn,
@@ -192,8 +187,7 @@ async def test_a_gang_has_one_group(conn: asyncpg.Connection) -> None:
 
 @pytest.mark.parametrize("bad", ["", "x" * 129, "a\nb", 7])
 async def test_a_bad_group_is_refused_naming_the_field(conn: asyncpg.Connection, bad: Any) -> None:
-    await mk_pool(conn, "p", {"gpu": 4})
-    await mk_policy(conn, "S", "p")
+    await pool_p(conn, 4, {"S": {}})
     with pytest.raises(BadInput) as err:
         await db_requests.create_request(
             conn, {"subject": "S", "resources": {"gpu": 1}, "preemption_group": bad}
@@ -203,8 +197,7 @@ async def test_a_bad_group_is_refused_naming_the_field(conn: asyncpg.Connection,
 
 
 async def test_the_group_is_part_of_the_idempotent_body(conn: asyncpg.Connection) -> None:
-    await mk_pool(conn, "p", {"gpu": 4})
-    await mk_policy(conn, "S", "p")
+    await pool_p(conn, 4, {"S": {}})
     body = {"subject": "S", "resources": {"gpu": 1}, "idempotency_key": "k"}
     first = await db_requests.create_request(conn, {**body, "preemption_group": "g"})
     again = await db_requests.create_request(conn, {**body, "preemption_group": "g"})
@@ -235,8 +228,7 @@ async def test_exact_subject_then_longest_literal_prefix(conn: asyncpg.Connectio
 
 
 async def test_a_pattern_limit_bounds_the_sum_over_its_subjects(conn: asyncpg.Connection) -> None:
-    await mk_pool(conn, "p", {"gpu": 32})
-    await mk_policy(conn, "team-vision:*", "p", limit={"gpu": 16})
+    await pool_p(conn, 32, {"team-vision:*": {"limit": {"gpu": 16}}})
     made = [await gpu_req(conn, f"team-vision:pipeline-{i}", 4) for i in range(5)]
     assert [m.status for m in made] == ["allocated"] * 4 + ["queued"]
     usage = await conn.fetchval(
@@ -250,16 +242,13 @@ async def test_a_pattern_limit_bounds_the_sum_over_its_subjects(conn: asyncpg.Co
 async def test_a_pattern_reserved_share_is_one_share_for_the_team(
     conn: asyncpg.Connection,
 ) -> None:
-    await mk_pool(conn, "p", {"gpu": 16})
-    await mk_policy(conn, "team-vision:*", "p", reserved={"gpu": 8})
-    await mk_policy(conn, "research", "p")
+    await pool_p(conn, 16, {"team-vision:*": {"reserved": {"gpu": 8}}, "research": {}})
     borrowers = [await gpu_req(conn, "research", 4) for _ in range(4)]
     a = await gpu_req(conn, "team-vision:a", 4)
     b = await gpu_req(conn, "team-vision:b", 4)
     c = await gpu_req(conn, "team-vision:c", 4)
-    await reconcile(conn, "p")
     # a and b fill the team's share of 8 by reclaim; c would borrow: it waits
-    assert await statuses(conn, a.id, b.id, c.id) == ["allocated", "allocated", "queued"]
+    assert await reconciled(conn, a, b, c) == ["allocated", "allocated", "queued"]
     assert sorted(await statuses(conn, *(r.id for r in borrowers))) == [
         "allocated",
         "allocated",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import asyncpg
@@ -41,19 +41,27 @@ async def mk(conn: asyncpg.Connection, gpus: int) -> Request:
     return await mk_req(conn, "S", "p", resources={"gpu": gpus})
 
 
+async def pool_with(conn: asyncpg.Connection, capacity: int, *gpus: int) -> list[Request]:
+    """Pool p of ``capacity`` GPUs, then a request of S for each of ``gpus``, in order."""
+    await mk_pool_s(conn, {"gpu": capacity})
+    return [await mk(conn, n) for n in gpus]
+
+
+def field_of(done: Sequence[object], name: str) -> list[object]:
+    """Each release's ``name`` (status, id, ...); None for a release that failed."""
+    return [getattr(d, name, None) for d in done]
+
+
 async def test_each_release_ends_its_request_and_the_freed_units_go_to_the_queue(
     conn: asyncpg.Connection,
 ) -> None:
-    await mk_pool_s(conn, {"gpu": 2})
-    a = await mk(conn, 1)
-    b = await mk(conn, 1)
-    waiting = await mk(conn, 2)
+    a, b, waiting = await pool_with(conn, 2, 1, 1, 2)
     assert waiting.status == "queued"
 
     done = await db_requests.release_requests(conn, [(a.id, None), (b.id, a.attempt)])
 
-    assert [getattr(d, "status", None) for d in done] == ["released", "released"]
-    assert [getattr(d, "id", None) for d in done] == [a.id, b.id]
+    assert field_of(done, "status") == ["released", "released"]
+    assert field_of(done, "id") == [a.id, b.id]
     # both gave their units back in that one transaction: the 2-GPU request holds them now
     assert await status(conn, waiting.id) == "allocated"
     assert await queue_ids(conn, "p") == []
@@ -67,10 +75,7 @@ async def test_each_release_ends_its_request_and_the_freed_units_go_to_the_queue
 async def test_an_unknown_id_or_a_stale_attempt_fails_that_release_only(
     conn: asyncpg.Connection,
 ) -> None:
-    await mk_pool_s(conn, {"gpu": 4})
-    a = await mk(conn, 1)
-    b = await mk(conn, 1)
-    c = await mk(conn, 1)
+    a, b, c = await pool_with(conn, 4, 1, 1, 1)
     unknown = uuid.uuid4()
 
     done = await db_requests.release_requests(
@@ -91,15 +96,13 @@ async def test_an_unknown_id_or_a_stale_attempt_fails_that_release_only(
 async def test_a_queued_request_is_cancelled_and_a_finished_one_left_as_it_is(
     conn: asyncpg.Connection,
 ) -> None:
-    await mk_pool_s(conn, {"gpu": 1})
-    holder = await mk(conn, 1)
-    waiting = await mk(conn, 1)
+    holder, waiting = await pool_with(conn, 1, 1, 1)
 
     done = await db_requests.release_requests(
         conn, [(waiting.id, None), (holder.id, None), (holder.id, None)]
     )
 
-    assert [getattr(d, "status", None) for d in done] == ["cancelled", "released", "released"]
+    assert field_of(done, "status") == ["cancelled", "released", "released"]
     assert getattr(done[0], "reason", None) == "released_while_queued"
     # released once: the second mention of it found it finished and left it so
     assert [e[1] for e in await events(conn, holder.id)].count("released") == 1
@@ -108,8 +111,7 @@ async def test_a_queued_request_is_cancelled_and_a_finished_one_left_as_it_is(
 async def test_concurrent_batches_over_the_same_requests_never_deadlock_or_double_free(
     conn: asyncpg.Connection, db_url: str
 ) -> None:
-    await mk_pool_s(conn, {"gpu": 40})
-    made = [await mk(conn, 1) for _ in range(40)]
+    made = await pool_with(conn, 40, *[1] * 40)
     ids = [r.id for r in made]
     pool = await create_pool(db_url, size=4, application_name=APP_API)
     try:
@@ -195,7 +197,7 @@ async def test_a_batch_of_settlements_leaves_what_one_release_after_another_leav
         # (with nobody waiting, the settlements were made together; else one by one)
         together = await function_calls(conn, "respool._settle_many(uuid[], jsonb[], timestamptz)")
     assert together == (0 if queue else 1)
-    assert [getattr(d, "status", None) for d in done] == ["released"] * 6
+    assert field_of(done, "status") == ["released"] * 6
     one, many = await _ended(conn, "one"), await _ended(conn, "many")
     assert many == one
     assert [r["status"] for r in one["requests"]] == ["released"] * 6 + (

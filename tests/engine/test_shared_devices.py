@@ -20,6 +20,7 @@ import pytest
 
 from support.churn import churn
 from support.db import RECONCILE_POOL, ClockedConn
+from support.placement import gpu_placement
 from support.twins import install_twin
 
 CLOCK0 = ClockedConn.clock0
@@ -120,13 +121,9 @@ async def test_two_slices_share_one_80gb_device(env: Env) -> None:
     a = await env.req({"gpu_memory_mb": 20480, "gpu_share": 50})
     b = await env.req({"gpu_memory_mb": 40960})
     assert a["status"] == b["status"] == "allocated"
-    assert a["placement"] == {
-        "node": "n1",
-        "labels": {},
-        "devices": {"gpu": ["0"]},
-        "slices": {"gpu": {"0": {"memory_mb": 20480, "share": 50}}},
-        "isolation": {"gpu": "mps"},
-    }
+    assert a["placement"] == gpu_placement(
+        "n1", ["0"], slices={"0": {"memory_mb": 20480, "share": 50}}, isolation="mps"
+    )
     assert slice_of(b) == ("0", {"memory_mb": 40960})  # no share asked: none in the answer
     # the pool counts the device's offer (80 GB less 512 MiB kept back) and 100 of share
     used = await env.pool_used()

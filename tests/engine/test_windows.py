@@ -62,6 +62,30 @@ async def spans(
     return [(r["starts_at"], r["ends_at"]) for r in rows]
 
 
+async def assert_states(
+    conn: asyncpg.Connection,
+    windows: list[dict[str, Any]] | None,
+    cases: list[tuple[str, tuple[bool, str | None]]],
+) -> None:
+    """At each UTC time ``at`` of ``cases``, ``windows`` are (active, next change); a next change
+    of None is never."""
+    for at, (active, until) in cases:
+        expected = (active, None if until is None else utc(until))
+        assert await window_state(conn, windows, utc(at)) == expected, at
+
+
+async def assert_spans(
+    conn: asyncpg.Connection,
+    windows: list[dict[str, Any]],
+    start: str,
+    end: str,
+    expected: list[tuple[str, str]],
+) -> None:
+    """From UTC ``start`` to ``end``, ``windows`` are in force exactly over ``expected``."""
+    got = await spans(conn, windows, utc(start), utc(end))
+    assert got == [(utc(a), utc(b)) for a, b in expected]
+
+
 async def policy(
     conn: asyncpg.Connection,
     subject: str,
@@ -201,17 +225,47 @@ async def test_bad_windows_name_the_field_and_change_nothing(
 # --- weekly windows and daylight saving time ----------------------------------------------------
 
 
-async def test_office_hours_in_berlin_move_in_utc_with_summer_time(
-    conn: asyncpg.Connection,
-) -> None:
+NIGHT = [{"timezone": "Europe/Berlin", "days": ["sat"], "from": "22:00", "to": "06:00"}]
+SMALL_HOURS = [{"timezone": "Europe/Berlin", "days": ["sun"], "from": "02:00", "to": "03:00"}]
+ONCE_AT_7 = [{"start": "2026-03-02T07:00:00Z", "end": "2026-03-02T08:00:00Z"}]
+
+# name: (windows, from, to, the spans in force between them), all UTC.
+SPANS: dict[str, tuple[list[dict[str, Any]], str, str, list[tuple[str, str]]]] = {
     # 09:00-17:00 in Berlin is 08:00-16:00 UTC in winter, 07:00-15:00 UTC in summer (from the
     # last Sunday of March, 2026-03-29, to the last Sunday of October, 2026-10-25).
-    assert await spans(conn, OFFICE, utc("2026-03-27T00:00"), utc("2026-04-01T00:00")) == [
-        (utc("2026-03-27T08:00"), utc("2026-03-27T16:00")),
-        (utc("2026-03-30T07:00"), utc("2026-03-30T15:00")),
-        (utc("2026-03-31T07:00"), utc("2026-03-31T15:00")),
-    ]
-    for at, expected in [
+    "office hours in Berlin move in UTC with summer time": (
+        OFFICE, "2026-03-27T00:00", "2026-04-01T00:00", [
+            ("2026-03-27T08:00", "2026-03-27T16:00"),
+            ("2026-03-30T07:00", "2026-03-30T15:00"),
+            ("2026-03-31T07:00", "2026-03-31T15:00"),
+        ]),
+    # Saturday 22:00 CET to Sunday 06:00 CEST: the spring night is 7 hours long.
+    "a window crossing midnight belongs to the day it starts": (
+        NIGHT, "2026-03-27T00:00", "2026-04-06T00:00", [
+            ("2026-03-28T21:00", "2026-03-29T04:00"),
+            ("2026-04-04T20:00", "2026-04-05T04:00"),
+        ]),
+    # docs/preemption.md: a local time that does not exist is the first instant after the gap,
+    # one that exists twice is read as standard time (the later instant, PostgreSQL's rule).
+    # 2026-03-29: 02:00 and 03:00 local both come out as 01:00 UTC: no window that day.
+    "local times that do not exist: no window": (
+        SMALL_HOURS, "2026-03-28T00:00", "2026-03-30T00:00", []),
+    # 2026-10-25: 02:00 is read as 02:00 CET (01:00 UTC), 03:00 CET is 02:00 UTC.
+    "local times that exist twice: standard time": (
+        SMALL_HOURS, "2026-10-24T00:00", "2026-10-26T00:00", [
+            ("2026-10-25T01:00", "2026-10-25T02:00"),
+        ]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(SPANS))
+async def test_window_spans(conn: asyncpg.Connection, name: str) -> None:
+    await assert_spans(conn, *SPANS[name])
+
+
+# name: (windows, [(at, (active, next change or None for never))]), all UTC.
+STATES: dict[str, tuple[list[dict[str, Any]] | None, list[tuple[str, tuple[bool, str | None]]]]] = {
+    "office hours in Berlin move in UTC with summer time": (OFFICE, [
         # Friday before the spring change: active, then closed for the weekend until Monday
         # 07:00 UTC.
         ("2026-03-27T10:00", (True, "2026-03-27T16:00")),
@@ -223,74 +277,37 @@ async def test_office_hours_in_berlin_move_in_utc_with_summer_time(
         ("2026-10-26T07:30", (False, "2026-10-26T08:00")),
         # The end is exclusive: at 16:00 UTC on a winter Friday the policy is already off.
         ("2026-03-27T16:00", (False, "2026-03-30T07:00")),
-    ]:
-        active, until = expected
-        assert await window_state(conn, OFFICE, utc(at)) == (active, utc(until)), at
-
-
-async def test_a_window_crossing_midnight_belongs_to_the_day_it_starts(
-    conn: asyncpg.Connection,
-) -> None:
-    night = [{"timezone": "Europe/Berlin", "days": ["sat"], "from": "22:00", "to": "06:00"}]
-    # Saturday 22:00 CET to Sunday 06:00 CEST: the spring night is 7 hours long.
-    assert await spans(conn, night, utc("2026-03-27T00:00"), utc("2026-04-06T00:00")) == [
-        (utc("2026-03-28T21:00"), utc("2026-03-29T04:00")),
-        (utc("2026-04-04T20:00"), utc("2026-04-05T04:00")),
-    ]
-    assert await window_state(conn, night, utc("2026-03-29T03:00")) == (
-        True,
-        utc("2026-03-29T04:00"),
-    )
-    # Sunday night is not a Saturday: off until next Saturday 22:00 CEST.
-    assert await window_state(conn, night, utc("2026-03-29T21:30")) == (
-        False,
-        utc("2026-04-04T20:00"),
-    )
-    # The autumn night is 9 hours long.
-    assert await window_state(conn, night, utc("2026-10-24T20:00")) == (
-        True,
-        utc("2026-10-25T05:00"),
-    )
+    ]),
+    "a window crossing midnight belongs to the day it starts": (NIGHT, [
+        ("2026-03-29T03:00", (True, "2026-03-29T04:00")),
+        # Sunday night is not a Saturday: off until next Saturday 22:00 CEST.
+        ("2026-03-29T21:30", (False, "2026-04-04T20:00")),
+        # The autumn night is 9 hours long.
+        ("2026-10-24T20:00", (True, "2026-10-25T05:00")),
+    ]),
     # from = to: 24 hours.
-    whole_day = [{"timezone": "UTC", "days": ["mon"], "from": "12:00", "to": "12:00"}]
-    assert await window_state(conn, whole_day, utc("2026-03-03T11:00")) == (
-        True,
-        utc("2026-03-03T12:00"),
-    )
-
-
-async def test_local_times_that_do_not_exist_or_exist_twice(conn: asyncpg.Connection) -> None:
-    # docs/preemption.md: a local time that does not exist is the first instant after the gap,
-    # one that exists twice is read as standard time (the later instant, PostgreSQL's rule).
-    small_hours = [{"timezone": "Europe/Berlin", "days": ["sun"], "from": "02:00", "to": "03:00"}]
-    # 2026-03-29: 02:00 and 03:00 local both come out as 01:00 UTC: no window that day.
-    assert await spans(conn, small_hours, utc("2026-03-28T00:00"), utc("2026-03-30T00:00")) == []
-    # 2026-10-25: 02:00 is read as 02:00 CET (01:00 UTC), 03:00 CET is 02:00 UTC.
-    assert await spans(conn, small_hours, utc("2026-10-24T00:00"), utc("2026-10-26T00:00")) == [
-        (utc("2026-10-25T01:00"), utc("2026-10-25T02:00"))
-    ]
-
-
-async def test_one_time_windows_and_merged_neighbours(conn: asyncpg.Connection) -> None:
-    once = [{"start": "2026-03-02T07:00:00Z", "end": "2026-03-02T08:00:00Z"}]
-    assert await window_state(conn, once, utc("2026-03-01T00:00")) == (
-        False,
-        utc("2026-03-02T07:00"),
-    )
-    assert await window_state(conn, once, utc("2026-03-02T07:00")) == (
-        True,
-        utc("2026-03-02T08:00"),
-    )
-    assert await window_state(conn, once, utc("2026-03-02T08:00")) == (False, None)  # never again
+    "from = to is the whole day": (
+        [{"timezone": "UTC", "days": ["mon"], "from": "12:00", "to": "12:00"}],
+        [("2026-03-03T11:00", (True, "2026-03-03T12:00"))]),
+    "a one-time window": (ONCE_AT_7, [
+        ("2026-03-01T00:00", (False, "2026-03-02T07:00")),
+        ("2026-03-02T07:00", (True, "2026-03-02T08:00")),
+        ("2026-03-02T08:00", (False, None)),  # never again
+    ]),
     # A one-time window touching a weekly one: one span, so no change at 08:00.
-    both = [*once, {"timezone": "UTC", "from": "08:00", "to": "09:00"}]
-    assert await window_state(conn, both, utc("2026-03-02T07:30")) == (
-        True,
-        utc("2026-03-02T09:00"),
-    )
-    assert await window_state(conn, None, utc("2026-03-02T07:30")) == (True, None)
-    every_minute = [{"timezone": "Asia/Kolkata", "from": "05:30", "to": "05:30"}]
-    assert await window_state(conn, every_minute, utc("2026-03-02T07:30")) == (True, None)
+    "a one-time window merged with its weekly neighbour": (
+        [*ONCE_AT_7, {"timezone": "UTC", "from": "08:00", "to": "09:00"}],
+        [("2026-03-02T07:30", (True, "2026-03-02T09:00"))]),
+    "no windows: always active": (None, [("2026-03-02T07:30", (True, None))]),
+    "a weekly window from = to every day: always active": (
+        [{"timezone": "Asia/Kolkata", "from": "05:30", "to": "05:30"}],
+        [("2026-03-02T07:30", (True, None))]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(STATES))
+async def test_window_states(conn: asyncpg.Connection, name: str) -> None:
+    await assert_states(conn, *STATES[name])
 
 
 # --- reserved shares at every instant -----------------------------------------------------------

@@ -4,10 +4,12 @@ or ends in the hour skipped when the clocks go forward keeps the part of it that
 
 from __future__ import annotations
 
+from typing import Any
+
 import asyncpg
 import pytest
 from engine_support import mk_pool
-from test_windows import OFFICE, WEEKLY, policy, spans, update, utc
+from test_windows import OFFICE, WEEKLY, assert_spans, policy, update, utc
 
 from app.db import policies as db_policies
 from app.db.errors import BadInput, Conflict
@@ -72,32 +74,31 @@ async def test_a_conflict_inside_a_far_one_time_window_is_found(
 # --- the hour skipped when the clocks go forward (Berlin: 2026-03-29, 02:00 -> 03:00) ----------
 
 
-async def test_a_window_starting_in_the_spring_gap_starts_when_the_clocks_jump(
-    conn: asyncpg.Connection,
-) -> None:
-    sunday = [{"timezone": "Europe/Berlin", "days": ["sun"], "from": "02:30", "to": "03:30"}]
+def _sunday(zone: str, start: str, end: str) -> list[dict[str, Any]]:
+    return [{"timezone": zone, "days": ["sun"], "from": start, "to": end}]
+
+
+# name: (windows, from, to, the spans in force between them), all UTC.
+SPRING_GAP: dict[str, tuple[list[dict[str, Any]], str, str, list[tuple[str, str]]]] = {
     # 02:30 does not exist that night; 03:00-03:30 CEST does (01:00-01:30 UTC).
-    assert await spans(conn, sunday, utc("2026-03-28T00:00"), utc("2026-03-30T00:00")) == [
-        (utc("2026-03-29T01:00"), utc("2026-03-29T01:30"))
-    ]
+    "a window starting in the spring gap starts when the clocks jump": (
+        _sunday("Europe/Berlin", "02:30", "03:30"), "2026-03-28T00:00", "2026-03-30T00:00",
+        [("2026-03-29T01:00", "2026-03-29T01:30")]),
     # Any other Sunday: the whole hour (winter time, 01:30-02:30 UTC).
-    assert await spans(conn, sunday, utc("2026-03-21T00:00"), utc("2026-03-23T00:00")) == [
-        (utc("2026-03-22T01:30"), utc("2026-03-22T02:30"))
-    ]
-
-
-async def test_a_window_ending_in_the_spring_gap_ends_when_the_clocks_jump(
-    conn: asyncpg.Connection,
-) -> None:
-    sunday = [{"timezone": "Europe/Berlin", "days": ["sun"], "from": "01:30", "to": "02:30"}]
+    "the same window on any other Sunday is the whole hour": (
+        _sunday("Europe/Berlin", "02:30", "03:30"), "2026-03-21T00:00", "2026-03-23T00:00",
+        [("2026-03-22T01:30", "2026-03-22T02:30")]),
     # 01:30-02:00 CET exists (00:30-01:00 UTC); then the clocks jump to 03:00 CEST.
-    assert await spans(conn, sunday, utc("2026-03-28T00:00"), utc("2026-03-30T00:00")) == [
-        (utc("2026-03-29T00:30"), utc("2026-03-29T01:00"))
-    ]
+    "a window ending in the spring gap ends when the clocks jump": (
+        _sunday("Europe/Berlin", "01:30", "02:30"), "2026-03-28T00:00", "2026-03-30T00:00",
+        [("2026-03-29T00:30", "2026-03-29T01:00")]),
     # A 30-minute gap (Lord Howe Island: 02:00 -> 02:30 on 2026-10-04, UTC+10:30 -> +11).
-    lord_howe = [
-        {"timezone": "Australia/Lord_Howe", "days": ["sun"], "from": "02:10", "to": "03:00"}
-    ]
-    assert await spans(conn, lord_howe, utc("2026-10-03T00:00"), utc("2026-10-05T00:00")) == [
-        (utc("2026-10-03T15:30"), utc("2026-10-03T16:00"))
-    ]
+    "a window ending in a 30-minute spring gap ends when the clocks jump": (
+        _sunday("Australia/Lord_Howe", "02:10", "03:00"), "2026-10-03T00:00", "2026-10-05T00:00",
+        [("2026-10-03T15:30", "2026-10-03T16:00")]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(SPRING_GAP))
+async def test_spring_gap(conn: asyncpg.Connection, name: str) -> None:
+    await assert_spans(conn, *SPRING_GAP[name])

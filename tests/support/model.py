@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
+    invariant,
     precondition,
     rule,
     run_state_machine_as_test,
@@ -158,6 +159,30 @@ class NodeModelMachine(ModelClockMachine):
         self.reconcile_pool(self.pool, self.now())
         self.model.reconcile()
         self.stats["reconcile"] += 1
+
+    @invariant()
+    def engine_matches_model(self) -> None:
+        """Once started, after every step: each request's state as the engine reads it
+        (``state_sql``'s ``requests``) is the model's (:meth:`model_requests`), then the rest of
+        the engine's state is the model's (:meth:`check_state`)."""
+        if not self.started:
+            return
+        self.stats["checks"] += 1
+        state = self.sql(self.state_sql)
+        model = self.model_requests()
+        assert state["requests"] == model, self._diff(state["requests"], model)
+        self.check_state(state)
+
+    state_sql: ClassVar[str]
+
+    def model_requests(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def check_state(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _diff(self, engine: dict[str, Any], model: dict[str, Any]) -> str:
+        raise NotImplementedError
 
     def teardown(self) -> None:
         self.stats.update(self.model.stats)

@@ -22,6 +22,8 @@ __all__ = [
     "H100_MIG_QUERY",
     "apps_file",
     "compute_apps",
+    "fake_a100_box",
+    "fake_h100_mig_box",
     "fake_smi",
     "gpus",
 ]
@@ -93,3 +95,14 @@ def fake_smi(bin_dir: Path, query: str, listing: str, code: int = 0) -> None:
         f"exit {code}\n"
     )
     script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
+def fake_a100_box(bin_dir: Path) -> None:
+    """:func:`fake_smi` of a box of 8 A100 80GB GPUs (:data:`A100_QUERY`, :data:`A100_LIST`)."""
+    fake_smi(bin_dir, A100_QUERY, A100_LIST)
+
+
+def fake_h100_mig_box(bin_dir: Path) -> None:
+    """:func:`fake_smi` of an H100 box split in part in MIG instances (:data:`H100_MIG_QUERY`,
+    :data:`H100_MIG_LIST`)."""
+    fake_smi(bin_dir, H100_MIG_QUERY, H100_MIG_LIST)
