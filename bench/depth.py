@@ -114,8 +114,10 @@ async def _run(args: argparse.Namespace) -> DepthResults:
             stack.push_async_callback(conn.close)
             runs.append(_Depth(conn, args.gpus, depth))
             await runs[-1].setup()
+            log(f"depth {depth}: set up")
         # Side by side: sample i of every depth before sample i + 1 of any, so a change in the
         # machine's load touches every depth alike.
+        log(f"sampling: {args.samples} releases per depth, round the depths")
         for i in range(args.samples):
             for run in runs:
                 await run.sample(i)
@@ -137,13 +139,26 @@ async def _run(args: argparse.Namespace) -> DepthResults:
     )
 
 
+def _depths(text: str) -> list[int]:
+    """``--depths``: distinct queue lengths, the first 0 (the reference: a release alone)."""
+    try:
+        depths = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+    if depths[0] != 0 or min(depths) < 0 or len(set(depths)) != len(depths):
+        raise argparse.ArgumentTypeError("expected distinct queue depths >= 0, the first 0")
+    return depths
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dsn", default=DEFAULT_DSN, help="a durable PostgreSQL server")
     parser.add_argument("--gpus", type=int, default=20)
     parser.add_argument("--samples", type=int, default=150)
     parser.add_argument(
         "--depths",
-        type=lambda s: [int(x) for x in s.split(",")],
+        type=_depths,
         default=list(DEPTHS),
         help="comma-separated queue depths, the first 0 (default 0,1,100,1000,3000,10000)",
     )
