@@ -257,7 +257,7 @@ class _ReplayRun:
 
 @dataclass
 class FragFigures(_ReplayRun):
-    # mode: pack | spread | abstract
+    # (its mode, a _ReplayRun field: pack | spread | abstract)
     busy_share: float
     fragmentation_events: int
     jobs_hit: int
