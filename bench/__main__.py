@@ -10,7 +10,9 @@ writes the report; ``python -m bench <scenario>`` runs one and prints its figure
 ``python -m bench depth`` times a release that grants against the queue's length (docs/engine.md);
 ``python -m bench rate`` measures rate keys: reservations/s, a saturated window, refill delay
 (docs/rates.md);
-``python -m bench sharing`` measures grants of slices of shared GPUs (docs/placement.md).
+``python -m bench sharing`` measures grants of slices of shared GPUs (docs/placement.md);
+``python -m bench versus`` times the engine's cycle with this tree's SQL functions against another
+commit's, side by side (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from bench import (
     sharing,
     suite,
     sweep,
+    versus,
     wake,
 )
 
@@ -61,6 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         (jobs, "jobs"),
         (rate, "rate"),
         (sharing, "sharing"),
+        (versus, "versus"),
     ):
         mod.add_arguments(commands.add_parser(name, help=mod.SUMMARY, description=mod.SUMMARY))
     dashboard.add_arguments(
@@ -93,6 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "jobs",
         "rate",
         "sharing",
+        "versus",
     ):
         runner: Callable[[argparse.Namespace], int] = {
             "baseline": baseline.run,
@@ -105,6 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "placement": placement.run,
             "rate": rate.run,
             "sharing": sharing.run,
+            "versus": versus.run,
         }[args.command]
         return runner(args)
     if args.command == "all":

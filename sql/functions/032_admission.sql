@@ -93,12 +93,14 @@ BEGIN
     -- The one per-candidate rejection loop (create, requeue, reject): candidates in the order
     -- admission tries them (policy priority desc, pool name; docs/admission.md).
     RETURN QUERY
-    SELECT p.id, p.pool_id, pl.name, rej.reason, rej.message
+    SELECT s.policy_id, s.pool_id, pl.name, rej.reason, rej.message
       FROM respool._subject_policies(p_subject) s
-      JOIN respool.policies p ON p.id = s.policy_id
-      JOIN respool.pools pl ON pl.id = p.pool_id
-     CROSS JOIN LATERAL respool._rejection(p_resources, p_preemptible, p.pool_id, p.id, p_selector, p_request_id) rej
-     WHERE p.pool_id = ANY (p_pool_ids)
+     -- (a probe per candidate, not a join over every policy)
+     CROSS JOIN LATERAL (SELECT p.priority FROM respool.policies p WHERE p.id = s.policy_id LIMIT 1) p
+      JOIN respool.pools pl ON pl.id = s.pool_id
+     CROSS JOIN LATERAL respool._rejection(p_resources, p_preemptible, s.pool_id, s.policy_id, p_selector,
+                                           p_request_id) rej
+     WHERE s.pool_id = ANY (p_pool_ids)
      ORDER BY p.priority DESC, pl.name;
 END $$;
 COMMENT ON FUNCTION respool._candidate_rejections(text, uuid[], jsonb, boolean, jsonb, uuid) IS

@@ -253,13 +253,15 @@ BEGIN
                    ROW(r.subject, r.candidate_pool_ids, r.resources, r.preemptible, r.node_selector)
                    IS DISTINCT FROM lag(ROW(r.subject, r.candidate_pool_ids, r.resources, r.preemptible,
                                             r.node_selector)) OVER (ORDER BY u.n) AS starts
-              FROM unnest(p_ids) WITH ORDINALITY u(id, n) JOIN respool.requests r ON r.id = u.id
-             WHERE r.id = ANY (p_ids)) x;  -- (an index scan, whatever the plan thinks of the table's size)
+              FROM unnest(p_ids) WITH ORDINALITY u(id, n)
+             -- (one index probe per member, whatever the plan thinks of the table's size)
+             CROSS JOIN LATERAL (SELECT * FROM respool.requests q WHERE q.id = u.id LIMIT 1) r) x;
     -- Each run's admitted candidates (r_n of them) with its policy there, in candidate order. A
     -- new request is tried alone (e_alone) in a best_effort pool that holds for nobody and cannot
     -- start holding during this call (no entry waits near starvation_seconds; docs/scheduling.md):
     -- every earlier request already had its chance. Elsewhere a pass decides (respool._try_new).
-    SELECT array_agg(c.pool_id ORDER BY f.run, c.k), array_agg(s.policy_id ORDER BY f.run, c.k),
+    SELECT array_agg(c.pool_id ORDER BY f.run, c.k),
+           array_agg(s.policies[array_position(s.pools, c.pool_id)] ORDER BY f.run, c.k),
            array_agg(pl.queueing = 'best_effort'
                      AND (pl.starvation_seconds IS NULL
                           OR (pl.starvation_seconds > 0
@@ -271,10 +273,13 @@ BEGIN
            array_agg(cardinality(r.candidate_pool_ids) ORDER BY f.run) FILTER (WHERE c.k = 1)
       INTO e_pool, e_policy, e_alone, r_n
       FROM unnest(v_firsts) WITH ORDINALITY f(id, run)
-      JOIN respool.requests r ON r.id = f.id AND r.id = ANY (v_firsts)
+     CROSS JOIN LATERAL (SELECT q.subject, q.candidate_pool_ids FROM respool.requests q WHERE q.id = f.id LIMIT 1) r
+     -- (the run's subject's policies read once, not once per candidate)
+     CROSS JOIN LATERAL (SELECT array_agg(sp.pool_id) AS pools, array_agg(sp.policy_id) AS policies
+                           FROM respool._subject_policies(r.subject) sp) s
      CROSS JOIN LATERAL unnest(r.candidate_pool_ids) WITH ORDINALITY c(pool_id, k)
       JOIN respool.pools pl ON pl.id = c.pool_id
-      JOIN LATERAL respool._subject_policies(r.subject) s ON s.pool_id = c.pool_id;
+     WHERE c.pool_id = ANY (s.pools);
 END $$;
 COMMENT ON FUNCTION respool._member_runs(uuid[], timestamptz) IS
     'The plan of a create''s grants for its queued new requests p_ids (member order): each one''s queue instant; the runs of consecutive alike members (same subject, admitted pools and shape): where each starts and its shape; each run''s admitted candidates (r_n) in candidate order with the policy there and whether a new request is tried alone there (a best_effort pool that holds for nobody and cannot start holding by p_now + 1 s). Read-only.';
