@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
-from respool_client.detect import Machine, detect, memory_map, registration, sharing_map
+from respool_client.detect import Machine, detect, memory_map, node_path, registration, sharing_map
 from respool_client.pairs import host_node_name, split_pair
 from respool_client.wire import Node
 from rich.console import RenderableType
 from rich.text import Text
 
-from cli.api import Api, segment
+from cli.api import Api
 from cli.common import CliError, confirm
 from cli.complete import complete_pool
 from cli.help import with_examples
@@ -179,23 +179,6 @@ def _node_view(node: Node) -> list[RenderableType]:
     return parts
 
 
-def _path(name: str) -> str:
-    return f"/v1/nodes/{segment(name)}"
-
-
-def _body(
-    *,
-    pool: str | None,
-    capacity: dict[str, int] | None,
-    devices: dict[str, list[str]],
-    labels: dict[str, str],
-) -> dict[str, Any]:
-    body: dict[str, Any] = {"capacity": capacity or {}, "devices": devices, "labels": labels}
-    if pool is not None:
-        body["pool"] = pool
-    return body
-
-
 @dataclass(frozen=True)
 class NodeUnits:
     """The options that say what a node has: add's and register's."""
@@ -262,10 +245,18 @@ def add(name: NewNodeName, pool: PoolOpt = None, *, units: NodeUnits, shown: Sho
     named = units.named()
     if not units.capacity and not named:
         raise typer.BadParameter("give the node's units: -c '{\"gpu\": 8}' or --devices gpu=0,1")
-    fields = _body(pool=pool, capacity=units.capacity, devices=named, labels=units.labels())
-    fields |= units.sharing_fields()
+    method, path, body = registration(
+        None,
+        name,
+        pool=pool,
+        capacity=units.capacity or {},
+        devices=named,
+        labels=units.labels(),
+        detected=False,
+        **units.sharing_fields(),
+    )
     with shown.api() as api:
-        node = api.call("POST", "/v1/nodes", Node, body={"name": name} | fields)
+        node = api.call(method, path, Node, body=body)
     note(f"added node {node.name}" + (f" to pool {node.pool}" if node.pool else " (in no pool)"))
     emit(node, shown.output, lambda: _node_view(node))
 
@@ -273,7 +264,7 @@ def add(name: NewNodeName, pool: PoolOpt = None, *, units: NodeUnits, shown: Sho
 def _registration(api: Api, name: str, **units: Any) -> tuple[Node, bool]:
     """Create the node, or make an existing one match what was found
     (:func:`respool_client.detect.registration`, which takes ``units``). Returns (node, created)."""
-    old = api.find(_path(name), Node)
+    old = api.find(node_path(name), Node)
     method, path, body = registration(old, name, **units)
     return api.call(method, path, Node, body=body), old is None
 
@@ -362,7 +353,7 @@ def describe(name: NodeName, *, shown: Shown) -> None:
         respool node describe gpu-01
     """
     with shown.api() as api:
-        node = api.call("GET", _path(name), Node)
+        node = api.call("GET", node_path(name), Node)
     emit(node, shown.output, lambda: _node_view(node))
 
 
@@ -423,7 +414,7 @@ def label(name: NodeName, edit: LabelEdit, force: NodeForce = False, *, shown: S
         respool node label gpu-01 pool=inference --overwrite
     """
     with shown.api() as api:
-        node = api.call("GET", _path(name), Node)
+        node = api.call("GET", node_path(name), Node)
         labels, pool = edit.changes_of(node)
         body: dict[str, Any] = {}
         if labels:
@@ -432,7 +423,7 @@ def label(name: NodeName, edit: LabelEdit, force: NodeForce = False, *, shown: S
             body["pool"] = pool[0]
         if body:
             node = api.call(
-                "PATCH", _path(name), Node, body=body, params={"force": str(force).lower()}
+                "PATCH", node_path(name), Node, body=body, params={"force": str(force).lower()}
             )
             note(f"labelled node {node.name}")
         else:
@@ -445,7 +436,7 @@ def _state_command(verb: str, doc: str) -> None:
 
     def command(name: NodeName, *, shown: Shown) -> None:
         with shown.api() as api:
-            node = api.call("POST", f"{_path(name)}/{verb}", Node)
+            node = api.call("POST", f"{node_path(name)}/{verb}", Node)
         note(f"node {node.name} is {node.state}")
         emit(node, shown.output, lambda: _node_view(node))
 
@@ -473,8 +464,8 @@ def delete(name: NodeName, yes: Yes = False, force: NodeForce = False, *, remote
         respool node delete gpu-01 --yes
     """
     with remote.api() as api:
-        node = api.call("GET", _path(name), Node)
+        node = api.call("GET", node_path(name), Node)
         where = f" from pool {node.pool}" if node.pool else ""
         confirm(f"Delete node {node.name}{where}?", yes=yes)
-        api.call("DELETE", _path(node.name), params={"force": str(force).lower()})
+        api.call("DELETE", node_path(node.name), params={"force": str(force).lower()})
     note(f"deleted node {node.name}")

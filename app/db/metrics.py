@@ -209,23 +209,8 @@ async def tally_events(db: Executor, since: datetime) -> tuple[datetime, list[Ta
     """The database's ``now()`` and every event with ``at >= since`` (oldest first)."""
     async with connection(db) as conn, conn.transaction(isolation="repeatable_read"):
         now = await database_now(conn)
-        rows = await conn.fetch(
-            query("tally_events"),
-            since,
-        )
-    return now, [
-        TallyRow(
-            id=int(r["id"]),
-            at=r["at"],
-            pool=r["pool"],
-            to_status=r["to_status"],
-            reason=r["reason"],
-            preemption=bool(r["preemption"]),
-            final=bool(r["final"]),
-            wait_seconds=r["wait_seconds"],
-        )
-        for r in rows
-    ]
+        rows = await conn.fetch(query("tally_events"), since)
+    return now, _as(list[TallyRow], [dict(r) for r in rows])
 
 
 @contextlib.asynccontextmanager
