@@ -6,26 +6,19 @@ machine says nothing about them."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from support.bench import bench_databases, run_bench
+from support.bench import bench_figures
 
 
 @pytest.mark.slow
 def test_depth_bench_times_a_granting_release_at_each_depth(admin_url: str) -> None:
-    before = bench_databases(admin_url)
-    run = run_bench(
-        "depth", "--dsn", admin_url, "--gpus", "4", "--samples", "10", "--depths", "0,1,30",
-        timeout=300,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    doc = json.loads(run.stdout.split("\n\n|", 1)[0])
+    doc, out = bench_figures(
+        admin_url, "depth", "--gpus", "4", "--samples", "10", "--depths", "0,1,30"
+    )
     assert doc["depths"] == [0, 1, 30]
     assert len(doc["median_ms"]) == len(doc["p90_ms"]) == 3
     assert all(m > 0 for m in doc["median_ms"])
     assert doc["ratio_to_empty"][0] == 1.0
     assert doc["ratio_to_one"][1] == 1.0  # a queue of one: a grant with nothing else waiting
-    assert "| 30 |" in run.stdout
-    assert bench_databases(admin_url) == before
+    assert "| 30 |" in out

@@ -5,24 +5,17 @@ figures are not asserted: a loaded machine says nothing about them."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from support.bench import bench_databases, run_bench
+from support.bench import bench_figures
 
 
 @pytest.mark.slow
 def test_sharing_bench_cycles_each_shape(admin_url: str) -> None:
-    before = bench_databases(admin_url)
-    run = run_bench(
-        "sharing", "--dsn", admin_url, "--nodes", "1", "--held", "3", "--cycles", "10",
-        "--rounds", "1", timeout=300,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    doc = json.loads(run.stdout.split("\n\n|", 1)[0])
+    doc, out = bench_figures(
+        admin_url, "sharing", "--nodes", "1", "--held", "3", "--cycles", "10", "--rounds", "1"
+    )
     assert set(doc["median_cycles_per_s"]) == {"plain gpu:1", "shared gpu:1", "shared slice"}
     assert all(v > 0 for v in doc["median_cycles_per_s"].values())
     assert doc["ratio_to_plain"]["plain gpu:1"] == 1.0
-    assert "| shared slice |" in run.stdout
-    assert bench_databases(admin_url) == before
+    assert "| shared slice |" in out
