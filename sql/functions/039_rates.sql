@@ -250,77 +250,72 @@ END $$;
 COMMENT ON FUNCTION respool._rate_blocks(uuid, uuid, jsonb) IS
     'True when a rate key keeps p_resources of policy p_policy_id out of the pool now: the need does not fit the room of a rate key of the pool place (respool._pool_place) or under the subject''s limit, or the subject is above a limit on one. The reconciler never preempts for such a request: only time frees rate units. Read-only.';
 
+CREATE OR REPLACE FUNCTION respool._settle_refusals(p_ids uuid[], p_used jsonb[])
+RETURNS TABLE (member integer, code text, field text, message text)
+LANGUAGE sql STABLE AS $$
+    -- Per member (1-based), its first refusal in the order the checks are listed (the keys of
+    -- one check in key order); members settling nothing, or settling well, have no row.
+    SELECT DISTINCT ON (m.n) m.n::integer, x.code, x.field, x.message
+      FROM unnest(p_ids, p_used) WITH ORDINALITY m(id, used, n)
+      LEFT JOIN respool.requests r ON r.id = m.id
+     CROSS JOIN LATERAL (SELECT jsonb_typeof(m.used) = 'object' AS object) t
+     -- the charge to settle: the request's last (its pool and attempt)
+      LEFT JOIN LATERAL (SELECT c.pool_id, c.attempt FROM respool.rate_charges c WHERE c.request_id = m.id
+                          ORDER BY c.attempt DESC, c.id DESC LIMIT 1) last ON true
+     CROSS JOIN LATERAL (SELECT coalesce(last.pool_id, r.pool_id) AS id) pool
+     CROSS JOIN LATERAL (
+            SELECT 1 AS step, NULL::text AS k, 'RP400' AS code, 'used' AS field,
+                   'used must be an object of rate key: units used' AS message
+             WHERE NOT t.object
+            UNION ALL
+            SELECT 2, NULL, 'RP400', 'used', format('used has more than %s keys', respool._max_keys())
+             WHERE t.object AND (SELECT count(*) FROM jsonb_object_keys(m.used)) > respool._max_keys()
+            UNION ALL
+            SELECT 3, e.key, 'RP400', 'used.' || left(e.key, 70),
+                   CASE WHEN e.key !~ respool._key_pattern()
+                        THEN format('used: bad resource key %L (expected %s)', left(e.key, 70), respool._key_pattern())
+                        WHEN jsonb_typeof(e.value) <> 'number' OR CASE WHEN jsonb_typeof(e.value) = 'number' THEN
+                                 e.value::numeric <> trunc(e.value::numeric)
+                                 OR e.value::numeric NOT BETWEEN 0 AND respool._max_amount() END
+                        THEN format('used.%s must be an integer between 0 and %s, got %s', left(e.key, 70),
+                                    respool._max_amount(), left(e.value::text, 40))
+                        WHEN NOT EXISTS (SELECT FROM respool.pool_rates pr
+                                          WHERE pr.key = e.key AND (pr.pool_id = pool.id
+                                                OR (pool.id IS NULL AND pr.pool_id = ANY (r.candidate_pool_ids))))
+                        THEN format('used.%s: %s is not a rate key of pool %s; only rate keys are settled', e.key,
+                                    e.key, coalesce((SELECT name FROM respool.pools WHERE id = pool.id), 'of the request'))
+                   END
+              FROM jsonb_each(CASE WHEN t.object THEN m.used ELSE '{}' END) e
+            UNION ALL
+            SELECT 4, NULL, 'RP409', 'used',
+                   format('request %s holds no charge to settle: it was never granted', m.id)
+             WHERE t.object AND last.attempt IS NULL
+            UNION ALL
+            SELECT 5, e.key, CASE WHEN c.request_id IS NULL THEN 'RP400' ELSE 'RP409' END, 'used.' || e.key,
+                   CASE WHEN c.request_id IS NULL AND e.value::numeric > 0
+                        THEN format('used.%s: request %s reserved no %s; settle only the rate keys it reserved',
+                                    e.key, m.id, e.key)
+                        WHEN c.settled_at IS NOT NULL AND c.amount <> e.value::numeric
+                        THEN format('used.%s: the charge of request %s was already settled at %s', e.key, m.id,
+                                    c.amount)
+                   END
+              FROM jsonb_each(CASE WHEN t.object AND last.attempt IS NOT NULL THEN m.used ELSE '{}' END) e
+              LEFT JOIN respool.rate_charges c ON c.request_id = m.id AND c.attempt = last.attempt AND c.key = e.key
+           ) x
+     WHERE m.used IS NOT NULL AND m.used <> 'null'::jsonb AND x.message IS NOT NULL
+     ORDER BY m.n, x.step, x.k
+$$;
+COMMENT ON FUNCTION respool._settle_refusals(uuid[], jsonb[]) IS
+    'Why the settlements of requests p_ids ({key: units used} each, p_used) are refused, one row for each refused one (member, 1-based): RP400 naming used.<key> (bad key or amount, not a rate key of its pool, not reserved) or used (not an object, too many keys), RP409 (never granted: field used; settled before with another amount: used.<key>). The first failing check in that order, a check''s keys in key order. Read-only; respool._settle raises it.';
+
 CREATE OR REPLACE FUNCTION respool._settle_refusal(p_id uuid, p_used jsonb,
                                                    OUT code text, OUT field text, OUT message text)
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    r respool.requests := (SELECT q FROM respool.requests q WHERE q.id = p_id);
-    v_pool uuid;
-    v_attempt integer;
-    k text;
-    v jsonb;
-    c record;
-BEGIN
-    -- Returns the first refusal instead of raising it: a coalesced release reports it as its
-    -- member's error without a subtransaction per member.
-    IF p_used IS NULL OR p_used = 'null'::jsonb THEN
-        RETURN;
-    END IF;
-    IF jsonb_typeof(p_used) <> 'object' THEN
-        SELECT 'RP400', 'used', 'used must be an object of rate key: units used' INTO code, field, message;
-        RETURN;
-    END IF;
-    IF (SELECT count(*) FROM jsonb_object_keys(p_used)) > respool._max_keys() THEN
-        SELECT 'RP400', 'used', format('used has more than %s keys', respool._max_keys()) INTO code, field, message;
-        RETURN;
-    END IF;
-    SELECT c2.pool_id, c2.attempt INTO v_pool, v_attempt FROM respool.rate_charges c2
-     WHERE c2.request_id = p_id ORDER BY c2.attempt DESC, c2.id DESC LIMIT 1;
-    v_pool := coalesce(v_pool, r.pool_id);
-    FOR k, v IN SELECT * FROM jsonb_each(p_used) ORDER BY 1 LOOP
-        field := 'used.' || left(k, 70);
-        IF k !~ respool._key_pattern() THEN
-            code := 'RP400';
-            message := format('used: bad resource key %L (expected %s)', left(k, 70), respool._key_pattern());
-        ELSIF jsonb_typeof(v) <> 'number' OR v::numeric <> trunc(v::numeric)
-              OR v::numeric NOT BETWEEN 0 AND respool._max_amount() THEN
-            code := 'RP400';
-            message := format('%s must be an integer between 0 and %s, got %s', field, respool._max_amount(),
-                              left(v::text, 40));
-        ELSIF NOT EXISTS (SELECT FROM respool.pool_rates pr
-                           WHERE pr.key = k AND (pr.pool_id = v_pool
-                                                 OR (v_pool IS NULL AND pr.pool_id = ANY (r.candidate_pool_ids)))) THEN
-            code := 'RP400';
-            message := format('used.%s: %s is not a rate key of pool %s; only rate keys are settled', k, k,
-                              coalesce((SELECT name FROM respool.pools WHERE id = v_pool), 'of the request'));
-        END IF;
-        IF code IS NOT NULL THEN
-            RETURN;
-        END IF;
-    END LOOP;
-    IF v_attempt IS NULL THEN
-        SELECT 'RP409', 'used', format('request %s holds no charge to settle: it was never granted', p_id)
-          INTO code, field, message;
-        RETURN;
-    END IF;
-    FOR k, v IN SELECT * FROM jsonb_each(p_used) ORDER BY 1 LOOP
-        field := 'used.' || k;
-        SELECT * INTO c FROM respool.rate_charges WHERE request_id = p_id AND attempt = v_attempt AND key = k;
-        IF NOT FOUND AND v::numeric > 0 THEN
-            code := 'RP400';
-            message := format('used.%s: request %s reserved no %s; settle only the rate keys it reserved', k, p_id, k);
-        ELSIF FOUND AND c.settled_at IS NOT NULL AND c.amount <> v::numeric THEN
-            code := 'RP409';
-            message := format('used.%s: the charge of request %s was already settled at %s', k, p_id, c.amount);
-        END IF;
-        IF code IS NOT NULL THEN
-            RETURN;
-        END IF;
-    END LOOP;
-    field := NULL;
-END $$;
+LANGUAGE sql STABLE AS $$
+    SELECT x.code, x.field, x.message
+      FROM (SELECT) one LEFT JOIN respool._settle_refusals(ARRAY[p_id], ARRAY[p_used]) x ON true
+$$;
 COMMENT ON FUNCTION respool._settle_refusal(uuid, jsonb) IS
-    'Why a settlement of a request''s rate keys ({key: units used}) is refused, NULLs when it is not: RP400 naming used.<key> (bad key or amount, not a rate key of its pool, not reserved), RP409 (never granted: field used; settled before with another amount: used.<key>). Read-only; respool._settle raises it.';
+    'respool._settle_refusals for one request: its refusal, NULLs when it settles nothing or settles well.';
 
 DROP FUNCTION IF EXISTS respool._settle(uuid, jsonb, timestamptz);
 CREATE OR REPLACE FUNCTION respool._settle(p_id uuid, p_used jsonb, p_now timestamptz, p_checked boolean DEFAULT false)

@@ -196,10 +196,7 @@ BEGIN
        AND (SELECT count(DISTINCT x) FROM unnest(p_ids) x) = cardinality(p_ids)
        AND NOT EXISTS (SELECT FROM respool.queue_entries e WHERE e.pool_id = ANY (v_pools))
        AND NOT EXISTS (SELECT FROM respool.nodes n WHERE n.pool_id = ANY (v_pools))
-       AND (p_used IS NULL
-            OR NOT EXISTS (SELECT FROM unnest(p_ids, p_used) x(id, used)
-                            WHERE x.used IS NOT NULL AND x.used <> 'null'::jsonb
-                              AND (respool._settle_refusal(x.id, x.used)).code IS NOT NULL)) THEN
+       AND (p_used IS NULL OR NOT EXISTS (SELECT FROM respool._settle_refusals(p_ids, p_used))) THEN
         IF p_used IS NOT NULL AND NOT respool._settle_many(p_ids, p_used, p_now) THEN
             FOR i IN 1 .. cardinality(p_ids) LOOP
                 PERFORM respool._settle(p_ids[i], p_used[i], p_now, p_checked => true);
