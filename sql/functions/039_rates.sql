@@ -310,10 +310,12 @@ COMMENT ON FUNCTION respool._settle_refusals(uuid[], jsonb[]) IS
 
 CREATE OR REPLACE FUNCTION respool._settle_refusal(p_id uuid, p_used jsonb,
                                                    OUT code text, OUT field text, OUT message text)
-LANGUAGE sql STABLE AS $$
-    SELECT x.code, x.field, x.message
-      FROM (SELECT) one LEFT JOIN respool._settle_refusals(ARRAY[p_id], ARRAY[p_used]) x ON true
-$$;
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- (PL/pgSQL: its plan is kept, the set-returning function inlined into it)
+    SELECT x.code, x.field, x.message INTO code, field, message
+      FROM respool._settle_refusals(ARRAY[p_id], ARRAY[p_used]) x;
+END $$;
 COMMENT ON FUNCTION respool._settle_refusal(uuid, jsonb) IS
     'respool._settle_refusals for one request: its refusal, NULLs when it settles nothing or settles well.';
 

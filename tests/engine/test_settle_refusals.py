@@ -5,7 +5,7 @@ batch beside a good one, and the refused release changes nothing."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 from uuid import UUID
 
@@ -70,11 +70,19 @@ async def _batched(conn: asyncpg.Connection, rid: UUID, used: Any) -> object:
     return results[1]
 
 
-@pytest.mark.parametrize("how", [_alone, _batched], ids=["alone", "batched"])
+Release = Callable[[asyncpg.Connection, UUID, Any], Awaitable[object]]
+
+
+@pytest.fixture(params=[_alone, _batched], ids=["alone", "batched"])
+def how(request: pytest.FixtureRequest) -> Release:
+    """A release settling ``used``: alone, or in a coalesced batch after a good one."""
+    return request.param
+
+
 @pytest.mark.parametrize(("used", "kind", "field", "sentence"), CASES)
 async def test_a_bad_settlement_is_refused_with_its_field_and_sentence(
     llm: asyncpg.Connection,
-    how: Callable[[asyncpg.Connection, UUID, Any], Any],
+    how: Release,
     used: Any,
     kind: type[EngineError],
     field: str,
@@ -86,9 +94,8 @@ async def test_a_bad_settlement_is_refused_with_its_field_and_sentence(
     assert await status(llm, r.id) == "allocated"
 
 
-@pytest.mark.parametrize("how", [_alone, _batched], ids=["alone", "batched"])
 async def test_a_request_never_granted_has_no_charge_to_settle(
-    llm: asyncpg.Connection, how: Callable[[asyncpg.Connection, UUID, Any], Any]
+    llm: asyncpg.Connection, how: Release
 ) -> None:
     hog = await mk_req(llm, "a", "llm", resources={"api_calls": 100})
     waiting = await mk_req(llm, "a", "llm", resources={"api_calls": 1})
@@ -99,9 +106,8 @@ async def test_a_request_never_granted_has_no_charge_to_settle(
     assert await status(llm, hog.id) == "allocated"
 
 
-@pytest.mark.parametrize("how", [_alone, _batched], ids=["alone", "batched"])
 async def test_a_settlement_given_again_with_another_amount_is_refused(
-    llm: asyncpg.Connection, how: Callable[[asyncpg.Connection, UUID, Any], Any]
+    llm: asyncpg.Connection, how: Release
 ) -> None:
     r = await mk_req(llm, "a", "llm", resources={"llm_tokens": 4000})
     await db_requests.release_request(llm, r.id, used={"llm_tokens": 100})
