@@ -269,7 +269,8 @@ LANGUAGE sql STABLE AS $$
              WHERE NOT t.object
             UNION ALL
             SELECT 2, NULL, 'RP400', 'used', format('used has more than %s keys', respool._max_keys())
-             WHERE t.object AND (SELECT count(*) FROM jsonb_object_keys(m.used)) > respool._max_keys()
+             WHERE (SELECT count(*) FROM jsonb_object_keys(CASE WHEN t.object THEN m.used ELSE '{}' END))
+                   > respool._max_keys()
             UNION ALL
             SELECT 3, e.key, 'RP400', 'used.' || left(e.key, 70),
                    CASE WHEN e.key !~ respool._key_pattern()

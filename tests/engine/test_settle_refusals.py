@@ -117,3 +117,19 @@ async def test_a_settlement_given_again_with_another_amount_is_refused(
     assert (
         getattr(await how(llm, r.id, {"llm_tokens": 100}), "status", None) == "released"
     )  # same: a retry
+
+
+async def test_a_settlement_that_is_not_an_object_is_refused_naming_used(
+    llm: asyncpg.Connection,
+) -> None:
+    # (the API's decoding refuses it first; the engine refuses it too, without an error of its own)
+    r = await mk_req(llm, "a", "llm", resources={"llm_tokens": 4000})
+    rows = await llm.fetch(
+        "SELECT * FROM respool._settle_refusals($1, ARRAY['[1]'::jsonb, '\"tokens\"'::jsonb])",
+        [r.id, r.id],
+    )
+    assert [(x["member"], x["code"], x["field"]) for x in rows] == [
+        (1, "RP400", "used"),
+        (2, "RP400", "used"),
+    ]
+    assert rows[0]["message"] == "used must be an object of rate key: units used"
