@@ -23,7 +23,7 @@ import uvicorn
 from litestar import Litestar
 
 from app.api import create_app
-from app.api.server import ApiServer
+from app.api.server import KEEP_ALIVE_TIMEOUT, ApiServer
 from app.db import pools as db_pools
 from app.notify import Notifier
 from app.settings import Settings
@@ -100,8 +100,16 @@ async def running_server(
     )
     app = create_app(settings, with_reconciler=with_reconciler)
     sock = listening_socket(port)
+    # The keep-alive of `respool serve`: uvicorn's default (5 s) equals httpx's idle expiry, so a
+    # client could reuse a connection in the instant the server closes it (a ReadError).
     config = uvicorn.Config(
-        app, lifespan="on", log_level="warning", ws="none", http="httptools", access_log=False
+        app,
+        lifespan="on",
+        log_level="warning",
+        ws="none",
+        http="httptools",
+        access_log=False,
+        timeout_keep_alive=KEEP_ALIVE_TIMEOUT,
     )
     srv = InProcessServer(config, app)
     async with serving(srv, sock) as bound:
