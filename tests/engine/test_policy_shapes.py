@@ -58,19 +58,29 @@ async def test_a_lane_request_comes_before_every_non_lane_request(conn: asyncpg.
     assert positions[first.id] == 2
 
 
-async def test_a_lane_request_preempts_a_borrower_of_any_priority(conn: asyncpg.Connection) -> None:
-    await pool_p(
-        conn, 8, {"vip": {"priority": 1000}, "oncall": {"priority": 0, "priority_lane": True}}
-    )
-    held = [await gpu_req(conn, "vip", 4), await gpu_req(conn, "vip", 4)]
-    lane = await gpu_req(conn, "oncall", 4)
-    assert await reconciled(conn, lane, *held) == [
-        "allocated",
-        "allocated",
-        "preempted",
-    ]
+# name: (the pool's GPUs, its policies, the borrower holding the pool twice, the newcomer, the
+# GPUs of each request, the reason the newer holding is preempted with)
+NEWCOMER_TAKES_A_BORROWER = {
+    "a lane request preempts a borrower of any priority": (
+        8, {"vip": {"priority": 1000}, "oncall": {"priority": 0, "priority_lane": True}},
+        "vip", "oncall", 4, "priority"),
+    "a reserved share is reclaimed from a borrowing lane": (
+        4, {"lane": {"priority_lane": True}, "owner": {"reserved": {"gpu": 2}}},
+        "lane", "owner", 2, "reclaim"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(NEWCOMER_TAKES_A_BORROWER))
+async def test_the_newcomer_preempts_the_newest_borrower(
+    conn: asyncpg.Connection, name: str
+) -> None:
+    gpus, policies, borrower, newcomer, each, reason = NEWCOMER_TAKES_A_BORROWER[name]
+    await pool_p(conn, gpus, policies)
+    held = [await gpu_req(conn, borrower, each), await gpu_req(conn, borrower, each)]
+    new = await gpu_req(conn, newcomer, each)
+    assert await reconciled(conn, new, *held) == ["allocated", "allocated", "preempted"]
     victim = await db_requests.get_request(conn, held[1].id)
-    assert victim.reason == "priority"
+    assert victim.reason == reason
 
 
 async def test_lane_allocations_never_preempt_each_other(conn: asyncpg.Connection) -> None:
@@ -91,19 +101,6 @@ async def test_non_lane_work_never_preempts_a_lane_by_priority(conn: asyncpg.Con
     held = await gpu_req(conn, "lane", 4)
     waiting = await gpu_req(conn, "vip", 4)
     assert await reconciled(conn, held, waiting) == ["allocated", "queued"]
-
-
-async def test_a_reserved_share_is_reclaimed_from_a_borrowing_lane(
-    conn: asyncpg.Connection,
-) -> None:
-    await pool_p(conn, 4, {"lane": {"priority_lane": True}, "owner": {"reserved": {"gpu": 2}}})
-    held = [await gpu_req(conn, "lane", 2), await gpu_req(conn, "lane", 2)]
-    mine = await gpu_req(conn, "owner", 2)
-    assert await reconciled(conn, mine, *held) == [
-        "allocated",
-        "allocated",
-        "preempted",
-    ]
 
 
 async def test_a_lane_gang_preempts_borrowers_as_one_request(conn: asyncpg.Connection) -> None:
