@@ -151,6 +151,27 @@ END $$;
 COMMENT ON FUNCTION respool.release_request(uuid, integer, timestamptz, jsonb) IS
     'allocated -> released (preempting -> preempted), queued -> cancelled, terminal unchanged; frees units and grants what fits in the same transaction. p_used {rate key: units} settles the request''s charges first (respool._settle: RP400/RP409 and nothing changes).';
 
+CREATE OR REPLACE FUNCTION respool._queues_of_one_shape(p_pool_ids uuid[])
+RETURNS boolean LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- Two probes of the shape index per pool with waiters: its first and last entry in shape order.
+    RETURN NOT EXISTS (
+        SELECT FROM unnest(p_pool_ids) p(id)
+         CROSS JOIN LATERAL (SELECT e.policy_id, e.preemptible, e.resources, e.node_selector
+                               FROM respool.queue_entries e WHERE e.pool_id = p.id
+                              ORDER BY e.policy_id, e.preemptible, e.resources, e.node_selector LIMIT 1) lo
+         CROSS JOIN LATERAL (SELECT e.policy_id, e.preemptible, e.resources, e.node_selector
+                               FROM respool.queue_entries e WHERE e.pool_id = p.id
+                              ORDER BY e.policy_id DESC, e.preemptible DESC, e.resources DESC, e.node_selector DESC
+                              LIMIT 1) hi
+         WHERE ROW(lo.policy_id, lo.preemptible, lo.resources, lo.node_selector)
+               IS DISTINCT FROM ROW(hi.policy_id, hi.preemptible, hi.resources, hi.node_selector)
+            OR respool._pool_has_rates(p.id)
+            OR EXISTS (SELECT FROM respool.requests r WHERE r.earmark_pool_id = p.id));
+END $$;
+COMMENT ON FUNCTION respool._queues_of_one_shape(uuid[]) IS
+    'True when every pool of p_pool_ids has nobody waiting, or only entries of one policy and one shape (resources, preemptible, selector), no rate key and no earmark. A pass after several releases then grants what a pass after each would: the same requests in the same order, since each fits exactly when the one before it did. Read-only.';
+
 DROP FUNCTION IF EXISTS respool.release_requests(uuid[], integer[], timestamptz);
 CREATE OR REPLACE FUNCTION respool.release_requests(p_ids uuid[], p_attempts integer[] DEFAULT NULL,
                                                     p_now timestamptz DEFAULT now(), p_used jsonb[] DEFAULT NULL)
@@ -183,19 +204,20 @@ BEGIN
                                        WHERE q.id = ANY (p_ids) AND x IS NOT NULL));
     PERFORM 1 FROM respool.requests WHERE id = ANY (p_ids) ORDER BY id FOR UPDATE;
     -- The common case set-based: distinct requests, each allocated (no gang, no job) at its
-    -- attempt, in pools without nodes whose queues are empty, no settlement refused. Ending
-    -- one then changes nothing another's end depends on (a release grants only from the queue,
-    -- and each settles only its own charges), so the whole batch leaves what the members one by
-    -- one would: settled, their units back (one guarded return per pool and policy), released
-    -- in one statement with their events and notifications, each pool passed once.
+    -- attempt, in pools without nodes whose queues are empty or of one shape
+    -- (respool._queues_of_one_shape), no settlement refused. Ending one then changes nothing
+    -- another's end depends on (each settles only its own charges, and one pass grants from
+    -- the queue what a pass after each end would), so the whole batch leaves what the members
+    -- one by one would: settled, their units back (one guarded return per pool and policy),
+    -- released in one statement with their events and notifications, each pool passed once.
     SELECT array_agg(DISTINCT q.pool_id) INTO v_pools FROM respool.requests q WHERE q.id = ANY (p_ids);
     IF (SELECT count(*) FROM unnest(p_ids, p_attempts) x(id, attempt)
           JOIN respool.requests q ON q.id = x.id
          WHERE q.status = 'allocated' AND q.gang_id IS NULL AND q.command IS NULL AND q.pool_id IS NOT NULL
            AND (x.attempt IS NULL OR x.attempt = q.attempt)) = cardinality(p_ids)
        AND (SELECT count(DISTINCT x) FROM unnest(p_ids) x) = cardinality(p_ids)
-       AND NOT EXISTS (SELECT FROM respool.queue_entries e WHERE e.pool_id = ANY (v_pools))
        AND NOT EXISTS (SELECT FROM respool.nodes n WHERE n.pool_id = ANY (v_pools))
+       AND respool._queues_of_one_shape(v_pools)
        AND (p_used IS NULL OR NOT EXISTS (SELECT FROM respool._settle_refusals(p_ids, p_used))) THEN
         IF p_used IS NOT NULL AND NOT respool._settle_many(p_ids, p_used, p_now) THEN
             FOR i IN 1 .. cardinality(p_ids) LOOP

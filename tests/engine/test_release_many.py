@@ -203,3 +203,54 @@ async def test_a_batch_of_settlements_leaves_what_one_release_after_another_leav
     assert [r["status"] for r in one["requests"]] == ["released"] * 6 + (
         ["allocated"] if queue else []
     )
+
+
+ONE_SHAPE = [("a", {"gpu": 1})] * 3
+WAITERS = {
+    # (waiters' subject and resources in queue order, whether the batch ends set-based)
+    "one shape": (ONE_SHAPE, True),
+    "one shape, more than the units freed": ([("a", {"gpu": 1})] * 6, True),
+    "two shapes": ([("a", {"gpu": 2}), ("a", {"gpu": 1}), ("a", {"gpu": 1})], False),
+    "two subjects": ([("a", {"gpu": 1}), ("b", {"gpu": 1}), ("a", {"gpu": 1})], False),
+}
+
+
+@pytest.mark.parametrize("case", list(WAITERS))
+async def test_a_batch_with_waiters_leaves_what_one_release_after_another_leaves(
+    conn: asyncpg.Connection, case: str
+) -> None:
+    """Holders of team h (2 GPUs, 1 GPU, 1 GPU) fill a pool of 4 GPUs with requests waiting;
+    the two of 1 GPU are released together: the same requests granted, events and counters as
+    releasing them one after another. Waiters of one team and one shape are granted by one pass
+    after both ends; any other queue is ended one by one (with two shapes, one pass after both
+    would grant the 2-GPU head where a pass after each end grants the 1-GPU requests behind it)."""
+    waiters, set_based = WAITERS[case]
+    for pool in ("one", "many"):
+        await mk_pool(conn, pool, {"gpu": 4})
+        for team in ("h", "a", "b"):
+            await mk_policy(conn, team, pool)
+    made: dict[str, list[Request]] = {"one": [], "many": []}
+    for pool in ("one", "many"):
+        for i, gpus in enumerate((2, 1, 1)):
+            made[pool].append(
+                await mk_req(conn, "h", pool, resources={"gpu": gpus}, labels={"m": f"h{i}"})
+            )
+        for i, (team, body) in enumerate(waiters):
+            waiting = await mk_req(conn, team, pool, resources=body, labels={"m": f"w{i}"})
+            assert waiting.status == "queued"
+    for r in made["one"][1:]:
+        await db_requests.release_request(conn, r.id)
+    await conn.execute("SET track_functions = 'all'")
+    async with conn.transaction():
+        done = await db_requests.release_requests(
+            conn, [(r.id, r.attempt) for r in made["many"][1:]]
+        )
+        one_by_one = await function_calls(
+            conn, "respool._end_locked(uuid, text, text, text, text, text, timestamptz)"
+        )
+    assert one_by_one == (0 if set_based else 2)
+    assert field_of(done, "status") == ["released"] * 2
+    one, many = await _ended(conn, "one"), await _ended(conn, "many")
+    assert many == one
+    granted = [r["m"] for r in one["requests"] if r["status"] == "allocated"]
+    assert granted, "the freed units went to the queue"
