@@ -345,6 +345,12 @@ BEGIN
                    OR respool._try_grant(r.id, w.e_pool[v_e], w.e_policy[v_e], r.queued_at, r) <> 'granted' THEN
                     PERFORM respool._queue_members(ARRAY[r.id]);
                     PERFORM respool._try_new(r.id, r.queued_at);
+                    IF EXISTS (SELECT FROM respool.requests WHERE id = r.id AND status = 'queued') THEN
+                        -- It waits behind what its pass left waiting: so does every alike member
+                        -- after it (nothing was granted since), queued without trying each.
+                        PERFORM respool._queue_members(p_ids[m + 1 : v_last]);
+                        EXIT;
+                    END IF;
                 END IF;
             END LOOP;
             v_queued := v_last + 1;

@@ -367,6 +367,22 @@ async def test_a_thousand_alike_members_one_shape_tried_once(fresh: Fresh) -> No
     assert [d["queue_position"] for d in answered[3:]] == list(range(1, 298))
 
 
+@pytest.mark.parametrize("world", ["strict", "starving"])
+async def test_alike_members_after_one_that_waits_wait_without_a_pass_each(
+    fresh: Fresh, world: str
+) -> None:
+    """Where each new member is tried through the queue (a strict pool, or one that may hold for
+    a starving head), alike members are tried until one of them waits: those after it wait
+    too, as one by one leaves them, without a pass each."""
+    members = [member(i, subject="S", pool="a", resources={"gpu": 1}) for i in range(12)]
+    batch, one, one_by_one = await both_ways(fresh, world, members)
+    assert batch == one
+    answered = [d["status"] for _c, _i, d in batch[1]]
+    assert "allocated" in answered
+    assert answered.count("queued") > 1
+    assert one_by_one == 1
+
+
 @pytest.mark.parametrize(
     ("pool", "resources", "teams", "granted"),
     [
