@@ -5,7 +5,8 @@ here wait on the notifier (:mod:`app.notify`) and hold no database connection wh
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar
 from uuid import UUID
 
 from litestar import Controller, get, post
@@ -43,6 +44,8 @@ __all__ = ["AgentController", "JobController", "agent_only"]
 # A waiting agent or log follower reads again at least this often, whatever the notifications do.
 POLL_BACKSTOP = 2.0
 
+T = TypeVar("T")
+
 
 async def agent_only(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
     """Claims and log writes are for agent tokens: clients (and admins) cannot claim."""
@@ -50,6 +53,35 @@ async def agent_only(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRout
     if not isinstance(principal, Principal) or principal.role != "agent":
         name = principal.name if isinstance(principal, Principal) else "?"
         raise AuthError(403, f"only an agent token may do this (token {name!r})")
+
+
+async def _long_poll(
+    state: State,
+    key: UUID,
+    seconds: float,
+    first: T,
+    *,
+    ready: Callable[[T], bool],
+    read: Callable[[T], Awaitable[T]],
+) -> T:
+    """``first`` (the caller's read) if ``ready`` holds for it or there is no wait; otherwise
+    ``read`` (given the previous answer) again until ``ready`` holds, ``seconds`` run out or
+    shutdown begins, woken by the notifications keyed by ``key`` or every POLL_BACKSTOP seconds.
+
+    Register, read, wait: a change committed between the read and the wait still wakes it."""
+    if ready(first) or seconds <= 0:
+        return first
+    hub = notifier(state)
+    deadline = time.monotonic() + seconds
+    with hub.waiter(key) as waiter:
+        found = await read(first)
+        while not ready(found) and not hub.closing:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            await waiter.wait(min(remaining, POLL_BACKSTOP))
+            found = await read(found)
+    return found
 
 
 def _agent(request: AnyRequest) -> Principal:
@@ -100,20 +132,15 @@ class AgentController(Controller):
         items = await db_jobs.agent_jobs(
             pool, node_id=p.node_id, pool_id=p.pool_id, claimed=claimed
         )
-        if items or seconds <= 0:
-            return AgentJobs(items=items)
-        hub = notifier(state)
-        deadline = time.monotonic() + seconds
         # A grant placed on its node wakes it (keyed by the node's id; a pool agent: the pool's).
-        # Register, read, wait: a grant committed between the read and the wait still wakes it.
-        with hub.waiter(p.node_id or p.pool_id or UUID(int=0)) as waiter:
-            items = await db_jobs.agent_jobs(pool, node_id=p.node_id, pool_id=p.pool_id)
-            while not items and not hub.closing:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                await waiter.wait(min(remaining, POLL_BACKSTOP))
-                items = await db_jobs.agent_jobs(pool, node_id=p.node_id, pool_id=p.pool_id)
+        items = await _long_poll(
+            state,
+            p.node_id or p.pool_id or UUID(int=0),
+            seconds,
+            items,
+            ready=bool,
+            read=lambda _: db_jobs.agent_jobs(pool, node_id=p.node_id, pool_id=p.pool_id),
+        )
         return AgentJobs(items=items)
 
 
@@ -201,17 +228,12 @@ class JobController(Controller):
         pool = db(state)
         seconds = capped_wait(state, wait)
         found = await db_jobs.job_logs(pool, request_id, attempt=attempt, after=after)
-        if found.chunks or found.done or seconds <= 0:
-            return found
-        hub = notifier(state)
-        deadline = time.monotonic() + seconds
-        # Register, read, wait: a chunk stored between the read and the wait still wakes it.
-        with hub.waiter(request_id) as waiter:
-            found = await db_jobs.job_logs(pool, request_id, attempt=found.attempt, after=after)
-            while not found.chunks and not found.done and not hub.closing:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                await waiter.wait(min(remaining, POLL_BACKSTOP))
-                found = await db_jobs.job_logs(pool, request_id, attempt=found.attempt, after=after)
-        return found
+        # A chunk stored for the job wakes it (keyed by the request's id).
+        return await _long_poll(
+            state,
+            request_id,
+            seconds,
+            found,
+            ready=lambda f: bool(f.chunks) or f.done,
+            read=lambda f: db_jobs.job_logs(pool, request_id, attempt=f.attempt, after=after),
+        )

@@ -54,12 +54,17 @@ async def _assert_applied_again_changes_nothing(cli: Cli, path: str) -> None:
     assert "No changes" in (await cli.ok("apply", "-f", path)).stdout
 
 
-def _summary(plan: dict[str, object]) -> list[tuple[str, str, str]]:
+def _changes(plan: dict[str, object]) -> list[Any]:
+    """The plan's list of changes."""
     changes = plan["changes"]
     assert isinstance(changes, list)
+    return changes
+
+
+def _summary(plan: dict[str, object]) -> list[tuple[str, str, str]]:
     return [
         (c["action"], c["kind"], c["pool"] + (f"/{c['subject']}" if c.get("subject") else ""))
-        for c in changes
+        for c in _changes(plan)
     ]
 
 
@@ -293,9 +298,7 @@ SPARE = "  - name: spare\n"
 
 
 def _nodes(plan: dict[str, object]) -> list[tuple[str, str]]:
-    changes = plan["changes"]
-    assert isinstance(changes, list)
-    return [(c["action"], c["node"]) for c in changes if c["kind"] == "node"]
+    return [(c["action"], c["node"]) for c in _changes(plan) if c["kind"] == "node"]
 
 
 async def test_apply_creates_nodes_and_is_idempotent(cli: Cli, tmp_path: Path) -> None:

@@ -83,23 +83,27 @@ async def test_the_newcomer_preempts_the_newest_borrower(
     assert victim.reason == reason
 
 
-async def test_lane_allocations_never_preempt_each_other(conn: asyncpg.Connection) -> None:
-    await pool_p(conn, 4, {
+# name: (pool p's policies (4 GPUs), the lane holding the pool, the subject waiting for it)
+NEVER_PREEMPTS_A_LANE = {
+    "lane allocations never preempt each other": ({
         "lane-low": {"priority": 0, "priority_lane": True},
         # a higher priority and a reserved share: neither lets it take another lane's work
         "lane-high": {"priority": 50, "reserved": {"gpu": 4}, "priority_lane": True},
-    })  # fmt: skip
-    held = await gpu_req(conn, "lane-low", 4)
-    waiting = await gpu_req(conn, "lane-high", 4)
-    assert await reconciled(conn, held, waiting) == ["allocated", "queued"]
+    }, "lane-low", "lane-high"),
+    "non-lane work never preempts a lane by priority": (
+        {"lane": {"priority": -100, "priority_lane": True}, "vip": {"priority": 1000}},
+        "lane", "vip"),
+}  # fmt: skip
 
 
-async def test_non_lane_work_never_preempts_a_lane_by_priority(conn: asyncpg.Connection) -> None:
-    await pool_p(
-        conn, 4, {"lane": {"priority": -100, "priority_lane": True}, "vip": {"priority": 1000}}
-    )
-    held = await gpu_req(conn, "lane", 4)
-    waiting = await gpu_req(conn, "vip", 4)
+@pytest.mark.parametrize("name", list(NEVER_PREEMPTS_A_LANE))
+async def test_the_waiting_request_never_preempts_a_lane(
+    conn: asyncpg.Connection, name: str
+) -> None:
+    policies, holder, waiter = NEVER_PREEMPTS_A_LANE[name]
+    await pool_p(conn, 4, policies)
+    held = await gpu_req(conn, holder, 4)
+    waiting = await gpu_req(conn, waiter, 4)
     assert await reconciled(conn, held, waiting) == ["allocated", "queued"]
 
 

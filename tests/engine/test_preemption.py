@@ -155,14 +155,11 @@ async def build(conn: asyncpg.Connection, case: Case, **pool_kw: Any) -> dict[st
             limit={"gpu": limit} if limit else {},
         )  # fmt: skip
     ids: dict[str, UUID] = {}
-    for name, subject, gpu, preemptible in case.running:
-        r = await es.mk_req(conn, subject, "p", resources={"gpu": gpu}, preemptible=preemptible)
-        assert r.status == "allocated", (name, r.message)
-        ids[name] = r.id
-    for name, subject, gpu, preemptible in case.incoming:
-        r = await es.mk_req(conn, subject, "p", resources={"gpu": gpu}, preemptible=preemptible)
-        assert r.status == "queued", (name, r.message)
-        ids[name] = r.id
+    for requests, expected in ((case.running, "allocated"), (case.incoming, "queued")):
+        for name, subject, gpu, preemptible in requests:
+            r = await es.mk_req(conn, subject, "p", resources={"gpu": gpu}, preemptible=preemptible)
+            assert r.status == expected, (name, r.message)
+            ids[name] = r.id
     return ids
 
 
