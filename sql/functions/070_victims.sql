@@ -267,6 +267,28 @@ END $$;
 COMMENT ON FUNCTION respool._enforce_node_changes(uuid, timestamptz) IS
     'Nodes of a pool (docs/placement.md), pool locked: on a node whose usage passes a shrunk capacity, preempts the minimal set of its holders that makes it fit (reason capacity_shrink; victims in their grace period count as gone); on a draining node, preempts every preemptible holder (reason node_drain, the pool''s grace period; non-preemptible holders finish on their own). Returns how many were preempted.';
 
+CREATE OR REPLACE FUNCTION respool._keep_smaller_set(p_node_id uuid, p_name text, p_set uuid[],
+                                                   p_ids uuid[], p_prios integer[],
+                                                   INOUT node_id uuid, INOUT victims uuid[], INOUT best_count integer,
+                                                   INOUT best_top integer, INOUT best_name text)
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_count integer := cardinality(p_set);
+    -- the set's top victim priority (p_prios: the priority of each of p_ids)
+    v_top integer := (SELECT max(p_prios[i]) FROM generate_subscripts(p_ids, 1) i WHERE p_ids[i] = ANY (p_set));
+BEGIN
+    -- The smallest set: fewest victims, then the lowest top victim priority, then the node's name.
+    IF best_count IS NULL OR (v_count, v_top, p_name) < (best_count, best_top, best_name) THEN
+        node_id := p_node_id;
+        victims := p_set;
+        best_count := v_count;
+        best_top := v_top;
+        best_name := p_name;
+    END IF;
+END $$;
+COMMENT ON FUNCTION respool._keep_smaller_set(uuid, text, uuid[], uuid[], integer[], uuid, uuid[], integer, integer, text) IS
+    'One step of a walk for the smallest victim set over nodes: the candidate set p_set on node p_node_id (p_name) replaces the best so far (node_id, victims and its count, top victim priority and node name; all NULL before the first) when it is smaller: fewer victims, then a lower top victim priority, then the node''s name. Returns the best after it. Read-only.';
+
 CREATE OR REPLACE FUNCTION respool._choose_node_victims(p_pool_id uuid, p_request respool.requests, p_policy_id uuid,
                                                         p_mode text, OUT node_id uuid, OUT victims uuid[])
 LANGUAGE plpgsql STABLE AS $$
@@ -275,9 +297,7 @@ DECLARE
     over jsonb;
     nd record;
     m record;
-    v_count integer;
-    v_top integer;
-    best_count integer;
+    best_count integer;  -- the best set so far (respool._keep_smaller_set)
     best_top integer;
     best_name text;
     v_moving boolean := respool._moving(p_pool_id, p_request.id);
@@ -356,16 +376,10 @@ BEGIN
         CONTINUE WHEN best_count IS NOT NULL AND (nd.at_least, nd.lowest, nd.name) >= (best_count, best_top, best_name);
         m := respool._minimal_victims(nd.ids, nd.policies, nd.held, nd.deficit, over, p_policy_id);
         CONTINUE WHEN NOT m.covered;
-        -- The smallest set: fewest victims, then the lowest top victim priority, then the node's name.
-        v_count := cardinality(m.victims);
-        v_top := (SELECT max(nd.prios[i]) FROM generate_subscripts(nd.ids, 1) i WHERE nd.ids[i] = ANY (m.victims));
-        IF best_count IS NULL OR (v_count, v_top, nd.name) < (best_count, best_top, best_name) THEN
-            best_count := v_count;
-            best_top := v_top;
-            best_name := nd.name;
-            node_id := nd.id;
-            victims := m.victims;
-        END IF;
+        SELECT b.node_id, b.victims, b.best_count, b.best_top, b.best_name
+          INTO node_id, victims, best_count, best_top, best_name
+          FROM respool._keep_smaller_set(nd.id, nd.name, m.victims, nd.ids, nd.prios,
+                                         node_id, victims, best_count, best_top, best_name) b;
     END LOOP;
 END $$;
 COMMENT ON FUNCTION respool._choose_node_victims(uuid, respool.requests, uuid, text) IS
@@ -470,9 +484,7 @@ DECLARE
     v_forced uuid[];
     v_set uuid[];
     m record;
-    v_count integer;
-    v_top integer;
-    best_count integer;
+    best_count integer;  -- the best set so far (respool._keep_smaller_set)
     best_top integer;
     best_name text;
 BEGIN
@@ -552,19 +564,12 @@ BEGIN
                 CONTINUE WHEN NOT m.covered;
                 v_set := v_forced || m.victims;
             END IF;
-            v_count := cardinality(v_set);
-            IF v_count = 0 THEN
-                node_id := nd.id;
-                victims := '{}';
-                RETURN;  -- fits this node already: nothing to preempt
-            END IF;
-            v_top := (SELECT max(v_prios[i]) FROM generate_subscripts(v_ids, 1) i WHERE v_ids[i] = ANY (v_set));
-            IF best_count IS NULL OR (v_count, v_top, nd.name) < (best_count, best_top, best_name) THEN
-                best_count := v_count;
-                best_top := v_top;
-                best_name := nd.name;
-                node_id := nd.id;
-                victims := v_set;
+            SELECT b.node_id, b.victims, b.best_count, b.best_top, b.best_name
+              INTO node_id, victims, best_count, best_top, best_name
+              FROM respool._keep_smaller_set(nd.id, nd.name, v_set, v_ids, v_prios,
+                                             node_id, victims, best_count, best_top, best_name) b;
+            IF best_count = 0 THEN
+                RETURN;  -- fits this node already (victims {}): nothing to preempt
             END IF;
             EXIT WHEN NOT dv.slice;  -- whole devices: the key's devices were priced together
         END LOOP;
