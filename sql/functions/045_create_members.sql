@@ -345,9 +345,13 @@ BEGIN
                    OR respool._try_grant(r.id, w.e_pool[v_e], w.e_policy[v_e], r.queued_at, r) <> 'granted' THEN
                     PERFORM respool._queue_members(ARRAY[r.id]);
                     PERFORM respool._try_new(r.id, r.queued_at);
-                    IF EXISTS (SELECT FROM respool.requests WHERE id = r.id AND status = 'queued') THEN
-                        -- It waits behind what its pass left waiting: so does every alike member
-                        -- after it (nothing was granted since), queued without trying each.
+                    IF EXISTS (SELECT FROM respool.requests WHERE id = r.id AND status = 'queued')
+                       AND NOT EXISTS (SELECT FROM respool.pools
+                                        WHERE id = ANY (w.e_pool[v_e : v_e + w.r_n[k] - 1])
+                                          AND queueing <> 'strict') THEN
+                        -- It waits in strict queues that its full pass left as they are: every
+                        -- alike member after it waits behind it, queued without a pass each. (Not
+                        -- where a starvation hold decides: the hold's head may become this member.)
                         PERFORM respool._queue_members(p_ids[m + 1 : v_last]);
                         EXIT;
                     END IF;
