@@ -195,9 +195,9 @@ class NodeModelMachine(ModelClockMachine):
 # database every id column defaulting to gen_random_uuid() takes the n-th id of a fixed
 # pseudo-random series instead (md5 of n: ties still fall either way, as with random ids), and
 # :meth:`DatabaseMachine.wipe` restarts the series, so an example is a function of its draws.
-# (Gang ids and the set-based batch's request ids still come from gen_random_uuid(); the models
-# create batches only as gangs, whose members get the column default, and order nothing by
-# gang id.)
+# The create route names its new requests (and a gang) with gen_random_uuid() itself: on the
+# model's connection that name resolves to respool_model.gen_random_uuid(), the same series
+# (respool_model comes before pg_catalog in its search_path).
 MODEL_IDS = """
 CREATE SCHEMA IF NOT EXISTS respool_model;
 CREATE SEQUENCE IF NOT EXISTS respool_model.ids;
@@ -216,6 +216,9 @@ BEGIN
                        c.relname, c.attname);
     END LOOP;
 END $$;
+CREATE OR REPLACE FUNCTION respool_model.gen_random_uuid() RETURNS uuid LANGUAGE sql AS
+    $$ SELECT respool_model.next_id() $$;
+SET search_path = respool_model, pg_catalog, public;
 """
 
 
