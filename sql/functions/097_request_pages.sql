@@ -12,8 +12,10 @@ LANGUAGE plpgsql STABLE AS $$
 BEGIN
     RETURN QUERY
     WITH mine AS MATERIALIZED (
-        -- (IN (unnest): a join on the primary key, not a scan testing = ANY (p_ids) per row)
-        SELECT r FROM respool.requests r WHERE r.id IN (SELECT unnest(p_ids)) AND r.status = 'queued'
+        -- (one primary-key probe per id, whatever a plan kept from a small table thinks of its
+        -- size: docs/benchmarks.md, "Plans kept from a small table")
+        SELECT x.r FROM (SELECT DISTINCT unnest(p_ids) AS id) u
+         CROSS JOIN LATERAL (SELECT r FROM respool.requests r WHERE r.id = u.id AND r.status = 'queued' LIMIT 1) x
     ), req AS MATERIALIZED (
         -- qid: the request that stands in the queues for it, its gang's stand-in for a gang
         -- member (docs/scheduling.md, gangs, respool._queued_as), with the gang's resources. Computed for the

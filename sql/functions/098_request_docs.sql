@@ -6,9 +6,11 @@
 CREATE OR REPLACE FUNCTION respool.request_docs(p_ids uuid[])
 RETURNS TABLE (id uuid, doc json) LANGUAGE sql STABLE AS $$
     WITH found AS MATERIALIZED (
-           -- IN (unnest): a join on the primary key, not a scan testing = ANY (p_ids) per row
-           SELECT r AS req, r.id, r.status FROM respool.requests r
-            WHERE r.id IN (SELECT unnest(p_ids))),
+           -- one primary-key probe per id, whatever a plan kept from a small table thinks of its
+           -- size (docs/benchmarks.md, "Plans kept from a small table")
+           SELECT x.req, (x.req).id, (x.req).status
+             FROM (SELECT DISTINCT unnest(p_ids) AS id) u
+            CROSS JOIN LATERAL (SELECT r AS req FROM respool.requests r WHERE r.id = u.id LIMIT 1) x),
          details AS MATERIALIZED (
            SELECT d.request_id, d.queue_position, d.message, d.eta
              FROM respool._queued_details(ARRAY(SELECT id FROM found WHERE status = 'queued'), now()) d)
