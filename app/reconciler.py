@@ -42,6 +42,7 @@ RETRY_LOCKED = 0.05  # seconds before a pool that another transaction held is tr
 # transaction's start) must have reached the boundary
 BOUNDARY_MARGIN = 0.01
 PRUNE_EVERY = 60.0  # seconds between retention prunes
+ANALYZE_EVERY = 1.0  # seconds between looks for tables grown past their statistics
 # Pool ids one burst of notifications may queue for single-pool passes. Anyone who can connect
 # can NOTIFY respool_pool (PostgreSQL cannot revoke it); past this many, the ids are dropped and
 # the next pass is a full one, whose cost is bounded by the number of pools that exist.
@@ -136,6 +137,8 @@ class Reconciler:
         self._wake = asyncio.Event()
         self._stopping = False
         self._last_prune = 0.0
+        self._last_analyze = 0.0
+        self.analyzed: list[str] = []  # tables analyzed because they grew, oldest first
         self._state_log = StateChangeLog() if log_changes else None
         self.passes = 0  # pool passes that ran (for tests and metrics)
         self.sweeps = 0  # full passes over every pool that ran
@@ -231,6 +234,7 @@ class Reconciler:
                 if p.acted():
                     log.info("reconcile %s: %s", p.pool, msgspec.json.encode(p).decode())
             await self._maybe_prune(conn)
+            await self._maybe_analyze(conn)
             boundary = await self._next_boundary(conn)
             if boundary is not None and boundary < next_full:
                 next_full = boundary  # the full pass applies the boundary in every pool
@@ -264,6 +268,18 @@ class Reconciler:
     def _failed(self, pool_id: UUID, exc: asyncpg.PostgresError) -> None:
         self.failures = [*self.failures[-99:], f"{pool_id}: {exc.sqlstate} {exc}"]
         log.error("reconcile pool %s failed (rolled back): %s", pool_id, exc)
+
+    async def _maybe_analyze(self, conn: asyncpg.Connection) -> None:
+        """Tables that have doubled since their statistics are analyzed, so that the plans every
+        connection keeps are made again for their size (docs/ops.md, "Statistics of a young
+        database")."""
+        if time.monotonic() - self._last_analyze < ANALYZE_EVERY:
+            return
+        self._last_analyze = time.monotonic()
+        tables = await db_reconcile.analyze_grown_tables(conn)
+        if tables:
+            self.analyzed = [*self.analyzed[-99:], *tables]
+            log.info("analyzed grown tables: %s", ", ".join(tables))
 
     async def _maybe_prune(self, conn: asyncpg.Connection) -> None:
         """RESPOOL_RETENTION: delete terminal requests (and their events) older than it."""

@@ -73,3 +73,8 @@ async def seconds_to_window_change(db: Executor) -> float | None:
     clock (None: no boundary ahead)."""
     seconds: float | None = await db.fetchval(query("seconds_to_window_change"))
     return seconds
+
+
+async def analyze_grown_tables(db: Executor) -> list[str]:
+    """The respool tables analyzed because they have doubled since their statistics."""
+    return list(await db.fetchval(query("analyze_grown_tables")))

@@ -40,3 +40,7 @@ SELECT pool_id, greatest(extract(epoch FROM at - clock_timestamp()), 0)::float8 
 -- pool; NULL when none is still ahead (a boundary already due is the pass's to apply).
 SELECT extract(epoch FROM min(next_change) - clock_timestamp())::float8
   FROM respool.policies WHERE next_change > clock_timestamp();
+
+-- analyze_grown_tables --
+-- Analyze the respool tables that have doubled since their statistics (at least 1,000 rows).
+SELECT respool.analyze_grown_tables();

@@ -1,0 +1,86 @@
+"""Statistics of a young database (docs/ops.md): a respool table that holds at least 1,000 rows and
+twice the rows its statistics say is analyzed, by ``respool.analyze_grown_tables`` and by the
+reconciler, so that the plans every connection keeps are made again for its size."""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+from engine_support import mk_pool_s
+
+from app.db.connect import connect
+from app.reconciler import Reconciler
+
+
+async def _create(conn: asyncpg.Connection, n: int) -> None:
+    """``n`` granted one-GPU requests of subject S in pool p, a batch of up to 1,000 at a time."""
+    for start in range(0, n, 1000):
+        members = [{"subject": "S", "pool": "p", "resources": {"gpu": 1}}] * min(1000, n - start)
+        await conn.execute("SELECT count(*) FROM respool.create_requests($1::jsonb)", members)
+    # The counts analyze_grown_tables reads are sent when a transaction ends (at most once a
+    # second unless forced).
+    await conn.execute("SELECT pg_stat_force_next_flush()")
+    await conn.execute("SELECT 1")
+
+
+async def _analyzed(conn: asyncpg.Connection) -> list[str]:
+    tables: list[str] = await conn.fetchval("SELECT respool.analyze_grown_tables()")
+    return tables
+
+
+async def _row_estimate(conn: asyncpg.Connection, table: str) -> float:
+    estimate: float = await conn.fetchval(
+        "SELECT reltuples FROM pg_class WHERE oid = $1::regclass", f"respool.{table}"
+    )
+    return estimate
+
+
+async def test_a_table_is_analyzed_once_it_doubles(conn: asyncpg.Connection) -> None:
+    await mk_pool_s(conn, {"gpu": 100_000})
+    await _create(conn, 500)
+    assert "requests" not in await _analyzed(conn)  # fewer than 1,000 rows
+
+    await _create(conn, 1000)
+    assert "requests" in await _analyzed(conn)
+    assert await _row_estimate(conn, "requests") == 1500
+
+    await _create(conn, 1000)  # 2,500 rows: not yet twice the 1,500 its statistics say
+    assert "requests" not in await _analyzed(conn)
+
+    await _create(conn, 500)  # 3,000
+    assert "requests" in await _analyzed(conn)
+    assert await _row_estimate(conn, "requests") == 3000
+
+
+async def test_one_caller_analyzes_while_the_others_skip(db_url: str) -> None:
+    first = await connect(db_url, application_name="respool-test")
+    second = await connect(db_url, application_name="respool-test")
+    try:
+        await mk_pool_s(first, {"gpu": 100_000})
+        await _create(first, 1000)
+        async with first.transaction():
+            assert "requests" in await _analyzed(first)
+            assert await _analyzed(second) == []  # the first one's transaction is still open
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_the_reconciler_analyzes_a_table_that_grew(db_url: str) -> None:
+    conn = await connect(db_url, application_name="respool-test")
+    reconciler = Reconciler(db_url, interval=0.05)
+    loop = asyncio.create_task(reconciler.run())
+    try:
+        await mk_pool_s(conn, {"gpu": 100_000})
+        await _create(conn, 1200)
+        for _ in range(200):  # bounded: up to 10 s
+            if "requests" in reconciler.analyzed:
+                break
+            await asyncio.sleep(0.05)
+        assert "requests" in reconciler.analyzed
+        assert await _row_estimate(conn, "requests") == 1200
+    finally:
+        reconciler.stop()
+        await asyncio.wait_for(loop, 10)
+        await conn.close()
