@@ -11,15 +11,29 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION respool._placement_doc(uuid) IS 'Where a holding request is placed (docs/placement.md): respool._placement_json, {"node", "labels", "devices", "slices", "isolation"}; NULL when it has no placement (a pool without nodes, or not holding). Read-only.';
 
-CREATE OR REPLACE FUNCTION respool._request_doc(r respool.requests, p_position bigint, p_message text,
-                                                p_eta jsonb)
+CREATE OR REPLACE FUNCTION respool._job_doc(r respool.requests)
 RETURNS json LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    -- PL/pgSQL, not SQL: its sub-selects keep a SQL function from being inlined, and before
-    -- PostgreSQL 18 a SQL function's body is planned again on every call (every answer).
+    -- never the env values, only their names
+    RETURN json_build_object(
+        'command', r.command, 'workdir', r.workdir, 'name', r.job_name,
+        'env_keys', (SELECT coalesce(json_agg(k ORDER BY k), '[]') FROM jsonb_object_keys(r.job_env) k),
+        'array_index', r.array_index,
+        'claimed', CASE WHEN r.claimed_attempt IS NOT NULL THEN json_build_object(
+            'node', (SELECT n.name FROM respool.nodes n WHERE n.id = r.claimed_node_id),
+            'attempt', r.claimed_attempt, 'at', r.claimed_at) END);
+END $$;
+COMMENT ON FUNCTION respool._job_doc(respool.requests) IS
+    'The job part of a request''s document (docs/jobs.md): command, workdir, name, the names of its env (never the values), array_index and its claim. Read-only.';
+
+CREATE OR REPLACE FUNCTION respool._request_doc(r respool.requests, p_position bigint, p_message text,
+                                                p_eta jsonb)
+RETURNS json LANGUAGE sql STABLE AS $$
+    -- SQL with no sub-select: inlined into the statement that builds the document (a PL/pgSQL
+    -- function, or a SQL one that is not inlined, costs a call per document).
     -- json, not jsonb: built as text in one go (a page of 1,000 is aggregated with json_agg and
     -- sent as it is; jsonb took three times as long to build and print).
-    RETURN json_build_object(
+    SELECT json_build_object(
         'id', r.id, 'subject', r.subject, 'pool', r.pool_name, 'pool_id', r.pool_id,
         'policy_id', r.policy_id, 'resources', r.resources, 'preemptible', r.preemptible,
         'priority', r.priority, 'status', r.status, 'reason', r.reason, 'message', coalesce(p_message, ''),
@@ -33,16 +47,9 @@ BEGIN
         'placement', CASE WHEN r.status IN ('allocated', 'preempting') THEN respool._placement_doc(r.id) END,
         -- where it ran last, once it no longer holds units (docs/placement.md, "Where a request ran")
         'last_placement', CASE WHEN r.status NOT IN ('allocated', 'preempting') THEN r.last_placement END,
-        -- a job (docs/jobs.md): never the env values, only their names
-        'job', CASE WHEN r.command IS NOT NULL THEN json_build_object(
-                   'command', r.command, 'workdir', r.workdir, 'name', r.job_name,
-                   'env_keys', (SELECT coalesce(json_agg(k ORDER BY k), '[]') FROM jsonb_object_keys(r.job_env) k),
-                   'array_index', r.array_index,
-                   'claimed', CASE WHEN r.claimed_attempt IS NOT NULL THEN json_build_object(
-                       'node', (SELECT n.name FROM respool.nodes n WHERE n.id = r.claimed_node_id),
-                       'attempt', r.claimed_attempt, 'at', r.claimed_at) END) END,
-        'exit_code', r.exit_code);
-END $$;
+        'job', CASE WHEN r.command IS NOT NULL THEN respool._job_doc(r) END,  -- a job (docs/jobs.md)
+        'exit_code', r.exit_code)
+$$;
 COMMENT ON FUNCTION respool._request_doc(respool.requests, bigint, text, jsonb) IS 'The one JSON shape of a request as the API shows it, from its row, its placement (respool._placement_doc, while it holds units; after, last_placement, where it held units the last time) and the computed queue position, message (NULL: empty) and ETA: shared by the one-request read (as jsonb) and the page read (json_agg), so both give the same document.';
 
 CREATE OR REPLACE FUNCTION respool._request_json(p_id uuid)
