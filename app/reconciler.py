@@ -43,6 +43,7 @@ RETRY_LOCKED = 0.05  # seconds before a pool that another transaction held is tr
 BOUNDARY_MARGIN = 0.01
 PRUNE_EVERY = 60.0  # seconds between retention prunes
 ANALYZE_EVERY = 1.0  # seconds between looks for tables grown past their statistics
+ANALYZE_RETRY = 60.0  # seconds before the next look after one failed
 # Pool ids one burst of notifications may queue for single-pool passes. Anyone who can connect
 # can NOTIFY respool_pool (PostgreSQL cannot revoke it); past this many, the ids are dropped and
 # the next pass is a full one, whose cost is bounded by the number of pools that exist.
@@ -276,7 +277,12 @@ class Reconciler:
         if time.monotonic() - self._last_analyze < ANALYZE_EVERY:
             return
         self._last_analyze = time.monotonic()
-        tables = await db_reconcile.analyze_grown_tables(conn)
+        try:
+            tables = await db_reconcile.analyze_grown_tables(conn)
+        except asyncpg.PostgresError as exc:  # (a statement timeout, say): the passes go on
+            self._last_analyze += ANALYZE_RETRY - ANALYZE_EVERY
+            log.warning("analyzing grown tables failed (next try in %.0fs): %s", ANALYZE_RETRY, exc)
+            return
         if tables:
             self.analyzed = [*self.analyzed[-99:], *tables]
             log.info("analyzed grown tables: %s", ", ".join(tables))

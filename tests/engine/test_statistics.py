@@ -5,8 +5,10 @@ reconciler, so that the plans every connection keeps are made again for its size
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import asyncpg
+import pytest
 from engine_support import mk_pool_s
 
 from app.db.connect import connect
@@ -84,3 +86,31 @@ async def test_the_reconciler_analyzes_a_table_that_grew(db_url: str) -> None:
         reconciler.stop()
         await asyncio.wait_for(loop, 10)
         await conn.close()
+
+
+async def test_a_failing_analyze_leaves_the_reconciler_passing(
+    db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    conn = await connect(db_url, application_name="respool-test")
+    await conn.execute(
+        "CREATE OR REPLACE FUNCTION respool.analyze_grown_tables(p_min_rows bigint DEFAULT 1000)"
+        " RETURNS text[] LANGUAGE plpgsql AS $$ BEGIN"
+        " RAISE EXCEPTION 'canceling statement due to statement timeout' USING ERRCODE = '57014';"
+        " END $$"
+    )
+    reconciler = Reconciler(db_url, interval=0.05)
+    with caplog.at_level(logging.INFO, logger="respool.reconciler"):
+        loop = asyncio.create_task(reconciler.run())
+        try:
+            for _ in range(200):  # bounded: up to 10 s
+                if reconciler.sweeps >= 5:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            reconciler.stop()
+            await asyncio.wait_for(loop, 10)
+            await conn.close()
+    messages = [r.getMessage() for r in caplog.records]
+    assert reconciler.sweeps >= 5
+    assert any("analyzing grown tables failed (next try in 60s)" in m for m in messages), messages
+    assert not any("reconnecting" in m for m in messages), messages
