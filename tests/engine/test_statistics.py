@@ -114,3 +114,47 @@ async def test_a_failing_analyze_leaves_the_reconciler_passing(
     assert reconciler.sweeps >= 5
     assert any("analyzing grown tables failed (next try in 60s)" in m for m in messages), messages
     assert not any("reconnecting" in m for m in messages), messages
+
+
+async def _rows_read_by_scans(conn: asyncpg.Connection) -> int:
+    """Rows of ``respool.requests`` read by sequential scans so far, the counts of this
+    connection's finished transactions included."""
+    await conn.execute("SELECT pg_stat_force_next_flush()")
+    await conn.execute("SELECT 1")
+    await conn.execute("SELECT pg_stat_clear_snapshot()")
+    read: int = await conn.fetchval(
+        "SELECT seq_tup_read FROM pg_stat_user_tables WHERE relid = 'respool.requests'::regclass"
+    )
+    return read
+
+
+async def _cycles(conn: asyncpg.Connection, n: int) -> None:
+    for _ in range(n):
+        rid = await conn.fetchval(
+            "SELECT (request ->> 'id')::uuid FROM respool.create_request("
+            "'{\"subject\": \"S\", \"pool\": \"p\", \"resources\": {\"gpu\": 1}}')"
+        )
+        await conn.execute("SELECT respool.release_request($1)", rid)
+
+
+async def test_once_analyzed_a_grown_table_is_read_by_its_index(db_url: str) -> None:
+    """The trap and its way out: plans a connection made while ``requests`` held a page scan
+    the whole table after it grew; once it is analyzed, the same connection plans again and
+    finds each request by its primary key."""
+    steps = await connect(db_url, application_name="respool-test")
+    other = await connect(db_url, application_name="respool-test")
+    try:
+        await mk_pool_s(steps, {"gpu": 100_000})
+        await _cycles(steps, 20)  # its plans are kept from a table of a page
+        await _create(other, 3000)
+        before = await _rows_read_by_scans(steps)
+        await _cycles(steps, 5)
+        stale = await _rows_read_by_scans(steps) - before
+        assert stale >= 3000  # at least one whole-table scan: the kept plans
+        assert "requests" in await _analyzed(other)
+        before = await _rows_read_by_scans(steps)
+        await _cycles(steps, 5)
+        assert await _rows_read_by_scans(steps) - before < 100
+    finally:
+        await steps.close()
+        await other.close()
