@@ -132,7 +132,7 @@ async def _cycles(conn: asyncpg.Connection, n: int) -> None:
     for _ in range(n):
         rid = await conn.fetchval(
             "SELECT (request ->> 'id')::uuid FROM respool.create_request("
-            "'{\"subject\": \"S\", \"pool\": \"p\", \"resources\": {\"gpu\": 1}}')"
+            '\'{"subject": "S", "pool": "p", "resources": {"gpu": 1}}\')'
         )
         await conn.execute("SELECT respool.release_request($1)", rid)
 
