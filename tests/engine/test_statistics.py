@@ -26,6 +26,18 @@ async def _create(conn: asyncpg.Connection, n: int) -> None:
     await conn.execute("SELECT 1")
 
 
+async def _setup(conn: asyncpg.Connection) -> None:
+    """Pool p with subject S, and no autovacuum on this test database's tables: an ANALYZE of
+    its own between a table's growth and the check would decide the check."""
+    await conn.execute(
+        "DO $$ DECLARE t text; BEGIN"
+        " FOR t IN SELECT tablename FROM pg_tables WHERE schemaname = 'respool' LOOP"
+        " EXECUTE format('ALTER TABLE respool.%I SET (autovacuum_enabled = off)', t);"
+        " END LOOP; END $$"
+    )
+    await mk_pool_s(conn, {"gpu": 100_000})
+
+
 async def _analyzed(conn: asyncpg.Connection) -> list[str]:
     tables: list[str] = await conn.fetchval("SELECT respool.analyze_grown_tables()")
     return tables
@@ -39,7 +51,7 @@ async def _row_estimate(conn: asyncpg.Connection, table: str) -> float:
 
 
 async def test_a_table_is_analyzed_once_it_doubles(conn: asyncpg.Connection) -> None:
-    await mk_pool_s(conn, {"gpu": 100_000})
+    await _setup(conn)
     await _create(conn, 500)
     assert "requests" not in await _analyzed(conn)  # fewer than 1,000 rows
 
@@ -59,7 +71,7 @@ async def test_one_caller_analyzes_while_the_others_skip(db_url: str) -> None:
     first = await connect(db_url, application_name="respool-test")
     second = await connect(db_url, application_name="respool-test")
     try:
-        await mk_pool_s(first, {"gpu": 100_000})
+        await _setup(first)
         await _create(first, 1000)
         async with first.transaction():
             assert "requests" in await _analyzed(first)
@@ -74,7 +86,7 @@ async def test_the_reconciler_analyzes_a_table_that_grew(db_url: str) -> None:
     reconciler = Reconciler(db_url, interval=0.05)
     loop = asyncio.create_task(reconciler.run())
     try:
-        await mk_pool_s(conn, {"gpu": 100_000})
+        await _setup(conn)
         await _create(conn, 1200)
         for _ in range(200):  # bounded: up to 10 s
             if "requests" in reconciler.analyzed:
@@ -144,7 +156,7 @@ async def test_once_analyzed_a_grown_table_is_read_by_its_index(db_url: str) -> 
     steps = await connect(db_url, application_name="respool-test")
     other = await connect(db_url, application_name="respool-test")
     try:
-        await mk_pool_s(steps, {"gpu": 100_000})
+        await _setup(steps)
         await _cycles(steps, 20)  # its plans are kept from a table of a page
         await _create(other, 3000)
         before = await _rows_read_by_scans(steps)
