@@ -6,7 +6,7 @@ back through the ops views (what an operator would check), never through private
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -61,12 +61,26 @@ async def mk_pool_s(conn: asyncpg.Connection, capacity: Mapping[str, int], **kw:
     await mk_policy(conn, "S", "p")
 
 
+async def mk_pools(
+    conn: asyncpg.Connection,
+    names: Iterable[str],
+    capacity: Mapping[str, int],
+    subjects: Iterable[str] = ("S",),
+    **kw: Any,
+) -> None:
+    """Pools ``names``, each of ``capacity`` (``kw``: their other settings), then in each a plain
+    policy for every one of ``subjects``."""
+    names, subjects = list(names), list(subjects)
+    for name in names:
+        await mk_pool(conn, name, capacity, **kw)
+    for name in names:
+        for subject in subjects:
+            await mk_policy(conn, subject, name)
+
+
 async def mk_pools_s(conn: asyncpg.Connection, capacity: Mapping[str, int], *names: str) -> None:
     """Pools ``names``, each of ``capacity``, with a plain policy for subject ``S`` in each."""
-    for name in names:
-        await mk_pool(conn, name, capacity)
-    for name in names:
-        await mk_policy(conn, "S", name)
+    await mk_pools(conn, names, capacity)
 
 
 async def mk_req(

@@ -15,6 +15,7 @@ from engine_support import (
     mk_policy,
     mk_pool,
     mk_pool_s,
+    mk_pools,
     mk_req,
     queue_ids,
     statuses,
@@ -174,10 +175,7 @@ async def test_multi_pool_members_and_concurrent_batches(db_url: str) -> None:
     setup = await create_pool(db_url, size=1, application_name=APP_API)
     try:
         async with setup.acquire() as c:
-            for name in ("a", "b", "c"):
-                await mk_pool(c, name, {"gpu": 6})
-                for s in ("S", "T"):
-                    await mk_policy(c, s, name)
+            await mk_pools(c, ("a", "b", "c"), {"gpu": 6}, ("S", "T"))
     finally:
         await setup.close()
     pool = await create_pool(db_url, size=6, application_name=APP_API)

@@ -14,9 +14,8 @@ import pytest
 from engine_support import (
     assert_healthy,
     events,
-    mk_policy,
-    mk_pool,
     mk_pool_s,
+    mk_pools,
     mk_req,
     queue_ids,
     status,
@@ -166,12 +165,8 @@ async def test_a_batch_of_settlements_leaves_what_one_release_after_another_leav
     """Reservations of three teams on a rate key and a GPU, released together with settlements
     below, at and above their estimates (and one without): the same requests, events, charges
     and counters as releasing them one after another. ``queue``: a request waits in the pool."""
-    for pool in ("one", "many"):
-        await mk_pool(
-            conn, pool, {"gpu": 8}, rates={"tok": {"amount": 100_000, "per_seconds": 3600}}
-        )
-        for team in ("a", "b", "c"):
-            await mk_policy(conn, team, pool)
+    rates = {"tok": {"amount": 100_000, "per_seconds": 3600}}
+    await mk_pools(conn, ("one", "many"), {"gpu": 8}, ("a", "b", "c"), rates=rates)
     made: dict[str, list[Request]] = {"one": [], "many": []}
     for pool in ("one", "many"):
         for i, team in enumerate("abcabc"):
@@ -225,10 +220,7 @@ async def test_a_batch_with_waiters_leaves_what_one_release_after_another_leaves
     after both ends; any other queue is ended one by one (with two shapes, one pass after both
     would grant the 2-GPU head where a pass after each end grants the 1-GPU requests behind it)."""
     waiters, set_based = WAITERS[case]
-    for pool in ("one", "many"):
-        await mk_pool(conn, pool, {"gpu": 4})
-        for team in ("h", "a", "b"):
-            await mk_policy(conn, team, pool)
+    await mk_pools(conn, ("one", "many"), {"gpu": 4}, ("h", "a", "b"))
     made: dict[str, list[Request]] = {"one": [], "many": []}
     for pool in ("one", "many"):
         for i, gpus in enumerate((2, 1, 1)):
