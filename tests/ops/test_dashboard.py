@@ -15,7 +15,7 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -47,15 +47,26 @@ def in_chromium(test: Test) -> Test:
 HISTORY = 20  # finished holds recorded in cpu-batch (licences has none)
 
 
-async def showcase(srv: Server, conn: asyncpg.Connection) -> dict[str, Any]:
-    """A small production-like picture: borrowing, a reclaim preemption, a queue."""
-    c = srv.client
+def _caller(srv: Server) -> Callable[..., Awaitable[Any]]:
+    """``ok(method, url, **body)``: that call to ``srv`` with ``body`` as JSON, asserted a success;
+    its JSON answer (None: an empty one)."""
 
     async def ok(method: str, url: str, **body: Any) -> Any:
-        r = await c.request(method, url, json=body or None)
+        r = await srv.client.request(method, url, json=body or None)
         assert r.is_success, r.text
         return r.json() if r.content else None
 
+    return ok
+
+
+async def _dashboard_data(srv: Server) -> Any:
+    """``GET /v1/dashboard``'s JSON."""
+    return (await srv.client.get("/v1/dashboard")).json()
+
+
+async def showcase(srv: Server, conn: asyncpg.Connection) -> dict[str, Any]:
+    """A small production-like picture: borrowing, a reclaim preemption, a queue."""
+    ok = _caller(srv)
     await ok("POST", "/v1/pools", name="a100", capacity={"gpu": 8, "mcpu": 64000},
              description="8x A100 node pool")  # fmt: skip
     await ok("POST", "/v1/pools", name="cpu-batch", capacity={"mcpu": 32000, "memory_mb": 128000})
@@ -113,7 +124,7 @@ async def test_page_and_assets(live: Server) -> None:
 
 
 async def test_dashboard_data(live: Server) -> None:
-    data = (await live.client.get("/v1/dashboard")).json()
+    data = await _dashboard_data(live)
     pools = {p["name"]: p for p in data["pools"]}
     assert set(pools) == {"a100", "cpu-batch", "licences"}
     gpu = next(k for k in pools["a100"]["keys"] if k["key"] == "gpu")
@@ -136,7 +147,7 @@ async def test_dashboard_data(live: Server) -> None:
 
 
 async def test_queue_rows_carry_the_engines_eta(live: Server) -> None:
-    data = (await live.client.get("/v1/dashboard")).json()
+    data = await _dashboard_data(live)
     eta = {(q["pool"], q["position"]): q["eta"] for q in data["queue"]}
     # cpu-batch has finished holds to go by: its waiting request has an estimate.
     cpu = eta[("cpu-batch", 1)]
@@ -270,13 +281,7 @@ UUIDS = [f"GPU-{i:08x}-aaaa-bbbb-cccc-000000000000" for i in range(4)]
 async def node_showcase(srv: Server) -> dict[str, Any]:
     """Pool h100 backed by two nodes (8 GPUs "0".."7" with anonymous mcpu; 4 GPUs by UUID),
     three holders, and the abstract pool cpu-batch beside it."""
-    c = srv.client
-
-    async def ok(method: str, url: str, **body: Any) -> Any:
-        r = await c.request(method, url, json=body or None)
-        assert r.is_success, r.text
-        return r.json() if r.content else None
-
+    ok = _caller(srv)
     await ok("POST", "/v1/pools", name="h100", capacity={})
     await ok("POST", "/v1/pools", name="cpu-batch", capacity={"mcpu": 32000})
     eight = [str(i) for i in range(8)]
@@ -323,7 +328,7 @@ async def test_dashboard_data_has_each_pools_nodes(
     node_live: tuple[Server, dict[str, Any]],
 ) -> None:
     srv, held = node_live
-    data = (await srv.client.get("/v1/dashboard")).json()
+    data = await _dashboard_data(srv)
     pools = {p["name"]: p for p in data["pools"]}
     assert pools["cpu-batch"]["nodes"] == []  # abstract units: as before
     nodes = {n["name"]: n for n in pools["h100"]["nodes"]}
@@ -394,25 +399,20 @@ async def shared_live(db_url: str) -> AsyncIterator[tuple[Server, dict[str, Any]
     """Pool nb backed by node nb-1 (gpus 0..2 shared under mps, 81920 MiB each, 512 kept back):
     two slices packed on one device, one request holding another device whole."""
     async with running_server(db_url) as srv:
-        c = srv.client
-
-        async def ok(url: str, **body: Any) -> Any:
-            r = await c.post(url, json=body)
-            assert r.is_success, r.text
-            return r.json()
-
-        await ok("/v1/pools", name="nb", capacity={})
-        await ok("/v1/nodes", name="nb-1", pool="nb", devices={"gpu": ["0", "1", "2"]},
+        ok = _caller(srv)
+        await ok("POST", "/v1/pools", name="nb", capacity={})
+        await ok("POST", "/v1/nodes", name="nb-1", pool="nb", devices={"gpu": ["0", "1", "2"]},
                  sharing={"gpu": "mps"}, device_memory_mb={"gpu": 81920},
                  reserved_memory_mb={"gpu": 512})  # fmt: skip
         for subject in ("team:a", "team:b", "team:w"):
-            await ok("/v1/policies", subject=subject, pool="nb")
+            await ok("POST", "/v1/policies", subject=subject, pool="nb")
         held = {
-            "a": await ok("/v1/requests", subject="team:a", pool="nb",
+            "a": await ok("POST", "/v1/requests", subject="team:a", pool="nb",
                           resources={"gpu_memory_mb": 40960, "gpu_share": 50}),
-            "b": await ok("/v1/requests", subject="team:b", pool="nb",
+            "b": await ok("POST", "/v1/requests", subject="team:b", pool="nb",
                           resources={"gpu_memory_mb": 20480}),
-            "w": await ok("/v1/requests", subject="team:w", pool="nb", resources={"gpu": 1}),
+            "w": await ok("POST", "/v1/requests", subject="team:w", pool="nb",
+                          resources={"gpu": 1}),
         }  # fmt: skip
         for r in held.values():
             assert r["status"] == "allocated", r
@@ -423,7 +423,7 @@ async def test_dashboard_data_has_each_shared_devices_slices(
     shared_live: tuple[Server, dict[str, Any]],
 ) -> None:
     srv, held = shared_live
-    data = (await srv.client.get("/v1/dashboard")).json()
+    data = await _dashboard_data(srv)
     (node,) = next(p for p in data["pools"] if p["name"] == "nb")["nodes"]
     devices = {d["device"]: d for d in node["devices"]}
     sliced = held["a"]["placement"]["devices"]["gpu"][0]
