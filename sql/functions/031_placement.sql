@@ -166,49 +166,27 @@ COMMENT ON FUNCTION respool._take_units(jsonb, jsonb, integer) IS
 
 DROP FUNCTION IF EXISTS respool._move_extra(uuid, jsonb, integer, boolean);
 
-CREATE OR REPLACE FUNCTION respool._move_pool_units(p_pool_id uuid, p_units jsonb, p_sign integer,
-                                                    p_guard boolean DEFAULT true)
+DROP FUNCTION IF EXISTS respool._move_units(uuid, uuid, jsonb, jsonb, integer);
+
+CREATE OR REPLACE FUNCTION respool._move_units(p_pool_id uuid, p_policy_id uuid, p_units jsonb, p_np jsonb,
+                                               p_sign integer, p_guard boolean DEFAULT true)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
-    v_moved text[];
+    v_pool_moved text[];
+    v_policy_moved text[];
+    v_keys bigint;
 BEGIN
-    -- One guarded statement: a charge that would pass a capacity moves fewer keys than it has
-    -- and fails below instead of over-allocating.
-    WITH moved AS (
+    -- One guarded statement for both tables: a charge that would pass a capacity or a limit
+    -- moves fewer keys than it has and fails below instead of over-allocating.
+    WITH pool_moved AS (
         UPDATE respool.pool_resources pr SET used = pr.used + p_sign * x.value::bigint
           FROM jsonb_each_text(p_units) x
          WHERE pr.pool_id = p_pool_id AND pr.key = x.key
            AND (NOT p_guard OR p_sign < 0 OR pr.used + x.value::bigint <= pr.capacity
                 OR (pr.capacity IS NULL AND respool._is_soft_key(pr.key)
                     AND pr.used + x.value::bigint <= respool._max_total()))
-        RETURNING pr.key)
-    SELECT coalesce(array_agg(key), '{}') INTO v_moved FROM moved;
-    IF cardinality(v_moved) < (SELECT count(*) FROM jsonb_object_keys(p_units)) THEN
-        -- A charge of a key without a counter gets one when the key is soft and the pool does
-        -- not list it (untracked), or when the charge is unguarded (a node change).
-        IF p_sign < 0 OR (p_guard AND EXISTS (SELECT FROM jsonb_object_keys(p_units) k(key)
-                                               WHERE k.key <> ALL (v_moved)
-                                                 AND (NOT respool._is_soft_key(k.key)
-                                                      OR EXISTS (SELECT FROM respool.pool_resources
-                                                                  WHERE pool_id = p_pool_id AND key = k.key)))) THEN
-            RAISE EXCEPTION 'moving % units % in pool % would pass its capacity or finds no counter',
-                p_sign, p_units, p_pool_id USING ERRCODE = 'RP500';
-        END IF;
-        INSERT INTO respool.pool_resources (pool_id, key, used)
-        SELECT p_pool_id, x.key, x.value::bigint FROM jsonb_each_text(p_units) x WHERE x.key <> ALL (v_moved);
-    END IF;
-END $$;
-COMMENT ON FUNCTION respool._move_pool_units(uuid, jsonb, integer, boolean) IS
-    'Charges (p_sign 1) or returns (-1) units {key: n} on a pool''s counters in one statement. A guarded charge (p_guard, the default) keeps used + n <= capacity (respool._max_total() for an unlisted soft key) and raises RP500 rather than over-allocate; an unguarded one (a node change, charging the memory of whole shared devices before the pool''s capacity is derived again) gets a counter where there is none. CHECK used >= 0 catches a double return.';
-
-CREATE OR REPLACE FUNCTION respool._move_units(p_pool_id uuid, p_policy_id uuid, p_units jsonb, p_np jsonb,
-                                               p_sign integer)
-RETURNS void LANGUAGE plpgsql AS $$
-DECLARE
-    v_moved text[];
-BEGIN
-    PERFORM respool._move_pool_units(p_pool_id, p_units, p_sign);
-    WITH moved AS (
+        RETURNING pr.key),
+         policy_moved AS (
         UPDATE respool.policy_resources pol
            SET used = pol.used + p_sign * x.value::bigint,
                np_used = pol.np_used + p_sign * coalesce((p_np ->> x.key)::bigint, 0)
@@ -216,22 +194,46 @@ BEGIN
          WHERE pol.policy_id = p_policy_id AND pol.key = x.key
            AND (p_sign < 0 OR pol.used + x.value::bigint <= coalesce(pol."limit", respool._max_total()))
         RETURNING pol.key)
-    SELECT coalesce(array_agg(key), '{}') INTO v_moved FROM moved;
-    IF cardinality(v_moved) < (SELECT count(*) FROM jsonb_object_keys(p_units)) THEN
+    SELECT ARRAY(SELECT key FROM pool_moved), ARRAY(SELECT key FROM policy_moved),
+           (SELECT count(*) FROM jsonb_object_keys(p_units))
+      INTO v_pool_moved, v_policy_moved, v_keys;
+    IF cardinality(v_pool_moved) < v_keys THEN
+        -- A charge of a key without a counter gets one when the key is soft and the pool does
+        -- not list it (untracked), or when the charge is unguarded (a node change).
+        IF p_sign < 0 OR (p_guard AND EXISTS (SELECT FROM jsonb_object_keys(p_units) k(key)
+                                               WHERE k.key <> ALL (v_pool_moved)
+                                                 AND (NOT respool._is_soft_key(k.key)
+                                                      OR EXISTS (SELECT FROM respool.pool_resources
+                                                                  WHERE pool_id = p_pool_id AND key = k.key)))) THEN
+            RAISE EXCEPTION 'moving % units % in pool % would pass its capacity or finds no counter',
+                p_sign, p_units, p_pool_id USING ERRCODE = 'RP500';
+        END IF;
+        INSERT INTO respool.pool_resources (pool_id, key, used)
+        SELECT p_pool_id, x.key, x.value::bigint FROM jsonb_each_text(p_units) x WHERE x.key <> ALL (v_pool_moved);
+    END IF;
+    IF p_policy_id IS NOT NULL AND cardinality(v_policy_moved) < v_keys THEN
         -- A key the policy has no counter for (no limit, no reservation) gets one.
         IF p_sign < 0 OR EXISTS (SELECT FROM respool.policy_resources
                                   WHERE policy_id = p_policy_id AND key IN (SELECT jsonb_object_keys(p_units))
-                                    AND key <> ALL (v_moved)) THEN
+                                    AND key <> ALL (v_policy_moved)) THEN
             RAISE EXCEPTION 'moving % units % of policy % would pass its limit or finds no counter',
                 p_sign, p_units, p_policy_id USING ERRCODE = 'RP500';
         END IF;
         INSERT INTO respool.policy_resources (policy_id, key, used, np_used)
         SELECT p_policy_id, x.key, x.value::bigint, coalesce((p_np ->> x.key)::bigint, 0)
-          FROM jsonb_each_text(p_units) x WHERE x.key <> ALL (v_moved);
+          FROM jsonb_each_text(p_units) x WHERE x.key <> ALL (v_policy_moved);
     END IF;
 END $$;
-COMMENT ON FUNCTION respool._move_units(uuid, uuid, jsonb, jsonb, integer) IS
-    'Charges (p_sign 1) or returns (p_sign -1) units {key: n} on a pool''s counters (respool._move_pool_units, guarded) and one policy''s counters (p_np: the non-preemptible part), one statement per table. The policy''s charge is guarded too (used + n <= limit, or respool._max_total() for a counter nothing else bounds) and raises RP500 rather than over-allocate; a key the policy does not bound gets a plain counter. CHECK used >= 0 catches a double return.';
+COMMENT ON FUNCTION respool._move_units(uuid, uuid, jsonb, jsonb, integer, boolean) IS
+    'Charges (p_sign 1) or returns (-1) units {key: n} on a pool''s counters and one policy''s (p_np: the non-preemptible part; p_policy_id NULL: the pool''s alone) in one statement. Guarded: used + n <= capacity on the pool (unless p_guard is false: a node change, charging the memory of whole shared devices before the pool''s capacity is derived again) and <= limit on the policy (respool._max_total() for a counter nothing else bounds); RP500 rather than over-allocate. A soft key the pool does not list, an unguarded charge, and a key the policy does not bound get a counter. CHECK used >= 0 catches a double return.';
+
+CREATE OR REPLACE FUNCTION respool._move_pool_units(p_pool_id uuid, p_units jsonb, p_sign integer,
+                                                    p_guard boolean DEFAULT true)
+RETURNS void LANGUAGE sql AS $$
+    SELECT respool._move_units(p_pool_id, NULL, p_units, NULL, p_sign, p_guard)
+$$;
+COMMENT ON FUNCTION respool._move_pool_units(uuid, jsonb, integer, boolean) IS
+    'respool._move_units on a pool''s counters alone.';
 
 CREATE OR REPLACE FUNCTION respool._placing_order(p_needs jsonb[])
 RETURNS integer[] LANGUAGE plpgsql IMMUTABLE AS $$

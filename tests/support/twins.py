@@ -4,9 +4,9 @@ Each twin takes the installed function's source (``pg_get_functiondef``) and rem
 with a targeted text replacement; a replacement that no longer matches fails loudly, so a twin
 can never drift from the engine it breaks. Install one only into a test's own database.
 
-* ``broken_twin``: ``_blocker`` admits everything and ``_move_units`` (with its pool half
-  ``_move_pool_units``) charges the counters without its guards (any missing counter row is
-  created), so the invariant auditor must report I1/I2.
+* ``broken_twin``: ``_blocker`` admits everything and ``_move_units`` (the pool's and the
+  policy's counters in one statement) charges the counters without its guards (any missing
+  counter row is created), so the invariant auditor must report I1/I2.
 * ``broken_shrink_twin``: the two shrink-enforcement bugs fixed earlier — a removed custom
   key (capacity 0: not a soft key) is never enforced, and the minimal-victim routine
   (``_minimal_victims``, which shrink enforcement shares with preemption) takes every victim its
@@ -38,7 +38,7 @@ TWINS: dict[str, list[tuple[str, list[tuple[str, str]]]]] = {
             [("WHERE msg IS NOT NULL", "WHERE false")],
         ),
         (
-            "respool._move_pool_units(uuid, jsonb, integer, boolean)",
+            "respool._move_units(uuid, uuid, jsonb, jsonb, integer, boolean)",
             [
                 (
                     "\n           AND (NOT p_guard OR p_sign < 0"
@@ -51,11 +51,6 @@ TWINS: dict[str, list[tuple[str, list[tuple[str, str]]]]] = {
                     "IF p_sign < 0 OR (p_guard AND EXISTS",
                     "IF false AND (p_guard AND EXISTS",
                 ),
-            ],
-        ),
-        (
-            "respool._move_units(uuid, uuid, jsonb, jsonb, integer)",
-            [
                 (
                     "\n           AND (p_sign < 0 OR pol.used + x.value::bigint"
                     ' <= coalesce(pol."limit", respool._max_total()))',
