@@ -31,11 +31,12 @@ BEGIN
       LEFT JOIN respool.placements pl ON pl.request_id = r.id AND r.status = 'allocated'
       -- A victim leaving its grace period (released, or its deadline passed) ends the same
       -- preemption: its event names the request its preempting event named.
+     -- (OFFSET 0: computed once per row, not copied into each column that uses it)
      CROSS JOIN LATERAL (
             SELECT coalesce(v_cause, CASE WHEN p_from = 'preempting' THEN (
                        SELECT pe.cause_request_id FROM respool.events pe
                         WHERE pe.request_id = r.id AND pe.to_status = 'preempting'
-                        ORDER BY pe.id DESC LIMIT 1) END) AS id) c
+                        ORDER BY pe.id DESC LIMIT 1) END) AS id OFFSET 0) c
      ORDER BY r.ordinality;
     -- No notification for the requests a create_request call or a batch is making
     -- (respool.unannounced, their ids separated by commas):

@@ -225,7 +225,7 @@ BEGIN
     END IF;
 END $$;
 COMMENT ON FUNCTION respool._move_units(uuid, uuid, jsonb, jsonb, integer, boolean) IS
-    'Charges (p_sign 1) or returns (-1) units {key: n} on a pool''s counters and one policy''s (p_np: the non-preemptible part; p_policy_id NULL: the pool''s alone) in one statement. Guarded: used + n <= capacity on the pool (unless p_guard is false: a node change, charging the memory of whole shared devices before the pool''s capacity is derived again) and <= limit on the policy (respool._max_total() for a counter nothing else bounds); RP500 rather than over-allocate. A soft key the pool does not list, an unguarded charge, and a key the policy does not bound get a counter. CHECK used >= 0 catches a double return.';
+    'Charges (p_sign 1) or returns (-1) units {key: n} on a pool''s counters and one policy''s (p_np: the non-preemptible part; p_policy_id NULL: the pool''s alone) in one statement, guarded: used + n <= capacity on the pool (unless p_guard is false: a node change) and <= limit on the policy (respool._max_total() where nothing else bounds); RP500 rather than over-allocate. A soft key the pool does not list, an unguarded charge and a key the policy does not bound get a counter. CHECK used >= 0 catches a double return.';
 
 CREATE OR REPLACE FUNCTION respool._move_pool_units(p_pool_id uuid, p_units jsonb, p_sign integer,
                                                     p_guard boolean DEFAULT true)
@@ -258,7 +258,7 @@ DECLARE
 BEGIN
     -- The caller checked respool._fit_node first. RP501 (a gang that cannot be placed member by
     -- member) is for the caller's subtransaction to take the whole grant back.
-    -- The charge: one guarded statement per counter table for all of them.
+    -- The charge: one guarded statement for all of them, both counter tables.
     IF cardinality(p_granted) = 1 THEN
         PERFORM respool._move_units(p_pool_id, p_policy_id, p_granted[1].resources, p_granted[1].np_charge, 1);
     ELSE

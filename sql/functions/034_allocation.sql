@@ -72,7 +72,7 @@ BEGIN
     RETURN cardinality(v_granted);
 END $$;
 COMMENT ON FUNCTION respool._grant_many(uuid[], uuid, uuid, timestamptz, uuid[]) IS
-    'Moves queued requests the caller has locked (in a pool it has locked, under one policy) to allocated, set-based: placed (p_nodes: the nodes respool._fit_node chose, one per id in queue order) and charged by respool._place (one guarded statement per counter table, RP500 on a would-be over-allocation), every queue left, leases (a job''s at its claim) and runtime caps (max_seconds) started, one row version, event and NOTIFY each. Returns how many (all of p_ids, else RP500).';
+    'Moves queued requests the caller has locked (in a pool it has locked, under one policy) to allocated, set-based: placed (p_nodes: the nodes respool._fit_node chose, one per id in queue order) and charged by respool._place (one guarded statement for both counter tables, RP500 on a would-be over-allocation), every queue left, leases (a job''s at its claim) and runtime caps (max_seconds) started, one row version, event and NOTIFY each. Returns how many (all of p_ids, else RP500).';
 
 CREATE OR REPLACE FUNCTION respool._try_grant(p_request_id uuid, p_pool_id uuid, p_policy_id uuid, p_now timestamptz,
                                               p_new respool.requests DEFAULT NULL)

@@ -128,6 +128,14 @@ CREATE OR REPLACE FUNCTION respool._member_pools(p_bodies jsonb[], p_made boolea
                                                  OUT lock_ids uuid[])
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
+    IF cardinality(p_bodies) = 1 THEN
+        -- One member: the pool it names, if it is made; its subject's pools, or the one named.
+        pool_ids := ARRAY[CASE WHEN p_made[1] AND p_bodies[1] ->> 'pool' IS NOT NULL
+                               THEN respool.resolve_pool(p_bodies[1] ->> 'pool') END];
+        lock_ids := ARRAY(SELECT s.pool_id FROM respool._subject_policies(p_bodies[1] ->> 'subject') s
+                           WHERE p_made[1] AND (pool_ids[1] IS NULL OR s.pool_id = pool_ids[1]));
+        RETURN;
+    END IF;
     -- The pool each member made names (respool.resolve_pool once per distinct ref: RP404, RP400).
     SELECT array_agg(d.pool_id ORDER BY u.n) INTO pool_ids
       FROM unnest(p_bodies, p_made) WITH ORDINALITY u(b, made, n)
@@ -254,20 +262,27 @@ DECLARE
     v_firsts uuid[];  -- each run's first member
 BEGIN
     -- Each member's queue instant; the runs of consecutive alike members (the same subject,
-    -- admitted pools and shape): where each starts, its shape.
-    SELECT array_agg(x.queued_at ORDER BY x.n), array_agg(x.n ORDER BY x.n) FILTER (WHERE x.starts),
-           array_agg(x.id ORDER BY x.n) FILTER (WHERE x.starts),
-           array_agg(x.resources ORDER BY x.n) FILTER (WHERE x.starts),
-           array_agg(x.preemptible ORDER BY x.n) FILTER (WHERE x.starts),
-           array_agg(x.node_selector ORDER BY x.n) FILTER (WHERE x.starts)
-      INTO m_at, r_first, v_firsts, r_res, r_pre, r_sel
-      FROM (SELECT u.n::integer AS n, r.id, r.queued_at, r.resources, r.preemptible, r.node_selector,
-                   ROW(r.subject, r.candidate_pool_ids, r.resources, r.preemptible, r.node_selector)
-                   IS DISTINCT FROM lag(ROW(r.subject, r.candidate_pool_ids, r.resources, r.preemptible,
-                                            r.node_selector)) OVER (ORDER BY u.n) AS starts
-              FROM unnest(p_ids) WITH ORDINALITY u(id, n)
-             -- (one index probe per member, whatever the plan thinks of the table's size)
-             CROSS JOIN LATERAL (SELECT * FROM respool.requests q WHERE q.id = u.id LIMIT 1) r) x;
+    -- admitted pools and shape): where each starts, its shape. One member: one run.
+    IF cardinality(p_ids) = 1 THEN
+        SELECT ARRAY[r.queued_at], ARRAY[1], ARRAY[r.id], ARRAY[r.resources], ARRAY[r.preemptible],
+               ARRAY[r.node_selector]
+          INTO m_at, r_first, v_firsts, r_res, r_pre, r_sel
+          FROM respool.requests r WHERE r.id = p_ids[1];
+    ELSE
+        SELECT array_agg(x.queued_at ORDER BY x.n), array_agg(x.n ORDER BY x.n) FILTER (WHERE x.starts),
+               array_agg(x.id ORDER BY x.n) FILTER (WHERE x.starts),
+               array_agg(x.resources ORDER BY x.n) FILTER (WHERE x.starts),
+               array_agg(x.preemptible ORDER BY x.n) FILTER (WHERE x.starts),
+               array_agg(x.node_selector ORDER BY x.n) FILTER (WHERE x.starts)
+          INTO m_at, r_first, v_firsts, r_res, r_pre, r_sel
+          FROM (SELECT u.n::integer AS n, r.id, r.queued_at, r.resources, r.preemptible, r.node_selector,
+                       ROW(r.subject, r.candidate_pool_ids, r.resources, r.preemptible, r.node_selector)
+                       IS DISTINCT FROM lag(ROW(r.subject, r.candidate_pool_ids, r.resources, r.preemptible,
+                                                r.node_selector)) OVER (ORDER BY u.n) AS starts
+                  FROM unnest(p_ids) WITH ORDINALITY u(id, n)
+                 -- (one index probe per member, whatever the plan thinks of the table's size)
+                 CROSS JOIN LATERAL (SELECT * FROM respool.requests q WHERE q.id = u.id LIMIT 1) r) x;
+    END IF;
     -- Each run's admitted candidates (r_n of them) with its policy there, in candidate order. A
     -- new request is tried alone (e_alone) in a best_effort pool that holds for nobody and cannot
     -- start holding during this call (no entry waits near starvation_seconds; docs/scheduling.md):

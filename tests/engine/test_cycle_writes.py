@@ -1,6 +1,6 @@
 """What one create → allocated → release cycle writes. One new row version of
 the request per status change, no queue entry for a request granted in its creating call, and
-the counters moved in one statement per table."""
+the counters moved in one statement for both tables."""
 
 from __future__ import annotations
 

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Instructions per engine cycle (create → allocated → release), counted by callgrind in a
+# single-user PostgreSQL: the same count on every run, so a change of 0.5 % shows, where
+# wall-clock cycles on a shared 2-core machine vary by 10 % (docs/benchmarks.md, "Counting
+# instructions").
+#
+#   bench/instructions.sh [LABEL]      this checkout's SQL (its .venv's respool), label "tree"
+#
+# Needs valgrind and PostgreSQL's server binaries (initdb, pg_ctl, postgres: PG_BIN, default
+# the newest /usr/lib/postgresql/*/bin). Run as root, the server runs as the OS user postgres.
+# Prints "LABEL: N instructions per cycle". The count is the difference of two runs from the
+# same data (50 warm-up cycles; the same 50 and 200 more), so start-up and first plans cancel.
+set -euo pipefail
+LABEL=${1:-tree}
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+PG_BIN=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)}
+WORK=${RESPOOL_INSTRUCTIONS_DIR:-/tmp/respool-instructions}
+PORT=${RESPOOL_INSTRUCTIONS_PORT:-5497}
+as_pg() { if [ "$(id -u)" = 0 ]; then su postgres -c "$*"; else bash -c "$*"; fi; }
+
+rm -rf "$WORK/$LABEL" && mkdir -p "$WORK/$LABEL" && chmod 777 "$WORK" "$WORK/$LABEL"
+DATA=$WORK/$LABEL/data
+as_pg "$PG_BIN/initdb -D $DATA -A trust -U postgres" >/dev/null
+as_pg "$PG_BIN/pg_ctl -D $DATA -o '-p $PORT -k $WORK/$LABEL -c fsync=off' -l $WORK/$LABEL/log start" >/dev/null
+trap 'as_pg "$PG_BIN/pg_ctl -D $DATA stop -m fast" >/dev/null 2>&1 || true' EXIT
+(cd "$REPO" && .venv/bin/python - "$PORT") <<'EOF'
+"""Migrate, make 8 pools × 8 subjects (bench cycles' setup), 3,000 cycles of history, ANALYZE."""
+import asyncio
+import sys
+
+from app.db.connect import connect
+from app.db.migrate import migrate
+from bench import common
+from bench.cycles import setup_engine
+
+CREATE = """SELECT c.request->>'id' FROM respool.create_request(jsonb_build_object(
+    'subject', $1::text, 'pool', $2::text, 'resources', '{"gpu": 1}'::jsonb, 'lease_seconds', 300)) c"""
+
+
+async def main(port: str) -> None:
+    admin = await connect(f"postgresql://postgres@127.0.0.1:{port}/postgres", application_name="x")
+    await admin.execute("CREATE DATABASE cg")
+    dsn = f"postgresql://postgres@127.0.0.1:{port}/cg"
+    await migrate(await connect(dsn, application_name="x"))
+    conn = await common.bench_connect(dsn)
+    await setup_engine(conn, 8, 8)
+    for i in range(3000):
+        rid = await conn.fetchval(CREATE, f"bench-s{i % 8 + 1}", f"bench-p{i * 3 % 8 + 1}")
+        await conn.fetchval("SELECT respool.release_request(p_id => $1::uuid)", rid)
+    await conn.execute("VACUUM ANALYZE")
+
+
+asyncio.run(main(sys.argv[1]))
+EOF
+as_pg "$PG_BIN/pg_ctl -D $DATA stop" >/dev/null
+trap - EXIT
+
+# The cycles, one statement a line (single-user mode), the request id carried in a setting.
+for i in $(seq 0 249); do
+    echo "SELECT set_config('x.rid', (SELECT c.request->>'id' FROM respool.create_request(jsonb_build_object('subject', 'bench-s$((i % 8 + 1))', 'pool', 'bench-p$((i * 3 % 8 + 1))', 'resources', '{\"gpu\": 1}'::jsonb, 'lease_seconds', 300)) c), false);"
+    echo "SELECT respool.release_request(p_id => current_setting('x.rid')::uuid) IS NOT NULL;"
+done > "$WORK/$LABEL/all.sql"
+head -100 "$WORK/$LABEL/all.sql" > "$WORK/$LABEL/warm.sql"
+chmod 644 "$WORK/$LABEL"/*.sql
+count() {  # count NAME SQLFILE: instructions of a single-user run on a fresh copy of the data
+    rm -rf "$WORK/$LABEL/run" && cp -a "$DATA" "$WORK/$LABEL/run"
+    as_pg "valgrind --tool=callgrind --callgrind-out-file=$WORK/$LABEL/$1.out $PG_BIN/postgres --single -D $WORK/$LABEL/run -c fsync=off cg" \
+        < "$2" > "$WORK/$LABEL/$1.log" 2> "$WORK/$LABEL/$1.valgrind"
+    if grep -q ERROR "$WORK/$LABEL/$1.log"; then echo "$1: a statement failed, see $WORK/$LABEL/$1.log" >&2; exit 1; fi
+    grep -o "Collected : [0-9]*" "$WORK/$LABEL/$1.valgrind" | grep -o "[0-9]*$"
+}
+warm=$(count warm "$WORK/$LABEL/warm.sql")
+all=$(count all "$WORK/$LABEL/all.sql")
+echo "$LABEL: $(((all - warm) / 200)) instructions per cycle"
