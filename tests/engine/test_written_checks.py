@@ -15,7 +15,7 @@ from app.db import requests as db_requests
 
 
 async def _refused(conn: asyncpg.Connection, sql: str, *args: Any) -> str:
-    """The constraint a statement breaks (it must break one), after checking nothing changed."""
+    """The constraint a statement breaks (it must break one)."""
     with pytest.raises(asyncpg.CheckViolationError) as raised:
         await conn.execute(sql, *args)
     assert raised.value.sqlstate == "23514"
