@@ -15,24 +15,25 @@ CREATE FUNCTION respool._check_written_fields() RETURNS trigger LANGUAGE plpgsql
 DECLARE
     v_broken text;
 BEGIN
-    -- Each test is NULL where a CHECK passes (a NULL field), as the constraint it replaces.
+    -- Each test is NULL where a CHECK passes (a NULL field), as the constraint it replaces; the
+    -- bounds and patterns are the engine's named ones (005_bounds_and_patterns.sql).
     IF TG_TABLE_NAME = 'requests' THEN
         v_broken := CASE
-            WHEN NOT NEW.subject ~ '^[A-Za-z0-9][A-Za-z0-9_.:/@-]{0,127}$' THEN 'requests_subject_check'
+            WHEN NOT NEW.subject ~ respool._subject_pattern() THEN 'requests_subject_check'
             WHEN NOT NEW.max_retries >= 0 THEN 'requests_max_retries_check'
             WHEN NOT NEW.lease_seconds > 0 THEN 'requests_lease_seconds_check'
-            WHEN NOT (length(NEW.idempotency_key) >= 1 AND length(NEW.idempotency_key) <= 200)
+            WHEN NOT length(NEW.idempotency_key) BETWEEN 1 AND respool._max_key_length()
                 THEN 'requests_idempotency_key_check'
             WHEN NOT NEW.max_seconds > 0 THEN 'requests_max_seconds_check'
             WHEN NOT jsonb_typeof(NEW.node_selector) = 'object' THEN 'requests_node_selector_check'
-            WHEN NOT NEW.preemption_group ~ '^[^\x01-\x1f\x7f]{1,128}$' THEN 'requests_preemption_group_check'
+            WHEN NOT NEW.preemption_group ~ respool._group_pattern() THEN 'requests_preemption_group_check'
             WHEN NOT jsonb_typeof(NEW.command) = 'array' THEN 'requests_command_check'
             WHEN NOT jsonb_typeof(NEW.job_env) = 'object' THEN 'requests_job_env_check'
             WHEN NOT NEW.array_index >= 0 THEN 'requests_array_index_check'
         END;
     ELSIF TG_TABLE_NAME = 'policy_resources' THEN
         v_broken := CASE
-            WHEN NOT NEW.key ~ '^[a-z][a-z0-9_]{0,62}$' THEN 'policy_resources_key_check'
+            WHEN NOT NEW.key ~ respool._key_pattern() THEN 'policy_resources_key_check'
             WHEN NOT NEW.reserved >= 0 THEN 'policy_resources_reserved_check'
             WHEN NOT NEW."limit" > 0 THEN 'policy_resources_limit_check'
             WHEN NOT NEW.configured >= 0 THEN 'policy_resources_configured_check'
@@ -41,7 +42,7 @@ BEGIN
         END;
     ELSE  -- pool_resources
         v_broken := CASE
-            WHEN NOT NEW.key ~ '^[a-z][a-z0-9_]{0,62}$' THEN 'pool_resources_key_check'
+            WHEN NOT NEW.key ~ respool._key_pattern() THEN 'pool_resources_key_check'
             WHEN NOT NEW.capacity > 0 THEN 'pool_resources_capacity_check'
         END;
     END IF;
