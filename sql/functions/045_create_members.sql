@@ -128,21 +128,18 @@ CREATE OR REPLACE FUNCTION respool._member_pools(p_bodies jsonb[], p_made boolea
                                                  OUT lock_ids uuid[])
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    IF cardinality(p_bodies) = 1 THEN
-        -- One member: the pool it names, if it is made; its subject's pools, or the one named.
+    -- The pool each member made names (respool.resolve_pool once per distinct ref: RP404, RP400).
+    IF cardinality(p_bodies) = 1 THEN  -- (one member: without the set-based join)
         pool_ids := ARRAY[CASE WHEN p_made[1] AND p_bodies[1] ->> 'pool' IS NOT NULL
                                THEN respool.resolve_pool(p_bodies[1] ->> 'pool') END];
-        lock_ids := ARRAY(SELECT s.pool_id FROM respool._subject_policies(p_bodies[1] ->> 'subject') s
-                           WHERE p_made[1] AND (pool_ids[1] IS NULL OR s.pool_id = pool_ids[1]));
-        RETURN;
+    ELSE
+        SELECT array_agg(d.pool_id ORDER BY u.n) INTO pool_ids
+          FROM unnest(p_bodies, p_made) WITH ORDINALITY u(b, made, n)
+          LEFT JOIN (SELECT e.ref, respool.resolve_pool(e.ref) AS pool_id
+                       FROM (SELECT DISTINCT x.b ->> 'pool' AS ref FROM unnest(p_bodies, p_made) x(b, made)
+                              WHERE x.made AND x.b ->> 'pool' IS NOT NULL) e) d
+                 ON u.made AND d.ref = u.b ->> 'pool';
     END IF;
-    -- The pool each member made names (respool.resolve_pool once per distinct ref: RP404, RP400).
-    SELECT array_agg(d.pool_id ORDER BY u.n) INTO pool_ids
-      FROM unnest(p_bodies, p_made) WITH ORDINALITY u(b, made, n)
-      LEFT JOIN (SELECT e.ref, respool.resolve_pool(e.ref) AS pool_id
-                   FROM (SELECT DISTINCT x.b ->> 'pool' AS ref FROM unnest(p_bodies, p_made) x(b, made)
-                          WHERE x.made AND x.b ->> 'pool' IS NOT NULL) e) d
-             ON u.made AND d.ref = u.b ->> 'pool';
     -- Their candidate pools: every pool of the subject's policies, or only the one named.
     lock_ids := ARRAY(SELECT DISTINCT s.pool_id
                         FROM (SELECT DISTINCT u.b ->> 'subject' AS subject, u.p
