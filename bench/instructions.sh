@@ -13,16 +13,31 @@
 set -euo pipefail
 LABEL=${1:-tree}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-PG_BIN=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)}
+PG_BIN=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)}
 WORK=${RESPOOL_INSTRUCTIONS_DIR:-/tmp/respool-instructions}
 PORT=${RESPOOL_INSTRUCTIONS_PORT:-5497}
+DIR=$WORK/$LABEL
+DATA=$DIR/data
 as_pg() { if [ "$(id -u)" = 0 ]; then su postgres -c "$*"; else bash -c "$*"; fi; }
+command -v valgrind >/dev/null || { echo "bench/instructions.sh: valgrind is not installed" >&2; exit 2; }
+[ -x "$PG_BIN/postgres" ] || { echo "bench/instructions.sh: no PostgreSQL server binaries (set PG_BIN)" >&2; exit 2; }
 
-rm -rf "$WORK/$LABEL" && mkdir -p "$WORK/$LABEL" && chmod 777 "$WORK" "$WORK/$LABEL"
-DATA=$WORK/$LABEL/data
+# Whatever ends the script (done, an error, Ctrl-C, a closed terminal, kill): no server or
+# single-user run of it is left, and only the callgrind files and logs stay in $DIR.
+cleanup() {
+    [ -f "$DATA/postmaster.pid" ] && as_pg "$PG_BIN/pg_ctl -D $DATA stop -m immediate" >/dev/null 2>&1
+    pkill -f -- "-D $DIR/run" 2>/dev/null || true
+    for _ in $(seq 50); do pgrep -f -- "-D $DIR/run" >/dev/null || break; sleep 0.1; done
+    rm -rf "$DATA" "$DIR/run"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM HUP
+
+echo "$LABEL: counting the instructions of 200 engine cycles, about a minute (files in $DIR)"
+rm -rf "$DIR" && mkdir -p "$DIR" && chmod 777 "$WORK" "$DIR"
 as_pg "$PG_BIN/initdb -D $DATA -A trust -U postgres" >/dev/null
-as_pg "$PG_BIN/pg_ctl -D $DATA -o '-p $PORT -k $WORK/$LABEL -c fsync=off' -l $WORK/$LABEL/log start" >/dev/null
-trap 'as_pg "$PG_BIN/pg_ctl -D $DATA stop -m fast" >/dev/null 2>&1 || true' EXIT
+as_pg "$PG_BIN/pg_ctl -D $DATA -o '-p $PORT -k $DIR -c fsync=off' -l $DIR/log start" >/dev/null
 (cd "$REPO" && .venv/bin/python - "$PORT") <<'EOF'
 """Migrate, make 8 pools × 8 subjects (bench cycles' setup), 3,000 cycles of history, ANALYZE."""
 import asyncio
@@ -53,22 +68,23 @@ async def main(port: str) -> None:
 asyncio.run(main(sys.argv[1]))
 EOF
 as_pg "$PG_BIN/pg_ctl -D $DATA stop" >/dev/null
-trap - EXIT
 
 # The cycles, one statement a line (single-user mode), the request id carried in a setting.
 for i in $(seq 0 249); do
     echo "SELECT set_config('x.rid', (SELECT c.request->>'id' FROM respool.create_request(jsonb_build_object('subject', 'bench-s$((i % 8 + 1))', 'pool', 'bench-p$((i * 3 % 8 + 1))', 'resources', '{\"gpu\": 1}'::jsonb, 'lease_seconds', 300)) c), false);"
     echo "SELECT respool.release_request(p_id => current_setting('x.rid')::uuid) IS NOT NULL;"
-done > "$WORK/$LABEL/all.sql"
-head -100 "$WORK/$LABEL/all.sql" > "$WORK/$LABEL/warm.sql"
-chmod 644 "$WORK/$LABEL"/*.sql
+done > "$DIR/all.sql"
+head -100 "$DIR/all.sql" > "$DIR/warm.sql"
+chmod 644 "$DIR"/*.sql
 count() {  # count NAME SQLFILE: instructions of a single-user run on a fresh copy of the data
-    rm -rf "$WORK/$LABEL/run" && cp -a "$DATA" "$WORK/$LABEL/run"
-    as_pg "valgrind --tool=callgrind --callgrind-out-file=$WORK/$LABEL/$1.out $PG_BIN/postgres --single -D $WORK/$LABEL/run -c fsync=off cg" \
-        < "$2" > "$WORK/$LABEL/$1.log" 2> "$WORK/$LABEL/$1.valgrind"
-    if grep -q ERROR "$WORK/$LABEL/$1.log"; then echo "$1: a statement failed, see $WORK/$LABEL/$1.log" >&2; exit 1; fi
-    grep -o "Collected : [0-9]*" "$WORK/$LABEL/$1.valgrind" | grep -o "[0-9]*$"
+    rm -rf "$DIR/run" && cp -a "$DATA" "$DIR/run"
+    # (in the background, waited for: a signal to the script ends it at once, and cleanup the run)
+    as_pg "valgrind --tool=callgrind --callgrind-out-file=$DIR/$1.out $PG_BIN/postgres --single -D $DIR/run -c fsync=off cg" \
+        < "$2" > "$DIR/$1.log" 2> "$DIR/$1.valgrind" &
+    wait $!
+    if grep -q ERROR "$DIR/$1.log"; then echo "$1: a statement failed, see $DIR/$1.log" >&2; exit 1; fi
+    grep -o "Collected : [0-9]*" "$DIR/$1.valgrind" | grep -o "[0-9]*$" > "$DIR/$1.count"
 }
-warm=$(count warm "$WORK/$LABEL/warm.sql")
-all=$(count all "$WORK/$LABEL/all.sql")
-echo "$LABEL: $(((all - warm) / 200)) instructions per cycle"
+count warm "$DIR/warm.sql"
+count all "$DIR/all.sql"
+echo "$LABEL: $((($(cat "$DIR/all.count") - $(cat "$DIR/warm.count")) / 200)) instructions per cycle"
