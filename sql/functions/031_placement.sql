@@ -441,11 +441,13 @@ BEGIN
                AND (v_dev IS NULL OR coalesce((v_dev -> p.node_id::text ->> 0)::boolean, true))
          -- What the node is left with once the request is placed (docs/placement.md): nodes
          -- differ in which keys they name devices for, so free-now would order them otherwise.
+         -- (v_dev guarded by CASE: without it every node's id would be written out as text)
          ORDER BY p.node_id IS NOT DISTINCT FROM v_mine DESC,
-                  CASE WHEN v_spread THEN -1 ELSE 1 END * (v_dev -> p.node_id::text ->> 2)::bigint NULLS LAST,
+                  CASE WHEN v_spread THEN -1 ELSE 1 END
+                  * CASE WHEN v_dev IS NOT NULL THEN (v_dev -> p.node_id::text ->> 2)::bigint END NULLS LAST,
                   -- (whole devices: what is left of the untouched ones, where the devices decide)
                   CASE WHEN v_spread THEN -1 ELSE 1 END
-                  * coalesce((v_dev -> p.node_id::text ->> 4)::bigint,
+                  * coalesce(CASE WHEN v_dev IS NOT NULL THEN (v_dev -> p.node_id::text ->> 4)::bigint END,
                              sum(p.free - p.need) FILTER (WHERE p.capacity IS NOT NULL AND p.devices > 0), 0),
                   CASE WHEN v_spread THEN -1 ELSE 1 END
                   * coalesce(sum(p.free - p.need) FILTER (WHERE p.capacity IS NOT NULL), 0),

@@ -1,7 +1,8 @@
 """The checks of the fields a status change never writes (a request's subject, key, lease and
-job; a counter's key; a policy's limit and reserved share; a pool's capacity) still refuse a bad
-row, with the constraint's name and SQLSTATE 23514, whether the row is inserted or an update
-writes the field. Only a status change or a charge no longer runs them."""
+job; a counter's key; a policy's limit and reserved share; a pool's capacity; a node's counters
+and devices but their use) still refuse a bad row, with the constraint's name and SQLSTATE 23514,
+whether the row is inserted or an update writes the field. Only a status change, a charge or a
+placement no longer runs them."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import asyncpg
 import engine_support as es
 import pytest
+from respool_client import wire as q
 
 from app.db import requests as db_requests
 
@@ -19,7 +21,13 @@ async def _refused(conn: asyncpg.Connection, sql: str, *args: Any) -> str:
     with pytest.raises(asyncpg.CheckViolationError) as raised:
         await conn.execute(sql, *args)
     assert raised.value.sqlstate == "23514"
-    assert raised.value.table_name in {"requests", "policy_resources", "pool_resources"}
+    assert raised.value.table_name in {
+        "requests",
+        "policy_resources",
+        "pool_resources",
+        "node_resources",
+        "node_devices",
+    }
     return raised.value.constraint_name
 
 
@@ -87,3 +95,78 @@ async def test_a_charge_still_cannot_take_a_counter_below_zero(conn: asyncpg.Con
     await db_requests.release_request(conn, r.id)
     sql = "UPDATE respool.pool_resources SET used = used - 1 WHERE key = 'gpu'"
     assert await _refused(conn, sql) == "pool_resources_used_check"
+
+
+NODE_UPDATES = [  # (what an UPDATE of the node's rows writes, the constraint it breaks)
+    ("node_resources SET key = 'Bad Key' WHERE key = 'mcpu'", "node_resources_key_check"),
+    ("node_resources SET capacity = 0 WHERE key = 'mcpu'", "node_resources_capacity_check"),
+    ("node_resources SET devices = 1 WHERE key = 'mcpu'", "devices_name_every_unit"),
+    ("node_resources SET sharing = 'nvlink' WHERE key = 'gpu'", "node_resources_sharing_check"),
+    ("node_resources SET device_memory_mb = 0 WHERE key = 'gpu'",
+     "node_resources_device_memory_mb_check"),
+    ("node_resources SET reserved_memory_mb = -1 WHERE key = 'gpu'",
+     "node_resources_reserved_memory_mb_check"),
+    ("node_resources SET sharing = 'mps' WHERE key = 'mcpu'", "sharing_of_named_devices"),
+    ("node_resources SET device_memory_mb = 1 WHERE key = 'mcpu'",
+     "device_memory_of_named_devices"),
+    ("node_resources SET reserved_memory_mb = 80000 WHERE key = 'gpu'",
+     "reserved_below_device_memory"),
+    ("node_resources SET derived_from = 'gpu' WHERE key = 'gpu'", "derived_rows_have_no_devices"),
+    ("node_devices SET device = ''", "node_devices_device_check"),
+    ("node_devices SET device = repeat('x', 129)", "node_devices_device_check"),
+    ("node_devices SET position = -1", "node_devices_position_check"),
+    ("node_devices SET memory_mb = 0", "node_devices_memory_mb_check"),
+]  # fmt: skip
+
+
+async def _node_holding_a_gpu(conn: asyncpg.Connection) -> q.Request:
+    """A pool with one node (a shared GPU of 80 GB and some CPU) whose GPU one request holds."""
+    await es.mk_pool(conn, "p", {})
+    body = {"name": "n1", "pool": "p", "devices": {"gpu": ["0"]}, "capacity": {"mcpu": 4000},
+            "sharing": {"gpu": "mps"}, "device_memory_mb": {"gpu": 80000}}  # fmt: skip
+    await conn.execute("SELECT respool.create_node($1)", body)
+    await es.mk_policy(conn, "S", "p")
+    return await es.mk_req(conn, "S", "p", resources={"gpu": 1})
+
+
+@pytest.mark.parametrize(("assignment", "constraint"), NODE_UPDATES)
+async def test_an_update_writing_a_node_field_checked_when_written_is_refused(
+    conn: asyncpg.Connection, assignment: str, constraint: str
+) -> None:
+    r = await _node_holding_a_gpu(conn)
+    assert (await es.get(conn, r.id)).status == "allocated"
+    sql = f"UPDATE respool.{assignment}"  # noqa: S608 (the cases above)
+    assert await _refused(conn, sql) == constraint
+    held = await conn.fetchval(
+        "SELECT count(*) FROM respool.node_devices WHERE holder_id = $1", r.id
+    )
+    assert held == 1  # nothing changed
+
+
+async def test_an_insert_of_a_bad_node_counter_or_device_is_checked(
+    conn: asyncpg.Connection,
+) -> None:
+    await _node_holding_a_gpu(conn)
+    counter = (
+        "INSERT INTO respool.node_resources (node_id, key, capacity)"
+        " SELECT id, $1, 1 FROM respool.nodes"
+    )
+    assert await _refused(conn, counter, "Bad Key") == "node_resources_key_check"
+    await conn.execute(counter, "licence")
+    device = (
+        "INSERT INTO respool.node_devices (node_id, key, device, position)"
+        " SELECT id, 'gpu', $1, 1 FROM respool.nodes"
+    )
+    assert await _refused(conn, device, "") == "node_devices_device_check"
+    await conn.execute(device, "1")
+
+
+async def test_a_placement_still_cannot_break_a_device_invariant(conn: asyncpg.Connection) -> None:
+    """What a placement writes (a node counter's use, a device's holder and slices) is still
+    checked on every update."""
+    await _node_holding_a_gpu(conn)
+    assert await _refused(conn, "UPDATE respool.node_devices SET memory_used = 1000") == (
+        "never_whole_and_sliced"
+    )
+    sql = "UPDATE respool.node_resources SET used = -1 WHERE key = 'gpu'"
+    assert await _refused(conn, sql) == "node_resources_used_check"
