@@ -483,13 +483,16 @@ DECLARE
     v_over boolean;
     v_named bigint;
     v_taken integer;
-    v_pool_id uuid := (SELECT pool_id FROM respool.nodes WHERE id = p_node_id);
-    v_shares boolean := EXISTS (SELECT FROM respool.node_resources nr WHERE nr.node_id = p_node_id AND nr.sharing IS NOT NULL);
+    v_pool_id uuid;
+    v_shares boolean;
     v_extra jsonb := '{}';
     v_spread boolean;
     v_sl record;
     v_device text;
 BEGIN
+    SELECT n.pool_id, EXISTS (SELECT FROM respool.node_resources nr WHERE nr.node_id = n.id AND nr.sharing IS NOT NULL)
+      INTO v_pool_id, v_shares
+      FROM respool.nodes n WHERE n.id = p_node_id;
     -- Whole devices of a shared key also take their memory and share on the node's and the pool's
     -- slice counters (docs/placement.md, "Sharing a GPU"), so those stay exact.
     IF v_shares THEN
