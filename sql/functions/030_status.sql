@@ -62,7 +62,8 @@ RETURNS void LANGUAGE sql AS $$
 $$;
 COMMENT ON FUNCTION respool._pool_changed(uuid) IS 'Wakes the reconcilers (after commit) for a pool whose state may call for preemption: a new queued request, a capacity or policy change.';
 
-CREATE OR REPLACE FUNCTION respool._set_status(p_id uuid, p_to text, p_reason text, p_message text, p_now timestamptz)
+CREATE OR REPLACE FUNCTION respool._set_status(p_id uuid, p_to text, p_reason text, p_message text, p_now timestamptz,
+                                               p_last_placement jsonb DEFAULT NULL)
 RETURNS respool.requests LANGUAGE plpgsql AS $$
 DECLARE
     v_from text;
@@ -81,10 +82,11 @@ BEGIN
            -- runtime cap and non-preemptible charge go in this same row version.
            lease_expires_at = CASE WHEN p_to IN ('allocated', 'preempting') THEN lease_expires_at END,
            run_deadline = CASE WHEN p_to IN ('allocated', 'preempting') THEN run_deadline END,
-           np_charge = CASE WHEN p_to IN ('allocated', 'preempting') THEN np_charge ELSE '{}' END
+           np_charge = CASE WHEN p_to IN ('allocated', 'preempting') THEN np_charge ELSE '{}' END,
+           last_placement = coalesce(p_last_placement, last_placement)
      WHERE id = p_id
     RETURNING * INTO r;
     PERFORM respool._record_event(r, v_from, p_now);
     RETURN r;
 END $$;
-COMMENT ON FUNCTION respool._set_status(uuid, text, text, text, timestamptz) IS 'The way a request changes status (a grant does the same in respool._grant_many, set-based): bumps version, stamps finished_at, drops an earmark when it leaves the queue, a grace deadline and its note when it leaves preempting, and the lease, runtime cap and non-preemptible charge when it stops holding units; writes the event, notifies.';
+COMMENT ON FUNCTION respool._set_status(uuid, text, text, text, timestamptz, jsonb) IS 'The way a request changes status (a grant does the same in respool._grant_many, set-based): bumps version, stamps finished_at, drops an earmark when it leaves the queue, a grace deadline and its note when it leaves preempting, and the lease, runtime cap and non-preemptible charge when it stops holding units; p_last_placement (not NULL): where it ran, from respool._unplace, in the same row version; writes the event, notifies.';

@@ -328,8 +328,8 @@ END $$;
 COMMENT ON FUNCTION respool._placement_json(uuid) IS
     'Where a holding request is placed (docs/placement.md): {"node", "labels", "devices": {key: [ids in list order]}, "slices": {key: {device: {"memory_mb", "share" (when asked)}}}, "isolation": {key: exclusive for whole devices, else the node''s sharing mode}}; a slice''s device is listed in devices too. NULL when it has no placement. Read-only.';
 
-CREATE OR REPLACE FUNCTION respool._unplace(p_request_id uuid)
-RETURNS void LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION respool._unplace(p_request_id uuid, p_record boolean DEFAULT true)
+RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     r respool.requests := (SELECT q FROM respool.requests q WHERE q.id = p_request_id);
     v_node uuid;
@@ -352,7 +352,9 @@ BEGIN
         IF v_extra <> '{}' THEN
             PERFORM respool._move_pool_units(r.pool_id, v_extra, -1);
         END IF;
-        UPDATE respool.requests SET last_placement = v_doc WHERE id = p_request_id;
+        IF p_record THEN
+            UPDATE respool.requests SET last_placement = v_doc WHERE id = p_request_id;
+        END IF;
         UPDATE respool.node_devices SET holder_id = NULL WHERE holder_id = p_request_id;
         WITH gone AS (DELETE FROM respool.device_slices WHERE request_id = p_request_id
                       RETURNING node_id, key, device, memory_mb, share)
@@ -361,9 +363,10 @@ BEGIN
           FROM gone g
          WHERE d.node_id = g.node_id AND d.key = g.key AND d.device = g.device;
     END IF;
+    RETURN v_doc;
 END $$;
-COMMENT ON FUNCTION respool._unplace(uuid) IS
-    'Gives a holding request''s units back: to its pool''s and policy''s counters and, when placed on a node, to the node''s counters, devices and slices (and the pool''s slice counters what its whole shared devices took); removes its placement, kept as last_placement (CHECK used >= 0 catches a double return). Every path that ends a holding goes through it. The caller changes the status (respool._set_status).';
+COMMENT ON FUNCTION respool._unplace(uuid, boolean) IS
+    'Gives a holding request''s units back: to its pool''s and policy''s counters and, when placed on a node, to the node''s counters, devices and slices (and the pool''s slice counters what its whole shared devices took); removes its placement (CHECK used >= 0 catches a double return). Returns the placement''s document (respool._placement_json; NULL without one), which it keeps as last_placement unless p_record is false: then the caller writes it with the status (respool._set_status). Every path that ends a holding goes through it.';
 
 -- Nodes (docs/placement.md). In a pool backed by nodes every grant is also placed on one active node
 -- that matches the request's node_selector and has room for every key of the request (the node

@@ -92,13 +92,16 @@ CREATE OR REPLACE FUNCTION respool._end_holding(p_id uuid, p_to text, p_reason t
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     r respool.requests;
+    v_ran jsonb;
 BEGIN
     SELECT * INTO r FROM respool.requests WHERE id = p_id;
-    PERFORM respool._unplace(p_id);
     IF r.status = 'preempting' AND p_to <> 'cancelled' THEN
+        PERFORM respool._unplace(p_id);
         PERFORM respool._after_preemption(p_id, r.reason, r.message, p_now);
     ELSE
-        PERFORM respool._set_status(p_id, p_to, p_reason, p_message, p_now);
+        -- (where it ran is written with the status: one row version, not two)
+        v_ran := respool._unplace(p_id, p_record => false);
+        PERFORM respool._set_status(p_id, p_to, p_reason, p_message, p_now, v_ran);
         IF p_to = 'cancelled' OR (p_to = 'expired' AND r.status = 'allocated') THEN
             PERFORM respool._gang_follow(p_id, p_to, p_reason, p_to, p_now);  -- gangs: docs/scheduling.md
         END IF;

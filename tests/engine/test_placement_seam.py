@@ -21,7 +21,7 @@ from app.db import requests as db_requests
 
 FITS = "respool._fit_node(jsonb, boolean, uuid, uuid, uuid, uuid, jsonb)"
 PLACE = "respool._place(uuid, uuid, respool.requests[], uuid[])"
-UNPLACE = "respool._unplace(uuid)"
+UNPLACE = "respool._unplace(uuid, boolean)"
 
 
 async def _replace(conn: asyncpg.Connection, function: str, old: str, new: str) -> None:
