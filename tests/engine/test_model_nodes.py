@@ -808,6 +808,7 @@ EGRACE = 10
 EGPUS = 4
 ENODES = ("m1", "m2", "m3")
 OWNER_SHARE = 4
+SETTLE_PERIODS = 40  # far more grace periods than any chain of preemptions here needs
 
 
 _EARMARK_SQL = """
@@ -1107,11 +1108,16 @@ class EarmarkNodeMachine(DatabaseMachine):
     @precondition(lambda self: self.started)
     @rule()
     def settle(self) -> None:
-        """Nothing changes but time: passes past every grace period; then L1 on nodes."""
-        for _ in range(4):
+        """Nothing changes but time: grace periods pass, two passes after each, until a period
+        changes nothing; then L1 on nodes. A chain of preemptions may take several periods (a
+        borrower requeued takes an owner's units by priority, the owner takes them back by
+        reclaim, ...), but it ends: each victim is requeued at most max_retries times."""
+        for _ in range(SETTLE_PERIODS):
             self.now(EGRACE + 1)
-            for _ in range(2):
-                self.reconcile()
+            passes = [self.reconcile_pool(EPOOL, self.now()) for _ in range(2)]
+            self.stats["reconcile"] += 2
+            if not any(n for done in passes for key, n in done.items() if key != "pool"):
+                break
         got = self.sql(_L1_SQL, EPOOL, OWNER_SHARE)
         assert got == {
             "earmarks": 0,
