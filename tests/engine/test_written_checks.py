@@ -78,16 +78,6 @@ async def test_an_insert_of_a_bad_request_row_is_checked(conn: asyncpg.Connectio
     assert n == 1
 
 
-async def test_an_insert_of_a_bad_counter_key_is_checked(conn: asyncpg.Connection) -> None:
-    await es.mk_pool(conn, "p", {"gpu": 4})
-    sql = (
-        "INSERT INTO respool.pool_resources (pool_id, key, capacity)"
-        " SELECT id, $1, 1 FROM respool.pools"
-    )
-    assert await _refused(conn, sql, "gpu-2") == "pool_resources_key_check"
-    await conn.execute(sql, "gpu_2")
-
-
 async def test_a_charge_still_cannot_take_a_counter_below_zero(conn: asyncpg.Connection) -> None:
     """The invariants a grant or a release can break stay CHECKs on every update."""
     await es.mk_pool_s(conn, {"gpu": 2})
@@ -143,22 +133,23 @@ async def test_an_update_writing_a_node_field_checked_when_written_is_refused(
     assert held == 1  # nothing changed
 
 
-async def test_an_insert_of_a_bad_node_counter_or_device_is_checked(
-    conn: asyncpg.Connection,
+INSERTS = [  # (an INSERT of one row, a value it refuses, the constraint named, a value it stores)
+    ("INSERT INTO respool.pool_resources (pool_id, key, capacity)"
+     " SELECT id, $1, 1 FROM respool.pools", "gpu-2", "pool_resources_key_check", "gpu_2"),
+    ("INSERT INTO respool.node_resources (node_id, key, capacity)"
+     " SELECT id, $1, 1 FROM respool.nodes", "Bad Key", "node_resources_key_check", "licence"),
+    ("INSERT INTO respool.node_devices (node_id, key, device, position)"
+     " SELECT id, 'gpu', $1, 1 FROM respool.nodes", "", "node_devices_device_check", "1"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("sql", "bad", "constraint", "good"), INSERTS)
+async def test_an_insert_of_a_bad_counter_or_device_is_checked(
+    conn: asyncpg.Connection, sql: str, bad: str, constraint: str, good: str
 ) -> None:
     await _node_holding_a_gpu(conn)
-    counter = (
-        "INSERT INTO respool.node_resources (node_id, key, capacity)"
-        " SELECT id, $1, 1 FROM respool.nodes"
-    )
-    assert await _refused(conn, counter, "Bad Key") == "node_resources_key_check"
-    await conn.execute(counter, "licence")
-    device = (
-        "INSERT INTO respool.node_devices (node_id, key, device, position)"
-        " SELECT id, 'gpu', $1, 1 FROM respool.nodes"
-    )
-    assert await _refused(conn, device, "") == "node_devices_device_check"
-    await conn.execute(device, "1")
+    assert await _refused(conn, sql, bad) == constraint
+    await conn.execute(sql, good)
 
 
 async def test_a_placement_still_cannot_break_a_device_invariant(conn: asyncpg.Connection) -> None:
