@@ -30,8 +30,10 @@ command -v valgrind >/dev/null || { echo "bench/instructions.sh: valgrind is not
 
 # Whatever ends the script (done, an error, Ctrl-C, a closed terminal, kill): no server or
 # single-user run of it is left, and only the callgrind files and logs stay in $DIR.
+SETUP=
 cleanup() {
-    [ -f "$DATA/postmaster.pid" ] && as_pg "$PG_BIN/pg_ctl -D $DATA stop -m immediate" >/dev/null 2>&1
+    [ -z "$SETUP" ] || kill "$SETUP" 2>/dev/null || true
+    [ ! -f "$DATA/postmaster.pid" ] || as_pg "$PG_BIN/pg_ctl -D $DATA stop -m immediate" >/dev/null 2>&1 || true
     pkill -f -- "-D $DIR/run" 2>/dev/null || true
     for _ in $(seq 50); do pgrep -f -- "-D $DIR/run" >/dev/null || break; sleep 0.1; done
     rm -rf "$DATA" "$DIR/run"
@@ -40,11 +42,13 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM HUP
 
-echo "$LABEL: counting the instructions of 200 $SCENARIO cycles, about a minute (files in $DIR)"
+echo "$LABEL: counting the instructions of 200 $SCENARIO cycles, about a minute"
+echo "  (files in $DIR)"
 rm -rf "$DIR" && mkdir -p "$DIR" && chmod 777 "$WORK" "$DIR"
 as_pg "$PG_BIN/initdb -D $DATA -A trust -U postgres" >/dev/null
 as_pg "$PG_BIN/pg_ctl -D $DATA -o '-p $PORT -k $DIR -c fsync=off' -l $DIR/log start" >/dev/null
-(cd "$REPO" && .venv/bin/python - "$PORT" "$SCENARIO") <<'EOF'
+# (in the background, waited for, as the runs below: a signal ends the script at once)
+(cd "$REPO" && exec .venv/bin/python - "$PORT" "$SCENARIO") <<'EOF' &
 """Migrate, make the scenario's pools and 8 subjects, 3,000 cycles of history, ANALYZE."""
 import asyncio
 import sys
@@ -86,6 +90,8 @@ async def main(port: str, scenario: str) -> None:
 
 asyncio.run(main(sys.argv[1], sys.argv[2]))
 EOF
+SETUP=$!
+wait $SETUP
 as_pg "$PG_BIN/pg_ctl -D $DATA stop" >/dev/null
 
 # The cycles, one statement a line (single-user mode), the request id carried in a setting.
