@@ -1,6 +1,6 @@
 """Where a request ran stays known after it gives its units back (docs/placement.md, "Where a
-request ran"): ``last_placement`` on every way a holding ends (release, preemption with a retry
-left, lease expiry), ``placement`` only while it holds, and each grant's event carrying the
+request ran"): ``last_placement`` on every way a holding ends (release, cancel, preemption with a
+retry left, lease expiry), ``placement`` only while it holds, and each grant's event carrying the
 node and devices of that grant, so a requeued request shows every node it ran on."""
 
 from __future__ import annotations
@@ -73,6 +73,22 @@ async def test_an_expired_request_keeps_where_it_ran(env: Env) -> None:
     ended = await env.get(doc)
     assert ended["status"] == "expired" and ended["placement"] is None
     assert ended["last_placement"] == gpu_placement("n1", ["0"])
+
+
+@pytest.mark.parametrize(("end", "status"), [("release_request", "released"),
+                                             ("cancel_request", "cancelled")])  # fmt: skip
+async def test_a_released_or_cancelled_request_keeps_where_it_ran(
+    env: Env, end: str, status: str
+) -> None:
+    await env.pool("gpus")
+    await env.node("n1", "gpus", gpus=["0", "1"], labels={"gpu-type": "L4"})
+    await env.policy("s", "gpus")
+    doc = await env.req("s", "gpus", {"gpu": 2})
+    assert doc["placement"] is not None
+    ended = await env.conn.fetchval(f"SELECT respool.{end}($1)", doc["id"])
+    assert ended["status"] == status and ended["placement"] is None
+    assert ended["last_placement"] == gpu_placement("n1", ["0", "1"], labels={"gpu-type": "L4"})
+    assert await env.get(doc) == ended  # as stored, in the status change's one row version
 
 
 async def test_a_pool_without_nodes_has_no_placement_anywhere(conn: asyncpg.Connection) -> None:
