@@ -1,8 +1,8 @@
-"""The checks of the fields a status change never writes (a request's subject, key, lease and
-job; a counter's key; a policy's limit and reserved share; a pool's capacity; a node's counters
-and devices but their use) still refuse a bad row, with the constraint's name and SQLSTATE 23514,
-whether the row is inserted or an update writes the field. Only a status change, a charge or a
-placement no longer runs them."""
+"""The checks that run where their fields are written (a request's subject, key, lease and job;
+its state: status, attempt, holder's pool, grace deadline, earmark; a counter's key; a policy's
+limit and reserved share; a pool's capacity; a node's counters and devices but their use) still
+refuse a bad row, with the constraint's name and SQLSTATE 23514, whether the row is inserted or
+an update writes the field. A statement that writes none of a check's fields no longer runs it."""
 
 from __future__ import annotations
 
@@ -42,6 +42,13 @@ UPDATES = [  # (what an UPDATE writes, the constraint it breaks)
     ("requests SET command = '\"sleep\"'", "requests_command_check"),
     ("requests SET job_env = '[]'", "requests_job_env_check"),
     ("requests SET array_index = -1", "requests_array_index_check"),
+    ("requests SET status = 'waiting'", "requests_status_check"),
+    ("requests SET attempt = 0", "requests_attempt_check"),
+    ("requests SET allocated_at = NULL", "holder_has_pool"),
+    ("requests SET policy_id = NULL", "holder_has_pool"),
+    ("requests SET status = 'preempting'", "preempting_has_deadline"),
+    ("requests SET earmark_pool_id = pool_id", "earmark_only_while_queued"),
+    ("requests SET earmark_node_id = gen_random_uuid()", "earmark_node_with_pool"),
     ("policy_resources SET key = 'Bad Key'", "policy_resources_key_check"),
     ("policy_resources SET reserved = -1, configured = -1", "policy_resources_reserved_check"),
     ('policy_resources SET "limit" = 0', "policy_resources_limit_check"),
@@ -73,6 +80,12 @@ async def test_an_insert_of_a_bad_request_row_is_checked(conn: asyncpg.Connectio
         "  FROM respool.requests r WHERE id = $1"
     )
     assert await _refused(conn, copy, r.id, "no spaces allowed") == "requests_subject_check"
+    state = (  # the same row under a new id, a good subject and a status it may not have
+        "INSERT INTO respool.requests SELECT (jsonb_populate_record(r, jsonb_build_object("
+        "    'id', gen_random_uuid(), 'subject', 'S3', 'status', 'waiting'))).*"
+        "  FROM respool.requests r WHERE id = $1"
+    )
+    assert await _refused(conn, state, r.id) == "requests_status_check"
     await conn.execute(copy, r.id, "S2")  # the same row with a good subject is stored
     n = await conn.fetchval("SELECT count(*) FROM respool.requests WHERE subject = 'S2'")
     assert n == 1
