@@ -42,6 +42,9 @@ BEGIN
     -- (respool.unannounced, their ids separated by commas):
     -- nobody can wait for it before that call answers, and a notifying commit takes a
     -- database-wide lock (docs/benchmarks.md). Its caller answers with the request's state.
+    IF cardinality(p_requests) = 1 AND p_requests[1].id::text = ANY (v_quiet) THEN
+        RETURN;  -- (the one request a create is making: no query)
+    END IF;
     PERFORM pg_notify('respool_request', json_build_object(
                 'id', r.id, 'status', r.status, 'version', r.version, 'pool', r.pool_name,
                 'subject', r.subject, 'from', p_from, 'reason', r.reason, 'attempt', r.attempt)::text)

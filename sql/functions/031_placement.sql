@@ -331,21 +331,22 @@ COMMENT ON FUNCTION respool._placement_json(uuid) IS
 CREATE OR REPLACE FUNCTION respool._unplace(p_request_id uuid, p_record boolean DEFAULT true)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
-    r respool.requests := (SELECT q FROM respool.requests q WHERE q.id = p_request_id);
+    r record;
     v_node uuid;
     v_units jsonb;
     v_extra jsonb;
     v_doc jsonb;
 BEGIN
+    SELECT pool_id, policy_id, resources, np_charge INTO r FROM respool.requests WHERE id = p_request_id;
     -- (units of rate keys come back with time, not here: 039_rates.sql)
     PERFORM respool._move_units(r.pool_id, r.policy_id, respool._without_rates(r.pool_id, r.resources),
                                 respool._without_rates(r.pool_id, r.np_charge), -1);
     -- Where it ran stays readable once it ends (docs/placement.md, "Where a request ran"): the
     -- same document as its placement had, read before its devices and slices are given back.
-    v_doc := respool._placement_json(p_request_id);
-    DELETE FROM respool.placements WHERE request_id = p_request_id
-    RETURNING node_id, resources, extra INTO v_node, v_units, v_extra;
-    IF FOUND THEN
+    v_doc := respool._placement_json(p_request_id);  -- (NULL: no placement, nothing below to give back)
+    IF v_doc IS NOT NULL THEN
+        DELETE FROM respool.placements WHERE request_id = p_request_id
+        RETURNING node_id, resources, extra INTO v_node, v_units, v_extra;
         UPDATE respool.node_resources nr SET used = nr.used - x.value::bigint
           FROM jsonb_each_text(v_units) x
          WHERE nr.node_id = v_node AND nr.key = x.key;
@@ -601,15 +602,16 @@ BEGIN
     -- it needs as many matching nodes that could hold a member as members; and an arrangement of
     -- all its members on the matching nodes, empty (exact for small gangs, a necessary condition
     -- for large ones).
-    v_pool := (SELECT name FROM respool.pools WHERE id = p_pool_id);
     IF NOT respool._pool_has_nodes(p_pool_id) THEN
         -- A selector selects nodes: a pool without nodes is no candidate for it (docs/placement.md).
         IF p_selector IS NOT NULL AND p_selector <> '{}' THEN
+            v_pool := (SELECT name FROM respool.pools WHERE id = p_pool_id);
             reason := 'no_fitting_node';
             message := format('pool %s has no nodes, so no node matches node_selector %s', v_pool, p_selector::text);
         END IF;
         RETURN;
     END IF;
+    v_pool := (SELECT name FROM respool.pools WHERE id = p_pool_id);
     -- A gang is placed member by member: each member must fit a node on its own.
     SELECT gang_id, distinct_nodes INTO v_gang, v_distinct FROM respool.requests WHERE id = p_request_id;
     IF v_gang IS NOT NULL THEN

@@ -15,6 +15,8 @@ CREATE OR REPLACE FUNCTION respool._rejection(p_resources jsonb, p_preemptible b
                                               p_policy_id uuid, p_selector jsonb DEFAULT '{}',
                                               p_request_id uuid DEFAULT NULL, OUT reason text, OUT message text)
 LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    n record;
 BEGIN
     -- Can it ever fit: the need against the pool place empty (respool._pool_place, room_ever; the key
     -- rule makes a key the pool lacks capacity 0) and against the policy's bounds when unused.
@@ -44,8 +46,9 @@ BEGIN
         LIMIT 1
     ) c ON true;
     IF reason IS NULL THEN
-        SELECT n.reason, n.message INTO reason, message
-          FROM respool._node_rejection(p_pool_id, p_resources, p_selector, p_request_id) n;
+        n := respool._node_rejection(p_pool_id, p_resources, p_selector, p_request_id);
+        reason := n.reason;
+        message := n.message;
     END IF;
 END $$;
 COMMENT ON FUNCTION respool._rejection(jsonb, boolean, uuid, uuid, jsonb, uuid) IS

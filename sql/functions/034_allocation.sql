@@ -403,13 +403,16 @@ DECLARE
     n integer;
     total integer := 0;
     v_again boolean := true;
+    w record;
     v_outer text := coalesce(current_setting('respool.passing', true), '');
 BEGIN
     -- The pools in a pass in this transaction (respool._queues_left does not start a second one).
     PERFORM set_config('respool.passing', v_outer || p_pool_id || ' ', true);
     -- Each walk that goes on grants at least one request: the loop ends.
     WHILE v_again LOOP
-        SELECT w.granted, w.again INTO n, v_again FROM respool._allocate_pass(p_pool_id, p_now) w;
+        w := respool._allocate_pass(p_pool_id, p_now);
+        n := w.granted;
+        v_again := w.again;
         total := total + n;
     END LOOP;
     PERFORM set_config('respool.passing', v_outer, true);

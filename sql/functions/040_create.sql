@@ -150,8 +150,7 @@ DECLARE
     c record;
 BEGIN
     -- A batch of one, through the one create route (respool._create_members).
-    SELECT * INTO c FROM respool._create_members(ARRAY[respool._create_body(p_body, p_default_lease_seconds)], p_now,
-                                                 p_gang_id, false);
+    c := respool._create_members(ARRAY[respool._create_body(p_body, p_default_lease_seconds)], p_now, p_gang_id, false);
     IF c.codes[1] IS NOT NULL THEN
         PERFORM respool._fail(c.codes[1], 'idempotency_key', c.messages[1]);
     END IF;
@@ -176,6 +175,9 @@ CREATE OR REPLACE FUNCTION respool._claim_keys(p_bodies jsonb[])
 RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
     -- Only when a body names a key: a create without one takes no lock here.
+    IF cardinality(p_bodies) = 1 AND p_bodies[1] ->> 'idempotency_key' IS NULL THEN
+        RETURN;  -- (one member: no query)
+    END IF;
     IF EXISTS (SELECT FROM unnest(p_bodies) b WHERE b ->> 'idempotency_key' IS NOT NULL) THEN
         PERFORM pg_advisory_xact_lock(k)
            FROM (SELECT DISTINCT hashtextextended((b ->> 'subject') || E'\n' || (b ->> 'idempotency_key'), 0) AS k

@@ -5,12 +5,13 @@ CREATE OR REPLACE FUNCTION respool._lock_request(p_id uuid, p_attempt integer)
 RETURNS respool.requests LANGUAGE plpgsql AS $$
 DECLARE
     r respool.requests;
+    v_pools uuid[];
 BEGIN
-    SELECT * INTO r FROM respool.requests WHERE id = p_id;
+    SELECT candidate_pool_ids || pool_id INTO v_pools FROM respool.requests WHERE id = p_id;
     IF NOT FOUND THEN
         PERFORM respool._fail('RP404', 'id', format('request %s not found', p_id));
     END IF;
-    PERFORM respool._lock_pools(r.candidate_pool_ids || r.pool_id);
+    PERFORM respool._lock_pools(v_pools);
     SELECT * INTO r FROM respool.requests WHERE id = p_id FOR UPDATE;
     IF p_attempt IS NOT NULL AND p_attempt <> r.attempt THEN
         PERFORM respool._fail('RP409', 'attempt', format(
@@ -91,10 +92,10 @@ COMMENT ON FUNCTION respool._unqueue(uuid) IS 'Removes the queue entries of a re
 CREATE OR REPLACE FUNCTION respool._end_holding(p_id uuid, p_to text, p_reason text, p_message text, p_now timestamptz)
 RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
-    r respool.requests;
+    r record;
     v_ran jsonb;
 BEGIN
-    SELECT * INTO r FROM respool.requests WHERE id = p_id;
+    SELECT status, reason, message, pool_id INTO r FROM respool.requests WHERE id = p_id;
     IF r.status = 'preempting' AND p_to <> 'cancelled' THEN
         PERFORM respool._unplace(p_id);
         PERFORM respool._after_preemption(p_id, r.reason, r.message, p_now);

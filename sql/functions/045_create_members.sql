@@ -112,14 +112,22 @@ CREATE OR REPLACE FUNCTION respool._member_ids(p_bodies jsonb[], p_stored jsonb[
                                                OUT created boolean[], OUT codes text[], OUT messages text[])
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF EXISTS (SELECT FROM unnest(p_bodies) b WHERE b ? 'idempotency_key' AND b ->> 'idempotency_key' IS NOT NULL) THEN
-        SELECT * INTO ids, created, codes, messages FROM respool._member_replays(p_bodies, p_stored);
+    IF cardinality(p_bodies) = 1 THEN  -- (one member: no query)
+        IF p_bodies[1] ->> 'idempotency_key' IS NULL THEN
+            ids := ARRAY[gen_random_uuid()];
+            created := '{true}';
+            codes := '{NULL}';
+            messages := codes;
+            RETURN;
+        END IF;
+    ELSIF NOT EXISTS (SELECT FROM unnest(p_bodies) b WHERE b ->> 'idempotency_key' IS NOT NULL) THEN
+        ids := ARRAY(SELECT gen_random_uuid() FROM unnest(p_bodies));  -- no key: every member is new
+        created := array_fill(true, ARRAY[cardinality(p_bodies)]);
+        codes := array_fill(NULL::text, ARRAY[cardinality(p_bodies)]);
+        messages := codes;
         RETURN;
     END IF;
-    ids := ARRAY(SELECT gen_random_uuid() FROM unnest(p_bodies));  -- no key: every member is new
-    created := array_fill(true, ARRAY[cardinality(p_bodies)]);
-    codes := array_fill(NULL::text, ARRAY[cardinality(p_bodies)]);
-    messages := codes;
+    SELECT * INTO ids, created, codes, messages FROM respool._member_replays(p_bodies, p_stored);
 END $$;
 COMMENT ON FUNCTION respool._member_ids(jsonb[], jsonb[]) IS
     'Idempotency for checked create bodies (p_stored: the body each would store), in member order: the request id each answers with (a new id, the stored request its key names, or the earlier member naming the same key), created (a new request), and RP422 with its message where a replay has another body. Reads only; the caller claimed the keys.';
@@ -326,7 +334,7 @@ BEGIN
     IF cardinality(p_ids) = 0 THEN
         RETURN;
     END IF;
-    SELECT * INTO w FROM respool._member_runs(p_ids, p_now);
+    w := respool._member_runs(p_ids, p_now);
     FOR k IN 1 .. cardinality(w.r_first) LOOP
         v_last := coalesce(w.r_first[k + 1] - 1, cardinality(p_ids));
         IF w.e_alone[v_e : v_e + w.r_n[k] - 1] <@ ARRAY[true] THEN
@@ -402,6 +410,7 @@ LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v record;
+    m record;
     p record;
     s record;
     v_id uuid;
@@ -412,11 +421,13 @@ BEGIN
         -- Every pool a member may be created in, in id order, up front (respool._batch_pools).
         PERFORM respool._lock_pools(respool._batch_pools(p_bodies));
     END IF;
-    SELECT * INTO v FROM respool._member_values(p_bodies);
-    SELECT * INTO ids, created, codes, messages FROM respool._member_ids(p_bodies, v.bodies);
-    SELECT * INTO p FROM respool._member_pools(p_bodies, created);
+    -- (each step a call assigned, not SELECT … FROM it: an expression, without a function scan)
+    v := respool._member_values(p_bodies);
+    m := respool._member_ids(p_bodies, v.bodies);
+    ids := m.ids; created := m.created; codes := m.codes; messages := m.messages;
+    p := respool._member_pools(p_bodies, created);
     PERFORM respool._lock_pools(p.lock_ids);
-    SELECT * INTO s FROM respool._insert_members(p_bodies, ids, created, p.pool_ids, v.resources, v.labels, v.selectors,
+    s := respool._insert_members(p_bodies, ids, created, p.pool_ids, v.resources, v.labels, v.selectors,
                                                  v.bodies, p_now, p_gang_id, p_slots);
     IF s.stored < cardinality(array_positions(created, true)) THEN
         -- A concurrent create stored one of the keys first (ON CONFLICT waited for it): a replay.

@@ -4,7 +4,7 @@
 -- a request's row is written three times in its simplest life (made, granted, released). Its
 -- six state invariants (the status values, attempt >= 1, a holder's pool, a victim's deadline,
 -- an earmark only while queued, an earmarked node only with its pool) were six expression trees
--- parsed per statement, about 6 % of an engine cycle (docs/benchmarks.md). A trigger now checks
+-- parsed per statement, about 5 % of an engine cycle (docs/benchmarks.md). A trigger now checks
 -- them on INSERT and on an UPDATE that names one of the columns they read: a row that breaks one
 -- is refused as before, with SQLSTATE 23514 naming the constraint it breaks.
 

@@ -1,8 +1,9 @@
 """The wire vocabulary (respool_client.wire) and the migrated database agree: the status list
-is the CHECK constraint of ``respool.requests.status``; the reason codes are the literals the
-engine's functions pass in a reason position (read from ``pg_proc`` of the migrated database,
-so a new code in SQL without its twin in Python, or the reverse, fails here); the bounds and
-patterns of input values are the same constants on both sides, and match the same values."""
+is the one the request state check allows (``respool._check_request_state``); the reason codes
+are the literals the engine's functions pass in a reason position (read from ``pg_proc`` of the
+migrated database, so a new code in SQL without its twin in Python, or the reverse, fails here);
+the bounds and patterns of input values are the same constants on both sides, and match the
+same values."""
 
 from __future__ import annotations
 
@@ -32,18 +33,15 @@ _REASON_SITES = [
 ]
 
 
-async def test_statuses_are_the_check_constraint(conn: asyncpg.Connection) -> None:
-    definition = await conn.fetchval(
-        """
-        SELECT pg_get_constraintdef(c.oid)
-          FROM pg_constraint c
-         WHERE c.conrelid = 'respool.requests'::regclass AND c.contype = 'c'
-           AND pg_get_constraintdef(c.oid) LIKE '%status = ANY%'
-        """
+async def test_statuses_are_the_ones_the_request_state_check_allows(
+    conn: asyncpg.Connection,
+) -> None:
+    source = await conn.fetchval(
+        "SELECT prosrc FROM pg_proc WHERE oid = 'respool._check_request_state()'::regprocedure"
     )
-    assert definition is not None, "no CHECK on respool.requests.status"
-    in_sql = set(re.findall(r"'([a-z_]+)'::text", definition))
-    assert in_sql == set(STATUSES)
+    allowed = re.search(r"NOT NEW\.status IN \(([^)]*)\)", source)
+    assert allowed is not None, "the request state trigger checks no status list"
+    assert set(re.findall(r"'([a-z_]+)'", allowed.group(1))) == set(STATUSES)
 
 
 async def test_reason_codes_are_the_engines(conn: asyncpg.Connection) -> None:

@@ -91,9 +91,9 @@ async def _record_placements(conn: asyncpg.Connection) -> None:
     await _replace(
         conn,
         UNPLACE,
-        "    DELETE FROM respool.placements",
+        "    v_doc := respool._placement_json(p_request_id);",
         "    INSERT INTO pg_temp.unplaced VALUES (p_request_id);\n"
-        "    DELETE FROM respool.placements",
+        "    v_doc := respool._placement_json(p_request_id);",
     )
 
 
