@@ -424,11 +424,14 @@ BEGIN
     -- (each step a call assigned, not SELECT … FROM it: an expression, without a function scan)
     v := respool._member_values(p_bodies);
     m := respool._member_ids(p_bodies, v.bodies);
-    ids := m.ids; created := m.created; codes := m.codes; messages := m.messages;
+    ids := m.ids;
+    created := m.created;
+    codes := m.codes;
+    messages := m.messages;
     p := respool._member_pools(p_bodies, created);
     PERFORM respool._lock_pools(p.lock_ids);
     s := respool._insert_members(p_bodies, ids, created, p.pool_ids, v.resources, v.labels, v.selectors,
-                                                 v.bodies, p_now, p_gang_id, p_slots);
+                                 v.bodies, p_now, p_gang_id, p_slots);
     IF s.stored < cardinality(array_positions(created, true)) THEN
         -- A concurrent create stored one of the keys first (ON CONFLICT waited for it): a replay.
         FOR i IN 1 .. cardinality(ids) LOOP
