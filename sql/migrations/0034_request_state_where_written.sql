@@ -5,8 +5,8 @@
 -- six state invariants (the status values, attempt >= 1, a holder's pool, a victim's deadline,
 -- an earmark only while queued, an earmarked node only with its pool) were six expression trees
 -- parsed per statement, about 5 % of an engine cycle (docs/benchmarks.md). A trigger now checks
--- them on INSERT and on an UPDATE that names one of the columns they read: a row that breaks one
--- is refused as before, with SQLSTATE 23514 naming the constraint it breaks.
+-- them on INSERT and after an UPDATE that names one of the columns they read: a row that breaks
+-- one is refused as before, with SQLSTATE 23514 naming the constraint it breaks.
 
 CREATE FUNCTION respool._check_request_state() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
@@ -38,7 +38,10 @@ ALTER TABLE respool.requests
     DROP CONSTRAINT preempting_has_deadline,
     DROP CONSTRAINT earmark_only_while_queued,
     DROP CONSTRAINT earmark_node_with_pool;
+-- Before an insert; after an update (an AFTER trigger reads the row without locking it: 0035).
 CREATE TRIGGER requests_state
-    BEFORE INSERT OR UPDATE OF status, attempt, pool_id, policy_id, allocated_at, preempt_deadline, earmark_pool_id,
-                               earmark_node_id
+    BEFORE INSERT ON respool.requests FOR EACH ROW EXECUTE FUNCTION respool._check_request_state();
+CREATE TRIGGER requests_state_updated
+    AFTER UPDATE OF status, attempt, pool_id, policy_id, allocated_at, preempt_deadline, earmark_pool_id,
+                    earmark_node_id
     ON respool.requests FOR EACH ROW EXECUTE FUNCTION respool._check_request_state();

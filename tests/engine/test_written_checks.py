@@ -49,12 +49,12 @@ UPDATES = [  # (what an UPDATE writes, the constraint it breaks)
     ("requests SET status = 'preempting'", "preempting_has_deadline"),
     ("requests SET earmark_pool_id = pool_id", "earmark_only_while_queued"),
     ("requests SET earmark_node_id = gen_random_uuid()", "earmark_node_with_pool"),
-    ("policy_resources SET key = 'Bad Key'", "policy_resources_key_check"),
-    ("policy_resources SET reserved = -1, configured = -1", "policy_resources_reserved_check"),
+    ("policy_resources SET key = 'Bad Key' WHERE key = 'gpu'", "policy_resources_key_check"),
+    ("policy_resources SET reserved = -1", "policy_resources_reserved_check"),
     ('policy_resources SET "limit" = 0', "policy_resources_limit_check"),
     ("policy_resources SET configured = 3", "reserved_within_limit"),
     ("policy_resources SET reserved = 1", "reserved_in_force"),
-    ("pool_resources SET key = 'Bad Key'", "pool_resources_key_check"),
+    ("pool_resources SET key = 'Bad Key' WHERE key = 'gpu'", "pool_resources_key_check"),
     ("pool_resources SET capacity = 0", "pool_resources_capacity_check"),
 ]
 
