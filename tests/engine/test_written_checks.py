@@ -174,3 +174,23 @@ async def test_a_placement_still_cannot_break_a_device_invariant(conn: asyncpg.C
     )
     sql = "UPDATE respool.node_resources SET used = -1 WHERE key = 'gpu'"
     assert await _refused(conn, sql) == "node_resources_used_check"
+
+
+async def test_no_table_the_engine_updates_has_a_before_update_row_trigger(
+    conn: asyncpg.Connection,
+) -> None:
+    """A BEFORE UPDATE row trigger makes PostgreSQL lock every row an UPDATE writes, whether or
+    not the trigger's column list names the update's columns: a lock and a WAL record for each
+    counter a grant charges (docs/engine.md, the checks' triggers). They run after an update."""
+    before_update = await conn.fetch(
+        """
+        SELECT t.tgrelid::regclass::text AS table_name, t.tgname
+          FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+         WHERE c.relnamespace = 'respool'::regnamespace AND NOT t.tgisinternal
+           AND t.tgtype & 1 = 1 AND t.tgtype & 2 = 2 AND t.tgtype & 16 = 16  -- row, before, update
+        """
+    )
+    # events are append-only: their trigger refuses every update, so none is ever written
+    assert [(r["table_name"], r["tgname"]) for r in before_update] == [
+        ("respool.events", "events_append_only")
+    ]
